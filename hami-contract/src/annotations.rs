@@ -1,0 +1,66 @@
+//! Annotation and label keys (contract §2, §3).
+
+/// Node: the device plugin's device list (JSON since v2.8, text before).
+pub const NODE_REGISTER: &str = "hami.io/node-nvidia-register";
+/// Node: optional pairwise GPU topology scores.
+pub const NODE_SCORE: &str = "hami.io/node-nvidia-score";
+/// Node: the scheduler's handshake for NVIDIA devices.
+pub const NODE_HANDSHAKE: &str = "hami.io/node-handshake";
+/// Node: HAMi's bind-to-Allocate lock. Tessera does not rely on it (see docs/design).
+pub const NODE_LOCK: &str = "hami.io/mutex.lock";
+/// Node: comma-separated GPU UUIDs excluded from new allocations.
+pub const DEVICE_CORDON: &str = "hami.io/device-cordon";
+
+/// Pod (annotation and label): the node the extender chose.
+pub const VGPU_NODE: &str = "hami.io/vgpu-node";
+/// Pod: Unix seconds of the filter decision.
+pub const VGPU_TIME: &str = "hami.io/vgpu-time";
+/// Pod: container device list still to be served by the device plugin.
+pub const DEVICES_TO_ALLOCATE: &str = "hami.io/vgpu-devices-to-allocate";
+/// Pod: container device list as decided; never modified afterwards; the source of usage.
+pub const DEVICES_ALLOCATED: &str = "hami.io/vgpu-devices-allocated";
+/// Pod: MIG allocations (JSON).
+pub const MIG_ALLOCATIONS: &str = "hami.io/vgpu-mig-allocations";
+/// Pod: `allocating` | `success` | `failed`.
+pub const BIND_PHASE: &str = "hami.io/bind-phase";
+/// Pod: Unix seconds of the bind.
+pub const BIND_TIME: &str = "hami.io/bind-time";
+
+/// Values of [`BIND_PHASE`].
+pub const BIND_PHASE_ALLOCATING: &str = "allocating";
+pub const BIND_PHASE_SUCCESS: &str = "success";
+pub const BIND_PHASE_FAILED: &str = "failed";
+
+/// User annotations read by the scheduler.
+pub const USE_GPU_UUID: &str = "nvidia.com/use-gpuuuid";
+pub const NOUSE_GPU_UUID: &str = "nvidia.com/nouse-gpuuuid";
+pub const USE_GPU_TYPE: &str = "nvidia.com/use-gputype";
+pub const NOUSE_GPU_TYPE: &str = "nvidia.com/nouse-gputype";
+pub const VGPU_MODE: &str = "nvidia.com/vgpu-mode";
+pub const NUMA_BIND: &str = "nvidia.com/numa-bind";
+pub const GPU_SCHEDULER_POLICY: &str = "hami.io/gpu-scheduler-policy";
+pub const NODE_SCHEDULER_POLICY: &str = "hami.io/node-scheduler-policy";
+pub const DEVICE_SCORING_WEIGHTS: &str = "hami.io/device-scoring-weights";
+
+/// Pod or namespace label that makes the webhook skip the object.
+pub const WEBHOOK_IGNORE_LABEL: &str = "hami.io/webhook";
+/// Scheduler pods' role label.
+pub const SCHEDULER_ROLE_LABEL: &str = "hami.io/scheduler-role";
+
+/// Annotations only the scheduler and the device plugin may write. The webhook denies any user
+/// attempt to set them (HAMi #3076, #3041: a forged annotation books or steals devices).
+pub const SCHEDULER_OWNED: &[&str] = &[
+    VGPU_NODE,
+    VGPU_TIME,
+    DEVICES_TO_ALLOCATE,
+    DEVICES_ALLOCATED,
+    MIG_ALLOCATIONS,
+    BIND_PHASE,
+    BIND_TIME,
+];
+
+/// True for any key the webhook must refuse from users: the owned keys above and anything else
+/// under the `hami.io/vgpu-` prefix.
+pub fn is_scheduler_owned(key: &str) -> bool {
+    SCHEDULER_OWNED.contains(&key) || key.starts_with("hami.io/vgpu-")
+}
