@@ -2,14 +2,38 @@
 //!
 //! Everything here is pure: strings in, typed values out (and back). No I/O, no clocks, no async.
 //! The contract is HAMi v2.10 (`shared/docs/hami-contract.md`); where Tessera deliberately
-//! differs, the item's documentation says so and why.
+//! differs, the item's documentation says so and why (collected in `docs/contract-deviations.md`).
+//!
+//! Modules, in the order a pod meets them:
+//! - [`config`]: `device-config.yaml` (`nvidia:` section) and the per-node `config.json`;
+//! - [`resources`]: the configurable resource names (`nvidia.com/gpu`, …);
+//! - [`quantity`]: Kubernetes quantity strings, as far as HAMi reads them;
+//! - [`request`]: a container's resources → HAMi's `ContainerDeviceRequest`, and the webhook's
+//!   mutation of a container;
+//! - [`policy`]: the user annotations that steer scheduling;
+//! - [`devices`]: the container device list written into pod annotations;
+//! - [`usage`]: how a pod's device list counts against a GPU;
+//! - [`node`], [`handshake`], [`nodelock`]: the node annotations;
+//! - [`identity`]: the allocation signature used to tell pending pods apart.
 
 pub mod annotations;
+pub mod config;
 pub mod devices;
+pub mod handshake;
+pub mod identity;
 pub mod node;
+pub mod nodelock;
+pub mod policy;
+pub mod quantity;
+pub mod request;
+pub mod resources;
+pub mod usage;
 
+pub use config::{DeviceConfig, NodeConfig, NodeConfigFile, NvidiaConfig};
 pub use devices::{ContainerDevice, ContainerDevices, PodDevices};
 pub use node::NodeDevice;
+pub use request::{ContainerDeviceRequest, ContainerResources};
+pub use resources::{MEM_PERCENTAGE_UNSET, ResourceNames};
 
 /// HAMi's vendor key for NVIDIA devices: the `Type` field of container device entries.
 pub const NVIDIA_VENDOR: &str = "NVIDIA";

@@ -3,6 +3,8 @@
 //! v2.8+ writes a JSON array with a fixed key order and every key `omitempty`; ≤ v2.7 wrote a
 //! `:`-terminated text list. Tessera writes JSON and reads both.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 use serde_json::Value;
 
@@ -37,11 +39,50 @@ pub struct NodeDevice {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub mode: String,
     /// MIG profiles (MIG mode only), kept as HAMi wrote them.
-    #[serde(rename = "migProfiles", skip_serializing_if = "Vec::is_empty")]
+    #[serde(rename = "migProfiles", skip_serializing_if = "Vec::is_empty", serialize_with = "serialize_mig_profiles")]
     pub mig_profiles: Vec<Value>,
     /// Healthy. Absent in the JSON means unhealthy.
     #[serde(skip_serializing_if = "is_false")]
     pub health: bool,
+}
+
+/// HAMi's MIG profile struct field order; other keys follow in sorted order.
+const MIG_KEY_ORDER: &[&str] = &["name", "memoryMB", "core", "sliceCount", "placements", "start", "size"];
+
+/// Serializes a JSON value with object keys in HAMi's struct order (see [`MIG_KEY_ORDER`]), so a
+/// decoded MIG profile re-encodes byte for byte although `serde_json::Map` sorts its keys.
+struct GoOrdered<'a>(&'a Value);
+
+impl Serialize for GoOrdered<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self.0 {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                let rank = |k: &str| MIG_KEY_ORDER.iter().position(|o| *o == k).unwrap_or(MIG_KEY_ORDER.len());
+                keys.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
+                let mut m = s.serialize_map(Some(keys.len()))?;
+                for k in keys {
+                    if let Some(v) = map.get(k) {
+                        m.serialize_entry(k, &GoOrdered(v))?;
+                    }
+                }
+                m.end()
+            }
+            Value::Array(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for v in items {
+                    seq.serialize_element(&GoOrdered(v))?;
+                }
+                seq.end()
+            }
+            other => other.serialize(s),
+        }
+    }
+}
+
+fn serialize_mig_profiles<S: serde::Serializer>(profiles: &[Value], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(profiles.iter().map(GoOrdered))
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -269,6 +310,68 @@ pub fn parse_go_bool(v: &str) -> Option<bool> {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
         _ => None,
+    }
+}
+
+/// One entry of `hami.io/node-nvidia-score` (contract §2.2, written only with
+/// `ENABLE_TOPOLOGY_SCORE=true`): a GPU and its pair scores with the node's other GPUs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct DevicePairScore {
+    /// GPU UUID.
+    pub uuid: String,
+    /// Other GPU UUID → pair score (sum of [`P2pLink::score`] over the links between them).
+    /// Sorted by UUID, as Go's encoder writes maps.
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub score: BTreeMap<String, i64>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, i64>, D::Error> {
+    use serde::Deserialize;
+    Ok(Option::<BTreeMap<String, i64>>::deserialize(d)?.unwrap_or_default())
+}
+
+/// Encodes `hami.io/node-nvidia-score` exactly as Go would.
+pub fn encode_pair_scores(scores: &[DevicePairScore]) -> String {
+    let json = serde_json::to_string(scores).unwrap_or_else(|_| "[]".to_owned());
+    go_html_escape(&json)
+}
+
+/// Decodes `hami.io/node-nvidia-score`.
+pub fn decode_pair_scores(value: &str) -> Result<Vec<DevicePairScore>, NodeRegisterError> {
+    serde_json::from_str(value).map_err(|e| NodeRegisterError::Json(e.to_string()))
+}
+
+/// A link between two GPUs as NVML reports it, with HAMi's score (`calculate_score.go`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum P2pLink {
+    /// Across CPU sockets: 10.
+    CrossCpu,
+    /// Same CPU: 20.
+    SameCpu,
+    /// Host bridge: 30.
+    HostBridge,
+    /// Several PCIe switches: 40.
+    MultiSwitch,
+    /// One PCIe switch: 50.
+    SingleSwitch,
+    /// Same board: 60.
+    SameBoard,
+    /// N NVLinks (1..=18): N × 100.
+    NvLink(u8),
+}
+
+impl P2pLink {
+    /// HAMi's score for this link.
+    pub fn score(self) -> i64 {
+        match self {
+            P2pLink::CrossCpu => 10,
+            P2pLink::SameCpu => 20,
+            P2pLink::HostBridge => 30,
+            P2pLink::MultiSwitch => 40,
+            P2pLink::SingleSwitch => 50,
+            P2pLink::SameBoard => 60,
+            P2pLink::NvLink(n) => i64::from(n) * 100,
+        }
     }
 }
 

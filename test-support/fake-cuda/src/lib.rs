@@ -1,1 +1,1306 @@
-//! placeholder
+//! A fake `libcuda.so.1` for tests, never shipped: the ~50 driver entry points the shim and its
+//! tests use, over a simulated GPU (memory capacity, allocations, kernels that occupy the device
+//! for a simulated time), plus `cuGetProcAddress(_v2)` with a versioned symbol table.
+//!
+//! Configuration (environment, read once at `cuInit`):
+//! * `FAKE_CUDA_DEVICES` (default 1, at most 16) and `FAKE_CUDA_MEMORY_MIB` (default 16384);
+//! * `FAKE_CUDA_SM_COUNT` (default 40) and `FAKE_CUDA_BLOCK_NS` (default 100000): a kernel of `b`
+//!   blocks occupies the device for `ceil(b / SM) × BLOCK_NS` nanoseconds;
+//! * `FAKE_CUDA_DRIVER_VERSION` (default 12080);
+//! * `FAKE_CUDA_QUEUE_NS` (default 20 ms): a launch blocks while more than this much work is
+//!   queued, like a real launch queue that is full;
+//! * `FAKE_GPU_STATE`: the state file shared with the fake NVML (see
+//!   `test-support/fake-nvml/README.md`).
+//!
+//! `fake_cuda_calls(name)` (exported) counts calls per entry point, so tests can check which
+//! exact variant (`_v2`, `_ptsz`…) a call reached.
+
+#![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
+
+#[path = "../../fake-nvml/src/gpu_state.rs"]
+mod gpu_state;
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+pub type CUresult = c_int;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+const ATTR_MAX_THREADS_PER_BLOCK: c_int = 1;
+const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
+const ATTR_MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
+
+struct Config {
+    devices: usize,
+    memory_bytes: u64,
+    sm_count: u64,
+    block_ns: u64,
+    driver_version: c_int,
+    queue_ns: u64,
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+fn config() -> &'static Config {
+    static CONFIG: OnceLock<Config> = OnceLock::new();
+    CONFIG.get_or_init(|| Config {
+        devices: env_u64("FAKE_CUDA_DEVICES", 1).clamp(1, 16) as usize,
+        memory_bytes: env_u64("FAKE_CUDA_MEMORY_MIB", 16384).saturating_mul(1 << 20),
+        sm_count: env_u64("FAKE_CUDA_SM_COUNT", 40).max(1),
+        block_ns: env_u64("FAKE_CUDA_BLOCK_NS", 100_000),
+        driver_version: env_u64("FAKE_CUDA_DRIVER_VERSION", 12080) as c_int,
+        queue_ns: env_u64("FAKE_CUDA_QUEUE_NS", 20_000_000),
+    })
+}
+
+fn gpu() -> Option<&'static gpu_state::GpuState> {
+    static STATE: OnceLock<Option<&'static gpu_state::GpuState>> = OnceLock::new();
+    *STATE.get_or_init(gpu_state::open)
+}
+
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Device,
+    Managed,
+    Async,
+}
+
+struct Alloc {
+    dev: usize,
+    size: u64,
+    #[allow(dead_code)]
+    kind: Kind,
+}
+
+#[derive(Default)]
+struct Memory {
+    next_addr: u64,
+    allocs: HashMap<u64, Alloc>,
+    /// VMM handles: handle → (device, size).
+    handles: HashMap<u64, (usize, u64)>,
+    /// Arrays: handle → (device, size).
+    arrays: HashMap<u64, (usize, u64)>,
+    next_handle: u64,
+    /// Per-device bytes allocated by this process (the GPU-wide view is in `gpu_state`).
+    local_used: [u64; 16],
+}
+
+static MEMORY: Mutex<Option<Memory>> = Mutex::new(None);
+
+fn memory() -> MutexGuard<'static, Option<Memory>> {
+    MEMORY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+thread_local! {
+    /// The current context's device (+1; 0 = no current context).
+    static CURRENT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static CTX_STACK: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Context handles are addresses inside this array.
+static CONTEXTS: [u8; 16] = [0; 16];
+
+fn ctx_handle(dev: usize) -> *mut c_void {
+    (&CONTEXTS[dev] as *const u8).cast_mut().cast()
+}
+fn ctx_device(ctx: *mut c_void) -> Option<usize> {
+    let i = (ctx as usize).wrapping_sub(CONTEXTS.as_ptr() as usize);
+    (i < config().devices).then_some(i)
+}
+
+fn current_device() -> Option<usize> {
+    CURRENT.with(|c| c.get().checked_sub(1))
+}
+
+/// Call counters per entry point name.
+static CALLS: Mutex<Option<HashMap<&'static str, u64>>> = Mutex::new(None);
+static COUNT_CALLS: OnceLock<bool> = OnceLock::new();
+
+fn count(name: &'static str) {
+    // Counting costs a lock; benchmarks turn it off with FAKE_CUDA_COUNT_CALLS=0.
+    if !*COUNT_CALLS.get_or_init(|| std::env::var("FAKE_CUDA_COUNT_CALLS").map_or(true, |v| v != "0")) {
+        return;
+    }
+    let mut calls = CALLS.lock().unwrap_or_else(|e| e.into_inner());
+    *calls.get_or_insert_with(HashMap::new).entry(name).or_insert(0) += 1;
+}
+
+/// Test hook: how many times the entry point `name` was called in this process.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_calls(name: *const c_char) -> u64 {
+    if name.is_null() {
+        return 0;
+    }
+    // SAFETY: caller passes a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+    let calls = CALLS.lock().unwrap_or_else(|e| e.into_inner());
+    calls
+        .as_ref()
+        .and_then(|m| m.get(name.as_ref()).copied())
+        .unwrap_or(0)
+}
+
+fn guard(f: impl FnOnce() -> CUresult) -> CUresult {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(CUDA_ERROR_UNKNOWN)
+}
+
+fn initialized() -> bool {
+    INITIALIZED.load(Ordering::Acquire)
+}
+
+macro_rules! require_init {
+    () => {
+        if !initialized() {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        }
+    };
+}
+
+fn valid_device(dev: CUdevice) -> Option<usize> {
+    (dev >= 0 && (dev as usize) < config().devices).then_some(dev as usize)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    count("cuInit");
+    if flags != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    guard(|| {
+        let _ = config();
+        INITIALIZED.store(true, Ordering::Release);
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
+    count("cuDriverGetVersion");
+    if version.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *version = config().driver_version };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorString(error: CUresult, out: *mut *const c_char) -> CUresult {
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let s: &'static [u8] = match error {
+        CUDA_SUCCESS => b"no error\0",
+        CUDA_ERROR_INVALID_VALUE => b"invalid argument\0",
+        CUDA_ERROR_OUT_OF_MEMORY => b"out of memory\0",
+        CUDA_ERROR_NOT_INITIALIZED => b"initialization error\0",
+        CUDA_ERROR_INVALID_CONTEXT => b"invalid device context\0",
+        CUDA_ERROR_NOT_FOUND => b"named symbol not found\0",
+        _ => b"unknown error\0",
+    };
+    // SAFETY: checked non-null.
+    unsafe { *out = s.as_ptr().cast() };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorName(error: CUresult, out: *mut *const c_char) -> CUresult {
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let s: &'static [u8] = match error {
+        CUDA_SUCCESS => b"CUDA_SUCCESS\0",
+        CUDA_ERROR_OUT_OF_MEMORY => b"CUDA_ERROR_OUT_OF_MEMORY\0",
+        _ => b"CUDA_ERROR_UNKNOWN\0",
+    };
+    // SAFETY: checked non-null.
+    unsafe { *out = s.as_ptr().cast() };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetCount(n: *mut c_int) -> CUresult {
+    count("cuDeviceGetCount");
+    require_init!();
+    if n.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *n = config().devices as c_int };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) -> CUresult {
+    count("cuDeviceGet");
+    require_init!();
+    if dev.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if valid_device(ordinal).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *dev = ordinal };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    count("cuDeviceGetName");
+    require_init!();
+    if valid_device(dev).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    let text = b"Fake CUDA GPU\0";
+    if name.is_null() || len < text.len() as c_int {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: the caller's buffer holds `len` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(text.as_ptr().cast(), name, text.len()) };
+    CUDA_SUCCESS
+}
+
+unsafe fn device_uuid(uuid: *mut u8, dev: CUdevice) -> CUresult {
+    require_init!();
+    if valid_device(dev).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    if uuid.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let mut bytes = [0x0cu8; 16];
+    bytes[15] = dev as u8;
+    // SAFETY: CUuuid is 16 bytes.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), uuid, 16) };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut u8, dev: CUdevice) -> CUresult {
+    count("cuDeviceGetUuid");
+    // SAFETY: same contract.
+    unsafe { device_uuid(uuid, dev) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut u8, dev: CUdevice) -> CUresult {
+    count("cuDeviceGetUuid_v2");
+    // SAFETY: same contract.
+    unsafe { device_uuid(uuid, dev) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult {
+    count("cuDeviceGetAttribute");
+    require_init!();
+    if value.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if valid_device(dev).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    let v = match attrib {
+        ATTR_MULTIPROCESSOR_COUNT => config().sm_count as c_int,
+        ATTR_MAX_THREADS_PER_MULTIPROCESSOR => 2048,
+        ATTR_MAX_THREADS_PER_BLOCK => 1024,
+        _ => 0,
+    };
+    // SAFETY: checked non-null.
+    unsafe { *value = v };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    count("cuDeviceTotalMem_v2");
+    require_init!();
+    if bytes.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if valid_device(dev).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *bytes = config().memory_bytes as usize };
+    CUDA_SUCCESS
+}
+
+fn make_current(dev: usize) {
+    CURRENT.with(|c| c.set(dev + 1));
+    // A context makes the process visible on the GPU (nvidia-smi lists it).
+    if let Some(state) = gpu() {
+        state.devices[dev].add_memory(std::process::id() as u64, 0);
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, dev: CUdevice) -> CUresult {
+    count("cuDevicePrimaryCtxRetain");
+    require_init!();
+    let Some(d) = valid_device(dev) else {
+        return CUDA_ERROR_INVALID_DEVICE;
+    };
+    if ctx.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *ctx = ctx_handle(d) };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    count("cuDevicePrimaryCtxRelease_v2");
+    require_init!();
+    if valid_device(dev).is_none() {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut *mut c_void, _flags: c_uint, dev: CUdevice) -> CUresult {
+    count("cuCtxCreate_v2");
+    require_init!();
+    let Some(d) = valid_device(dev) else {
+        return CUDA_ERROR_INVALID_DEVICE;
+    };
+    if ctx.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    make_current(d);
+    // SAFETY: checked non-null.
+    unsafe { *ctx = ctx_handle(d) };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: *mut c_void) -> CUresult {
+    count("cuCtxDestroy_v2");
+    require_init!();
+    if ctx_device(ctx).is_none() {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    CURRENT.with(|c| c.set(0));
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCurrent(ctx: *mut c_void) -> CUresult {
+    count("cuCtxSetCurrent");
+    require_init!();
+    if ctx.is_null() {
+        CURRENT.with(|c| c.set(0));
+        return CUDA_SUCCESS;
+    }
+    match ctx_device(ctx) {
+        Some(d) => {
+            make_current(d);
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_CONTEXT,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut *mut c_void) -> CUresult {
+    count("cuCtxGetCurrent");
+    require_init!();
+    if ctx.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let c = current_device().map_or(std::ptr::null_mut(), ctx_handle);
+    // SAFETY: checked non-null.
+    unsafe { *ctx = c };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
+    count("cuCtxGetDevice");
+    require_init!();
+    if dev.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match current_device() {
+        Some(d) => {
+            // SAFETY: checked non-null.
+            unsafe { *dev = d as CUdevice };
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_CONTEXT,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent_v2(ctx: *mut c_void) -> CUresult {
+    count("cuCtxPushCurrent_v2");
+    require_init!();
+    let Some(d) = ctx_device(ctx) else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    CTX_STACK.with(|s| s.borrow_mut().push(CURRENT.with(|c| c.get())));
+    make_current(d);
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(ctx: *mut *mut c_void) -> CUresult {
+    count("cuCtxPopCurrent_v2");
+    require_init!();
+    let popped = current_device();
+    let prev = CTX_STACK.with(|s| s.borrow_mut().pop()).unwrap_or(0);
+    CURRENT.with(|c| c.set(prev));
+    if !ctx.is_null() {
+        // SAFETY: checked non-null.
+        unsafe { *ctx = popped.map_or(std::ptr::null_mut(), ctx_handle) };
+    }
+    CUDA_SUCCESS
+}
+
+fn sync_device(dev: usize) {
+    if let Some(state) = gpu() {
+        let until = state.devices[dev].busy_until_ns.load(Ordering::Acquire);
+        let now = gpu_state::now_ns();
+        if until > now {
+            std::thread::sleep(std::time::Duration::from_nanos(until - now));
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    count("cuCtxSynchronize");
+    require_init!();
+    match current_device() {
+        Some(d) => {
+            sync_device(d);
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_CONTEXT,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(_stream: *mut c_void) -> CUresult {
+    count("cuStreamSynchronize");
+    cuCtxSynchronize()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize_ptsz(_stream: *mut c_void) -> CUresult {
+    count("cuStreamSynchronize_ptsz");
+    cuCtxSynchronize()
+}
+
+// ---------------------------------------------------------------- memory
+
+fn with_memory<R>(f: impl FnOnce(&mut Memory) -> R) -> R {
+    let mut m = memory();
+    f(m.get_or_insert_with(|| Memory {
+        next_addr: 0x7f00_0000_0000,
+        next_handle: 1,
+        ..Memory::default()
+    }))
+}
+
+/// Bytes used on `dev` by every live process (the simulated GPU), or by this one.
+fn device_used(m: &Memory, dev: usize) -> u64 {
+    match gpu() {
+        Some(state) if std::env::var_os("FAKE_GPU_STATE").is_some() => state.devices[dev].used_bytes(),
+        _ => m.local_used[dev],
+    }
+}
+
+fn charge(m: &mut Memory, dev: usize, size: u64) -> Result<(), CUresult> {
+    if device_used(m, dev).saturating_add(size) > config().memory_bytes {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    m.local_used[dev] += size;
+    if let Some(state) = gpu() {
+        state.devices[dev].add_memory(std::process::id() as u64, size as i64);
+    }
+    Ok(())
+}
+
+fn uncharge(m: &mut Memory, dev: usize, size: u64) {
+    m.local_used[dev] = m.local_used[dev].saturating_sub(size);
+    if let Some(state) = gpu() {
+        state.devices[dev].add_memory(std::process::id() as u64, -(size as i64));
+    }
+}
+
+unsafe fn alloc(dptr: *mut CUdeviceptr, size: usize, kind: Kind) -> CUresult {
+    require_init!();
+    if dptr.is_null() || size == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(dev) = current_device() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    with_memory(|m| {
+        if let Err(e) = charge(m, dev, size as u64) {
+            return e;
+        }
+        let addr = m.next_addr;
+        m.next_addr += (size as u64).div_ceil(512) * 512;
+        m.allocs.insert(
+            addr,
+            Alloc {
+                dev,
+                size: size as u64,
+                kind,
+            },
+        );
+        // SAFETY: checked non-null.
+        unsafe { *dptr = addr };
+        CUDA_SUCCESS
+    })
+}
+
+fn free(dptr: CUdeviceptr) -> CUresult {
+    require_init!();
+    if dptr == 0 {
+        return CUDA_SUCCESS;
+    }
+    with_memory(|m| match m.allocs.remove(&dptr) {
+        Some(a) => {
+            uncharge(m, a.dev, a.size);
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    count("cuMemAlloc_v2");
+    // SAFETY: same contract.
+    unsafe { alloc(dptr, size, Kind::Device) }
+}
+
+/// The CUDA 3.1 ABI (32-bit size); what `cuGetProcAddress("cuMemAlloc", …, 3010)` returns.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut c_uint, size: c_uint) -> CUresult {
+    count("cuMemAlloc");
+    let mut wide: CUdeviceptr = 0;
+    // SAFETY: local out-pointer.
+    let r = unsafe { alloc(&mut wide, size as usize, Kind::Device) };
+    if r == CUDA_SUCCESS && !dptr.is_null() {
+        // SAFETY: checked non-null.
+        unsafe { *dptr = wide as c_uint };
+    }
+    r
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, _flags: c_uint) -> CUresult {
+    count("cuMemAllocManaged");
+    // SAFETY: same contract.
+    unsafe { alloc(dptr, size, Kind::Managed) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: c_uint,
+) -> CUresult {
+    count("cuMemAllocPitch_v2");
+    if pitch.is_null() || !matches!(element_size, 4 | 8 | 16) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // The real driver rounds rows up to its texture alignment; 512 bytes here.
+    let p = width.div_ceil(512).saturating_mul(512);
+    // SAFETY: same contract.
+    let r = unsafe { alloc(dptr, p.saturating_mul(height), Kind::Device) };
+    if r == CUDA_SUCCESS {
+        // SAFETY: checked non-null.
+        unsafe { *pitch = p };
+    }
+    r
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    count("cuMemFree_v2");
+    free(dptr)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, _stream: *mut c_void) -> CUresult {
+    count("cuMemAllocAsync");
+    // SAFETY: same contract.
+    unsafe { alloc(dptr, size, Kind::Async) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, _stream: *mut c_void) -> CUresult {
+    count("cuMemAllocAsync_ptsz");
+    // SAFETY: same contract.
+    unsafe { alloc(dptr, size, Kind::Async) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    _pool: *mut c_void,
+    _stream: *mut c_void,
+) -> CUresult {
+    count("cuMemAllocFromPoolAsync");
+    // SAFETY: same contract.
+    unsafe { alloc(dptr, size, Kind::Async) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    _pool: *mut c_void,
+    _stream: *mut c_void,
+) -> CUresult {
+    count("cuMemAllocFromPoolAsync_ptsz");
+    // SAFETY: same contract.
+    unsafe { alloc(dptr, size, Kind::Async) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
+    count("cuMemFreeAsync");
+    free(dptr)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
+    count("cuMemFreeAsync_ptsz");
+    free(dptr)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free_bytes: *mut usize, total: *mut usize) -> CUresult {
+    count("cuMemGetInfo_v2");
+    require_init!();
+    if free_bytes.is_null() || total.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(dev) = current_device() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    let used = with_memory(|m| device_used(m, dev));
+    let cap = config().memory_bytes;
+    // SAFETY: checked non-null.
+    unsafe {
+        *total = cap as usize;
+        *free_bytes = cap.saturating_sub(used) as usize;
+    }
+    CUDA_SUCCESS
+}
+
+/// `CUmemAllocationProp`: type, handle types, location {type, id}, …
+#[repr(C)]
+pub struct CUmemAllocationProp {
+    pub kind: c_int,
+    pub requested_handle_types: c_int,
+    pub location_type: c_int,
+    pub location_id: c_int,
+    pub win32_handle_meta_data: *mut c_void,
+    pub alloc_flags: [u8; 8],
+}
+const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    _flags: u64,
+) -> CUresult {
+    count("cuMemCreate");
+    require_init!();
+    if handle.is_null() || prop.is_null() || size == 0 || size % (2 << 20) != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let prop = unsafe { &*prop };
+    if prop.location_type != CU_MEM_LOCATION_TYPE_DEVICE {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(dev) = valid_device(prop.location_id) else {
+        return CUDA_ERROR_INVALID_DEVICE;
+    };
+    with_memory(|m| {
+        if let Err(e) = charge(m, dev, size as u64) {
+            return e;
+        }
+        let h = m.next_handle;
+        m.next_handle += 1;
+        m.handles.insert(h, (dev, size as u64));
+        // SAFETY: checked non-null.
+        unsafe { *handle = h };
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
+    count("cuMemRelease");
+    require_init!();
+    with_memory(|m| match m.handles.remove(&handle) {
+        Some((dev, size)) => {
+            uncharge(m, dev, size);
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    _prop: *const CUmemAllocationProp,
+    _option: c_int,
+) -> CUresult {
+    count("cuMemGetAllocationGranularity");
+    if granularity.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *granularity = 2 << 20 };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, _align: usize, _addr: CUdeviceptr, _flags: u64) -> CUresult {
+    count("cuMemAddressReserve");
+    require_init!();
+    if ptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let addr = with_memory(|m| {
+        let a = m.next_addr;
+        m.next_addr += (size as u64).div_ceil(512) * 512;
+        a
+    });
+    // SAFETY: checked non-null.
+    unsafe { *ptr = addr };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAddressFree(_ptr: CUdeviceptr, _size: usize) -> CUresult {
+    count("cuMemAddressFree");
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemMap(_ptr: CUdeviceptr, _size: usize, _offset: usize, handle: u64, _flags: u64) -> CUresult {
+    count("cuMemMap");
+    require_init!();
+    with_memory(|m| {
+        if m.handles.contains_key(&handle) {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_INVALID_VALUE
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemUnmap(_ptr: CUdeviceptr, _size: usize) -> CUresult {
+    count("cuMemUnmap");
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, _flags: c_uint) -> CUresult {
+    count("cuMemHostAlloc");
+    require_init!();
+    if pp.is_null() || size == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: plain malloc; freed by cuMemFreeHost.
+    let p = unsafe { libc::malloc(size) };
+    if p.is_null() {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *pp = p };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    count("cuMemFreeHost");
+    // SAFETY: `p` came from cuMemHostAlloc.
+    unsafe { libc::free(p) };
+    CUDA_SUCCESS
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_int,
+    pub num_channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+pub struct Array3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_int,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+pub fn format_bytes(format: c_int) -> Option<u64> {
+    Some(match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        0x03 | 0x0a | 0x20 => 4,
+        _ => return None,
+    })
+}
+
+fn create_array(arr: *mut u64, w: usize, h: usize, d: usize, format: c_int, channels: c_uint) -> CUresult {
+    require_init!();
+    let Some(elem) = format_bytes(format) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    if arr.is_null() || w == 0 || !matches!(channels, 1 | 2 | 4) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(dev) = current_device() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    let size = (w as u64)
+        .saturating_mul(h.max(1) as u64)
+        .saturating_mul(d.max(1) as u64)
+        .saturating_mul(elem * channels as u64);
+    with_memory(|m| {
+        if let Err(e) = charge(m, dev, size) {
+            return e;
+        }
+        let h = m.next_handle;
+        m.next_handle += 1;
+        m.arrays.insert(h, (dev, size));
+        // SAFETY: checked non-null.
+        unsafe { *arr = h };
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate_v2(arr: *mut u64, desc: *const ArrayDescriptor) -> CUresult {
+    count("cuArrayCreate_v2");
+    if desc.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let d = unsafe { &*desc };
+    create_array(arr, d.width, d.height, 1, d.format, d.num_channels)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate_v2(arr: *mut u64, desc: *const Array3dDescriptor) -> CUresult {
+    count("cuArray3DCreate_v2");
+    if desc.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let d = unsafe { &*desc };
+    create_array(arr, d.width, d.height, d.depth, d.format, d.num_channels)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuArrayDestroy(arr: u64) -> CUresult {
+    count("cuArrayDestroy");
+    require_init!();
+    with_memory(|m| match m.arrays.remove(&arr) {
+        Some((dev, size)) => {
+            uncharge(m, dev, size);
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
+// ---------------------------------------------------------------- launches
+
+/// Queues a kernel of `blocks` blocks on the current device's simulated timeline.
+fn launch(blocks: u64) -> CUresult {
+    require_init!();
+    let Some(dev) = current_device() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    let cfg = config();
+    let waves = blocks.div_ceil(cfg.sm_count).max(1);
+    let duration = waves.saturating_mul(cfg.block_ns);
+    if let Some(state) = gpu() {
+        let d = &state.devices[dev];
+        // A full launch queue blocks the launching thread, as on a real GPU.
+        loop {
+            let until = d.busy_until_ns.load(Ordering::Acquire);
+            let now = gpu_state::now_ns();
+            if until <= now + cfg.queue_ns {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_nanos(until - now - cfg.queue_ns));
+        }
+        d.launch(std::process::id() as u64, duration);
+    }
+    LAUNCHES.fetch_add(1, Ordering::Relaxed);
+    CUDA_SUCCESS
+}
+
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+fn grid_blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {
+    x as u64 * y.max(1) as u64 * z.max(1) as u64
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunchKernel(
+    _f: *mut c_void,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shared: c_uint,
+    _stream: *mut c_void,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    count("cuLaunchKernel");
+    launch(grid_blocks(gx, gy, gz))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunchKernel_ptsz(
+    _f: *mut c_void,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shared: c_uint,
+    _stream: *mut c_void,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    count("cuLaunchKernel_ptsz");
+    launch(grid_blocks(gx, gy, gz))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunchCooperativeKernel(
+    _f: *mut c_void,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shared: c_uint,
+    _stream: *mut c_void,
+    _params: *mut *mut c_void,
+) -> CUresult {
+    count("cuLaunchCooperativeKernel");
+    launch(grid_blocks(gx, gy, gz))
+}
+
+/// `CUlaunchConfig`: grid, block, shared memory, stream, attributes.
+#[repr(C)]
+pub struct CUlaunchConfig {
+    pub grid_dim_x: c_uint,
+    pub grid_dim_y: c_uint,
+    pub grid_dim_z: c_uint,
+    pub block_dim_x: c_uint,
+    pub block_dim_y: c_uint,
+    pub block_dim_z: c_uint,
+    pub shared_mem_bytes: c_uint,
+    pub h_stream: *mut c_void,
+    pub attrs: *mut c_void,
+    pub num_attrs: c_uint,
+}
+
+unsafe fn launch_ex(config: *const CUlaunchConfig) -> CUresult {
+    if config.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let c = unsafe { &*config };
+    launch(grid_blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const CUlaunchConfig,
+    _f: *mut c_void,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    count("cuLaunchKernelEx");
+    // SAFETY: same contract.
+    unsafe { launch_ex(config) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    config: *const CUlaunchConfig,
+    _f: *mut c_void,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    count("cuLaunchKernelEx_ptsz");
+    // SAFETY: same contract.
+    unsafe { launch_ex(config) }
+}
+
+/// A graph launch runs one simulated kernel of `FAKE_CUDA_SM_COUNT` blocks.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphLaunch(_exec: *mut c_void, _stream: *mut c_void) -> CUresult {
+    count("cuGraphLaunch");
+    launch(config().sm_count)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphLaunch_ptsz(_exec: *mut c_void, _stream: *mut c_void) -> CUresult {
+    count("cuGraphLaunch_ptsz");
+    launch(config().sm_count)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGetExportTable(_table: *mut *const c_void, _id: *const c_void) -> CUresult {
+    count("cuGetExportTable");
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+// ---------------------------------------------------------------- cuGetProcAddress
+
+pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
+const STATUS_SUCCESS: c_int = 0;
+const STATUS_SYMBOL_NOT_FOUND: c_int = 1;
+const STATUS_VERSION_NOT_SUFFICIENT: c_int = 2;
+
+struct ProcEntry {
+    api: &'static str,
+    /// The first CUDA version whose headers map `api` to this symbol.
+    since: c_int,
+    /// Only returned with `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+    per_thread: bool,
+    symbol: &'static str,
+    ptr: *const c_void,
+}
+
+// SAFETY: function pointers are immutable addresses.
+unsafe impl Sync for ProcEntry {}
+// SAFETY: as above.
+unsafe impl Send for ProcEntry {}
+
+macro_rules! entry {
+    ($api:literal, $since:literal, $pt:literal, $sym:ident) => {
+        ProcEntry {
+            api: $api,
+            since: $since,
+            per_thread: $pt,
+            symbol: stringify!($sym),
+            ptr: $sym as *const c_void,
+        }
+    };
+}
+
+fn proc_table() -> &'static [ProcEntry] {
+    static TABLE: OnceLock<Vec<ProcEntry>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        vec![
+            entry!("cuInit", 2000, false, cuInit),
+            entry!("cuDriverGetVersion", 2020, false, cuDriverGetVersion),
+            entry!("cuGetErrorString", 6000, false, cuGetErrorString),
+            entry!("cuGetErrorName", 6000, false, cuGetErrorName),
+            entry!("cuDeviceGet", 2000, false, cuDeviceGet),
+            entry!("cuDeviceGetCount", 2000, false, cuDeviceGetCount),
+            entry!("cuDeviceGetName", 2000, false, cuDeviceGetName),
+            entry!("cuDeviceGetUuid", 9020, false, cuDeviceGetUuid),
+            entry!("cuDeviceGetUuid", 11040, false, cuDeviceGetUuid_v2),
+            entry!("cuDeviceGetAttribute", 2000, false, cuDeviceGetAttribute),
+            entry!("cuDeviceTotalMem", 3020, false, cuDeviceTotalMem_v2),
+            entry!("cuDevicePrimaryCtxRetain", 7000, false, cuDevicePrimaryCtxRetain),
+            entry!("cuDevicePrimaryCtxRelease", 11000, false, cuDevicePrimaryCtxRelease_v2),
+            entry!("cuCtxCreate", 3020, false, cuCtxCreate_v2),
+            entry!("cuCtxDestroy", 4000, false, cuCtxDestroy_v2),
+            entry!("cuCtxSetCurrent", 4000, false, cuCtxSetCurrent),
+            entry!("cuCtxGetCurrent", 4000, false, cuCtxGetCurrent),
+            entry!("cuCtxGetDevice", 2000, false, cuCtxGetDevice),
+            entry!("cuCtxPushCurrent", 4000, false, cuCtxPushCurrent_v2),
+            entry!("cuCtxPopCurrent", 4000, false, cuCtxPopCurrent_v2),
+            entry!("cuCtxSynchronize", 2000, false, cuCtxSynchronize),
+            entry!("cuStreamSynchronize", 2000, false, cuStreamSynchronize),
+            entry!("cuStreamSynchronize", 7000, true, cuStreamSynchronize_ptsz),
+            entry!("cuMemGetInfo", 3020, false, cuMemGetInfo_v2),
+            entry!("cuMemAlloc", 2000, false, cuMemAlloc),
+            entry!("cuMemAlloc", 3020, false, cuMemAlloc_v2),
+            entry!("cuMemAllocManaged", 6000, false, cuMemAllocManaged),
+            entry!("cuMemAllocPitch", 3020, false, cuMemAllocPitch_v2),
+            entry!("cuMemFree", 3020, false, cuMemFree_v2),
+            entry!("cuMemAllocAsync", 11020, false, cuMemAllocAsync),
+            entry!("cuMemAllocAsync", 11020, true, cuMemAllocAsync_ptsz),
+            entry!("cuMemAllocFromPoolAsync", 11020, false, cuMemAllocFromPoolAsync),
+            entry!("cuMemAllocFromPoolAsync", 11020, true, cuMemAllocFromPoolAsync_ptsz),
+            entry!("cuMemFreeAsync", 11020, false, cuMemFreeAsync),
+            entry!("cuMemFreeAsync", 11020, true, cuMemFreeAsync_ptsz),
+            entry!("cuMemCreate", 10020, false, cuMemCreate),
+            entry!("cuMemRelease", 10020, false, cuMemRelease),
+            entry!("cuMemMap", 10020, false, cuMemMap),
+            entry!("cuMemUnmap", 10020, false, cuMemUnmap),
+            entry!("cuMemAddressReserve", 10020, false, cuMemAddressReserve),
+            entry!("cuMemAddressFree", 10020, false, cuMemAddressFree),
+            entry!("cuMemGetAllocationGranularity", 10020, false, cuMemGetAllocationGranularity),
+            entry!("cuMemHostAlloc", 2020, false, cuMemHostAlloc),
+            entry!("cuMemFreeHost", 2000, false, cuMemFreeHost),
+            entry!("cuArrayCreate", 3020, false, cuArrayCreate_v2),
+            entry!("cuArray3DCreate", 3020, false, cuArray3DCreate_v2),
+            entry!("cuArrayDestroy", 2000, false, cuArrayDestroy),
+            entry!("cuLaunchKernel", 4000, false, cuLaunchKernel),
+            entry!("cuLaunchKernel", 7000, true, cuLaunchKernel_ptsz),
+            entry!("cuLaunchKernelEx", 11060, false, cuLaunchKernelEx),
+            entry!("cuLaunchKernelEx", 11060, true, cuLaunchKernelEx_ptsz),
+            entry!("cuLaunchCooperativeKernel", 9000, false, cuLaunchCooperativeKernel),
+            entry!("cuGraphLaunch", 10000, false, cuGraphLaunch),
+            entry!("cuGraphLaunch", 10000, true, cuGraphLaunch_ptsz),
+            entry!("cuGetExportTable", 3000, false, cuGetExportTable),
+            entry!("cuGetProcAddress", 11030, false, cuGetProcAddress),
+            entry!("cuGetProcAddress", 12000, false, cuGetProcAddress_v2),
+        ]
+    })
+}
+
+/// The driver's rule: the newest variant of `api` that `cuda_version` knows, preferring the
+/// per-thread-stream variant when asked for and one exists.
+fn resolve(api: &str, cuda_version: c_int, flags: u64) -> Result<&'static ProcEntry, c_int> {
+    let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
+    let candidates: Vec<&ProcEntry> = proc_table().iter().filter(|e| e.api == api).collect();
+    if candidates.is_empty() {
+        return Err(STATUS_SYMBOL_NOT_FOUND);
+    }
+    let best = |pt: bool| {
+        candidates
+            .iter()
+            .filter(|e| e.per_thread == pt && e.since <= cuda_version)
+            .max_by_key(|e| e.since)
+            .copied()
+    };
+    let found = if per_thread {
+        best(true).or_else(|| best(false))
+    } else {
+        best(false)
+    };
+    found.ok_or(STATUS_VERSION_NOT_SUFFICIENT)
+}
+
+/// Test hook: the symbol name the fake resolves `(api, version, flags)` to (NULL if none).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_resolve_name(api: *const c_char, cuda_version: c_int, flags: u64) -> *const c_char {
+    if api.is_null() {
+        return std::ptr::null();
+    }
+    // SAFETY: caller passes a NUL-terminated string.
+    let api = unsafe { CStr::from_ptr(api) }.to_string_lossy();
+    static NAMES: Mutex<Vec<std::ffi::CString>> = Mutex::new(Vec::new());
+    match resolve(&api, cuda_version, flags) {
+        Ok(e) => {
+            let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = names.iter().find(|n| n.to_bytes() == e.symbol.as_bytes()) {
+                return n.as_ptr();
+            }
+            let Ok(c) = std::ffi::CString::new(e.symbol) else {
+                return std::ptr::null();
+            };
+            let p = c.as_ptr();
+            names.push(c);
+            p
+        }
+        Err(_) => std::ptr::null(),
+    }
+}
+
+unsafe fn get_proc_address(
+    symbol: *const c_char,
+    pfn: *mut *const c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    if symbol.is_null() || pfn.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: caller passes a NUL-terminated string.
+    let api = unsafe { CStr::from_ptr(symbol) }.to_string_lossy();
+    let (r, st, ptr) = match resolve(&api, cuda_version, flags) {
+        Ok(e) => (CUDA_SUCCESS, STATUS_SUCCESS, e.ptr),
+        Err(st) => (CUDA_ERROR_NOT_FOUND, st, std::ptr::null()),
+    };
+    // SAFETY: checked non-null; `status` is optional.
+    unsafe {
+        *pfn = ptr;
+        if !status.is_null() {
+            *status = st;
+        }
+    }
+    r
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *const c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CUresult {
+    count("cuGetProcAddress");
+    // SAFETY: same contract.
+    unsafe { get_proc_address(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *const c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    count("cuGetProcAddress_v2");
+    // SAFETY: same contract.
+    unsafe { get_proc_address(symbol, pfn, cuda_version, flags, status) }
+}

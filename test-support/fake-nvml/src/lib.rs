@@ -1,1 +1,997 @@
-//! placeholder
+//! A fake `libnvidia-ml.so.1` for tests: a scenario file describes the GPUs, a JSON-lines file
+//! scripts events (XID, GPU lost, recovered), and the simulated GPU shared with the fake
+//! `libcuda.so.1` supplies utilization and per-process memory. See `README.md` for the formats.
+//!
+//! Test support only, never shipped. Every entry point catches panics and returns an NVML error
+//! code instead, so a bug here shows up as a failed call, not as an abort of the test process.
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+pub mod gpu_state;
+pub mod scenario;
+
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::io::{Read, Seek, SeekFrom};
+use std::sync::atomic::AtomicU8;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use scenario::{EventLine, Scenario};
+
+pub type NvmlReturn = c_uint;
+pub const NVML_SUCCESS: NvmlReturn = 0;
+pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
+pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+pub const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
+pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+pub const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
+pub const NVML_ERROR_TIMEOUT: NvmlReturn = 10;
+pub const NVML_ERROR_GPU_IS_LOST: NvmlReturn = 15;
+pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
+pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
+
+pub const EVENT_TYPE_XID_CRITICAL_ERROR: c_ulonglong = 8;
+/// The XID NVIDIA uses for "GPU has fallen off the bus"; delivered with a `lost` event.
+pub const XID_GPU_LOST: c_ulonglong = 79;
+const SUPPORTED_EVENTS: c_ulonglong = 0x1 | 0x2 | 0x4 | 0x8 | 0x10;
+
+/// `nvmlDevice_t` values are addresses inside this array, so they are real, stable pointers.
+static DEVICE_HANDLES: [AtomicU8; 64] = [const { AtomicU8::new(0) }; 64];
+
+#[repr(C)]
+pub struct NvmlMemory {
+    pub total: c_ulonglong,
+    pub free: c_ulonglong,
+    pub used: c_ulonglong,
+}
+
+#[repr(C)]
+pub struct NvmlMemoryV2 {
+    pub version: c_uint,
+    pub total: c_ulonglong,
+    pub reserved: c_ulonglong,
+    pub free: c_ulonglong,
+    pub used: c_ulonglong,
+}
+/// `NVML_STRUCT_VERSION(Memory, 2)`.
+pub const NVML_MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<NvmlMemoryV2>() as c_uint) | (2 << 24);
+
+#[repr(C)]
+pub struct NvmlPciInfo {
+    pub bus_id_legacy: [c_char; 16],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pci_device_id: c_uint,
+    pub pci_sub_system_id: c_uint,
+    pub bus_id: [c_char; 32],
+}
+
+#[repr(C)]
+pub struct NvmlUtilization {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+/// `nvmlProcessInfo_t` of the `_v2`/`_v3` calls.
+#[repr(C)]
+pub struct NvmlProcessInfo {
+    pub pid: c_uint,
+    pub used_gpu_memory: c_ulonglong,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+/// `nvmlProcessInfo_v1_t` of the unversioned call.
+#[repr(C)]
+pub struct NvmlProcessInfoV1 {
+    pub pid: c_uint,
+    pub used_gpu_memory: c_ulonglong,
+}
+
+#[repr(C)]
+pub struct NvmlProcessUtilizationSample {
+    pub pid: c_uint,
+    pub time_stamp: c_ulonglong,
+    pub sm_util: c_uint,
+    pub mem_util: c_uint,
+    pub enc_util: c_uint,
+    pub dec_util: c_uint,
+}
+
+#[repr(C)]
+pub struct NvmlEventData {
+    pub device: *mut c_void,
+    pub event_type: c_ulonglong,
+    pub event_data: c_ulonglong,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+/// One queued event: device index, type, data.
+#[derive(Clone, Copy, Debug)]
+struct PendingEvent {
+    device: usize,
+    event_type: c_ulonglong,
+    data: c_ulonglong,
+}
+
+#[derive(Debug, Default)]
+struct EventSet {
+    /// Registered event-type mask per device index.
+    masks: Vec<(usize, c_ulonglong)>,
+}
+
+#[derive(Default)]
+struct Global {
+    init_count: u32,
+    scenario: Option<Scenario>,
+    events_path: Option<std::path::PathBuf>,
+    events_offset: u64,
+    lost: Vec<bool>,
+    pending: std::collections::VecDeque<PendingEvent>,
+    sets: Vec<Option<EventSet>>,
+}
+
+static GLOBAL: Mutex<Option<Global>> = Mutex::new(None);
+static EVENT_ARRIVED: Condvar = Condvar::new();
+
+fn global() -> MutexGuard<'static, Option<Global>> {
+    GLOBAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs an entry point body; a panic becomes `NVML_ERROR_UNKNOWN`.
+fn guard(f: impl FnOnce() -> NvmlReturn) -> NvmlReturn {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(NVML_ERROR_UNKNOWN)
+}
+
+fn gpu() -> Option<&'static gpu_state::GpuState> {
+    static STATE: std::sync::OnceLock<Option<&'static gpu_state::GpuState>> =
+        std::sync::OnceLock::new();
+    *STATE.get_or_init(|| {
+        std::env::var_os("FAKE_GPU_STATE")
+            .filter(|p| !p.is_empty())
+            .and_then(|_| gpu_state::open())
+    })
+}
+
+impl Global {
+    /// Reads lines appended to the events file since the last call and applies them.
+    fn poll_events(&mut self) {
+        let Some(path) = self.events_path.clone() else {
+            return;
+        };
+        let Ok(mut file) = std::fs::File::open(&path) else {
+            return;
+        };
+        if file.seek(SeekFrom::Start(self.events_offset)).is_err() {
+            return;
+        }
+        let mut text = String::new();
+        if file.read_to_string(&mut text).is_err() {
+            return;
+        }
+        // Only complete lines: a writer may be half-way through the last one.
+        let Some(end) = text.rfind('\n') else {
+            return;
+        };
+        self.events_offset += end as u64 + 1;
+        for line in text[..end].lines() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<EventLine>(line) {
+                Ok(ev) => self.apply_event(ev),
+                Err(e) => eprintln!("fake-nvml: ignoring bad event line {line:?}: {e}"),
+            }
+        }
+    }
+
+    fn apply_event(&mut self, ev: EventLine) {
+        let count = self.scenario.as_ref().map_or(0, |s| s.devices.len());
+        if ev.device >= count {
+            eprintln!("fake-nvml: event for unknown device {}", ev.device);
+            return;
+        }
+        match ev.kind.as_str() {
+            "xid" => self.pending.push_back(PendingEvent {
+                device: ev.device,
+                event_type: EVENT_TYPE_XID_CRITICAL_ERROR,
+                data: ev.xid.unwrap_or(0),
+            }),
+            "lost" => {
+                self.lost[ev.device] = true;
+                self.pending.push_back(PendingEvent {
+                    device: ev.device,
+                    event_type: EVENT_TYPE_XID_CRITICAL_ERROR,
+                    data: XID_GPU_LOST,
+                });
+            }
+            "recovered" => self.lost[ev.device] = false,
+            other => eprintln!("fake-nvml: unknown event kind {other:?}"),
+        }
+    }
+
+    /// The device index behind a handle, or the NVML error the real library would give.
+    fn device(&mut self, handle: *mut c_void) -> Result<usize, NvmlReturn> {
+        self.poll_events();
+        let count = self.scenario.as_ref().map_or(0, |s| s.devices.len());
+        let base = DEVICE_HANDLES.as_ptr() as usize;
+        let idx = (handle as usize).wrapping_sub(base);
+        if idx >= count {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        if self.lost[idx] {
+            return Err(NVML_ERROR_GPU_IS_LOST);
+        }
+        Ok(idx)
+    }
+}
+
+/// Runs `f` with the initialised global state, or returns `NVML_ERROR_UNINITIALIZED`.
+fn with_init(f: impl FnOnce(&mut Global) -> NvmlReturn) -> NvmlReturn {
+    guard(|| {
+        let mut g = global();
+        match g.as_mut() {
+            Some(state) if state.init_count > 0 && state.scenario.is_some() => f(state),
+            _ => NVML_ERROR_UNINITIALIZED,
+        }
+    })
+}
+
+/// Runs `f` with the device index and its scenario entry.
+fn with_device(
+    handle: *mut c_void,
+    f: impl FnOnce(&mut Global, usize) -> NvmlReturn,
+) -> NvmlReturn {
+    with_init(|g| match g.device(handle) {
+        Ok(idx) => f(g, idx),
+        Err(code) => code,
+    })
+}
+
+fn handle_of(idx: usize) -> *mut c_void {
+    DEVICE_HANDLES[idx].as_ptr().cast()
+}
+
+/// Copies `s` NUL-terminated into `buf` of `len` bytes.
+unsafe fn write_cstr(s: &str, buf: *mut c_char, len: c_uint) -> NvmlReturn {
+    if buf.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let bytes = s.as_bytes();
+    if bytes.len() + 1 > len as usize {
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    // SAFETY: the caller promises `buf` holds `len` bytes; we checked the length.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), buf, bytes.len());
+        *buf.add(bytes.len()) = 0;
+    }
+    NVML_SUCCESS
+}
+
+fn init_impl() -> NvmlReturn {
+    if std::env::var("FAKE_NVML_FAIL_INIT").is_ok_and(|v| v == "1") {
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    let scenario = match scenario::load_from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fake-nvml: nvmlInit fails: {e}");
+            return e.nvml_code();
+        }
+    };
+    let mut g = global();
+    let state = g.get_or_insert_with(Global::default);
+    let events_path = std::env::var_os("FAKE_NVML_EVENTS")
+        .filter(|p| !p.is_empty())
+        .map(std::path::PathBuf::from);
+    if events_path != state.events_path {
+        state.events_path = events_path;
+        state.events_offset = 0;
+        state.pending.clear();
+        state.lost.clear();
+    }
+    state.lost.resize(scenario.devices.len(), false);
+    state.scenario = Some(scenario);
+    state.init_count += 1;
+    NVML_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
+    guard(init_impl)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit() -> NvmlReturn {
+    guard(init_impl)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
+    guard(init_impl)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlShutdown() -> NvmlReturn {
+    guard(|| {
+        let mut g = global();
+        match g.as_mut() {
+            Some(state) if state.init_count > 0 => {
+                state.init_count -= 1;
+                NVML_SUCCESS
+            }
+            _ => NVML_ERROR_UNINITIALIZED,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
+    let s: &'static [u8] = match result {
+        NVML_SUCCESS => b"Success\0",
+        NVML_ERROR_UNINITIALIZED => b"Uninitialized\0",
+        NVML_ERROR_INVALID_ARGUMENT => b"Invalid Argument\0",
+        NVML_ERROR_NOT_SUPPORTED => b"Not Supported\0",
+        NVML_ERROR_NOT_FOUND => b"Not Found\0",
+        NVML_ERROR_INSUFFICIENT_SIZE => b"Insufficient Size\0",
+        NVML_ERROR_DRIVER_NOT_LOADED => b"Driver Not Loaded\0",
+        NVML_ERROR_TIMEOUT => b"Timeout\0",
+        NVML_ERROR_GPU_IS_LOST => b"GPU is lost\0",
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH => b"Argument version mismatch\0",
+        _ => b"Unknown Error\0",
+    };
+    s.as_ptr().cast()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, len: c_uint) -> NvmlReturn {
+    with_init(|g| {
+        let v = g.scenario.as_ref().map_or("", |s| s.driver_version.as_str());
+        // SAFETY: caller's buffer contract.
+        unsafe { write_cstr(v, version, len) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, len: c_uint) -> NvmlReturn {
+    with_init(|g| {
+        let v = g
+            .scenario
+            .as_ref()
+            .map_or(String::new(), |s| format!("12.{}", s.driver_version));
+        // SAFETY: caller's buffer contract.
+        unsafe { write_cstr(&v, version, len) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> NvmlReturn {
+    with_init(|g| {
+        if version.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let v = g.scenario.as_ref().map_or(0, |s| s.cuda_driver_version);
+        // SAFETY: checked non-null.
+        unsafe { *version = v };
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> NvmlReturn {
+    // SAFETY: same contract.
+    unsafe { nvmlSystemGetCudaDriverVersion(version) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn {
+    with_init(|g| {
+        if count.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        g.poll_events();
+        let n = g.scenario.as_ref().map_or(0, |s| s.devices.len());
+        // SAFETY: checked non-null.
+        unsafe { *count = n as c_uint };
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> NvmlReturn {
+    // SAFETY: same contract.
+    unsafe { nvmlDeviceGetCount_v2(count) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut *mut c_void) -> NvmlReturn {
+    with_init(|g| {
+        if device.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        g.poll_events();
+        let idx = index as usize;
+        let n = g.scenario.as_ref().map_or(0, |s| s.devices.len());
+        if idx >= n {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        if g.lost[idx] {
+            return NVML_ERROR_GPU_IS_LOST;
+        }
+        // SAFETY: checked non-null.
+        unsafe { *device = handle_of(idx) };
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(index: c_uint, device: *mut *mut c_void) -> NvmlReturn {
+    // SAFETY: same contract.
+    unsafe { nvmlDeviceGetHandleByIndex_v2(index, device) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut *mut c_void) -> NvmlReturn {
+    with_init(|g| {
+        if uuid.is_null() || device.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: caller passes a NUL-terminated string.
+        let wanted = unsafe { std::ffi::CStr::from_ptr(uuid) }.to_string_lossy();
+        g.poll_events();
+        let found = g
+            .scenario
+            .as_ref()
+            .and_then(|s| s.devices.iter().position(|d| d.uuid == wanted));
+        match found {
+            Some(idx) if g.lost[idx] => NVML_ERROR_GPU_IS_LOST,
+            Some(idx) => {
+                // SAFETY: checked non-null.
+                unsafe { *device = handle_of(idx) };
+                NVML_SUCCESS
+            }
+            None => NVML_ERROR_NOT_FOUND,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: *mut c_void, index: *mut c_uint) -> NvmlReturn {
+    with_device(device, |_, idx| {
+        if index.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: checked non-null.
+        unsafe { *index = idx as c_uint };
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: *mut c_void, minor: *mut c_uint) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        if minor.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let m = g
+            .scenario
+            .as_ref()
+            .and_then(|s| s.devices[idx].minor_number)
+            .unwrap_or(idx as u32);
+        // SAFETY: checked non-null.
+        unsafe { *minor = m };
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(device: *mut c_void, uuid: *mut c_char, len: c_uint) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        let s = g.scenario.as_ref().map_or("", |s| s.devices[idx].uuid.as_str());
+        // SAFETY: caller's buffer contract.
+        unsafe { write_cstr(s, uuid, len) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(device: *mut c_void, name: *mut c_char, len: c_uint) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        let s = g.scenario.as_ref().map_or("", |s| s.devices[idx].name.as_str());
+        // SAFETY: caller's buffer contract.
+        unsafe { write_cstr(s, name, len) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    device: *mut c_void,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        if major.is_null() || minor.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let (ma, mi) = g
+            .scenario
+            .as_ref()
+            .map_or((7, 5), |s| s.devices[idx].compute_capability());
+        // SAFETY: checked non-null.
+        unsafe {
+            *major = ma;
+            *minor = mi;
+        }
+        NVML_SUCCESS
+    })
+}
+
+fn fill_pci(info: &mut NvmlPciInfo, bus_id: &str) {
+    let parsed = scenario::parse_pci_bus_id(bus_id);
+    let (domain, bus, dev) = parsed.unwrap_or((0, 0, 0));
+    info.domain = domain;
+    info.bus = bus;
+    info.device = dev;
+    info.pci_device_id = 0x1eb8_10de;
+    info.pci_sub_system_id = 0x12a2_10de;
+    info.bus_id = [0; 32];
+    info.bus_id_legacy = [0; 16];
+    for (dst, src) in info.bus_id.iter_mut().zip(bus_id.bytes().take(31)) {
+        *dst = src as c_char;
+    }
+    // The legacy field holds the 8-hex-digit-domain form cut to 15 characters.
+    let legacy = format!("{domain:04x}:{bus:02x}:{dev:02x}.0").to_uppercase();
+    for (dst, src) in info.bus_id_legacy.iter_mut().zip(legacy.bytes().take(15)) {
+        *dst = src as c_char;
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(device: *mut c_void, pci: *mut NvmlPciInfo) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        if pci.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let bus_id = g
+            .scenario
+            .as_ref()
+            .map_or(String::new(), |s| s.devices[idx].pci_bus_id.clone());
+        // SAFETY: checked non-null; the caller owns a full struct.
+        fill_pci(unsafe { &mut *pci }, &bus_id);
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(device: *mut c_void, pci: *mut NvmlPciInfo) -> NvmlReturn {
+    // SAFETY: same contract and layout.
+    unsafe { nvmlDeviceGetPciInfo_v3(device, pci) }
+}
+
+/// (total, used) bytes for a device: the scenario plus memory the fake CUDA allocated.
+fn memory_of(g: &Global, idx: usize) -> Result<(u64, u64), NvmlReturn> {
+    let Some(dev) = g.scenario.as_ref().map(|s| &s.devices[idx]) else {
+        return Err(NVML_ERROR_UNINITIALIZED);
+    };
+    if dev.memory_info_unsupported {
+        return Err(NVML_ERROR_NOT_SUPPORTED);
+    }
+    let mib = 1u64 << 20;
+    let total = dev.memory_total_mib.saturating_mul(mib);
+    let simulated = gpu().map_or(0, |s| s.devices[idx.min(gpu_state::MAX_DEVICES - 1)].used_bytes());
+    let used = dev
+        .memory_used_mib
+        .saturating_mul(mib)
+        .saturating_add(simulated)
+        .min(total);
+    Ok((total, used))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: *mut c_void, memory: *mut NvmlMemory) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        if memory.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        match memory_of(g, idx) {
+            Ok((total, used)) => {
+                // SAFETY: checked non-null.
+                unsafe {
+                    *memory = NvmlMemory {
+                        total,
+                        free: total - used,
+                        used,
+                    }
+                };
+                NVML_SUCCESS
+            }
+            Err(code) => code,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: *mut c_void, memory: *mut NvmlMemoryV2) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        if memory.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: checked non-null; `version` is the first field of the caller's struct.
+        if unsafe { (*memory).version } != NVML_MEMORY_V2_VERSION {
+            return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        }
+        match memory_of(g, idx) {
+            Ok((total, used)) => {
+                // SAFETY: checked non-null.
+                unsafe {
+                    (*memory).total = total;
+                    (*memory).reserved = 0;
+                    (*memory).free = total - used;
+                    (*memory).used = used;
+                }
+                NVML_SUCCESS
+            }
+            Err(code) => code,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(device: *mut c_void, current: *mut c_uint, pending: *mut c_uint) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        if current.is_null() || pending.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let on = g.scenario.as_ref().is_some_and(|s| s.devices[idx].mig_mode);
+        // SAFETY: checked non-null.
+        unsafe {
+            *current = on as c_uint;
+            *pending = on as c_uint;
+        }
+        NVML_SUCCESS
+    })
+}
+
+/// Utilization window of the simulated GPU, like NVML's ~1 s sample period.
+const UTIL_WINDOW_NS: u64 = 1_000_000_000;
+
+fn simulated_percent(idx: usize, pid: Option<u64>, window_ns: u64) -> Option<u32> {
+    let state = gpu()?;
+    let dev = &state.devices[idx.min(gpu_state::MAX_DEVICES - 1)];
+    let now = gpu_state::now_ns();
+    let from = now.saturating_sub(window_ns);
+    let busy = dev.busy_ns(pid, from, now);
+    Some(((busy.saturating_mul(100) + window_ns / 2) / window_ns.max(1)).min(100) as u32)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(device: *mut c_void, util: *mut NvmlUtilization) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        if util.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let dev = g.scenario.as_ref().map(|s| &s.devices[idx]);
+        let scripted = dev.map_or(0, |d| d.utilization_gpu);
+        let gpu_util = simulated_percent(idx, None, UTIL_WINDOW_NS).map_or(scripted, |u| u.max(scripted));
+        // SAFETY: checked non-null.
+        unsafe {
+            *util = NvmlUtilization {
+                gpu: gpu_util.min(100),
+                memory: dev.map_or(0, |d| d.utilization_memory),
+            }
+        };
+        NVML_SUCCESS
+    })
+}
+
+/// Scripted processes followed by live processes of the simulated GPU (deduplicated by pid).
+fn process_list(g: &Global, idx: usize) -> Vec<(u32, u64)> {
+    let mib = 1u64 << 20;
+    let offset = g.scenario.as_ref().map_or(0, |s| s.pid_offset);
+    let mut list: Vec<(u32, u64)> = g
+        .scenario
+        .as_ref()
+        .map(|s| {
+            s.devices[idx]
+                .processes
+                .iter()
+                .map(|p| (p.pid, p.used_memory_mib.saturating_mul(mib)))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(state) = gpu() {
+        for (pid, bytes) in state.devices[idx.min(gpu_state::MAX_DEVICES - 1)].processes() {
+            let host_pid = (pid as u32).wrapping_add(offset);
+            if !list.iter().any(|&(p, _)| p == host_pid) {
+                list.push((host_pid, bytes));
+            }
+        }
+    }
+    list
+}
+
+unsafe fn running_processes(
+    device: *mut c_void,
+    count: *mut c_uint,
+    mut write: impl FnMut(usize, u32, u64),
+) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        if count.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let list = process_list(g, idx);
+        // SAFETY: checked non-null.
+        let capacity = unsafe { *count } as usize;
+        // SAFETY: checked non-null.
+        unsafe { *count = list.len() as c_uint };
+        if capacity < list.len() {
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        for (i, &(pid, bytes)) in list.iter().enumerate() {
+            write(i, pid, bytes);
+        }
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: `infos` holds `*count` entries per the NVML contract; it is only written when
+    // the capacity check passed.
+    unsafe {
+        running_processes(device, count, |i, pid, bytes| {
+            if !infos.is_null() {
+                *infos.add(i) = NvmlProcessInfo {
+                    pid,
+                    used_gpu_memory: bytes,
+                    gpu_instance_id: u32::MAX,
+                    compute_instance_id: u32::MAX,
+                };
+            }
+        })
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: same contract and layout as `_v3`.
+    unsafe { nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV1,
+) -> NvmlReturn {
+    // SAFETY: as for `_v3`, with the v1 layout.
+    unsafe {
+        running_processes(device, count, |i, pid, bytes| {
+            if !infos.is_null() {
+                *infos.add(i) = NvmlProcessInfoV1 {
+                    pid,
+                    used_gpu_memory: bytes,
+                };
+            }
+        })
+    }
+}
+
+/// Per-process SM utilization over the window since `last_seen` (µs, wall clock), at most 1 s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: *mut c_void,
+    samples: *mut NvmlProcessUtilizationSample,
+    count: *mut c_uint,
+    last_seen_us: c_ulonglong,
+) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        if count.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let now_us = gpu_state::realtime_us();
+        let window_ns = if last_seen_us == 0 || last_seen_us >= now_us {
+            UTIL_WINDOW_NS
+        } else {
+            ((now_us - last_seen_us) * 1000).min(UTIL_WINDOW_NS)
+        };
+        let offset = g.scenario.as_ref().map_or(0, |s| s.pid_offset);
+        let mut list: Vec<(u32, u32)> = Vec::new();
+        if let Some(state) = gpu() {
+            let dev = &state.devices[idx.min(gpu_state::MAX_DEVICES - 1)];
+            let now = gpu_state::now_ns();
+            for pid in dev.active_pids(now.saturating_sub(window_ns), now) {
+                let util = simulated_percent(idx, Some(pid), window_ns).unwrap_or(0);
+                list.push(((pid as u32).wrapping_add(offset), util));
+            }
+        }
+        if list.is_empty() {
+            // Real NVML: no sample newer than `last_seen`.
+            // SAFETY: checked non-null.
+            unsafe { *count = 0 };
+            return NVML_ERROR_NOT_FOUND;
+        }
+        // SAFETY: checked non-null.
+        let capacity = unsafe { *count } as usize;
+        // SAFETY: checked non-null.
+        unsafe { *count = list.len() as c_uint };
+        if samples.is_null() || capacity < list.len() {
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        for (i, &(pid, util)) in list.iter().enumerate() {
+            // SAFETY: `samples` holds `capacity` entries.
+            unsafe {
+                *samples.add(i) = NvmlProcessUtilizationSample {
+                    pid,
+                    time_stamp: now_us,
+                    sm_util: util,
+                    mem_util: 0,
+                    enc_util: 0,
+                    dec_util: 0,
+                };
+            }
+        }
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(device: *mut c_void, types: *mut c_ulonglong) -> NvmlReturn {
+    with_device(device, |_, _| {
+        if types.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: checked non-null.
+        unsafe { *types = SUPPORTED_EVENTS };
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut *mut c_void) -> NvmlReturn {
+    with_init(|g| {
+        if set.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        g.sets.push(Some(EventSet::default()));
+        // Handles are 1-based indices into `sets`, disguised as pointers.
+        // SAFETY: checked non-null.
+        unsafe { *set = g.sets.len() as *mut c_void };
+        NVML_SUCCESS
+    })
+}
+
+fn set_index(g: &Global, set: *mut c_void) -> Option<usize> {
+    let i = (set as usize).checked_sub(1)?;
+    g.sets.get(i)?.as_ref()?;
+    Some(i)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(device: *mut c_void, types: c_ulonglong, set: *mut c_void) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        let Some(si) = set_index(g, set) else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
+        if types & !SUPPORTED_EVENTS != 0 {
+            return NVML_ERROR_NOT_SUPPORTED;
+        }
+        if let Some(es) = g.sets[si].as_mut() {
+            es.masks.retain(|&(d, _)| d != idx);
+            es.masks.push((idx, types));
+        }
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(set: *mut c_void, data: *mut NvmlEventData, timeout_ms: c_uint) -> NvmlReturn {
+    guard(|| {
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
+        let mut g = global();
+        loop {
+            let Some(state) = g.as_mut().filter(|s| s.init_count > 0) else {
+                return NVML_ERROR_UNINITIALIZED;
+            };
+            let Some(si) = set_index(state, set) else {
+                return NVML_ERROR_INVALID_ARGUMENT;
+            };
+            if data.is_null() {
+                return NVML_ERROR_INVALID_ARGUMENT;
+            }
+            state.poll_events();
+            while let Some(ev) = state.pending.pop_front() {
+                let wanted = state.sets[si]
+                    .as_ref()
+                    .is_some_and(|es| es.masks.iter().any(|&(d, m)| d == ev.device && m & ev.event_type != 0));
+                if wanted {
+                    // SAFETY: checked non-null.
+                    unsafe {
+                        *data = NvmlEventData {
+                            device: handle_of(ev.device),
+                            event_type: ev.event_type,
+                            event_data: ev.data,
+                            gpu_instance_id: u32::MAX,
+                            compute_instance_id: u32::MAX,
+                        }
+                    };
+                    return NVML_SUCCESS;
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return NVML_ERROR_TIMEOUT;
+            }
+            // Poll the file every 20 ms; lines are appended by another process or thread.
+            let step = (deadline - now).min(Duration::from_millis(20));
+            g = EVENT_ARRIVED
+                .wait_timeout(g, step)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait(set: *mut c_void, data: *mut NvmlEventData, timeout_ms: c_uint) -> NvmlReturn {
+    // SAFETY: same contract.
+    unsafe { nvmlEventSetWait_v2(set, data, timeout_ms) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetFree(set: *mut c_void) -> NvmlReturn {
+    guard(|| {
+        let mut g = global();
+        let Some(state) = g.as_mut() else {
+            return NVML_ERROR_UNINITIALIZED;
+        };
+        match set_index(state, set) {
+            Some(i) => {
+                state.sets[i] = None;
+                NVML_SUCCESS
+            }
+            None => NVML_ERROR_INVALID_ARGUMENT,
+        }
+    })
+}
+
+/// Helpers for tests that load this fake through its real name.
+pub mod locate {
+    use std::path::{Path, PathBuf};
+
+    /// The built `libnvidia_ml.so`, found next to the running test executable
+    /// (`target/<profile>/deps/<test>` → `target/<profile>/libnvidia_ml.so`).
+    pub fn cdylib_path() -> Option<PathBuf> {
+        let exe = std::env::current_exe().ok()?;
+        let deps = exe.parent()?;
+        [deps.parent()?.join("libnvidia_ml.so"), deps.join("libnvidia_ml.so")]
+            .into_iter()
+            .find(|p| p.is_file())
+    }
+
+    /// Symlinks the fake as `dir/libnvidia-ml.so.1` and returns that path.
+    pub fn install_as_soname(dir: &Path) -> std::io::Result<PathBuf> {
+        let src = cdylib_path().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "libnvidia_ml.so not built (cargo build -p fake-nvml)",
+            )
+        })?;
+        let dst = dir.join("libnvidia-ml.so.1");
+        let _ = std::fs::remove_file(&dst);
+        std::os::unix::fs::symlink(src, &dst)?;
+        Ok(dst)
+    }
+}

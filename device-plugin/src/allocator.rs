@@ -1,0 +1,527 @@
+//! `Allocate` and `GetPreferredAllocation`: identity (pure, [`crate::identity`]) + response
+//! (pure, [`crate::container_env`]) + the I/O at the edges behind small traits, all inside one
+//! time budget so a slow apiserver or kubelet never stalls the node's admissions.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use hami_contract::annotations as keys;
+use hami_contract::devices::PodDevices;
+use kubelet_proto::deviceplugin::v1beta1 as dp;
+use tokio::sync::Mutex;
+
+use crate::container_env::{ContainerResponse, ContainerTarget, ResponseSettings, container_response};
+use crate::gpu::physical_uuid;
+use crate::identity::{
+    CallFacts, Choice, IdentityError, Ledger, PodResourcesView, PodSnapshot, pending_pods, select,
+};
+use crate::metrics::PluginMetrics;
+
+/// An error from an I/O edge (apiserver, kubelet socket).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EdgeError(pub String);
+
+/// The node's pods, as the informer has them and (bounded) fresh from the apiserver.
+pub trait PodSource: Send + Sync + 'static {
+    fn cached(&self) -> Vec<PodSnapshot>;
+    fn fresh(&self) -> BoxFuture<'_, Result<Vec<PodSnapshot>, EdgeError>>;
+    /// `<namespace>/<name>` from HAMi's `hami.io/mutex.lock` on this node, if any.
+    fn hami_lock(&self) -> Option<String>;
+}
+
+/// Writes pod annotations (JSON merge patch) and releases HAMi's node lock.
+pub trait PodPatcher: Send + Sync + 'static {
+    fn patch_pod_annotations(
+        &self,
+        namespace: &str,
+        name: &str,
+        annotations: BTreeMap<String, String>,
+    ) -> BoxFuture<'_, Result<(), EdgeError>>;
+    /// Removes `hami.io/mutex.lock` if (and only if) it still names this pod.
+    fn release_hami_lock(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<(), EdgeError>>;
+}
+
+/// The kubelet's pod-resources `List`; `Ok(None)` when the kubelet does not serve it.
+pub trait PodResourcesSource: Send + Sync + 'static {
+    fn list(&self) -> BoxFuture<'_, Result<Option<PodResourcesView>, EdgeError>>;
+}
+
+/// A source that never has pod-resources (old kubelets, tests of the fallback).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoPodResources;
+
+impl PodResourcesSource for NoPodResources {
+    fn list(&self) -> BoxFuture<'_, Result<Option<PodResourcesView>, EdgeError>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// Why an `Allocate` failed; the message reaches the pod's events through the kubelet.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocateError {
+    #[error("tessera: {0}")]
+    Identity(#[from] IdentityError),
+    #[error("tessera: pod {pod} asks for GPU {uuid}, which this node does not manage")]
+    UnknownGpu { pod: String, uuid: String },
+    #[error("tessera: pod {pod} container {container}: {reason}")]
+    Response {
+        pod: String,
+        container: String,
+        reason: String,
+    },
+    #[error("tessera: cannot create the container cache directory {dir}: {reason}")]
+    CacheDir { dir: String, reason: String },
+    #[error("tessera: cannot record the allocation of pod {pod}: {reason}")]
+    Patch { pod: String, reason: String },
+    #[error("tessera: allocation did not finish within {0:?}; refusing rather than stalling the kubelet")]
+    Timeout(Duration),
+    #[error("tessera: request has no container requests")]
+    Empty,
+}
+
+/// Everything `Allocate` needs.
+pub struct Allocator {
+    pub node: String,
+    pub settings: ResponseSettings,
+    /// UUIDs of the GPUs this plugin advertises (updated when discovery changes).
+    pub managed_uuids: Arc<RwLock<BTreeSet<String>>>,
+    pub pods: Arc<dyn PodSource>,
+    pub patcher: Arc<dyn PodPatcher>,
+    pub pod_resources: Arc<dyn PodResourcesSource>,
+    /// Whole-call budget (≤ 2 s).
+    pub budget: Duration,
+    /// Budget for one pod-resources `List`.
+    pub pod_resources_budget: Duration,
+    pub metrics: Option<PluginMetrics>,
+    ledger: Mutex<Ledger>,
+}
+
+impl std::fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocator")
+            .field("node", &self.node)
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Allocator {
+    pub fn new(
+        node: String,
+        settings: ResponseSettings,
+        managed_uuids: Arc<RwLock<BTreeSet<String>>>,
+        pods: Arc<dyn PodSource>,
+        patcher: Arc<dyn PodPatcher>,
+        pod_resources: Arc<dyn PodResourcesSource>,
+    ) -> Self {
+        Allocator {
+            node,
+            settings,
+            managed_uuids,
+            pods,
+            patcher,
+            pod_resources,
+            budget: Duration::from_secs(2),
+            pod_resources_budget: Duration::from_millis(500),
+            metrics: None,
+            ledger: Mutex::new(Ledger::default()),
+        }
+    }
+
+    async fn pod_resources_view(&self) -> Option<PodResourcesView> {
+        match tokio::time::timeout(self.pod_resources_budget, self.pod_resources.list()).await {
+            Ok(Ok(view)) => view,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "pod-resources List failed; identifying without it");
+                None
+            }
+            Err(_) => {
+                tracing::warn!("pod-resources List timed out; identifying without it");
+                None
+            }
+        }
+    }
+
+    /// Identity: cache first, then one bounded fresh read when the cache gives no answer.
+    async fn identify(
+        &self,
+        ledger: &Ledger,
+        count: usize,
+        must_include: bool,
+        deadline: Instant,
+    ) -> Result<(Choice, Vec<PodSnapshot>), IdentityError> {
+        let view = self.pod_resources_view().await;
+        let lock = self.pods.hami_lock();
+        let facts = CallFacts {
+            count,
+            must_include,
+            hami_lock: lock.as_deref(),
+            pod_resources: view.as_ref(),
+        };
+        let cached = self.pods.cached();
+        let first = {
+            let (pending, rejected) = pending_pods(&self.node, &cached, ledger);
+            log_rejections(&rejected);
+            select(facts, &pending, ledger)
+        };
+        let first_err = match first {
+            Ok(c) => return Ok((c, cached)),
+            Err(e) => e,
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let fresh = match tokio::time::timeout(remaining, self.pods.fresh()).await {
+            Ok(Ok(pods)) => pods,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "fresh pod list failed; answering from the cache");
+                return Err(first_err);
+            }
+            Err(_) => return Err(first_err),
+        };
+        let (pending, rejected) = pending_pods(&self.node, &fresh, ledger);
+        log_rejections(&rejected);
+        let chosen = select(facts, &pending, ledger)?;
+        Ok((chosen, fresh))
+    }
+
+    /// Serves one kubelet `Allocate`.
+    pub async fn allocate(&self, req: dp::AllocateRequest) -> Result<dp::AllocateResponse, AllocateError> {
+        let started = Instant::now();
+        let result = match tokio::time::timeout(self.budget, self.allocate_inner(req, started)).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.ledger.lock().await.break_run();
+                Err(AllocateError::Timeout(self.budget))
+            }
+        };
+        if let Some(m) = &self.metrics {
+            m.observe_allocate(started.elapsed(), result.is_ok());
+        }
+        result
+    }
+
+    async fn allocate_inner(
+        &self,
+        req: dp::AllocateRequest,
+        started: Instant,
+    ) -> Result<dp::AllocateResponse, AllocateError> {
+        if req.container_requests.is_empty() {
+            return Err(AllocateError::Empty);
+        }
+        let deadline = started + self.budget;
+        let mut ledger = self.ledger.lock().await;
+        let mut responses = Vec::new();
+        for creq in &req.container_requests {
+            match self.serve_one(&mut ledger, creq, deadline).await {
+                Ok(r) => responses.push(r),
+                Err(e) => {
+                    ledger.break_run();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(dp::AllocateResponse {
+            container_responses: responses,
+        })
+    }
+
+    async fn serve_one(
+        &self,
+        ledger: &mut Ledger,
+        creq: &dp::ContainerAllocateRequest,
+        deadline: Instant,
+    ) -> Result<dp::ContainerAllocateResponse, AllocateError> {
+        let count = creq.devices_ids.len();
+        let (choice, pods) = self.identify(ledger, count, false, deadline).await.inspect_err(|e| {
+            tracing::warn!(count, error = %e, "Allocate refused: pod not identified");
+        })?;
+        let pod_key = format!("{}/{}", choice.namespace, choice.name);
+        if let Some(m) = &self.metrics {
+            m.identity_choice(choice.reason.as_str());
+        }
+        tracing::info!(pod = %pod_key, container = %choice.container.name, entry = choice.entry_index,
+            reason = choice.reason.as_str(), "Allocate serves pod");
+
+        let result = self.build_and_record(ledger, creq, &choice, &pods, deadline).await;
+        if let Err(e) = &result {
+            tracing::warn!(pod = %pod_key, error = %e, "Allocate failed; marking bind-phase failed");
+            let patcher = self.patcher.clone();
+            let (ns, name) = (choice.namespace.clone(), choice.name.clone());
+            // Best effort and off the kubelet's path: the call already fails closed.
+            tokio::spawn(async move {
+                let mut ann = BTreeMap::new();
+                ann.insert(keys::BIND_PHASE.to_owned(), keys::BIND_PHASE_FAILED.to_owned());
+                let patch = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    patcher.patch_pod_annotations(&ns, &name, ann),
+                )
+                .await;
+                if !matches!(patch, Ok(Ok(()))) {
+                    tracing::warn!(pod = %format!("{ns}/{name}"), "could not mark bind-phase failed");
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(10), patcher.release_hami_lock(&ns, &name)).await;
+            });
+        }
+        result
+    }
+
+    async fn build_and_record(
+        &self,
+        ledger: &mut Ledger,
+        creq: &dp::ContainerAllocateRequest,
+        choice: &Choice,
+        pods: &[PodSnapshot],
+        deadline: Instant,
+    ) -> Result<dp::ContainerAllocateResponse, AllocateError> {
+        let pod_key = format!("{}/{}", choice.namespace, choice.name);
+        {
+            let managed = self.managed_uuids.read().map_err(|_| AllocateError::UnknownGpu {
+                pod: pod_key.clone(),
+                uuid: "(GPU list unavailable)".into(),
+            })?;
+            if let Some(d) = choice.devices.iter().find(|d| !managed.contains(&d.uuid)) {
+                return Err(AllocateError::UnknownGpu {
+                    pod: pod_key,
+                    uuid: d.uuid.clone(),
+                });
+            }
+        }
+        let kubelet_uuids: BTreeSet<&str> =
+            creq.devices_ids.iter().filter_map(|id| physical_uuid(id)).collect();
+        let planned: BTreeSet<&str> = choice.devices.iter().map(|d| d.uuid.as_str()).collect();
+        if kubelet_uuids != planned {
+            // HAMi serves the scheduler's GPUs whatever replicas the kubelet picked; note it.
+            tracing::debug!(pod = %pod_key, ?kubelet_uuids, ?planned, "kubelet replicas differ from the planned GPUs");
+        }
+        let target = ContainerTarget {
+            pod_uid: choice.uid.clone(),
+            container_name: choice.container.name.clone(),
+            disable_control: choice.container.disable_control,
+            cache_id: uuid::Uuid::new_v4().to_string(),
+        };
+        let response = container_response(&choice.devices, &target, &self.settings).map_err(|e| {
+            AllocateError::Response {
+                pod: pod_key.clone(),
+                container: choice.container.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        prepare_cache_dir(&response.cache_dir)?;
+
+        // Record: the to-allocate annotation with this entry (and earlier served ones) emptied.
+        let pod = pods.iter().find(|p| p.uid == choice.uid);
+        let current = pod
+            .and_then(|p| p.annotations.get(keys::DEVICES_TO_ALLOCATE))
+            .map(String::as_str)
+            .unwrap_or_default();
+        let mut served: BTreeSet<usize> = ledger.served(&choice.uid).cloned().unwrap_or_default();
+        served.insert(choice.entry_index);
+        let emptied = empty_entries(current, &served).map_err(|reason| AllocateError::Patch {
+            pod: pod_key.clone(),
+            reason,
+        })?;
+        let mut ann = BTreeMap::new();
+        ann.insert(keys::DEVICES_TO_ALLOCATE.to_owned(), emptied);
+        if choice.entries_left == 0 {
+            ann.insert(keys::BIND_PHASE.to_owned(), keys::BIND_PHASE_SUCCESS.to_owned());
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(
+            remaining,
+            self.patcher
+                .patch_pod_annotations(&choice.namespace, &choice.name, ann),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                return Err(AllocateError::Patch {
+                    pod: pod_key,
+                    reason: e.0,
+                });
+            }
+            Err(_) => return Err(AllocateError::Timeout(self.budget)),
+        }
+        ledger.record_served(&choice.uid, choice.entry_index, choice.entries_left);
+        if choice.entries_left == 0 {
+            let patcher = self.patcher.clone();
+            let (ns, name) = (choice.namespace.clone(), choice.name.clone());
+            tokio::spawn(async move {
+                if let Ok(Err(e)) =
+                    tokio::time::timeout(Duration::from_secs(10), patcher.release_hami_lock(&ns, &name)).await
+                {
+                    tracing::debug!(error = %e, "HAMi node lock not released");
+                }
+            });
+        }
+        Ok(to_proto(response))
+    }
+
+    /// Serves one kubelet `GetPreferredAllocation`: steer the kubelet to replicas of the GPUs
+    /// the scheduler planned for the pod being admitted. Without a confident identity, answer
+    /// neutrally (the `Allocate` that follows fails closed).
+    pub async fn preferred(&self, req: dp::PreferredAllocationRequest) -> dp::PreferredAllocationResponse {
+        let started = Instant::now();
+        let deadline = started + self.budget;
+        let mut out = Vec::new();
+        let answer = tokio::time::timeout(self.budget, async {
+            let ledger = self.ledger.lock().await;
+            for creq in &req.container_requests {
+                let size = usize::try_from(creq.allocation_size).unwrap_or(0);
+                let planned = match self
+                    .identify(&ledger, size, !creq.must_include_device_i_ds.is_empty(), deadline)
+                    .await
+                {
+                    Ok((choice, _)) => choice.devices.iter().map(|d| d.uuid.clone()).collect(),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "GetPreferredAllocation: no confident identity, neutral answer");
+                        Vec::new()
+                    }
+                };
+                out.push(dp::ContainerPreferredAllocationResponse {
+                    device_i_ds: prefer_replicas(
+                        &creq.available_device_i_ds,
+                        &creq.must_include_device_i_ds,
+                        size,
+                        &planned,
+                    ),
+                });
+            }
+        })
+        .await;
+        if answer.is_err() {
+            tracing::warn!("GetPreferredAllocation timed out; neutral answer");
+            out = req
+                .container_requests
+                .iter()
+                .map(|c| dp::ContainerPreferredAllocationResponse {
+                    device_i_ds: prefer_replicas(
+                        &c.available_device_i_ds,
+                        &c.must_include_device_i_ds,
+                        usize::try_from(c.allocation_size).unwrap_or(0),
+                        &[],
+                    ),
+                })
+                .collect();
+        }
+        dp::PreferredAllocationResponse {
+            container_responses: out,
+        }
+    }
+
+    /// Drops ledger entries of pods that are no longer pending.
+    pub async fn gc_ledger(&self) {
+        let pods = self.pods.cached();
+        let mut ledger = self.ledger.lock().await;
+        let (pending, _) = pending_pods(&self.node, &pods, &ledger);
+        let uids: BTreeSet<&str> = pending.iter().map(|p| p.pod.uid.as_str()).collect();
+        ledger.retain(&uids);
+    }
+}
+
+fn log_rejections(rejected: &[crate::identity::PodRejection]) {
+    for r in rejected {
+        tracing::warn!(reason = %r, "pod ignored by Allocate");
+    }
+}
+
+/// `must_include` first, then one replica per planned GPU (in plan order), then anything
+/// available, up to `size`.
+pub fn prefer_replicas(available: &[String], must_include: &[String], size: usize, planned: &[String]) -> Vec<String> {
+    let mut chosen: Vec<String> = must_include.iter().take(size).cloned().collect();
+    for uuid in planned {
+        if chosen.len() >= size {
+            break;
+        }
+        if chosen.iter().any(|id| physical_uuid(id) == Some(uuid.as_str())) {
+            continue;
+        }
+        if let Some(id) = available
+            .iter()
+            .find(|id| physical_uuid(id) == Some(uuid.as_str()) && !chosen.contains(id))
+        {
+            chosen.push(id.clone());
+        }
+    }
+    for id in available {
+        if chosen.len() >= size {
+            break;
+        }
+        if !chosen.contains(id) {
+            chosen.push(id.clone());
+        }
+    }
+    chosen
+}
+
+/// Re-encodes a to-allocate value with the NVIDIA devices of `served` entries removed.
+pub fn empty_entries(current: &str, served: &BTreeSet<usize>) -> Result<String, String> {
+    let mut devices = PodDevices::decode(current).map_err(|e| e.to_string())?;
+    for (i, entry) in devices.0.iter_mut().enumerate() {
+        if served.contains(&i) {
+            entry.retain(|d| d.vendor != hami_contract::NVIDIA_VENDOR);
+        }
+    }
+    Ok(devices.encode())
+}
+
+fn prepare_cache_dir(dir: &str) -> Result<(), AllocateError> {
+    let err = |e: std::io::Error| AllocateError::CacheDir {
+        dir: dir.to_owned(),
+        reason: e.to_string(),
+    };
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    std::fs::create_dir_all(dir).map_err(err)?;
+    use std::os::unix::fs::PermissionsExt;
+    // The shim runs as the container's user, which the plugin does not know.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(err)?;
+    Ok(())
+}
+
+fn to_proto(r: ContainerResponse) -> dp::ContainerAllocateResponse {
+    dp::ContainerAllocateResponse {
+        envs: r.envs.into_iter().collect(),
+        mounts: r
+            .mounts
+            .into_iter()
+            .map(|m| dp::Mount {
+                container_path: m.container_path,
+                host_path: m.host_path,
+                read_only: m.read_only,
+            })
+            .collect(),
+        devices: Vec::new(),
+        annotations: Default::default(),
+        cdi_devices: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_entries_keeps_structure_and_other_vendors() {
+        let v = "GPU-a,NVIDIA,1000,10:;GPU-b,NVIDIA,2000,20:OTHER-x,OTHER,5,5:;";
+        let served: BTreeSet<usize> = [0, 1].into();
+        assert_eq!(empty_entries(v, &served).as_deref(), Ok(";OTHER-x,OTHER,5,5:;"));
+        assert!(empty_entries("GPU-a,NVIDIA:;", &served).is_err());
+    }
+
+    #[test]
+    fn prefer_replicas_picks_planned_gpus_after_must_include() {
+        let avail: Vec<String> = ["GPU-a-0", "GPU-a-1", "GPU-b-0", "GPU-c-0"].map(String::from).into();
+        let got = prefer_replicas(&avail, &[], 2, &["GPU-c".into(), "GPU-b".into()]);
+        assert_eq!(got, ["GPU-c-0", "GPU-b-0"]);
+        let got = prefer_replicas(&avail, &["GPU-a-1".into()], 2, &["GPU-a".into(), "GPU-b".into()]);
+        assert_eq!(got, ["GPU-a-1", "GPU-b-0"]);
+        let got = prefer_replicas(&avail, &[], 3, &[]);
+        assert_eq!(got.len(), 3);
+    }
+}

@@ -1,0 +1,294 @@
+//! What one container gets from `Allocate` (contract §6.3): HAMi-core environment and mounts.
+//! Pure: the caller supplies the random cache id and whether optional host files exist.
+
+use std::collections::BTreeMap;
+
+use hami_contract::devices::ContainerDevice;
+
+/// Where the shim's files live inside every container (fixed by HAMi: `ld.so.preload` names it).
+pub const CONTAINER_VGPU_DIR: &str = "/usr/local/vgpu";
+/// The container's path of the shim library.
+pub const CONTAINER_SHIM_PATH: &str = "/usr/local/vgpu/libvgpu.so";
+/// The container's preload file.
+pub const CONTAINER_PRELOAD_PATH: &str = "/etc/ld.so.preload";
+/// Lock directory shared by all shim instances on the node.
+pub const VGPU_LOCK_DIR: &str = "/tmp/vgpulock";
+/// The container env variable that turns the shim off for a container.
+pub const DISABLE_CONTROL_ENV: &str = "CUDA_DISABLE_CONTROL";
+
+/// Node-wide settings that shape every container's response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponseSettings {
+    /// Host `HOOK_PATH` (chart: `/usr/local`); shim files are under `<hook>/vgpu`.
+    pub hook_path: String,
+    /// `deviceMemoryScaling` after node overrides: > 1 ⇒ `CUDA_OVERSUBSCRIBE=true`.
+    pub memory_scaling: f64,
+    /// `libCudaLogLevel`; empty ⇒ not set.
+    pub lib_cuda_log_level: String,
+    /// `disableCoreLimit` ⇒ `GPU_CORE_UTILIZATION_POLICY=disable`.
+    pub disable_core_limit: bool,
+    /// Host shim path, already resolved (`libvgpu.so.<version>` when present).
+    pub shim_host_path: String,
+    /// Host `<hook>/vgpu/license` exists: mount it and the validator.
+    pub license_present: bool,
+}
+
+impl ResponseSettings {
+    /// `<hook>/vgpu`.
+    pub fn host_vgpu_dir(&self) -> String {
+        format!("{}/vgpu", self.hook_path.trim_end_matches('/'))
+    }
+
+    /// `<hook>/vgpu/containers/<podUID>_<container>`: the container's cache directory on the host.
+    pub fn container_cache_dir(&self, pod_uid: &str, container: &str) -> String {
+        format!("{}/containers/{pod_uid}_{container}", self.host_vgpu_dir())
+    }
+}
+
+/// Which container is being served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerTarget {
+    pub pod_uid: String,
+    pub container_name: String,
+    /// The container's spec sets `CUDA_DISABLE_CONTROL` to a Go-true value.
+    pub disable_control: bool,
+    /// Random id for `CUDA_DEVICE_MEMORY_SHARED_CACHE` (HAMi uses a UUID per Allocate).
+    pub cache_id: String,
+}
+
+/// One mount of the response.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MountSpec {
+    pub container_path: String,
+    pub host_path: String,
+    pub read_only: bool,
+}
+
+/// Environment and mounts for one container, plus the host directory the plugin must create
+/// (mode 0777, emptied first) before answering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerResponse {
+    pub envs: BTreeMap<String, String>,
+    pub mounts: Vec<MountSpec>,
+    pub cache_dir: String,
+}
+
+/// Why a container's response cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResponseError {
+    #[error("container entry has no devices")]
+    NoDevices,
+    #[error("container name {0:?} cannot be used in a host path")]
+    BadContainerName(String),
+    #[error("pod UID {0:?} cannot be used in a host path")]
+    BadPodUid(String),
+}
+
+fn path_safe(s: &str) -> bool {
+    !s.is_empty()
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+/// HAMi's response for a container served `devices` (annotation order = `_<i>` order).
+pub fn container_response(
+    devices: &[ContainerDevice],
+    target: &ContainerTarget,
+    settings: &ResponseSettings,
+) -> Result<ContainerResponse, ResponseError> {
+    let first = devices.first().ok_or(ResponseError::NoDevices)?;
+    if !path_safe(&target.pod_uid) {
+        return Err(ResponseError::BadPodUid(target.pod_uid.clone()));
+    }
+    if !path_safe(&target.container_name) {
+        return Err(ResponseError::BadContainerName(target.container_name.clone()));
+    }
+    let mut envs = BTreeMap::new();
+    let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+    envs.insert("NVIDIA_VISIBLE_DEVICES".to_owned(), uuids.join(","));
+    for (i, d) in devices.iter().enumerate() {
+        envs.insert(format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"), format!("{}m", d.usedmem));
+    }
+    envs.insert("CUDA_DEVICE_SM_LIMIT".to_owned(), first.usedcores.to_string());
+    let vgpu_dir = settings.host_vgpu_dir();
+    envs.insert(
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE".to_owned(),
+        format!("{vgpu_dir}/{}.cache", target.cache_id),
+    );
+    if settings.memory_scaling > 1.0 {
+        envs.insert("CUDA_OVERSUBSCRIBE".to_owned(), "true".to_owned());
+    }
+    if !settings.lib_cuda_log_level.is_empty() {
+        envs.insert(
+            "LIBCUDA_LOG_LEVEL".to_owned(),
+            settings.lib_cuda_log_level.clone(),
+        );
+    }
+    if settings.disable_core_limit {
+        envs.insert("GPU_CORE_UTILIZATION_POLICY".to_owned(), "disable".to_owned());
+    }
+
+    let cache_dir = settings.container_cache_dir(&target.pod_uid, &target.container_name);
+    let mut mounts = vec![
+        MountSpec {
+            container_path: CONTAINER_SHIM_PATH.to_owned(),
+            host_path: settings.shim_host_path.clone(),
+            read_only: true,
+        },
+        MountSpec {
+            container_path: CONTAINER_VGPU_DIR.to_owned(),
+            host_path: cache_dir.clone(),
+            read_only: false,
+        },
+        MountSpec {
+            container_path: VGPU_LOCK_DIR.to_owned(),
+            host_path: VGPU_LOCK_DIR.to_owned(),
+            read_only: false,
+        },
+    ];
+    if !target.disable_control {
+        mounts.push(MountSpec {
+            container_path: CONTAINER_PRELOAD_PATH.to_owned(),
+            host_path: format!("{vgpu_dir}/ld.so.preload"),
+            read_only: true,
+        });
+    }
+    if settings.license_present {
+        mounts.push(MountSpec {
+            container_path: "/tmp/license".to_owned(),
+            host_path: format!("{vgpu_dir}/license"),
+            read_only: true,
+        });
+        mounts.push(MountSpec {
+            container_path: "/usr/bin/vgpuvalidator".to_owned(),
+            host_path: format!("{vgpu_dir}/vgpuvalidator"),
+            read_only: true,
+        });
+    }
+    Ok(ContainerResponse {
+        envs,
+        mounts,
+        cache_dir,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(uuid: &str, mem: u32, cores: u32) -> ContainerDevice {
+        ContainerDevice {
+            uuid: uuid.into(),
+            vendor: "NVIDIA".into(),
+            usedmem: mem,
+            usedcores: cores,
+        }
+    }
+
+    fn settings() -> ResponseSettings {
+        ResponseSettings {
+            hook_path: "/usr/local".into(),
+            memory_scaling: 1.0,
+            lib_cuda_log_level: "1".into(),
+            disable_core_limit: false,
+            shim_host_path: "/usr/local/vgpu/libvgpu.so".into(),
+            license_present: false,
+        }
+    }
+
+    fn target(disable_control: bool) -> ContainerTarget {
+        ContainerTarget {
+            pod_uid: "0f1e2d3c-aaaa-bbbb-cccc-000000000001".into(),
+            container_name: "trainer".into(),
+            disable_control,
+            cache_id: "4f1c0000-0000-4000-8000-000000000000".into(),
+        }
+    }
+
+    fn render(r: &ContainerResponse) -> String {
+        let mut out = String::new();
+        for (k, v) in &r.envs {
+            out.push_str(&format!("env {k}={v}\n"));
+        }
+        for m in &r.mounts {
+            out.push_str(&format!(
+                "mount {} <- {} {}\n",
+                m.container_path,
+                m.host_path,
+                if m.read_only { "ro" } else { "rw" }
+            ));
+        }
+        out
+    }
+
+    #[test]
+    fn golden_two_devices_default_settings() {
+        let r = container_response(
+            &[dev("GPU-aaa", 3000, 30), dev("GPU-bbb", 4000, 50)],
+            &target(false),
+            &settings(),
+        )
+        .expect("valid");
+        assert_eq!(
+            render(&r),
+            "env CUDA_DEVICE_MEMORY_LIMIT_0=3000m
+env CUDA_DEVICE_MEMORY_LIMIT_1=4000m
+env CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/4f1c0000-0000-4000-8000-000000000000.cache
+env CUDA_DEVICE_SM_LIMIT=30
+env LIBCUDA_LOG_LEVEL=1
+env NVIDIA_VISIBLE_DEVICES=GPU-aaa,GPU-bbb
+mount /usr/local/vgpu/libvgpu.so <- /usr/local/vgpu/libvgpu.so ro
+mount /usr/local/vgpu <- /usr/local/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer rw
+mount /tmp/vgpulock <- /tmp/vgpulock rw
+mount /etc/ld.so.preload <- /usr/local/vgpu/ld.so.preload ro
+"
+        );
+        assert_eq!(
+            r.cache_dir,
+            "/usr/local/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer"
+        );
+    }
+
+    #[test]
+    fn golden_oversubscribed_disabled_core_limit_no_control_license() {
+        let mut s = settings();
+        s.memory_scaling = 2.0;
+        s.disable_core_limit = true;
+        s.lib_cuda_log_level = String::new();
+        s.license_present = true;
+        s.hook_path = "/opt/hook/".into();
+        s.shim_host_path = "/opt/hook/vgpu/libvgpu.so.v0.1.0".into();
+        let r = container_response(&[dev("GPU-aaa", 15360, 100)], &target(true), &s).expect("valid");
+        assert_eq!(
+            render(&r),
+            "env CUDA_DEVICE_MEMORY_LIMIT_0=15360m
+env CUDA_DEVICE_MEMORY_SHARED_CACHE=/opt/hook/vgpu/4f1c0000-0000-4000-8000-000000000000.cache
+env CUDA_DEVICE_SM_LIMIT=100
+env CUDA_OVERSUBSCRIBE=true
+env GPU_CORE_UTILIZATION_POLICY=disable
+env NVIDIA_VISIBLE_DEVICES=GPU-aaa
+mount /usr/local/vgpu/libvgpu.so <- /opt/hook/vgpu/libvgpu.so.v0.1.0 ro
+mount /usr/local/vgpu <- /opt/hook/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer rw
+mount /tmp/vgpulock <- /tmp/vgpulock rw
+mount /tmp/license <- /opt/hook/vgpu/license ro
+mount /usr/bin/vgpuvalidator <- /opt/hook/vgpu/vgpuvalidator ro
+"
+        );
+    }
+
+    #[test]
+    fn unsafe_names_and_empty_entries_are_errors() {
+        assert_eq!(
+            container_response(&[], &target(false), &settings()),
+            Err(ResponseError::NoDevices)
+        );
+        let mut t = target(false);
+        t.container_name = "../etc".into();
+        assert!(matches!(
+            container_response(&[dev("GPU-a", 1, 1)], &t, &settings()),
+            Err(ResponseError::BadContainerName(_))
+        ));
+    }
+}

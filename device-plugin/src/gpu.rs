@@ -1,0 +1,339 @@
+//! Discovered GPUs → what the plugin advertises: kubelet replicas (`<UUID>-<i>`, contract §6.2)
+//! and the node register annotation (contract §2.1). Pure: no NVML, no I/O.
+
+use hami_contract::config::{FilterDevices, NvidiaConfig};
+use hami_contract::node::{MODE_HAMI_CORE, NodeDevice, model_type_name};
+use kubelet_proto::deviceplugin::v1beta1 as dp;
+
+/// One physical GPU as NVML (or a fake) reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuInfo {
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// NVML index.
+    pub index: u32,
+    /// NVML product name, e.g. `Tesla T4`.
+    pub name: String,
+    /// Total memory in MiB; `None` when NVML cannot tell (unified-memory GPUs).
+    pub memory_total_mib: Option<u32>,
+    /// PCI bus id, e.g. `00000000:3B:00.0`.
+    pub pci_bus_id: String,
+    /// NUMA node from sysfs; `None` when unknown or negative.
+    pub numa_node: Option<u32>,
+    /// MIG mode is enabled on this GPU.
+    pub mig_enabled: bool,
+}
+
+/// The settings that shape what the plugin advertises, after per-node overrides.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdvertiseSettings {
+    pub split_count: u32,
+    pub memory_scaling: f64,
+    pub core_scaling: f64,
+    pub pre_configured_memory_mib: u32,
+    pub enable_numa_topology: bool,
+    pub filter: FilterDevices,
+    pub operating_mode: String,
+}
+
+impl AdvertiseSettings {
+    /// `cfg` must already carry the per-node override ([`NvidiaConfig::with_node_override`]);
+    /// `filter` and `mode` come from the node entry (they have no YAML equivalent).
+    pub fn new(cfg: &NvidiaConfig, filter: FilterDevices, operating_mode: &str) -> Self {
+        AdvertiseSettings {
+            split_count: cfg.device_split_count,
+            memory_scaling: cfg.device_memory_scaling,
+            core_scaling: cfg.device_core_scaling,
+            pre_configured_memory_mib: cfg.pre_configured_device_memory,
+            enable_numa_topology: cfg.enable_numa_topology,
+            filter,
+            operating_mode: if operating_mode.is_empty() {
+                MODE_HAMI_CORE.to_owned()
+            } else {
+                operating_mode.to_owned()
+            },
+        }
+    }
+}
+
+/// A GPU the plugin manages, with its registered (scaled) capacity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagedGpu {
+    pub uuid: String,
+    pub index: u32,
+    /// `NVIDIA-` prefixed model name.
+    pub model_type: String,
+    /// Registered memory in MiB after scaling.
+    pub devmem: u32,
+    /// Registered cores (scaling × 100).
+    pub devcore: u32,
+    pub numa: Option<u32>,
+    pub replicas: u32,
+    pub mode: String,
+}
+
+/// Why a discovered GPU is not advertised. Each one is logged; none stops the others.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SkippedGpu {
+    #[error("GPU {uuid} (index {index}) is hidden by filterdevices in the node configuration")]
+    Filtered { uuid: String, index: u32 },
+    #[error(
+        "GPU {uuid} (index {index}) has MIG mode enabled; MIG is not supported yet, so it is not advertised"
+    )]
+    MigEnabled { uuid: String, index: u32 },
+    #[error(
+        "GPU {uuid} (index {index}): NVML cannot report its memory and preConfiguredDeviceMemory is 0; set preConfiguredDeviceMemory"
+    )]
+    UnknownMemory { uuid: String, index: u32 },
+}
+
+/// Invalid settings: the plugin refuses to start rather than advertise nonsense.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SettingsError {
+    #[error("deviceSplitCount must be at least 1, got {0}")]
+    SplitCount(u32),
+    #[error("deviceMemoryScaling must be a positive finite number, got {0}")]
+    MemoryScaling(f64),
+    #[error("deviceCoreScaling must be a positive finite number, got {0}")]
+    CoreScaling(f64),
+}
+
+impl AdvertiseSettings {
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        if self.split_count == 0 {
+            return Err(SettingsError::SplitCount(self.split_count));
+        }
+        if !(self.memory_scaling.is_finite() && self.memory_scaling > 0.0) {
+            return Err(SettingsError::MemoryScaling(self.memory_scaling));
+        }
+        if !(self.core_scaling.is_finite() && self.core_scaling > 0.0) {
+            return Err(SettingsError::CoreScaling(self.core_scaling));
+        }
+        Ok(())
+    }
+}
+
+/// Applies config to discovered GPUs: filters, MIG refusal, memory fallback and scaling.
+pub fn plan_gpus(gpus: &[GpuInfo], settings: &AdvertiseSettings) -> (Vec<ManagedGpu>, Vec<SkippedGpu>) {
+    let mut managed = Vec::new();
+    let mut skipped = Vec::new();
+    for gpu in gpus {
+        if settings.filter.hides(&gpu.uuid, gpu.index) {
+            skipped.push(SkippedGpu::Filtered {
+                uuid: gpu.uuid.clone(),
+                index: gpu.index,
+            });
+            continue;
+        }
+        if gpu.mig_enabled {
+            skipped.push(SkippedGpu::MigEnabled {
+                uuid: gpu.uuid.clone(),
+                index: gpu.index,
+            });
+            continue;
+        }
+        let total = match gpu.memory_total_mib.filter(|m| *m > 0) {
+            Some(m) => m,
+            None if settings.pre_configured_memory_mib > 0 => settings.pre_configured_memory_mib,
+            None => {
+                skipped.push(SkippedGpu::UnknownMemory {
+                    uuid: gpu.uuid.clone(),
+                    index: gpu.index,
+                });
+                continue;
+            }
+        };
+        managed.push(ManagedGpu {
+            uuid: gpu.uuid.clone(),
+            index: gpu.index,
+            model_type: model_type_name(&gpu.name),
+            devmem: scale(total, settings.memory_scaling),
+            devcore: scale(100, settings.core_scaling),
+            numa: gpu.numa_node,
+            replicas: settings.split_count,
+            mode: settings.operating_mode.clone(),
+        });
+    }
+    (managed, skipped)
+}
+
+/// `floor(value × factor)`, saturating at `u32::MAX` (HAMi truncates through Go's int).
+fn scale(value: u32, factor: f64) -> u32 {
+    let scaled = (f64::from(value) * factor).floor();
+    if scaled >= f64::from(u32::MAX) {
+        u32::MAX
+    } else if scaled <= 0.0 {
+        0
+    } else {
+        scaled as u32
+    }
+}
+
+/// HAMi's replica id: `<UUID>-<i>`.
+pub fn replica_id(uuid: &str, replica: u32) -> String {
+    format!("{uuid}-{replica}")
+}
+
+/// The physical GPU UUID of a replica id (`<UUID>-<i>`), or `None` when the id is not of that form.
+pub fn physical_uuid(replica_id: &str) -> Option<&str> {
+    let (uuid, suffix) = replica_id.rsplit_once('-')?;
+    if suffix.is_empty() || !suffix.bytes().all(|b| b.is_ascii_digit()) || uuid.is_empty() {
+        return None;
+    }
+    Some(uuid)
+}
+
+/// The full device list for `ListAndWatch`: every replica of every GPU, with its health and,
+/// when enabled, its NUMA node.
+pub fn kubelet_devices(
+    gpus: &[ManagedGpu],
+    healthy: &dyn Fn(&str) -> bool,
+    numa_topology: bool,
+) -> Vec<dp::Device> {
+    let mut out = Vec::new();
+    for gpu in gpus {
+        let health = if healthy(&gpu.uuid) {
+            dp::HEALTHY
+        } else {
+            dp::UNHEALTHY
+        };
+        let topology = if numa_topology {
+            gpu.numa.map(|n| dp::TopologyInfo {
+                nodes: vec![dp::NumaNode { id: i64::from(n) }],
+            })
+        } else {
+            None
+        };
+        for replica in 0..gpu.replicas {
+            out.push(dp::Device {
+                id: replica_id(&gpu.uuid, replica),
+                health: health.to_owned(),
+                topology: topology.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// The register annotation entries (contract §2.1), health included.
+pub fn register_devices(gpus: &[ManagedGpu], healthy: &dyn Fn(&str) -> bool) -> Vec<NodeDevice> {
+    gpus.iter()
+        .map(|gpu| NodeDevice {
+            id: gpu.uuid.clone(),
+            index: gpu.index,
+            count: gpu.replicas,
+            devmem: gpu.devmem,
+            devcore: gpu.devcore,
+            device_type: gpu.model_type.clone(),
+            numa: gpu.numa.unwrap_or(0),
+            mode: gpu.mode.clone(),
+            mig_profiles: Vec::new(),
+            health: healthy(&gpu.uuid),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hami_contract::node::encode_node_devices;
+
+    fn t4(uuid: &str, index: u32, numa: Option<u32>) -> GpuInfo {
+        GpuInfo {
+            uuid: uuid.to_owned(),
+            index,
+            name: "Tesla T4".to_owned(),
+            memory_total_mib: Some(15360),
+            pci_bus_id: format!("00000000:3{index}:00.0"),
+            numa_node: numa,
+            mig_enabled: false,
+        }
+    }
+
+    fn settings() -> AdvertiseSettings {
+        AdvertiseSettings::new(&NvidiaConfig::default(), FilterDevices::default(), "")
+    }
+
+    #[test]
+    fn default_config_registers_like_hami_example() {
+        let gpus = [t4("GPU-a", 0, Some(0)), t4("GPU-b", 1, Some(1))];
+        let (managed, skipped) = plan_gpus(&gpus, &settings());
+        assert!(skipped.is_empty());
+        let json = encode_node_devices(&register_devices(&managed, &|_| true));
+        assert_eq!(
+            json,
+            r#"[{"id":"GPU-a","count":10,"devmem":15360,"devcore":100,"type":"NVIDIA-Tesla T4","mode":"hami-core","health":true},{"id":"GPU-b","index":1,"count":10,"devmem":15360,"devcore":100,"type":"NVIDIA-Tesla T4","numa":1,"mode":"hami-core","health":true}]"#
+        );
+    }
+
+    #[test]
+    fn scaling_split_and_unhealthy_show_in_annotation() {
+        let mut s = settings();
+        s.split_count = 4;
+        s.memory_scaling = 1.5;
+        s.core_scaling = 2.0;
+        let (managed, _) = plan_gpus(&[t4("GPU-a", 0, None)], &s);
+        let devs = register_devices(&managed, &|_| false);
+        assert_eq!(devs[0].count, 4);
+        assert_eq!(devs[0].devmem, 23040);
+        assert_eq!(devs[0].devcore, 200);
+        assert!(!encode_node_devices(&devs).contains("health"));
+    }
+
+    #[test]
+    fn filter_mig_and_unknown_memory_are_skipped_with_reasons() {
+        let mut s = settings();
+        s.filter = FilterDevices {
+            uuid: vec!["GPU-a".into()],
+            index: vec![1],
+        };
+        let mut mig = t4("GPU-c", 2, None);
+        mig.mig_enabled = true;
+        let mut unified = t4("GPU-d", 3, None);
+        unified.memory_total_mib = None;
+        let gpus = [t4("GPU-a", 0, None), t4("GPU-b", 1, None), mig, unified.clone()];
+        let (managed, skipped) = plan_gpus(&gpus, &s);
+        assert!(managed.is_empty());
+        assert_eq!(skipped.len(), 4);
+        assert!(skipped[2].to_string().contains("MIG"));
+        assert!(skipped[3].to_string().contains("preConfiguredDeviceMemory"));
+
+        s.pre_configured_memory_mib = 8192;
+        let (managed, _) = plan_gpus(&[unified], &s);
+        assert_eq!(managed[0].devmem, 8192);
+    }
+
+    #[test]
+    fn replicas_have_hami_ids_and_numa_only_when_enabled() {
+        let mut s = settings();
+        s.split_count = 3;
+        let (managed, _) = plan_gpus(&[t4("GPU-a", 0, Some(1))], &s);
+        let devs = kubelet_devices(&managed, &|_| true, false);
+        let ids: Vec<_> = devs.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["GPU-a-0", "GPU-a-1", "GPU-a-2"]);
+        assert!(devs.iter().all(|d| d.topology.is_none() && d.health == "Healthy"));
+        let devs = kubelet_devices(&managed, &|_| false, true);
+        assert_eq!(devs[0].topology.as_ref().map(|t| t.nodes[0].id), Some(1));
+        assert_eq!(devs[0].health, "Unhealthy");
+    }
+
+    #[test]
+    fn physical_uuid_strips_numeric_suffix_only() {
+        let id = "GPU-0c8e3b5a-1111-2222-3333-444455556666";
+        assert_eq!(physical_uuid(&format!("{id}-9")), Some(id));
+        assert_eq!(physical_uuid(&format!("{id}-12")), Some(id));
+        assert_eq!(physical_uuid("GPU-x-"), None);
+        assert_eq!(physical_uuid("nodash"), None);
+        assert_eq!(physical_uuid("-3"), None);
+    }
+
+    #[test]
+    fn invalid_settings_are_refused() {
+        let mut s = settings();
+        s.split_count = 0;
+        assert!(s.validate().is_err());
+        let mut s = settings();
+        s.memory_scaling = f64::NAN;
+        assert!(s.validate().is_err());
+    }
+}

@@ -1,0 +1,476 @@
+//! Which pod does this `GetPreferredAllocation` / `Allocate` call serve?
+//!
+//! The kubelet's call carries device IDs only. This module decides from a snapshot of the
+//! node's pods (scheduler annotations + spec), the plugin's own ledger of what it already
+//! served, and — when the kubelet exposes it — a pod-resources `List` taken during the call.
+//! The protocol and its proof sketch are in `docs/design/allocation-identity.md`. Pure: no I/O.
+//!
+//! Rule of thumb: serve only what is certain (unique, confirmed, or interchangeable); otherwise
+//! fail closed with an error that names the candidates. Never guess.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use hami_contract::annotations as keys;
+use hami_contract::devices::{ContainerDevices, PodDevices};
+use hami_contract::identity::AllocationSignature;
+
+/// A container as the identity logic needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerSpec {
+    pub name: String,
+    /// The container's limit for the plugin's resource is > 0 (the kubelet calls the plugin).
+    pub requests_resource: bool,
+    /// Restartable ("sidecar") init container: reported by pod-resources, unlike regular ones.
+    pub restartable_init: bool,
+    /// `CUDA_DISABLE_CONTROL` is Go-true in the container's env.
+    pub disable_control: bool,
+}
+
+/// A pod on (or bound to) this node, reduced to what identity needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodSnapshot {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub node_name: Option<String>,
+    pub annotations: BTreeMap<String, String>,
+    /// Phase `Succeeded` / `Failed`.
+    pub terminal: bool,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    pub init_containers: Vec<ContainerSpec>,
+    pub containers: Vec<ContainerSpec>,
+}
+
+impl PodSnapshot {
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations.get(key).map(String::as_str)
+    }
+
+    /// Seconds of `hami.io/bind-time`; unparsable or absent sorts last.
+    pub fn bind_time(&self) -> u64 {
+        self.annotation(keys::BIND_TIME)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(u64::MAX)
+    }
+
+    /// The containers the kubelet calls the plugin for, in kubelet order.
+    pub fn gpu_containers(&self) -> Vec<&ContainerSpec> {
+        self.init_containers
+            .iter()
+            .chain(self.containers.iter())
+            .filter(|c| c.requests_resource)
+            .collect()
+    }
+}
+
+/// One pending allocation derived from a pod: its non-empty entries in kubelet order, each paired
+/// with the container it belongs to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingPod<'a> {
+    pub pod: &'a PodSnapshot,
+    /// `(entry index in the annotation, devices, container)` for every non-empty entry.
+    pub entries: Vec<(usize, ContainerDevices, ContainerSpec)>,
+    /// Entry indexes already served (annotation emptied them, or the ledger recorded them).
+    pub served: BTreeSet<usize>,
+    pub signature: AllocationSignature,
+}
+
+impl PendingPod<'_> {
+    /// The next entry to serve, if any.
+    pub fn next_entry(&self) -> Option<&(usize, ContainerDevices, ContainerSpec)> {
+        self.entries.iter().find(|(i, _, _)| !self.served.contains(i))
+    }
+
+    fn started(&self) -> bool {
+        !self.served.is_empty()
+    }
+
+    fn remaining_after(&self, index: usize) -> usize {
+        self.entries
+            .iter()
+            .filter(|(i, _, _)| *i != index && !self.served.contains(i))
+            .count()
+    }
+}
+
+/// Why a pod on the node is not a pending allocation at all (logged, never fatal).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PodRejection {
+    #[error("pod {pod}: {annotation} is unreadable: {reason}")]
+    BadAnnotation {
+        pod: String,
+        annotation: &'static str,
+        reason: String,
+    },
+    #[error(
+        "pod {pod}: {entries} non-empty device entries but {containers} containers request the resource"
+    )]
+    ContainerMismatch {
+        pod: String,
+        entries: usize,
+        containers: usize,
+    },
+    #[error("pod {pod}: annotated for node {annotated:?}, but this is node {node:?}")]
+    OtherNode {
+        pod: String,
+        annotated: String,
+        node: String,
+    },
+}
+
+/// The plugin's own memory of what it served: the informer cache may lag its own patches.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    served: HashMap<String, BTreeSet<usize>>,
+    /// The pod the previous call served, when it still has entries left.
+    continuing: Option<String>,
+}
+
+impl Ledger {
+    pub fn record_served(&mut self, uid: &str, entry: usize, entries_left: usize) {
+        self.served.entry(uid.to_owned()).or_default().insert(entry);
+        self.continuing = (entries_left > 0).then(|| uid.to_owned());
+    }
+
+    /// A call failed or was refused: no pod continues.
+    pub fn break_run(&mut self) {
+        self.continuing = None;
+    }
+
+    pub fn continuing(&self) -> Option<&str> {
+        self.continuing.as_deref()
+    }
+
+    /// Forget pods that are no longer pending (served, terminal or gone).
+    pub fn retain(&mut self, pending_uids: &BTreeSet<&str>) {
+        self.served.retain(|uid, _| pending_uids.contains(uid.as_str()));
+        if let Some(uid) = &self.continuing
+            && !pending_uids.contains(uid.as_str())
+        {
+            self.continuing = None;
+        }
+    }
+
+    pub fn served(&self, uid: &str) -> Option<&BTreeSet<usize>> {
+        self.served.get(uid)
+    }
+}
+
+/// Derives the pending allocations of this node from a snapshot.
+pub fn pending_pods<'a>(
+    node: &str,
+    pods: &'a [PodSnapshot],
+    ledger: &Ledger,
+) -> (Vec<PendingPod<'a>>, Vec<PodRejection>) {
+    let mut pending = Vec::new();
+    let mut rejected = Vec::new();
+    for pod in pods {
+        if pod.terminal || pod.deleting {
+            continue;
+        }
+        if pod.annotation(keys::BIND_PHASE) != Some(keys::BIND_PHASE_ALLOCATING) {
+            continue;
+        }
+        let annotated = pod.annotation(keys::VGPU_NODE);
+        match (annotated, pod.node_name.as_deref()) {
+            (Some(a), _) if a != node => {
+                rejected.push(PodRejection::OtherNode {
+                    pod: pod.key(),
+                    annotated: a.to_owned(),
+                    node: node.to_owned(),
+                });
+                continue;
+            }
+            (None, Some(n)) if n != node => continue,
+            (None, None) => continue,
+            _ => {}
+        }
+        match pending_pod(pod, ledger) {
+            Ok(Some(p)) => pending.push(p),
+            Ok(None) => {}
+            Err(e) => rejected.push(e),
+        }
+    }
+    (pending, rejected)
+}
+
+fn decode(pod: &PodSnapshot, key: &'static str) -> Result<Option<PodDevices>, PodRejection> {
+    match pod.annotation(key) {
+        None => Ok(None),
+        Some(v) => PodDevices::decode(v)
+            .map(|d| Some(d.of_vendor(hami_contract::NVIDIA_VENDOR)))
+            .map_err(|e| PodRejection::BadAnnotation {
+                pod: pod.key(),
+                annotation: key,
+                reason: e.to_string(),
+            }),
+    }
+}
+
+fn pending_pod<'a>(pod: &'a PodSnapshot, ledger: &Ledger) -> Result<Option<PendingPod<'a>>, PodRejection> {
+    let Some(to_allocate) = decode(pod, keys::DEVICES_TO_ALLOCATE)? else {
+        return Ok(None);
+    };
+    let allocated = decode(pod, keys::DEVICES_ALLOCATED)?.unwrap_or_else(|| to_allocate.clone());
+    let gpu_containers = pod.gpu_containers();
+    // Entries are matched to containers by rank among non-empty entries, so HAMi v2.10's
+    // unaligned padding (appendix B.1) still names the right container.
+    let non_empty: Vec<(usize, &ContainerDevices)> = allocated
+        .0
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| !d.is_empty())
+        .collect();
+    if non_empty.len() != gpu_containers.len() {
+        return Err(PodRejection::ContainerMismatch {
+            pod: pod.key(),
+            entries: non_empty.len(),
+            containers: gpu_containers.len(),
+        });
+    }
+    let mut served: BTreeSet<usize> = ledger.served(&pod.uid).cloned().unwrap_or_default();
+    let mut entries = Vec::new();
+    for ((index, devices), container) in non_empty.into_iter().zip(gpu_containers) {
+        let still = to_allocate.0.get(index).is_some_and(|d| !d.is_empty());
+        if !still {
+            served.insert(index);
+        }
+        entries.push((index, devices.clone(), container.clone()));
+    }
+    if entries.iter().all(|(i, _, _)| served.contains(i)) {
+        return Ok(None);
+    }
+    let signature = AllocationSignature::new(&allocated, &pod.annotations);
+    Ok(Some(PendingPod {
+        pod,
+        entries,
+        served,
+        signature,
+    }))
+}
+
+/// A pod-resources `List`, reduced to the plugin's resource.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodResourcesView {
+    /// `namespace/name` → container name → device IDs recorded for the resource.
+    pub pods: BTreeMap<String, BTreeMap<String, Vec<String>>>,
+}
+
+impl PodResourcesView {
+    fn listed(&self, key: &str) -> bool {
+        self.pods.contains_key(key)
+    }
+
+    /// The pod could be the one under admission: it is listed and has a container that requests
+    /// the resource but shows no devices (regular init containers are never reported, so a pod
+    /// with one counts as possibly unallocated).
+    fn possibly_admitting(&self, pod: &PodSnapshot) -> bool {
+        let Some(containers) = self.pods.get(&pod.key()) else {
+            return false;
+        };
+        let reported_unallocated = pod
+            .init_containers
+            .iter()
+            .filter(|c| c.restartable_init)
+            .chain(pod.containers.iter())
+            .filter(|c| c.requests_resource)
+            .any(|c| containers.get(&c.name).is_none_or(Vec::is_empty));
+        let unreported = pod
+            .init_containers
+            .iter()
+            .any(|c| c.requests_resource && !c.restartable_init);
+        reported_unallocated || unreported
+    }
+}
+
+/// What the call tells us.
+#[derive(Debug, Clone, Copy)]
+pub struct CallFacts<'a> {
+    /// Device count of the container request.
+    pub count: usize,
+    /// `must_include_deviceIDs` was non-empty: only the pod whose init container's devices are
+    /// being reused can be served.
+    pub must_include: bool,
+    /// `<namespace>/<name>` from HAMi's `hami.io/mutex.lock` on the node, if any.
+    pub hami_lock: Option<&'a str>,
+    /// A pod-resources `List` taken during the call, when the kubelet serves it.
+    pub pod_resources: Option<&'a PodResourcesView>,
+}
+
+/// How the pod was determined (logged and counted in metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChoiceReason {
+    /// The previous call served this pod's earlier container; a pod's calls are contiguous.
+    Continuing,
+    /// Pod-resources elimination left only this pod.
+    Elimination,
+    /// HAMi's scheduler's node lock names this pod.
+    HamiLock,
+    /// The only pending pod with this device count.
+    Unique,
+    /// The oldest of a class of interchangeable pods.
+    OldestOfClass,
+}
+
+impl ChoiceReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChoiceReason::Continuing => "continuing",
+            ChoiceReason::Elimination => "elimination",
+            ChoiceReason::HamiLock => "hami_lock",
+            ChoiceReason::Unique => "unique",
+            ChoiceReason::OldestOfClass => "oldest_of_class",
+        }
+    }
+}
+
+/// The pod and container entry to serve.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub entry_index: usize,
+    pub devices: ContainerDevices,
+    pub container: ContainerSpec,
+    /// Entries of this pod still unserved after this one.
+    pub entries_left: usize,
+    pub reason: ChoiceReason,
+}
+
+/// Why no pod can be served: the call must fail (the kubelet rejects the pod; its owner
+/// recreates it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    #[error(
+        "no pod bound to this node is waiting for a container with {count} device(s) (bind-phase allocating, hami.io/vgpu-devices-to-allocate)"
+    )]
+    NoCandidate { count: usize },
+    #[error(
+        "the kubelet is reusing init-container devices, but no pod is in the middle of its allocation"
+    )]
+    NoContinuingPod,
+    #[error(
+        "refusing to guess: {} pods could be the one being admitted for {count} device(s) and their limits differ: {}",
+        candidates.len(),
+        candidates.join(", ")
+    )]
+    Ambiguous {
+        count: usize,
+        candidates: Vec<String>,
+    },
+    #[error(
+        "the kubelet is admitting pod {pod} (pod-resources), but it has no pending allocation for {count} device(s)"
+    )]
+    AdmittedPodNotPending { pod: String, count: usize },
+}
+
+fn choice(p: &PendingPod<'_>, reason: ChoiceReason) -> Option<Choice> {
+    let (index, devices, container) = p.next_entry()?;
+    Some(Choice {
+        namespace: p.pod.namespace.clone(),
+        name: p.pod.name.clone(),
+        uid: p.pod.uid.clone(),
+        entry_index: *index,
+        devices: devices.clone(),
+        container: container.clone(),
+        entries_left: p.remaining_after(*index),
+        reason,
+    })
+}
+
+/// Decides which pod a call serves. See the module documentation and the design document.
+pub fn select(
+    call: CallFacts<'_>,
+    pending: &[PendingPod<'_>],
+    ledger: &Ledger,
+) -> Result<Choice, IdentityError> {
+    let matches_count =
+        |p: &PendingPod<'_>| p.next_entry().is_some_and(|(_, d, _)| d.len() == call.count);
+
+    // 1. The continuing pod: its earlier container was the previous call.
+    let continuing = ledger
+        .continuing()
+        .and_then(|uid| pending.iter().find(|p| p.pod.uid == uid))
+        .filter(|p| matches_count(p))
+        // With pod-resources, a pod rejected mid-run is visible (it leaves the active list).
+        .filter(|p| call.pod_resources.is_none_or(|v| v.listed(&p.pod.key())));
+    if let Some(p) = continuing {
+        if let Some(c) = choice(p, ChoiceReason::Continuing) {
+            return Ok(c);
+        }
+    }
+    if call.must_include {
+        return Err(IdentityError::NoContinuingPod);
+    }
+
+    // 2. Fresh candidates: pending pods not yet started whose first entry has this count.
+    // A started pod that is not continuing had its run aborted by the kubelet.
+    let mut candidates: Vec<&PendingPod<'_>> = pending
+        .iter()
+        .filter(|p| !p.started() && matches_count(p))
+        .collect();
+
+    // 3. Elimination through pod-resources.
+    if let Some(view) = call.pod_resources {
+        let admitting: Vec<&PodSnapshot> = pending
+            .iter()
+            .map(|p| p.pod)
+            .filter(|pod| view.possibly_admitting(pod))
+            .collect();
+        candidates.retain(|p| view.possibly_admitting(p.pod));
+        if candidates.is_empty() {
+            if let [only] = admitting.as_slice() {
+                return Err(IdentityError::AdmittedPodNotPending {
+                    pod: only.key(),
+                    count: call.count,
+                });
+            }
+            return Err(IdentityError::NoCandidate { count: call.count });
+        }
+        if let [only] = candidates.as_slice() {
+            return choice(only, ChoiceReason::Elimination)
+                .ok_or(IdentityError::NoCandidate { count: call.count });
+        }
+    }
+
+    // 4. HAMi's scheduler told us (compatibility with HAMi's node lock).
+    if let Some(lock) = call.hami_lock
+        && let Some(p) = candidates.iter().find(|p| p.pod.key() == lock)
+    {
+        return choice(p, ChoiceReason::HamiLock).ok_or(IdentityError::NoCandidate { count: call.count });
+    }
+
+    match candidates.as_slice() {
+        [] => Err(IdentityError::NoCandidate { count: call.count }),
+        [only] => choice(only, ChoiceReason::Unique).ok_or(IdentityError::NoCandidate { count: call.count }),
+        [first, rest @ ..] => {
+            if rest
+                .iter()
+                .all(|p| p.signature.interchangeable_with(&first.signature))
+            {
+                let oldest = candidates
+                    .iter()
+                    .min_by(|a, b| {
+                        (a.pod.bind_time(), a.pod.key()).cmp(&(b.pod.bind_time(), b.pod.key()))
+                    })
+                    .copied()
+                    .unwrap_or(first);
+                choice(oldest, ChoiceReason::OldestOfClass)
+                    .ok_or(IdentityError::NoCandidate { count: call.count })
+            } else {
+                let mut names: Vec<String> = candidates.iter().map(|p| p.pod.key()).collect();
+                names.sort();
+                Err(IdentityError::Ambiguous {
+                    count: call.count,
+                    candidates: names,
+                })
+            }
+        }
+    }
+}

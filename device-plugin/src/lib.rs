@@ -1,0 +1,19 @@
+//! Tessera's device plugin: NVML discovery, the kubelet device plugin API, HAMi's node and pod
+//! annotations, and `Allocate` that puts the HAMi-core shim in place with each pod's own limits.
+//!
+//! Pure logic lives in [`gpu`], [`container_env`], [`identity`], [`health`] and [`pods`]; the
+//! I/O edges ([`nvml`], [`kubelet`], [`kube_edges`], [`pod_resources`]) sit behind small traits
+//! so tests drive the real gRPC service with in-memory fakes.
+
+pub mod allocator;
+pub mod container_env;
+pub mod gpu;
+pub mod health;
+pub mod identity;
+pub mod kube_edges;
+pub mod kubelet;
+pub mod metrics;
+pub mod nvml;
+pub mod pod_resources;
+pub mod pods;
+pub mod service;

@@ -1,0 +1,176 @@
+//! Prometheus metrics: the plugin's own health plus HAMi's host GPU names (contract §8.2).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+
+/// All metrics the plugin exports. Cheap to clone (shared handles).
+#[derive(Clone)]
+pub struct PluginMetrics {
+    registry: Arc<Registry>,
+    allocate_seconds: Histogram,
+    allocations: Family<Labels, Counter>,
+    identity: Family<Labels, Counter>,
+    registrations: Counter,
+    gpu_healthy: Family<Labels, Gauge>,
+    annotation_patches: Family<Labels, Counter>,
+    host_memory_used: Family<Labels, Gauge<f64, AtomicU64>>,
+    host_utilization: Family<Labels, Gauge<f64, AtomicU64>>,
+}
+
+impl std::fmt::Debug for PluginMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for PluginMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PluginMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let allocate_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        registry.register(
+            "tessera_device_plugin_allocate_duration_seconds",
+            "Time to answer a kubelet Allocate call",
+            allocate_seconds.clone(),
+        );
+        let allocations = Family::<Labels, Counter>::default();
+        registry.register(
+            "tessera_device_plugin_allocations",
+            "Allocate calls by result (success, failure)",
+            allocations.clone(),
+        );
+        let identity = Family::<Labels, Counter>::default();
+        registry.register(
+            "tessera_device_plugin_identity_choices",
+            "How Allocate identified the pod (continuing, elimination, hami_lock, unique, oldest_of_class)",
+            identity.clone(),
+        );
+        let registrations = Counter::default();
+        registry.register(
+            "tessera_device_plugin_kubelet_registrations",
+            "Successful registrations with the kubelet",
+            registrations.clone(),
+        );
+        let gpu_healthy = Family::<Labels, Gauge>::default();
+        registry.register(
+            "tessera_device_plugin_gpu_healthy",
+            "1 when the GPU is healthy, 0 when its replicas are reported unhealthy",
+            gpu_healthy.clone(),
+        );
+        let annotation_patches = Family::<Labels, Counter>::default();
+        registry.register(
+            "tessera_device_plugin_node_annotation_patches",
+            "Node register annotation patches by result",
+            annotation_patches.clone(),
+        );
+        let host_memory_used = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "hami_host_gpu_memory_used_bytes",
+            "GPU device memory used on the host",
+            host_memory_used.clone(),
+        );
+        let host_utilization = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "hami_host_gpu_utilization_ratio",
+            "GPU core utilization on the host (0-100)",
+            host_utilization.clone(),
+        );
+        PluginMetrics {
+            registry: Arc::new(registry),
+            allocate_seconds,
+            allocations,
+            identity,
+            registrations,
+            gpu_healthy,
+            annotation_patches,
+            host_memory_used,
+            host_utilization,
+        }
+    }
+
+    pub fn observe_allocate(&self, took: Duration, ok: bool) {
+        self.allocate_seconds.observe(took.as_secs_f64());
+        let result = if ok { "success" } else { "failure" };
+        self.allocations
+            .get_or_create(&vec![("result".into(), result.into())])
+            .inc();
+    }
+
+    pub fn identity_choice(&self, reason: &str) {
+        self.identity
+            .get_or_create(&vec![("reason".into(), reason.into())])
+            .inc();
+    }
+
+    pub fn registered(&self) {
+        self.registrations.inc();
+    }
+
+    pub fn gpu_health(&self, uuid: &str, healthy: bool) {
+        self.gpu_healthy
+            .get_or_create(&vec![("device_uuid".into(), uuid.into())])
+            .set(i64::from(healthy));
+    }
+
+    pub fn annotation_patch(&self, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.annotation_patches
+            .get_or_create(&vec![("result".into(), result.into())])
+            .inc();
+    }
+
+    /// HAMi's host metrics; labels `node, device_index, device_uuid, device_type`.
+    pub fn host_gpu(&self, node: &str, index: u32, uuid: &str, device_type: &str, used_bytes: f64, utilization: f64) {
+        let labels = vec![
+            ("node".into(), node.into()),
+            ("device_index".into(), index.to_string()),
+            ("device_uuid".into(), uuid.into()),
+            ("device_type".into(), device_type.into()),
+        ];
+        self.host_memory_used.get_or_create(&labels).set(used_bytes);
+        self.host_utilization.get_or_create(&labels).set(utilization);
+    }
+
+    /// Text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exports_hami_and_plugin_names() {
+        let m = PluginMetrics::new();
+        m.observe_allocate(Duration::from_millis(3), true);
+        m.identity_choice("unique");
+        m.gpu_health("GPU-a", false);
+        m.host_gpu("node-a", 1, "GPU-a", "NVIDIA-Tesla T4", 1048576.0, 42.0);
+        let text = m.encode();
+        assert!(text.contains("tessera_device_plugin_allocations_total{result=\"success\"} 1"));
+        assert!(text.contains("tessera_device_plugin_gpu_healthy{device_uuid=\"GPU-a\"} 0"));
+        assert!(text.contains(
+            "hami_host_gpu_utilization_ratio{node=\"node-a\",device_index=\"1\",device_uuid=\"GPU-a\",device_type=\"NVIDIA-Tesla T4\"} 42.0"
+        ));
+    }
+}

@@ -1,0 +1,218 @@
+//! NVML behind a small trait. The real implementation loads `libnvidia-ml.so.1` at run time
+//! (nvml-wrapper uses `dlopen`), so the plugin starts on a machine without a driver and says so.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{EventSet, Nvml};
+
+use crate::gpu::GpuInfo;
+use crate::health::HealthEvent;
+
+/// Why NVML could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error(
+        "cannot load NVML from {path}: {reason} (is the NVIDIA driver installed and its library mounted? see --nvml-lib)"
+    )]
+    Load { path: String, reason: String },
+    #[error("NVML {call} failed: {reason}")]
+    Call { call: &'static str, reason: String },
+}
+
+/// Usage figures for metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSample {
+    pub index: u32,
+    pub uuid: String,
+    pub memory_used_bytes: u64,
+    pub utilization_gpu: u32,
+}
+
+/// What the plugin needs from NVML.
+pub trait GpuInventory: Send + Sync + 'static {
+    fn discover(&self) -> Result<Vec<GpuInfo>, InventoryError>;
+    /// The GPU answers NVML (used for recovery).
+    fn answers(&self, uuid: &str) -> bool;
+    fn sample(&self) -> Vec<GpuSample>;
+    /// Blocks up to `timeout` for the next health event; `Ok(None)` on timeout.
+    fn wait_event(&self, timeout: Duration) -> Result<Option<HealthEvent>, InventoryError>;
+}
+
+/// NVML through nvml-wrapper.
+pub struct NvmlInventory {
+    nvml: &'static Nvml,
+    sysfs_root: PathBuf,
+    events: Mutex<Option<EventSet<'static>>>,
+}
+
+impl std::fmt::Debug for NvmlInventory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlInventory")
+            .field("sysfs_root", &self.sysfs_root)
+            .finish_non_exhaustive()
+    }
+}
+
+fn call_err(call: &'static str) -> impl Fn(NvmlError) -> InventoryError {
+    move |e| InventoryError::Call {
+        call,
+        reason: e.to_string(),
+    }
+}
+
+impl NvmlInventory {
+    /// Loads NVML from `lib_path` and initialises it. `sysfs_root` is `/sys` (tests: a temp dir).
+    pub fn load(lib_path: &Path, sysfs_root: PathBuf) -> Result<Self, InventoryError> {
+        let nvml = Nvml::builder()
+            .lib_path(lib_path.as_os_str())
+            .init()
+            .map_err(|e| InventoryError::Load {
+                path: lib_path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        // An event set borrows NVML for its whole life. The plugin keeps one NVML handle for
+        // the life of the process, so leaking it gives the event set the lifetime it needs.
+        let nvml: &'static Nvml = Box::leak(Box::new(nvml));
+        let inventory = NvmlInventory {
+            nvml,
+            sysfs_root,
+            events: Mutex::new(None),
+        };
+        match inventory.register_events() {
+            Ok(set) => {
+                if let Ok(mut guard) = inventory.events.lock() {
+                    *guard = Some(set);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "NVML events unavailable; GPU health is not watched"),
+        }
+        Ok(inventory)
+    }
+
+    fn register_events(&self) -> Result<EventSet<'static>, InventoryError> {
+        let mut set = self.nvml.create_event_set().map_err(call_err("nvmlEventSetCreate"))?;
+        let count = self.nvml.device_count().map_err(call_err("nvmlDeviceGetCount"))?;
+        for i in 0..count {
+            let device = self.nvml.device_by_index(i).map_err(call_err("nvmlDeviceGetHandleByIndex"))?;
+            set = device
+                .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+                .map_err(|e| InventoryError::Call {
+                    call: "nvmlDeviceRegisterEvents",
+                    reason: e.to_string(),
+                })?;
+        }
+        Ok(set)
+    }
+
+    fn numa_node(&self, pci_bus_id: &str) -> Option<u32> {
+        // sysfs names devices by the lower-case 4-hex-digit domain form (`0000:3b:00.0`).
+        let id = pci_bus_id.to_ascii_lowercase();
+        let short = if id.len() > 12 { &id[id.len() - 12..] } else { id.as_str() };
+        let path = self
+            .sysfs_root
+            .join("bus/pci/devices")
+            .join(short)
+            .join("numa_node");
+        let text = std::fs::read_to_string(path).ok()?;
+        let n: i64 = text.trim().parse().ok()?;
+        u32::try_from(n).ok()
+    }
+}
+
+impl GpuInventory for NvmlInventory {
+    fn discover(&self) -> Result<Vec<GpuInfo>, InventoryError> {
+        let count = self.nvml.device_count().map_err(call_err("nvmlDeviceGetCount"))?;
+        let mut gpus = Vec::new();
+        for i in 0..count {
+            let d = self.nvml.device_by_index(i).map_err(call_err("nvmlDeviceGetHandleByIndex"))?;
+            let uuid = d.uuid().map_err(call_err("nvmlDeviceGetUUID"))?;
+            let name = d.name().map_err(call_err("nvmlDeviceGetName"))?;
+            let memory_total_mib = match d.memory_info() {
+                Ok(m) => Some(u32::try_from(m.total / (1024 * 1024)).unwrap_or(u32::MAX)),
+                Err(NvmlError::NotSupported) => None,
+                Err(e) => return Err(call_err("nvmlDeviceGetMemoryInfo")(e)),
+            };
+            let pci_bus_id = d.pci_info().map(|p| p.bus_id).unwrap_or_default();
+            let mig_enabled = match d.mig_mode() {
+                Ok(m) => m.current == 1,
+                Err(_) => false,
+            };
+            let numa_node = self.numa_node(&pci_bus_id);
+            gpus.push(GpuInfo {
+                uuid,
+                index: d.index().unwrap_or(i),
+                name,
+                memory_total_mib,
+                pci_bus_id,
+                numa_node,
+                mig_enabled,
+            });
+        }
+        Ok(gpus)
+    }
+
+    fn answers(&self, uuid: &str) -> bool {
+        self.nvml
+            .device_by_uuid(uuid)
+            .and_then(|d| d.memory_info())
+            .is_ok()
+    }
+
+    fn sample(&self) -> Vec<GpuSample> {
+        let Ok(count) = self.nvml.device_count() else {
+            return Vec::new();
+        };
+        (0..count)
+            .filter_map(|i| {
+                let d = self.nvml.device_by_index(i).ok()?;
+                Some(GpuSample {
+                    index: i,
+                    uuid: d.uuid().ok()?,
+                    memory_used_bytes: d.memory_info().map(|m| m.used).unwrap_or(0),
+                    utilization_gpu: d.utilization_rates().map(|u| u.gpu).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+
+    fn wait_event(&self, timeout: Duration) -> Result<Option<HealthEvent>, InventoryError> {
+        let guard = self.events.lock().map_err(|_| InventoryError::Call {
+            call: "nvmlEventSetWait",
+            reason: "event set lock poisoned".into(),
+        })?;
+        let Some(set) = guard.as_ref() else {
+            drop(guard);
+            std::thread::sleep(timeout);
+            return Ok(None);
+        };
+        let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+        match set.wait(ms) {
+            Ok(data) => {
+                let uuid = data.device.uuid().map_err(call_err("nvmlDeviceGetUUID"))?;
+                let xid = match data.event_data {
+                    Some(XidError::Value(x)) => x,
+                    // Unknown XID: treat as critical (NVIDIA's plugin does).
+                    _ => 0,
+                };
+                Ok(Some(HealthEvent::Xid { uuid, xid }))
+            }
+            Err(NvmlError::Timeout) => Ok(None),
+            Err(NvmlError::GpuLost) => Ok(None),
+            Err(e) => Err(call_err("nvmlEventSetWait")(e)),
+        }
+    }
+}
+
+/// Finds GPUs that stopped answering (GPU lost): NVML reports no event for that on every driver.
+pub fn lost_gpus(inventory: &dyn GpuInventory, uuids: &[String]) -> Vec<HealthEvent> {
+    uuids
+        .iter()
+        .filter(|u| !inventory.answers(u))
+        .map(|u| HealthEvent::Lost { uuid: u.clone() })
+        .collect()
+}

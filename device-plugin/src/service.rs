@@ -1,0 +1,237 @@
+//! The kubelet-facing `DevicePlugin` gRPC service and the device state it streams.
+
+use std::collections::BTreeSet;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use futures::{Stream, StreamExt};
+use hami_contract::node::{NodeDevice, encode_node_devices};
+use kubelet_proto::deviceplugin::v1beta1 as dp;
+use kubelet_proto::deviceplugin::v1beta1::device_plugin_server::DevicePlugin;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use crate::allocator::Allocator;
+use crate::gpu::{ManagedGpu, kubelet_devices, register_devices};
+use crate::health::{HealthEvent, HealthTracker};
+use crate::metrics::PluginMetrics;
+
+/// The GPUs the plugin advertises and their health; every change is pushed to `ListAndWatch`
+/// streams and picked up by the annotation loop.
+pub struct DeviceState {
+    inner: Mutex<Inner>,
+    devices_tx: watch::Sender<Vec<dp::Device>>,
+    /// UUIDs shared with the allocator (it refuses GPUs the node does not manage).
+    pub managed_uuids: Arc<RwLock<BTreeSet<String>>>,
+    numa_topology: bool,
+    metrics: Option<PluginMetrics>,
+}
+
+struct Inner {
+    gpus: Vec<ManagedGpu>,
+    health: HealthTracker,
+}
+
+impl std::fmt::Debug for DeviceState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceState").finish_non_exhaustive()
+    }
+}
+
+impl DeviceState {
+    pub fn new(
+        gpus: Vec<ManagedGpu>,
+        health: HealthTracker,
+        numa_topology: bool,
+        metrics: Option<PluginMetrics>,
+    ) -> Arc<Self> {
+        let (devices_tx, _) = watch::channel(Vec::new());
+        let state = Arc::new(DeviceState {
+            inner: Mutex::new(Inner { gpus, health }),
+            devices_tx,
+            managed_uuids: Arc::default(),
+            numa_topology,
+            metrics,
+        });
+        state.publish();
+        state
+    }
+
+    fn with_inner<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Option<T> {
+        match self.inner.lock() {
+            Ok(mut g) => Some(f(&mut g)),
+            Err(_) => {
+                tracing::error!("device state lock poisoned");
+                None
+            }
+        }
+    }
+
+    /// Recomputes the kubelet device list and pushes it when it changed.
+    pub fn publish(&self) {
+        let Some((devices, uuids)) = self.with_inner(|inner| {
+            if let Some(m) = &self.metrics {
+                for g in &inner.gpus {
+                    m.gpu_health(&g.uuid, inner.health.is_healthy(&g.uuid));
+                }
+            }
+            let devices = kubelet_devices(&inner.gpus, &|u| inner.health.is_healthy(u), self.numa_topology);
+            let uuids: BTreeSet<String> = inner.gpus.iter().map(|g| g.uuid.clone()).collect();
+            (devices, uuids)
+        }) else {
+            return;
+        };
+        if let Ok(mut m) = self.managed_uuids.write() {
+            *m = uuids;
+        }
+        self.devices_tx.send_if_modified(|current| {
+            if *current == devices {
+                false
+            } else {
+                *current = devices;
+                true
+            }
+        });
+    }
+
+    /// Replaces the GPU list (after a successful rediscovery).
+    pub fn set_gpus(&self, gpus: Vec<ManagedGpu>) {
+        self.with_inner(|inner| {
+            let uuids: BTreeSet<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+            inner.health.set_gpus(&uuids);
+            inner.gpus = gpus;
+        });
+        self.publish();
+    }
+
+    /// Applies a health event; streams the change at once.
+    pub fn health_event(&self, event: &HealthEvent, now: Instant) {
+        let changed = self
+            .with_inner(|inner| inner.health.apply(event, now))
+            .unwrap_or(false);
+        if changed {
+            tracing::warn!(?event, "GPU unhealthy; its replicas are reported Unhealthy");
+            self.publish();
+        }
+    }
+
+    /// Probes GPUs whose quiet period passed; healthy again when they answer.
+    pub fn recover(&self, answers: &dyn Fn(&str) -> bool, now: Instant) {
+        let due = self
+            .with_inner(|inner| inner.health.due_for_probe(now))
+            .unwrap_or_default();
+        let mut changed = false;
+        for uuid in due {
+            let ok = answers(&uuid);
+            if self
+                .with_inner(|inner| inner.health.probe_result(&uuid, ok, now))
+                .unwrap_or(false)
+            {
+                tracing::info!(%uuid, "GPU recovered; its replicas are Healthy again");
+                changed = true;
+            }
+        }
+        if changed {
+            self.publish();
+        }
+    }
+
+    pub fn healthy_uuids(&self) -> Vec<String> {
+        self.with_inner(|inner| {
+            inner
+                .gpus
+                .iter()
+                .filter(|g| inner.health.is_healthy(&g.uuid))
+                .map(|g| g.uuid.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    pub fn register_devices(&self) -> Vec<NodeDevice> {
+        self.with_inner(|inner| register_devices(&inner.gpus, &|u| inner.health.is_healthy(u)))
+            .unwrap_or_default()
+    }
+
+    /// The `hami.io/node-nvidia-register` value.
+    pub fn register_annotation(&self) -> String {
+        encode_node_devices(&self.register_devices())
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Vec<dp::Device>> {
+        self.devices_tx.subscribe()
+    }
+
+    pub fn gpu_count(&self) -> usize {
+        self.with_inner(|inner| inner.gpus.len()).unwrap_or(0)
+    }
+}
+
+/// The gRPC service registered with the kubelet.
+#[derive(Debug, Clone)]
+pub struct DevicePluginService {
+    pub state: Arc<DeviceState>,
+    pub allocator: Arc<Allocator>,
+    pub preferred_allocation: bool,
+    /// Flips to true when this server instance stops (restart or shutdown): streams end.
+    pub stop: watch::Receiver<bool>,
+}
+
+type DeviceStream = Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DevicePlugin for DevicePluginService {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<dp::Empty>,
+    ) -> Result<Response<dp::DevicePluginOptions>, Status> {
+        Ok(Response::new(dp::DevicePluginOptions {
+            pre_start_required: false,
+            // Unlike HAMi (appendix B.5), the same value as in the registration.
+            get_preferred_allocation_available: self.preferred_allocation,
+        }))
+    }
+
+    type ListAndWatchStream = DeviceStream;
+
+    async fn list_and_watch(
+        &self,
+        _: Request<dp::Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let devices = tokio_stream::wrappers::WatchStream::new(self.state.subscribe());
+        let mut stop = self.stop.clone();
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        let stream = devices
+            .map(|devices| Ok(dp::ListAndWatchResponse { devices }))
+            .take_until(stopped);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<dp::PreferredAllocationRequest>,
+    ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
+        Ok(Response::new(self.allocator.preferred(request.into_inner()).await))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<dp::AllocateRequest>,
+    ) -> Result<Response<dp::AllocateResponse>, Status> {
+        self.allocator
+            .allocate(request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(|e| Status::failed_precondition(e.to_string()))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<dp::PreStartContainerRequest>,
+    ) -> Result<Response<dp::PreStartContainerResponse>, Status> {
+        Ok(Response::new(dp::PreStartContainerResponse {}))
+    }
+}

@@ -1,0 +1,87 @@
+//! Allocation identity (see `docs/design/allocation-identity.md` and
+//! `shared/docs/allocation-identity-facts.md` §(b)).
+//!
+//! Nothing in a kubelet `Allocate` call names the pod: the device plugin sees only the device
+//! count of each container, one call at a time. The *signature* σ(p) of a pod is that sequence of
+//! counts; two pods pending on one node whose signatures can be mistaken for each other are
+//! *confusable*, and confusable pods are harmless together only when *interchangeable*.
+
+use std::collections::BTreeMap;
+
+use crate::NVIDIA_VENDOR;
+use crate::annotations;
+use crate::devices::PodDevices;
+
+/// Pod annotations that constrain where a pod's GPUs may be (or how they are chosen): a planned
+/// placement of one pod is valid for another only if these are equal. Deliberately broad —
+/// including an annotation that does not matter costs only throughput, missing one that does
+/// would hand a pod GPUs it must not have.
+pub const PLACEMENT_CONSTRAINT_ANNOTATIONS: &[&str] = &[
+    annotations::USE_GPU_UUID,
+    annotations::NOUSE_GPU_UUID,
+    annotations::USE_GPU_TYPE,
+    annotations::NOUSE_GPU_TYPE,
+    annotations::VGPU_MODE,
+    annotations::NUMA_BIND,
+    annotations::GPU_SCHEDULER_POLICY,
+];
+
+/// σ(p) and what decides a container's limits, derived from the pod's device list.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AllocationSignature {
+    /// Device count per non-empty NVIDIA container, kubelet order (init containers, then app).
+    pub counts: Vec<u32>,
+    /// `(mem, cores)` per device per such container: what the plugin puts into the limits.
+    pub payload: Vec<Vec<(u32, u32)>>,
+    /// The pod's [`PLACEMENT_CONSTRAINT_ANNOTATIONS`] that are present, sorted by key.
+    pub constraints: Vec<(String, String)>,
+}
+
+impl AllocationSignature {
+    /// Builds the signature from a pod's container device list (`hami.io/vgpu-devices-allocated`
+    /// or the planned list) and its annotations. Only `NVIDIA` entries count; containers without
+    /// one make no `Allocate` call for `nvidia.com/gpu` and are skipped.
+    pub fn new(devices: &PodDevices, pod_annotations: &BTreeMap<String, String>) -> Self {
+        let mut counts = Vec::new();
+        let mut payload = Vec::new();
+        for container in &devices.0 {
+            let mine: Vec<(u32, u32)> = container
+                .iter()
+                .filter(|d| d.vendor == NVIDIA_VENDOR)
+                .map(|d| (d.usedmem, d.usedcores))
+                .collect();
+            if !mine.is_empty() {
+                counts.push(u32::try_from(mine.len()).unwrap_or(u32::MAX));
+                payload.push(mine);
+            }
+        }
+        let constraints = PLACEMENT_CONSTRAINT_ANNOTATIONS
+            .iter()
+            .filter_map(|k| pod_annotations.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+            .collect::<BTreeMap<_, _>>()
+            .into_iter()
+            .collect();
+        AllocationSignature {
+            counts,
+            payload,
+            constraints,
+        }
+    }
+
+    /// Two pods pending on one node could be taken for each other by the device plugin:
+    /// σa[0] appears anywhere in σb, or σb[0] anywhere in σa. (A pod whose run stops after
+    /// container i−1 leaves the plugin expecting σ[i] when the next pod's first call arrives.)
+    /// A pod with no NVIDIA container makes no call and is confusable with nothing.
+    pub fn confusable_with(&self, other: &Self) -> bool {
+        match (self.counts.first(), other.counts.first()) {
+            (Some(a0), Some(b0)) => other.counts.contains(a0) || self.counts.contains(b0),
+            _ => false,
+        }
+    }
+
+    /// Serving one with the other's entry gives exactly the right limits: same counts, payload
+    /// and constraints.
+    pub fn interchangeable_with(&self, other: &Self) -> bool {
+        self == other
+    }
+}

@@ -1,0 +1,185 @@
+//! One filter decision over the cluster state: the part shared by the decision loop and
+//! `simulate`. Pure (the caller owns the state and does the I/O).
+
+use std::collections::BTreeMap;
+
+use hami_contract::identity::AllocationSignature;
+use hami_contract::{NvidiaConfig, PodDevices};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::fit::{self, Charge, NodeFit};
+use crate::podspec::{self, PolicyDefaults};
+use crate::state::{BindStage, ClusterState, Reservation, confusable_pending};
+
+/// Reason for a node skipped because a pending pod there could be confused with this one.
+pub const PENDING_CONFLICT: &str = "PendingAllocationConflict";
+
+/// Configuration every decision needs.
+#[derive(Debug, Clone, Default)]
+pub struct DecisionConfig {
+    pub nvidia: NvidiaConfig,
+    pub defaults: PolicyDefaults,
+}
+
+/// What filtering one pod concluded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// The pod asks for no managed resource: pass the candidates through untouched.
+    NotGpu,
+    /// The pod cannot be evaluated (bad annotation).
+    Invalid(String),
+    /// No candidate fits; reason per node.
+    NoFit {
+        failed: BTreeMap<String, String>,
+    },
+    Placed(Placement),
+}
+
+/// A chosen node and what the pod gets there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    pub node: String,
+    pub devices: PodDevices,
+    pub signature: AllocationSignature,
+    pub charge: Charge,
+    pub fitting: Vec<(String, f32)>,
+    pub failed: BTreeMap<String, String>,
+}
+
+fn annotations(pod: &Pod) -> BTreeMap<String, String> {
+    pod.metadata.annotations.clone().unwrap_or_default()
+}
+
+/// Filters `pod` over `candidates` (node names). The pod's own earlier decision (`uid`) does not
+/// count against it. Nothing is reserved: the caller decides whether to.
+pub fn filter_pod(
+    state: &mut ClusterState,
+    cfg: &DecisionConfig,
+    pod: &Pod,
+    uid: &str,
+    candidates: &[String],
+) -> Verdict {
+    let (ask, _warnings) = podspec::pod_ask(pod, &cfg.nvidia);
+    if ask.is_empty() {
+        return Verdict::NotGpu;
+    }
+    let annotations = annotations(pod);
+    let opts = match podspec::placement_options(&annotations, &cfg.defaults) {
+        Ok(o) => o,
+        Err(e) => return Verdict::Invalid(e),
+    };
+    state.prepare();
+    let state = &*state;
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let quota = state.quota_budget(namespace, Some(uid));
+    let mut failed = BTreeMap::new();
+    let mut fits: Vec<NodeFit> = Vec::new();
+    for name in candidates {
+        let Some(rec) = state.node(name) else {
+            failed.insert(name.clone(), "node unregistered".to_owned());
+            continue;
+        };
+        if let Some(why) = &rec.unregistered {
+            failed.insert(name.clone(), why.clone());
+            continue;
+        }
+        let Some(node) = state.node_state(name, Some(uid)) else {
+            failed.insert(name.clone(), "node unregistered".to_owned());
+            continue;
+        };
+        match fit::evaluate_node(&node, &ask, &opts, quota.as_ref()) {
+            Err(r) => {
+                failed.insert(name.clone(), r);
+            }
+            Ok(f) => {
+                let sig = AllocationSignature::new(&f.devices, &annotations);
+                let pending = state.pending_on(name, uid);
+                if let Some(other) = confusable_pending(&sig, &pending) {
+                    failed.insert(
+                        name.clone(),
+                        format!("{PENDING_CONFLICT}: pod {other} is still being allocated here and could be taken for this one"),
+                    );
+                } else {
+                    fits.push(f);
+                }
+            }
+        }
+    }
+    let fitting: Vec<(String, f32)> = fits.iter().map(|f| (f.node.clone(), f.score)).collect();
+    match fit::select_node(&fits, opts.node_policy) {
+        None => Verdict::NoFit { failed },
+        Some(chosen) => Verdict::Placed(Placement {
+            node: chosen.node.clone(),
+            signature: AllocationSignature::new(&chosen.devices, &annotations),
+            devices: chosen.devices.clone(),
+            charge: chosen.charge,
+            fitting,
+            failed,
+        }),
+    }
+}
+
+/// The reservation that records `placement` for `pod` in the overlay.
+pub fn reservation_for(pod: &Pod, uid: &str, placement: &Placement, tick: u64) -> Reservation {
+    let init_count = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .map_or(0, Vec::len);
+    let nvidia = placement.devices.of_vendor(hami_contract::NVIDIA_VENDOR);
+    Reservation {
+        uid: uid.to_owned(),
+        namespace: pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        node: placement.node.clone(),
+        usage: hami_contract::usage::collapse_pod_usage(&nvidia, init_count, false),
+        devices: placement.devices.clone(),
+        signature: placement.signature.clone(),
+        stage: BindStage::Decided,
+        created_tick: tick,
+    }
+}
+
+/// HAMi's per-reason summary for the `FilteringFailed` event:
+/// `<count> nodes <Reason>(<n1,n2>)` per reason, `; `-joined.
+pub fn failure_summary(failed: &BTreeMap<String, String>) -> String {
+    if failed.is_empty() {
+        return "no available node, 0 nodes do not meet".to_owned();
+    }
+    let mut by_reason: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for (node, reason) in failed {
+        for part in reason.split(", ") {
+            let key = part
+                .split_once(' ')
+                .filter(|(n, _)| n.contains('/'))
+                .map_or(part, |(_, r)| r);
+            let key = key.split(':').next().unwrap_or(key).to_owned();
+            by_reason.entry(key).or_default().push(node);
+        }
+    }
+    by_reason
+        .iter()
+        .map(|(r, nodes)| format!("{} nodes {r}({})", nodes.len(), nodes.join(",")))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// HAMi's `FilteringSucceed` message.
+pub fn success_summary(p: &Placement) -> String {
+    let fits = p
+        .fitting
+        .iter()
+        .map(|(n, s)| format!("{n}:{s:.2}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    format!(
+        "find fit node({}), {} nodes not fit, {} nodes fit({fits})",
+        p.node,
+        p.failed.len(),
+        p.fitting.len()
+    )
+}

@@ -1,0 +1,88 @@
+//! The daemon's side effects on the cluster, behind one small trait so the HTTP layer and the
+//! decision loop can be tested against an in-process fake.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// A failed API call. `retryable` is true for conflicts, timeouts and server errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct EdgeError {
+    pub message: String,
+    pub not_found: bool,
+}
+
+impl EdgeError {
+    pub fn new(message: impl Into<String>) -> Self {
+        EdgeError {
+            message: message.into(),
+            not_found: false,
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        EdgeError {
+            message: message.into(),
+            not_found: true,
+        }
+    }
+}
+
+/// Metadata to merge into a pod (JSON merge patch on `metadata.annotations` / `labels`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetadataPatch {
+    pub annotations: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Event severity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// A Kubernetes Event about a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodEvent {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub kind: EventType,
+    pub reason: String,
+    pub message: String,
+}
+
+/// What the extender does to the cluster.
+pub trait ClusterEdge: Send + Sync + 'static {
+    /// Reads the pod past any cache.
+    fn get_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Pod>, EdgeError>> + Send;
+
+    /// Merge-patches the pod's annotations and labels. `uid` guards against a recreated pod of
+    /// the same name.
+    fn patch_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        patch: MetadataPatch,
+    ) -> impl Future<Output = Result<(), EdgeError>> + Send;
+
+    /// POSTs `pods/<name>/binding`.
+    fn bind_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        node: &str,
+    ) -> impl Future<Output = Result<(), EdgeError>> + Send;
+
+    /// Records an Event (best effort).
+    fn event(&self, event: PodEvent) -> impl Future<Output = ()> + Send;
+}

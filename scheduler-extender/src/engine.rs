@@ -1,0 +1,563 @@
+//! The single decision loop: one task owns the cluster state and the reservation overlay; every
+//! filter decision, bind admission, release and informer update is a command on one channel.
+//!
+//! The loop never awaits an API call: it decides, records the reservation, and answers; the
+//! caller performs the API call and reports back (`FilterAbort`, `BindDone`). The next decision
+//! therefore sees the previous one immediately, before any informer does.
+
+use std::collections::{BTreeMap, HashMap};
+
+use hami_contract::annotations as ann;
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::decide::{self, DecisionConfig, Placement, Verdict};
+use crate::state::{BindStage, ClusterState, NodeRecord, QuotaKeys, Reservation, confusable_pending};
+
+/// Why the loop will not decide now. Always retryable by kube-scheduler.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("this tessera-scheduler replica is not the leader; retry")]
+    NotLeader,
+    #[error("tessera-scheduler is rebuilding its cluster state after a leadership change; retry")]
+    NotSynced,
+    #[error("{0}")]
+    Rejected(String),
+    #[error("decision loop stopped")]
+    Stopped,
+}
+
+/// A cluster object change from the informers.
+#[derive(Debug, Clone)]
+pub enum Observation {
+    NodeUpsert(Box<Node>),
+    NodeDelete(String),
+    PodUpsert(Box<Pod>),
+    PodDelete { uid: String },
+    QuotaUpsert(Box<ResourceQuota>),
+    QuotaDelete { namespace: String, name: String },
+}
+
+/// What the bind caller must do after the loop admitted the bind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindPlan {
+    /// False for pods with no GPU request (plain Binding, no annotations).
+    pub gpu: bool,
+}
+
+/// Per-GPU numbers for metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuMetrics {
+    pub node: String,
+    pub uuid: String,
+    pub index: u32,
+    pub device_type: String,
+    pub totalmem: u32,
+    pub totalcore: u32,
+    pub used: u32,
+    pub usedmem: u32,
+    pub usedcores: u32,
+}
+
+/// Per-quota numbers for metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaMetrics {
+    pub namespace: String,
+    pub name: String,
+    /// `(resource key, limit, used)`.
+    pub items: Vec<(String, u64, u64)>,
+}
+
+/// A consistent view of the state for `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricsSnapshot {
+    pub leader: bool,
+    pub gpus: Vec<GpuMetrics>,
+    pub quotas: Vec<QuotaMetrics>,
+    pub reservations: usize,
+}
+
+/// Commands to the loop.
+#[derive(Debug)]
+pub enum Command {
+    Filter {
+        pod: Box<Pod>,
+        node_names: Vec<String>,
+        reply: oneshot::Sender<Result<Verdict, Refusal>>,
+    },
+    /// Writing the filter decision to the pod failed: drop the reservation.
+    FilterAbort { uid: String },
+    /// `live` is the pod as just read from the API server.
+    BindBegin {
+        live: Box<Pod>,
+        node: String,
+        reply: oneshot::Sender<Result<BindPlan, Refusal>>,
+    },
+    BindDone { uid: String, ok: bool },
+    Observe(Observation),
+    /// Leadership gained (`Some(term)`) or lost (`None`).
+    Leadership(Option<u64>),
+    /// Full state from uncached Lists, for `term`.
+    Rebuild {
+        term: u64,
+        nodes: Vec<Node>,
+        pods: Vec<Pod>,
+        quotas: Vec<ResourceQuota>,
+    },
+    Sweep,
+    Metrics { reply: oneshot::Sender<MetricsSnapshot> },
+    /// For tests and the concurrency check: every GPU's booking.
+    Bookings { reply: oneshot::Sender<Vec<GpuMetrics>> },
+}
+
+/// A pod that failed filtering for lack of capacity, to be nudged when capacity frees.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Unschedulable {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// The loop's state.
+#[derive(Debug)]
+pub struct Engine {
+    state: ClusterState,
+    cfg: DecisionConfig,
+    keys: QuotaKeys,
+    term: Option<u64>,
+    synced: Option<u64>,
+    tick: u64,
+    /// Ticks a reservation of a pod the informer has never shown may live.
+    sweep_grace: u64,
+    unschedulable: BTreeMap<String, Unschedulable>,
+    requeue: Option<mpsc::UnboundedSender<Vec<Unschedulable>>>,
+}
+
+impl Engine {
+    pub fn new(cfg: DecisionConfig) -> Self {
+        let keys = QuotaKeys::new(&cfg.nvidia.resources, cfg.nvidia.effective_memory_factor());
+        Engine {
+            state: ClusterState::new(),
+            cfg,
+            keys,
+            term: None,
+            synced: None,
+            tick: 0,
+            sweep_grace: 3,
+            unschedulable: BTreeMap::new(),
+            requeue: None,
+        }
+    }
+
+    /// Where to send pods worth retrying when capacity frees.
+    pub fn with_requeue(mut self, tx: mpsc::UnboundedSender<Vec<Unschedulable>>) -> Self {
+        self.requeue = Some(tx);
+        self
+    }
+
+    /// A loop that is leader and synced from the start (single replica, tests, benchmarks).
+    pub fn standalone(cfg: DecisionConfig) -> Self {
+        let mut e = Engine::new(cfg);
+        e.term = Some(0);
+        e.synced = Some(0);
+        e
+    }
+
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    fn ready(&self) -> Result<(), Refusal> {
+        match self.term {
+            None => Err(Refusal::NotLeader),
+            Some(t) if self.synced == Some(t) => Ok(()),
+            Some(_) => Err(Refusal::NotSynced),
+        }
+    }
+
+    pub fn observe(&mut self, o: Observation) {
+        match o {
+            Observation::NodeUpsert(n) => {
+                if let Some(rec) = NodeRecord::from_node(&n, &self.cfg.nvidia.resources.count) {
+                    let grew = self
+                        .state
+                        .node(&rec.name)
+                        .is_none_or(|old| old.devices != rec.devices || old.cordoned != rec.cordoned);
+                    self.state.upsert_node(rec);
+                    if grew {
+                        self.capacity_freed();
+                    }
+                }
+            }
+            Observation::NodeDelete(name) => self.state.remove_node(&name),
+            Observation::PodUpsert(p) => {
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                let booked_before = self.state.pod(&uid).is_some_and(|r| r.books_capacity());
+                self.state.upsert_pod(&p);
+                let booked_after = self.state.pod(&uid).is_some_and(|r| r.books_capacity());
+                if booked_before && !booked_after {
+                    self.capacity_freed();
+                }
+                if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+                    self.unschedulable.remove(&uid);
+                }
+            }
+            Observation::PodDelete { uid } => {
+                let booked = self.state.pod(&uid).is_some_and(|r| r.books_capacity())
+                    || self.state.reservation(&uid).is_some();
+                self.state.remove_pod(&uid);
+                self.unschedulable.remove(&uid);
+                if booked {
+                    self.capacity_freed();
+                }
+            }
+            Observation::QuotaUpsert(q) => {
+                self.state.upsert_quota(&q, &self.keys);
+                self.capacity_freed();
+            }
+            Observation::QuotaDelete { namespace, name } => {
+                self.state.remove_quota(&namespace, &name);
+                self.capacity_freed();
+            }
+        }
+    }
+
+    fn capacity_freed(&mut self) {
+        if self.unschedulable.is_empty() || self.ready().is_err() {
+            return;
+        }
+        if let Some(tx) = &self.requeue {
+            let pods: Vec<Unschedulable> = self.unschedulable.values().cloned().collect();
+            self.unschedulable.clear();
+            let _ = tx.send(pods);
+        }
+    }
+
+    /// Filters and, on success, reserves. The caller writes the annotations, then reports
+    /// failure with [`Engine::filter_abort`].
+    pub fn filter(&mut self, pod: &Pod, node_names: &[String]) -> Result<Verdict, Refusal> {
+        self.ready()?;
+        self.tick += 1;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if uid.is_empty() {
+            return Err(Refusal::Rejected("pod has no metadata.uid".to_owned()));
+        }
+        // A new filter for the same pod replaces its earlier decision (HAMi: TakeAndDeletePod).
+        if self
+            .state
+            .reservation(&uid)
+            .is_some_and(|r| r.stage != BindStage::Decided)
+        {
+            return Err(Refusal::Rejected(format!(
+                "pod {} is being bound; retry",
+                crate::podspec::pod_key(pod)
+            )));
+        }
+        self.state.release(&uid);
+        let verdict = decide::filter_pod(&mut self.state, &self.cfg, pod, &uid, node_names);
+        match &verdict {
+            Verdict::Placed(p) => {
+                let r = decide::reservation_for(pod, &uid, p, self.tick);
+                self.state.reserve(r);
+                self.unschedulable.remove(&uid);
+            }
+            Verdict::NoFit { .. } => {
+                self.unschedulable.insert(
+                    uid.clone(),
+                    Unschedulable {
+                        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                        name: pod.metadata.name.clone().unwrap_or_default(),
+                        uid,
+                    },
+                );
+            }
+            Verdict::NotGpu | Verdict::Invalid(_) => {}
+        }
+        Ok(verdict)
+    }
+
+    pub fn filter_abort(&mut self, uid: &str) {
+        if self.state.release(uid) {
+            self.capacity_freed();
+        }
+    }
+
+    /// Admits a bind: the pod must carry a decision for `node`, and no pod pending on the node
+    /// may be confusable with it.
+    pub fn bind_begin(&mut self, live: &Pod, node: &str) -> Result<BindPlan, Refusal> {
+        self.ready()?;
+        self.tick += 1;
+        let uid = live.metadata.uid.clone().unwrap_or_default();
+        let (ask, _) = crate::podspec::pod_ask(live, &self.cfg.nvidia);
+        if ask.is_empty() {
+            return Ok(BindPlan { gpu: false });
+        }
+        // Read past the cache: the live object may show our decision before the informer does.
+        self.state.upsert_pod(live);
+        let decided = match self.state.reservation(&uid) {
+            Some(r) => Some((r.node.clone(), r.clone())),
+            None => self.state.pod(&uid).and_then(|p| {
+                let n = p.node.clone()?;
+                Some((
+                    n.clone(),
+                    Reservation {
+                        uid: uid.clone(),
+                        namespace: p.namespace.clone(),
+                        name: p.name.clone(),
+                        node: n,
+                        devices: p.devices.clone(),
+                        usage: p.usage.clone(),
+                        signature: p.signature.clone(),
+                        stage: BindStage::Decided,
+                        created_tick: self.tick,
+                    },
+                ))
+            }),
+        };
+        let Some((decided_node, mut reservation)) = decided else {
+            return Err(Refusal::Rejected(format!(
+                "pod {} has no GPU decision; it must pass the extender's filter first",
+                crate::podspec::pod_key(live)
+            )));
+        };
+        if decided_node != node {
+            return Err(Refusal::Rejected(format!(
+                "pod {} was filtered to node {decided_node}, not {node}; retry scheduling",
+                crate::podspec::pod_key(live)
+            )));
+        }
+        let pending = self.state.pending_on(node, &uid);
+        if let Some(other) = confusable_pending(&reservation.signature, &pending) {
+            return Err(Refusal::Rejected(format!(
+                "pod {other} is still being allocated on node {node} and the device plugin could take it for {}; retry when it has started",
+                crate::podspec::pod_key(live)
+            )));
+        }
+        reservation.stage = BindStage::Binding;
+        self.state.reserve(reservation);
+        Ok(BindPlan { gpu: true })
+    }
+
+    pub fn bind_done(&mut self, uid: &str, ok: bool) {
+        if ok {
+            self.state.set_stage(uid, BindStage::Bound);
+        } else if self.state.release(uid) {
+            self.capacity_freed();
+        }
+    }
+
+    pub fn set_leadership(&mut self, term: Option<u64>) {
+        if term != self.term {
+            self.term = term;
+            self.synced = None;
+            self.state.clear();
+            self.unschedulable.clear();
+        }
+    }
+
+    pub fn rebuild(&mut self, term: u64, nodes: &[Node], pods: &[Pod], quotas: &[ResourceQuota]) {
+        if self.term != Some(term) {
+            // A rebuild from an older term: discard (fencing by term).
+            return;
+        }
+        self.state.clear();
+        for n in nodes {
+            if let Some(rec) = NodeRecord::from_node(n, &self.cfg.nvidia.resources.count) {
+                self.state.upsert_node(rec);
+            }
+        }
+        for p in pods {
+            self.state.upsert_pod(p);
+        }
+        for q in quotas {
+            self.state.upsert_quota(q, &self.keys);
+        }
+        self.synced = Some(term);
+    }
+
+    pub fn sweep(&mut self) -> Vec<String> {
+        self.tick += 1;
+        let released = self.state.sweep(self.tick, self.sweep_grace);
+        if !released.is_empty() {
+            self.capacity_freed();
+        }
+        released
+    }
+
+    pub fn bookings(&mut self) -> Vec<GpuMetrics> {
+        self.state.prepare();
+        let mut out = Vec::new();
+        let names: Vec<String> = self.state.nodes().map(|n| n.name.clone()).collect();
+        for name in names {
+            if let Some(ns) = self.state.node_state(&name, None) {
+                for g in &ns.gpus {
+                    out.push(GpuMetrics {
+                        node: name.clone(),
+                        uuid: g.uuid.clone(),
+                        index: g.index,
+                        device_type: g.device_type.clone(),
+                        totalmem: g.totalmem,
+                        totalcore: g.totalcore,
+                        used: g.used,
+                        usedmem: g.usedmem,
+                        usedcores: g.usedcores,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    pub fn metrics(&mut self) -> MetricsSnapshot {
+        let leader = self.ready().is_ok();
+        if !leader {
+            return MetricsSnapshot::default();
+        }
+        let gpus = self.bookings();
+        let mut quotas = Vec::new();
+        let mut usage_by_ns: HashMap<String, crate::fit::Charge> = HashMap::new();
+        let records: Vec<_> = self.state.quotas().cloned().collect();
+        for q in records {
+            let used = *usage_by_ns
+                .entry(q.namespace.clone())
+                .or_insert_with(|| self.state.namespace_usage(&q.namespace, None));
+            let mut items = Vec::new();
+            if let Some(l) = q.mem_limit {
+                items.push((self.keys.memory.clone(), l, used.mem));
+            }
+            if let Some(l) = q.cores_limit {
+                items.push((self.keys.cores.clone(), l, used.cores));
+            }
+            if let Some(l) = q.count_limit {
+                items.push((format!("limits.{}", self.cfg.nvidia.resources.count), l, used.count));
+            }
+            quotas.push(QuotaMetrics {
+                namespace: q.namespace.clone(),
+                name: q.name.clone(),
+                items,
+            });
+        }
+        MetricsSnapshot {
+            leader,
+            gpus,
+            quotas,
+            reservations: self.state.reservations().count(),
+        }
+    }
+
+    /// Handles one command.
+    pub fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Filter {
+                pod,
+                node_names,
+                reply,
+            } => {
+                let r = self.filter(&pod, &node_names);
+                let _ = reply.send(r);
+            }
+            Command::FilterAbort { uid } => self.filter_abort(&uid),
+            Command::BindBegin { live, node, reply } => {
+                let r = self.bind_begin(&live, &node);
+                let _ = reply.send(r);
+            }
+            Command::BindDone { uid, ok } => self.bind_done(&uid, ok),
+            Command::Observe(o) => self.observe(o),
+            Command::Leadership(t) => self.set_leadership(t),
+            Command::Rebuild {
+                term,
+                nodes,
+                pods,
+                quotas,
+            } => self.rebuild(term, &nodes, &pods, &quotas),
+            Command::Sweep => {
+                let released = self.sweep();
+                if !released.is_empty() {
+                    tracing::info!(count = released.len(), "released reservations of pods that no longer exist");
+                }
+            }
+            Command::Metrics { reply } => {
+                let _ = reply.send(self.metrics());
+            }
+            Command::Bookings { reply } => {
+                let _ = reply.send(self.bookings());
+            }
+        }
+    }
+
+    /// Runs until every sender is dropped.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        while let Some(cmd) = rx.recv().await {
+            self.handle(cmd);
+        }
+    }
+}
+
+/// The handle the servers use to talk to the loop.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Command>,
+}
+
+impl EngineHandle {
+    /// Starts the loop on the current runtime.
+    pub fn spawn(engine: Engine) -> Self {
+        let (tx, rx) = mpsc::channel(1024);
+        tokio::spawn(engine.run(rx));
+        EngineHandle { tx }
+    }
+
+    pub async fn send(&self, cmd: Command) {
+        let _ = self.tx.send(cmd).await;
+    }
+
+    pub async fn filter(&self, pod: Pod, node_names: Vec<String>) -> Result<Verdict, Refusal> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Filter {
+            pod: Box::new(pod),
+            node_names,
+            reply,
+        })
+        .await;
+        rx.await.unwrap_or(Err(Refusal::Stopped))
+    }
+
+    pub async fn bind_begin(&self, live: Pod, node: String) -> Result<BindPlan, Refusal> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::BindBegin {
+            live: Box::new(live),
+            node,
+            reply,
+        })
+        .await;
+        rx.await.unwrap_or(Err(Refusal::Stopped))
+    }
+
+    pub async fn metrics(&self) -> MetricsSnapshot {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Metrics { reply }).await;
+        rx.await.unwrap_or_default()
+    }
+
+    pub async fn bookings(&self) -> Vec<GpuMetrics> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Bookings { reply }).await;
+        rx.await.unwrap_or_default()
+    }
+}
+
+/// The annotations and label Filter writes for a placement (contract §3.1).
+pub fn filter_patch(p: &Placement, unix_now: u64) -> crate::edge::MetadataPatch {
+    let devices = p.devices.encode();
+    let mut patch = crate::edge::MetadataPatch::default();
+    patch.annotations.insert(ann::VGPU_NODE.to_owned(), p.node.clone());
+    patch
+        .annotations
+        .insert(ann::VGPU_TIME.to_owned(), unix_now.to_string());
+    patch
+        .annotations
+        .insert(ann::DEVICES_TO_ALLOCATE.to_owned(), devices.clone());
+    patch.annotations.insert(ann::DEVICES_ALLOCATED.to_owned(), devices);
+    patch.labels.insert(ann::VGPU_NODE.to_owned(), p.node.clone());
+    patch
+}

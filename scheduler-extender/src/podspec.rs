@@ -1,0 +1,137 @@
+//! From a Kubernetes Pod to the fit module's inputs, through `hami-contract`'s request resolution
+//! and annotation parsing (the codecs live there, not here).
+
+use std::collections::BTreeMap;
+
+use hami_contract::NvidiaConfig;
+use hami_contract::policy::{NodePolicy, PodSchedulingOptions};
+use hami_contract::request::{ContainerResources, resolve_pod};
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::fit::{GpuPolicyKey, NodePolicyKey, PlacementOptions, PodAsk, Weights};
+
+/// Daemon-wide defaults (`--gpu-scheduler-policy`, `--node-scheduler-policy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyDefaults {
+    pub gpu: Vec<GpuPolicyKey>,
+    pub node: NodePolicyKey,
+}
+
+impl Default for PolicyDefaults {
+    /// HAMi's chart defaults: GPU `spread`, node `binpack`.
+    fn default() -> Self {
+        PolicyDefaults {
+            gpu: vec![GpuPolicyKey::Spread],
+            node: NodePolicyKey::Binpack,
+        }
+    }
+}
+
+impl PolicyDefaults {
+    /// Parses the two flag values with the same codec as the pod annotations.
+    pub fn parse(gpu: &str, node: &str) -> Result<Self, String> {
+        let mut annotations = BTreeMap::new();
+        annotations.insert(
+            hami_contract::annotations::GPU_SCHEDULER_POLICY.to_owned(),
+            gpu.to_owned(),
+        );
+        annotations.insert(
+            hami_contract::annotations::NODE_SCHEDULER_POLICY.to_owned(),
+            node.to_owned(),
+        );
+        let o = PodSchedulingOptions::from_annotations(&annotations).map_err(|e| e.to_string())?;
+        Ok(PolicyDefaults {
+            gpu: o
+                .gpu_policy
+                .map(|c| c.0.iter().map(GpuPolicyKey::from).collect())
+                .unwrap_or_else(|| vec![GpuPolicyKey::Spread]),
+            node: node_key(o.node_policy),
+        })
+    }
+}
+
+fn node_key(p: Option<NodePolicy>) -> NodePolicyKey {
+    match p {
+        Some(NodePolicy::Spread) => NodePolicyKey::Spread,
+        _ => NodePolicyKey::Binpack,
+    }
+}
+
+/// The API's view of one container, as `hami-contract` wants it.
+pub fn container_resources(c: &Container) -> ContainerResources {
+    let quantities = |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+        m.map(|m| m.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+            .unwrap_or_default()
+    };
+    let resources = c.resources.as_ref();
+    ContainerResources {
+        name: c.name.clone(),
+        limits: quantities(resources.and_then(|r| r.limits.as_ref())),
+        requests: quantities(resources.and_then(|r| r.requests.as_ref())),
+        env: c
+            .env
+            .iter()
+            .flatten()
+            .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
+            .collect(),
+    }
+}
+
+/// The pod's per-container GPU requests (init containers first) and any resolution warnings.
+pub fn pod_ask(pod: &Pod, cfg: &NvidiaConfig) -> (PodAsk, Vec<String>) {
+    let spec = pod.spec.as_ref();
+    let init: Vec<ContainerResources> = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .map(|v| v.iter().map(container_resources).collect())
+        .unwrap_or_default();
+    let app: Vec<ContainerResources> = spec
+        .map(|s| s.containers.iter().map(container_resources).collect())
+        .unwrap_or_default();
+    let resolved = resolve_pod(&init, &app, cfg);
+    let conv = |v: &[Option<hami_contract::ContainerDeviceRequest>]| {
+        v.iter()
+            .map(|r| r.clone().filter(|r| r.nums > 0))
+            .collect()
+    };
+    let ask = PodAsk {
+        init: conv(&resolved.init),
+        app: conv(&resolved.app),
+    };
+    let warnings = resolved.warnings.iter().map(|w| w.to_string()).collect();
+    (ask, warnings)
+}
+
+/// Placement options from the pod's annotations over the daemon defaults. An invalid
+/// annotation (e.g. malformed `hami.io/device-scoring-weights`) is an error, as in HAMi.
+pub fn placement_options(
+    annotations: &BTreeMap<String, String>,
+    defaults: &PolicyDefaults,
+) -> Result<PlacementOptions, String> {
+    let o = PodSchedulingOptions::from_annotations(annotations).map_err(|e| e.to_string())?;
+    let gpu_policy = o
+        .gpu_policy
+        .as_ref()
+        .map(|c| c.0.iter().map(GpuPolicyKey::from).collect())
+        .unwrap_or_else(|| defaults.gpu.clone());
+    let node_policy = o.node_policy.map_or(defaults.node, |p| node_key(Some(p)));
+    let weights = Weights {
+        slot: o.scoring_weights.slot,
+        core: o.scoring_weights.core,
+        memory: o.scoring_weights.memory,
+    };
+    Ok(PlacementOptions {
+        selectors: o,
+        gpu_policy,
+        node_policy,
+        weights,
+    })
+}
+
+/// `namespace/name` of a pod, for messages and simulate output.
+pub fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}

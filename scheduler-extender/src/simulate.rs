@@ -1,0 +1,207 @@
+//! `tessera-scheduler simulate`: the decision code run offline over a file of objects.
+
+use std::collections::BTreeMap;
+
+use hami_contract::annotations as ann;
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use serde::Deserialize;
+
+use crate::decide::{self, DecisionConfig, Verdict};
+use crate::podspec::pod_key;
+use crate::state::{ClusterState, NodeRecord, QuotaKeys};
+
+/// Why a simulate input could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SimulateError {
+    #[error("document {doc}: not valid YAML: {source}")]
+    Yaml {
+        doc: usize,
+        source: serde_yaml::Error,
+    },
+    #[error("document {doc}: {kind} {name:?}: {problem}")]
+    Object {
+        doc: usize,
+        kind: String,
+        name: String,
+        problem: String,
+    },
+}
+
+/// The objects of an input file, in file order.
+#[derive(Debug, Default)]
+pub struct Input {
+    pub nodes: Vec<Node>,
+    /// Pods already placed (`spec.nodeName` or `hami.io/vgpu-node`, with
+    /// `hami.io/vgpu-devices-allocated`).
+    pub running: Vec<Pod>,
+    /// Pods to place, in file order.
+    pub pending: Vec<Pod>,
+    pub quotas: Vec<ResourceQuota>,
+    /// Kinds that were skipped (reported on stderr by the CLI).
+    pub ignored: Vec<String>,
+}
+
+fn object_name(v: &serde_json::Value) -> String {
+    let m = &v["metadata"];
+    match (m["namespace"].as_str(), m["name"].as_str()) {
+        (Some(ns), Some(n)) => format!("{ns}/{n}"),
+        (None, Some(n)) => n.to_owned(),
+        _ => String::new(),
+    }
+}
+
+fn is_placed(pod: &Pod) -> bool {
+    let annotations = pod.metadata.annotations.as_ref();
+    let has = |k: &str| annotations.is_some_and(|a| a.contains_key(k));
+    let bound = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty());
+    bound || (has(ann::VGPU_NODE) && has(ann::DEVICES_ALLOCATED))
+}
+
+impl Input {
+    /// Reads multi-document YAML (or JSON); a `List` (`v1 List`, `NodeList`, …) is unpacked.
+    pub fn parse(text: &str) -> Result<Self, SimulateError> {
+        let mut input = Input::default();
+        for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+            let doc_no = i + 1;
+            let value = serde_yaml::Value::deserialize(doc)
+                .map_err(|source| SimulateError::Yaml { doc: doc_no, source })?;
+            if value.is_null() {
+                continue;
+            }
+            let json = serde_json::to_value(&value).map_err(|e| SimulateError::Object {
+                doc: doc_no,
+                kind: String::new(),
+                name: String::new(),
+                problem: e.to_string(),
+            })?;
+            input.add(doc_no, json)?;
+        }
+        Ok(input)
+    }
+
+    fn add(&mut self, doc: usize, v: serde_json::Value) -> Result<(), SimulateError> {
+        let kind = v["kind"].as_str().unwrap_or("").to_owned();
+        let err = |problem: String| SimulateError::Object {
+            doc,
+            kind: kind.clone(),
+            name: object_name(&v),
+            problem,
+        };
+        match kind.as_str() {
+            k if k == "List" || k.ends_with("List") => {
+                let items = v["items"].as_array().cloned().unwrap_or_default();
+                for item in items {
+                    self.add(doc, item)?;
+                }
+            }
+            "Node" => self.nodes.push(
+                serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?,
+            ),
+            "Pod" => {
+                let pod: Pod = serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?;
+                if pod.metadata.name.is_none() {
+                    return Err(err("metadata.name is required".to_owned()));
+                }
+                if is_placed(&pod) {
+                    self.running.push(pod);
+                } else {
+                    self.pending.push(pod);
+                }
+            }
+            "ResourceQuota" => self.quotas.push(
+                serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?,
+            ),
+            "" => return Err(err("object has no kind".to_owned())),
+            other => self.ignored.push(format!("{other} {}", object_name(&v))),
+        }
+        Ok(())
+    }
+}
+
+/// One line of simulate output.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PodResult {
+    pub pod: String,
+    pub node: Option<String>,
+    /// HAMi's container device list for the chosen node; empty when not placed.
+    pub devices: String,
+    /// Why each node that was not chosen did not fit.
+    pub reasons: BTreeMap<String, String>,
+    /// Set when the pod could not be evaluated at all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+fn uid_of(pod: &Pod) -> String {
+    pod.metadata
+        .uid
+        .clone()
+        .unwrap_or_else(|| format!("simulate:{}", pod_key(pod)))
+}
+
+fn with_uid(pod: &Pod) -> Pod {
+    let mut p = pod.clone();
+    p.metadata.uid = Some(uid_of(pod));
+    if p.metadata.namespace.is_none() {
+        p.metadata.namespace = Some("default".to_owned());
+    }
+    p
+}
+
+/// Places every pending pod in file order; each placement books capacity for the next.
+pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
+    let mut state = ClusterState::new();
+    let keys = QuotaKeys::new(&cfg.nvidia.resources, cfg.nvidia.effective_memory_factor());
+    let mut names = Vec::new();
+    for n in &input.nodes {
+        if let Some(rec) = NodeRecord::from_node(n, &cfg.nvidia.resources.count) {
+            names.push(rec.name.clone());
+            state.upsert_node(rec);
+        }
+    }
+    for p in &input.running {
+        state.upsert_pod(&with_uid(p));
+    }
+    for q in &input.quotas {
+        let mut q = q.clone();
+        if q.metadata.namespace.is_none() {
+            q.metadata.namespace = Some("default".to_owned());
+        }
+        state.upsert_quota(&q, &keys);
+    }
+    let mut out = Vec::new();
+    for (tick, pod) in input.pending.iter().enumerate() {
+        let pod = with_uid(pod);
+        let uid = uid_of(&pod);
+        state.upsert_pod(&pod);
+        let mut result = PodResult {
+            pod: pod_key(&pod),
+            node: None,
+            devices: String::new(),
+            reasons: BTreeMap::new(),
+            error: None,
+        };
+        match decide::filter_pod(&mut state, cfg, &pod, &uid, &names) {
+            Verdict::NotGpu => {
+                result.error = Some(
+                    "the pod requests no GPU resource managed by Tessera; kube-scheduler places it without the extender".to_owned(),
+                );
+            }
+            Verdict::Invalid(e) => result.error = Some(e),
+            Verdict::NoFit { failed } => result.reasons = failed,
+            Verdict::Placed(p) => {
+                let r = decide::reservation_for(&pod, &uid, &p, tick as u64);
+                state.reserve(r);
+                result.node = Some(p.node.clone());
+                result.devices = p.devices.encode();
+                result.reasons = p.failed;
+            }
+        }
+        out.push(result);
+    }
+    out
+}

@@ -1,0 +1,640 @@
+//! The extender's view of the cluster: nodes, GPU pods and quotas decoded from Kubernetes objects,
+//! plus the in-memory reservation overlay the decision loop writes.
+//!
+//! Pure data and functions, no I/O: the decision loop feeds it from reflectors, `simulate` from a
+//! file, the tests and benchmarks directly.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use hami_contract::annotations as ann;
+use hami_contract::identity::AllocationSignature;
+use hami_contract::usage::{DeviceUsage, collapse_pod_usage};
+use hami_contract::{NodeDevice, PodDevices};
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+
+use crate::fit::{Charge, GpuState, NodeState, QuotaBudget, TopologyScores};
+
+/// A node as registered by the device plugin.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRecord {
+    pub name: String,
+    pub devices: Vec<NodeDevice>,
+    pub cordoned: HashSet<String>,
+    pub topology: Option<TopologyScores>,
+    /// Why the node cannot take GPU pods (no or bad register annotation, no allocatable GPUs).
+    pub unregistered: Option<String>,
+}
+
+/// Decodes `hami.io/node-nvidia-score` (§2.2). Not in `hami-contract` yet (see the report), so
+/// decoded here; a bad value only disables topology scoring for the node.
+pub fn decode_topology(value: &str) -> Option<TopologyScores> {
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        uuid: String,
+        #[serde(default)]
+        score: HashMap<String, i64>,
+    }
+    let entries: Vec<Entry> = serde_json::from_str(value).ok()?;
+    Some(entries.into_iter().map(|e| (e.uuid, e.score)).collect())
+}
+
+impl NodeRecord {
+    pub fn from_node(node: &Node, count_resource: &str) -> Option<Self> {
+        let name = node.metadata.name.clone()?;
+        let annotations = node.metadata.annotations.clone().unwrap_or_default();
+        let cordoned: HashSet<String> = annotations
+            .get(ann::DEVICE_CORDON)
+            .map(|v| hami_contract::policy::parse_device_cordon(v).into_iter().collect())
+            .unwrap_or_default();
+        let topology = annotations
+            .get(ann::NODE_SCORE)
+            .and_then(|v| decode_topology(v));
+        let (devices, mut unregistered) = match annotations.get(ann::NODE_REGISTER) {
+            None => (Vec::new(), Some("node unregistered".to_owned())),
+            Some(v) => match hami_contract::node::decode_node_devices(v) {
+                Ok(d) => (d, None),
+                Err(e) => (Vec::new(), Some(format!("node unregistered: {e}"))),
+            },
+        };
+        // HAMi drops a node whose kubelet reports no allocatable GPUs (handshake, §2.3).
+        let allocatable_zero = node
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .and_then(|a| a.get(count_resource))
+            .is_some_and(|q| q.0.trim() == "0");
+        if unregistered.is_none() && allocatable_zero {
+            unregistered = Some(format!(
+                "node unregistered: allocatable {count_resource} is 0"
+            ));
+        }
+        Some(NodeRecord {
+            name,
+            devices,
+            cordoned,
+            topology,
+            unregistered,
+        })
+    }
+
+    fn base_state(&self) -> NodeState {
+        NodeState {
+            name: self.name.clone(),
+            gpus: self.devices.iter().map(GpuState::from_registered).collect(),
+            cordoned: self.cordoned.clone(),
+            topology: self.topology.clone(),
+        }
+    }
+}
+
+/// A pod carrying (or about to carry) an extender decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodRecord {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// `hami.io/vgpu-node` (HAMi's accounting key), else `spec.nodeName`.
+    pub node: Option<String>,
+    /// `spec.nodeName`.
+    pub bound_node: Option<String>,
+    pub devices: PodDevices,
+    pub usage: Vec<DeviceUsage>,
+    pub bind_phase: Option<String>,
+    pub terminal: bool,
+    pub deleting: bool,
+    pub signature: AllocationSignature,
+    /// Problem decoding the allocation (the pod then books nothing).
+    pub decode_error: Option<String>,
+}
+
+fn all_init_done(pod: &Pod) -> bool {
+    let spec_init = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .map_or(0, Vec::len);
+    if spec_init == 0 {
+        return false;
+    }
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref());
+    match statuses {
+        None => false,
+        Some(st) => {
+            st.len() == spec_init
+                && st.iter().all(|c| {
+                    c.state
+                        .as_ref()
+                        .and_then(|s| s.terminated.as_ref())
+                        .is_some_and(|t| t.exit_code == 0)
+                })
+        }
+    }
+}
+
+impl PodRecord {
+    /// Reads a pod; `None` when it has no UID or carries no extender decision.
+    pub fn from_pod(pod: &Pod) -> Option<Self> {
+        let uid = pod.metadata.uid.clone()?;
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        let allocated = annotations.get(ann::DEVICES_ALLOCATED)?;
+        let bound_node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty());
+        let node = annotations
+            .get(ann::VGPU_NODE)
+            .cloned()
+            .filter(|n| !n.is_empty())
+            .or_else(|| bound_node.clone());
+        let init_count = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.as_ref())
+            .map_or(0, Vec::len);
+        let (devices, decode_error) = match PodDevices::decode(allocated) {
+            Ok(d) => (d, None),
+            Err(e) => (PodDevices::default(), Some(e.to_string())),
+        };
+        let nvidia = devices.of_vendor(hami_contract::NVIDIA_VENDOR);
+        let usage = collapse_pod_usage(&nvidia, init_count, all_init_done(pod));
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let terminal = matches!(phase, Some("Succeeded") | Some("Failed"));
+        let signature = AllocationSignature::new(&devices, &annotations);
+        Some(PodRecord {
+            uid,
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            node,
+            bound_node,
+            devices,
+            usage,
+            bind_phase: annotations.get(ann::BIND_PHASE).cloned(),
+            terminal,
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+            signature,
+            decode_error,
+        })
+    }
+
+    /// Whether the pod books GPU capacity (§5.1), with one Tessera deviation: a pod that was
+    /// never bound and whose bind failed books nothing (HAMi keeps it until rescheduled).
+    pub fn books_capacity(&self) -> bool {
+        !self.terminal
+            && self.node.is_some()
+            && !(self.bound_node.is_none()
+                && self.bind_phase.as_deref() == Some(ann::BIND_PHASE_FAILED))
+    }
+
+    /// Pending on its node: bind started, the device plugin has not answered yet, the pod lives.
+    pub fn is_pending_allocation(&self) -> bool {
+        self.bind_phase.as_deref() == Some(ann::BIND_PHASE_ALLOCATING)
+            && !self.terminal
+            && !self.deleting
+    }
+}
+
+/// Charge of a collapsed usage against a namespace budget.
+pub fn usage_charge(usage: &[DeviceUsage]) -> Charge {
+    usage.iter().fold(Charge::default(), |c, u| Charge {
+        mem: c.mem + u64::from(u.mem),
+        cores: c.cores + u64::from(u.cores),
+        count: c.count + u64::from(u.slots.max(1)),
+    })
+}
+
+/// GPU limits of one ResourceQuota object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaRecord {
+    pub namespace: String,
+    pub name: String,
+    /// MiB, already × `memoryFactor`.
+    pub mem_limit: Option<u64>,
+    pub cores_limit: Option<u64>,
+    pub count_limit: Option<u64>,
+}
+
+/// The resource names and factor the quota keys depend on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaKeys {
+    pub memory: String,
+    pub cores: String,
+    pub count: Vec<String>,
+    pub memory_factor: u32,
+}
+
+impl QuotaKeys {
+    pub fn new(names: &hami_contract::ResourceNames, memory_factor: u32) -> Self {
+        let (memory, cores) = names.quota_keys();
+        QuotaKeys {
+            memory,
+            cores,
+            count: vec![
+                format!("limits.{}", names.count),
+                format!("requests.{}", names.count),
+                names.count.clone(),
+            ],
+            memory_factor: memory_factor.max(1),
+        }
+    }
+}
+
+fn quantity_value(text: &str) -> Option<u64> {
+    let q = hami_contract::quantity::parse(text).ok()?;
+    u64::try_from(q.ceil().max(0)).ok()
+}
+
+impl QuotaRecord {
+    /// `None` when the object names no GPU key.
+    pub fn from_quota(q: &ResourceQuota, keys: &QuotaKeys) -> Option<Self> {
+        let hard = q.spec.as_ref()?.hard.as_ref()?;
+        let get = |k: &str| hard.get(k).and_then(|v| quantity_value(&v.0));
+        let mem_limit = get(&keys.memory).map(|m| m.saturating_mul(u64::from(keys.memory_factor)));
+        let cores_limit = get(&keys.cores);
+        let count_limit = keys.count.iter().filter_map(|k| get(k)).min();
+        if mem_limit.is_none() && cores_limit.is_none() && count_limit.is_none() {
+            return None;
+        }
+        Some(QuotaRecord {
+            namespace: q.metadata.namespace.clone().unwrap_or_default(),
+            name: q.metadata.name.clone().unwrap_or_default(),
+            mem_limit,
+            cores_limit,
+            count_limit,
+        })
+    }
+}
+
+/// How far a reservation's pod has got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindStage {
+    /// Filter chose the node; no bind yet.
+    Decided,
+    /// The loop admitted the bind; the Binding call is in flight.
+    Binding,
+    /// The Binding call succeeded; pending until the informer shows the bind phase.
+    Bound,
+}
+
+/// A decision the loop made that the informer may not show yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reservation {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub node: String,
+    pub devices: PodDevices,
+    pub usage: Vec<DeviceUsage>,
+    pub signature: AllocationSignature,
+    pub stage: BindStage,
+    /// Loop tick at creation, for the sweep.
+    pub created_tick: u64,
+}
+
+/// Nodes, GPU pods, quotas and the reservation overlay.
+#[derive(Debug, Default)]
+pub struct ClusterState {
+    nodes: BTreeMap<String, NodeRecord>,
+    pods: HashMap<String, PodRecord>,
+    /// UIDs of every pod known to exist (GPU or not), for the reservation sweep.
+    live: HashSet<String>,
+    by_node: HashMap<String, BTreeSet<String>>,
+    quotas: BTreeMap<(String, String), QuotaRecord>,
+    reservations: HashMap<String, Reservation>,
+    /// Node states with all effective usage applied, rebuilt lazily.
+    cache: HashMap<String, NodeState>,
+    dirty: HashSet<String>,
+}
+
+impl ClusterState {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeRecord> {
+        self.nodes.values()
+    }
+
+    pub fn node(&self, name: &str) -> Option<&NodeRecord> {
+        self.nodes.get(name)
+    }
+
+    pub fn pod(&self, uid: &str) -> Option<&PodRecord> {
+        self.pods.get(uid)
+    }
+
+    pub fn reservation(&self, uid: &str) -> Option<&Reservation> {
+        self.reservations.get(uid)
+    }
+
+    pub fn reservations(&self) -> impl Iterator<Item = &Reservation> {
+        self.reservations.values()
+    }
+
+    pub fn quotas(&self) -> impl Iterator<Item = &QuotaRecord> {
+        self.quotas.values()
+    }
+
+    pub fn is_live(&self, uid: &str) -> bool {
+        self.live.contains(uid)
+    }
+
+    fn touch(&mut self, node: Option<&str>) {
+        if let Some(n) = node {
+            self.dirty.insert(n.to_owned());
+        }
+    }
+
+    pub fn upsert_node(&mut self, rec: NodeRecord) {
+        self.touch(Some(&rec.name.clone()));
+        self.nodes.insert(rec.name.clone(), rec);
+    }
+
+    pub fn remove_node(&mut self, name: &str) {
+        self.nodes.remove(name);
+        self.cache.remove(name);
+        self.dirty.remove(name);
+    }
+
+    /// Records a pod seen by the informer (any pod: non-GPU pods only mark liveness).
+    pub fn upsert_pod(&mut self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        self.live.insert(uid.clone());
+        self.drop_pod_record(&uid);
+        if let Some(rec) = PodRecord::from_pod(pod) {
+            // The informer caught up with our decision: the overlay is no longer needed. A
+            // reservation in bind stays until the bind has returned and its phase is visible,
+            // so the pending-allocation gate never loses sight of it.
+            if let Some(r) = self.reservations.get(&uid)
+                && rec.node.as_deref() == Some(r.node.as_str())
+                && rec.devices == r.devices
+                && match r.stage {
+                    BindStage::Decided => true,
+                    BindStage::Binding => false,
+                    BindStage::Bound => rec.bind_phase.is_some(),
+                }
+            {
+                let node = r.node.clone();
+                self.reservations.remove(&uid);
+                self.touch(Some(&node));
+            }
+            if let Some(n) = rec.node.clone() {
+                self.by_node.entry(n.clone()).or_default().insert(uid.clone());
+                self.touch(Some(&n));
+            }
+            self.pods.insert(uid, rec);
+        }
+    }
+
+    fn drop_pod_record(&mut self, uid: &str) {
+        if let Some(old) = self.pods.remove(uid)
+            && let Some(n) = old.node
+        {
+            if let Some(set) = self.by_node.get_mut(&n) {
+                set.remove(uid);
+            }
+            self.touch(Some(&n));
+        }
+    }
+
+    /// The pod is gone: forget it and release any reservation it held.
+    pub fn remove_pod(&mut self, uid: &str) {
+        self.live.remove(uid);
+        self.drop_pod_record(uid);
+        self.release(uid);
+    }
+
+    pub fn upsert_quota(&mut self, q: &ResourceQuota, keys: &QuotaKeys) {
+        let key = (
+            q.metadata.namespace.clone().unwrap_or_default(),
+            q.metadata.name.clone().unwrap_or_default(),
+        );
+        match QuotaRecord::from_quota(q, keys) {
+            Some(r) => {
+                self.quotas.insert(key, r);
+            }
+            None => {
+                self.quotas.remove(&key);
+            }
+        }
+    }
+
+    pub fn remove_quota(&mut self, namespace: &str, name: &str) {
+        self.quotas.remove(&(namespace.to_owned(), name.to_owned()));
+    }
+
+    /// Adds (or replaces) a reservation; it supersedes the informer's view of that pod.
+    pub fn reserve(&mut self, r: Reservation) {
+        self.release(&r.uid);
+        self.touch(Some(&r.node.clone()));
+        self.reservations.insert(r.uid.clone(), r);
+    }
+
+    /// Drops the reservation of `uid`, if any. Returns whether there was one.
+    pub fn release(&mut self, uid: &str) -> bool {
+        match self.reservations.remove(uid) {
+            Some(r) => {
+                self.touch(Some(&r.node));
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn set_stage(&mut self, uid: &str, stage: BindStage) {
+        if let Some(r) = self.reservations.get_mut(uid) {
+            r.stage = stage;
+        }
+    }
+
+    /// Releases reservations whose pod no longer exists and that are older than `grace_ticks`.
+    /// Returns the released UIDs.
+    pub fn sweep(&mut self, now_tick: u64, grace_ticks: u64) -> Vec<String> {
+        let stale: Vec<String> = self
+            .reservations
+            .values()
+            .filter(|r| {
+                !self.live.contains(&r.uid) && now_tick.saturating_sub(r.created_tick) >= grace_ticks
+            })
+            .map(|r| r.uid.clone())
+            .collect();
+        for uid in &stale {
+            self.release(uid);
+        }
+        stale
+    }
+
+    /// Usage of `uid` that counts now, and where: the reservation wins over the informer.
+    fn effective(&self, uid: &str) -> Option<(&str, &[DeviceUsage])> {
+        if let Some(r) = self.reservations.get(uid) {
+            return Some((r.node.as_str(), r.usage.as_slice()));
+        }
+        let p = self.pods.get(uid)?;
+        if !p.books_capacity() {
+            return None;
+        }
+        Some((p.node.as_deref()?, p.usage.as_slice()))
+    }
+
+    fn build_node(&self, name: &str, exclude: Option<&str>) -> Option<NodeState> {
+        let rec = self.nodes.get(name)?;
+        let mut state = rec.base_state();
+        let mut uids: BTreeSet<&str> = self
+            .by_node
+            .get(name)
+            .map(|s| s.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        for r in self.reservations.values() {
+            if r.node == name {
+                uids.insert(r.uid.as_str());
+            }
+        }
+        for uid in uids {
+            if Some(uid) == exclude {
+                continue;
+            }
+            if let Some((n, usage)) = self.effective(uid)
+                && n == name
+            {
+                crate::fit::book_pod(&mut state, usage);
+            }
+        }
+        Some(state)
+    }
+
+    fn refresh(&mut self) {
+        let dirty: Vec<String> = self.dirty.drain().collect();
+        for name in dirty {
+            match self.build_node(&name, None) {
+                Some(s) => {
+                    self.cache.insert(name, s);
+                }
+                None => {
+                    self.cache.remove(&name);
+                }
+            }
+        }
+    }
+
+    /// Makes every node's usage current; call before [`Self::node_state`].
+    pub fn prepare(&mut self) {
+        self.refresh();
+        for name in self.nodes.keys() {
+            if !self.cache.contains_key(name) {
+                self.dirty.insert(name.clone());
+            }
+        }
+        self.refresh();
+    }
+
+    /// The node with all effective usage except that of `exclude` (the pod being filtered,
+    /// whose previous decision HAMi drops first). Call [`Self::prepare`] first.
+    pub fn node_state(&self, name: &str, exclude: Option<&str>) -> Option<std::borrow::Cow<'_, NodeState>> {
+        if let Some(uid) = exclude
+            && self.effective(uid).is_some_and(|(n, _)| n == name)
+        {
+            return self.build_node(name, exclude).map(std::borrow::Cow::Owned);
+        }
+        self.cache.get(name).map(std::borrow::Cow::Borrowed)
+    }
+
+    /// The namespace's budget: the minimum of every quota object's limits, and the usage of
+    /// every pod and reservation of the namespace except `exclude`. `None` when unlimited.
+    pub fn quota_budget(&self, namespace: &str, exclude: Option<&str>) -> Option<QuotaBudget> {
+        let mut budget = QuotaBudget::default();
+        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        };
+        for q in self.quotas.values().filter(|q| q.namespace == namespace) {
+            budget.mem_limit = min(budget.mem_limit, q.mem_limit);
+            budget.cores_limit = min(budget.cores_limit, q.cores_limit);
+            budget.count_limit = min(budget.count_limit, q.count_limit);
+        }
+        if budget.is_unlimited() {
+            return None;
+        }
+        let used = self.namespace_usage(namespace, exclude);
+        budget.used_mem = used.mem;
+        budget.used_cores = used.cores;
+        budget.used_count = used.count;
+        Some(budget)
+    }
+
+    /// GPU usage charged to a namespace (placed pods plus in-flight reservations).
+    pub fn namespace_usage(&self, namespace: &str, exclude: Option<&str>) -> Charge {
+        let mut total = Charge::default();
+        let uids = self
+            .pods
+            .values()
+            .filter(|p| p.namespace == namespace)
+            .map(|p| p.uid.as_str())
+            .chain(
+                self.reservations
+                    .values()
+                    .filter(|r| r.namespace == namespace)
+                    .map(|r| r.uid.as_str()),
+            )
+            .collect::<BTreeSet<&str>>();
+        for uid in uids {
+            if Some(uid) == exclude {
+                continue;
+            }
+            if let Some((_, usage)) = self.effective(uid) {
+                let c = usage_charge(usage);
+                total.mem += c.mem;
+                total.cores += c.cores;
+                total.count += c.count;
+            }
+        }
+        total
+    }
+
+    /// Pods pending allocation on `node` (informer view and binds the loop has accepted),
+    /// except `exclude`: `(namespace/name, signature)`.
+    pub fn pending_on(&self, node: &str, exclude: &str) -> Vec<(String, &AllocationSignature)> {
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        for r in self.reservations.values() {
+            if r.node == node && r.stage != BindStage::Decided && r.uid != exclude {
+                seen.insert(r.uid.as_str());
+                out.push((format!("{}/{}", r.namespace, r.name), &r.signature));
+            }
+        }
+        if let Some(uids) = self.by_node.get(node) {
+            for uid in uids {
+                if uid == exclude || seen.contains(uid.as_str()) {
+                    continue;
+                }
+                if let Some(p) = self.pods.get(uid)
+                    && p.is_pending_allocation()
+                {
+                    out.push((format!("{}/{}", p.namespace, p.name), &p.signature));
+                }
+            }
+        }
+        out
+    }
+
+    /// Clears everything (before a full rebuild).
+    pub fn clear(&mut self) {
+        *self = ClusterState::default();
+    }
+}
+
+/// The bind gate of the allocation-identity protocol: the first pending pod on the node that the
+/// device plugin could take for `sig` while it would get the wrong limits, if any.
+pub fn confusable_pending<'a>(
+    sig: &AllocationSignature,
+    pending: &'a [(String, &AllocationSignature)],
+) -> Option<&'a str> {
+    pending
+        .iter()
+        .find(|(_, other)| sig.confusable_with(other) && !sig.interchangeable_with(other))
+        .map(|(name, _)| name.as_str())
+}

@@ -1,0 +1,250 @@
+//! The mutating admission webhook (contract §7), as a pure function from an AdmissionReview to
+//! the answer. HAMi's mutations come from `hami_contract::request::webhook_mutation`.
+//!
+//! Tessera additions: any scheduler-owned annotation (`hami.io/vgpu-*`, `hami.io/bind-phase`, …)
+//! set or changed by anyone but the trusted service accounts is denied, on CREATE and UPDATE,
+//! whatever the pod's scheduler (HAMi #3076, #3041); requests HAMi would silently ignore or
+//! never fit are denied with the reason.
+
+use std::collections::BTreeSet;
+
+use hami_contract::NvidiaConfig;
+use hami_contract::annotations::is_scheduler_owned;
+use hami_contract::request::webhook_mutation;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+
+use crate::podspec::container_resources;
+
+/// Webhook settings.
+#[derive(Debug, Clone, Default)]
+pub struct WebhookConfig {
+    pub nvidia: NvidiaConfig,
+    /// `--scheduler-name` (chart: `hami-scheduler`); empty ⇒ never set `schedulerName`.
+    pub scheduler_name: String,
+    /// HAMi `--force-overwrite-default-scheduler` (default true).
+    pub force_overwrite_default_scheduler: bool,
+    /// Users allowed to write scheduler-owned annotations (the extender's and the device
+    /// plugin's service accounts).
+    pub trusted_users: BTreeSet<String>,
+}
+
+/// HTTP status and JSON body of the answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebhookAnswer {
+    pub status: u16,
+    pub body: Value,
+}
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with padding (the encoding of `[]byte` in Kubernetes JSON).
+pub fn base64_encode(data: &[u8]) -> String {
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(BASE64[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn review(api_version: &str, response: Value) -> Value {
+    json!({"apiVersion": api_version, "kind": "AdmissionReview", "response": response})
+}
+
+fn allow(api_version: &str, uid: &str, patch: Option<Value>, warnings: &[String]) -> WebhookAnswer {
+    let mut r = json!({"uid": uid, "allowed": true});
+    if let Some(p) = patch
+        && p.as_array().is_some_and(|a| !a.is_empty())
+    {
+        let bytes = serde_json::to_vec(&p).unwrap_or_default();
+        r["patchType"] = json!("JSONPatch");
+        r["patch"] = json!(base64_encode(&bytes));
+    }
+    if !warnings.is_empty() {
+        r["warnings"] = json!(warnings);
+    }
+    WebhookAnswer {
+        status: 200,
+        body: review(api_version, r),
+    }
+}
+
+fn deny(api_version: &str, uid: &str, message: &str) -> WebhookAnswer {
+    WebhookAnswer {
+        status: 200,
+        body: review(
+            api_version,
+            json!({"uid": uid, "allowed": false,
+                   "status": {"metadata": {}, "status": "Failure", "message": message, "reason": "Forbidden", "code": 403}}),
+        ),
+    }
+}
+
+fn owned_annotations(obj: &Value) -> Vec<(String, Value)> {
+    obj["metadata"]["annotations"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| is_scheduler_owned(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Scheduler-owned keys added, changed or removed between `old` and `new`.
+fn forged_keys(old: Option<&Value>, new: &Value) -> Vec<String> {
+    let before = old.map(owned_annotations).unwrap_or_default();
+    let after = owned_annotations(new);
+    let mut keys = BTreeSet::new();
+    for (k, v) in &after {
+        if !before.iter().any(|(bk, bv)| bk == k && bv == v) {
+            keys.insert(k.clone());
+        }
+    }
+    for (k, _) in &before {
+        if !after.iter().any(|(ak, _)| ak == k) {
+            keys.insert(k.clone());
+        }
+    }
+    keys.into_iter().collect()
+}
+
+/// Answers one AdmissionReview request body.
+pub fn handle(body: &[u8], cfg: &WebhookConfig) -> WebhookAnswer {
+    let bad = |msg: String| WebhookAnswer {
+        status: 400,
+        body: json!({"error": msg}),
+    };
+    let Ok(review_in) = serde_json::from_slice::<Value>(body) else {
+        return bad("request body is not a JSON AdmissionReview".to_owned());
+    };
+    let api_version = review_in["apiVersion"]
+        .as_str()
+        .unwrap_or("admission.k8s.io/v1")
+        .to_owned();
+    let req = &review_in["request"];
+    let Some(uid) = req["uid"].as_str() else {
+        return bad("AdmissionReview has no request.uid".to_owned());
+    };
+    let operation = req["operation"].as_str().unwrap_or("");
+    let user = req["userInfo"]["username"].as_str().unwrap_or("");
+    let object = &req["object"];
+    if !object.is_object() {
+        return allow(&api_version, uid, None, &[]);
+    }
+    let old = req["oldObject"].as_object().map(|_| &req["oldObject"]);
+
+    // Scheduler-owned annotations: only the trusted service accounts may write them.
+    if matches!(operation, "CREATE" | "UPDATE") && !cfg.trusted_users.contains(user) {
+        let forged = forged_keys(if operation == "UPDATE" { old } else { None }, object);
+        if !forged.is_empty() {
+            return deny(
+                &api_version,
+                uid,
+                &format!(
+                    "annotation(s) {} are written only by the GPU scheduler and device plugin; remove them from the pod",
+                    forged.join(", ")
+                ),
+            );
+        }
+    }
+    if operation != "CREATE" {
+        return allow(&api_version, uid, None, &[]);
+    }
+    let pod: Pod = match serde_json::from_value(object.clone()) {
+        Ok(p) => p,
+        Err(e) => return bad(format!("request.object is not a Pod: {e}")),
+    };
+    mutate(&api_version, uid, object, &pod, cfg)
+}
+
+fn mutate(api_version: &str, uid: &str, original: &Value, pod: &Pod, cfg: &WebhookConfig) -> WebhookAnswer {
+    let Some(spec) = pod.spec.as_ref() else {
+        return deny(api_version, uid, "pod has no containers");
+    };
+    if spec.containers.is_empty() {
+        return deny(api_version, uid, "pod has no containers");
+    }
+    let current_scheduler = spec.scheduler_name.as_deref().unwrap_or("");
+    if !current_scheduler.is_empty()
+        && (current_scheduler != "default-scheduler" || !cfg.force_overwrite_default_scheduler)
+        && current_scheduler != cfg.scheduler_name
+    {
+        return allow(api_version, uid, None, &[]);
+    }
+    let mut mutated = original.clone();
+    let mut has_resource = false;
+    let warnings: Vec<String> = Vec::new();
+    let lists: [(&str, Vec<&k8s_openapi::api::core::v1::Container>); 2] = [
+        ("initContainers", spec.init_containers.iter().flatten().collect()),
+        ("containers", spec.containers.iter().collect()),
+    ];
+    let mut privileged: Option<String> = None;
+    for (field, containers) in &lists {
+        for (i, c) in containers.iter().enumerate() {
+            let res = container_resources(c);
+            let m = match webhook_mutation(&res, &cfg.nvidia) {
+                Ok(m) => m,
+                Err(e) => return deny(api_version, uid, &format!("container {}: {e}", c.name)),
+            };
+            let target = &mut mutated["spec"][*field][i];
+            for (k, v) in &m.add_limits {
+                if !target["resources"].is_object() {
+                    target["resources"] = json!({});
+                }
+                if !target["resources"]["limits"].is_object() {
+                    target["resources"]["limits"] = json!({});
+                }
+                target["resources"]["limits"][k] = json!(v);
+            }
+            for (k, v) in &m.add_env {
+                if !target["env"].is_array() {
+                    target["env"] = json!([]);
+                }
+                if let Some(env) = target["env"].as_array_mut() {
+                    env.retain(|e| e["name"].as_str() != Some(k.as_str()));
+                    env.push(json!({"name": k, "value": v}));
+                }
+            }
+            has_resource |= m.has_resource;
+            if privileged.is_none()
+                && c.security_context
+                    .as_ref()
+                    .and_then(|s| s.privileged)
+                    .unwrap_or(false)
+            {
+                privileged = Some(c.name.clone());
+            }
+        }
+    }
+    if has_resource {
+        if let Some(name) = privileged {
+            return deny(api_version, uid, &format!("container {name} is privileged"));
+        }
+        if !cfg.nvidia.runtime_class_name.is_empty() && spec.runtime_class_name.is_none() {
+            mutated["spec"]["runtimeClassName"] = json!(cfg.nvidia.runtime_class_name);
+        }
+        if !cfg.scheduler_name.is_empty() {
+            if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
+                return deny(api_version, uid, "pod has node assigned");
+            }
+            mutated["spec"]["schedulerName"] = json!(cfg.scheduler_name);
+        }
+    }
+    let patch = json_patch::diff(original, &mutated);
+    let patch = serde_json::to_value(&patch).unwrap_or(Value::Array(Vec::new()));
+    allow(api_version, uid, Some(patch), &warnings)
+}

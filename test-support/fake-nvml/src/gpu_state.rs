@@ -1,0 +1,300 @@
+//! The simulated GPU shared by the fake `libcuda.so.1` and the fake `libnvidia-ml.so.1`.
+//!
+//! Both fakes include this file (`#[path]`), so the layout is defined once. When env
+//! `FAKE_GPU_STATE` names a file, the state is an mmap of that file (`MAP_SHARED`), so every
+//! process of a test, and both fake libraries inside one process, see the same GPU. Without the
+//! variable the state is an anonymous private mapping: per library, per process.
+//!
+//! What is simulated, per device:
+//! * a kernel timeline: a launch occupies the whole device for its duration, kernels run one
+//!   after another (`busy_until_ns`), and each busy interval is recorded in a ring with the pid
+//!   that launched it; utilization over any window is the overlap of the ring with the window;
+//! * per-process device memory (`procs`), so "used" and the process list can be reported, and
+//!   the memory of a dead process is released the way a real driver does.
+//!
+//! Times are `CLOCK_MONOTONIC` nanoseconds (the same clock in every process of one host).
+
+#![allow(dead_code)] // Each fake uses a different part of this shared file.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub const MAGIC: u64 = 0x3154_5347_4b41_4646; // "FFAKGST1" little-endian tag
+pub const MAX_DEVICES: usize = 16;
+pub const RING: usize = 4096;
+pub const MAX_PROCS: usize = 64;
+
+#[repr(C)]
+pub struct Interval {
+    pub start_ns: AtomicU64,
+    pub end_ns: AtomicU64,
+    pub pid: AtomicU64,
+}
+
+#[repr(C)]
+pub struct ProcEntry {
+    pub pid: AtomicU64,
+    pub used_bytes: AtomicU64,
+}
+
+#[repr(C)]
+pub struct DeviceState {
+    /// Spin lock: 0 = free, otherwise the holder's pid (so a holder killed with `kill -9` can be
+    /// detected and the lock stolen).
+    pub lock: AtomicU64,
+    pub busy_until_ns: AtomicU64,
+    /// Number of intervals ever pushed; the ring slot is `head % RING`.
+    pub head: AtomicU64,
+    pub procs: [ProcEntry; MAX_PROCS],
+    pub ring: [Interval; RING],
+}
+
+#[repr(C)]
+pub struct GpuState {
+    pub magic: AtomicU64,
+    pub devices: [DeviceState; MAX_DEVICES],
+}
+
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000) + ts.tv_nsec as u64
+}
+
+/// Wall-clock microseconds, the unit NVML uses for sample time stamps.
+pub fn realtime_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000) + ts.tv_nsec as u64 / 1000
+}
+
+pub fn pid_alive(pid: u64) -> bool {
+    if pid == 0 || pid > i32::MAX as u64 {
+        return false;
+    }
+    if pid == std::process::id() as u64 {
+        return true;
+    }
+    // Zombies count as dead: their memory is gone on a real GPU too.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => match stat.rfind(')') {
+            Some(i) => !matches!(stat[i + 1..].trim_start().chars().next(), Some('Z' | 'X' | 'x')),
+            None => true,
+        },
+        Err(_) => false,
+    }
+}
+
+/// Opens (or creates) the state; `None` only if even an anonymous mapping fails.
+pub fn open() -> Option<&'static GpuState> {
+    let size = std::mem::size_of::<GpuState>();
+    let path = std::env::var_os("FAKE_GPU_STATE").filter(|p| !p.is_empty());
+    // SAFETY: plain libc calls; every result is checked before use, and the mapping is never
+    // unmapped, which is what makes the `'static` reference sound.
+    unsafe {
+        let ptr = match path {
+            Some(path) => {
+                use std::os::unix::ffi::OsStrExt;
+                let mut bytes = path.as_bytes().to_vec();
+                bytes.push(0);
+                let fd = libc::open(
+                    bytes.as_ptr().cast(),
+                    libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+                    0o666,
+                );
+                if fd < 0 {
+                    return None;
+                }
+                libc::flock(fd, libc::LOCK_EX);
+                let mut st: libc::stat = std::mem::zeroed();
+                let ok = libc::fstat(fd, &mut st) == 0
+                    && (st.st_size as usize >= size || libc::ftruncate(fd, size as libc::off_t) == 0);
+                let ptr = if ok {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        size,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED,
+                        fd,
+                        0,
+                    )
+                } else {
+                    libc::MAP_FAILED
+                };
+                if ptr != libc::MAP_FAILED {
+                    let state = &*(ptr as *const GpuState);
+                    if state.magic.load(Ordering::Acquire) != MAGIC {
+                        std::ptr::write_bytes(ptr.cast::<u8>(), 0, size);
+                        state.magic.store(MAGIC, Ordering::Release);
+                    }
+                }
+                libc::flock(fd, libc::LOCK_UN);
+                libc::close(fd);
+                ptr
+            }
+            None => libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            ),
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        Some(&*(ptr as *const GpuState))
+    }
+}
+
+impl DeviceState {
+    fn lock(&self) -> DeviceGuard<'_> {
+        let me = std::process::id() as u64;
+        let mut spins: u64 = 0;
+        loop {
+            match self
+                .lock
+                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return DeviceGuard(self),
+                Err(holder) => {
+                    spins += 1;
+                    if spins % 1024 == 0 {
+                        // A holder killed with SIGKILL never unlocks: steal from the dead.
+                        if holder != me && !pid_alive(holder) {
+                            let _ = self.lock.compare_exchange(
+                                holder,
+                                0,
+                                Ordering::AcqRel,
+                                Ordering::Relaxed,
+                            );
+                        }
+                        std::thread::yield_now();
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+
+    /// Queues a kernel of `duration_ns` launched by `pid`; returns when it will finish.
+    pub fn launch(&self, pid: u64, duration_ns: u64) -> u64 {
+        let _guard = self.lock();
+        let now = now_ns();
+        let start = self.busy_until_ns.load(Ordering::Relaxed).max(now);
+        let end = start + duration_ns.max(1);
+        self.busy_until_ns.store(end, Ordering::Relaxed);
+        let head = self.head.load(Ordering::Relaxed);
+        if head > 0 {
+            let last = &self.ring[((head - 1) as usize) % RING];
+            if last.pid.load(Ordering::Relaxed) == pid && last.end_ns.load(Ordering::Relaxed) == start
+            {
+                // Back-to-back kernels of one process: extend instead of filling the ring.
+                last.end_ns.store(end, Ordering::Relaxed);
+                return end;
+            }
+        }
+        let slot = &self.ring[(head as usize) % RING];
+        slot.start_ns.store(start, Ordering::Relaxed);
+        slot.end_ns.store(end, Ordering::Relaxed);
+        slot.pid.store(pid, Ordering::Relaxed);
+        self.head.store(head + 1, Ordering::Release);
+        end
+    }
+
+    /// Busy nanoseconds within `[from, to)`, for one pid or for all.
+    pub fn busy_ns(&self, pid: Option<u64>, from: u64, to: u64) -> u64 {
+        let _guard = self.lock();
+        let head = self.head.load(Ordering::Relaxed);
+        let n = head.min(RING as u64);
+        let mut busy = 0;
+        for k in 0..n {
+            let iv = &self.ring[((head - 1 - k) as usize) % RING];
+            let (s, e) = (
+                iv.start_ns.load(Ordering::Relaxed),
+                iv.end_ns.load(Ordering::Relaxed),
+            );
+            if pid.is_some_and(|p| p != iv.pid.load(Ordering::Relaxed)) {
+                continue;
+            }
+            let (s, e) = (s.max(from), e.min(to));
+            if e > s {
+                busy += e - s;
+            }
+        }
+        busy
+    }
+
+    /// Pids with work in `[from, to)`.
+    pub fn active_pids(&self, from: u64, to: u64) -> Vec<u64> {
+        let _guard = self.lock();
+        let head = self.head.load(Ordering::Relaxed);
+        let n = head.min(RING as u64);
+        let mut pids = Vec::new();
+        for k in 0..n {
+            let iv = &self.ring[((head - 1 - k) as usize) % RING];
+            if iv.end_ns.load(Ordering::Relaxed) > from && iv.start_ns.load(Ordering::Relaxed) < to {
+                let pid = iv.pid.load(Ordering::Relaxed);
+                if !pids.contains(&pid) {
+                    pids.push(pid);
+                }
+            }
+        }
+        pids
+    }
+
+    /// Adds (or with a negative delta, removes) device memory used by `pid`.
+    pub fn add_memory(&self, pid: u64, delta: i64) {
+        let _guard = self.lock();
+        let mut free_slot = None;
+        for entry in &self.procs {
+            let p = entry.pid.load(Ordering::Relaxed);
+            if p == pid {
+                let cur = entry.used_bytes.load(Ordering::Relaxed) as i64;
+                entry
+                    .used_bytes
+                    .store((cur + delta).max(0) as u64, Ordering::Relaxed);
+                return;
+            }
+            if free_slot.is_none() && (p == 0 || !pid_alive(p)) {
+                free_slot = Some(entry);
+            }
+        }
+        if let Some(entry) = free_slot {
+            entry.pid.store(pid, Ordering::Relaxed);
+            entry
+                .used_bytes
+                .store(delta.max(0) as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Live processes holding device memory (or a context), with their bytes.
+    pub fn processes(&self) -> Vec<(u64, u64)> {
+        let _guard = self.lock();
+        self.procs
+            .iter()
+            .map(|e| (e.pid.load(Ordering::Relaxed), e.used_bytes.load(Ordering::Relaxed)))
+            .filter(|&(pid, _)| pid_alive(pid))
+            .collect()
+    }
+
+    pub fn used_bytes(&self) -> u64 {
+        self.processes().iter().map(|&(_, b)| b).sum()
+    }
+}
+
+struct DeviceGuard<'a>(&'a DeviceState);
+
+impl Drop for DeviceGuard<'_> {
+    fn drop(&mut self) {
+        self.0.lock.store(0, Ordering::Release);
+    }
+}

@@ -1,0 +1,136 @@
+//! The scenario file (env `FAKE_NVML_SCENARIO`) and the event lines (env `FAKE_NVML_EVENTS`).
+//! The format is fixed (the device plugin's tests write it); fields marked optional were added
+//! later and default as documented in `README.md`.
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Scenario {
+    #[serde(default = "default_driver_version")]
+    pub driver_version: String,
+    #[serde(default = "default_cuda_driver_version")]
+    pub cuda_driver_version: i32,
+    pub devices: Vec<ScenarioDevice>,
+    /// Optional: added to simulated-GPU pids to make "host" pids (PID-namespace tests).
+    #[serde(default)]
+    pub pid_offset: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ScenarioDevice {
+    pub uuid: String,
+    #[serde(default = "default_name")]
+    pub name: String,
+    pub memory_total_mib: u64,
+    #[serde(default)]
+    pub memory_used_mib: u64,
+    #[serde(default)]
+    pub memory_info_unsupported: bool,
+    #[serde(default)]
+    pub pci_bus_id: String,
+    #[serde(default)]
+    pub mig_mode: bool,
+    #[serde(default)]
+    pub utilization_gpu: u32,
+    #[serde(default)]
+    pub utilization_memory: u32,
+    #[serde(default)]
+    pub processes: Vec<ScenarioProcess>,
+    /// Optional: `/dev/nvidia<minor>`; defaults to the index.
+    #[serde(default)]
+    pub minor_number: Option<u32>,
+    /// Optional: `[major, minor]`, default `[7, 5]`.
+    #[serde(default)]
+    pub cuda_compute_capability: Option<[i32; 2]>,
+}
+
+impl ScenarioDevice {
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cuda_compute_capability.map_or((7, 5), |[a, b]| (a, b))
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ScenarioProcess {
+    pub pid: u32,
+    #[serde(default)]
+    pub used_memory_mib: u64,
+}
+
+/// One line of the events file.
+#[derive(Debug, Clone, Deserialize)]
+pub struct EventLine {
+    pub device: usize,
+    pub kind: String,
+    #[serde(default)]
+    pub xid: Option<u64>,
+}
+
+fn default_driver_version() -> String {
+    "550.54.15".to_owned()
+}
+fn default_cuda_driver_version() -> i32 {
+    12040
+}
+fn default_name() -> String {
+    "Tesla T4".to_owned()
+}
+
+#[derive(Debug)]
+pub enum ScenarioError {
+    /// `FAKE_NVML_SCENARIO` unset or the file unreadable.
+    Missing(String),
+    /// The file is not a valid scenario.
+    Invalid(String),
+}
+
+impl std::fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScenarioError::Missing(m) => write!(f, "scenario missing: {m}"),
+            ScenarioError::Invalid(m) => write!(f, "scenario invalid: {m}"),
+        }
+    }
+}
+
+impl ScenarioError {
+    pub fn nvml_code(&self) -> u32 {
+        match self {
+            ScenarioError::Missing(_) => crate::NVML_ERROR_DRIVER_NOT_LOADED,
+            ScenarioError::Invalid(_) => crate::NVML_ERROR_UNKNOWN,
+        }
+    }
+}
+
+pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
+    let s: Scenario =
+        serde_json::from_str(text).map_err(|e| ScenarioError::Invalid(e.to_string()))?;
+    if s.devices.len() > 64 {
+        return Err(ScenarioError::Invalid("more than 64 devices".into()));
+    }
+    for d in &s.devices {
+        if d.uuid.is_empty() {
+            return Err(ScenarioError::Invalid("a device has an empty uuid".into()));
+        }
+    }
+    Ok(s)
+}
+
+pub fn load_from_env() -> Result<Scenario, ScenarioError> {
+    let path = std::env::var_os("FAKE_NVML_SCENARIO")
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| ScenarioError::Missing("FAKE_NVML_SCENARIO is not set".into()))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| ScenarioError::Missing(format!("{}: {e}", path.to_string_lossy())))?;
+    parse(&text)
+}
+
+/// `"00000000:3B:00.0"` (or the short `"0000:3b:00.0"`) → (domain, bus, device).
+pub fn parse_pci_bus_id(s: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = s.split(':');
+    let domain = u32::from_str_radix(parts.next()?, 16).ok()?;
+    let bus = u32::from_str_radix(parts.next()?, 16).ok()?;
+    let dev_fn = parts.next()?;
+    let dev = u32::from_str_radix(dev_fn.split('.').next()?, 16).ok()?;
+    Some((domain, bus, dev))
+}
