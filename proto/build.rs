@@ -10,11 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_with_config(
-            config,
-            &["api.proto", "podresources/v1/api.proto"],
-            &["."],
-        )?;
+        .compile_with_config(config, &["api.proto", "podresources/v1/api.proto"], &["."])?;
     println!("cargo:rerun-if-changed=api.proto");
     println!("cargo:rerun-if-changed=podresources/v1/api.proto");
     Ok(())

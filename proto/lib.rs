@@ -10,7 +10,12 @@
 /// Device plugin API v1beta1.
 pub mod deviceplugin {
     /// Package `v1beta1`.
-    #[allow(missing_docs, clippy::all, clippy::pedantic, missing_debug_implementations)]
+    #[allow(
+        missing_docs,
+        clippy::all,
+        clippy::pedantic,
+        missing_debug_implementations
+    )]
     pub mod v1beta1 {
         tonic::include_proto!("v1beta1");
 
@@ -30,7 +35,12 @@ pub mod deviceplugin {
 /// Pod-resources API v1.
 pub mod podresources {
     /// Package `v1`.
-    #[allow(missing_docs, clippy::all, clippy::pedantic, missing_debug_implementations)]
+    #[allow(
+        missing_docs,
+        clippy::all,
+        clippy::pedantic,
+        missing_debug_implementations
+    )]
     pub mod v1 {
         tonic::include_proto!("v1");
 

@@ -12,7 +12,9 @@ use hami_contract::devices::PodDevices;
 use kubelet_proto::deviceplugin::v1beta1 as dp;
 use tokio::sync::Mutex;
 
-use crate::container_env::{ContainerResponse, ContainerTarget, ResponseSettings, container_response};
+use crate::container_env::{
+    ContainerResponse, ContainerTarget, ResponseSettings, container_response,
+};
 use crate::gpu::physical_uuid;
 use crate::identity::{
     CallFacts, Choice, IdentityError, Ledger, PodResourcesView, PodSnapshot, pending_pods, select,
@@ -41,7 +43,11 @@ pub trait PodPatcher: Send + Sync + 'static {
         annotations: BTreeMap<String, String>,
     ) -> BoxFuture<'_, Result<(), EdgeError>>;
     /// Removes `hami.io/mutex.lock` if (and only if) it still names this pod.
-    fn release_hami_lock(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<(), EdgeError>>;
+    fn release_hami_lock(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> BoxFuture<'_, Result<(), EdgeError>>;
 }
 
 /// The kubelet's pod-resources `List`; `Ok(None)` when the kubelet does not serve it.
@@ -76,7 +82,9 @@ pub enum AllocateError {
     CacheDir { dir: String, reason: String },
     #[error("tessera: cannot record the allocation of pod {pod}: {reason}")]
     Patch { pod: String, reason: String },
-    #[error("tessera: allocation did not finish within {0:?}; refusing rather than stalling the kubelet")]
+    #[error(
+        "tessera: allocation did not finish within {0:?}; refusing rather than stalling the kubelet"
+    )]
     Timeout(Duration),
     #[error("tessera: request has no container requests")]
     Empty,
@@ -187,15 +195,19 @@ impl Allocator {
     }
 
     /// Serves one kubelet `Allocate`.
-    pub async fn allocate(&self, req: dp::AllocateRequest) -> Result<dp::AllocateResponse, AllocateError> {
+    pub async fn allocate(
+        &self,
+        req: dp::AllocateRequest,
+    ) -> Result<dp::AllocateResponse, AllocateError> {
         let started = Instant::now();
-        let result = match tokio::time::timeout(self.budget, self.allocate_inner(req, started)).await {
-            Ok(r) => r,
-            Err(_) => {
-                self.ledger.lock().await.break_run();
-                Err(AllocateError::Timeout(self.budget))
-            }
-        };
+        let result =
+            match tokio::time::timeout(self.budget, self.allocate_inner(req, started)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.ledger.lock().await.break_run();
+                    Err(AllocateError::Timeout(self.budget))
+                }
+            };
         if let Some(m) = &self.metrics {
             m.observe_allocate(started.elapsed(), result.is_ok());
         }
@@ -234,9 +246,12 @@ impl Allocator {
         deadline: Instant,
     ) -> Result<dp::ContainerAllocateResponse, AllocateError> {
         let count = creq.devices_ids.len();
-        let (choice, pods) = self.identify(ledger, count, false, deadline).await.inspect_err(|e| {
-            tracing::warn!(count, error = %e, "Allocate refused: pod not identified");
-        })?;
+        let (choice, pods) = self
+            .identify(ledger, count, false, deadline)
+            .await
+            .inspect_err(|e| {
+                tracing::warn!(count, error = %e, "Allocate refused: pod not identified");
+            })?;
         let pod_key = format!("{}/{}", choice.namespace, choice.name);
         if let Some(m) = &self.metrics {
             m.identity_choice(choice.reason.as_str());
@@ -244,7 +259,9 @@ impl Allocator {
         tracing::info!(pod = %pod_key, container = %choice.container.name, entry = choice.entry_index,
             reason = choice.reason.as_str(), "Allocate serves pod");
 
-        let result = self.build_and_record(ledger, creq, &choice, &pods, deadline).await;
+        let result = self
+            .build_and_record(ledger, creq, &choice, &pods, deadline)
+            .await;
         if let Err(e) = &result {
             tracing::warn!(pod = %pod_key, error = %e, "Allocate failed; marking bind-phase failed");
             let patcher = self.patcher.clone();
@@ -252,7 +269,10 @@ impl Allocator {
             // Best effort and off the kubelet's path: the call already fails closed.
             tokio::spawn(async move {
                 let mut ann = BTreeMap::new();
-                ann.insert(keys::BIND_PHASE.to_owned(), keys::BIND_PHASE_FAILED.to_owned());
+                ann.insert(
+                    keys::BIND_PHASE.to_owned(),
+                    keys::BIND_PHASE_FAILED.to_owned(),
+                );
                 let patch = tokio::time::timeout(
                     Duration::from_secs(10),
                     patcher.patch_pod_annotations(&ns, &name, ann),
@@ -261,7 +281,11 @@ impl Allocator {
                 if !matches!(patch, Ok(Ok(()))) {
                     tracing::warn!(pod = %format!("{ns}/{name}"), "could not mark bind-phase failed");
                 }
-                let _ = tokio::time::timeout(Duration::from_secs(10), patcher.release_hami_lock(&ns, &name)).await;
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    patcher.release_hami_lock(&ns, &name),
+                )
+                .await;
             });
         }
         result
@@ -277,10 +301,13 @@ impl Allocator {
     ) -> Result<dp::ContainerAllocateResponse, AllocateError> {
         let pod_key = format!("{}/{}", choice.namespace, choice.name);
         {
-            let managed = self.managed_uuids.read().map_err(|_| AllocateError::UnknownGpu {
-                pod: pod_key.clone(),
-                uuid: "(GPU list unavailable)".into(),
-            })?;
+            let managed = self
+                .managed_uuids
+                .read()
+                .map_err(|_| AllocateError::UnknownGpu {
+                    pod: pod_key.clone(),
+                    uuid: "(GPU list unavailable)".into(),
+                })?;
             if let Some(d) = choice.devices.iter().find(|d| !managed.contains(&d.uuid)) {
                 return Err(AllocateError::UnknownGpu {
                     pod: pod_key,
@@ -288,8 +315,11 @@ impl Allocator {
                 });
             }
         }
-        let kubelet_uuids: BTreeSet<&str> =
-            creq.devices_ids.iter().filter_map(|id| physical_uuid(id)).collect();
+        let kubelet_uuids: BTreeSet<&str> = creq
+            .devices_ids
+            .iter()
+            .filter_map(|id| physical_uuid(id))
+            .collect();
         let planned: BTreeSet<&str> = choice.devices.iter().map(|d| d.uuid.as_str()).collect();
         if kubelet_uuids != planned {
             // HAMi serves the scheduler's GPUs whatever replicas the kubelet picked; note it.
@@ -301,13 +331,14 @@ impl Allocator {
             disable_control: choice.container.disable_control,
             cache_id: uuid::Uuid::new_v4().to_string(),
         };
-        let response = container_response(&choice.devices, &target, &self.settings).map_err(|e| {
-            AllocateError::Response {
-                pod: pod_key.clone(),
-                container: choice.container.name.clone(),
-                reason: e.to_string(),
-            }
-        })?;
+        let response =
+            container_response(&choice.devices, &target, &self.settings).map_err(|e| {
+                AllocateError::Response {
+                    pod: pod_key.clone(),
+                    container: choice.container.name.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
         prepare_cache_dir(&response.cache_dir)?;
 
         // Record: the to-allocate annotation with this entry (and earlier served ones) emptied.
@@ -325,7 +356,10 @@ impl Allocator {
         let mut ann = BTreeMap::new();
         ann.insert(keys::DEVICES_TO_ALLOCATE.to_owned(), emptied);
         if choice.entries_left == 0 {
-            ann.insert(keys::BIND_PHASE.to_owned(), keys::BIND_PHASE_SUCCESS.to_owned());
+            ann.insert(
+                keys::BIND_PHASE.to_owned(),
+                keys::BIND_PHASE_SUCCESS.to_owned(),
+            );
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(
@@ -349,8 +383,11 @@ impl Allocator {
             let patcher = self.patcher.clone();
             let (ns, name) = (choice.namespace.clone(), choice.name.clone());
             tokio::spawn(async move {
-                if let Ok(Err(e)) =
-                    tokio::time::timeout(Duration::from_secs(10), patcher.release_hami_lock(&ns, &name)).await
+                if let Ok(Err(e)) = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    patcher.release_hami_lock(&ns, &name),
+                )
+                .await
                 {
                     tracing::debug!(error = %e, "HAMi node lock not released");
                 }
@@ -362,7 +399,10 @@ impl Allocator {
     /// Serves one kubelet `GetPreferredAllocation`: steer the kubelet to replicas of the GPUs
     /// the scheduler planned for the pod being admitted. Without a confident identity, answer
     /// neutrally (the `Allocate` that follows fails closed).
-    pub async fn preferred(&self, req: dp::PreferredAllocationRequest) -> dp::PreferredAllocationResponse {
+    pub async fn preferred(
+        &self,
+        req: dp::PreferredAllocationRequest,
+    ) -> dp::PreferredAllocationResponse {
         let started = Instant::now();
         let deadline = started + self.budget;
         let mut out = Vec::new();
@@ -429,13 +469,21 @@ fn log_rejections(rejected: &[crate::identity::PodRejection]) {
 
 /// `must_include` first, then one replica per planned GPU (in plan order), then anything
 /// available, up to `size`.
-pub fn prefer_replicas(available: &[String], must_include: &[String], size: usize, planned: &[String]) -> Vec<String> {
+pub fn prefer_replicas(
+    available: &[String],
+    must_include: &[String],
+    size: usize,
+    planned: &[String],
+) -> Vec<String> {
     let mut chosen: Vec<String> = must_include.iter().take(size).cloned().collect();
     for uuid in planned {
         if chosen.len() >= size {
             break;
         }
-        if chosen.iter().any(|id| physical_uuid(id) == Some(uuid.as_str())) {
+        if chosen
+            .iter()
+            .any(|id| physical_uuid(id) == Some(uuid.as_str()))
+        {
             continue;
         }
         if let Some(id) = available
@@ -510,16 +558,26 @@ mod tests {
     fn empty_entries_keeps_structure_and_other_vendors() {
         let v = "GPU-a,NVIDIA,1000,10:;GPU-b,NVIDIA,2000,20:OTHER-x,OTHER,5,5:;";
         let served: BTreeSet<usize> = [0, 1].into();
-        assert_eq!(empty_entries(v, &served).as_deref(), Ok(";OTHER-x,OTHER,5,5:;"));
+        assert_eq!(
+            empty_entries(v, &served).as_deref(),
+            Ok(";OTHER-x,OTHER,5,5:;")
+        );
         assert!(empty_entries("GPU-a,NVIDIA:;", &served).is_err());
     }
 
     #[test]
     fn prefer_replicas_picks_planned_gpus_after_must_include() {
-        let avail: Vec<String> = ["GPU-a-0", "GPU-a-1", "GPU-b-0", "GPU-c-0"].map(String::from).into();
+        let avail: Vec<String> = ["GPU-a-0", "GPU-a-1", "GPU-b-0", "GPU-c-0"]
+            .map(String::from)
+            .into();
         let got = prefer_replicas(&avail, &[], 2, &["GPU-c".into(), "GPU-b".into()]);
         assert_eq!(got, ["GPU-c-0", "GPU-b-0"]);
-        let got = prefer_replicas(&avail, &["GPU-a-1".into()], 2, &["GPU-a".into(), "GPU-b".into()]);
+        let got = prefer_replicas(
+            &avail,
+            &["GPU-a-1".into()],
+            2,
+            &["GPU-a".into(), "GPU-b".into()],
+        );
         assert_eq!(got, ["GPU-a-1", "GPU-b-0"]);
         let got = prefer_replicas(&avail, &[], 3, &[]);
         assert_eq!(got.len(), 3);

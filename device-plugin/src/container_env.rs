@@ -103,15 +103,23 @@ pub fn container_response(
         return Err(ResponseError::BadPodUid(target.pod_uid.clone()));
     }
     if !path_safe(&target.container_name) {
-        return Err(ResponseError::BadContainerName(target.container_name.clone()));
+        return Err(ResponseError::BadContainerName(
+            target.container_name.clone(),
+        ));
     }
     let mut envs = BTreeMap::new();
     let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
     envs.insert("NVIDIA_VISIBLE_DEVICES".to_owned(), uuids.join(","));
     for (i, d) in devices.iter().enumerate() {
-        envs.insert(format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"), format!("{}m", d.usedmem));
+        envs.insert(
+            format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"),
+            format!("{}m", d.usedmem),
+        );
     }
-    envs.insert("CUDA_DEVICE_SM_LIMIT".to_owned(), first.usedcores.to_string());
+    envs.insert(
+        "CUDA_DEVICE_SM_LIMIT".to_owned(),
+        first.usedcores.to_string(),
+    );
     let vgpu_dir = settings.host_vgpu_dir();
     envs.insert(
         "CUDA_DEVICE_MEMORY_SHARED_CACHE".to_owned(),
@@ -127,7 +135,10 @@ pub fn container_response(
         );
     }
     if settings.disable_core_limit {
-        envs.insert("GPU_CORE_UTILIZATION_POLICY".to_owned(), "disable".to_owned());
+        envs.insert(
+            "GPU_CORE_UTILIZATION_POLICY".to_owned(),
+            "disable".to_owned(),
+        );
     }
 
     let cache_dir = settings.container_cache_dir(&target.pod_uid, &target.container_name);
@@ -260,7 +271,8 @@ mount /etc/ld.so.preload <- /usr/local/vgpu/ld.so.preload ro
         s.license_present = true;
         s.hook_path = "/opt/hook/".into();
         s.shim_host_path = "/opt/hook/vgpu/libvgpu.so.v0.1.0".into();
-        let r = container_response(&[dev("GPU-aaa", 15360, 100)], &target(true), &s).expect("valid");
+        let r =
+            container_response(&[dev("GPU-aaa", 15360, 100)], &target(true), &s).expect("valid");
         assert_eq!(
             render(&r),
             "env CUDA_DEVICE_MEMORY_LIMIT_0=15360m

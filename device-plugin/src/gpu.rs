@@ -114,7 +114,10 @@ impl AdvertiseSettings {
 }
 
 /// Applies config to discovered GPUs: filters, MIG refusal, memory fallback and scaling.
-pub fn plan_gpus(gpus: &[GpuInfo], settings: &AdvertiseSettings) -> (Vec<ManagedGpu>, Vec<SkippedGpu>) {
+pub fn plan_gpus(
+    gpus: &[GpuInfo],
+    settings: &AdvertiseSettings,
+) -> (Vec<ManagedGpu>, Vec<SkippedGpu>) {
     let mut managed = Vec::new();
     let mut skipped = Vec::new();
     for gpu in gpus {
@@ -291,7 +294,12 @@ mod tests {
         mig.mig_enabled = true;
         let mut unified = t4("GPU-d", 3, None);
         unified.memory_total_mib = None;
-        let gpus = [t4("GPU-a", 0, None), t4("GPU-b", 1, None), mig, unified.clone()];
+        let gpus = [
+            t4("GPU-a", 0, None),
+            t4("GPU-b", 1, None),
+            mig,
+            unified.clone(),
+        ];
         let (managed, skipped) = plan_gpus(&gpus, &s);
         assert!(managed.is_empty());
         assert_eq!(skipped.len(), 4);
@@ -311,7 +319,10 @@ mod tests {
         let devs = kubelet_devices(&managed, &|_| true, false);
         let ids: Vec<_> = devs.iter().map(|d| d.id.as_str()).collect();
         assert_eq!(ids, ["GPU-a-0", "GPU-a-1", "GPU-a-2"]);
-        assert!(devs.iter().all(|d| d.topology.is_none() && d.health == "Healthy"));
+        assert!(
+            devs.iter()
+                .all(|d| d.topology.is_none() && d.health == "Healthy")
+        );
         let devs = kubelet_devices(&managed, &|_| false, true);
         assert_eq!(devs[0].topology.as_ref().map(|t| t.nodes[0].id), Some(1));
         assert_eq!(devs[0].health, "Unhealthy");

@@ -45,9 +45,9 @@ impl HealthPolicy {
             match item {
                 "all" | "xids" => self.disabled = true,
                 n => {
-                    let xid = n
-                        .parse()
-                        .map_err(|_| format!("DP_DISABLE_HEALTHCHECKS: {n:?} is not all, xids or an XID number"))?;
+                    let xid = n.parse().map_err(|_| {
+                        format!("DP_DISABLE_HEALTHCHECKS: {n:?} is not all, xids or an XID number")
+                    })?;
                     self.ignored_xids.insert(xid);
                 }
             }
@@ -155,32 +155,71 @@ mod tests {
     use super::*;
 
     fn tracker() -> HealthTracker {
-        HealthTracker::new(HealthPolicy::default(), ["GPU-a".to_owned(), "GPU-b".to_owned()])
+        HealthTracker::new(
+            HealthPolicy::default(),
+            ["GPU-a".to_owned(), "GPU-b".to_owned()],
+        )
     }
 
     #[test]
     fn critical_xid_marks_unhealthy_ignored_xid_does_not() {
         let mut t = tracker();
         let now = Instant::now();
-        assert!(!t.apply(&HealthEvent::Xid { uuid: "GPU-a".into(), xid: 13 }, now));
+        assert!(!t.apply(
+            &HealthEvent::Xid {
+                uuid: "GPU-a".into(),
+                xid: 13
+            },
+            now
+        ));
         assert!(t.is_healthy("GPU-a"));
-        assert!(t.apply(&HealthEvent::Xid { uuid: "GPU-a".into(), xid: 79 }, now));
+        assert!(t.apply(
+            &HealthEvent::Xid {
+                uuid: "GPU-a".into(),
+                xid: 79
+            },
+            now
+        ));
         assert!(!t.is_healthy("GPU-a"));
         assert!(t.is_healthy("GPU-b"));
-        assert!(!t.apply(&HealthEvent::Lost { uuid: "GPU-a".into() }, now), "already unhealthy");
-        assert!(!t.apply(&HealthEvent::Lost { uuid: "GPU-zzz".into() }, now), "unknown GPU");
+        assert!(
+            !t.apply(
+                &HealthEvent::Lost {
+                    uuid: "GPU-a".into()
+                },
+                now
+            ),
+            "already unhealthy"
+        );
+        assert!(
+            !t.apply(
+                &HealthEvent::Lost {
+                    uuid: "GPU-zzz".into()
+                },
+                now
+            ),
+            "unknown GPU"
+        );
     }
 
     #[test]
     fn recovers_only_after_quiet_period_and_successful_probe() {
         let mut t = tracker();
         let t0 = Instant::now();
-        t.apply(&HealthEvent::Lost { uuid: "GPU-b".into() }, t0);
+        t.apply(
+            &HealthEvent::Lost {
+                uuid: "GPU-b".into(),
+            },
+            t0,
+        );
         assert!(t.due_for_probe(t0 + Duration::from_secs(59)).is_empty());
         let t1 = t0 + Duration::from_secs(60);
         assert_eq!(t.due_for_probe(t1), ["GPU-b"]);
         assert!(!t.probe_result("GPU-b", false, t1));
-        assert!(t.due_for_probe(t1 + Duration::from_secs(30)).is_empty(), "quiet period restarted");
+        assert!(
+            t.due_for_probe(t1 + Duration::from_secs(30)).is_empty(),
+            "quiet period restarted"
+        );
         let t2 = t1 + Duration::from_secs(60);
         assert!(t.probe_result("GPU-b", true, t2));
         assert!(t.is_healthy("GPU-b"));
@@ -188,9 +227,16 @@ mod tests {
 
     #[test]
     fn disable_spec_parses_all_and_lists() {
-        let p = HealthPolicy::default().with_disable_spec("48, 63").expect("valid");
+        let p = HealthPolicy::default()
+            .with_disable_spec("48, 63")
+            .expect("valid");
         assert!(p.ignored_xids.contains(&48) && p.ignored_xids.contains(&63) && !p.disabled);
-        assert!(HealthPolicy::default().with_disable_spec("all").expect("valid").disabled);
+        assert!(
+            HealthPolicy::default()
+                .with_disable_spec("all")
+                .expect("valid")
+                .disabled
+        );
         assert!(HealthPolicy::default().with_disable_spec("x").is_err());
     }
 }

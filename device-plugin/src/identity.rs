@@ -83,7 +83,9 @@ pub struct PendingPod<'a> {
 impl PendingPod<'_> {
     /// The next entry to serve, if any.
     pub fn next_entry(&self) -> Option<&(usize, ContainerDevices, ContainerSpec)> {
-        self.entries.iter().find(|(i, _, _)| !self.served.contains(i))
+        self.entries
+            .iter()
+            .find(|(i, _, _)| !self.served.contains(i))
     }
 
     fn started(&self) -> bool {
@@ -148,7 +150,8 @@ impl Ledger {
 
     /// Forget pods that are no longer pending (served, terminal or gone).
     pub fn retain(&mut self, pending_uids: &BTreeSet<&str>) {
-        self.served.retain(|uid, _| pending_uids.contains(uid.as_str()));
+        self.served
+            .retain(|uid, _| pending_uids.contains(uid.as_str()));
         if let Some(uid) = &self.continuing
             && !pending_uids.contains(uid.as_str())
         {
@@ -212,7 +215,10 @@ fn decode(pod: &PodSnapshot, key: &'static str) -> Result<Option<PodDevices>, Po
     }
 }
 
-fn pending_pod<'a>(pod: &'a PodSnapshot, ledger: &Ledger) -> Result<Option<PendingPod<'a>>, PodRejection> {
+fn pending_pod<'a>(
+    pod: &'a PodSnapshot,
+    ledger: &Ledger,
+) -> Result<Option<PendingPod<'a>>, PodRejection> {
     let Some(to_allocate) = decode(pod, keys::DEVICES_TO_ALLOCATE)? else {
         return Ok(None);
     };
@@ -390,8 +396,10 @@ pub fn select(
     pending: &[PendingPod<'_>],
     ledger: &Ledger,
 ) -> Result<Choice, IdentityError> {
-    let matches_count =
-        |p: &PendingPod<'_>| p.next_entry().is_some_and(|(_, d, _)| d.len() == call.count);
+    let matches_count = |p: &PendingPod<'_>| {
+        p.next_entry()
+            .is_some_and(|(_, d, _)| d.len() == call.count)
+    };
 
     // 1. The continuing pod: its earlier container was the previous call.
     let continuing = ledger
@@ -400,10 +408,8 @@ pub fn select(
         .filter(|p| matches_count(p))
         // With pod-resources, a pod rejected mid-run is visible (it leaves the active list).
         .filter(|p| call.pod_resources.is_none_or(|v| v.listed(&p.pod.key())));
-    if let Some(p) = continuing {
-        if let Some(c) = choice(p, ChoiceReason::Continuing) {
-            return Ok(c);
-        }
+    if let Some(c) = continuing.and_then(|p| choice(p, ChoiceReason::Continuing)) {
+        return Ok(c);
     }
     if call.must_include {
         return Err(IdentityError::NoContinuingPod);
@@ -443,12 +449,14 @@ pub fn select(
     if let Some(lock) = call.hami_lock
         && let Some(p) = candidates.iter().find(|p| p.pod.key() == lock)
     {
-        return choice(p, ChoiceReason::HamiLock).ok_or(IdentityError::NoCandidate { count: call.count });
+        return choice(p, ChoiceReason::HamiLock)
+            .ok_or(IdentityError::NoCandidate { count: call.count });
     }
 
     match candidates.as_slice() {
         [] => Err(IdentityError::NoCandidate { count: call.count }),
-        [only] => choice(only, ChoiceReason::Unique).ok_or(IdentityError::NoCandidate { count: call.count }),
+        [only] => choice(only, ChoiceReason::Unique)
+            .ok_or(IdentityError::NoCandidate { count: call.count }),
         [first, rest @ ..] => {
             if rest
                 .iter()

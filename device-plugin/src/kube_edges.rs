@@ -62,7 +62,9 @@ pub struct KubePodSource {
 
 impl std::fmt::Debug for KubePodSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubePodSource").field("node", &self.node_name).finish_non_exhaustive()
+        f.debug_struct("KubePodSource")
+            .field("node", &self.node_name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -119,8 +121,16 @@ impl PodSource for KubePodSource {
     fn fresh(&self) -> BoxFuture<'_, Result<Vec<PodSnapshot>, EdgeError>> {
         Box::pin(async move {
             let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node_name));
-            let list = self.pods.list(&lp).await.map_err(|e| EdgeError(e.to_string()))?;
-            Ok(list.items.iter().map(|p| snapshot(p, &self.resource)).collect())
+            let list = self
+                .pods
+                .list(&lp)
+                .await
+                .map_err(|e| EdgeError(e.to_string()))?;
+            Ok(list
+                .items
+                .iter()
+                .map(|p| snapshot(p, &self.resource))
+                .collect())
         })
     }
 
@@ -128,7 +138,13 @@ impl PodSource for KubePodSource {
         self.node_store
             .state()
             .iter()
-            .find_map(|n| n.metadata.annotations.as_ref()?.get(keys::NODE_LOCK).cloned())
+            .find_map(|n| {
+                n.metadata
+                    .annotations
+                    .as_ref()?
+                    .get(keys::NODE_LOCK)
+                    .cloned()
+            })
             .and_then(|v| lock_holder(&v))
     }
 }
@@ -142,7 +158,9 @@ pub struct KubePatcher {
 
 impl std::fmt::Debug for KubePatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubePatcher").field("node", &self.node_name).finish_non_exhaustive()
+        f.debug_struct("KubePatcher")
+            .field("node", &self.node_name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -155,10 +173,17 @@ impl KubePatcher {
     }
 
     /// Merge-patches node annotations.
-    pub async fn patch_node_annotations(&self, annotations: &BTreeMap<String, Option<String>>) -> Result<(), EdgeError> {
+    pub async fn patch_node_annotations(
+        &self,
+        annotations: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), EdgeError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         nodes
-            .patch(&self.node_name, &PatchParams::default(), &Patch::Merge(annotations_patch(annotations)))
+            .patch(
+                &self.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(annotations_patch(annotations)),
+            )
             .await
             .map(|_| ())
             .map_err(|e| EdgeError(e.to_string()))
@@ -183,7 +208,11 @@ impl PodPatcher for KubePatcher {
         })
     }
 
-    fn release_hami_lock(&self, namespace: &str, name: &str) -> BoxFuture<'_, Result<(), EdgeError>> {
+    fn release_hami_lock(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> BoxFuture<'_, Result<(), EdgeError>> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let (namespace, name) = (namespace.to_owned(), name.to_owned());
         Box::pin(async move {
@@ -191,7 +220,12 @@ impl PodPatcher for KubePatcher {
                 .get(&self.node_name)
                 .await
                 .map_err(|e| EdgeError(e.to_string()))?;
-            let Some(value) = node.metadata.annotations.as_ref().and_then(|a| a.get(keys::NODE_LOCK)) else {
+            let Some(value) = node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(keys::NODE_LOCK))
+            else {
                 return Ok(());
             };
             if !lock_names(value, &namespace, &name) {
@@ -199,7 +233,11 @@ impl PodPatcher for KubePatcher {
             }
             let rv = node.metadata.resource_version.clone().unwrap_or_default();
             nodes
-                .patch(&self.node_name, &PatchParams::default(), &Patch::Merge(lock_release_patch(&rv)))
+                .patch(
+                    &self.node_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(lock_release_patch(&rv)),
+                )
                 .await
                 .map(|_| ())
                 .map_err(|e| EdgeError(e.to_string()))

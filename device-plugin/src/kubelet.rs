@@ -111,7 +111,9 @@ pub async fn run(
         match std::fs::remove_file(&own_socket) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(path = %own_socket.display(), error = %e, "cannot remove stale socket"),
+            Err(e) => {
+                tracing::warn!(path = %own_socket.display(), error = %e, "cannot remove stale socket")
+            }
         }
         let listener = UnixListener::bind(&own_socket).map_err(|e| KubeletError::Listen {
             path: own_socket.display().to_string(),
@@ -166,14 +168,19 @@ pub async fn run(
             let own_gone = file_identity(&own_socket).is_none();
             let kubelet_now = file_identity(&kubelet_socket);
             if own_gone || kubelet_now != kubelet_identity {
-                tracing::info!(own_gone, "kubelet restart detected; serving and registering again");
+                tracing::info!(
+                    own_gone,
+                    "kubelet restart detected; serving and registering again"
+                );
                 break;
             }
         }
 
         let _ = stop_tx.send(true);
         match tokio::time::timeout(Duration::from_secs(5), server).await {
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "device plugin server ended with an error"),
+            Ok(Ok(Err(e))) => {
+                tracing::warn!(error = %e, "device plugin server ended with an error")
+            }
             Ok(_) => {}
             Err(_) => tracing::warn!("device plugin server did not stop within 5 s"),
         }

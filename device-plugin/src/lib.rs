@@ -6,6 +6,7 @@
 //! so tests drive the real gRPC service with in-memory fakes.
 
 pub mod allocator;
+pub mod cli;
 pub mod container_env;
 pub mod gpu;
 pub mod health;
@@ -13,6 +14,7 @@ pub mod identity;
 pub mod kube_edges;
 pub mod kubelet;
 pub mod metrics;
+pub mod monitor;
 pub mod nvml;
 pub mod pod_resources;
 pub mod pods;

@@ -24,6 +24,11 @@ pub struct PluginMetrics {
     annotation_patches: Family<Labels, Counter>,
     host_memory_used: Family<Labels, Gauge<f64, AtomicU64>>,
     host_utilization: Family<Labels, Gauge<f64, AtomicU64>>,
+    vgpu_used: Family<Labels, Gauge<f64, AtomicU64>>,
+    vgpu_limit: Family<Labels, Gauge<f64, AtomicU64>>,
+    vgpu_context: Family<Labels, Gauge<f64, AtomicU64>>,
+    vgpu_module: Family<Labels, Gauge<f64, AtomicU64>>,
+    vgpu_buffer: Family<Labels, Gauge<f64, AtomicU64>>,
 }
 
 impl std::fmt::Debug for PluginMetrics {
@@ -89,8 +94,23 @@ impl PluginMetrics {
             "GPU core utilization on the host (0-100)",
             host_utilization.clone(),
         );
+        let mut vgpu = |name: &str, help: &str| {
+            let f = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+            registry.register(name, help, f.clone());
+            f
+        };
+        let vgpu_used = vgpu("hami_vgpu_memory_used_bytes", "Device memory used by a container (shim accounting)");
+        let vgpu_limit = vgpu("hami_vgpu_memory_limit_bytes", "Device memory limit of a container");
+        let vgpu_context = vgpu("hami_vgpu_memory_context_bytes", "CUDA context memory of a container");
+        let vgpu_module = vgpu("hami_vgpu_memory_module_bytes", "CUDA module memory of a container");
+        let vgpu_buffer = vgpu("hami_vgpu_memory_buffer_bytes", "Buffer (data) memory of a container");
         PluginMetrics {
             registry: Arc::new(registry),
+            vgpu_used,
+            vgpu_limit,
+            vgpu_context,
+            vgpu_module,
+            vgpu_buffer,
             allocate_seconds,
             allocations,
             identity,
@@ -134,7 +154,15 @@ impl PluginMetrics {
     }
 
     /// HAMi's host metrics; labels `node, device_index, device_uuid, device_type`.
-    pub fn host_gpu(&self, node: &str, index: u32, uuid: &str, device_type: &str, used_bytes: f64, utilization: f64) {
+    pub fn host_gpu(
+        &self,
+        node: &str,
+        index: u32,
+        uuid: &str,
+        device_type: &str,
+        used_bytes: f64,
+        utilization: f64,
+    ) {
         let labels = vec![
             ("node".into(), node.into()),
             ("device_index".into(), index.to_string()),
@@ -142,7 +170,35 @@ impl PluginMetrics {
             ("device_type".into(), device_type.into()),
         ];
         self.host_memory_used.get_or_create(&labels).set(used_bytes);
-        self.host_utilization.get_or_create(&labels).set(utilization);
+        self.host_utilization
+            .get_or_create(&labels)
+            .set(utilization);
+    }
+
+    /// Replaces all per-container series with `samples` (containers that went away disappear).
+    /// Samples of pods not in `names` are labelled with the pod UID as name and an empty namespace.
+    pub fn set_vgpu(&self, samples: &[crate::monitor::VgpuSample], names: &crate::monitor::PodNames) {
+        for f in [&self.vgpu_used, &self.vgpu_limit, &self.vgpu_context, &self.vgpu_module, &self.vgpu_buffer] {
+            f.clear();
+        }
+        for s in samples {
+            let (ns, pod) = names
+                .get(&s.pod_uid)
+                .cloned()
+                .unwrap_or_else(|| (String::new(), s.pod_uid.clone()));
+            let labels = vec![
+                ("namespace".into(), ns),
+                ("pod".into(), pod),
+                ("container".into(), s.container.clone()),
+                ("vdevice_index".into(), s.vdevice_index.to_string()),
+                ("device_uuid".into(), s.device_uuid.clone()),
+            ];
+            self.vgpu_used.get_or_create(&labels).set(s.memory_used_bytes as f64);
+            self.vgpu_limit.get_or_create(&labels).set(s.memory_limit_bytes as f64);
+            self.vgpu_context.get_or_create(&labels).set(s.context_bytes as f64);
+            self.vgpu_module.get_or_create(&labels).set(s.module_bytes as f64);
+            self.vgpu_buffer.get_or_create(&labels).set(s.buffer_bytes as f64);
+        }
     }
 
     /// Text exposition format.
@@ -166,7 +222,26 @@ mod tests {
         m.identity_choice("unique");
         m.gpu_health("GPU-a", false);
         m.host_gpu("node-a", 1, "GPU-a", "NVIDIA-Tesla T4", 1048576.0, 42.0);
+        let sample = crate::monitor::VgpuSample {
+            pod_uid: "u1".into(),
+            container: "main".into(),
+            vdevice_index: 0,
+            device_uuid: "GPU-a".into(),
+            memory_used_bytes: 1024,
+            memory_limit_bytes: 2048,
+            context_bytes: 1,
+            module_bytes: 2,
+            buffer_bytes: 3,
+            sm_limit: 30,
+        };
+        let names = [("u1".to_owned(), ("ns".to_owned(), "web".to_owned()))].into();
+        m.set_vgpu(&[sample], &names);
         let text = m.encode();
+        assert!(text.contains(
+            "hami_vgpu_memory_limit_bytes{namespace=\"ns\",pod=\"web\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-a\"} 2048.0"
+        ), "{text}");
+        m.set_vgpu(&[], &names);
+        assert!(!m.encode().contains("pod=\"web\""), "stale series removed");
         assert!(text.contains("tessera_device_plugin_allocations_total{result=\"success\"} 1"));
         assert!(text.contains("tessera_device_plugin_gpu_healthy{device_uuid=\"GPU-a\"} 0"));
         assert!(text.contains(

@@ -89,16 +89,27 @@ impl NvmlInventory {
                     *guard = Some(set);
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "NVML events unavailable; GPU health is not watched"),
+            Err(e) => {
+                tracing::warn!(error = %e, "NVML events unavailable; GPU health is not watched")
+            }
         }
         Ok(inventory)
     }
 
     fn register_events(&self) -> Result<EventSet<'static>, InventoryError> {
-        let mut set = self.nvml.create_event_set().map_err(call_err("nvmlEventSetCreate"))?;
-        let count = self.nvml.device_count().map_err(call_err("nvmlDeviceGetCount"))?;
+        let mut set = self
+            .nvml
+            .create_event_set()
+            .map_err(call_err("nvmlEventSetCreate"))?;
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(call_err("nvmlDeviceGetCount"))?;
         for i in 0..count {
-            let device = self.nvml.device_by_index(i).map_err(call_err("nvmlDeviceGetHandleByIndex"))?;
+            let device = self
+                .nvml
+                .device_by_index(i)
+                .map_err(call_err("nvmlDeviceGetHandleByIndex"))?;
             set = device
                 .register_events(EventTypes::CRITICAL_XID_ERROR, set)
                 .map_err(|e| InventoryError::Call {
@@ -112,7 +123,11 @@ impl NvmlInventory {
     fn numa_node(&self, pci_bus_id: &str) -> Option<u32> {
         // sysfs names devices by the lower-case 4-hex-digit domain form (`0000:3b:00.0`).
         let id = pci_bus_id.to_ascii_lowercase();
-        let short = if id.len() > 12 { &id[id.len() - 12..] } else { id.as_str() };
+        let short = if id.len() > 12 {
+            &id[id.len() - 12..]
+        } else {
+            id.as_str()
+        };
         let path = self
             .sysfs_root
             .join("bus/pci/devices")
@@ -126,10 +141,16 @@ impl NvmlInventory {
 
 impl GpuInventory for NvmlInventory {
     fn discover(&self) -> Result<Vec<GpuInfo>, InventoryError> {
-        let count = self.nvml.device_count().map_err(call_err("nvmlDeviceGetCount"))?;
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(call_err("nvmlDeviceGetCount"))?;
         let mut gpus = Vec::new();
         for i in 0..count {
-            let d = self.nvml.device_by_index(i).map_err(call_err("nvmlDeviceGetHandleByIndex"))?;
+            let d = self
+                .nvml
+                .device_by_index(i)
+                .map_err(call_err("nvmlDeviceGetHandleByIndex"))?;
             let uuid = d.uuid().map_err(call_err("nvmlDeviceGetUUID"))?;
             let name = d.name().map_err(call_err("nvmlDeviceGetName"))?;
             let memory_total_mib = match d.memory_info() {
@@ -157,9 +178,11 @@ impl GpuInventory for NvmlInventory {
     }
 
     fn answers(&self, uuid: &str) -> bool {
+        // `name` works on every GPU that is present; memory info is unsupported on some
+        // (unified memory), which must not read as "lost".
         self.nvml
             .device_by_uuid(uuid)
-            .and_then(|d| d.memory_info())
+            .and_then(|d| d.name())
             .is_ok()
     }
 
@@ -193,7 +216,11 @@ impl GpuInventory for NvmlInventory {
         let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
         match set.wait(ms) {
             Ok(data) => {
-                let uuid = data.device.uuid().map_err(call_err("nvmlDeviceGetUUID"))?;
+                // A GPU that fell off the bus no longer tells its UUID; the periodic
+                // `lost_gpus` poll marks it.
+                let Ok(uuid) = data.device.uuid() else {
+                    return Ok(None);
+                };
                 let xid = match data.event_data {
                     Some(XidError::Value(x)) => x,
                     // Unknown XID: treat as critical (NVIDIA's plugin does).

@@ -44,7 +44,9 @@ impl PodResourcesSource for KubeletPodResources {
             if !self.socket.exists() {
                 return Ok(None);
             }
-            let channel = unix_channel(&self.socket).await.map_err(|e| EdgeError(e.to_string()))?;
+            let channel = unix_channel(&self.socket)
+                .await
+                .map_err(|e| EdgeError(e.to_string()))?;
             let mut client = PodResourcesListerClient::new(channel);
             let response = client
                 .list(pr::ListPodResourcesRequest {})

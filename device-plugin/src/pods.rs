@@ -52,7 +52,12 @@ pub fn snapshot(pod: &Pod, resource: &str) -> PodSnapshot {
             })
             .unwrap_or_default(),
         containers: spec
-            .map(|s| s.containers.iter().map(|c| container_spec(c, resource, false)).collect())
+            .map(|s| {
+                s.containers
+                    .iter()
+                    .map(|c| container_spec(c, resource, false))
+                    .collect()
+            })
             .unwrap_or_default(),
     }
 }

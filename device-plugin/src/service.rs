@@ -76,7 +76,11 @@ impl DeviceState {
                     m.gpu_health(&g.uuid, inner.health.is_healthy(&g.uuid));
                 }
             }
-            let devices = kubelet_devices(&inner.gpus, &|u| inner.health.is_healthy(u), self.numa_topology);
+            let devices = kubelet_devices(
+                &inner.gpus,
+                &|u| inner.health.is_healthy(u),
+                self.numa_topology,
+            );
             let uuids: BTreeSet<String> = inner.gpus.iter().map(|g| g.uuid.clone()).collect();
             (devices, uuids)
         }) else {
@@ -214,7 +218,9 @@ impl DevicePlugin for DevicePluginService {
         &self,
         request: Request<dp::PreferredAllocationRequest>,
     ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
-        Ok(Response::new(self.allocator.preferred(request.into_inner()).await))
+        Ok(Response::new(
+            self.allocator.preferred(request.into_inner()).await,
+        ))
     }
 
     async fn allocate(

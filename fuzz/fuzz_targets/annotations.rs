@@ -4,10 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use hami_contract::identity::AllocationSignature;
 use hami_contract::devices::PodDevices;
+use hami_contract::identity::AllocationSignature;
 use hami_contract::nodelock::NodeLock;
-use hami_contract::policy::{GpuPolicyChain, PodSchedulingOptions, ScoringWeights, parse_device_cordon};
+use hami_contract::policy::{
+    GpuPolicyChain, PodSchedulingOptions, ScoringWeights, parse_device_cordon,
+};
 use libfuzzer_sys::fuzz_target;
 
 const KEYS: [&str; 10] = [
@@ -28,12 +30,18 @@ fuzz_target!(|data: &[u8]| {
     // One value per line; the first byte of each line picks the key.
     let mut annotations = BTreeMap::new();
     for line in text.split('\n') {
-        let key = KEYS[line.bytes().next().map_or(0, |b| usize::from(b) % KEYS.len())];
+        let key = KEYS[line
+            .bytes()
+            .next()
+            .map_or(0, |b| usize::from(b) % KEYS.len())];
         let value = line.get(1..).unwrap_or("");
         annotations.insert(key.to_owned(), value.to_owned());
 
         if let Ok(chain) = GpuPolicyChain::parse(value) {
-            assert_eq!(GpuPolicyChain::parse(&chain.to_string()).expect("re-parses"), chain);
+            assert_eq!(
+                GpuPolicyChain::parse(&chain.to_string()).expect("re-parses"),
+                chain
+            );
         }
         if let Ok(w) = ScoringWeights::parse(value) {
             assert_eq!(ScoringWeights::parse(&w.to_string()).expect("re-parses"), w);
@@ -46,7 +54,11 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     if let Ok(o) = PodSchedulingOptions::from_annotations(&annotations) {
-        let _ = (o.uuid_allowed("GPU-a"), o.type_allowed("NVIDIA-Tesla T4"), o.mode_allowed("mig"));
+        let _ = (
+            o.uuid_allowed("GPU-a"),
+            o.type_allowed("NVIDIA-Tesla T4"),
+            o.mode_allowed("mig"),
+        );
     }
     let devices = PodDevices::decode(&text).unwrap_or_default();
     let sig = AllocationSignature::new(&devices, &annotations);

@@ -4,7 +4,9 @@
 
 use hami_contract::config::NvidiaConfig;
 use hami_contract::quantity;
-use hami_contract::request::{ContainerResources, resolve_container, resolve_pod, webhook_mutation};
+use hami_contract::request::{
+    ContainerResources, resolve_container, resolve_pod, webhook_mutation,
+};
 use hami_contract::resources::MEM_PERCENTAGE_UNSET;
 use libfuzzer_sys::fuzz_target;
 
@@ -17,9 +19,14 @@ const NAMES: [&str; 5] = [
 ];
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&flags, rest)) = data.split_first() else { return };
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
     let text = String::from_utf8_lossy(rest);
-    let mut c = ContainerResources { name: "fuzz".into(), ..Default::default() };
+    let mut c = ContainerResources {
+        name: "fuzz".into(),
+        ..Default::default()
+    };
     // Line i is the quantity of resource i; bit i of `flags` puts it in limits, else requests;
     // an empty line leaves the resource out.
     for (i, value) in text.split('\n').take(NAMES.len()).enumerate() {
@@ -27,7 +34,11 @@ fuzz_target!(|data: &[u8]| {
         if value.is_empty() {
             continue;
         }
-        let into = if flags & (1 << i) != 0 { &mut c.limits } else { &mut c.requests };
+        let into = if flags & (1 << i) != 0 {
+            &mut c.limits
+        } else {
+            &mut c.requests
+        };
         into.insert(NAMES[i].to_owned(), value.to_owned());
     }
     let cfg = NvidiaConfig {
@@ -53,5 +64,13 @@ fuzz_target!(|data: &[u8]| {
         // is unusable.
         let _ = m.has_resource;
     }
-    let _ = resolve_pod(std::slice::from_ref(&c), std::slice::from_ref(&c), &cfg);
+    let pod = resolve_pod(std::slice::from_ref(&c), &[c.clone(), c.clone()], &cfg);
+    let quota = pod.quota_request();
+    if let Some(req) = &r.request {
+        // Two app copies sum; the init copy is a max: the app sum dominates.
+        assert_eq!(
+            quota.memory,
+            2 * u64::from(req.memreq) * u64::from(req.nums)
+        );
+    }
 });

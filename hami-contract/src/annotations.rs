@@ -26,20 +26,32 @@ pub const BIND_PHASE: &str = "hami.io/bind-phase";
 /// Pod: Unix seconds of the bind.
 pub const BIND_TIME: &str = "hami.io/bind-time";
 
-/// Values of [`BIND_PHASE`].
+/// [`BIND_PHASE`] value written by the extender in Bind, before the Binding POST.
 pub const BIND_PHASE_ALLOCATING: &str = "allocating";
+/// [`BIND_PHASE`] value written by the device plugin once every container is allocated.
 pub const BIND_PHASE_SUCCESS: &str = "success";
+/// [`BIND_PHASE`] value written by the device plugin when an allocation failed.
 pub const BIND_PHASE_FAILED: &str = "failed";
 
-/// User annotations read by the scheduler.
+// User annotations read by the scheduler (contract §3.3); parsed by `crate::policy`.
+
+/// Pod: only these GPU UUIDs (comma-separated). Fit reason `CardUuidMismatch`.
 pub const USE_GPU_UUID: &str = "nvidia.com/use-gpuuuid";
+/// Pod: never these GPU UUIDs (comma-separated).
 pub const NOUSE_GPU_UUID: &str = "nvidia.com/nouse-gpuuuid";
+/// Pod: the device type must contain one of these (comma-separated, case-insensitive).
 pub const USE_GPU_TYPE: &str = "nvidia.com/use-gputype";
+/// Pod: the device type must contain none of these.
 pub const NOUSE_GPU_TYPE: &str = "nvidia.com/nouse-gputype";
+/// Pod: the device mode (`hami-core`, `mig`, `mps`) must be a substring of this value.
 pub const VGPU_MODE: &str = "nvidia.com/vgpu-mode";
+/// Pod: Go boolean; all GPUs of a container on one NUMA node.
 pub const NUMA_BIND: &str = "nvidia.com/numa-bind";
+/// Pod: GPU policy (`binpack`, `spread`, `topology-aware`, `mutex`, `numa`, or a comma chain).
 pub const GPU_SCHEDULER_POLICY: &str = "hami.io/gpu-scheduler-policy";
+/// Pod: node policy (`binpack` or `spread`; anything else behaves as binpack).
 pub const NODE_SCHEDULER_POLICY: &str = "hami.io/node-scheduler-policy";
+/// Pod (v2.10): `slot=…,core=…,memory=…` weights of the device score.
 pub const DEVICE_SCORING_WEIGHTS: &str = "hami.io/device-scoring-weights";
 
 /// Pod or namespace label that makes the webhook skip the object.

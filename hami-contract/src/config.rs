@@ -212,21 +212,28 @@ impl DeviceConfig {
             message: e.to_string(),
         })?;
         let de = serde_yaml::Deserializer::from_str(text);
-        let raw: Option<RawDeviceConfig> =
-            serde_path_to_error::deserialize(de).map_err(|e| path_error("device-config.yaml", e))?;
+        let raw: Option<RawDeviceConfig> = serde_path_to_error::deserialize(de)
+            .map_err(|e| path_error("device-config.yaml", e))?;
         let raw_nvidia = raw.and_then(|r| r.nvidia).unwrap_or_default();
-        raw_nvidia.into_config().map(|nvidia| DeviceConfig { nvidia })
+        raw_nvidia
+            .into_config()
+            .map(|nvidia| DeviceConfig { nvidia })
     }
 }
 
-fn path_error<E: fmt::Display>(file: &'static str, e: serde_path_to_error::Error<E>) -> ConfigError {
+fn path_error<E: fmt::Display>(
+    file: &'static str,
+    e: serde_path_to_error::Error<E>,
+) -> ConfigError {
     let path = e.path().to_string();
     let message = e.inner().to_string();
     // serde_yaml prefixes nested errors with its own idea of the path (wrong for custom errors);
     // the path from serde_path_to_error is the right one, so drop serde_yaml's. Its path never
     // contains whitespace, while every serde message does before its first ": ".
     let message = match message.split_once(": ") {
-        Some((prefix, rest)) if !prefix.is_empty() && !prefix.contains(char::is_whitespace) => rest.to_owned(),
+        Some((prefix, rest)) if !prefix.is_empty() && !prefix.contains(char::is_whitespace) => {
+            rest.to_owned()
+        }
         _ => message,
     };
     if path.is_empty() || path == "." {
@@ -244,15 +251,35 @@ struct RawDeviceConfig {
 
 #[derive(Default, Deserialize)]
 struct RawNvidiaConfig {
-    #[serde(rename = "resourceCountName", default, deserialize_with = "scalar_string")]
+    #[serde(
+        rename = "resourceCountName",
+        default,
+        deserialize_with = "scalar_string"
+    )]
     resource_count_name: Option<String>,
-    #[serde(rename = "resourceMemoryName", default, deserialize_with = "scalar_string")]
+    #[serde(
+        rename = "resourceMemoryName",
+        default,
+        deserialize_with = "scalar_string"
+    )]
     resource_memory_name: Option<String>,
-    #[serde(rename = "resourceMemoryPercentageName", default, deserialize_with = "scalar_string")]
+    #[serde(
+        rename = "resourceMemoryPercentageName",
+        default,
+        deserialize_with = "scalar_string"
+    )]
     resource_memory_percentage_name: Option<String>,
-    #[serde(rename = "resourceCoreName", default, deserialize_with = "scalar_string")]
+    #[serde(
+        rename = "resourceCoreName",
+        default,
+        deserialize_with = "scalar_string"
+    )]
     resource_core_name: Option<String>,
-    #[serde(rename = "resourcePriorityName", default, deserialize_with = "scalar_string")]
+    #[serde(
+        rename = "resourcePriorityName",
+        default,
+        deserialize_with = "scalar_string"
+    )]
     resource_priority_name: Option<String>,
     #[serde(rename = "overwriteEnv", default, deserialize_with = "yaml11_bool")]
     overwrite_env: Option<bool>,
@@ -272,13 +299,25 @@ struct RawNvidiaConfig {
     device_memory_scaling: Option<f64>,
     #[serde(rename = "deviceCoreScaling", default)]
     device_core_scaling: Option<f64>,
-    #[serde(rename = "enableNumaTopology", default, deserialize_with = "yaml11_bool")]
+    #[serde(
+        rename = "enableNumaTopology",
+        default,
+        deserialize_with = "yaml11_bool"
+    )]
     enable_numa_topology: Option<bool>,
     #[serde(rename = "gpuCorePolicy", default)]
     gpu_core_policy: Option<GpuCorePolicy>,
-    #[serde(rename = "libCudaLogLevel", default, deserialize_with = "scalar_string")]
+    #[serde(
+        rename = "libCudaLogLevel",
+        default,
+        deserialize_with = "scalar_string"
+    )]
     lib_cuda_log_level: Option<String>,
-    #[serde(rename = "runtimeClassName", default, deserialize_with = "scalar_string")]
+    #[serde(
+        rename = "runtimeClassName",
+        default,
+        deserialize_with = "scalar_string"
+    )]
     runtime_class_name: Option<String>,
     #[serde(rename = "disableCoreLimit", default, deserialize_with = "yaml11_bool")]
     disable_core_limit: Option<bool>,
@@ -302,7 +341,10 @@ impl RawNvidiaConfig {
             ("memoryFactor", self.memory_factor),
         ] {
             if let Some(v) = value.filter(|v| i32::try_from(*v).is_err()) {
-                return Err(invalid(key, format!("{v} does not fit in a signed 32-bit integer")));
+                return Err(invalid(
+                    key,
+                    format!("{v} does not fit in a signed 32-bit integer"),
+                ));
             }
         }
         for (key, value) in [
@@ -317,7 +359,9 @@ impl RawNvidiaConfig {
             resources: ResourceNames {
                 count: self.resource_count_name.unwrap_or(names.count),
                 memory: self.resource_memory_name.unwrap_or(names.memory),
-                memory_percentage: self.resource_memory_percentage_name.unwrap_or(names.memory_percentage),
+                memory_percentage: self
+                    .resource_memory_percentage_name
+                    .unwrap_or(names.memory_percentage),
                 cores: self.resource_core_name.unwrap_or(names.cores),
                 priority: self.resource_priority_name.unwrap_or(names.priority),
             },
@@ -330,7 +374,9 @@ impl RawNvidiaConfig {
                 .pre_configured_device_memory
                 .unwrap_or(d.pre_configured_device_memory),
             device_split_count: self.device_split_count.unwrap_or(d.device_split_count),
-            device_memory_scaling: self.device_memory_scaling.unwrap_or(d.device_memory_scaling),
+            device_memory_scaling: self
+                .device_memory_scaling
+                .unwrap_or(d.device_memory_scaling),
             device_core_scaling: self.device_core_scaling.unwrap_or(d.device_core_scaling),
             enable_numa_topology: self.enable_numa_topology.unwrap_or(d.enable_numa_topology),
             gpu_core_policy: self.gpu_core_policy.unwrap_or(d.gpu_core_policy),

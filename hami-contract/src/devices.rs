@@ -36,14 +36,26 @@ pub struct PodDevices(pub Vec<ContainerDevices>);
 /// Why a container device list could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceListError {
+    /// HAMi's "pod annotation format error": fewer than four fields.
     #[error(
         "pod annotation format error: device entry {entry:?} has {fields} comma-separated fields, need at least 4 (UUID,Type,Usedmem,Usedcores)"
     )]
-    TooFewFields { entry: String, fields: usize },
-    #[error("pod annotation format error: {field} {value:?} in device entry {entry:?} is not a non-negative 32-bit integer")]
-    BadNumber {
+    TooFewFields {
+        /// The device entry as written.
         entry: String,
+        /// How many comma-separated fields it has.
+        fields: usize,
+    },
+    /// A memory or cores field that is not an integer in 0..=i32::MAX.
+    #[error(
+        "pod annotation format error: {field} {value:?} in device entry {entry:?} is not a non-negative 32-bit integer"
+    )]
+    BadNumber {
+        /// The device entry as written.
+        entry: String,
+        /// `Usedmem` or `Usedcores`.
         field: &'static str,
+        /// The field's text.
         value: String,
     },
 }
@@ -164,7 +176,11 @@ mod tests {
         let cases: Vec<(&str, Vec<Vec<ContainerDevice>>)> = vec![
             (
                 "GPU-8dcd427f-483b-b48f-d7e5-75fb19a52b76,NVIDIA,3000,30:;",
-                vec![vec![dev("GPU-8dcd427f-483b-b48f-d7e5-75fb19a52b76", 3000, 30)]],
+                vec![vec![dev(
+                    "GPU-8dcd427f-483b-b48f-d7e5-75fb19a52b76",
+                    3000,
+                    30,
+                )]],
             ),
             (
                 "GPU-aaa,NVIDIA,3000,30:GPU-bbb,NVIDIA,3000,30:;",
@@ -174,12 +190,18 @@ mod tests {
                 "GPU-aaa,NVIDIA,500,3:;GPU-bbb,NVIDIA,500,3:;",
                 vec![vec![dev("GPU-aaa", 500, 3)], vec![dev("GPU-bbb", 500, 3)]],
             ),
-            (";GPU-aaa,NVIDIA,1000,30:;", vec![vec![], vec![dev("GPU-aaa", 1000, 30)]]),
+            (
+                ";GPU-aaa,NVIDIA,1000,30:;",
+                vec![vec![], vec![dev("GPU-aaa", 1000, 30)]],
+            ),
             (
                 ";GPU-aaa,NVIDIA,1000,30:;;",
                 vec![vec![], vec![dev("GPU-aaa", 1000, 30)], vec![]],
             ),
-            ("GPU-aaa,NVIDIA,15360,100:;", vec![vec![dev("GPU-aaa", 15360, 100)]]),
+            (
+                "GPU-aaa,NVIDIA,15360,100:;",
+                vec![vec![dev("GPU-aaa", 15360, 100)]],
+            ),
         ];
         for (text, want) in cases {
             let got = PodDevices::decode(text).unwrap();

@@ -22,7 +22,9 @@ pub enum Handshake {
 }
 
 fn after_first_underscore(v: &str) -> String {
-    v.split_once('_').map(|(_, t)| t.to_owned()).unwrap_or_default()
+    v.split_once('_')
+        .map(|(_, t)| t.to_owned())
+        .unwrap_or_default()
 }
 
 impl Handshake {
@@ -58,7 +60,8 @@ impl Handshake {
     pub fn requesting_expired(&self, now: i64) -> Option<bool> {
         match self {
             Handshake::Requesting(t) => Some(
-                parse_go_datetime(t).is_some_and(|at| now >= at.saturating_add(REQUESTING_TIMEOUT_SECS)),
+                parse_go_datetime(t)
+                    .is_some_and(|at| now >= at.saturating_add(REQUESTING_TIMEOUT_SECS)),
             ),
             _ => None,
         }
@@ -118,16 +121,27 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 /// the text carries no zone, so the caller compares it with a "now" taken in the writer's zone.
 pub fn parse_go_datetime(text: &str) -> Option<i64> {
     let b = text.as_bytes();
-    if b.len() != 19 || b[4] != b'-' || b[7] != b'-' || b[10] != b' ' || b[13] != b':' || b[16] != b':' {
+    if b.len() != 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b' '
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let num = |range: std::ops::Range<usize>| -> Option<u32> {
         let s = text.get(range)?;
-        if s.bytes().all(|c| c.is_ascii_digit()) { s.parse().ok() } else { None }
+        if s.bytes().all(|c| c.is_ascii_digit()) {
+            s.parse().ok()
+        } else {
+            None
+        }
     };
     let (y, mo, d) = (i64::from(num(0..4)?), num(5..7)?, num(8..10)?);
     let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || d == 0 || d > days_in_month(y, mo) || h > 23 || mi > 59 || s > 59 {
+    if !(1..=12).contains(&mo) || d == 0 || d > days_in_month(y, mo) || h > 23 || mi > 59 || s > 59
+    {
         return None;
     }
     Some(days_from_civil(y, mo, d) * 86_400 + i64::from(h * 3600 + mi * 60 + s))
@@ -160,8 +174,20 @@ mod tests {
         assert_eq!(t, 1_749_805_660);
         assert_eq!(format_go_datetime(t), "2025-06-13 09:07:40");
         assert_eq!(parse_go_datetime("1970-01-01 00:00:00"), Some(0));
-        assert_eq!(parse_go_datetime("2024-02-29 00:00:00").map(format_go_datetime).as_deref(), Some("2024-02-29 00:00:00"));
-        for bad in ["2025-02-29 00:00:00", "2025-06-13T09:07:40", "2025-6-13 09:07:40", "2025-06-13 24:00:00", "", "+025-06-13 09:07:40"] {
+        assert_eq!(
+            parse_go_datetime("2024-02-29 00:00:00")
+                .map(format_go_datetime)
+                .as_deref(),
+            Some("2024-02-29 00:00:00")
+        );
+        for bad in [
+            "2025-02-29 00:00:00",
+            "2025-06-13T09:07:40",
+            "2025-6-13 09:07:40",
+            "2025-06-13 24:00:00",
+            "",
+            "+025-06-13 09:07:40",
+        ] {
             assert_eq!(parse_go_datetime(bad), None, "{bad}");
         }
     }
@@ -172,7 +198,10 @@ mod tests {
         let t = parse_go_datetime("2025-06-13 09:07:40").unwrap();
         assert_eq!(h.requesting_expired(t + 59), Some(false));
         assert_eq!(h.requesting_expired(t + 60), Some(true));
-        assert_eq!(Handshake::parse("Requesting_garbage").requesting_expired(i64::MAX), Some(false));
+        assert_eq!(
+            Handshake::parse("Requesting_garbage").requesting_expired(i64::MAX),
+            Some(false)
+        );
         assert_eq!(Handshake::parse("Deleted_x").requesting_expired(0), None);
     }
 }

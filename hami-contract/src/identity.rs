@@ -57,7 +57,11 @@ impl AllocationSignature {
         }
         let constraints = PLACEMENT_CONSTRAINT_ANNOTATIONS
             .iter()
-            .filter_map(|k| pod_annotations.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+            .filter_map(|k| {
+                pod_annotations
+                    .get(*k)
+                    .map(|v| ((*k).to_owned(), v.clone()))
+            })
             .collect::<BTreeMap<_, _>>()
             .into_iter()
             .collect();
@@ -83,5 +87,61 @@ impl AllocationSignature {
     /// and constraints.
     pub fn interchangeable_with(&self, other: &Self) -> bool {
         self == other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig(list: &str, annos: &[(&str, &str)]) -> AllocationSignature {
+        let a = annos
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        AllocationSignature::new(&PodDevices::decode(list).unwrap(), &a)
+    }
+
+    #[test]
+    fn signature_skips_gpu_less_containers_and_other_vendors() {
+        let s = sig(
+            ";GPU-a,NVIDIA,1000,30:GPU-b,NVIDIA,1000,30:;MLU-x,MLU,5,5:;GPU-c,NVIDIA,500,0:;",
+            &[(annotations::USE_GPU_TYPE, "A100"), ("unrelated", "x")],
+        );
+        assert_eq!(s.counts, vec![2, 1]);
+        assert_eq!(
+            s.payload,
+            vec![vec![(1000, 30), (1000, 30)], vec![(500, 0)]]
+        );
+        assert_eq!(
+            s.constraints,
+            vec![(annotations::USE_GPU_TYPE.to_owned(), "A100".to_owned())]
+        );
+    }
+
+    #[test]
+    fn confusable_when_a_first_count_appears_in_the_other() {
+        let one = sig("GPU-a,NVIDIA,1000,30:;", &[]);
+        let two_then_one = sig("GPU-a,NVIDIA,1,1:GPU-b,NVIDIA,1,1:;GPU-c,NVIDIA,1,1:;", &[]);
+        let two = sig("GPU-a,NVIDIA,1,1:GPU-b,NVIDIA,1,1:;", &[]);
+        let none = sig(";;", &[]);
+        assert!(one.confusable_with(&one));
+        assert!(one.confusable_with(&two_then_one)); // σb[0]=2 ∉ σa, but σa[0]=1 ∈ σb
+        assert!(two_then_one.confusable_with(&one));
+        assert!(!one.confusable_with(&two));
+        assert!(!none.confusable_with(&one) && !none.confusable_with(&none));
+    }
+
+    #[test]
+    fn interchangeable_needs_equal_counts_payload_and_constraints() {
+        let a = sig("GPU-a,NVIDIA,1000,30:;", &[]);
+        // Other GPUs, same shape: interchangeable (the plan of one is valid for the other).
+        assert!(a.interchangeable_with(&sig("GPU-z,NVIDIA,1000,30:;", &[])));
+        assert!(!a.interchangeable_with(&sig("GPU-a,NVIDIA,2000,30:;", &[])));
+        assert!(!a.interchangeable_with(&sig(
+            "GPU-a,NVIDIA,1000,30:;",
+            &[(annotations::NUMA_BIND, "true")]
+        )));
+        assert!(!a.interchangeable_with(&sig("GPU-a,NVIDIA,1000,30:;GPU-a,NVIDIA,1000,30:;", &[])));
     }
 }

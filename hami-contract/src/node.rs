@@ -39,7 +39,11 @@ pub struct NodeDevice {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub mode: String,
     /// MIG profiles (MIG mode only), kept as HAMi wrote them.
-    #[serde(rename = "migProfiles", skip_serializing_if = "Vec::is_empty", serialize_with = "serialize_mig_profiles")]
+    #[serde(
+        rename = "migProfiles",
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "serialize_mig_profiles"
+    )]
     pub mig_profiles: Vec<Value>,
     /// Healthy. Absent in the JSON means unhealthy.
     #[serde(skip_serializing_if = "is_false")]
@@ -47,7 +51,15 @@ pub struct NodeDevice {
 }
 
 /// HAMi's MIG profile struct field order; other keys follow in sorted order.
-const MIG_KEY_ORDER: &[&str] = &["name", "memoryMB", "core", "sliceCount", "placements", "start", "size"];
+const MIG_KEY_ORDER: &[&str] = &[
+    "name",
+    "memoryMB",
+    "core",
+    "sliceCount",
+    "placements",
+    "start",
+    "size",
+];
 
 /// Serializes a JSON value with object keys in HAMi's struct order (see [`MIG_KEY_ORDER`]), so a
 /// decoded MIG profile re-encodes byte for byte although `serde_json::Map` sorts its keys.
@@ -59,7 +71,12 @@ impl Serialize for GoOrdered<'_> {
         match self.0 {
             Value::Object(map) => {
                 let mut keys: Vec<&String> = map.keys().collect();
-                let rank = |k: &str| MIG_KEY_ORDER.iter().position(|o| *o == k).unwrap_or(MIG_KEY_ORDER.len());
+                let rank = |k: &str| {
+                    MIG_KEY_ORDER
+                        .iter()
+                        .position(|o| *o == k)
+                        .unwrap_or(MIG_KEY_ORDER.len())
+                };
                 keys.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
                 let mut m = s.serialize_map(Some(keys.len()))?;
                 for k in keys {
@@ -81,7 +98,10 @@ impl Serialize for GoOrdered<'_> {
     }
 }
 
-fn serialize_mig_profiles<S: serde::Serializer>(profiles: &[Value], s: S) -> Result<S::Ok, S::Error> {
+fn serialize_mig_profiles<S: serde::Serializer>(
+    profiles: &[Value],
+    s: S,
+) -> Result<S::Ok, S::Error> {
     s.collect_seq(profiles.iter().map(GoOrdered))
 }
 
@@ -96,18 +116,30 @@ fn is_false(v: &bool) -> bool {
 /// Why a register annotation could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeRegisterError {
+    /// Starts with `[` but is not JSON; carries serde_json's message.
     #[error("node register annotation is not valid JSON: {0}")]
     Json(String),
+    /// JSON, but not an array of objects; carries what was found instead.
     #[error("node register annotation must be a JSON array of objects, found {0}")]
     NotAnArray(&'static str),
+    /// A device object has a key of the wrong type or range.
     #[error("node register annotation: device {index}: key {key:?}: {problem}")]
     Field {
+        /// Position of the device in the array.
         index: usize,
+        /// The offending key.
         key: &'static str,
+        /// What is wrong with it.
         problem: String,
     },
+    /// A ≤ v2.7 text entry that cannot be read.
     #[error("legacy node register annotation: device entry {entry:?}: {problem}")]
-    Legacy { entry: String, problem: String },
+    Legacy {
+        /// The device entry as written.
+        entry: String,
+        /// What is wrong with it.
+        problem: String,
+    },
 }
 
 /// HAMi's device `type`: the NVML name, prefixed with `NVIDIA-` unless it already starts with
@@ -201,7 +233,10 @@ fn decode_json_device(index: usize, item: &Value) -> Result<NodeDevice, NodeRegi
         match get(key) {
             None | Some(Value::Null) => Ok(String::new()),
             Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(field_err(key, format!("expected a string, found {}", json_kind(other)))),
+            Some(other) => Err(field_err(
+                key,
+                format!("expected a string, found {}", json_kind(other)),
+            )),
         }
     };
     let number = |key: &'static str| -> Result<u32, NodeRegisterError> {
@@ -212,21 +247,30 @@ fn decode_json_device(index: usize, item: &Value) -> Result<NodeDevice, NodeRegi
                 .and_then(|v| u32::try_from(v).ok())
                 .filter(|v| i32::try_from(*v).is_ok())
                 .ok_or_else(|| field_err(key, format!("{n} is not a non-negative 32-bit integer"))),
-            Some(other) => Err(field_err(key, format!("expected a number, found {}", json_kind(other)))),
+            Some(other) => Err(field_err(
+                key,
+                format!("expected a number, found {}", json_kind(other)),
+            )),
         }
     };
     let health = match get("health") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(other) => {
-            return Err(field_err("health", format!("expected a boolean, found {}", json_kind(other))));
+            return Err(field_err(
+                "health",
+                format!("expected a boolean, found {}", json_kind(other)),
+            ));
         }
     };
     let mig_profiles = match get("migProfiles") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(a)) => a.clone(),
         Some(other) => {
-            return Err(field_err("migProfiles", format!("expected an array, found {}", json_kind(other))));
+            return Err(field_err(
+                "migProfiles",
+                format!("expected an array, found {}", json_kind(other)),
+            ));
         }
     };
     Ok(NodeDevice {
@@ -269,7 +313,8 @@ pub fn decode_legacy(value: &str) -> Result<Vec<NodeDevice>, NodeRegisterError> 
             v.parse::<u32>()
                 .map_err(|_| legacy_err(format!("{name} {v:?} is not a non-negative integer")))
         };
-        let health = parse_go_bool(f[6]).ok_or_else(|| legacy_err(format!("Health {:?} is not a boolean", f[6])))?;
+        let health = parse_go_bool(f[6])
+            .ok_or_else(|| legacy_err(format!("Health {:?} is not a boolean", f[6])))?;
         let (index, mode) = if f.len() == 9 {
             (number("Index", f[7])?, f[8].to_owned())
         } else {
@@ -298,7 +343,15 @@ pub fn encode_legacy(devices: &[NodeDevice]) -> String {
         .map(|d| {
             format!(
                 "{},{},{},{},{},{},{},{},{}:",
-                d.id, d.count, d.devmem, d.devcore, d.device_type, d.numa, d.health, d.index, d.mode
+                d.id,
+                d.count,
+                d.devmem,
+                d.devcore,
+                d.device_type,
+                d.numa,
+                d.health,
+                d.index,
+                d.mode
             )
         })
         .collect()
@@ -325,7 +378,9 @@ pub struct DevicePairScore {
     pub score: BTreeMap<String, i64>,
 }
 
-fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, i64>, D::Error> {
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, i64>, D::Error> {
     use serde::Deserialize;
     Ok(Option::<BTreeMap<String, i64>>::deserialize(d)?.unwrap_or_default())
 }
@@ -396,17 +451,26 @@ mod tests {
         let nine = "GPU-aaa,10,15360,100,NVIDIA-Tesla T4,0,true,0,hami-core:GPU-bbb,10,15360,100,NVIDIA-Tesla T4,1,true,1,hami-core:";
         let d = decode_node_devices(nine).unwrap();
         assert_eq!(d.len(), 2);
-        assert_eq!((d[1].index, d[1].numa, d[1].mode.as_str()), (1, 1, "hami-core"));
+        assert_eq!(
+            (d[1].index, d[1].numa, d[1].mode.as_str()),
+            (1, 1, "hami-core")
+        );
         assert_eq!(encode_legacy(&d), nine);
         let seven = "GPU-ebe7c3f7-303d-558d-435e-99a160631fe4,10,7680,100,NVIDIA-Tesla P4,0,true:";
         let d = decode_node_devices(seven).unwrap();
-        assert_eq!((d[0].devmem, d[0].index, d[0].mode.as_str()), (7680, 0, "hami-core"));
+        assert_eq!(
+            (d[0].devmem, d[0].index, d[0].mode.as_str()),
+            (7680, 0, "hami-core")
+        );
     }
 
     #[test]
     fn absent_health_is_unhealthy_and_wrong_types_name_the_key() {
         let d = decode_node_devices(r#"[{"ID":"GPU-a","Count":2}]"#).unwrap();
-        assert_eq!((d[0].id.as_str(), d[0].count, d[0].health), ("GPU-a", 2, false));
+        assert_eq!(
+            (d[0].id.as_str(), d[0].count, d[0].health),
+            ("GPU-a", 2, false)
+        );
         let err = decode_node_devices(r#"[{"id":"GPU-a","devmem":"lots"}]"#).unwrap_err();
         assert!(err.to_string().contains("devmem"), "{err}");
     }
@@ -414,6 +478,9 @@ mod tests {
     #[test]
     fn model_name_prefix_rule() {
         assert_eq!(model_type_name("Tesla T4"), "NVIDIA-Tesla T4");
-        assert_eq!(model_type_name("NVIDIA A100-SXM4-40GB"), "NVIDIA A100-SXM4-40GB");
+        assert_eq!(
+            model_type_name("NVIDIA A100-SXM4-40GB"),
+            "NVIDIA A100-SXM4-40GB"
+        );
     }
 }

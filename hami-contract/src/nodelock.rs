@@ -55,7 +55,11 @@ impl NodeLock {
 impl fmt::Display for NodeLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.holder {
-            Some((ns, name)) => write!(f, "{}{NODE_LOCK_SEPARATOR}{ns}{NODE_LOCK_SEPARATOR}{name}", self.time),
+            Some((ns, name)) => write!(
+                f,
+                "{}{NODE_LOCK_SEPARATOR}{ns}{NODE_LOCK_SEPARATOR}{name}",
+                self.time
+            ),
             None => f.write_str(&self.time),
         }
     }
@@ -63,5 +67,7 @@ impl fmt::Display for NodeLock {
 
 /// HAMi's release rule: a pod may release the lock only if the value ends with `,<ns>,<name>`.
 pub fn is_held_by(value: &str, namespace: &str, name: &str) -> bool {
-    value.ends_with(&format!("{NODE_LOCK_SEPARATOR}{namespace}{NODE_LOCK_SEPARATOR}{name}"))
+    value.ends_with(&format!(
+        "{NODE_LOCK_SEPARATOR}{namespace}{NODE_LOCK_SEPARATOR}{name}"
+    ))
 }

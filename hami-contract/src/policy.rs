@@ -157,7 +157,11 @@ pub struct ScoringWeights {
 impl Default for ScoringWeights {
     /// All 1: HAMi's score before v2.10.
     fn default() -> Self {
-        ScoringWeights { slot: 1, core: 1, memory: 1 }
+        ScoringWeights {
+            slot: 1,
+            core: 1,
+            memory: 1,
+        }
     }
 }
 
@@ -181,25 +185,30 @@ impl ScoringWeights {
                 return Err(err("expected key=value entries".into()));
             };
             let key = key.trim();
-            let slot_ref = match key {
-                "slot" => &mut slot,
-                "core" => &mut core,
-                "memory" => &mut memory,
-                _ => {
-                    // HAMi checks duplicates and the integer before the key name; the outcome
-                    // (an error) is the same, only the wording can differ.
-                    return Err(err(format!("unknown weight {key:?}")));
-                }
+            // HAMi's check order: duplicate, integer, sign, then the key name.
+            let seen = match key {
+                "slot" => slot.is_some(),
+                "core" => core.is_some(),
+                "memory" => memory.is_some(),
+                _ => false,
             };
-            if slot_ref.is_some() {
+            if seen {
                 return Err(err(format!("duplicate {key:?} weight")));
             }
-            let w = parse_go_int(weight.trim()).ok_or_else(|| err(format!("{key:?} weight must be an integer")))?;
+            let w = parse_go_int(weight.trim())
+                .ok_or_else(|| err(format!("{key:?} weight must be an integer")))?;
             if w < 0 {
                 return Err(err(format!("{key:?} weight must not be negative")));
             }
-            let w = u32::try_from(w).map_err(|_| err(format!("{key:?} weight {w} is too large")))?;
-            *slot_ref = Some(w);
+            let target = match key {
+                "slot" => &mut slot,
+                "core" => &mut core,
+                "memory" => &mut memory,
+                _ => return Err(err(format!("unknown weight {key:?}"))),
+            };
+            let w =
+                u32::try_from(w).map_err(|_| err(format!("{key:?} weight {w} is too large")))?;
+            *target = Some(w);
         }
         let (Some(slot), Some(core), Some(memory)) = (slot, core, memory) else {
             return Err(err("expected slot, core, and memory weights".into()));
@@ -222,7 +231,11 @@ fn parse_go_int(s: &str) -> Option<i64> {
 
 impl fmt::Display for ScoringWeights {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "slot={},core={},memory={}", self.slot, self.core, self.memory)
+        write!(
+            f,
+            "slot={},core={},memory={}",
+            self.slot, self.core, self.memory
+        )
     }
 }
 
@@ -341,7 +354,9 @@ impl PodSchedulingOptions {
         if let Some(v) = get(annotations::NUMA_BIND) {
             match parse_go_bool(v) {
                 Some(b) => o.numa_bind = b,
-                None => o.warnings.push(AnnotationWarning::InvalidNumaBind { value: v.to_owned() }),
+                None => o.warnings.push(AnnotationWarning::InvalidNumaBind {
+                    value: v.to_owned(),
+                }),
             }
         }
         if let Some(v) = get(annotations::GPU_SCHEDULER_POLICY).filter(|v| !v.trim().is_empty()) {
@@ -350,8 +365,9 @@ impl PodSchedulingOptions {
         if let Some(v) = get(annotations::NODE_SCHEDULER_POLICY).filter(|v| !v.trim().is_empty()) {
             let (policy, unknown) = NodePolicy::parse_lenient(v);
             if unknown {
-                o.warnings
-                    .push(AnnotationWarning::UnknownNodePolicy { value: v.to_owned() });
+                o.warnings.push(AnnotationWarning::UnknownNodePolicy {
+                    value: v.to_owned(),
+                });
             }
             o.node_policy = Some(policy);
         }
@@ -373,13 +389,18 @@ impl PodSchedulingOptions {
     pub fn type_allowed(&self, device_type: &str) -> bool {
         let t = device_type.to_uppercase();
         (self.use_type.is_empty() || self.use_type.iter().any(|u| t.contains(&u.to_uppercase())))
-            && !self.nouse_type.iter().any(|u| t.contains(&u.to_uppercase()))
+            && !self
+                .nouse_type
+                .iter()
+                .any(|u| t.contains(&u.to_uppercase()))
     }
 
     /// `nvidia.com/vgpu-mode`: the device mode (`hami-core`, `mig`, `mps`) must be a substring of
     /// the annotation value; no annotation = any mode.
     pub fn mode_allowed(&self, device_mode: &str) -> bool {
-        self.vgpu_mode.as_deref().is_none_or(|m| m.contains(device_mode))
+        self.vgpu_mode
+            .as_deref()
+            .is_none_or(|m| m.contains(device_mode))
     }
 }
 

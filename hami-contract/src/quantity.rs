@@ -35,7 +35,11 @@ impl Quantity {
     pub fn ceil(&self) -> i128 {
         let d = self.denom as i128;
         let q = self.numer / d;
-        if self.numer % d != 0 && self.numer > 0 { q + 1 } else { q }
+        if self.numer % d != 0 && self.numer > 0 {
+            q + 1
+        } else {
+            q
+        }
     }
 
     /// True when the text was a bare decimal integer (`3000`, `+5`, `-1`): no fraction, no
@@ -101,7 +105,14 @@ pub fn parse(text: &str) -> Result<Quantity, QuantityError> {
                 return Err(invalid());
             }
             let magnitude: i64 = digits.parse().map_err(|_| out_of_range())?;
-            (if exp.starts_with('-') { -magnitude } else { magnitude }, 0)
+            (
+                if exp.starts_with('-') {
+                    -magnitude
+                } else {
+                    magnitude
+                },
+                0,
+            )
         }
         _ => return Err(invalid()),
     };
@@ -110,7 +121,11 @@ pub fn parse(text: &str) -> Result<Quantity, QuantityError> {
     let digits = digits.trim_start_matches('0');
     scale10 -= frac_part.len() as i64;
     if digits.is_empty() {
-        return Ok(Quantity { numer: 0, denom: 1, plain });
+        return Ok(Quantity {
+            numer: 0,
+            denom: 1,
+            plain,
+        });
     }
     if digits.len() > 38 {
         return Err(out_of_range());
@@ -119,7 +134,9 @@ pub fn parse(text: &str) -> Result<Quantity, QuantityError> {
     let pow10 = |e: i64| -> Option<u128> { 10u128.checked_pow(u32::try_from(e).ok()?) };
     let (mut numer, mut denom) = (mantissa, 1u128);
     if scale10 >= 0 {
-        numer = numer.checked_mul(pow10(scale10).ok_or_else(out_of_range)?).ok_or_else(out_of_range)?;
+        numer = numer
+            .checked_mul(pow10(scale10).ok_or_else(out_of_range)?)
+            .ok_or_else(out_of_range)?;
     } else {
         denom = pow10(-scale10).ok_or_else(out_of_range)?;
     }
@@ -181,10 +198,18 @@ mod tests {
 
     #[test]
     fn rejects_garbage_without_panicking() {
-        for bad in ["", "-", ".", "1..2", "Gi", "1K", "1e", "1e+", "1ee3", "1 ", " 1", "1Gi2", "é"] {
+        for bad in [
+            "", "-", ".", "1..2", "Gi", "1K", "1e", "1e+", "1ee3", "1 ", " 1", "1Gi2", "é",
+        ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
-        assert!(matches!(parse("1e999999999999"), Err(QuantityError::OutOfRange(_))));
-        assert!(matches!(parse("99999999999999999999999999999999999999999"), Err(QuantityError::OutOfRange(_))));
+        assert!(matches!(
+            parse("1e999999999999"),
+            Err(QuantityError::OutOfRange(_))
+        ));
+        assert!(matches!(
+            parse("99999999999999999999999999999999999999999"),
+            Err(QuantityError::OutOfRange(_))
+        ));
     }
 }

@@ -143,20 +143,39 @@ pub enum RequestWarning {
 impl fmt::Display for RequestWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RequestWarning::MemoryIgnored { container, resource, value, reason } => write!(
+            RequestWarning::MemoryIgnored {
+                container,
+                resource,
+                value,
+                reason,
+            } => write!(
                 f,
                 "container {container}: {resource}={value:?} {reason}; HAMi ignores the whole GPU request of this container \
                  ({resource} is a plain integer number of MiB, e.g. 16384 for 16 GiB)"
             ),
-            RequestWarning::MemorySuffix { container, resource, value, mib } => write!(
+            RequestWarning::MemorySuffix {
+                container,
+                resource,
+                value,
+                mib,
+            } => write!(
                 f,
                 "container {container}: {resource}={value:?} is read as {mib} MiB ({resource} is a plain integer number of MiB)"
             ),
-            RequestWarning::CountIgnored { container, resource, value } => write!(
+            RequestWarning::CountIgnored {
+                container,
+                resource,
+                value,
+            } => write!(
                 f,
                 "container {container}: {resource}={value:?} is not a positive whole number of GPUs; the container gets no HAMi GPU"
             ),
-            RequestWarning::ValueIgnored { container, resource, value, used_instead } => write!(
+            RequestWarning::ValueIgnored {
+                container,
+                resource,
+                value,
+                used_instead,
+            } => write!(
                 f,
                 "container {container}: {resource}={value:?} cannot be used; {used_instead} is used instead"
             ),
@@ -203,7 +222,10 @@ pub fn resolve_container(c: &ContainerResources, cfg: &NvidiaConfig) -> Containe
                 resource: names.count.clone(),
                 value: count_text.to_owned(),
             });
-            return ContainerRequest { request: None, warnings };
+            return ContainerRequest {
+                request: None,
+                warnings,
+            };
         }
     };
 
@@ -218,7 +240,10 @@ pub fn resolve_container(c: &ContainerResources, cfg: &NvidiaConfig) -> Containe
         match parse_integer(mem_text) {
             None => {
                 warnings.push(ignored("is not a whole number"));
-                return ContainerRequest { request: None, warnings };
+                return ContainerRequest {
+                    request: None,
+                    warnings,
+                };
             }
             Some((v, q)) => {
                 let scaled = v.checked_mul(i128::from(cfg.effective_memory_factor()));
@@ -236,14 +261,20 @@ pub fn resolve_container(c: &ContainerResources, cfg: &NvidiaConfig) -> Containe
                     }
                     Some(s) if s < 0 => {
                         warnings.push(ignored("is negative"));
-                        return ContainerRequest { request: None, warnings };
+                        return ContainerRequest {
+                            request: None,
+                            warnings,
+                        };
                     }
                     _ => {
                         warnings.push(ignored(&format!(
                             "is {v} MiB, more than a signed 32-bit integer holds after memoryFactor {}",
                             cfg.effective_memory_factor()
                         )));
-                        return ContainerRequest { request: None, warnings };
+                        return ContainerRequest {
+                            request: None,
+                            warnings,
+                        };
                     }
                 }
             }
@@ -319,8 +350,50 @@ impl PodRequests {
     }
 }
 
+/// What a pod counts against its namespace's HAMi ResourceQuota at admission (contract §5.7):
+/// per field, the larger of the app containers' sum and the largest init container. Memory is
+/// `memreq × nums` (a percentage request counts 0 here: the card is not known yet), cores
+/// `coresreq × nums`. Compare memory with the quota's `limits.<resourceMemoryName>` multiplied
+/// by `memoryFactor` (`memreq` already is).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuotaRequest {
+    /// MiB.
+    pub memory: u64,
+    /// Percent of one GPU's SMs, summed over GPUs.
+    pub cores: u64,
+}
+
+impl PodRequests {
+    /// The pod's [`QuotaRequest`].
+    pub fn quota_request(&self) -> QuotaRequest {
+        let of = |r: &ContainerDeviceRequest| {
+            (
+                u64::from(r.memreq) * u64::from(r.nums),
+                u64::from(r.coresreq) * u64::from(r.nums),
+            )
+        };
+        let (mut app_mem, mut app_cores, mut init_mem, mut init_cores) = (0u64, 0u64, 0u64, 0u64);
+        for (m, c) in self.app.iter().flatten().map(of) {
+            app_mem = app_mem.saturating_add(m);
+            app_cores = app_cores.saturating_add(c);
+        }
+        for (m, c) in self.init.iter().flatten().map(of) {
+            init_mem = init_mem.max(m);
+            init_cores = init_cores.max(c);
+        }
+        QuotaRequest {
+            memory: app_mem.max(init_mem),
+            cores: app_cores.max(init_cores),
+        }
+    }
+}
+
 /// [`resolve_container`] over every container of a pod.
-pub fn resolve_pod(init: &[ContainerResources], app: &[ContainerResources], cfg: &NvidiaConfig) -> PodRequests {
+pub fn resolve_pod(
+    init: &[ContainerResources],
+    app: &[ContainerResources],
+    cfg: &NvidiaConfig,
+) -> PodRequests {
     let mut out = PodRequests::default();
     for (containers, into) in [(init, &mut out.init), (app, &mut out.app)] {
         for c in containers {
@@ -348,7 +421,9 @@ pub struct ContainerMutation {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
     /// HAMi's exact message for a percentage outside 0..=100 (or not an integer).
-    #[error("invalid {resource} value {value} in container {container}: must be an integer between 0 and 100")]
+    #[error(
+        "invalid {resource} value {value} in container {container}: must be an integer between 0 and 100"
+    )]
     PercentageOutOfRange {
         /// Resource name (`nvidia.com/gpumem-percentage`).
         resource: String,
@@ -358,7 +433,9 @@ pub enum RequestError {
         container: String,
     },
     /// Tessera only: cores above 100 (HAMi silently clamps them to 100 in Fit).
-    #[error("invalid {resource} value {value} in container {container}: must be an integer between 0 and 100 (percent of one GPU's SMs)")]
+    #[error(
+        "invalid {resource} value {value} in container {container}: must be an integer between 0 and 100 (percent of one GPU's SMs)"
+    )]
     CoresOutOfRange {
         /// Resource name (`nvidia.com/gpucores`).
         resource: String,
@@ -396,7 +473,10 @@ pub enum RequestError {
 /// 6. no resource and `overwriteEnv` ⇒ env `NVIDIA_VISIBLE_DEVICES=none`.
 ///
 /// A count given only in `requests` together with `gpumem` is not detected (HAMi quirk B.10).
-pub fn webhook_mutation(c: &ContainerResources, cfg: &NvidiaConfig) -> Result<ContainerMutation, RequestError> {
+pub fn webhook_mutation(
+    c: &ContainerResources,
+    cfg: &NvidiaConfig,
+) -> Result<ContainerMutation, RequestError> {
     let names = &cfg.resources;
     if let Some(v) = c.quantity(&names.memory_percentage) {
         let ok = parse_integer(v).is_some_and(|(p, _)| (0..=100).contains(&p));
@@ -443,22 +523,28 @@ pub fn webhook_mutation(c: &ContainerResources, cfg: &NvidiaConfig) -> Result<Co
         // Go's `Quantity.Value()`; an unparsable quantity cannot reach the webhook (the API
         // server validates quantities), so it is simply skipped.
         if let Ok(q) = quantity::parse(p) {
-            m.add_env.push((ENV_TASK_PRIORITY.to_owned(), q.ceil().to_string()));
+            m.add_env
+                .push((ENV_TASK_PRIORITY.to_owned(), q.ceil().to_string()));
         }
     }
     if cfg.gpu_core_policy != GpuCorePolicy::Default {
-        m.add_env
-            .push((ENV_CORE_UTILIZATION_POLICY.to_owned(), cfg.gpu_core_policy.as_str().to_owned()));
+        m.add_env.push((
+            ENV_CORE_UTILIZATION_POLICY.to_owned(),
+            cfg.gpu_core_policy.as_str().to_owned(),
+        ));
     }
 
     let mut count_present = !names.count.is_empty() && c.quantity(&names.count).is_some();
     if c.in_limits(&names.count) {
         m.has_resource = true;
-    } else if (c.in_limits(&names.cores) || c.in_limits(&names.memory) || c.in_limits(&names.memory_percentage))
+    } else if (c.in_limits(&names.cores)
+        || c.in_limits(&names.memory)
+        || c.in_limits(&names.memory_percentage))
         && cfg.default_gpu_num > 0
         && !names.count.is_empty()
     {
-        m.add_limits.push((names.count.clone(), cfg.default_gpu_num.to_string()));
+        m.add_limits
+            .push((names.count.clone(), cfg.default_gpu_num.to_string()));
         m.has_resource = true;
         count_present = true;
     }
@@ -475,7 +561,8 @@ pub fn webhook_mutation(c: &ContainerResources, cfg: &NvidiaConfig) -> Result<Co
     }
 
     if !m.has_resource && cfg.overwrite_env {
-        m.add_env.push((ENV_NVIDIA_VISIBLE_DEVICES.to_owned(), "none".to_owned()));
+        m.add_env
+            .push((ENV_NVIDIA_VISIBLE_DEVICES.to_owned(), "none".to_owned()));
     }
     Ok(m)
 }

@@ -51,6 +51,9 @@ impl Default for ResourceNames {
 impl ResourceNames {
     /// The ResourceQuota keys HAMi tracks (contract §5.7): `limits.<memory>` and `limits.<cores>`.
     pub fn quota_keys(&self) -> (String, String) {
-        (format!("limits.{}", self.memory), format!("limits.{}", self.cores))
+        (
+            format!("limits.{}", self.memory),
+            format!("limits.{}", self.cores),
+        )
     }
 }

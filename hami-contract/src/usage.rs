@@ -28,7 +28,11 @@ pub struct DeviceUsage {
 /// remains (`AppContainersOnlyDeviceUsage`): GPUs used only by init containers drop out.
 ///
 /// The result lists GPUs in order of first appearance in `devices`; sums saturate at `u32::MAX`.
-pub fn collapse_pod_usage(devices: &PodDevices, init_count: usize, init_containers_done: bool) -> Vec<DeviceUsage> {
+pub fn collapse_pod_usage(
+    devices: &PodDevices,
+    init_count: usize,
+    init_containers_done: bool,
+) -> Vec<DeviceUsage> {
     #[derive(Default, Clone, Copy)]
     struct Acc {
         init_mem: u32,
@@ -44,7 +48,10 @@ pub fn collapse_pod_usage(devices: &PodDevices, init_count: usize, init_containe
     for (i, container) in devices.0.iter().enumerate() {
         let is_init = i < split;
         for d in container {
-            let pos = match order.iter().position(|(v, u)| *v == d.vendor && *u == d.uuid) {
+            let pos = match order
+                .iter()
+                .position(|(v, u)| *v == d.vendor && *u == d.uuid)
+            {
                 Some(p) => p,
                 None => {
                     order.push((d.vendor.clone(), d.uuid.clone()));

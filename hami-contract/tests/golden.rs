@@ -8,22 +8,27 @@ use hami_contract::config::{DeviceConfig, GpuCorePolicy, NodeConfigFile, NvidiaC
 use hami_contract::devices::{ContainerDevice, PodDevices};
 use hami_contract::handshake::{Handshake, parse_go_datetime};
 use hami_contract::node::{
-    DevicePairScore, NodeDevice, P2pLink, decode_node_devices, decode_pair_scores, encode_legacy, encode_node_devices,
-    encode_pair_scores, model_type_name,
+    DevicePairScore, NodeDevice, P2pLink, decode_node_devices, decode_pair_scores, encode_legacy,
+    encode_node_devices, encode_pair_scores, model_type_name,
 };
 use hami_contract::nodelock::{NodeLock, is_held_by};
 use hami_contract::policy::{
-    AnnotationWarning, GpuPolicy, GpuPolicyChain, NodePolicy, PodSchedulingOptions, ScoringWeights, parse_device_cordon,
+    AnnotationWarning, GpuPolicy, GpuPolicyChain, NodePolicy, PodSchedulingOptions, ScoringWeights,
+    parse_device_cordon,
 };
 use hami_contract::request::{
-    ContainerDeviceRequest, ContainerResources, RequestError, RequestWarning, resolve_container, webhook_mutation,
+    ContainerDeviceRequest, ContainerResources, RequestError, RequestWarning, resolve_container,
+    webhook_mutation,
 };
 use hami_contract::resources::{MEM_PERCENTAGE_UNSET, ResourceNames};
 
 fn container(limits: &[(&str, &str)]) -> ContainerResources {
     ContainerResources {
         name: "main".into(),
-        limits: limits.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
+        limits: limits
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect(),
         ..Default::default()
     }
 }
@@ -50,7 +55,13 @@ const PRIO: &str = "nvidia.com/priority";
 fn s1_1_default_resource_names() {
     let n = ResourceNames::default();
     assert_eq!(
-        [&n.count, &n.memory, &n.memory_percentage, &n.cores, &n.priority],
+        [
+            &n.count,
+            &n.memory,
+            &n.memory_percentage,
+            &n.cores,
+            &n.priority
+        ],
         [GPU, MEM, PCT, CORES, PRIO]
     );
     assert_eq!(NvidiaConfig::default().resources, n);
@@ -61,14 +72,19 @@ fn s1_1_limits_are_read_before_requests() {
     let mut c = container(&[(GPU, "1"), (MEM, "3000")]);
     c.requests.insert(MEM.into(), "1000".into());
     c.requests.insert(CORES.into(), "30".into());
-    let r = resolve_container(&c, &NvidiaConfig::default()).request.unwrap();
+    let r = resolve_container(&c, &NvidiaConfig::default())
+        .request
+        .unwrap();
     assert_eq!((r.memreq, r.coresreq), (3000, 30));
 }
 
 #[test]
 fn s1_1_gpumem_16gi_makes_hami_ignore_the_whole_request() {
     for bad in ["16Gi", "16.0Gi", "1.5"] {
-        let r = resolve_container(&container(&[(GPU, "1"), (MEM, bad)]), &NvidiaConfig::default());
+        let r = resolve_container(
+            &container(&[(GPU, "1"), (MEM, bad)]),
+            &NvidiaConfig::default(),
+        );
         assert_eq!(r.request, None, "{bad}");
         assert!(
             matches!(&r.warnings[..], [RequestWarning::MemoryIgnored { value, .. }] if value == bad),
@@ -76,7 +92,10 @@ fn s1_1_gpumem_16gi_makes_hami_ignore_the_whole_request() {
             r.warnings
         );
         let text = r.warnings[0].to_string();
-        assert!(text.contains("ignores the whole GPU request") && text.contains("16384"), "{text}");
+        assert!(
+            text.contains("ignores the whole GPU request") && text.contains("16384"),
+            "{text}"
+        );
     }
     // Overflow after memoryFactor.
     let cfg = NvidiaConfig {
@@ -85,23 +104,33 @@ fn s1_1_gpumem_16gi_makes_hami_ignore_the_whole_request() {
     };
     let r = resolve_container(&container(&[(GPU, "1"), (MEM, "2000000000")]), &cfg);
     assert_eq!(r.request, None);
-    assert!(matches!(r.warnings[..], [RequestWarning::MemoryIgnored { .. }]));
+    assert!(matches!(
+        r.warnings[..],
+        [RequestWarning::MemoryIgnored { .. }]
+    ));
 }
 
 #[test]
 fn s1_1_percentage_above_100_is_clamped_and_zero_is_unset() {
     let d = NvidiaConfig::default();
-    let r = resolve_container(&container(&[(GPU, "1"), (PCT, "150")]), &d).request.unwrap();
+    let r = resolve_container(&container(&[(GPU, "1"), (PCT, "150")]), &d)
+        .request
+        .unwrap();
     assert_eq!(r.mem_percentage_req, 100);
-    let r = resolve_container(&container(&[(GPU, "1"), (PCT, "-5")]), &d).request.unwrap();
+    let r = resolve_container(&container(&[(GPU, "1"), (PCT, "-5")]), &d)
+        .request
+        .unwrap();
     assert_eq!(r.mem_percentage_req, 100); // unset ⇒ whole card default
 }
 
 #[test]
 fn s1_1_cores_above_100_are_clamped_in_fit() {
-    let r = resolve_container(&container(&[(GPU, "1"), (CORES, "150")]), &NvidiaConfig::default())
-        .request
-        .unwrap();
+    let r = resolve_container(
+        &container(&[(GPU, "1"), (CORES, "150")]),
+        &NvidiaConfig::default(),
+    )
+    .request
+    .unwrap();
     assert_eq!((r.coresreq, r.cores_on()), (150, 100));
 }
 
@@ -110,11 +139,24 @@ fn s1_1_cores_above_100_are_clamped_in_fit() {
 #[test]
 fn s1_2_request_table() {
     let d = NvidiaConfig::default();
-    let rows: Vec<(Vec<(&str, &str)>, NvidiaConfig, ContainerDeviceRequest)> = vec![
+    type Row<'a> = (
+        Vec<(&'a str, &'a str)>,
+        NvidiaConfig,
+        ContainerDeviceRequest,
+    );
+    let rows: Vec<Row> = vec![
         (vec![(GPU, "1")], d.clone(), req(1, 0, 100, 0)),
-        (vec![(GPU, "2"), (MEM, "4096")], d.clone(), req(2, 4096, 101, 0)),
+        (
+            vec![(GPU, "2"), (MEM, "4096")],
+            d.clone(),
+            req(2, 4096, 101, 0),
+        ),
         (vec![(GPU, "1"), (PCT, "50")], d.clone(), req(1, 0, 50, 0)),
-        (vec![(GPU, "1"), (CORES, "50")], d.clone(), req(1, 0, 100, 50)),
+        (
+            vec![(GPU, "1"), (CORES, "50")],
+            d.clone(),
+            req(1, 0, 100, 50),
+        ),
         (vec![(GPU, "1"), (PCT, "0")], d.clone(), req(1, 0, 100, 0)),
         (
             vec![(GPU, "1")],
@@ -147,8 +189,13 @@ fn s1_2_default_memory_is_not_multiplied_by_memory_factor() {
         memory_factor: 4,
         ..Default::default()
     };
-    let r = resolve_container(&container(&[(GPU, "1")]), &cfg).request.unwrap();
-    assert_eq!((r.memreq, r.mem_percentage_req), (512, MEM_PERCENTAGE_UNSET));
+    let r = resolve_container(&container(&[(GPU, "1")]), &cfg)
+        .request
+        .unwrap();
+    assert_eq!(
+        (r.memreq, r.mem_percentage_req),
+        (512, MEM_PERCENTAGE_UNSET)
+    );
 }
 
 #[test]
@@ -188,13 +235,18 @@ fn s1_3_gpu_alone_is_an_exclusive_whole_card() {
         .unwrap();
     assert_eq!((r.mem_percentage_req, r.coresreq), (100, 100));
     // Without the webhook: 100 % memory, defaultCores (0) cores.
-    let r = resolve_container(&container(&[(GPU, "1")]), &d).request.unwrap();
+    let r = resolve_container(&container(&[(GPU, "1")]), &d)
+        .request
+        .unwrap();
     assert_eq!((r.mem_percentage_req, r.coresreq), (100, 0));
 }
 
 #[test]
 fn s1_3_gpu_with_gpumem_stays_shareable() {
-    let (has, add) = limits_after(&container(&[(GPU, "1"), (MEM, "8192")]), &NvidiaConfig::default());
+    let (has, add) = limits_after(
+        &container(&[(GPU, "1"), (MEM, "8192")]),
+        &NvidiaConfig::default(),
+    );
     assert!(has);
     assert!(add.is_empty());
 }
@@ -206,7 +258,11 @@ fn s1_3_percentage_100_is_exclusive_other_percentages_are_not() {
         limits_after(&container(&[(GPU, "1"), (PCT, "100")]), &d).1,
         vec![(CORES.to_owned(), "100".to_owned())]
     );
-    assert!(limits_after(&container(&[(GPU, "1"), (PCT, "50")]), &d).1.is_empty());
+    assert!(
+        limits_after(&container(&[(GPU, "1"), (PCT, "50")]), &d)
+            .1
+            .is_empty()
+    );
     // Empty memory resource name ⇒ exclusive.
     let mut cfg = d.clone();
     cfg.resources.memory = String::new();
@@ -227,24 +283,36 @@ fn s1_3_count_defaulting() {
     // gpumem-percentage 100 alone: count added, then exclusive cores.
     assert_eq!(
         limits_after(&container(&[(PCT, "100")]), &d).1,
-        vec![(GPU.to_owned(), "1".to_owned()), (CORES.to_owned(), "100".to_owned())]
+        vec![
+            (GPU.to_owned(), "1".to_owned()),
+            (CORES.to_owned(), "100".to_owned())
+        ]
     );
     let cfg = NvidiaConfig {
         default_gpu_num: 2,
         ..d.clone()
     };
-    assert_eq!(limits_after(&container(&[(MEM, "3000")]), &cfg).1, vec![(GPU.to_owned(), "2".to_owned())]);
+    assert_eq!(
+        limits_after(&container(&[(MEM, "3000")]), &cfg).1,
+        vec![(GPU.to_owned(), "2".to_owned())]
+    );
     let cfg = NvidiaConfig {
         default_gpu_num: 0,
         ..d
     };
-    assert_eq!(limits_after(&container(&[(MEM, "3000")]), &cfg), (false, vec![]));
+    assert_eq!(
+        limits_after(&container(&[(MEM, "3000")]), &cfg),
+        (false, vec![])
+    );
 }
 
 #[test]
 fn s1_3_scheduler_defaults() {
     let d = NvidiaConfig::default();
-    assert_eq!((d.default_memory, d.default_cores, d.default_gpu_num), (0, 0, 1));
+    assert_eq!(
+        (d.default_memory, d.default_cores, d.default_gpu_num),
+        (0, 0, 1)
+    );
 }
 
 // ---- §1.4 device-config.yaml -----------------------------------------------------------------
@@ -264,7 +332,12 @@ fn s1_4_chart_defaults_for_absent_keys() {
     assert!(!d.disable_core_limit);
     assert_eq!(DeviceConfig::from_yaml("").unwrap().nvidia, d);
     assert_eq!(DeviceConfig::from_yaml("nvidia:\n").unwrap().nvidia, d);
-    assert_eq!(DeviceConfig::from_yaml("cambricon:\n  resourceCountName: x\n").unwrap().nvidia, d);
+    assert_eq!(
+        DeviceConfig::from_yaml("cambricon:\n  resourceCountName: x\n")
+            .unwrap()
+            .nvidia,
+        d
+    );
 }
 
 #[test]
@@ -301,12 +374,25 @@ hygon:
     let c = DeviceConfig::from_yaml(yaml).unwrap().nvidia;
     assert_eq!(c.resources.count, "example.com/gpu");
     assert_eq!(c.resources.memory, "example.com/gpumem");
-    assert_eq!(c.resources.memory_percentage, "example.com/gpumem-percentage");
+    assert_eq!(
+        c.resources.memory_percentage,
+        "example.com/gpumem-percentage"
+    );
     assert_eq!(c.resources.cores, "example.com/gpucores");
     assert_eq!(c.resources.priority, "example.com/priority");
     assert!(c.overwrite_env);
-    assert_eq!((c.default_memory, c.default_cores, c.default_gpu_num), (1024, 10, 2));
-    assert_eq!((c.memory_factor, c.pre_configured_device_memory, c.device_split_count), (4, 81920, 5));
+    assert_eq!(
+        (c.default_memory, c.default_cores, c.default_gpu_num),
+        (1024, 10, 2)
+    );
+    assert_eq!(
+        (
+            c.memory_factor,
+            c.pre_configured_device_memory,
+            c.device_split_count
+        ),
+        (4, 81920, 5)
+    );
     assert_eq!((c.device_memory_scaling, c.device_core_scaling), (1.5, 2.0));
     assert!(c.enable_numa_topology);
     assert_eq!(c.gpu_core_policy, GpuCorePolicy::Force);
@@ -321,21 +407,47 @@ hygon:
 #[test]
 fn s1_4_wrong_types_name_the_key_path() {
     let cases = [
-        ("nvidia:\n  deviceSplitCount: ten\n", "nvidia.deviceSplitCount: invalid type: string \"ten\", expected u32"),
-        ("nvidia:\n  defaultMemory: -1\n", "nvidia.defaultMemory: invalid type: integer `-1`, expected u32"),
+        (
+            "nvidia:\n  deviceSplitCount: ten\n",
+            "nvidia.deviceSplitCount: invalid type: string \"ten\", expected u32",
+        ),
+        (
+            "nvidia:\n  defaultMemory: -1\n",
+            "nvidia.defaultMemory: invalid type: integer `-1`, expected u32",
+        ),
         ("nvidia:\n  overwriteEnv: maybe\n", "nvidia.overwriteEnv:"),
-        ("nvidia:\n  deviceMemoryScaling: lots\n", "nvidia.deviceMemoryScaling:"),
-        ("nvidia:\n  gpuCorePolicy: sometimes\n", "nvidia.gpuCorePolicy: unknown gpuCorePolicy \"sometimes\""),
-        ("nvidia:\n  migProfileAllowlist: [{models: 3}]\n", "nvidia.migProfileAllowlist[0].models:"),
-        ("nvidia:\n  deviceCoreScaling: -1\n", "nvidia.deviceCoreScaling: must be a positive number"),
-        ("nvidia:\n  memoryFactor: 3000000000\n", "nvidia.memoryFactor: 3000000000 does not fit"),
+        (
+            "nvidia:\n  deviceMemoryScaling: lots\n",
+            "nvidia.deviceMemoryScaling:",
+        ),
+        (
+            "nvidia:\n  gpuCorePolicy: sometimes\n",
+            "nvidia.gpuCorePolicy: unknown gpuCorePolicy \"sometimes\"",
+        ),
+        (
+            "nvidia:\n  migProfileAllowlist: [{models: 3}]\n",
+            "nvidia.migProfileAllowlist[0].models:",
+        ),
+        (
+            "nvidia:\n  deviceCoreScaling: -1\n",
+            "nvidia.deviceCoreScaling: must be a positive number",
+        ),
+        (
+            "nvidia:\n  memoryFactor: 3000000000\n",
+            "nvidia.memoryFactor: 3000000000 does not fit",
+        ),
         ("nvidia: [1, 2]\n", "nvidia:"),
     ];
     for (yaml, want) in cases {
         let err = DeviceConfig::from_yaml(yaml).unwrap_err().to_string();
-        assert!(err.starts_with(want), "{yaml:?}: got {err:?}, want prefix {want:?}");
+        assert!(
+            err.starts_with(want),
+            "{yaml:?}: got {err:?}, want prefix {want:?}"
+        );
     }
-    let err = DeviceConfig::from_yaml("nvidia: {\n").unwrap_err().to_string();
+    let err = DeviceConfig::from_yaml("nvidia: {\n")
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("device-config.yaml: "), "{err}");
 }
 
@@ -351,12 +463,21 @@ fn s1_4_gpu_core_policy_env_and_overwrite_env() {
     assert_eq!(
         m.add_env,
         vec![
-            ("GPU_CORE_UTILIZATION_POLICY".to_owned(), "disable".to_owned()),
+            (
+                "GPU_CORE_UTILIZATION_POLICY".to_owned(),
+                "disable".to_owned()
+            ),
             ("NVIDIA_VISIBLE_DEVICES".to_owned(), "none".to_owned())
         ]
     );
     let m = webhook_mutation(&container(&[(GPU, "1")]), &cfg).unwrap();
-    assert_eq!(m.add_env, vec![("GPU_CORE_UTILIZATION_POLICY".to_owned(), "disable".to_owned())]);
+    assert_eq!(
+        m.add_env,
+        vec![(
+            "GPU_CORE_UTILIZATION_POLICY".to_owned(),
+            "disable".to_owned()
+        )]
+    );
 }
 
 // ---- §1.5 per-node config.json ---------------------------------------------------------------
@@ -413,10 +534,15 @@ fn s1_5_keys_are_case_insensitive_and_errors_name_the_path() {
     assert_eq!(n.devicesplitcount, Some(3));
     assert!(n.filterdevices.hides("GPU-a", 0) && n.filterdevices.hides("GPU-x", 1));
     assert!(!n.filterdevices.hides("GPU-x", 0));
-    let err = NodeConfigFile::from_json(r#"{"nodeconfig":[{"name":"n"},{"name":"m","devicesplitcount":"ten"}]}"#)
-        .unwrap_err()
-        .to_string();
-    assert!(err.starts_with("nodeconfig[1].devicesplitcount: invalid type: string \"ten\""), "{err}");
+    let err = NodeConfigFile::from_json(
+        r#"{"nodeconfig":[{"name":"n"},{"name":"m","devicesplitcount":"ten"}]}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with("nodeconfig[1].devicesplitcount: invalid type: string \"ten\""),
+        "{err}"
+    );
     let err = NodeConfigFile::from_json("{").unwrap_err().to_string();
     assert!(err.starts_with("config.json: "), "{err}");
 }
@@ -463,7 +589,9 @@ fn s2_1_omitempty_and_absent_health() {
         ..Default::default()
     };
     assert_eq!(encode_node_devices(&[d]), r#"[{"id":"GPU-a"}]"#);
-    let got = decode_node_devices(r#"[{"id":"GPU-a","count":1,"devicepairscore":{},"future":[1]}]"#).unwrap();
+    let got =
+        decode_node_devices(r#"[{"id":"GPU-a","count":1,"devicepairscore":{},"future":[1]}]"#)
+            .unwrap();
     assert!(!got[0].health);
     assert_eq!(decode_node_devices("[]").unwrap(), vec![]);
 }
@@ -471,7 +599,10 @@ fn s2_1_omitempty_and_absent_health() {
 #[test]
 fn s2_1_type_prefix_rule() {
     assert_eq!(model_type_name("Tesla T4"), "NVIDIA-Tesla T4");
-    assert_eq!(model_type_name("NVIDIA A100-SXM4-40GB"), "NVIDIA A100-SXM4-40GB");
+    assert_eq!(
+        model_type_name("NVIDIA A100-SXM4-40GB"),
+        "NVIDIA A100-SXM4-40GB"
+    );
 }
 
 #[test]
@@ -544,7 +675,10 @@ fn s2_2_pair_score_example_and_link_table() {
 #[test]
 fn s2_3_handshake_values() {
     assert_eq!(keys::NODE_HANDSHAKE, "hami.io/node-handshake");
-    assert_eq!(Handshake::requesting("2025-06-13 09:07:40"), "Requesting_2025-06-13 09:07:40");
+    assert_eq!(
+        Handshake::requesting("2025-06-13 09:07:40"),
+        "Requesting_2025-06-13 09:07:40"
+    );
     let h = Handshake::parse("Requesting_2025-06-13 09:07:40");
     assert_eq!(h, Handshake::Requesting("2025-06-13 09:07:40".into()));
     assert_eq!(h.encode(), "Requesting_2025-06-13 09:07:40");
@@ -569,7 +703,10 @@ fn s2_4_node_lock_values() {
     assert_eq!(keys::NODE_LOCK, "hami.io/mutex.lock");
     let v = "2025-06-13T09:07:40+08:00,default,gpu-pod-1";
     let lock = NodeLock::parse(v).unwrap();
-    assert_eq!(lock, NodeLock::for_pod("2025-06-13T09:07:40+08:00", "default", "gpu-pod-1"));
+    assert_eq!(
+        lock,
+        NodeLock::for_pod("2025-06-13T09:07:40+08:00", "default", "gpu-pod-1")
+    );
     assert_eq!(lock.encode(), v);
     assert!(is_held_by(v, "default", "gpu-pod-1"));
     assert!(!is_held_by(v, "default", "gpu-pod-2"));
@@ -583,7 +720,10 @@ fn s2_4_node_lock_values() {
 #[test]
 fn s2_5_device_cordon() {
     assert_eq!(keys::DEVICE_CORDON, "hami.io/device-cordon");
-    assert_eq!(parse_device_cordon(" GPU-a , ,GPU-b,"), vec!["GPU-a", "GPU-b"]);
+    assert_eq!(
+        parse_device_cordon(" GPU-a , ,GPU-b,"),
+        vec!["GPU-a", "GPU-b"]
+    );
     assert!(parse_device_cordon("").is_empty());
 }
 
@@ -593,13 +733,20 @@ fn s2_5_device_cordon() {
 fn s3_1_keys_and_values() {
     assert_eq!(keys::VGPU_NODE, "hami.io/vgpu-node");
     assert_eq!(keys::VGPU_TIME, "hami.io/vgpu-time");
-    assert_eq!(keys::DEVICES_TO_ALLOCATE, "hami.io/vgpu-devices-to-allocate");
+    assert_eq!(
+        keys::DEVICES_TO_ALLOCATE,
+        "hami.io/vgpu-devices-to-allocate"
+    );
     assert_eq!(keys::DEVICES_ALLOCATED, "hami.io/vgpu-devices-allocated");
     assert_eq!(keys::MIG_ALLOCATIONS, "hami.io/vgpu-mig-allocations");
     assert_eq!(keys::BIND_PHASE, "hami.io/bind-phase");
     assert_eq!(keys::BIND_TIME, "hami.io/bind-time");
     assert_eq!(
-        [keys::BIND_PHASE_ALLOCATING, keys::BIND_PHASE_SUCCESS, keys::BIND_PHASE_FAILED],
+        [
+            keys::BIND_PHASE_ALLOCATING,
+            keys::BIND_PHASE_SUCCESS,
+            keys::BIND_PHASE_FAILED
+        ],
         ["allocating", "success", "failed"]
     );
     for k in keys::SCHEDULER_OWNED {
@@ -624,7 +771,11 @@ fn s3_2_device_list_table() {
     let rows: Vec<(&str, Vec<Vec<ContainerDevice>>)> = vec![
         (
             "GPU-8dcd427f-483b-b48f-d7e5-75fb19a52b76,NVIDIA,3000,30:;",
-            vec![vec![dev("GPU-8dcd427f-483b-b48f-d7e5-75fb19a52b76", 3000, 30)]],
+            vec![vec![dev(
+                "GPU-8dcd427f-483b-b48f-d7e5-75fb19a52b76",
+                3000,
+                30,
+            )]],
         ),
         (
             "GPU-aaa,NVIDIA,3000,30:GPU-bbb,NVIDIA,3000,30:;",
@@ -634,9 +785,18 @@ fn s3_2_device_list_table() {
             "GPU-aaa,NVIDIA,500,3:;GPU-bbb,NVIDIA,500,3:;",
             vec![vec![dev("GPU-aaa", 500, 3)], vec![dev("GPU-bbb", 500, 3)]],
         ),
-        (";GPU-aaa,NVIDIA,1000,30:;", vec![vec![], vec![dev("GPU-aaa", 1000, 30)]]),
-        (";GPU-aaa,NVIDIA,1000,30:;;", vec![vec![], vec![dev("GPU-aaa", 1000, 30)], vec![]]),
-        ("GPU-aaa,NVIDIA,15360,100:;", vec![vec![dev("GPU-aaa", 15360, 100)]]),
+        (
+            ";GPU-aaa,NVIDIA,1000,30:;",
+            vec![vec![], vec![dev("GPU-aaa", 1000, 30)]],
+        ),
+        (
+            ";GPU-aaa,NVIDIA,1000,30:;;",
+            vec![vec![], vec![dev("GPU-aaa", 1000, 30)], vec![]],
+        ),
+        (
+            "GPU-aaa,NVIDIA,15360,100:;",
+            vec![vec![dev("GPU-aaa", 15360, 100)]],
+        ),
     ];
     for (text, want) in rows {
         let got = PodDevices::decode(text).unwrap();
@@ -662,7 +822,9 @@ fn s3_2_decoding_rules() {
         PodDevices::decode("junk:GPU-a,NVIDIA,1,2,extra:;").unwrap(),
         PodDevices(vec![vec![dev("GPU-a", 1, 2)]])
     );
-    let err = PodDevices::decode("GPU-a,NVIDIA,1:;").unwrap_err().to_string();
+    let err = PodDevices::decode("GPU-a,NVIDIA,1:;")
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("pod annotation format error"), "{err}");
     // The whole-card-by-percentage row: 100 % of a 15360 MiB card.
     assert_eq!(req(1, 0, 100, 100).memory_on(15360), 15360);
@@ -671,7 +833,10 @@ fn s3_2_decoding_rules() {
 // ---- §3.3 user annotations -------------------------------------------------------------------
 
 fn annos(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).into(), (*v).into()))
+        .collect()
 }
 
 #[test]
@@ -694,7 +859,10 @@ fn s3_3_annotation_examples() {
     assert_eq!(o.nouse_type, ["T4"]);
     assert_eq!(o.vgpu_mode.as_deref(), Some("hami-core"));
     assert!(o.numa_bind);
-    assert_eq!(o.gpu_policy, Some(GpuPolicyChain(vec![GpuPolicy::Binpack, GpuPolicy::Numa])));
+    assert_eq!(
+        o.gpu_policy,
+        Some(GpuPolicyChain(vec![GpuPolicy::Binpack, GpuPolicy::Numa]))
+    );
     assert_eq!(o.node_policy, Some(NodePolicy::Spread));
     assert_eq!(
         o.scoring_weights,
@@ -713,20 +881,31 @@ fn s3_3_annotation_examples() {
 
 #[test]
 fn s3_3_empty_uuid_list_is_no_constraint() {
-    let o = PodSchedulingOptions::from_annotations(&annos(&[("nvidia.com/use-gpuuuid", "")])).unwrap();
+    let o =
+        PodSchedulingOptions::from_annotations(&annos(&[("nvidia.com/use-gpuuuid", "")])).unwrap();
     assert!(o.uuid_allowed("GPU-anything"));
-    assert_eq!(PodSchedulingOptions::from_annotations(&BTreeMap::new()).unwrap(), PodSchedulingOptions::default());
+    assert_eq!(
+        PodSchedulingOptions::from_annotations(&BTreeMap::new()).unwrap(),
+        PodSchedulingOptions::default()
+    );
 }
 
 #[test]
 fn s3_3_numa_bind_go_bool_values() {
     for v in ["1", "t", "T", "TRUE", "true", "True"] {
-        let o = PodSchedulingOptions::from_annotations(&annos(&[("nvidia.com/numa-bind", v)])).unwrap();
+        let o =
+            PodSchedulingOptions::from_annotations(&annos(&[("nvidia.com/numa-bind", v)])).unwrap();
         assert!(o.numa_bind, "{v}");
     }
-    let o = PodSchedulingOptions::from_annotations(&annos(&[("nvidia.com/numa-bind", "yes")])).unwrap();
+    let o =
+        PodSchedulingOptions::from_annotations(&annos(&[("nvidia.com/numa-bind", "yes")])).unwrap();
     assert!(!o.numa_bind);
-    assert_eq!(o.warnings, vec![AnnotationWarning::InvalidNumaBind { value: "yes".into() }]);
+    assert_eq!(
+        o.warnings,
+        vec![AnnotationWarning::InvalidNumaBind {
+            value: "yes".into()
+        }]
+    );
 }
 
 #[test]
@@ -736,36 +915,82 @@ fn s3_3_gpu_policies() {
         assert_eq!(chain.0.len(), 1);
         assert_eq!(chain.to_string(), p);
     }
-    let err = GpuPolicyChain::parse("binpack,bogus").unwrap_err().to_string();
+    let err = GpuPolicyChain::parse("binpack,bogus")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("\"bogus\""), "{err}");
 }
 
 #[test]
 fn s3_3_node_policy_other_values_behave_as_binpack() {
-    let o = PodSchedulingOptions::from_annotations(&annos(&[("hami.io/node-scheduler-policy", "fastest")])).unwrap();
+    let o = PodSchedulingOptions::from_annotations(&annos(&[(
+        "hami.io/node-scheduler-policy",
+        "fastest",
+    )]))
+    .unwrap();
     assert_eq!(o.node_policy, Some(NodePolicy::Binpack));
-    assert_eq!(o.warnings, vec![AnnotationWarning::UnknownNodePolicy { value: "fastest".into() }]);
-    let o = PodSchedulingOptions::from_annotations(&annos(&[("hami.io/node-scheduler-policy", "binpack")])).unwrap();
+    assert_eq!(
+        o.warnings,
+        vec![AnnotationWarning::UnknownNodePolicy {
+            value: "fastest".into()
+        }]
+    );
+    let o = PodSchedulingOptions::from_annotations(&annos(&[(
+        "hami.io/node-scheduler-policy",
+        "binpack",
+    )]))
+    .unwrap();
     assert!(o.warnings.is_empty());
 }
 
 #[test]
 fn s3_3_scoring_weights_rules() {
-    assert_eq!(ScoringWeights::default(), ScoringWeights { slot: 1, core: 1, memory: 1 });
+    assert_eq!(
+        ScoringWeights::default(),
+        ScoringWeights {
+            slot: 1,
+            core: 1,
+            memory: 1
+        }
+    );
     assert_eq!(
         ScoringWeights::parse(" memory = 3 , slot=0,core=+2").unwrap(),
-        ScoringWeights { slot: 0, core: 2, memory: 3 }
+        ScoringWeights {
+            slot: 0,
+            core: 2,
+            memory: 3
+        }
     );
     let bad = [
         ("slot=1,core=1", "expected slot, core, and memory weights"),
-        ("slot=1,core=1,memory=1,slot=1", "expected slot, core, and memory weights"),
+        (
+            "slot=1,core=1,memory=1,slot=1",
+            "expected slot, core, and memory weights",
+        ),
         ("slot=1,core=1,memory", "expected key=value entries"),
         ("slot=1,slot=1,memory=1", "duplicate \"slot\" weight"),
-        ("slot=1,core=x,memory=1", "\"core\" weight must be an integer"),
-        ("slot=1,core=1.5,memory=1", "\"core\" weight must be an integer"),
-        ("slot=1,core=-1,memory=1", "\"core\" weight must not be negative"),
+        (
+            "slot=1,core=x,memory=1",
+            "\"core\" weight must be an integer",
+        ),
+        (
+            "slot=1,core=1.5,memory=1",
+            "\"core\" weight must be an integer",
+        ),
+        (
+            "slot=1,core=-1,memory=1",
+            "\"core\" weight must not be negative",
+        ),
         ("slot=1,gpu=1,memory=1", "unknown weight \"gpu\""),
-        ("slot=0,core=0,memory=0", "at least one weight must be positive"),
+        ("slot=1,gpu=x,memory=1", "\"gpu\" weight must be an integer"),
+        (
+            "slot=1,gpu=-1,memory=1",
+            "\"gpu\" weight must not be negative",
+        ),
+        (
+            "slot=0,core=0,memory=0",
+            "at least one weight must be positive",
+        ),
         ("", "expected slot, core, and memory weights"),
     ];
     for (v, problem) in bad {
@@ -776,7 +1001,11 @@ fn s3_3_scoring_weights_rules() {
             "{v}"
         );
         assert!(
-            PodSchedulingOptions::from_annotations(&annos(&[("hami.io/device-scoring-weights", v)])).is_err(),
+            PodSchedulingOptions::from_annotations(&annos(&[(
+                "hami.io/device-scoring-weights",
+                v
+            )]))
+            .is_err(),
             "{v}"
         );
     }
@@ -814,12 +1043,24 @@ fn s7_webhook_errors() {
 
 #[test]
 fn s7_priority_env() {
-    let m = webhook_mutation(&container(&[(GPU, "1"), (PRIO, "1")]), &NvidiaConfig::default()).unwrap();
-    assert_eq!(m.add_env, vec![("CUDA_TASK_PRIORITY".to_owned(), "1".to_owned())]);
+    let m = webhook_mutation(
+        &container(&[(GPU, "1"), (PRIO, "1")]),
+        &NvidiaConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        m.add_env,
+        vec![("CUDA_TASK_PRIORITY".to_owned(), "1".to_owned())]
+    );
     // Only a priority *limit* counts.
     let mut c = container(&[(GPU, "1")]);
     c.requests.insert(PRIO.into(), "0".into());
-    assert!(webhook_mutation(&c, &NvidiaConfig::default()).unwrap().add_env.is_empty());
+    assert!(
+        webhook_mutation(&c, &NvidiaConfig::default())
+            .unwrap()
+            .add_env
+            .is_empty()
+    );
 }
 
 #[test]
@@ -836,4 +1077,36 @@ fn s7_count_only_in_requests_with_gpumem_is_not_detected() {
     let m = webhook_mutation(&c, &NvidiaConfig::default()).unwrap();
     assert!(m.has_resource);
     assert_eq!(m.add_limits, vec![(CORES.to_owned(), "100".to_owned())]);
+}
+
+// ---- §5.7 quota request at admission ---------------------------------------------------------
+
+#[test]
+fn s5_7_pod_quota_request_is_max_of_app_sum_and_largest_init() {
+    use hami_contract::request::{QuotaRequest, resolve_pod};
+    let d = NvidiaConfig::default();
+    let init = [container(&[(GPU, "1"), (MEM, "8000"), (CORES, "10")])];
+    let app = [
+        container(&[(GPU, "2"), (MEM, "3000"), (CORES, "20")]),
+        container(&[(GPU, "1"), (PCT, "50")]),
+        container(&[]),
+    ];
+    let p = resolve_pod(&init, &app, &d);
+    assert!(!p.is_empty());
+    assert_eq!(
+        p.quota_request(),
+        QuotaRequest {
+            memory: 8000,
+            cores: 40
+        }
+    );
+    assert!(resolve_pod(&[], &[container(&[])], &d).is_empty());
+    // Keys the quota is read from.
+    assert_eq!(
+        d.resources.quota_keys(),
+        (
+            "limits.nvidia.com/gpumem".to_owned(),
+            "limits.nvidia.com/gpucores".to_owned()
+        )
+    );
 }

@@ -6,11 +6,17 @@ use hami_contract::config::{DeviceConfig, NodeConfigFile, NvidiaConfig};
 use hami_contract::devices::{ContainerDevice, PodDevices};
 use hami_contract::handshake::{Handshake, format_go_datetime, parse_go_datetime};
 use hami_contract::identity::AllocationSignature;
-use hami_contract::node::{NodeDevice, decode_json, decode_legacy, decode_node_devices, encode_legacy, encode_node_devices};
+use hami_contract::node::{
+    NodeDevice, decode_json, decode_legacy, decode_node_devices, encode_legacy, encode_node_devices,
+};
 use hami_contract::nodelock::NodeLock;
-use hami_contract::policy::{GpuPolicy, GpuPolicyChain, PodSchedulingOptions, ScoringWeights, parse_device_cordon};
+use hami_contract::policy::{
+    GpuPolicy, GpuPolicyChain, PodSchedulingOptions, ScoringWeights, parse_device_cordon,
+};
 use hami_contract::quantity;
-use hami_contract::request::{ContainerResources, resolve_container, resolve_pod, webhook_mutation};
+use hami_contract::request::{
+    ContainerResources, resolve_container, resolve_pod, webhook_mutation,
+};
 use hami_contract::usage::collapse_pod_usage;
 use proptest::prelude::*;
 
@@ -25,16 +31,19 @@ fn field() -> impl Strategy<Value = String> {
 }
 
 fn container_device() -> impl Strategy<Value = ContainerDevice> {
-    (field(), field(), int32(), int32()).prop_map(|(uuid, vendor, usedmem, usedcores)| ContainerDevice {
-        uuid,
-        vendor,
-        usedmem,
-        usedcores,
+    (field(), field(), int32(), int32()).prop_map(|(uuid, vendor, usedmem, usedcores)| {
+        ContainerDevice {
+            uuid,
+            vendor,
+            usedmem,
+            usedcores,
+        }
     })
 }
 
 fn pod_devices() -> impl Strategy<Value = PodDevices> {
-    prop::collection::vec(prop::collection::vec(container_device(), 0..4), 0..5).prop_map(PodDevices)
+    prop::collection::vec(prop::collection::vec(container_device(), 0..4), 0..5)
+        .prop_map(PodDevices)
 }
 
 fn json_node_device() -> impl Strategy<Value = NodeDevice> {
@@ -70,19 +79,31 @@ fn json_node_device() -> impl Strategy<Value = NodeDevice> {
 }
 
 fn legacy_node_device() -> impl Strategy<Value = NodeDevice> {
-    (field(), any::<u32>(), any::<u32>(), any::<u32>(), field(), any::<u32>(), any::<bool>(), any::<u32>(), field())
-        .prop_map(|(id, count, devmem, devcore, device_type, numa, health, index, mode)| NodeDevice {
-            id,
-            index,
-            count,
-            devmem,
-            devcore,
-            device_type,
-            numa,
-            mode,
-            mig_profiles: vec![],
-            health,
-        })
+    (
+        field(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<u32>(),
+        field(),
+        any::<u32>(),
+        any::<bool>(),
+        any::<u32>(),
+        field(),
+    )
+        .prop_map(
+            |(id, count, devmem, devcore, device_type, numa, health, index, mode)| NodeDevice {
+                id,
+                index,
+                count,
+                devmem,
+                devcore,
+                device_type,
+                numa,
+                mode,
+                mig_profiles: vec![],
+                health,
+            },
+        )
 }
 
 fn gpu_policy() -> impl Strategy<Value = GpuPolicy> {
@@ -175,7 +196,7 @@ proptest! {
         prop_assume!(slot != 0 || core != 0 || memory != 0);
         let w = ScoringWeights { slot, core, memory };
         prop_assert_eq!(ScoringWeights::parse(&w.to_string()).unwrap(), w);
-        let mut parts = vec![format!("slot={slot}"), format!(" core = {core} "), format!("memory={memory}")];
+        let mut parts = [format!("slot={slot}"), format!(" core = {core} "), format!("memory={memory}")];
         parts.rotate_left(rot);
         prop_assert_eq!(ScoringWeights::parse(&parts.join(",")).unwrap(), w);
     }

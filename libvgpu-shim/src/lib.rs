@@ -1,1 +1,41 @@
-//! placeholder
+//! `libvgpu.so`: a drop-in for HAMi-core. Preloaded into GPU containers (`/etc/ld.so.preload`
+//! or `LD_PRELOAD`), it enforces `CUDA_DEVICE_MEMORY_LIMIT` and `CUDA_DEVICE_SM_LIMIT` at the
+//! CUDA driver API, accounts memory container-wide in HAMi-core's shared-region file, and
+//! virtualises the memory totals seen through CUDA and NVML.
+//!
+//! The driver libraries are never linked: they are `dlopen`ed on first use. The only exported
+//! symbols are the hooks in [`hooks`] (pinned by a test with `nm -D`).
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+mod config;
+mod hooks;
+mod limiter;
+mod log;
+mod real;
+mod region;
+mod visible;
+mod watcher;
+
+extern "C" fn atfork_child() {
+    region::after_fork_in_child();
+    watcher::after_fork_in_child();
+}
+
+/// Load-time constructor: find the real `dlsym` (so `dlsym(RTLD_NEXT, …)` can be forwarded with
+/// the caller's return address from the very first call) and register fork/exit handlers.
+/// Nothing here reads the environment, allocates much or touches the driver.
+extern "C" fn on_load() {
+    let _ = std::panic::catch_unwind(|| {
+        real::init_real_dlsym();
+        // SAFETY: registering plain extern "C" handlers.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(atfork_child));
+            libc::atexit(region::on_exit);
+        }
+    });
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;

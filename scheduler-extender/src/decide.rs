@@ -92,9 +92,14 @@ pub fn filter_pod(
                 failed.insert(name.clone(), r);
             }
             Ok(f) => {
-                let sig = AllocationSignature::new(&f.devices, &annotations);
                 let pending = state.pending_on(name, uid);
-                if let Some(other) = confusable_pending(&sig, &pending) {
+                let conflict = if pending.is_empty() {
+                    None
+                } else {
+                    let sig = AllocationSignature::new(&f.devices, &annotations);
+                    confusable_pending(&sig, &pending).map(str::to_owned)
+                };
+                if let Some(other) = conflict {
                     failed.insert(
                         name.clone(),
                         format!("{PENDING_CONFLICT}: pod {other} is still being allocated here and could be taken for this one"),

@@ -52,6 +52,7 @@ pub struct GpuMetrics {
     pub uuid: String,
     pub index: u32,
     pub device_type: String,
+    pub count: u32,
     pub totalmem: u32,
     pub totalcore: u32,
     pub used: u32,
@@ -326,6 +327,13 @@ impl Engine {
                 crate::podspec::pod_key(live)
             )));
         }
+        if !self.state.usage_fits(node, &uid, &reservation.usage) {
+            self.state.release(&uid);
+            return Err(Refusal::Rejected(format!(
+                "the GPU decision of pod {} no longer fits node {node} (another placement took the capacity); it will be filtered again",
+                crate::podspec::pod_key(live)
+            )));
+        }
         let pending = self.state.pending_on(node, &uid);
         if let Some(other) = confusable_pending(&reservation.signature, &pending) {
             return Err(Refusal::Rejected(format!(
@@ -396,6 +404,7 @@ impl Engine {
                         uuid: g.uuid.clone(),
                         index: g.index,
                         device_type: g.device_type.clone(),
+                        count: g.count,
                         totalmem: g.totalmem,
                         totalcore: g.totalcore,
                         used: g.used,

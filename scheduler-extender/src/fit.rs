@@ -608,7 +608,13 @@ pub fn evaluate_node(
             }
         }
     }
-    let mut gpus = node.gpus.clone();
+    // Only pods with several GPU app containers need a scratch copy of the usage.
+    let multi = ask.app.iter().filter(|r| r.is_some()).count() > 1;
+    let mut gpus = if multi {
+        std::borrow::Cow::Owned(node.gpus.clone())
+    } else {
+        std::borrow::Cow::Borrowed(node.gpus.as_slice())
+    };
     let mut app_charge = Charge::default();
     for req in &ask.app {
         match req {
@@ -616,7 +622,9 @@ pub fn evaluate_node(
             Some(r) => {
                 let picks = fit_container(node, &gpus, r, opts, quota, app_charge)?;
                 for p in &picks {
-                    gpus[p.gpu].book(p.mem, p.cores);
+                    if multi {
+                        gpus.to_mut()[p.gpu].book(p.mem, p.cores);
+                    }
                     app_charge = app_charge.add(p.mem, p.cores);
                 }
                 containers.push(to_devices(&node.gpus, &picks));

@@ -13,3 +13,8 @@ pub mod edge;
 pub mod engine;
 pub mod extender;
 pub mod webhook;
+pub mod http;
+pub mod metrics;
+pub mod testing;
+pub mod kube_edge;
+pub mod tls;

@@ -26,7 +26,7 @@ enum LogFormat {
 
 /// Policies and device config shared by `serve` and `simulate`.
 #[derive(Debug, clap::Args)]
-struct PolicyArgs {
+pub struct PolicyArgs {
     /// Default node policy: `binpack` (fullest node first) or `spread`.
     #[arg(long, env = "TESSERA_NODE_SCHEDULER_POLICY", default_value = "binpack")]
     node_scheduler_policy: String,
@@ -66,7 +66,11 @@ enum Command {
         #[command(flatten)]
         policy: PolicyArgs,
     },
+    /// Run the extender, webhook and metrics servers.
+    Serve(Box<serve::ServeArgs>),
 }
+
+mod serve;
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -99,6 +103,10 @@ fn main() -> anyhow::Result<()> {
                 writeln!(out)?;
             }
             Ok(())
+        }
+        Command::Serve(args) => {
+            let cfg = args.policy.decision_config()?;
+            serve::run(*args, cfg)
         }
     }
 }

@@ -143,6 +143,37 @@ fn uid_of(pod: &Pod) -> String {
         .unwrap_or_else(|| format!("simulate:{}", pod_key(pod)))
 }
 
+/// Applies the webhook's resource defaults (count, `gpucores: 100` for whole cards) the way the
+/// admission webhook would have before the pod reached the scheduler.
+fn admitted(pod: &Pod, cfg: &DecisionConfig) -> Result<Pod, String> {
+    let mut p = pod.clone();
+    let Some(spec) = p.spec.as_mut() else {
+        return Ok(p);
+    };
+    let containers = spec
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .chain(spec.containers.iter_mut());
+    for c in containers {
+        let res = crate::podspec::container_resources(c);
+        let m = hami_contract::request::webhook_mutation(&res, &cfg.nvidia)
+            .map_err(|e| format!("the admission webhook would deny this pod: container {}: {e}", c.name))?;
+        if m.add_limits.is_empty() {
+            continue;
+        }
+        let limits = c
+            .resources
+            .get_or_insert_with(Default::default)
+            .limits
+            .get_or_insert_with(Default::default);
+        for (k, v) in m.add_limits {
+            limits.insert(k, k8s_openapi::apimachinery::pkg::api::resource::Quantity(v));
+        }
+    }
+    Ok(p)
+}
+
 fn with_uid(pod: &Pod) -> Pod {
     let mut p = pod.clone();
     p.metadata.uid = Some(uid_of(pod));
@@ -177,7 +208,6 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
     for (tick, pod) in input.pending.iter().enumerate() {
         let pod = with_uid(pod);
         let uid = uid_of(&pod);
-        state.upsert_pod(&pod);
         let mut result = PodResult {
             pod: pod_key(&pod),
             node: None,
@@ -185,6 +215,15 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
             reasons: BTreeMap::new(),
             error: None,
         };
+        let pod = match admitted(&pod, cfg) {
+            Ok(p) => p,
+            Err(e) => {
+                result.error = Some(e);
+                out.push(result);
+                continue;
+            }
+        };
+        state.upsert_pod(&pod);
         match decide::filter_pod(&mut state, cfg, &pod, &uid, &names) {
             Verdict::NotGpu => {
                 result.error = Some(

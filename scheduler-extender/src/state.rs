@@ -373,6 +373,7 @@ impl ClusterState {
             if let Some(r) = self.reservations.get(&uid)
                 && rec.node.as_deref() == Some(r.node.as_str())
                 && rec.devices == r.devices
+                && rec.books_capacity()
                 && match r.stage {
                     BindStage::Decided => true,
                     BindStage::Binding => false,
@@ -541,6 +542,21 @@ impl ClusterState {
             return self.build_node(name, exclude).map(std::borrow::Cow::Owned);
         }
         self.cache.get(name).map(std::borrow::Cow::Borrowed)
+    }
+
+    /// Whether `usage` still fits on `node` next to every other pod's effective usage (the
+    /// bind-time re-check of a decision, e.g. one a previous leader made).
+    pub fn usage_fits(&self, node: &str, uid: &str, usage: &[DeviceUsage]) -> bool {
+        let Some(state) = self.build_node(node, Some(uid)) else {
+            return false;
+        };
+        usage.iter().all(|u| {
+            state.gpus.iter().find(|g| g.uuid == u.uuid).is_some_and(|g| {
+                u64::from(g.used) + u64::from(u.slots.max(1)) <= u64::from(g.count)
+                    && u64::from(g.usedmem) + u64::from(u.mem) <= u64::from(g.totalmem)
+                    && u64::from(g.usedcores) + u64::from(u.cores) <= u64::from(g.totalcore)
+            })
+        })
     }
 
     /// The namespace's budget: the minimum of every quota object's limits, and the usage of

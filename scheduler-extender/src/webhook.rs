@@ -198,7 +198,7 @@ fn mutate(api_version: &str, uid: &str, original: &Value, pod: &Pod, cfg: &Webho
             let res = container_resources(c);
             let m = match webhook_mutation(&res, &cfg.nvidia) {
                 Ok(m) => m,
-                Err(e) => return deny(api_version, uid, &format!("container {}: {e}", c.name)),
+                Err(e) => return deny(api_version, uid, &e.to_string()),
             };
             let target = &mut mutated["spec"][*field][i];
             for (k, v) in &m.add_limits {

@@ -290,7 +290,9 @@ pub fn parse_hami_size(text: &str) -> HamiSize {
     let result = value.checked_mul(scale).unwrap_or(0);
     // Text HAMi reads fully: [spaces] digits [one scale letter]. Anything else is suspicious.
     let trimmed = text.trim_start();
-    let body = trimmed.strip_suffix(['g', 'G', 'm', 'M', 'k', 'K']).unwrap_or(trimmed);
+    let body = trimmed
+        .strip_suffix(['g', 'G', 'm', 'M', 'k', 'K'])
+        .unwrap_or(trimmed);
     let plain_decimal = !body.is_empty()
         && body.bytes().all(|c| c.is_ascii_digit())
         && !(body.len() > 1 && body.starts_with('0'));
@@ -325,7 +327,11 @@ pub fn strtoul(s: &str) -> (u64, usize) {
         i += 1;
     }
     let mut base = 10;
-    if i + 1 < b.len() && b[i] == b'0' && (b[i + 1] | 0x20) == b'x' && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit) {
+    if i + 1 < b.len()
+        && b[i] == b'0'
+        && (b[i + 1] | 0x20) == b'x'
+        && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit)
+    {
         base = 16;
         i += 2;
     } else if i < b.len() && b[i] == b'0' {
@@ -356,5 +362,12 @@ pub fn strtoul(s: &str) -> (u64, usize) {
     if overflow {
         return (u64::MAX, i);
     }
-    (if negative { value.wrapping_neg() } else { value }, i)
+    (
+        if negative {
+            value.wrapping_neg()
+        } else {
+            value
+        },
+        i,
+    )
 }

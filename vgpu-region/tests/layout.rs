@@ -79,7 +79,10 @@ fn sample_region() -> Vec<u8> {
     put_u64(&mut b, offset::SM_LIMIT, 30);
     put_i32(&mut b, offset::PROC_NUM, 3);
     put_i32(&mut b, offset::PRIORITY, 1);
-    for (i, (pid, status, total)) in [(10, 1, 100u64), (11, 0, 1000), (12, 2, 5)].into_iter().enumerate() {
+    for (i, (pid, status, total)) in [(10, 1, 100u64), (11, 0, 1000), (12, 2, 5)]
+        .into_iter()
+        .enumerate()
+    {
         let base = slot::base(i);
         put_i32(&mut b, base + slot::PID, pid);
         put_i32(&mut b, base + slot::STATUS, status);
@@ -114,7 +117,10 @@ fn rejects_truncated_foreign_and_future_files() {
     assert_eq!(RegionSnapshot::parse(&[]), Err(RegionError::TooShort(0)));
     let mut foreign = good.clone();
     put_i32(&mut foreign, 0, 0x7f45_4c46);
-    assert!(matches!(RegionSnapshot::parse(&foreign), Err(RegionError::NotInitialized(_))));
+    assert!(matches!(
+        RegionSnapshot::parse(&foreign),
+        Err(RegionError::NotInitialized(_))
+    ));
     let mut future = good.clone();
     put_i32(&mut future, offset::MAJOR_VERSION, 2);
     assert_eq!(
@@ -124,7 +130,10 @@ fn rejects_truncated_foreign_and_future_files() {
     // A corrupt proc_num is clamped instead of indexing out of bounds.
     let mut corrupt = good;
     put_i32(&mut corrupt, offset::PROC_NUM, i32::MAX);
-    assert_eq!(RegionSnapshot::parse(&corrupt).unwrap().procs.len(), MAX_PROCS);
+    assert_eq!(
+        RegionSnapshot::parse(&corrupt).unwrap().procs.len(),
+        MAX_PROCS
+    );
     put_i32(&mut corrupt, offset::PROC_NUM, -5);
     assert_eq!(RegionSnapshot::parse(&corrupt).unwrap().procs.len(), 0);
 }
@@ -152,7 +161,19 @@ fn hami_size_parser_quirks() {
     assert_eq!(p("50%"), 50);
     assert!(!parse_hami_size("1024m").suspicious);
     assert!(!parse_hami_size("3000").suspicious);
-    for s in ["4Gi", "010g", "0x10m", "1.5g", " 2g ", "-1", "-1g", "abc", "", "50%", "99999999999999999999999g"] {
+    for s in [
+        "4Gi",
+        "010g",
+        "0x10m",
+        "1.5g",
+        " 2g ",
+        "-1",
+        "-1g",
+        "abc",
+        "",
+        "50%",
+        "99999999999999999999999g",
+    ] {
         assert!(parse_hami_size(s).suspicious, "{s:?} should be flagged");
     }
 }

@@ -138,11 +138,16 @@ static COUNT_CALLS: OnceLock<bool> = OnceLock::new();
 
 fn count(name: &'static str) {
     // Counting costs a lock; benchmarks turn it off with FAKE_CUDA_COUNT_CALLS=0.
-    if !*COUNT_CALLS.get_or_init(|| std::env::var("FAKE_CUDA_COUNT_CALLS").map_or(true, |v| v != "0")) {
+    if !*COUNT_CALLS
+        .get_or_init(|| std::env::var("FAKE_CUDA_COUNT_CALLS").map_or(true, |v| v != "0"))
+    {
         return;
     }
     let mut calls = CALLS.lock().unwrap_or_else(|e| e.into_inner());
-    *calls.get_or_insert_with(HashMap::new).entry(name).or_insert(0) += 1;
+    *calls
+        .get_or_insert_with(HashMap::new)
+        .entry(name)
+        .or_insert(0) += 1;
 }
 
 /// Test hook: how many times the entry point `name` was called in this process.
@@ -311,7 +316,11 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut u8, dev: CUdevice) -> CUr
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    value: *mut c_int,
+    attrib: c_int,
+    dev: CUdevice,
+) -> CUresult {
     count("cuDeviceGetAttribute");
     require_init!();
     if value.is_null() {
@@ -355,7 +364,10 @@ fn make_current(dev: usize) {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(
+    ctx: *mut *mut c_void,
+    dev: CUdevice,
+) -> CUresult {
     count("cuDevicePrimaryCtxRetain");
     require_init!();
     let Some(d) = valid_device(dev) else {
@@ -380,7 +392,11 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut *mut c_void, _flags: c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    ctx: *mut *mut c_void,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     count("cuCtxCreate_v2");
     require_init!();
     let Some(d) = valid_device(dev) else {
@@ -528,7 +544,9 @@ fn with_memory<R>(f: impl FnOnce(&mut Memory) -> R) -> R {
 /// Bytes used on `dev` by every live process (the simulated GPU), or by this one.
 fn device_used(m: &Memory, dev: usize) -> u64 {
     match gpu() {
-        Some(state) if std::env::var_os("FAKE_GPU_STATE").is_some() => state.devices[dev].used_bytes(),
+        Some(state) if std::env::var_os("FAKE_GPU_STATE").is_some() => {
+            state.devices[dev].used_bytes()
+        }
         _ => m.local_used[dev],
     }
 }
@@ -615,7 +633,11 @@ pub unsafe extern "C" fn cuMemAlloc(dptr: *mut c_uint, size: c_uint) -> CUresult
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    _flags: c_uint,
+) -> CUresult {
     count("cuMemAllocManaged");
     // SAFETY: same contract.
     unsafe { alloc(dptr, size, Kind::Managed) }
@@ -651,14 +673,22 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, _stream: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    _stream: *mut c_void,
+) -> CUresult {
     count("cuMemAllocAsync");
     // SAFETY: same contract.
     unsafe { alloc(dptr, size, Kind::Async) }
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, _stream: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    _stream: *mut c_void,
+) -> CUresult {
     count("cuMemAllocAsync_ptsz");
     // SAFETY: same contract.
     unsafe { alloc(dptr, size, Kind::Async) }
@@ -741,7 +771,7 @@ pub unsafe extern "C" fn cuMemCreate(
 ) -> CUresult {
     count("cuMemCreate");
     require_init!();
-    if handle.is_null() || prop.is_null() || size == 0 || size % (2 << 20) != 0 {
+    if handle.is_null() || prop.is_null() || size == 0 || !size.is_multiple_of(2 << 20) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     // SAFETY: checked non-null.
@@ -794,7 +824,13 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, _align: usize, _addr: CUdeviceptr, _flags: u64) -> CUresult {
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    _align: usize,
+    _addr: CUdeviceptr,
+    _flags: u64,
+) -> CUresult {
     count("cuMemAddressReserve");
     require_init!();
     if ptr.is_null() {
@@ -817,7 +853,13 @@ pub extern "C" fn cuMemAddressFree(_ptr: CUdeviceptr, _size: usize) -> CUresult 
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemMap(_ptr: CUdeviceptr, _size: usize, _offset: usize, handle: u64, _flags: u64) -> CUresult {
+pub extern "C" fn cuMemMap(
+    _ptr: CUdeviceptr,
+    _size: usize,
+    _offset: usize,
+    handle: u64,
+    _flags: u64,
+) -> CUresult {
     count("cuMemMap");
     require_init!();
     with_memory(|m| {
@@ -836,7 +878,11 @@ pub extern "C" fn cuMemUnmap(_ptr: CUdeviceptr, _size: usize) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    size: usize,
+    _flags: c_uint,
+) -> CUresult {
     count("cuMemHostAlloc");
     require_init!();
     if pp.is_null() || size == 0 {
@@ -889,7 +935,14 @@ pub fn format_bytes(format: c_int) -> Option<u64> {
     })
 }
 
-fn create_array(arr: *mut u64, w: usize, h: usize, d: usize, format: c_int, channels: c_uint) -> CUresult {
+fn create_array(
+    arr: *mut u64,
+    w: usize,
+    h: usize,
+    d: usize,
+    format: c_int,
+    channels: c_uint,
+) -> CUresult {
     require_init!();
     let Some(elem) = format_bytes(format) else {
         return CUDA_ERROR_INVALID_VALUE;
@@ -929,7 +982,10 @@ pub unsafe extern "C" fn cuArrayCreate_v2(arr: *mut u64, desc: *const ArrayDescr
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuArray3DCreate_v2(arr: *mut u64, desc: *const Array3dDescriptor) -> CUresult {
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    arr: *mut u64,
+    desc: *const Array3dDescriptor,
+) -> CUresult {
     count("cuArray3DCreate_v2");
     if desc.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
@@ -1155,8 +1211,18 @@ fn proc_table() -> &'static [ProcEntry] {
             entry!("cuDeviceGetUuid", 11040, false, cuDeviceGetUuid_v2),
             entry!("cuDeviceGetAttribute", 2000, false, cuDeviceGetAttribute),
             entry!("cuDeviceTotalMem", 3020, false, cuDeviceTotalMem_v2),
-            entry!("cuDevicePrimaryCtxRetain", 7000, false, cuDevicePrimaryCtxRetain),
-            entry!("cuDevicePrimaryCtxRelease", 11000, false, cuDevicePrimaryCtxRelease_v2),
+            entry!(
+                "cuDevicePrimaryCtxRetain",
+                7000,
+                false,
+                cuDevicePrimaryCtxRetain
+            ),
+            entry!(
+                "cuDevicePrimaryCtxRelease",
+                11000,
+                false,
+                cuDevicePrimaryCtxRelease_v2
+            ),
             entry!("cuCtxCreate", 3020, false, cuCtxCreate_v2),
             entry!("cuCtxDestroy", 4000, false, cuCtxDestroy_v2),
             entry!("cuCtxSetCurrent", 4000, false, cuCtxSetCurrent),
@@ -1175,8 +1241,18 @@ fn proc_table() -> &'static [ProcEntry] {
             entry!("cuMemFree", 3020, false, cuMemFree_v2),
             entry!("cuMemAllocAsync", 11020, false, cuMemAllocAsync),
             entry!("cuMemAllocAsync", 11020, true, cuMemAllocAsync_ptsz),
-            entry!("cuMemAllocFromPoolAsync", 11020, false, cuMemAllocFromPoolAsync),
-            entry!("cuMemAllocFromPoolAsync", 11020, true, cuMemAllocFromPoolAsync_ptsz),
+            entry!(
+                "cuMemAllocFromPoolAsync",
+                11020,
+                false,
+                cuMemAllocFromPoolAsync
+            ),
+            entry!(
+                "cuMemAllocFromPoolAsync",
+                11020,
+                true,
+                cuMemAllocFromPoolAsync_ptsz
+            ),
             entry!("cuMemFreeAsync", 11020, false, cuMemFreeAsync),
             entry!("cuMemFreeAsync", 11020, true, cuMemFreeAsync_ptsz),
             entry!("cuMemCreate", 10020, false, cuMemCreate),
@@ -1185,7 +1261,12 @@ fn proc_table() -> &'static [ProcEntry] {
             entry!("cuMemUnmap", 10020, false, cuMemUnmap),
             entry!("cuMemAddressReserve", 10020, false, cuMemAddressReserve),
             entry!("cuMemAddressFree", 10020, false, cuMemAddressFree),
-            entry!("cuMemGetAllocationGranularity", 10020, false, cuMemGetAllocationGranularity),
+            entry!(
+                "cuMemGetAllocationGranularity",
+                10020,
+                false,
+                cuMemGetAllocationGranularity
+            ),
             entry!("cuMemHostAlloc", 2020, false, cuMemHostAlloc),
             entry!("cuMemFreeHost", 2000, false, cuMemFreeHost),
             entry!("cuArrayCreate", 3020, false, cuArrayCreate_v2),
@@ -1195,7 +1276,12 @@ fn proc_table() -> &'static [ProcEntry] {
             entry!("cuLaunchKernel", 7000, true, cuLaunchKernel_ptsz),
             entry!("cuLaunchKernelEx", 11060, false, cuLaunchKernelEx),
             entry!("cuLaunchKernelEx", 11060, true, cuLaunchKernelEx_ptsz),
-            entry!("cuLaunchCooperativeKernel", 9000, false, cuLaunchCooperativeKernel),
+            entry!(
+                "cuLaunchCooperativeKernel",
+                9000,
+                false,
+                cuLaunchCooperativeKernel
+            ),
             entry!("cuGraphLaunch", 10000, false, cuGraphLaunch),
             entry!("cuGraphLaunch", 10000, true, cuGraphLaunch_ptsz),
             entry!("cuGetExportTable", 3000, false, cuGetExportTable),
@@ -1230,7 +1316,11 @@ fn resolve(api: &str, cuda_version: c_int, flags: u64) -> Result<&'static ProcEn
 
 /// Test hook: the symbol name the fake resolves `(api, version, flags)` to (NULL if none).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn fake_cuda_resolve_name(api: *const c_char, cuda_version: c_int, flags: u64) -> *const c_char {
+pub unsafe extern "C" fn fake_cuda_resolve_name(
+    api: *const c_char,
+    cuda_version: c_int,
+    flags: u64,
+) -> *const c_char {
     if api.is_null() {
         return std::ptr::null();
     }

@@ -44,6 +44,9 @@ pub struct DeviceState {
     pub busy_until_ns: AtomicU64,
     /// Number of intervals ever pushed; the ring slot is `head % RING`.
     pub head: AtomicU64,
+    /// Total kernel time ever queued. Queued work runs back to back up to `busy_until_ns`, so
+    /// the busy time completed by `t` is `busy_accum_ns − max(0, busy_until_ns − t)`.
+    pub busy_accum_ns: AtomicU64,
     pub procs: [ProcEntry; MAX_PROCS],
     pub ring: [Interval; RING],
 }
@@ -85,7 +88,10 @@ pub fn pid_alive(pid: u64) -> bool {
     // Zombies count as dead: their memory is gone on a real GPU too.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => match stat.rfind(')') {
-            Some(i) => !matches!(stat[i + 1..].trim_start().chars().next(), Some('Z' | 'X' | 'x')),
+            Some(i) => !matches!(
+                stat[i + 1..].trim_start().chars().next(),
+                Some('Z' | 'X' | 'x')
+            ),
             None => true,
         },
         Err(_) => false,
@@ -94,8 +100,12 @@ pub fn pid_alive(pid: u64) -> bool {
 
 /// Opens (or creates) the state; `None` only if even an anonymous mapping fails.
 pub fn open() -> Option<&'static GpuState> {
+    open_path(std::env::var_os("FAKE_GPU_STATE").filter(|p| !p.is_empty()))
+}
+
+/// Opens the state at `path` (`None`: a private anonymous state).
+pub fn open_path(path: Option<std::ffi::OsString>) -> Option<&'static GpuState> {
     let size = std::mem::size_of::<GpuState>();
-    let path = std::env::var_os("FAKE_GPU_STATE").filter(|p| !p.is_empty());
     // SAFETY: plain libc calls; every result is checked before use, and the mapping is never
     // unmapped, which is what makes the `'static` reference sound.
     unsafe {
@@ -115,7 +125,8 @@ pub fn open() -> Option<&'static GpuState> {
                 libc::flock(fd, libc::LOCK_EX);
                 let mut st: libc::stat = std::mem::zeroed();
                 let ok = libc::fstat(fd, &mut st) == 0
-                    && (st.st_size as usize >= size || libc::ftruncate(fd, size as libc::off_t) == 0);
+                    && (st.st_size as usize >= size
+                        || libc::ftruncate(fd, size as libc::off_t) == 0);
                 let ptr = if ok {
                     libc::mmap(
                         std::ptr::null_mut(),
@@ -167,7 +178,7 @@ impl DeviceState {
                 Ok(_) => return DeviceGuard(self),
                 Err(holder) => {
                     spins += 1;
-                    if spins % 1024 == 0 {
+                    if spins.is_multiple_of(1024) {
                         // A holder killed with SIGKILL never unlocks: steal from the dead.
                         if holder != me && !pid_alive(holder) {
                             let _ = self.lock.compare_exchange(
@@ -192,10 +203,12 @@ impl DeviceState {
         let start = self.busy_until_ns.load(Ordering::Relaxed).max(now);
         let end = start + duration_ns.max(1);
         self.busy_until_ns.store(end, Ordering::Relaxed);
+        self.busy_accum_ns.fetch_add(end - start, Ordering::Relaxed);
         let head = self.head.load(Ordering::Relaxed);
         if head > 0 {
             let last = &self.ring[((head - 1) as usize) % RING];
-            if last.pid.load(Ordering::Relaxed) == pid && last.end_ns.load(Ordering::Relaxed) == start
+            if last.pid.load(Ordering::Relaxed) == pid
+                && last.end_ns.load(Ordering::Relaxed) == start
             {
                 // Back-to-back kernels of one process: extend instead of filling the ring.
                 last.end_ns.store(end, Ordering::Relaxed);
@@ -208,6 +221,20 @@ impl DeviceState {
         slot.pid.store(pid, Ordering::Relaxed);
         self.head.store(head + 1, Ordering::Release);
         end
+    }
+
+    /// Busy nanoseconds completed by now since the device was created (exact for any history
+    /// length, unlike the ring).
+    pub fn busy_done_ns(&self) -> u64 {
+        let _guard = self.lock();
+        let now = now_ns();
+        let ahead = self
+            .busy_until_ns
+            .load(Ordering::Relaxed)
+            .saturating_sub(now);
+        self.busy_accum_ns
+            .load(Ordering::Relaxed)
+            .saturating_sub(ahead)
     }
 
     /// Busy nanoseconds within `[from, to)`, for one pid or for all.
@@ -241,7 +268,8 @@ impl DeviceState {
         let mut pids = Vec::new();
         for k in 0..n {
             let iv = &self.ring[((head - 1 - k) as usize) % RING];
-            if iv.end_ns.load(Ordering::Relaxed) > from && iv.start_ns.load(Ordering::Relaxed) < to {
+            if iv.end_ns.load(Ordering::Relaxed) > from && iv.start_ns.load(Ordering::Relaxed) < to
+            {
                 let pid = iv.pid.load(Ordering::Relaxed);
                 if !pids.contains(&pid) {
                     pids.push(pid);
@@ -281,7 +309,12 @@ impl DeviceState {
         let _guard = self.lock();
         self.procs
             .iter()
-            .map(|e| (e.pid.load(Ordering::Relaxed), e.used_bytes.load(Ordering::Relaxed)))
+            .map(|e| {
+                (
+                    e.pid.load(Ordering::Relaxed),
+                    e.used_bytes.load(Ordering::Relaxed),
+                )
+            })
             .filter(|&(pid, _)| pid_alive(pid))
             .collect()
     }

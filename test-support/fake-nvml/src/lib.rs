@@ -55,7 +55,8 @@ pub struct NvmlMemoryV2 {
     pub used: c_ulonglong,
 }
 /// `NVML_STRUCT_VERSION(Memory, 2)`.
-pub const NVML_MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<NvmlMemoryV2>() as c_uint) | (2 << 24);
+pub const NVML_MEMORY_V2_VERSION: c_uint =
+    (std::mem::size_of::<NvmlMemoryV2>() as c_uint) | (2 << 24);
 
 #[repr(C)]
 pub struct NvmlPciInfo {
@@ -349,9 +350,15 @@ pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, len: c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
     with_init(|g| {
-        let v = g.scenario.as_ref().map_or("", |s| s.driver_version.as_str());
+        let v = g
+            .scenario
+            .as_ref()
+            .map_or("", |s| s.driver_version.as_str());
         // SAFETY: caller's buffer contract.
         unsafe { write_cstr(v, version, len) }
     })
@@ -409,7 +416,10 @@ pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> NvmlReturn {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut *mut c_void) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut *mut c_void,
+) -> NvmlReturn {
     with_init(|g| {
         if device.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -430,13 +440,19 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *m
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(index: c_uint, device: *mut *mut c_void) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
+    index: c_uint,
+    device: *mut *mut c_void,
+) -> NvmlReturn {
     // SAFETY: same contract.
     unsafe { nvmlDeviceGetHandleByIndex_v2(index, device) }
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut *mut c_void) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut *mut c_void,
+) -> NvmlReturn {
     with_init(|g| {
         if uuid.is_null() || device.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -473,7 +489,10 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(device: *mut c_void, index: *mut c_u
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: *mut c_void, minor: *mut c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: *mut c_void,
+    minor: *mut c_uint,
+) -> NvmlReturn {
     with_device(device, |g, idx| {
         if minor.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -490,18 +509,32 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: *mut c_void, minor: *m
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetUUID(device: *mut c_void, uuid: *mut c_char, len: c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: *mut c_void,
+    uuid: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
     with_device(device, |g, idx| {
-        let s = g.scenario.as_ref().map_or("", |s| s.devices[idx].uuid.as_str());
+        let s = g
+            .scenario
+            .as_ref()
+            .map_or("", |s| s.devices[idx].uuid.as_str());
         // SAFETY: caller's buffer contract.
         unsafe { write_cstr(s, uuid, len) }
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetName(device: *mut c_void, name: *mut c_char, len: c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: *mut c_void,
+    name: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
     with_device(device, |g, idx| {
-        let s = g.scenario.as_ref().map_or("", |s| s.devices[idx].name.as_str());
+        let s = g
+            .scenario
+            .as_ref()
+            .map_or("", |s| s.devices[idx].name.as_str());
         // SAFETY: caller's buffer contract.
         unsafe { write_cstr(s, name, len) }
     })
@@ -551,7 +584,10 @@ fn fill_pci(info: &mut NvmlPciInfo, bus_id: &str) {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(device: *mut c_void, pci: *mut NvmlPciInfo) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: *mut c_void,
+    pci: *mut NvmlPciInfo,
+) -> NvmlReturn {
     with_device(device, |g, idx| {
         if pci.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -567,7 +603,10 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(device: *mut c_void, pci: *mut 
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(device: *mut c_void, pci: *mut NvmlPciInfo) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
+    device: *mut c_void,
+    pci: *mut NvmlPciInfo,
+) -> NvmlReturn {
     // SAFETY: same contract and layout.
     unsafe { nvmlDeviceGetPciInfo_v3(device, pci) }
 }
@@ -582,7 +621,9 @@ fn memory_of(g: &Global, idx: usize) -> Result<(u64, u64), NvmlReturn> {
     }
     let mib = 1u64 << 20;
     let total = dev.memory_total_mib.saturating_mul(mib);
-    let simulated = gpu().map_or(0, |s| s.devices[idx.min(gpu_state::MAX_DEVICES - 1)].used_bytes());
+    let simulated = gpu().map_or(0, |s| {
+        s.devices[idx.min(gpu_state::MAX_DEVICES - 1)].used_bytes()
+    });
     let used = dev
         .memory_used_mib
         .saturating_mul(mib)
@@ -592,7 +633,10 @@ fn memory_of(g: &Global, idx: usize) -> Result<(u64, u64), NvmlReturn> {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: *mut c_void, memory: *mut NvmlMemory) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: *mut c_void,
+    memory: *mut NvmlMemory,
+) -> NvmlReturn {
     with_device(device, |g, idx| {
         if memory.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -615,7 +659,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: *mut c_void, memory: *m
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: *mut c_void, memory: *mut NvmlMemoryV2) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: *mut c_void,
+    memory: *mut NvmlMemoryV2,
+) -> NvmlReturn {
     with_device(device, |g, idx| {
         if memory.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -641,7 +688,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: *mut c_void, memory:
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMigMode(device: *mut c_void, current: *mut c_uint, pending: *mut c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: *mut c_void,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> NvmlReturn {
     with_device(device, |g, idx| {
         if current.is_null() || pending.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -669,14 +720,18 @@ fn simulated_percent(idx: usize, pid: Option<u64>, window_ns: u64) -> Option<u32
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(device: *mut c_void, util: *mut NvmlUtilization) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: *mut c_void,
+    util: *mut NvmlUtilization,
+) -> NvmlReturn {
     with_device(device, |g, idx| {
         if util.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         let dev = g.scenario.as_ref().map(|s| &s.devices[idx]);
         let scripted = dev.map_or(0, |d| d.utilization_gpu);
-        let gpu_util = simulated_percent(idx, None, UTIL_WINDOW_NS).map_or(scripted, |u| u.max(scripted));
+        let gpu_util =
+            simulated_percent(idx, None, UTIL_WINDOW_NS).map_or(scripted, |u| u.max(scripted));
         // SAFETY: checked non-null.
         unsafe {
             *util = NvmlUtilization {
@@ -848,7 +903,10 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(device: *mut c_void, types: *mut c_ulonglong) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: *mut c_void,
+    types: *mut c_ulonglong,
+) -> NvmlReturn {
     with_device(device, |_, _| {
         if types.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -880,7 +938,11 @@ fn set_index(g: &Global, set: *mut c_void) -> Option<usize> {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceRegisterEvents(device: *mut c_void, types: c_ulonglong, set: *mut c_void) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    device: *mut c_void,
+    types: c_ulonglong,
+    set: *mut c_void,
+) -> NvmlReturn {
     with_device(device, |g, idx| {
         let Some(si) = set_index(g, set) else {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -897,7 +959,11 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(device: *mut c_void, types: c_
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlEventSetWait_v2(set: *mut c_void, data: *mut NvmlEventData, timeout_ms: c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: *mut c_void,
+    data: *mut NvmlEventData,
+    timeout_ms: c_uint,
+) -> NvmlReturn {
     guard(|| {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
         let mut g = global();
@@ -913,9 +979,11 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(set: *mut c_void, data: *mut NvmlEv
             }
             state.poll_events();
             while let Some(ev) = state.pending.pop_front() {
-                let wanted = state.sets[si]
-                    .as_ref()
-                    .is_some_and(|es| es.masks.iter().any(|&(d, m)| d == ev.device && m & ev.event_type != 0));
+                let wanted = state.sets[si].as_ref().is_some_and(|es| {
+                    es.masks
+                        .iter()
+                        .any(|&(d, m)| d == ev.device && m & ev.event_type != 0)
+                });
                 if wanted {
                     // SAFETY: checked non-null.
                     unsafe {
@@ -945,7 +1013,11 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(set: *mut c_void, data: *mut NvmlEv
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlEventSetWait(set: *mut c_void, data: *mut NvmlEventData, timeout_ms: c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlEventSetWait(
+    set: *mut c_void,
+    data: *mut NvmlEventData,
+    timeout_ms: c_uint,
+) -> NvmlReturn {
     // SAFETY: same contract.
     unsafe { nvmlEventSetWait_v2(set, data, timeout_ms) }
 }
@@ -971,14 +1043,20 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: *mut c_void) -> NvmlReturn {
 pub mod locate {
     use std::path::{Path, PathBuf};
 
-    /// The built `libnvidia_ml.so`, found next to the running test executable
-    /// (`target/<profile>/deps/<test>` → `target/<profile>/libnvidia_ml.so`).
+    /// The built `libnvidia_ml.so`, found next to the running test executable: the newest of
+    /// `target/<profile>/deps/libnvidia_ml.so` (where cargo writes it when `fake-nvml` is a
+    /// dependency) and `target/<profile>/libnvidia_ml.so` (when it is built directly).
     pub fn cdylib_path() -> Option<PathBuf> {
         let exe = std::env::current_exe().ok()?;
         let deps = exe.parent()?;
-        [deps.parent()?.join("libnvidia_ml.so"), deps.join("libnvidia_ml.so")]
-            .into_iter()
-            .find(|p| p.is_file())
+        [
+            deps.parent()?.join("libnvidia_ml.so"),
+            deps.join("libnvidia_ml.so"),
+        ]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, p)| p)
     }
 
     /// Symlinks the fake as `dir/libnvidia-ml.so.1` and returns that path.

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
 
 /// The library's state and the environment are per process: tests take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -72,7 +72,10 @@ fn device_queries_return_the_scenario() {
     assert_eq!(nvml.device_count().unwrap(), 2);
 
     let d0 = nvml.device_by_index(0).unwrap();
-    assert_eq!(d0.uuid().unwrap(), "GPU-0c8e3b5a-1111-2222-3333-444455556666");
+    assert_eq!(
+        d0.uuid().unwrap(),
+        "GPU-0c8e3b5a-1111-2222-3333-444455556666"
+    );
     assert_eq!(d0.name().unwrap(), "Tesla T4");
     assert_eq!(d0.index().unwrap(), 0);
     let mem = d0.memory_info().unwrap();
@@ -89,13 +92,18 @@ fn device_queries_return_the_scenario() {
     assert_eq!(procs[0].used_gpu_memory, UsedGpuMemory::Used(100 << 20));
     assert_eq!(d0.utilization_rates().unwrap().gpu, 0);
 
-    let d1 = nvml.device_by_uuid("GPU-0c8e3b5a-1111-2222-3333-777777777777").unwrap();
+    let d1 = nvml
+        .device_by_uuid("GPU-0c8e3b5a-1111-2222-3333-777777777777")
+        .unwrap();
     assert_eq!(d1.index().unwrap(), 1);
     assert!(matches!(d1.memory_info(), Err(NvmlError::NotSupported)));
     assert_eq!(d1.mig_mode().unwrap().current, 1);
     assert_eq!(d1.utilization_rates().unwrap().gpu, 42);
     assert!(d1.running_compute_processes().unwrap().is_empty());
-    assert!(matches!(nvml.device_by_index(2), Err(NvmlError::InvalidArg)));
+    assert!(matches!(
+        nvml.device_by_index(2),
+        Err(NvmlError::InvalidArg)
+    ));
     assert!(matches!(
         nvml.device_by_uuid("GPU-nope"),
         Err(NvmlError::NotFound)
@@ -134,9 +142,17 @@ fn scripted_events_xid_lost_and_recovered() {
     let set = nvml.create_event_set().unwrap();
     let d0 = nvml.device_by_index(0).unwrap();
     let d1 = nvml.device_by_index(1).unwrap();
-    assert!(d0.supported_event_types().unwrap().contains(EventTypes::CRITICAL_XID_ERROR));
-    let set = d0.register_events(EventTypes::CRITICAL_XID_ERROR, set).unwrap();
-    let set = d1.register_events(EventTypes::CRITICAL_XID_ERROR, set).unwrap();
+    assert!(
+        d0.supported_event_types()
+            .unwrap()
+            .contains(EventTypes::CRITICAL_XID_ERROR)
+    );
+    let set = d0
+        .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+        .unwrap();
+    let set = d1
+        .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+        .unwrap();
 
     // Nothing scripted yet: the wait times out after about its timeout.
     let t = Instant::now();
@@ -153,7 +169,10 @@ fn scripted_events_xid_lost_and_recovered() {
     writer.join().unwrap();
     assert!(ev.event_type.contains(EventTypes::CRITICAL_XID_ERROR));
     assert_eq!(ev.event_data, Some(XidError::Value(79)));
-    assert_eq!(ev.device.uuid().unwrap(), "GPU-0c8e3b5a-1111-2222-3333-444455556666");
+    assert_eq!(
+        ev.device.uuid().unwrap(),
+        "GPU-0c8e3b5a-1111-2222-3333-444455556666"
+    );
 
     append(&env.events, r#"{"device": 1, "kind": "lost"}"#);
     let ev = set.wait(1000).expect("lost event");

@@ -1,0 +1,353 @@
+//! `tessera-device-plugin`: wires the library's pieces to NVML, the kubelet and the apiserver.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use hami_contract::config::{DeviceConfig, NodeConfigFile};
+use tessera_device_plugin::allocator::{Allocator, PodSource};
+use tessera_device_plugin::cli::{Cli, LogFormat};
+use tessera_device_plugin::container_env::ResponseSettings;
+use tessera_device_plugin::gpu::{AdvertiseSettings, plan_gpus};
+use tessera_device_plugin::health::{HealthPolicy, HealthTracker};
+use tessera_device_plugin::kube_edges::{KubePatcher, KubePodSource, annotation_loop};
+use tessera_device_plugin::kubelet::{KubeletSettings, socket_name_for};
+use tessera_device_plugin::metrics::PluginMetrics;
+use tessera_device_plugin::nvml::{GpuInventory, NvmlInventory, lost_gpus};
+use tessera_device_plugin::pod_resources::KubeletPodResources;
+use tessera_device_plugin::service::{DevicePluginService, DeviceState};
+use tokio::sync::watch;
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+
+    // Configuration: refuse bad input before touching anything.
+    let device_config = match std::fs::read_to_string(&cli.config_file) {
+        Ok(text) => DeviceConfig::from_yaml(&text)
+            .with_context(|| format!("invalid device config {}", cli.config_file.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::warn!(path = %cli.config_file.display(), "device config not found; using HAMi chart defaults");
+            DeviceConfig::default()
+        }
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read {}", cli.config_file.display()));
+        }
+    };
+    let node_entry = match std::fs::read_to_string(&cli.node_config) {
+        Ok(text) => NodeConfigFile::from_json(&text)
+            .with_context(|| format!("invalid node config {}", cli.node_config.display()))?
+            .for_node(&cli.node_name)
+            .cloned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read {}", cli.node_config.display()));
+        }
+    };
+    let nvidia = match &node_entry {
+        Some(n) => device_config.nvidia.with_node_override(n),
+        None => device_config.nvidia.clone(),
+    };
+    let advertise = AdvertiseSettings::new(
+        &nvidia,
+        node_entry
+            .as_ref()
+            .map(|n| n.filterdevices.clone())
+            .unwrap_or_default(),
+        node_entry
+            .as_ref()
+            .map(|n| n.operatingmode.as_str())
+            .unwrap_or(""),
+    );
+    advertise.validate().context("invalid configuration")?;
+    let preferred_allocation = node_entry
+        .as_ref()
+        .and_then(|n| n.enablegetpreferredallocation)
+        .unwrap_or(false);
+    let policy = HealthPolicy {
+        recovery_quiet: Duration::from_secs(cli.health_recovery_seconds),
+        ..HealthPolicy::default()
+    }
+    .with_disable_spec(&cli.disable_healthchecks)
+    .map_err(anyhow::Error::msg)?;
+
+    // NVML, loaded at run time.
+    let inventory = match NvmlInventory::load(&cli.nvml_lib, cli.sysfs_root.clone()) {
+        Ok(i) => Arc::new(i),
+        Err(e) => bail!("no NVIDIA driver usable on this node: {e}"),
+    };
+    let discovered = inventory.discover().context("GPU discovery failed")?;
+    let (managed, skipped) = plan_gpus(&discovered, &advertise);
+    for s in &skipped {
+        tracing::warn!(reason = %s, "GPU not advertised");
+    }
+    tracing::info!(
+        gpus = managed.len(),
+        split = advertise.split_count,
+        "GPUs discovered"
+    );
+
+    let metrics = PluginMetrics::new();
+    let tracker = HealthTracker::new(policy, managed.iter().map(|g| g.uuid.clone()));
+    let state = DeviceState::new(
+        managed.clone(),
+        tracker,
+        advertise.enable_numa_topology,
+        Some(metrics.clone()),
+    );
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    spawn_health_thread(
+        &cli,
+        &state,
+        &inventory,
+        &metrics,
+        &managed,
+        shutdown.clone(),
+    )?;
+    if cli.print_register {
+        println!("{}", state.register_annotation());
+        let mut changes = state.subscribe();
+        changes.mark_unchanged();
+        let until = tokio::time::Instant::now() + Duration::from_secs(cli.watch_seconds);
+        while let Ok(Ok(())) = tokio::time::timeout_at(until, changes.changed()).await {
+            println!("{}", state.register_annotation());
+        }
+        let _ = shutdown_tx.send(true);
+        return Ok(());
+    }
+
+    let client = match &cli.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .context("invalid kubeconfig")?;
+            kube::Client::try_from(cfg).context("cannot build the Kubernetes client")?
+        }
+        None => kube::Client::try_default()
+            .await
+            .context("no Kubernetes configuration (in-cluster or KUBECONFIG)")?,
+    };
+    let resource = nvidia.resources.count.clone();
+    let pod_source = Arc::new(KubePodSource::start(
+        client.clone(),
+        &cli.node_name,
+        &resource,
+    ));
+    let pod_source_for_monitor = pod_source.clone();
+    let patcher = KubePatcher::new(client, &cli.node_name);
+    let vgpu_dir = format!("{}/vgpu", cli.hook_path.trim_end_matches('/'));
+    let versioned = format!("{vgpu_dir}/libvgpu.so.{}", env!("CARGO_PKG_VERSION"));
+    let shim_host_path = if std::path::Path::new(&versioned).exists() {
+        versioned
+    } else {
+        format!("{vgpu_dir}/libvgpu.so")
+    };
+    let mut allocator = Allocator::new(
+        cli.node_name.clone(),
+        ResponseSettings {
+            hook_path: cli.hook_path.clone(),
+            memory_scaling: nvidia.device_memory_scaling,
+            lib_cuda_log_level: nvidia.lib_cuda_log_level.clone(),
+            disable_core_limit: nvidia.disable_core_limit,
+            shim_host_path,
+            license_present: std::path::Path::new(&format!("{vgpu_dir}/license")).exists(),
+        },
+        state.managed_uuids.clone(),
+        pod_source,
+        Arc::new(patcher.clone()),
+        Arc::new(KubeletPodResources {
+            socket: cli.pod_resources_socket.clone(),
+            resource: resource.clone(),
+        }),
+    );
+    allocator.metrics = Some(metrics.clone());
+    let allocator = Arc::new(allocator);
+
+    // Metrics and health endpoint.
+    {
+        let metrics = metrics.clone();
+        let listener = tokio::net::TcpListener::bind(cli.metrics_addr)
+            .await
+            .with_context(|| format!("cannot listen on {}", cli.metrics_addr))?;
+        let app = axum::Router::new()
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let m = metrics.clone();
+                    async move { m.encode() }
+                }),
+            )
+            .route("/healthz", axum::routing::get(|| async { "ok" }));
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = served {
+                tracing::warn!(error = %e, "metrics server stopped");
+            }
+        });
+    }
+
+    // Node annotation.
+    tokio::spawn(annotation_loop(
+        patcher,
+        state.clone(),
+        Duration::from_secs(cli.annotation_period_seconds.max(1)),
+        Some(metrics.clone()),
+        shutdown.clone(),
+    ));
+
+    // vGPU monitor: per-container usage from the shim's region files.
+    {
+        let metrics = metrics.clone();
+        let pods = pod_source_for_monitor.clone();
+        let dir = std::path::PathBuf::from(format!("{}/vgpu/containers", cli.hook_path.trim_end_matches('/')));
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let dir = dir.clone();
+                let scanned = tokio::task::spawn_blocking(move || tessera_device_plugin::monitor::scan(&dir)).await;
+                if let Ok((samples, skipped)) = scanned {
+                    for s in &skipped {
+                        tracing::warn!(path = %s.path, reason = %s.reason, "region file skipped");
+                    }
+                    let names = pods
+                        .cached()
+                        .into_iter()
+                        .map(|p| (p.uid, (p.namespace, p.name)))
+                        .collect();
+                    metrics.set_vgpu(&samples, &names);
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(15)) => {}
+                    _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
+                }
+            }
+        });
+    }
+
+    // Ledger housekeeping.
+    {
+        let allocator = allocator.clone();
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(30)) => allocator.gc_ledger().await,
+                    _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
+                }
+            }
+        });
+    }
+
+    // Signals.
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot watch SIGTERM");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+        let _ = shutdown_tx.send(true);
+    });
+
+    let settings = KubeletSettings {
+        socket_dir: cli.socket_dir.clone(),
+        socket_name: socket_name_for(&resource),
+        resource_name: resource,
+        preferred_allocation,
+        poll_interval: Duration::from_secs(1),
+    };
+    let make = {
+        let state = state.clone();
+        move |stop| DevicePluginService {
+            state: state.clone(),
+            allocator: allocator.clone(),
+            preferred_allocation,
+            stop,
+        }
+    };
+    tessera_device_plugin::kubelet::run(settings, make, shutdown, Some(metrics))
+        .await
+        .context("device plugin server failed")?;
+    Ok(())
+}
+
+/// NVML events, lost-GPU polling, recovery and host metrics, on one blocking thread.
+fn spawn_health_thread(
+    cli: &Cli,
+    state: &Arc<DeviceState>,
+    inventory: &Arc<NvmlInventory>,
+    metrics: &PluginMetrics,
+    managed: &[tessera_device_plugin::gpu::ManagedGpu],
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let state = state.clone();
+    let inventory = inventory.clone();
+    let metrics = metrics.clone();
+    let node = cli.node_name.clone();
+    let types: std::collections::BTreeMap<String, String> = managed
+        .iter()
+        .map(|g| (g.uuid.clone(), g.model_type.clone()))
+        .collect();
+    std::thread::Builder::new()
+        .name("gpu-health".into())
+        .spawn(move || {
+            let mut last_poll = Instant::now();
+            while !*shutdown.borrow() {
+                match inventory.wait_event(Duration::from_secs(1)) {
+                    Ok(Some(ev)) => state.health_event(&ev, Instant::now()),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "NVML event wait failed");
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+                if last_poll.elapsed() >= Duration::from_secs(1) {
+                    last_poll = Instant::now();
+                    for ev in lost_gpus(inventory.as_ref(), &state.healthy_uuids()) {
+                        state.health_event(&ev, Instant::now());
+                    }
+                    state.recover(&|u| inventory.answers(u), Instant::now());
+                    for s in inventory.sample() {
+                        let t = types.get(&s.uuid).map(String::as_str).unwrap_or("");
+                        metrics.host_gpu(
+                            &node,
+                            s.index,
+                            &s.uuid,
+                            t,
+                            s.memory_used_bytes as f64,
+                            f64::from(s.utilization_gpu),
+                        );
+                    }
+                }
+            }
+        })
+        .context("cannot start the health thread")?;
+    Ok(())
+}

@@ -1,0 +1,184 @@
+//! Per-container usage from the shim's shared-region files under
+//! `<hook>/vgpu/containers/<podUID>_<container>/*.cache`, exported with HAMi's v2.9+ names
+//! (contract §8.2). Truncated, foreign or corrupt files are logged and skipped; they never
+//! affect other containers.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use vgpu_region::{MAX_DEVICES, RegionSnapshot};
+
+/// Largest file the monitor reads: a HAMi-core region is ~1.3 MiB; anything far larger is not one.
+const MAX_REGION_FILE: u64 = 64 * 1024 * 1024;
+
+/// One (container, virtual device) usage sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VgpuSample {
+    pub pod_uid: String,
+    pub container: String,
+    pub vdevice_index: usize,
+    pub device_uuid: String,
+    pub memory_used_bytes: u64,
+    pub memory_limit_bytes: u64,
+    pub context_bytes: u64,
+    pub module_bytes: u64,
+    pub buffer_bytes: u64,
+    pub sm_limit: u64,
+}
+
+/// `<podUID>_<container>`: pod UIDs contain no `_`, container names (DNS labels) neither.
+pub fn parse_container_dir(name: &str) -> Option<(&str, &str)> {
+    let (uid, container) = name.split_once('_')?;
+    (!uid.is_empty() && !container.is_empty()).then_some((uid, container))
+}
+
+/// Samples of one region (pure).
+pub fn samples(pod_uid: &str, container: &str, region: &RegionSnapshot) -> Vec<VgpuSample> {
+    let devices = usize::try_from(region.device_num).unwrap_or(MAX_DEVICES).min(MAX_DEVICES);
+    (0..devices)
+        .map(|d| {
+            let live = region.procs.iter().filter(|p| p.status != vgpu_region::status::EXITED);
+            let (mut ctx, mut module, mut buffer) = (0u64, 0u64, 0u64);
+            for p in live {
+                ctx = ctx.saturating_add(p.used[d].context_size);
+                module = module.saturating_add(p.used[d].module_size);
+                buffer = buffer.saturating_add(p.used[d].data_size);
+            }
+            VgpuSample {
+                pod_uid: pod_uid.to_owned(),
+                container: container.to_owned(),
+                vdevice_index: d,
+                device_uuid: region.uuids.get(d).cloned().unwrap_or_default(),
+                memory_used_bytes: region.device_usage(d),
+                memory_limit_bytes: region.limit[d],
+                context_bytes: ctx,
+                module_bytes: module,
+                buffer_bytes: buffer,
+                sm_limit: region.sm_limit[d],
+            }
+        })
+        .collect()
+}
+
+/// Why a file was skipped (logged by the caller).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedFile {
+    pub path: String,
+    pub reason: String,
+}
+
+/// Reads every region file under `containers_dir`. Never fails as a whole.
+pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    let Ok(entries) = std::fs::read_dir(containers_dir) else {
+        return (out, skipped);
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((uid, container)) = parse_container_dir(&name) else {
+            continue;
+        };
+        let Ok(files) = std::fs::read_dir(entry.path()) else {
+            continue;
+        };
+        for file in files.flatten() {
+            let path = file.path();
+            if path.extension().is_none_or(|e| e != "cache") {
+                continue;
+            }
+            let skip = |reason: String| SkippedFile {
+                path: path.display().to_string(),
+                reason,
+            };
+            match file.metadata() {
+                Ok(m) if m.len() > MAX_REGION_FILE => {
+                    skipped.push(skip(format!("{} bytes is too large for a region file", m.len())));
+                    continue;
+                }
+                Err(e) => {
+                    skipped.push(skip(e.to_string()));
+                    continue;
+                }
+                Ok(_) => {}
+            }
+            match std::fs::read(&path) {
+                Ok(bytes) => match RegionSnapshot::parse(&bytes) {
+                    Ok(region) => out.extend(samples(uid, container, &region)),
+                    Err(e) => skipped.push(skip(e.to_string())),
+                },
+                Err(e) => skipped.push(skip(e.to_string())),
+            }
+        }
+    }
+    (out, skipped)
+}
+
+/// Pod UID → (namespace, name), from the pod cache.
+pub type PodNames = BTreeMap<String, (String, String)>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dir_names() {
+        assert_eq!(parse_container_dir("0f1e-aa_main"), Some(("0f1e-aa", "main")));
+        assert_eq!(parse_container_dir("nounderscore"), None);
+        assert_eq!(parse_container_dir("_x"), None);
+    }
+
+    fn put(b: &mut [u8], off: usize, v: &[u8]) {
+        b[off..off + v.len()].copy_from_slice(v);
+    }
+
+    #[test]
+    fn valid_region_yields_usage_and_limits() {
+        use vgpu_region::{offset, slot};
+        let mut b = vec![0u8; vgpu_region::FILE_SIZE];
+        put(&mut b, offset::INITIALIZED_FLAG, &vgpu_region::MAGIC.to_ne_bytes());
+        put(&mut b, offset::MAJOR_VERSION, &1u32.to_ne_bytes());
+        put(&mut b, offset::MINOR_VERSION, &2u32.to_ne_bytes());
+        put(&mut b, offset::DEVICE_NUM, &1u64.to_ne_bytes());
+        put(&mut b, offset::UUIDS, b"GPU-aaa");
+        put(&mut b, offset::LIMIT, &(3000u64 << 20).to_ne_bytes());
+        put(&mut b, offset::SM_LIMIT, &30u64.to_ne_bytes());
+        put(&mut b, offset::PROC_NUM, &2i32.to_ne_bytes());
+        for (i, (total, status)) in [(512u64 << 20, 1i32), (100u64 << 20, 0)].iter().enumerate() {
+            let base = offset::PROCS + i * slot::SIZE;
+            put(&mut b, base + slot::PID, &(10 + i as i32).to_ne_bytes());
+            put(&mut b, base + slot::STATUS, &status.to_ne_bytes());
+            put(&mut b, base + slot::USED + slot::MEM_TOTAL, &total.to_ne_bytes());
+            put(&mut b, base + slot::USED + slot::MEM_CONTEXT_SIZE, &(2u64 << 20).to_ne_bytes());
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = dir.path().join("uid1_main");
+        std::fs::create_dir_all(&c).expect("mkdir");
+        std::fs::write(c.join("x.cache"), &b).expect("write");
+        let (samples, skipped) = scan(dir.path());
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(samples.len(), 1);
+        let s = &samples[0];
+        assert_eq!((s.pod_uid.as_str(), s.container.as_str(), s.device_uuid.as_str()), ("uid1", "main", "GPU-aaa"));
+        assert_eq!(s.memory_used_bytes, 512 << 20, "exited slots do not count");
+        assert_eq!(s.memory_limit_bytes, 3000 << 20);
+        assert_eq!(s.context_bytes, 2 << 20);
+        assert_eq!(s.sm_limit, 30);
+    }
+
+    #[test]
+    fn corrupt_and_foreign_files_are_skipped_not_fatal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = dir.path().join("uid1_main");
+        std::fs::create_dir_all(&c).expect("mkdir");
+        std::fs::write(c.join("a.cache"), b"short").expect("write");
+        std::fs::write(c.join("b.cache"), vec![0u8; vgpu_region::REGION_SIZE]).expect("write");
+        std::fs::write(c.join("ignored.txt"), b"x").expect("write");
+        std::fs::create_dir_all(dir.path().join("not-a-container-dir")).expect("mkdir");
+        let (samples, skipped) = scan(dir.path());
+        assert!(samples.is_empty());
+        assert_eq!(skipped.len(), 2, "{skipped:?}");
+        assert!(skipped.iter().any(|s| s.reason.contains("shorter")));
+        assert!(skipped.iter().any(|s| s.reason.contains("not initialised")));
+    }
+}

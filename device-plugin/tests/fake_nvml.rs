@@ -1,0 +1,160 @@
+//! The real nvml-wrapper path against the fake `libnvidia-ml.so.1`: discovery through the
+//! binary's dry run, scripted XID / GPU-lost events turning GPUs unhealthy in the register
+//! annotation, recovery, and a missing driver reported clearly.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tessera-device-plugin");
+
+fn scenario(dir: &Path) -> PathBuf {
+    let path = dir.join("scenario.json");
+    std::fs::write(
+        &path,
+        r#"{"driver_version":"550.54.15","cuda_driver_version":12040,"devices":[
+          {"uuid":"GPU-aaaa","name":"Tesla T4","memory_total_mib":15360,"pci_bus_id":"00000000:3B:00.0"},
+          {"uuid":"GPU-bbbb","name":"NVIDIA A100-SXM4-40GB","memory_total_mib":40960,"pci_bus_id":"00000000:AF:00.0"},
+          {"uuid":"GPU-cccc","name":"GH200","memory_total_mib":0,"memory_info_unsupported":true},
+          {"uuid":"GPU-dddd","name":"A30","memory_total_mib":24576,"mig_mode":true}
+        ]}"#,
+    )
+    .expect("write scenario");
+    // NUMA node of the A100 from a fake sysfs.
+    let numa = dir.join("sys/bus/pci/devices/0000:af:00.0");
+    std::fs::create_dir_all(&numa).expect("mkdir");
+    std::fs::write(numa.join("numa_node"), "1\n").expect("write");
+    path
+}
+
+fn base_command(dir: &Path, lib: &Path, config: &str) -> Command {
+    let config_path = dir.join("device-config.yaml");
+    std::fs::write(&config_path, config).expect("write config");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--node-name")
+        .arg("node-a")
+        .arg("--nvml-lib")
+        .arg(lib)
+        .arg("--config-file")
+        .arg(&config_path)
+        .arg("--node-config")
+        .arg(dir.join("absent.json"))
+        .arg("--sysfs-root")
+        .arg(dir.join("sys"))
+        .arg("--print-register")
+        .env("FAKE_NVML_SCENARIO", scenario(dir))
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+const CONFIG: &str = "nvidia:\n  deviceSplitCount: 5\n  deviceMemoryScaling: 1\n  deviceCoreScaling: 1\n  libCudaLogLevel: 1\n  preConfiguredDeviceMemory: 8192\n";
+
+#[test]
+fn discovery_through_nvml_builds_hami_register_annotation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lib = nvidia_ml::locate::install_as_soname(dir.path()).expect("fake NVML built");
+    let out = base_command(dir.path(), &lib, CONFIG)
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.trim(),
+        r#"[{"id":"GPU-aaaa","count":5,"devmem":15360,"devcore":100,"type":"NVIDIA-Tesla T4","mode":"hami-core","health":true},{"id":"GPU-bbbb","index":1,"count":5,"devmem":40960,"devcore":100,"type":"NVIDIA A100-SXM4-40GB","numa":1,"mode":"hami-core","health":true},{"id":"GPU-cccc","index":2,"count":5,"devmem":8192,"devcore":100,"type":"NVIDIA-GH200","mode":"hami-core","health":true}]"#
+    );
+    assert!(
+        stderr.contains("MIG"),
+        "the MIG GPU is refused with a reason: {stderr}"
+    );
+}
+
+#[test]
+fn unparsable_config_and_missing_driver_are_clear_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lib = nvidia_ml::locate::install_as_soname(dir.path()).expect("fake NVML built");
+    let out = base_command(dir.path(), &lib, "nvidia:\n  deviceSplitCount: ten\n")
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid device config") && stderr.contains("deviceSplitCount"),
+        "{stderr}"
+    );
+
+    let out = base_command(dir.path(), &lib, CONFIG)
+        .env("FAKE_NVML_FAIL_INIT", "1")
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no NVIDIA driver usable on this node"),
+        "{stderr}"
+    );
+
+    let out = base_command(dir.path(), &dir.path().join("nope.so"), CONFIG)
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot load NVML from") && stderr.contains("nope.so"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn scripted_xid_and_lost_gpu_turn_unhealthy_and_recover() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lib = nvidia_ml::locate::install_as_soname(dir.path()).expect("fake NVML built");
+    let events = dir.path().join("events.jsonl");
+    std::fs::write(&events, "").expect("events");
+    let mut child = base_command(dir.path(), &lib, CONFIG)
+        .arg("--watch-seconds")
+        .arg("20")
+        .arg("--health-recovery-seconds")
+        .arg("1")
+        .env("FAKE_NVML_EVENTS", &events)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut next = || lines.next().expect("a line").expect("utf-8");
+    let healthy = |line: &str| line.matches(r#""health":true"#).count();
+    assert_eq!(healthy(&next()), 3, "all healthy at start");
+
+    let append = |line: &str| {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&events)
+            .expect("open");
+        writeln!(f, "{line}").expect("append");
+    };
+    let started = Instant::now();
+    append(r#"{"device":0,"kind":"xid","xid":79}"#);
+    let line = next();
+    assert!(line.starts_with(r#"[{"id":"GPU-aaaa","count":5,"devmem":15360,"devcore":100,"type":"NVIDIA-Tesla T4","mode":"hami-core"}"#), "{line}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // No new error for the quiet period and the GPU answers: healthy again.
+    assert_eq!(healthy(&next()), 3, "recovered");
+
+    append(r#"{"device":1,"kind":"lost"}"#);
+    let line = next();
+    assert_eq!(healthy(&line), 2, "{line}");
+    assert!(
+        !line.contains(r#""numa":1,"mode":"hami-core","health":true"#),
+        "{line}"
+    );
+    append(r#"{"device":1,"kind":"recovered"}"#);
+    assert_eq!(
+        healthy(&next()),
+        3,
+        "the lost GPU answers again and recovers"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

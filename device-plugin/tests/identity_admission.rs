@@ -1,0 +1,654 @@
+//! Tries to break allocation identity: ≥ 20 pods with different requests bound to one node,
+//! admitted by a simulated kubelet in creation, reverse and random order. Every container must
+//! get exactly its own limits (and, where the plugin can know, its own GPUs), or a clean
+//! failure after which the pod's owner recreates it — never another pod's limits.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use hami_contract::annotations as keys;
+use hami_contract::devices::{ContainerDevice, PodDevices};
+use hami_contract::identity::AllocationSignature;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tessera_device_plugin::allocator::empty_entries;
+use tessera_device_plugin::identity::{
+    CallFacts, ContainerSpec, Ledger, PodResourcesView, PodSnapshot, pending_pods, select,
+};
+
+const NODE: &str = "node-a";
+const GPUS: [&str; 4] = ["GPU-0", "GPU-1", "GPU-2", "GPU-3"];
+
+/// A pod spec: per GPU container (kubelet order), its devices' (mem, cores); `init` = how many of
+/// those are regular init containers.
+#[derive(Clone, Debug)]
+struct Spec {
+    containers: Vec<Vec<(u32, u32)>>,
+    init: usize,
+}
+
+fn specs() -> Vec<Spec> {
+    let mut v = Vec::new();
+    // 12 single-container, single-GPU pods, all with different limits.
+    for i in 0..12u32 {
+        v.push(Spec {
+            containers: vec![vec![(1000 + 100 * i, 10 + i)]],
+            init: 0,
+        });
+    }
+    // 4 two-GPU pods.
+    for i in 0..4u32 {
+        v.push(Spec {
+            containers: vec![vec![(2000 + i, 20), (2000 + i, 20)]],
+            init: 0,
+        });
+    }
+    // 3 two-container pods (1 GPU each), one with a GPU init container.
+    v.push(Spec {
+        containers: vec![vec![(500, 5)], vec![(600, 6)]],
+        init: 0,
+    });
+    v.push(Spec {
+        containers: vec![vec![(700, 7)], vec![(800, 8), (800, 8)]],
+        init: 0,
+    });
+    v.push(Spec {
+        containers: vec![vec![(900, 9)], vec![(950, 9)]],
+        init: 1,
+    });
+    // An interchangeable class of 4 identical pods.
+    for _ in 0..4 {
+        v.push(Spec {
+            containers: vec![vec![(3000, 30)]],
+            init: 0,
+        });
+    }
+    v
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Phase {
+    Waiting,
+    Bound,
+    Admitted,
+    Failed,
+}
+
+#[derive(Clone, Debug)]
+struct SimPod {
+    spec_index: usize,
+    snapshot: PodSnapshot,
+    planned: PodDevices,
+    phase: Phase,
+    /// Replica IDs the kubelet recorded per container name.
+    recorded: BTreeMap<String, Vec<String>>,
+    signature: AllocationSignature,
+    creation: usize,
+}
+
+struct Sim {
+    pods: Vec<SimPod>,
+    ledger: Ledger,
+    rng: StdRng,
+    next_uid: usize,
+    next_gpu: usize,
+    /// The plugin's cache sees its own patches only this often (simulates informer lag).
+    cache_refresh_every: usize,
+    calls: usize,
+    cache: Vec<PodSnapshot>,
+    pod_resources: bool,
+    scheduler_rule: bool,
+    failures: usize,
+    class_swaps: usize,
+}
+
+fn container_names(spec: &Spec) -> (Vec<ContainerSpec>, Vec<ContainerSpec>) {
+    let mut init = Vec::new();
+    let mut app = Vec::new();
+    for (i, _) in spec.containers.iter().enumerate() {
+        let c = ContainerSpec {
+            name: format!("c{i}"),
+            requests_resource: true,
+            restartable_init: false,
+            disable_control: false,
+        };
+        if i < spec.init {
+            init.push(c)
+        } else {
+            app.push(c)
+        }
+    }
+    // A GPU-less app container in every pod: aligned annotations carry an empty entry for it.
+    app.push(ContainerSpec {
+        name: "sidecar".into(),
+        requests_resource: false,
+        restartable_init: false,
+        disable_control: false,
+    });
+    (init, app)
+}
+
+impl Sim {
+    fn new(seed: u64, pod_resources: bool, scheduler_rule: bool) -> Self {
+        let mut sim = Sim {
+            pods: Vec::new(),
+            ledger: Ledger::default(),
+            rng: StdRng::seed_from_u64(seed),
+            next_uid: 0,
+            next_gpu: 0,
+            cache_refresh_every: 3,
+            calls: 0,
+            cache: Vec::new(),
+            pod_resources,
+            scheduler_rule,
+            failures: 0,
+            class_swaps: 0,
+        };
+        for (i, _) in specs().iter().enumerate() {
+            sim.create(i);
+        }
+        sim
+    }
+
+    fn create(&mut self, spec_index: usize) {
+        let spec = specs()[spec_index].clone();
+        let (init, app) = container_names(&spec);
+        let mut entries = Vec::new();
+        for c in &spec.containers {
+            entries.push(
+                c.iter()
+                    .map(|(mem, cores)| {
+                        self.next_gpu += 1;
+                        ContainerDevice {
+                            uuid: GPUS[self.next_gpu % GPUS.len()].into(),
+                            vendor: "NVIDIA".into(),
+                            usedmem: *mem,
+                            usedcores: *cores,
+                        }
+                    })
+                    .collect(),
+            );
+        }
+        entries.push(Vec::new()); // the GPU-less sidecar
+        let planned = PodDevices(entries);
+        let uid = format!("uid-{}", self.next_uid);
+        self.next_uid += 1;
+        let snapshot = PodSnapshot {
+            namespace: "ns".into(),
+            name: format!("pod-{spec_index}-{uid}"),
+            uid,
+            node_name: None,
+            annotations: BTreeMap::new(),
+            terminal: false,
+            deleting: false,
+            init_containers: init,
+            containers: app,
+        };
+        let signature = AllocationSignature::new(&planned, &BTreeMap::new());
+        let creation = self.pods.len();
+        self.pods.push(SimPod {
+            spec_index,
+            snapshot,
+            planned,
+            phase: Phase::Waiting,
+            recorded: BTreeMap::new(),
+            signature,
+            creation,
+        });
+    }
+
+    fn pending_on_node(&self) -> Vec<usize> {
+        (0..self.pods.len())
+            .filter(|i| self.pods[*i].phase == Phase::Bound)
+            .filter(|i| {
+                self.pods[*i]
+                    .snapshot
+                    .annotations
+                    .get(keys::BIND_PHASE)
+                    .map(String::as_str)
+                    == Some(keys::BIND_PHASE_ALLOCATING)
+            })
+            .collect()
+    }
+
+    /// The extender: bind waiting pods in creation order unless the rule forbids it.
+    fn extender_binds(&mut self) {
+        for i in 0..self.pods.len() {
+            if self.pods[i].phase != Phase::Waiting {
+                continue;
+            }
+            if self.scheduler_rule {
+                let blocked = self.pending_on_node().iter().any(|&q| {
+                    let (a, b) = (&self.pods[i].signature, &self.pods[q].signature);
+                    a.confusable_with(b) && !a.interchangeable_with(b)
+                });
+                if blocked {
+                    continue;
+                }
+            }
+            let p = &mut self.pods[i];
+            let value = p.planned.encode();
+            let a = &mut p.snapshot.annotations;
+            a.insert(keys::VGPU_NODE.into(), NODE.into());
+            a.insert(keys::DEVICES_TO_ALLOCATE.into(), value.clone());
+            a.insert(keys::DEVICES_ALLOCATED.into(), value);
+            a.insert(keys::BIND_PHASE.into(), keys::BIND_PHASE_ALLOCATING.into());
+            a.insert(
+                keys::BIND_TIME.into(),
+                (1_700_000_000 + p.creation).to_string(),
+            );
+            p.snapshot.node_name = Some(NODE.into());
+            p.phase = Phase::Bound;
+        }
+    }
+
+    fn refresh_cache(&mut self, force: bool) {
+        if force || self.calls.is_multiple_of(self.cache_refresh_every) {
+            self.cache = self
+                .pods
+                .iter()
+                .filter(|p| p.phase != Phase::Waiting)
+                .map(|p| p.snapshot.clone())
+                .collect();
+        }
+    }
+
+    fn view(&self, admitting: usize) -> PodResourcesView {
+        let mut view = PodResourcesView::default();
+        for (i, p) in self.pods.iter().enumerate() {
+            if p.phase == Phase::Admitted || i == admitting {
+                let mut containers = BTreeMap::new();
+                for c in p.snapshot.containers.iter() {
+                    containers.insert(
+                        c.name.clone(),
+                        p.recorded.get(&c.name).cloned().unwrap_or_default(),
+                    );
+                }
+                view.pods.insert(p.snapshot.key(), containers);
+            }
+        }
+        view
+    }
+
+    /// The kubelet admits one pod: one call per GPU container, in kubelet order.
+    fn admit(&mut self, idx: usize) {
+        let gpu_containers: Vec<ContainerSpec> = self.pods[idx]
+            .snapshot
+            .gpu_containers()
+            .into_iter()
+            .cloned()
+            .collect();
+        let own: Vec<Vec<ContainerDevice>> = self.pods[idx]
+            .planned
+            .0
+            .iter()
+            .filter(|e| !e.is_empty())
+            .cloned()
+            .collect();
+        for (k, container) in gpu_containers.iter().enumerate() {
+            self.calls += 1;
+            self.refresh_cache(false);
+            let view = self.view(idx);
+            let facts = CallFacts {
+                count: own[k].len(),
+                must_include: false,
+                hami_lock: None,
+                pod_resources: self.pod_resources.then_some(&view),
+            };
+            let result = {
+                let (pending, rejected) = pending_pods(NODE, &self.cache, &self.ledger);
+                assert!(rejected.is_empty(), "{rejected:?}");
+                select(facts, &pending, &self.ledger)
+            };
+            // The plugin retries with a fresh read when the cache gives no answer.
+            let result = result.or_else(|_| {
+                self.refresh_cache(true);
+                let (pending, _) = pending_pods(NODE, &self.cache, &self.ledger);
+                select(facts, &pending, &self.ledger)
+            });
+            let choice = match result {
+                Ok(c) => c,
+                Err(_) => {
+                    // Fail closed: the kubelet rejects the pod; its owner recreates it.
+                    self.ledger.break_run();
+                    self.failures += 1;
+                    self.pods[idx].phase = Phase::Failed;
+                    self.pods[idx].snapshot.terminal = true;
+                    let spec = self.pods[idx].spec_index;
+                    self.create(spec);
+                    return;
+                }
+            };
+            // The invariant: exactly this container's limits.
+            let got: Vec<(u32, u32)> = choice
+                .devices
+                .iter()
+                .map(|d| (d.usedmem, d.usedcores))
+                .collect();
+            let want: Vec<(u32, u32)> = own[k].iter().map(|d| (d.usedmem, d.usedcores)).collect();
+            assert_eq!(
+                got,
+                want,
+                "pod {} container {} got another pod's limits",
+                self.pods[idx].snapshot.key(),
+                container.name
+            );
+            if choice.uid == self.pods[idx].snapshot.uid {
+                assert_eq!(choice.devices, own[k], "own pod, own GPUs");
+                assert_eq!(choice.container.name, container.name);
+            } else {
+                // Only members of one interchangeable class may be served each other's entry.
+                let chosen = self
+                    .pods
+                    .iter()
+                    .find(|p| p.snapshot.uid == choice.uid)
+                    .expect("known");
+                assert!(
+                    chosen
+                        .signature
+                        .interchangeable_with(&self.pods[idx].signature)
+                );
+                assert!(
+                    !self.pod_resources,
+                    "with pod-resources the pod is identified exactly"
+                );
+                self.class_swaps += 1;
+            }
+            // The plugin's patch (the cache sees it later).
+            let ci = self
+                .pods
+                .iter()
+                .position(|p| p.snapshot.uid == choice.uid)
+                .expect("known");
+            let mut served: BTreeSet<usize> =
+                self.ledger.served(&choice.uid).cloned().unwrap_or_default();
+            served.insert(choice.entry_index);
+            let current = self.pods[ci].snapshot.annotations[keys::DEVICES_TO_ALLOCATE].clone();
+            let emptied = empty_entries(&current, &served).expect("valid");
+            self.pods[ci]
+                .snapshot
+                .annotations
+                .insert(keys::DEVICES_TO_ALLOCATE.into(), emptied);
+            if choice.entries_left == 0 {
+                self.pods[ci]
+                    .snapshot
+                    .annotations
+                    .insert(keys::BIND_PHASE.into(), keys::BIND_PHASE_SUCCESS.into());
+            }
+            self.ledger
+                .record_served(&choice.uid, choice.entry_index, choice.entries_left);
+            let ids = (0..own[k].len())
+                .map(|j| format!("{}-r{}-{j}", self.pods[idx].snapshot.uid, k))
+                .collect();
+            self.pods[idx].recorded.insert(container.name.clone(), ids);
+        }
+        self.pods[idx].phase = Phase::Admitted;
+    }
+
+    fn run(&mut self, order: &str) {
+        self.run_steps(order, 2_000);
+        let admitted: BTreeSet<usize> = self
+            .pods
+            .iter()
+            .filter(|p| p.phase == Phase::Admitted)
+            .map(|p| p.spec_index)
+            .collect();
+        assert_eq!(
+            admitted.len(),
+            specs().len(),
+            "every pod is eventually admitted ({order})"
+        );
+    }
+
+    fn run_steps(&mut self, order: &str, steps: usize) {
+        for _ in 0..steps {
+            self.extender_binds();
+            let bound: Vec<usize> = (0..self.pods.len())
+                .filter(|i| self.pods[*i].phase == Phase::Bound)
+                .collect();
+            if bound.is_empty() {
+                break;
+            }
+            let pick = match order {
+                "creation" => bound[0],
+                "reverse" => bound[bound.len() - 1],
+                _ => bound[self.rng.random_range(0..bound.len())],
+            };
+            self.admit(pick);
+        }
+    }
+}
+
+#[test]
+fn scheduler_rule_without_pod_resources_never_swaps_limits() {
+    for order in ["creation", "reverse", "random"] {
+        for seed in 0..5 {
+            let mut sim = Sim::new(seed, false, true);
+            sim.run(order);
+            assert_eq!(sim.failures, 0, "the rule leaves no ambiguity ({order})");
+        }
+    }
+}
+
+#[test]
+fn pod_resources_elimination_identifies_every_pod_even_without_the_rule() {
+    for order in ["creation", "reverse", "random"] {
+        for seed in 0..5 {
+            let mut sim = Sim::new(seed, true, false);
+            sim.run(order);
+            assert_eq!(sim.failures, 0, "elimination is exact ({order})");
+            assert_eq!(sim.class_swaps, 0);
+        }
+    }
+}
+
+#[test]
+fn without_rule_or_pod_resources_it_fails_closed_but_never_swaps() {
+    for order in ["creation", "reverse", "random"] {
+        for seed in 0..5 {
+            let mut sim = Sim::new(seed, false, false);
+            // Without the rule, recreated pods are bound again at once and stay ambiguous, so
+            // the node refuses them for as long as that lasts: bounded run, no progress promise.
+            sim.run_steps(order, 200);
+            assert!(
+                sim.failures > 0,
+                "ambiguity must show up as refusals ({order})"
+            );
+        }
+    }
+}
+
+fn one_gpu_pod(name: &str, mem: u32, bind_time: u64) -> PodSnapshot {
+    let value = format!("GPU-0,NVIDIA,{mem},10:;");
+    let mut annotations = BTreeMap::new();
+    annotations.insert(keys::VGPU_NODE.to_owned(), NODE.to_owned());
+    annotations.insert(keys::DEVICES_TO_ALLOCATE.to_owned(), value.clone());
+    annotations.insert(keys::DEVICES_ALLOCATED.to_owned(), value);
+    annotations.insert(
+        keys::BIND_PHASE.to_owned(),
+        keys::BIND_PHASE_ALLOCATING.to_owned(),
+    );
+    annotations.insert(keys::BIND_TIME.to_owned(), bind_time.to_string());
+    PodSnapshot {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        node_name: Some(NODE.into()),
+        annotations,
+        terminal: false,
+        deleting: false,
+        init_containers: Vec::new(),
+        containers: vec![ContainerSpec {
+            name: "main".into(),
+            requests_resource: true,
+            restartable_init: false,
+            disable_control: false,
+        }],
+    }
+}
+
+fn facts(count: usize) -> CallFacts<'static> {
+    CallFacts {
+        count,
+        must_include: false,
+        hami_lock: None,
+        pod_resources: None,
+    }
+}
+
+#[test]
+fn hami_lock_names_the_pod_among_ambiguous_ones() {
+    let pods = [one_gpu_pod("a", 1000, 1), one_gpu_pod("b", 2000, 2)];
+    let ledger = Ledger::default();
+    let (pending, _) = pending_pods(NODE, &pods, &ledger);
+    let err = select(facts(1), &pending, &ledger).expect_err("ambiguous");
+    assert!(err.to_string().contains("ns/a, ns/b"), "{err}");
+    let mut f = facts(1);
+    f.hami_lock = Some("ns/b");
+    assert_eq!(select(f, &pending, &ledger).expect("lock").name, "b");
+}
+
+#[test]
+fn interchangeable_pods_are_served_oldest_first() {
+    let pods = [
+        one_gpu_pod("late", 1000, 20),
+        one_gpu_pod("early", 1000, 10),
+    ];
+    let ledger = Ledger::default();
+    let (pending, _) = pending_pods(NODE, &pods, &ledger);
+    assert_eq!(
+        select(facts(1), &pending, &ledger).expect("class").name,
+        "early"
+    );
+}
+
+#[test]
+fn count_mismatch_terminal_and_other_node_pods_are_not_candidates() {
+    let mut other = one_gpu_pod("other", 1000, 1);
+    other
+        .annotations
+        .insert(keys::VGPU_NODE.into(), "node-b".into());
+    let mut done = one_gpu_pod("done", 1000, 1);
+    done.terminal = true;
+    let mut broken = one_gpu_pod("broken", 1000, 1);
+    broken.annotations.insert(
+        keys::DEVICES_TO_ALLOCATE.into(),
+        "GPU-0,NVIDIA,x,1:;".into(),
+    );
+    let pods = [other, done, broken];
+    let ledger = Ledger::default();
+    let (pending, rejected) = pending_pods(NODE, &pods, &ledger);
+    assert!(pending.is_empty());
+    assert_eq!(rejected.len(), 2, "{rejected:?}");
+    assert!(rejected.iter().any(|r| r.to_string().contains("node-b")));
+    assert!(select(facts(1), &pending, &ledger).is_err());
+    let pods = [one_gpu_pod("two", 1000, 1)];
+    let (pending, _) = pending_pods(NODE, &pods, &ledger);
+    assert!(
+        select(facts(2), &pending, &ledger).is_err(),
+        "2 devices asked, entry has 1"
+    );
+}
+
+#[test]
+fn aborted_multi_container_pod_is_not_continued_when_pod_resources_shows_it_gone() {
+    // p: two containers (1 GPU each); q: one container, one GPU. p's run stops after container 0.
+    let mut p = one_gpu_pod("p", 0, 1);
+    let value = "GPU-0,NVIDIA,100,1:;GPU-1,NVIDIA,200,2:;";
+    p.annotations
+        .insert(keys::DEVICES_TO_ALLOCATE.into(), value.into());
+    p.annotations
+        .insert(keys::DEVICES_ALLOCATED.into(), value.into());
+    p.containers.push(ContainerSpec {
+        name: "second".into(),
+        requests_resource: true,
+        restartable_init: false,
+        disable_control: false,
+    });
+    let q = one_gpu_pod("q", 300, 2);
+    let pods = [p, q];
+    let mut ledger = Ledger::default();
+    ledger.record_served("uid-p", 0, 1);
+    // The kubelet rejected p (it left the active list) and now admits q.
+    let mut view = PodResourcesView::default();
+    view.pods.insert(
+        "ns/q".into(),
+        BTreeMap::from([("main".to_owned(), Vec::new())]),
+    );
+    let (pending, _) = pending_pods(NODE, &pods, &ledger);
+    let f = CallFacts {
+        count: 1,
+        must_include: false,
+        hami_lock: None,
+        pod_resources: Some(&view),
+    };
+    let c = select(f, &pending, &ledger).expect("q identified");
+    assert_eq!((c.name.as_str(), c.devices[0].usedmem), ("q", 300));
+    // Without pod-resources the contiguity rule continues p (the scheduler rule keeps q away).
+    let c = select(facts(1), &pending, &ledger).expect("continuing");
+    assert_eq!((c.name.as_str(), c.devices[0].usedmem), ("p", 200));
+}
+
+#[test]
+fn elimination_names_an_unknown_pod_and_refuses() {
+    let pods = [one_gpu_pod("a", 1000, 1)];
+    let ledger = Ledger::default();
+    let (pending, _) = pending_pods(NODE, &pods, &ledger);
+    let mut view = PodResourcesView::default();
+    view.pods.insert(
+        "ns/a".into(),
+        BTreeMap::from([("main".to_owned(), vec!["GPU-0-1".to_owned()])]),
+    );
+    view.pods.insert(
+        "ns/plain".into(),
+        BTreeMap::from([("main".to_owned(), Vec::new())]),
+    );
+    let f = CallFacts {
+        count: 1,
+        must_include: false,
+        hami_lock: None,
+        pod_resources: Some(&view),
+    };
+    assert!(
+        select(f, &pending, &ledger).is_err(),
+        "a is already allocated; the admitted pod is not ours"
+    );
+}
+
+mod arbitrary_input {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever is in the annotations, identity never panics, and whatever it serves has
+        /// exactly the call's device count.
+        #[test]
+        fn never_panics_and_serves_the_right_count(
+            to_allocate in "[A-Z0-9a-z,:;-]{0,60}",
+            allocated in proptest::option::of("[A-Z0-9a-z,:;-]{0,60}"),
+            phase in prop_oneof![Just("allocating"), Just("success"), Just("x")],
+            node in prop_oneof![Just(NODE), Just("node-b")],
+            bind_time in "[0-9a-z]{0,12}",
+            count in 0usize..4,
+            containers in 0usize..4,
+        ) {
+            let mut pod = one_gpu_pod("p", 1, 1);
+            pod.annotations.insert(keys::DEVICES_TO_ALLOCATE.into(), to_allocate);
+            match allocated {
+                Some(a) => { pod.annotations.insert(keys::DEVICES_ALLOCATED.into(), a); }
+                None => { pod.annotations.remove(keys::DEVICES_ALLOCATED); }
+            }
+            pod.annotations.insert(keys::BIND_PHASE.into(), phase.into());
+            pod.annotations.insert(keys::VGPU_NODE.into(), node.into());
+            pod.annotations.insert(keys::BIND_TIME.into(), bind_time);
+            pod.containers = (0..containers).map(|i| ContainerSpec {
+                name: format!("c{i}"), requests_resource: i % 2 == 0, restartable_init: false, disable_control: false,
+            }).collect();
+            let pods = [pod];
+            let ledger = Ledger::default();
+            let (pending, _) = pending_pods(NODE, &pods, &ledger);
+            if let Ok(c) = select(facts(count), &pending, &ledger) {
+                prop_assert_eq!(c.devices.len(), count);
+            }
+        }
+    }
+}

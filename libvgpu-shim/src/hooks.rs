@@ -1,0 +1,887 @@
+//! The exported entry points. Each one catches panics (a panic never crosses the C boundary:
+//! the call returns an error and the shim degrades to pass-through, said once on stderr).
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::real::{self, F};
+use crate::{limiter, log, region};
+
+pub type CUresult = c_int;
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+const NVML_SUCCESS: c_uint = 0;
+const NVML_ERROR_UNKNOWN: c_uint = 999;
+const NVML_ERROR_FUNCTION_NOT_FOUND: c_uint = 13;
+
+/// Set after an internal failure: from then on every hook only forwards.
+static DEGRADED: AtomicBool = AtomicBool::new(false);
+
+fn degrade(what: &str) {
+    if !DEGRADED.swap(true, Ordering::AcqRel) {
+        log::error!(
+            "internal error in {what}; limits are off for this process, calls pass through"
+        );
+    }
+}
+
+#[inline]
+fn degraded() -> bool {
+    DEGRADED.load(Ordering::Relaxed)
+}
+
+/// Runs a hook body; a panic becomes `on_panic` and degrades the shim.
+#[inline]
+fn guarded<R>(what: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => {
+            degrade(what);
+            on_panic
+        }
+    }
+}
+
+/// Calls the real function of hook `$f` with type `$ty`, or returns `CUDA_ERROR_NOT_FOUND` if
+/// the driver lacks it.
+macro_rules! real_call {
+    ($f:ident : $ty:ty, $($arg:expr),* $(,)?) => {{
+        let p = real::get(F::$f);
+        if p.is_null() {
+            CUDA_ERROR_NOT_FOUND
+        } else {
+            // SAFETY: `p` is the driver's `$f`, whose C signature is `$ty`.
+            unsafe { std::mem::transmute::<*mut c_void, $ty>(p)($($arg),*) }
+        }
+    }};
+}
+
+// ---------------------------------------------------------------- allocation tracking
+
+#[derive(Default)]
+struct Tracker {
+    /// Device pointers → (region device, bytes charged).
+    ptrs: HashMap<u64, (usize, u64)>,
+    /// VMM allocation handles.
+    handles: HashMap<u64, (usize, u64)>,
+    /// CUDA arrays.
+    arrays: HashMap<u64, (usize, u64)>,
+}
+
+static TRACKER: Mutex<Option<Tracker>> = Mutex::new(None);
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Ptr,
+    Handle,
+    Array,
+}
+
+fn track(kind: Kind, key: u64, dev: usize, bytes: u64) {
+    let mut t = TRACKER.lock().unwrap_or_else(|e| e.into_inner());
+    let t = t.get_or_insert_with(Tracker::default);
+    let map = match kind {
+        Kind::Ptr => &mut t.ptrs,
+        Kind::Handle => &mut t.handles,
+        Kind::Array => &mut t.arrays,
+    };
+    map.insert(key, (dev, bytes));
+}
+
+fn untrack(kind: Kind, key: u64) -> Option<(usize, u64)> {
+    let mut t = TRACKER.lock().unwrap_or_else(|e| e.into_inner());
+    let t = t.as_mut()?;
+    let map = match kind {
+        Kind::Ptr => &mut t.ptrs,
+        Kind::Handle => &mut t.handles,
+        Kind::Array => &mut t.arrays,
+    };
+    map.remove(&key)
+}
+
+/// Reserve, allocate, record; on failure of the real call the reservation is returned.
+/// `alloc` performs the real call and yields the key of the new object.
+fn counted(
+    kind: Kind,
+    dev: Option<usize>,
+    bytes: u64,
+    alloc: impl FnOnce() -> (CUresult, u64),
+) -> CUresult {
+    let Some(dev) = dev else {
+        // No current context: the driver will fail or allocate nothing we can attribute.
+        return alloc().0;
+    };
+    let region = region::get();
+    if region.reserve(dev, bytes).is_err() {
+        log::info!(
+            "device {dev}: OOM, {bytes} bytes requested, {} of {} in use",
+            region.usage(dev),
+            region.limit(dev)
+        );
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let (r, key) = alloc();
+    if r == CUDA_SUCCESS {
+        track(kind, key, dev, bytes);
+    } else {
+        region.release(dev, bytes);
+    }
+    r
+}
+
+fn uncount(kind: Kind, key: u64) {
+    if let Some((dev, bytes)) = untrack(kind, key) {
+        region::get().release(dev, bytes);
+    }
+}
+
+// ---------------------------------------------------------------- init and symbol lookup
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    guarded("cuInit", CUDA_ERROR_UNKNOWN, || {
+        let r = real_call!(cuInit: unsafe extern "C" fn(c_uint) -> CUresult, flags);
+        if r == CUDA_SUCCESS && !degraded() {
+            let region = region::get();
+            region.register();
+            let p = real::aux(real::Aux::cuDeviceGetCount);
+            if !p.is_null() {
+                let mut n: c_int = 0;
+                // SAFETY: `cuDeviceGetCount(int*)`.
+                let ok = unsafe {
+                    std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_int) -> CUresult>(
+                        p,
+                    )(&mut n)
+                };
+                if ok == CUDA_SUCCESS {
+                    region.set_device_num(n.max(0) as u64);
+                }
+            }
+        }
+        r
+    })
+}
+
+type GetProcAddressV1 =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
+type GetProcAddressV2 =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
+
+/// Swaps a real driver pointer for the wrapper of that exact symbol (pointer identity), so the
+/// caller gets the same `_vN`/`_ptsz` variant the driver chose, wrapped.
+unsafe fn substitute(pfn: *mut *mut c_void) {
+    if pfn.is_null() || degraded() {
+        return;
+    }
+    // SAFETY: the caller's out-pointer, just written by the driver.
+    let p = unsafe { *pfn };
+    if let Some(f) = real::hook_for_real(p) {
+        // SAFETY: as above.
+        unsafe { *pfn = real::wrapper(f) };
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CUresult {
+    guarded("cuGetProcAddress", CUDA_ERROR_UNKNOWN, || {
+        let r = real_call!(cuGetProcAddress: GetProcAddressV1, symbol, pfn, cuda_version, flags);
+        if r == CUDA_SUCCESS {
+            // SAFETY: `pfn` was written by the driver.
+            unsafe { substitute(pfn) };
+        }
+        r
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    guarded("cuGetProcAddress_v2", CUDA_ERROR_UNKNOWN, || {
+        let r = real_call!(cuGetProcAddress_v2: GetProcAddressV2, symbol, pfn, cuda_version, flags, status);
+        if r == CUDA_SUCCESS {
+            // SAFETY: `pfn` was written by the driver.
+            unsafe { substitute(pfn) };
+        }
+        r
+    })
+}
+
+/// `dlsym`: RTLD_NEXT requests jump straight to the real `dlsym` with the caller's return
+/// address intact (so "next" stays relative to the caller); other requests go to
+/// [`dlsym_impl`].
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "cmp rdi, -1",
+        "jne 2f",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "je 2f",
+        "jmp rax",
+        "2:",
+        "jmp {imp}",
+        real = sym crate::real::REAL_DLSYM,
+        imp = sym dlsym_impl,
+    )
+}
+
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _symbol: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "cmn x0, #1",
+        "b.ne 2f",
+        "adrp x16, {real}",
+        "ldr x16, [x16, :lo12:{real}]",
+        "cbz x16, 2f",
+        "br x16",
+        "2:",
+        "b {imp}",
+        real = sym crate::real::REAL_DLSYM,
+        imp = sym dlsym_impl,
+    )
+}
+
+/// The body of `dlsym` for every handle but RTLD_NEXT (and for RTLD_NEXT before the real
+/// `dlsym` is known, where "next" becomes relative to the shim: the best available).
+///
+/// A hooked name is answered with the wrapper only if the real lookup on the caller's handle
+/// found the symbol, so feature probes still see what the driver really has.
+unsafe extern "C" fn dlsym_impl(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // SAFETY: forwarding the caller's arguments.
+    let found = unsafe { real::real_dlsym(handle, symbol) };
+    if found.is_null() || symbol.is_null() || degraded() {
+        return found;
+    }
+    // SAFETY: the caller passes a NUL-terminated name (dlsym's contract).
+    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    if !(name.starts_with(b"cu") || name.starts_with(b"nvml")) {
+        return found;
+    }
+    match real::hook_for(name) {
+        Some(f) => real::wrapper(f),
+        None => found,
+    }
+}
+
+// ---------------------------------------------------------------- allocations
+
+type Stream = *mut c_void;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> CUresult {
+    guarded("cuMemAlloc_v2", CUDA_ERROR_UNKNOWN, || {
+        let call = || {
+            let r = real_call!(cuMemAlloc_v2: unsafe extern "C" fn(*mut u64, usize) -> CUresult, dptr, bytes);
+            // SAFETY: written by the driver on success.
+            (
+                r,
+                if r == CUDA_SUCCESS {
+                    unsafe { *dptr }
+                } else {
+                    0
+                },
+            )
+        };
+        if degraded() || dptr.is_null() || bytes == 0 {
+            return call().0;
+        }
+        counted(Kind::Ptr, real::current_device(), bytes as u64, call)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut u64,
+    bytes: usize,
+    flags: c_uint,
+) -> CUresult {
+    guarded("cuMemAllocManaged", CUDA_ERROR_UNKNOWN, || {
+        let call = || {
+            let r = real_call!(cuMemAllocManaged: unsafe extern "C" fn(*mut u64, usize, c_uint) -> CUresult, dptr, bytes, flags);
+            // SAFETY: written by the driver on success.
+            (
+                r,
+                if r == CUDA_SUCCESS {
+                    unsafe { *dptr }
+                } else {
+                    0
+                },
+            )
+        };
+        if degraded() || dptr.is_null() || bytes == 0 {
+            return call().0;
+        }
+        counted(Kind::Ptr, real::current_device(), bytes as u64, call)
+    })
+}
+
+/// Pitched allocations are charged the real `pitch × height`, known only after the call: the
+/// shim allocates, then reserves, and frees again if the reservation fails.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: c_uint,
+) -> CUresult {
+    guarded("cuMemAllocPitch_v2", CUDA_ERROR_UNKNOWN, || {
+        let r = real_call!(
+            cuMemAllocPitch_v2: unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> CUresult,
+            dptr, pitch, width, height, element_size
+        );
+        if r != CUDA_SUCCESS || degraded() || dptr.is_null() || pitch.is_null() {
+            return r;
+        }
+        let Some(dev) = real::current_device() else {
+            return r;
+        };
+        // SAFETY: written by the driver on success.
+        let (ptr, p) = unsafe { (*dptr, *pitch) };
+        let bytes = (p as u64).saturating_mul(height as u64);
+        if region::get().reserve(dev, bytes).is_err() {
+            real_call!(cuMemFree_v2: unsafe extern "C" fn(u64) -> CUresult, ptr);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        track(Kind::Ptr, ptr, dev, bytes);
+        r
+    })
+}
+
+/// Frees are always forwarded, tracked or not (HAMi-core returned -1 for untracked pointers and
+/// leaked them).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree_v2(dptr: u64) -> CUresult {
+    guarded("cuMemFree_v2", CUDA_ERROR_UNKNOWN, || {
+        let r = real_call!(cuMemFree_v2: unsafe extern "C" fn(u64) -> CUresult, dptr);
+        if r == CUDA_SUCCESS && dptr != 0 && !degraded() {
+            uncount(Kind::Ptr, dptr);
+        }
+        r
+    })
+}
+
+macro_rules! alloc_async {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(dptr: *mut u64, bytes: usize, stream: Stream) -> CUresult {
+            guarded(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let call = || {
+                    let r = real_call!($name: unsafe extern "C" fn(*mut u64, usize, Stream) -> CUresult, dptr, bytes, stream);
+                    // SAFETY: written by the driver on success.
+                    (r, if r == CUDA_SUCCESS { unsafe { *dptr } } else { 0 })
+                };
+                if degraded() || dptr.is_null() || bytes == 0 {
+                    return call().0;
+                }
+                counted(Kind::Ptr, real::current_device(), bytes as u64, call)
+            })
+        }
+    };
+}
+alloc_async!(cuMemAllocAsync);
+alloc_async!(cuMemAllocAsync_ptsz);
+
+macro_rules! alloc_from_pool {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(dptr: *mut u64, bytes: usize, pool: *mut c_void, stream: Stream) -> CUresult {
+            guarded(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let call = || {
+                    let r = real_call!($name: unsafe extern "C" fn(*mut u64, usize, *mut c_void, Stream) -> CUresult, dptr, bytes, pool, stream);
+                    // SAFETY: written by the driver on success.
+                    (r, if r == CUDA_SUCCESS { unsafe { *dptr } } else { 0 })
+                };
+                if degraded() || dptr.is_null() || bytes == 0 {
+                    return call().0;
+                }
+                counted(Kind::Ptr, real::current_device(), bytes as u64, call)
+            })
+        }
+    };
+}
+alloc_from_pool!(cuMemAllocFromPoolAsync);
+alloc_from_pool!(cuMemAllocFromPoolAsync_ptsz);
+
+macro_rules! free_async {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $name(dptr: u64, stream: Stream) -> CUresult {
+            guarded(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let r = real_call!($name: unsafe extern "C" fn(u64, Stream) -> CUresult, dptr, stream);
+                if r == CUDA_SUCCESS && dptr != 0 && !degraded() {
+                    uncount(Kind::Ptr, dptr);
+                }
+                r
+            })
+        }
+    };
+}
+free_async!(cuMemFreeAsync);
+free_async!(cuMemFreeAsync_ptsz);
+
+/// `CUmemAllocationProp` up to the location (type at byte 8, id at byte 12).
+#[repr(C)]
+pub struct MemAllocationPropHead {
+    pub kind: c_int,
+    pub requested_handle_types: c_int,
+    pub location_type: c_int,
+    pub location_id: c_int,
+}
+const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+
+/// VMM physical memory: charged to the device named in the properties (not the current
+/// context's, which may not exist on NCCL's threads), keyed by the allocation handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    bytes: usize,
+    prop: *const MemAllocationPropHead,
+    flags: u64,
+) -> CUresult {
+    guarded("cuMemCreate", CUDA_ERROR_UNKNOWN, || {
+        let call = || {
+            let r = real_call!(
+                cuMemCreate: unsafe extern "C" fn(*mut u64, usize, *const MemAllocationPropHead, u64) -> CUresult,
+                handle, bytes, prop, flags
+            );
+            // SAFETY: written by the driver on success.
+            (
+                r,
+                if r == CUDA_SUCCESS {
+                    unsafe { *handle }
+                } else {
+                    0
+                },
+            )
+        };
+        if degraded() || handle.is_null() || prop.is_null() || bytes == 0 {
+            return call().0;
+        }
+        // SAFETY: checked non-null; the caller's struct starts with these fields.
+        let (lt, id) = unsafe { ((*prop).location_type, (*prop).location_id) };
+        let dev = (lt == CU_MEM_LOCATION_TYPE_DEVICE
+            && (0..vgpu_region::MAX_DEVICES as c_int).contains(&id))
+        .then_some(id as usize);
+        counted(Kind::Handle, dev, bytes as u64, call)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
+    guarded("cuMemRelease", CUDA_ERROR_UNKNOWN, || {
+        let r = real_call!(cuMemRelease: unsafe extern "C" fn(u64) -> CUresult, handle);
+        if r == CUDA_SUCCESS && !degraded() {
+            uncount(Kind::Handle, handle);
+        }
+        r
+    })
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_int,
+    pub num_channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+pub struct Array3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_int,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// Bytes of an array: width × height × depth × channels × element size (unknown formats count
+/// 4 bytes, the widest basic format, so the estimate errs on the safe side).
+pub fn array_bytes(w: usize, h: usize, d: usize, format: c_int, channels: c_uint) -> u64 {
+    let elem: u64 = match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        _ => 4,
+    };
+    (w as u64)
+        .saturating_mul(h.max(1) as u64)
+        .saturating_mul(d.max(1) as u64)
+        .saturating_mul(elem)
+        .saturating_mul(channels.max(1) as u64)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate_v2(arr: *mut u64, desc: *const ArrayDescriptor) -> CUresult {
+    guarded("cuArrayCreate_v2", CUDA_ERROR_UNKNOWN, || {
+        let call = || {
+            let r = real_call!(cuArrayCreate_v2: unsafe extern "C" fn(*mut u64, *const ArrayDescriptor) -> CUresult, arr, desc);
+            // SAFETY: written by the driver on success.
+            (
+                r,
+                if r == CUDA_SUCCESS {
+                    unsafe { *arr }
+                } else {
+                    0
+                },
+            )
+        };
+        if degraded() || arr.is_null() || desc.is_null() {
+            return call().0;
+        }
+        // SAFETY: checked non-null.
+        let d = unsafe { &*desc };
+        let bytes = array_bytes(d.width, d.height, 1, d.format, d.num_channels);
+        counted(Kind::Array, real::current_device(), bytes, call)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    arr: *mut u64,
+    desc: *const Array3dDescriptor,
+) -> CUresult {
+    guarded("cuArray3DCreate_v2", CUDA_ERROR_UNKNOWN, || {
+        let call = || {
+            let r = real_call!(cuArray3DCreate_v2: unsafe extern "C" fn(*mut u64, *const Array3dDescriptor) -> CUresult, arr, desc);
+            // SAFETY: written by the driver on success.
+            (
+                r,
+                if r == CUDA_SUCCESS {
+                    unsafe { *arr }
+                } else {
+                    0
+                },
+            )
+        };
+        if degraded() || arr.is_null() || desc.is_null() {
+            return call().0;
+        }
+        // SAFETY: checked non-null.
+        let d = unsafe { &*desc };
+        let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels);
+        counted(Kind::Array, real::current_device(), bytes, call)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuArrayDestroy(arr: u64) -> CUresult {
+    guarded("cuArrayDestroy", CUDA_ERROR_UNKNOWN, || {
+        let r = real_call!(cuArrayDestroy: unsafe extern "C" fn(u64) -> CUresult, arr);
+        if r == CUDA_SUCCESS && !degraded() {
+            uncount(Kind::Array, arr);
+        }
+        r
+    })
+}
+
+// ---------------------------------------------------------------- memory queries
+
+/// `(total, free)` as the container should see them: total = min(limit, physical), free =
+/// min(total − container usage, physically free). Never an error, never a wrap.
+pub fn virtual_mem(limit: u64, usage: u64, phys_total: u64, phys_free: u64) -> (u64, u64) {
+    if limit == 0 {
+        return (phys_total, phys_free);
+    }
+    let total = limit.min(phys_total);
+    (total, total.saturating_sub(usage).min(phys_free))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    guarded("cuMemGetInfo_v2", CUDA_ERROR_UNKNOWN, || {
+        let r = real_call!(cuMemGetInfo_v2: unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult, free, total);
+        if r != CUDA_SUCCESS || degraded() || free.is_null() || total.is_null() {
+            return r;
+        }
+        let Some(dev) = real::current_device() else {
+            return r;
+        };
+        let region = region::get();
+        // SAFETY: written by the driver.
+        let (pt, pf) = unsafe { (*total as u64, *free as u64) };
+        let (t, f) = virtual_mem(region.limit(dev), region.usage(dev), pt, pf);
+        // SAFETY: as above.
+        unsafe {
+            *total = t as usize;
+            *free = f as usize;
+        }
+        r
+    })
+}
+
+/// `totalGlobalMem`: the limit, clamped to the physical size (and the physical size when there
+/// is no limit; HAMi-core reported 0 then).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CUresult {
+    guarded("cuDeviceTotalMem_v2", CUDA_ERROR_UNKNOWN, || {
+        let r = real_call!(cuDeviceTotalMem_v2: unsafe extern "C" fn(*mut usize, c_int) -> CUresult, bytes, dev);
+        if r != CUDA_SUCCESS || degraded() || bytes.is_null() || dev < 0 {
+            return r;
+        }
+        let limit = region::get().limit(dev as usize);
+        if limit != 0 {
+            // SAFETY: written by the driver.
+            unsafe { *bytes = (*bytes as u64).min(limit) as usize };
+        }
+        r
+    })
+}
+
+// ---------------------------------------------------------------- launches
+
+macro_rules! launch_hook {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            f: *mut c_void,
+            gx: c_uint,
+            gy: c_uint,
+            gz: c_uint,
+            bx: c_uint,
+            by: c_uint,
+            bz: c_uint,
+            shared: c_uint,
+            stream: Stream,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            limiter::before_launch(gx as u64 * gy.max(1) as u64 * gz.max(1) as u64);
+            real_call!(
+                $name: unsafe extern "C" fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Stream, *mut *mut c_void, *mut *mut c_void) -> CUresult,
+                f, gx, gy, gz, bx, by, bz, shared, stream, params, extra
+            )
+        }
+    };
+}
+launch_hook!(cuLaunchKernel);
+launch_hook!(cuLaunchKernel_ptsz);
+
+macro_rules! cooperative_hook {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            f: *mut c_void,
+            gx: c_uint,
+            gy: c_uint,
+            gz: c_uint,
+            bx: c_uint,
+            by: c_uint,
+            bz: c_uint,
+            shared: c_uint,
+            stream: Stream,
+            params: *mut *mut c_void,
+        ) -> CUresult {
+            limiter::before_launch(gx as u64 * gy.max(1) as u64 * gz.max(1) as u64);
+            real_call!(
+                $name: unsafe extern "C" fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Stream, *mut *mut c_void) -> CUresult,
+                f, gx, gy, gz, bx, by, bz, shared, stream, params
+            )
+        }
+    };
+}
+cooperative_hook!(cuLaunchCooperativeKernel);
+cooperative_hook!(cuLaunchCooperativeKernel_ptsz);
+
+/// The head of `CUlaunchConfig` (grid dimensions first).
+#[repr(C)]
+pub struct LaunchConfigHead {
+    pub grid_dim_x: c_uint,
+    pub grid_dim_y: c_uint,
+    pub grid_dim_z: c_uint,
+}
+
+macro_rules! launch_ex_hook {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            config: *const LaunchConfigHead,
+            f: *mut c_void,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            if !config.is_null() {
+                // SAFETY: checked non-null; the caller's config starts with the grid.
+                let c = unsafe { &*config };
+                limiter::before_launch(c.grid_dim_x as u64 * c.grid_dim_y.max(1) as u64 * c.grid_dim_z.max(1) as u64);
+            }
+            real_call!(
+                $name: unsafe extern "C" fn(*const LaunchConfigHead, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> CUresult,
+                config, f, params, extra
+            )
+        }
+    };
+}
+launch_ex_hook!(cuLaunchKernelEx);
+launch_ex_hook!(cuLaunchKernelEx_ptsz);
+
+/// Graph launches are limited too (HAMi-core let them bypass the limit); a graph counts as one
+/// full-device wave, and the feedback loop corrects the estimate.
+macro_rules! graph_hook {
+    ($name:ident) => {
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $name(exec: *mut c_void, stream: Stream) -> CUresult {
+            limiter::before_launch(limiter::GRAPH_BLOCKS);
+            real_call!($name: unsafe extern "C" fn(*mut c_void, Stream) -> CUresult, exec, stream)
+        }
+    };
+}
+graph_hook!(cuGraphLaunch);
+graph_hook!(cuGraphLaunch_ptsz);
+
+// ---------------------------------------------------------------- NVML
+
+#[repr(C)]
+pub struct NvmlMemory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+#[repr(C)]
+pub struct NvmlMemoryV2 {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// The region device of an NVML device (its NVML index mapped through a numeric
+/// `CUDA_VISIBLE_DEVICES`, identity otherwise).
+fn nvml_region_device(device: *mut c_void) -> Option<usize> {
+    let p = real::aux(real::Aux::nvmlDeviceGetIndex);
+    if p.is_null() {
+        return None;
+    }
+    let mut idx: c_uint = 0;
+    // SAFETY: `nvmlDeviceGetIndex(nvmlDevice_t, unsigned*)`.
+    let r = unsafe {
+        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void, *mut c_uint) -> c_uint>(
+            p,
+        )(device, &mut idx)
+    };
+    if r != NVML_SUCCESS {
+        return None;
+    }
+    crate::visible::nvml_to_cuda(idx as usize)
+}
+
+/// (total, used, free) for nvidia-smi: total = limit (≤ physical), used = container usage,
+/// free = total − used, saturating (HAMi-core wrapped to ~18 EB).
+fn nvml_virtual(dev: usize, phys_total: u64, phys_used: u64, phys_free: u64) -> (u64, u64, u64) {
+    let region = region::get();
+    let limit = region.limit(dev);
+    let usage = region.usage(dev);
+    if limit == 0 {
+        return (phys_total, phys_used, phys_free);
+    }
+    let total = limit.min(phys_total);
+    (total, usage, total.saturating_sub(usage))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: *mut c_void,
+    memory: *mut NvmlMemory,
+) -> c_uint {
+    guarded("nvmlDeviceGetMemoryInfo", NVML_ERROR_UNKNOWN, || {
+        let p = real::get(F::nvmlDeviceGetMemoryInfo);
+        if p.is_null() {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        // SAFETY: the driver's function with this signature.
+        let r = unsafe {
+            std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> c_uint,
+            >(p)(device, memory)
+        };
+        if r != NVML_SUCCESS || memory.is_null() || degraded() {
+            return r;
+        }
+        if let Some(dev) = nvml_region_device(device) {
+            // SAFETY: written by NVML.
+            let m = unsafe { &mut *memory };
+            (m.total, m.used, m.free) = nvml_virtual(dev, m.total, m.used, m.free);
+        }
+        r
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: *mut c_void,
+    memory: *mut NvmlMemoryV2,
+) -> c_uint {
+    guarded("nvmlDeviceGetMemoryInfo_v2", NVML_ERROR_UNKNOWN, || {
+        let p = real::get(F::nvmlDeviceGetMemoryInfo_v2);
+        if p.is_null() {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        // SAFETY: the driver's function with this signature.
+        let r = unsafe {
+            std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*mut c_void, *mut NvmlMemoryV2) -> c_uint,
+            >(p)(device, memory)
+        };
+        if r != NVML_SUCCESS || memory.is_null() || degraded() {
+            return r;
+        }
+        if let Some(dev) = nvml_region_device(device) {
+            // SAFETY: written by NVML.
+            let m = unsafe { &mut *memory };
+            let (t, u, f) = nvml_virtual(dev, m.total, m.used, m.free);
+            m.total = t;
+            m.used = u;
+            m.free = f;
+        }
+        r
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_view_never_wraps() {
+        const G: u64 = 1 << 30;
+        assert_eq!(virtual_mem(0, 5 * G, 16 * G, 10 * G), (16 * G, 10 * G));
+        assert_eq!(virtual_mem(4 * G, G, 16 * G, 15 * G), (4 * G, 3 * G));
+        // Usage above the limit (limit lowered, or foreign writers): free is 0, not an error.
+        assert_eq!(virtual_mem(4 * G, 5 * G, 16 * G, 15 * G), (4 * G, 0));
+        // A limit above the physical size is clamped (cuDNN broke on total > physical).
+        assert_eq!(virtual_mem(32 * G, G, 16 * G, 15 * G), (16 * G, 15 * G));
+        // Other tenants filled the card: physical free wins.
+        assert_eq!(virtual_mem(4 * G, G, 16 * G, G / 2), (4 * G, G / 2));
+    }
+
+    #[test]
+    fn array_sizes() {
+        assert_eq!(array_bytes(2048, 2048, 0, 0x03, 2), 2048 * 2048 * 4 * 2);
+        assert_eq!(array_bytes(16, 0, 0, 0x01, 1), 16);
+        assert_eq!(array_bytes(usize::MAX, usize::MAX, 2, 0x20, 4), u64::MAX);
+    }
+}

@@ -1,0 +1,315 @@
+//! Finding the real functions: the real `dlsym` (glibc before and after 2.34), the real driver
+//! libraries (`dlopen` on first use, never linked), and a pointer per hooked symbol.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+
+pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// The real `dlsym`, set by the load-time constructor (or on first need).
+pub static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Every symbol the shim defines, in one list: the exported wrapper lives in
+/// `crate::hooks` under the same name, and `REAL[F::name]` is the driver's function.
+macro_rules! hooked {
+    ($($name:ident),* $(,)?) => {
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum F { $($name),* }
+
+        pub const ALL: &[F] = &[$(F::$name),*];
+
+        /// NUL-terminated names.
+        pub const NAMES: &[&str] = &[$(concat!(stringify!($name), "\0")),*];
+
+        pub fn wrapper(f: F) -> *mut c_void {
+            match f { $(F::$name => crate::hooks::$name as *mut c_void),* }
+        }
+    };
+}
+
+hooked!(
+    cuInit,
+    cuGetProcAddress,
+    cuGetProcAddress_v2,
+    cuMemAlloc_v2,
+    cuMemAllocManaged,
+    cuMemAllocPitch_v2,
+    cuMemFree_v2,
+    cuMemAllocAsync,
+    cuMemAllocAsync_ptsz,
+    cuMemAllocFromPoolAsync,
+    cuMemAllocFromPoolAsync_ptsz,
+    cuMemFreeAsync,
+    cuMemFreeAsync_ptsz,
+    cuMemCreate,
+    cuMemRelease,
+    cuArrayCreate_v2,
+    cuArray3DCreate_v2,
+    cuArrayDestroy,
+    cuMemGetInfo_v2,
+    cuDeviceTotalMem_v2,
+    cuLaunchKernel,
+    cuLaunchKernel_ptsz,
+    cuLaunchKernelEx,
+    cuLaunchKernelEx_ptsz,
+    cuLaunchCooperativeKernel,
+    cuLaunchCooperativeKernel_ptsz,
+    cuGraphLaunch,
+    cuGraphLaunch_ptsz,
+    nvmlDeviceGetMemoryInfo,
+    nvmlDeviceGetMemoryInfo_v2,
+);
+
+/// Driver functions the shim calls but does not hook.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug)]
+#[repr(usize)]
+pub enum Aux {
+    cuCtxGetDevice,
+    cuDeviceGetCount,
+    nvmlInit_v2,
+    nvmlDeviceGetIndex,
+    nvmlDeviceGetHandleByIndex_v2,
+    nvmlDeviceGetProcessUtilization,
+    nvmlDeviceGetUtilizationRates,
+}
+const AUX_NAMES: &[&str] = &[
+    "cuCtxGetDevice\0",
+    "cuDeviceGetCount\0",
+    "nvmlInit_v2\0",
+    "nvmlDeviceGetIndex\0",
+    "nvmlDeviceGetHandleByIndex_v2\0",
+    "nvmlDeviceGetProcessUtilization\0",
+    "nvmlDeviceGetUtilizationRates\0",
+];
+
+const N: usize = NAMES.len();
+static REAL: [AtomicPtr<c_void>; N] = [const { AtomicPtr::new(std::ptr::null_mut()) }; N];
+static REAL_AUX: [AtomicPtr<c_void>; AUX_NAMES.len()] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; AUX_NAMES.len()];
+
+const UNLOADED: u8 = 0;
+const LOADING: u8 = 1;
+const LOADED: u8 = 2;
+
+static CUDA_STATE: AtomicU8 = AtomicU8::new(UNLOADED);
+static NVML_STATE: AtomicU8 = AtomicU8::new(UNLOADED);
+
+pub fn is_nvml(name: &str) -> bool {
+    name.starts_with("nvml")
+}
+
+/// Glibc versions of `dlsym`: 2.34 moved it into libc; older ones per architecture.
+const DLSYM_VERSIONS: &[&CStr] = &[
+    c"GLIBC_2.34",
+    c"GLIBC_2.2.5",
+    c"GLIBC_2.17",
+    c"GLIBC_2.0",
+    c"GLIBC_2.3",
+    c"GLIBC_2.4",
+    c"GLIBC_2.10",
+    c"GLIBC_2.18",
+    c"GLIBC_2.22",
+    c"GLIBC_2.27",
+];
+
+/// Finds the real `dlsym` without calling `dlsym` (which would be ours).
+pub fn init_real_dlsym() -> *mut c_void {
+    let cur = REAL_DLSYM.load(Ordering::Acquire);
+    if !cur.is_null() {
+        return cur;
+    }
+    let ours = crate::hooks::dlsym as *mut c_void;
+    let mut found = std::ptr::null_mut();
+    for ver in DLSYM_VERSIONS {
+        // SAFETY: `dlvsym` with constant NUL-terminated strings.
+        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), ver.as_ptr()) };
+        if !p.is_null() && p != ours {
+            found = p;
+            break;
+        }
+    }
+    if found.is_null() {
+        // Last resort: ask libc itself by handle (a handle lookup never returns our symbol).
+        for lib in [c"libc.so.6", c"libdl.so.2"] {
+            // SAFETY: dlopen/dlvsym with constant strings; the handle stays open on purpose.
+            unsafe {
+                let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+                if h.is_null() {
+                    continue;
+                }
+                for ver in DLSYM_VERSIONS {
+                    let p = libc::dlvsym(h, c"dlsym".as_ptr(), ver.as_ptr());
+                    if !p.is_null() && p != ours {
+                        found = p;
+                        break;
+                    }
+                }
+            }
+            if !found.is_null() {
+                break;
+            }
+        }
+    }
+    if !found.is_null() {
+        REAL_DLSYM.store(found, Ordering::Release);
+    }
+    found
+}
+
+/// `dlsym` without interposition. NULL if the real one cannot be found.
+pub unsafe fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let p = init_real_dlsym();
+    if p.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `p` is the real dlsym.
+    unsafe {
+        let f: DlsymFn = std::mem::transmute::<*mut c_void, DlsymFn>(p);
+        f(handle, name)
+    }
+}
+
+fn lib_name(env: &str, default: &'static CStr) -> std::ffi::CString {
+    // Test hook and escape hatch: load the driver from an explicit path.
+    std::env::var(env)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .and_then(|v| std::ffi::CString::new(v).ok())
+        .unwrap_or_else(|| default.to_owned())
+}
+
+/// Loads one library and resolves the hooked and auxiliary names of one family.
+fn load(state: &AtomicU8, lib: std::ffi::CString, nvml: bool) -> bool {
+    match state.compare_exchange(UNLOADED, LOADING, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {}
+        Err(LOADED) => return true,
+        Err(_) => {
+            // Another thread is loading: wait for it (bounded). A re-entrant call from the
+            // loading thread itself (a constructor calling back) gets "not loaded".
+            for _ in 0..20_000 {
+                match state.load(Ordering::Acquire) {
+                    LOADED => return true,
+                    UNLOADED => return false,
+                    _ => std::thread::sleep(std::time::Duration::from_micros(100)),
+                }
+            }
+            return false;
+        }
+    }
+    // SAFETY: dlopen with a NUL-terminated name; RTLD_NODELETE keeps it for the process life.
+    let handle = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NODELETE) };
+    if handle.is_null() {
+        crate::log::warning!(
+            "cannot load {}; calls pass through unchanged",
+            lib.to_string_lossy()
+        );
+        state.store(LOADED, Ordering::Release);
+        return true;
+    }
+    for (i, name) in NAMES.iter().enumerate() {
+        if is_nvml(name) == nvml {
+            // SAFETY: handle lookup of a NUL-terminated name.
+            let p = unsafe { real_dlsym(handle, name.as_ptr().cast()) };
+            REAL[i].store(p, Ordering::Release);
+        }
+    }
+    for (i, name) in AUX_NAMES.iter().enumerate() {
+        if is_nvml(name) == nvml {
+            // SAFETY: as above.
+            let p = unsafe { real_dlsym(handle, name.as_ptr().cast()) };
+            REAL_AUX[i].store(p, Ordering::Release);
+        }
+    }
+    state.store(LOADED, Ordering::Release);
+    true
+}
+
+pub fn ensure_cuda() -> bool {
+    if CUDA_STATE.load(Ordering::Acquire) == LOADED {
+        return true;
+    }
+    load(
+        &CUDA_STATE,
+        lib_name("TESSERA_REAL_LIBCUDA", c"libcuda.so.1"),
+        false,
+    )
+}
+
+pub fn ensure_nvml() -> bool {
+    if NVML_STATE.load(Ordering::Acquire) == LOADED {
+        return true;
+    }
+    load(
+        &NVML_STATE,
+        lib_name("TESSERA_REAL_LIBNVML", c"libnvidia-ml.so.1"),
+        true,
+    )
+}
+
+/// The real function behind hook `f` (NULL if the driver lacks it or is not loaded).
+#[inline]
+pub fn get(f: F) -> *mut c_void {
+    let p = REAL[f as usize].load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
+    let loaded = if is_nvml(NAMES[f as usize]) {
+        ensure_nvml()
+    } else {
+        ensure_cuda()
+    };
+    if loaded {
+        REAL[f as usize].load(Ordering::Acquire)
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
+pub fn aux(a: Aux) -> *mut c_void {
+    let p = REAL_AUX[a as usize].load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
+    if is_nvml(AUX_NAMES[a as usize]) {
+        ensure_nvml();
+    } else {
+        ensure_cuda();
+    }
+    REAL_AUX[a as usize].load(Ordering::Acquire)
+}
+
+/// The hook for a name, if the shim hooks it.
+pub fn hook_for(name: &[u8]) -> Option<F> {
+    NAMES
+        .iter()
+        .position(|n| &n.as_bytes()[..n.len() - 1] == name)
+        .map(|i| ALL[i])
+}
+
+/// The hook whose real function is exactly `p` (pointer identity).
+pub fn hook_for_real(p: *mut c_void) -> Option<F> {
+    if p.is_null() {
+        return None;
+    }
+    REAL.iter()
+        .position(|r| r.load(Ordering::Acquire) == p)
+        .map(|i| ALL[i])
+}
+
+/// The real device of the calling thread's current context.
+pub fn current_device() -> Option<usize> {
+    let p = aux(Aux::cuCtxGetDevice);
+    if p.is_null() {
+        return None;
+    }
+    let mut dev: c_int = -1;
+    // SAFETY: `cuCtxGetDevice(CUdevice*)`.
+    let r = unsafe {
+        let f: unsafe extern "C" fn(*mut c_int) -> c_int = std::mem::transmute(p);
+        f(&mut dev)
+    };
+    (r == 0 && (0..vgpu_region::MAX_DEVICES as c_int).contains(&dev)).then_some(dev as usize)
+}

@@ -1,0 +1,575 @@
+//! The shared region (HAMi-core's `shared_region_t`, byte-compatible) and container-wide
+//! accounting.
+//!
+//! * Limits and counters live in the mmapped file at `CUDA_DEVICE_MEMORY_SHARED_CACHE`; offsets
+//!   come from `vgpu-region`.
+//! * Reserve is check-and-add under one lock across processes: an open-file-description lock
+//!   (`F_OFD_SETLKW`) on the byte just past the struct (the file's extra byte, so it never
+//!   conflicts with HAMi-core's `lockf` over the struct), plus a process mutex because threads
+//!   share the description. The kernel drops the lock of a killed process: no stale owner.
+//! * Release is a lock-free saturating subtract.
+//! * Dead processes (`/proc/<pid>/stat` gone, zombie, or a different start time because the pid
+//!   was reused) are swept by the watcher thread every 250 ms and before any would-be OOM.
+//! * A missing file is created; a truncated, uninitialised or garbage file is reinitialised; a
+//!   file of another layout version is left alone and this process accounts privately.
+
+use std::ffi::CString;
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use vgpu_region::{FILE_SIZE, MAGIC, MAX_DEVICES, MAX_PROCS, REGION_SIZE, offset, slot, status};
+
+use crate::config::Config;
+use crate::log;
+
+pub struct Region {
+    base: *mut u8,
+    fd: i32,
+    mutex: Mutex<()>,
+    /// This process's slot index, `NO_SLOT` until registered (again after a fork).
+    my_slot: AtomicUsize,
+    /// Whether the region is a private anonymous mapping (the file was unusable).
+    pub private: bool,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics; the raw pointer is valid
+// for the life of the process (never unmapped).
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+const NO_SLOT: usize = usize::MAX;
+
+static REGION: OnceLock<Region> = OnceLock::new();
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+pub fn config() -> &'static Config {
+    CONFIG.get_or_init(|| {
+        let c = Config::from_env();
+        for w in &c.warnings {
+            log::warning!("{w}");
+        }
+        c
+    })
+}
+
+/// The region, attached on first use.
+pub fn get() -> &'static Region {
+    let r = REGION.get_or_init(|| Region::attach(config()));
+    crate::watcher::start();
+    r
+}
+
+/// The region if already attached (never attaches; for the launch path).
+pub fn try_get() -> Option<&'static Region> {
+    REGION.get()
+}
+
+/// After `fork`: the child must register its own slot (called from the atfork child handler).
+pub fn after_fork_in_child() {
+    if let Some(r) = REGION.get() {
+        r.my_slot.store(NO_SLOT, Ordering::Release);
+    }
+}
+
+fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?;
+    if matches!(state, "Z" | "X" | "x") {
+        return None;
+    }
+    // Field 22 overall = the 20th after the state field.
+    fields.nth(18)?.parse().ok()
+}
+
+/// A slot's process is alive if `/proc/<pid>` exists, is not a zombie and (when recorded) has
+/// the same start time.
+pub fn alive(pid: i32, start_time: u64) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    match process_start_time(pid) {
+        Some(t) => start_time == 0 || t == start_time,
+        None => false,
+    }
+}
+
+impl Region {
+    fn attach(cfg: &Config) -> Region {
+        match Self::open_file(cfg) {
+            Ok(r) => r,
+            Err(e) => {
+                log::warning!(
+                    "shared region {}: {e}; this process accounts privately",
+                    cfg.cache_path
+                );
+                Self::private(cfg)
+            }
+        }
+    }
+
+    fn private(cfg: &Config) -> Region {
+        // SAFETY: anonymous mapping of the struct size; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                FILE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        let base = if p == libc::MAP_FAILED {
+            // Nothing left to do but leak a heap copy; counters still work in-process.
+            Box::leak(vec![0u64; FILE_SIZE.div_ceil(8)].into_boxed_slice())
+                .as_mut_ptr()
+                .cast()
+        } else {
+            p.cast()
+        };
+        let r = Region {
+            base,
+            fd: -1,
+            mutex: Mutex::new(()),
+            my_slot: AtomicUsize::new(NO_SLOT),
+            private: true,
+        };
+        r.initialize(cfg);
+        r
+    }
+
+    fn open_file(cfg: &Config) -> Result<Region, String> {
+        let path =
+            CString::new(cfg.cache_path.clone()).map_err(|_| "path contains NUL".to_owned())?;
+        // SAFETY: libc calls with checked results; the fd is kept for the life of the process.
+        unsafe {
+            let fd = libc::open(
+                path.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+                0o666,
+            );
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error().to_string());
+            }
+            // Other containers' users must open it too; avoids HAMi-core's process-wide umask(0).
+            libc::fchmod(fd, 0o666);
+            let r = Region {
+                base: std::ptr::null_mut(),
+                fd,
+                mutex: Mutex::new(()),
+                my_slot: AtomicUsize::new(NO_SLOT),
+                private: false,
+            };
+            r.file_lock();
+            let result = (|| {
+                let mut st: libc::stat = std::mem::zeroed();
+                if libc::fstat(fd, &mut st) != 0 {
+                    return Err(std::io::Error::last_os_error().to_string());
+                }
+                let size = st.st_size as usize;
+                if size < FILE_SIZE && libc::ftruncate(fd, FILE_SIZE as libc::off_t) != 0 {
+                    return Err(std::io::Error::last_os_error().to_string());
+                }
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    FILE_SIZE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                );
+                if p == libc::MAP_FAILED {
+                    return Err(std::io::Error::last_os_error().to_string());
+                }
+                Ok((p.cast::<u8>(), size))
+            })();
+            let (base, size) = match result {
+                Ok(v) => v,
+                Err(e) => {
+                    r.file_unlock();
+                    libc::close(fd);
+                    return Err(e);
+                }
+            };
+            let mut r = r;
+            r.base = base;
+            let flag = r.i32(offset::INITIALIZED_FLAG).load(Ordering::Acquire);
+            let major = r.i32(offset::MAJOR_VERSION).load(Ordering::Relaxed) as u32;
+            if flag != MAGIC || size < REGION_SIZE {
+                if size != 0 {
+                    log::warning!(
+                        "shared region {} was {} (size {size}); reinitialising it",
+                        cfg.cache_path,
+                        if flag != MAGIC {
+                            "not initialised"
+                        } else {
+                            "truncated"
+                        }
+                    );
+                }
+                r.initialize(cfg);
+            } else if major != vgpu_region::MAJOR_VERSION {
+                r.file_unlock();
+                libc::munmap(base.cast(), FILE_SIZE);
+                libc::close(fd);
+                return Err(format!("foreign layout version {major}"));
+            } else {
+                r.check_limits(cfg);
+            }
+            r.file_unlock();
+            Ok(r)
+        }
+    }
+
+    /// Writes a fresh header (limits from this process's environment). Caller holds the lock.
+    fn initialize(&self, cfg: &Config) {
+        self.i32(offset::INITIALIZED_FLAG)
+            .store(0, Ordering::Release);
+        // SAFETY: the mapping is FILE_SIZE bytes; zero everything but the flag first.
+        unsafe { std::ptr::write_bytes(self.base.add(4), 0, REGION_SIZE - 4) };
+        self.i32(offset::MAJOR_VERSION)
+            .store(vgpu_region::MAJOR_VERSION as i32, Ordering::Relaxed);
+        self.i32(offset::MINOR_VERSION)
+            .store(vgpu_region::MINOR_VERSION as i32, Ordering::Relaxed);
+        // HAMi-core processes or tools on the same file expect initialised pshared semaphores.
+        // SAFETY: both fields are 32-byte sem_t slots inside the mapping.
+        unsafe {
+            libc::sem_init(self.base.add(offset::SEM).cast(), 1, 1);
+            libc::sem_init(self.base.add(offset::SEM_POSTINIT).cast(), 1, 1);
+        }
+        for d in 0..MAX_DEVICES {
+            self.u64(offset::LIMIT + 8 * d)
+                .store(cfg.memory_limit[d], Ordering::Relaxed);
+            self.u64(offset::SM_LIMIT + 8 * d)
+                .store(cfg.sm_limit[d], Ordering::Relaxed);
+        }
+        self.i32(offset::UTILIZATION_SWITCH)
+            .store(1, Ordering::Relaxed);
+        self.i32(offset::RECENT_KERNEL).store(2, Ordering::Relaxed);
+        self.i32(offset::PRIORITY)
+            .store(cfg.priority, Ordering::Relaxed);
+        self.i32(offset::INITIALIZED_FLAG)
+            .store(MAGIC, Ordering::Release);
+    }
+
+    /// HAMi semantics: the region's limits win; a different environment only warns.
+    fn check_limits(&self, cfg: &Config) {
+        for d in 0..MAX_DEVICES {
+            let have = self.limit(d);
+            if have != cfg.memory_limit[d] && cfg.memory_limit[d] != 0 {
+                log::warning!(
+                    "limit inconsistency on device {d}: region {have}, environment {}; the region wins (delete the cache file to change it)",
+                    cfg.memory_limit[d]
+                );
+                break;
+            }
+        }
+    }
+
+    fn at<T>(&self, off: usize) -> &T {
+        debug_assert!(off + std::mem::size_of::<T>() <= FILE_SIZE);
+        // SAFETY: every offset used is inside the mapping and naturally aligned (pinned by the
+        // layout tests); the mapping lives for the whole process.
+        unsafe { &*(self.base.add(off) as *const T) }
+    }
+    fn i32(&self, off: usize) -> &AtomicI32 {
+        self.at(off)
+    }
+    fn u64(&self, off: usize) -> &AtomicU64 {
+        self.at(off)
+    }
+
+    fn file_lock(&self) {
+        self.fcntl_lock(libc::F_WRLCK as i16);
+    }
+    fn file_unlock(&self) {
+        self.fcntl_lock(libc::F_UNLCK as i16);
+    }
+    fn fcntl_lock(&self, kind: i16) {
+        if self.fd < 0 {
+            return;
+        }
+        // SAFETY: a zeroed flock with the fields set below is valid for F_OFD_SETLKW.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = kind;
+        fl.l_whence = libc::SEEK_SET as i16;
+        fl.l_start = REGION_SIZE as libc::off_t;
+        fl.l_len = 1;
+        loop {
+            // SAFETY: valid fd and flock.
+            let r = unsafe { libc::fcntl(self.fd, libc::F_OFD_SETLKW, &mut fl) };
+            if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return;
+            }
+        }
+    }
+
+    fn locked<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _g = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        self.file_lock();
+        let r = f();
+        self.file_unlock();
+        r
+    }
+
+    pub fn limit(&self, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        self.u64(offset::LIMIT + 8 * dev).load(Ordering::Relaxed)
+    }
+
+    pub fn sm_limit(&self, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 100;
+        }
+        self.u64(offset::SM_LIMIT + 8 * dev).load(Ordering::Relaxed)
+    }
+
+    pub fn utilization_switch(&self) -> i32 {
+        self.i32(offset::UTILIZATION_SWITCH).load(Ordering::Relaxed)
+    }
+
+    pub fn recent_kernel(&self) -> &AtomicI32 {
+        self.i32(offset::RECENT_KERNEL)
+    }
+
+    pub fn set_last_kernel_time(&self, secs: u64) {
+        self.u64(offset::LAST_KERNEL_TIME)
+            .fetch_max(secs, Ordering::Relaxed);
+    }
+
+    pub fn set_device_num(&self, n: u64) {
+        self.u64(offset::DEVICE_NUM).store(n, Ordering::Relaxed);
+    }
+
+    fn proc_num(&self) -> usize {
+        self.i32(offset::PROC_NUM)
+            .load(Ordering::Acquire)
+            .clamp(0, MAX_PROCS as i32) as usize
+    }
+
+    fn slot_u64(&self, i: usize, field: usize) -> &AtomicU64 {
+        self.u64(slot::base(i) + field)
+    }
+    fn slot_i32(&self, i: usize, field: usize) -> &AtomicI32 {
+        self.i32(slot::base(i) + field)
+    }
+
+    /// Bytes used on `dev` by every process of the container.
+    pub fn usage(&self, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        (0..self.proc_num()).fold(0u64, |acc, i| {
+            acc.saturating_add(
+                self.slot_u64(i, slot::mem(dev, slot::MEM_TOTAL))
+                    .load(Ordering::Acquire),
+            )
+        })
+    }
+
+    fn zero_slot(&self, i: usize) {
+        for d in 0..MAX_DEVICES {
+            for f in [
+                slot::MEM_CONTEXT_SIZE,
+                slot::MEM_MODULE_SIZE,
+                slot::MEM_DATA_SIZE,
+                slot::MEM_OFFSET,
+                slot::MEM_TOTAL,
+            ] {
+                self.slot_u64(i, slot::mem(d, f))
+                    .store(0, Ordering::Relaxed);
+            }
+            self.slot_u64(i, slot::MONITORUSED + 8 * d)
+                .store(0, Ordering::Relaxed);
+            self.slot_u64(
+                i,
+                slot::DEVICE_UTIL + slot::DEVICE_UTIL_SIZE * d + slot::UTIL_SM,
+            )
+            .store(0, Ordering::Relaxed);
+        }
+        self.slot_u64(i, slot::START_TIME)
+            .store(0, Ordering::Relaxed);
+        self.slot_i32(i, slot::HOSTPID).store(0, Ordering::Relaxed);
+        self.slot_i32(i, slot::STATUS)
+            .store(status::EXITED, Ordering::Relaxed);
+        self.slot_i32(i, slot::PID).store(0, Ordering::Release);
+    }
+
+    /// Frees the slots of dead processes. Caller holds the lock. Returns how many were freed.
+    fn sweep_locked(&self) -> usize {
+        let me = std::process::id() as i32;
+        let mut freed = 0;
+        let n = self.proc_num();
+        for i in 0..n {
+            let pid = self.slot_i32(i, slot::PID).load(Ordering::Acquire);
+            if pid == 0 || pid == me {
+                continue;
+            }
+            let start = self.slot_u64(i, slot::START_TIME).load(Ordering::Relaxed);
+            if !alive(pid, start) {
+                self.zero_slot(i);
+                freed += 1;
+            }
+        }
+        // Shrink `proc_num` over free tail slots; live slots never move (HAMi-core's
+        // compaction moved them under their owners' feet).
+        let mut n = n;
+        while n > 0 && self.slot_i32(n - 1, slot::PID).load(Ordering::Acquire) == 0 {
+            n -= 1;
+        }
+        self.i32(offset::PROC_NUM)
+            .store(n as i32, Ordering::Release);
+        freed
+    }
+
+    /// Frees the slots of dead processes (the watcher calls this periodically).
+    pub fn sweep(&self) -> usize {
+        self.locked(|| self.sweep_locked())
+    }
+
+    /// This process's slot, registering it on first use (and after a fork).
+    fn my_slot(&self) -> Option<usize> {
+        let s = self.my_slot.load(Ordering::Acquire);
+        if s != NO_SLOT {
+            return Some(s);
+        }
+        let me = std::process::id() as i32;
+        let start = process_start_time(me).unwrap_or(0);
+        let found = self.locked(|| {
+            let s = self.my_slot.load(Ordering::Acquire);
+            if s != NO_SLOT {
+                return Some(s);
+            }
+            self.sweep_locked();
+            let n = self.proc_num();
+            // Reuse a slot carrying our pid (a crash-looping pid), else a free one, else append.
+            let reuse = (0..n).find(|&i| self.slot_i32(i, slot::PID).load(Ordering::Acquire) == me);
+            let free =
+                || (0..n).find(|&i| self.slot_i32(i, slot::PID).load(Ordering::Acquire) == 0);
+            let i = match reuse.or_else(free) {
+                Some(i) => i,
+                None if n < MAX_PROCS => {
+                    self.i32(offset::PROC_NUM)
+                        .store(n as i32 + 1, Ordering::Release);
+                    n
+                }
+                None => return None,
+            };
+            self.zero_slot(i);
+            self.slot_u64(i, slot::START_TIME)
+                .store(start, Ordering::Relaxed);
+            self.slot_u64(i, slot::SEQLOCK).store(0, Ordering::Relaxed);
+            self.slot_i32(i, slot::STATUS)
+                .store(status::RUNNING, Ordering::Relaxed);
+            self.slot_i32(i, slot::PID).store(me, Ordering::Release);
+            self.my_slot.store(i, Ordering::Release);
+            Some(i)
+        });
+        if found.is_none() {
+            log::warning!(
+                "shared region is full ({MAX_PROCS} processes); this process is not accounted"
+            );
+        }
+        found
+    }
+
+    /// Registers this process (idempotent).
+    pub fn register(&self) {
+        let _ = self.my_slot();
+    }
+
+    fn add_locked(&self, i: usize, dev: usize, field: usize, bytes: u64) {
+        self.slot_u64(i, slot::mem(dev, field))
+            .fetch_add(bytes, Ordering::AcqRel);
+        self.slot_u64(i, slot::mem(dev, slot::MEM_TOTAL))
+            .fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    /// Check-and-add, atomic across the container: charges `bytes` on `dev` to this process
+    /// unless that would pass the limit. `Err(())` means out of memory.
+    pub fn reserve(&self, dev: usize, bytes: u64) -> Result<(), ()> {
+        if dev >= MAX_DEVICES {
+            return Ok(());
+        }
+        let Some(i) = self.my_slot() else {
+            return Ok(());
+        };
+        let limit = self.limit(dev);
+        if limit == 0 {
+            self.add_locked(i, dev, slot::MEM_DATA_SIZE, bytes);
+            return Ok(());
+        }
+        self.locked(|| {
+            let fits = |r: &Self| r.usage(dev).checked_add(bytes).is_some_and(|t| t <= limit);
+            if !fits(self) && (self.sweep_locked() == 0 || !fits(self)) {
+                return Err(());
+            }
+            self.add_locked(i, dev, slot::MEM_DATA_SIZE, bytes);
+            Ok(())
+        })
+    }
+
+    /// Gives back `bytes` on `dev` (saturating: never wraps below zero).
+    pub fn release(&self, dev: usize, bytes: u64) {
+        if dev >= MAX_DEVICES {
+            return;
+        }
+        let Some(i) = self.my_slot() else {
+            return;
+        };
+        for field in [slot::MEM_DATA_SIZE, slot::MEM_TOTAL] {
+            let a = self.slot_u64(i, slot::mem(dev, field));
+            let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(bytes))
+            });
+        }
+    }
+
+    /// Normal exit: the slot is released immediately rather than at the next sweep.
+    pub fn exit(&self) {
+        let s = self.my_slot.swap(NO_SLOT, Ordering::AcqRel);
+        if s != NO_SLOT
+            && self.slot_i32(s, slot::PID).load(Ordering::Acquire) == std::process::id() as i32
+        {
+            self.locked(|| self.zero_slot(s));
+        }
+    }
+
+    /// Writes measured per-process SM utilisation into this process's slot (monitor view).
+    pub fn set_sm_util(&self, dev: usize, percent: u64) {
+        if dev >= MAX_DEVICES {
+            return;
+        }
+        if let Some(i) = self.my_slot() {
+            self.slot_u64(
+                i,
+                slot::DEVICE_UTIL + slot::DEVICE_UTIL_SIZE * dev + slot::UTIL_SM,
+            )
+            .store(percent, Ordering::Relaxed);
+        }
+    }
+
+    /// Live container pids (for matching NVML process samples).
+    pub fn pids(&self) -> Vec<u32> {
+        (0..self.proc_num())
+            .filter_map(|i| {
+                let host = self.slot_i32(i, slot::HOSTPID).load(Ordering::Relaxed);
+                let pid = self.slot_i32(i, slot::PID).load(Ordering::Relaxed);
+                let p = if host > 0 { host } else { pid };
+                (p > 0).then_some(p as u32)
+            })
+            .collect()
+    }
+}
+
+/// `atexit` handler.
+pub extern "C" fn on_exit() {
+    if let Some(r) = REGION.get() {
+        let _ = std::panic::catch_unwind(|| r.exit());
+    }
+}

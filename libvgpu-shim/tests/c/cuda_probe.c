@@ -1,0 +1,283 @@
+/* Test program for libvgpu.so: calls the CUDA driver API directly (linked with -lcuda) and
+ * through cuGetProcAddress_v2 the way cudart does. Every mode exits 0 on success and prints
+ * "FAIL: ..." and exits 1 otherwise. Runs against the fake libcuda.so.1 in CI. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext;
+
+typedef struct { int type, handleTypes, locType, locId; void *win32; unsigned char flags[8]; } CUmemAllocationProp;
+typedef struct { size_t Width, Height; int Format; unsigned NumChannels; } CUDA_ARRAY_DESCRIPTOR;
+
+CUresult cuInit(unsigned);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, void *);
+CUresult cuMemFreeAsync(CUdeviceptr, void *);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, void *, void *);
+CUresult cuMemCreate(unsigned long long *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(unsigned long long);
+CUresult cuArrayCreate_v2(unsigned long long *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult cuArrayDestroy(unsigned long long);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
+CUresult cuMemHostAlloc(void **, size_t, unsigned);
+CUresult cuMemFreeHost(void *);
+CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
+CUresult cuCtxSynchronize(void);
+
+#define OOM 2
+static int failures = 0;
+#define CHECK(cond, ...) do { if (!(cond)) { printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); failures++; } } while (0)
+#define EXPECT(call, want) do { CUresult r_ = (call); CHECK(r_ == (want), "%s returned %d, expected %d", #call, r_, (want)); } while (0)
+
+static void setup(void) {
+    CUdevice dev; CUcontext ctx;
+    EXPECT(cuInit(0), 0);
+    EXPECT(cuDeviceGet(&dev, 0), 0);
+    EXPECT(cuCtxCreate_v2(&ctx, 0, dev), 0);
+}
+
+static int done(void) {
+    if (failures) { printf("%d failure(s)\n", failures); return 1; }
+    printf("OK\n");
+    return 0;
+}
+
+/* Direct calls: every allocation path is counted against LIMIT. */
+static int mode_limit(size_t limit) {
+    setup();
+    size_t free_b = 0, total = 0;
+    EXPECT(cuMemGetInfo_v2(&free_b, &total), 0);
+    CHECK(total == limit && free_b == limit, "cuMemGetInfo: free %zu total %zu, limit %zu", free_b, total, limit);
+    size_t tm = 0;
+    EXPECT(cuDeviceTotalMem_v2(&tm, 0), 0);
+    CHECK(tm == limit, "cuDeviceTotalMem %zu, limit %zu", tm, limit);
+
+    CUdeviceptr p = 0, q = 0;
+    EXPECT(cuMemAlloc_v2(&p, limit), 0);           /* exactly the limit: fits */
+    EXPECT(cuMemAlloc_v2(&q, 1), OOM);             /* one byte past: OOM */
+    EXPECT(cuMemGetInfo_v2(&free_b, &total), 0);
+    CHECK(free_b == 0 && total == limit, "after full alloc: free %zu total %zu", free_b, total);
+    EXPECT(cuMemFree_v2(p), 0);
+    EXPECT(cuMemAlloc_v2(&p, limit - 1), 0);
+    EXPECT(cuMemAlloc_v2(&q, 1), 0);
+    EXPECT(cuMemAlloc_v2(&q, 1), OOM);
+    EXPECT(cuMemFree_v2(p), 0);
+    EXPECT(cuMemFree_v2(q), 0);
+    EXPECT(cuMemFree_v2(0), 0);
+    /* An untracked pointer is forwarded: the driver's own error, not -1. */
+    EXPECT(cuMemFree_v2(0xdeadbeef000ULL), 1);
+
+    /* Managed memory counts. */
+    EXPECT(cuMemAllocManaged(&p, limit - 1, 1), 0);
+    EXPECT(cuMemAlloc_v2(&q, 2), OOM);
+    EXPECT(cuMemFree_v2(p), 0);
+    /* Pitch counts the real pitch (rows rounded to 512 bytes by the fake driver). */
+    size_t pitch = 0;
+    /* 1000-byte rows are 1024 bytes apart: limit/1024 rows fill the limit exactly (HAMi-core
+     * charged width x height and would let more through). */
+    EXPECT(cuMemAllocPitch_v2(&p, &pitch, 1000, limit / 1024, 4), 0);
+    CHECK(pitch == 1024, "pitch %zu", pitch);
+    EXPECT(cuMemAlloc_v2(&q, 1 + limit % 1024), OOM);
+    EXPECT(cuMemFree_v2(p), 0);
+    EXPECT(cuMemAllocPitch_v2(&p, &pitch, 1000, limit / 1024 + 1, 4), OOM);
+    /* Async and pool allocations count and are released by cuMemFreeAsync. */
+    EXPECT(cuMemAllocAsync(&p, limit, 0), 0);
+    EXPECT(cuMemAllocFromPoolAsync(&q, 1, 0, 0), OOM);
+    EXPECT(cuMemFreeAsync(p, 0), 0);
+    EXPECT(cuMemAllocFromPoolAsync(&p, limit, 0, 0), 0);
+    EXPECT(cuMemFreeAsync(p, 0), 0);
+    /* VMM: charged to the device in the properties, released by cuMemRelease. */
+    CUmemAllocationProp prop; memset(&prop, 0, sizeof prop);
+    prop.type = 1; prop.locType = 1; prop.locId = 0;
+    unsigned long long h = 0, h2 = 0;
+    size_t gran = 2 << 20, vmm = (limit / gran) * gran;
+    EXPECT(cuMemCreate(&h, vmm, &prop, 0), 0);
+    EXPECT(cuMemCreate(&h2, gran, &prop, 0), limit - vmm >= gran ? 0 : OOM);
+    if (limit - vmm >= gran) EXPECT(cuMemRelease(h2), 0);
+    EXPECT(cuMemRelease(h), 0);
+    /* Arrays: width x height x channels x element size. */
+    CUDA_ARRAY_DESCRIPTOR d = { 1024, limit / 4096, 0x03 /* u32 */, 1 };
+    unsigned long long arr = 0;
+    EXPECT(cuArrayCreate_v2(&arr, &d), 0);
+    EXPECT(cuMemAlloc_v2(&q, (limit % 4096) + 1), OOM);
+    EXPECT(cuArrayDestroy(arr), 0);
+    /* Host memory is not device memory. */
+    void *host = 0;
+    EXPECT(cuMemAlloc_v2(&p, limit), 0);
+    EXPECT(cuMemHostAlloc(&host, 1 << 20, 0), 0);
+    EXPECT(cuMemFreeHost(host), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+    EXPECT(cuMemGetInfo_v2(&free_b, &total), 0);
+    CHECK(free_b == limit, "everything freed: free %zu of %zu", free_b, limit);
+    return done();
+}
+
+typedef CUresult (*GetProc2)(const char *, void **, int, unsigned long long, int *);
+typedef const char *(*ResolveName)(const char *, int, unsigned long long);
+typedef unsigned long long (*Calls)(const char *);
+
+/* Through cuGetProcAddress_v2, the way cudart gets every entry point. */
+static int mode_procaddr(size_t limit, int version, unsigned long long flags) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    CHECK(lib, "dlopen libcuda.so.1: %s", dlerror());
+    if (!lib) return done();
+    GetProc2 gpa = (GetProc2)dlsym(lib, "cuGetProcAddress_v2");
+    ResolveName expected = (ResolveName)dlsym(lib, "fake_cuda_resolve_name");
+    Calls calls = (Calls)dlsym(lib, "fake_cuda_calls");
+    CHECK(gpa && expected && calls, "driver symbols missing");
+    Dl_info info;
+    CHECK(dladdr((void *)gpa, &info) && strstr(info.dli_fname, "libvgpu"), "dlsym(cuGetProcAddress_v2) is not the shim's");
+    const char *names[] = { "cuInit", "cuDeviceGet", "cuCtxCreate", "cuMemAlloc", "cuMemFree", "cuMemGetInfo",
+                            "cuMemAllocAsync", "cuMemFreeAsync", "cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch",
+                            "cuStreamSynchronize", "cuDeviceTotalMem", "cuGetProcAddress", "cuMemAllocFromPoolAsync", 0 };
+    const char *hooked[] = { "cuInit", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuMemAllocAsync",
+                             "cuMemAllocAsync_ptsz", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuLaunchKernel",
+                             "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz", "cuGraphLaunch",
+                             "cuGraphLaunch_ptsz", "cuDeviceTotalMem_v2", "cuGetProcAddress", "cuGetProcAddress_v2",
+                             "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", 0 };
+    void *fns[32] = {0};
+    for (int i = 0; names[i]; i++) {
+        int status = -1;
+        CUresult r = gpa(names[i], &fns[i], version, flags, &status);
+        const char *want = expected(names[i], version, flags);
+        if (!want) {
+            CHECK(r == 500 && fns[i] == 0 && status != 0, "%s@%d: expected not found, got %d/%d", names[i], version, r, status);
+            continue;
+        }
+        CHECK(r == 0 && status == 0 && fns[i], "%s@%d flags %llu: result %d status %d", names[i], version, flags, r, status);
+        if (!fns[i]) continue;
+        CHECK(dladdr(fns[i], &info) && info.dli_sname, "%s: dladdr failed", names[i]);
+        /* The same symbol the driver chose, and the shim's wrapper of it when hooked. */
+        CHECK(strcmp(info.dli_sname, want) == 0, "%s@%d flags %llu: got %s, driver would give %s", names[i], version, flags, info.dli_sname, want);
+        int is_hooked = 0;
+        for (int k = 0; hooked[k]; k++) if (strcmp(hooked[k], want) == 0) is_hooked = 1;
+        int in_shim = strstr(info.dli_fname, "libvgpu") != 0;
+        CHECK(is_hooked == in_shim, "%s -> %s from %s (hooked %d)", names[i], want, info.dli_fname, is_hooked);
+    }
+    CUresult (*init)(unsigned) = fns[0];
+    CUresult (*devget)(CUdevice *, int) = fns[1];
+    CUresult (*ctxcreate)(CUcontext *, unsigned, CUdevice) = fns[2];
+    CUresult (*alloc)(CUdeviceptr *, size_t) = fns[3];
+    CUresult (*freep)(CUdeviceptr) = fns[4];
+    CUresult (*meminfo)(size_t *, size_t *) = fns[5];
+    CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **) = fns[8];
+    CUdevice dev; CUcontext ctx; CUdeviceptr p, q;
+    EXPECT(init(0), 0);
+    EXPECT(devget(&dev, 0), 0);
+    EXPECT(ctxcreate(&ctx, 0, dev), 0);
+    size_t f = 0, t = 0;
+    EXPECT(meminfo(&f, &t), 0);
+    CHECK(t == limit && f == limit, "meminfo %zu/%zu, limit %zu", f, t, limit);
+    EXPECT(alloc(&p, limit), 0);
+    EXPECT(alloc(&q, 1), OOM);
+    EXPECT(freep(p), 0);
+    if (fns[6]) {
+        CUresult (*aalloc)(CUdeviceptr *, size_t, void *) = fns[6];
+        EXPECT(aalloc(&p, limit, 0), 0);
+        EXPECT(aalloc(&q, 1, 0), OOM);
+        CUresult (*afree)(CUdeviceptr, void *) = fns[7];
+        EXPECT(afree(p, 0), 0);
+    }
+    const char *lname = expected("cuLaunchKernel", version, flags);
+    unsigned long long before = calls(lname);
+    EXPECT(launch((void *)1, 1, 1, 1, 32, 1, 1, 0, 0, 0, 0), 0);
+    CHECK(calls(lname) == before + 1, "launch did not reach the driver's %s", lname);
+    /* cuGetProcAddress for itself returns the shim's wrapper of the variant the driver picks. */
+    if (fns[13]) {
+        CHECK(dladdr(fns[13], &info) && strstr(info.dli_fname, "libvgpu"), "cuGetProcAddress not wrapped");
+    }
+    return done();
+}
+
+/* dlsym(RTLD_NEXT, ...) stays relative to the caller, and repeated lookups work. */
+static int mode_dlsym(void) {
+    void *a = dlsym(RTLD_NEXT, "puts"), *b = dlsym(RTLD_NEXT, "puts");
+    CHECK(a && a == b, "dlsym(RTLD_NEXT, puts) twice: %p %p", a, b);
+    /* From the executable, "next" includes the preloaded shim itself. */
+    void *w = dlsym(RTLD_NEXT, "cuMemAlloc_v2");
+    Dl_info info;
+    CHECK(w && dladdr(w, &info) && strstr(info.dli_fname, "libvgpu"), "RTLD_NEXT is not caller-relative");
+    CHECK(dlsym(RTLD_DEFAULT, "no_such_symbol_xyz") == 0, "missing symbol found");
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    CHECK(lib && dlsym(lib, "cuNoSuchFunction") == 0, "unknown cu* symbol must stay NULL");
+    void *m = lib ? dlsym(lib, "cuMemAlloc_v2") : 0;
+    CHECK(m && dladdr(m, &info) && strstr(info.dli_fname, "libvgpu"), "dlsym(libcuda, cuMemAlloc_v2) not hooked");
+    void *s = lib ? dlsym(lib, "cuCtxSynchronize") : 0;
+    CHECK(s && dladdr(s, &info) && strstr(info.dli_fname, "libcuda"), "unhooked symbol must be the driver's");
+    return done();
+}
+
+static double now_s(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec + ts.tv_nsec / 1e9; }
+
+/* Race: wait for the start file, allocate CHUNK until OOM, report, then hold. */
+static int mode_hold(size_t chunk, const char *start_file, const char *report) {
+    setup();
+    while (access(start_file, F_OK) != 0) usleep(200);
+    int n = 0; CUdeviceptr p;
+    while (n < 100000 && cuMemAlloc_v2(&p, chunk) == 0) n++;
+    FILE *f = fopen(report, "w");
+    if (f) { fprintf(f, "%d\n", n); fclose(f); }
+    for (;;) pause();
+    return 0;
+}
+
+/* After others die, allocate CHUNK within TIMEOUT seconds; prints the delay. */
+static int mode_grab(size_t chunk, double timeout) {
+    setup();
+    double t0 = now_s(); CUdeviceptr p;
+    while (cuMemAlloc_v2(&p, chunk) != 0) {
+        if (now_s() - t0 > timeout) { printf("FAIL: no memory after %.3f s\n", now_s() - t0); return 1; }
+        usleep(1000);
+    }
+    printf("grabbed after %.3f s\n", now_s() - t0);
+    return 0;
+}
+
+/* Print what cuMemGetInfo and cuDeviceTotalMem report. */
+static int mode_info(void) {
+    setup();
+    size_t f = 0, t = 0, tm = 0;
+    EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+    EXPECT(cuDeviceTotalMem_v2(&tm, 0), 0);
+    printf("total=%zu free=%zu totalmem=%zu\n", t, f, tm);
+    return done();
+}
+
+/* Launch BLOCKS-block kernels in a loop for SECONDS. */
+static int mode_busy(double seconds, unsigned blocks) {
+    setup();
+    double end = now_s() + seconds;
+    long n = 0;
+    while (now_s() < end) { if (cuLaunchKernel((void *)1, blocks, 1, 1, 128, 1, 1, 0, 0, 0, 0) != 0) return 1; n++; }
+    cuCtxSynchronize();
+    printf("launched %ld\n", n);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, 0, _IONBF, 0);
+    if (argc >= 3 && !strcmp(argv[1], "limit")) return mode_limit(strtoull(argv[2], 0, 10));
+    if (argc >= 5 && !strcmp(argv[1], "procaddr")) return mode_procaddr(strtoull(argv[2], 0, 10), atoi(argv[3]), strtoull(argv[4], 0, 10));
+    if (argc >= 2 && !strcmp(argv[1], "dlsym")) return mode_dlsym();
+    if (argc >= 5 && !strcmp(argv[1], "hold")) return mode_hold(strtoull(argv[2], 0, 10), argv[3], argv[4]);
+    if (argc >= 4 && !strcmp(argv[1], "grab")) return mode_grab(strtoull(argv[2], 0, 10), atof(argv[3]));
+    if (argc >= 2 && !strcmp(argv[1], "info")) return mode_info();
+    if (argc >= 4 && !strcmp(argv[1], "busy")) return mode_busy(atof(argv[2]), (unsigned)atoi(argv[3]));
+    fprintf(stderr, "usage: cuda_probe limit|procaddr|dlsym|hold|grab|busy ...\n");
+    return 2;
+}

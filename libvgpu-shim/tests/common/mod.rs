@@ -1,0 +1,141 @@
+//! Test harness: finds the built `libvgpu.so` and the fake driver libraries, exposes the fakes
+//! under their real names in a temp dir, compiles the C probe with `cc`, and runs it under
+//! `LD_PRELOAD` with a clean environment.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+pub struct Artifacts {
+    pub dir: PathBuf,
+    pub shim: PathBuf,
+    pub probe: PathBuf,
+}
+
+fn target_dir() -> PathBuf {
+    // target/<profile>/deps/<test-binary>
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target profile dir")
+        .to_path_buf()
+}
+
+/// The newest of `target/<profile>/<name>` and `target/<profile>/deps/<name>`: a dependency's
+/// cdylib is only written to `deps/`, so the top-level copy may be stale.
+fn find(name: &str) -> Option<PathBuf> {
+    let dir = target_dir();
+    [dir.join(name), dir.join("deps").join(name)]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, p)| p)
+}
+
+/// Builds what cargo did not build for this test run (the shim's own cdylib is not a
+/// dependency of its integration tests), into the same target dir.
+fn ensure_built() {
+    if find("libvgpu.so").is_some()
+        && find("libcuda.so").is_some()
+        && find("libnvidia_ml.so").is_some()
+    {
+        return;
+    }
+    let profile_dir = target_dir();
+    let target = profile_dir.parent().expect("target dir");
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args([
+        "build",
+        "-p",
+        "libvgpu-shim",
+        "-p",
+        "fake-cuda",
+        "-p",
+        "fake-nvml",
+    ])
+    .arg("--manifest-path")
+    .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+    .env("CARGO_TARGET_DIR", target);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("run cargo build");
+    assert!(status.success(), "cargo build of the shim and fakes failed");
+}
+
+pub fn artifacts() -> &'static Artifacts {
+    static A: OnceLock<Artifacts> = OnceLock::new();
+    A.get_or_init(|| {
+        ensure_built();
+        let dir = std::env::temp_dir().join(format!("vgpu-shim-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let cuda = find("libcuda.so").expect("libcuda.so built");
+        let nvml = find("libnvidia_ml.so").expect("libnvidia_ml.so built");
+        let shim = find("libvgpu.so").expect("libvgpu.so built");
+        for (src, names) in [
+            (&cuda, &["libcuda.so.1", "libcuda.so"][..]),
+            (&nvml, &["libnvidia-ml.so.1"][..]),
+        ] {
+            for n in names {
+                let dst = dir.join(n);
+                let _ = std::fs::remove_file(&dst);
+                std::os::unix::fs::symlink(src, &dst).expect("symlink");
+            }
+        }
+        let probe = dir.join("cuda_probe");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cuda_probe.c");
+        let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+            .args(["-O1", "-Wall", "-o"])
+            .arg(&probe)
+            .arg(&src)
+            .arg(format!("-L{}", dir.display()))
+            .args(["-lcuda", "-ldl"])
+            .output()
+            .expect("run cc");
+        assert!(
+            out.status.success(),
+            "cc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Artifacts { dir, shim, probe }
+    })
+}
+
+/// A probe command with a clean environment: the shim preloaded, the fakes on the library
+/// path, a private region file.
+pub fn probe(cache: &Path, vars: &[(&str, &str)], args: &[&str]) -> Command {
+    let a = artifacts();
+    let mut cmd = Command::new(&a.probe);
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("LD_LIBRARY_PATH", &a.dir)
+        .env("LD_PRELOAD", &a.shim)
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", cache)
+        .env("FAKE_CUDA_MEMORY_MIB", "1024");
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("run probe")
+}
+
+pub fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+pub fn assert_ok(out: &Output) {
+    assert!(out.status.success(), "{}", text(out));
+}
+
+pub const MIB: u64 = 1 << 20;

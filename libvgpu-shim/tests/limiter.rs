@@ -1,0 +1,76 @@
+//! The SM limiter against the simulated GPU: a launch loop under `CUDA_DEVICE_SM_LIMIT=L`
+//! keeps the device's measured utilization within ±5 points of L over a 5-second window.
+
+mod common;
+
+#[allow(dead_code, clippy::all)]
+#[path = "../../test-support/fake-nvml/src/gpu_state.rs"]
+mod gpu_state;
+
+use std::time::Duration;
+
+use common::*;
+
+const SCENARIO: &str = r#"{"devices": [{"uuid": "GPU-00000000-0000-0000-0000-000000000001", "memory_total_mib": 16384}]}"#;
+
+/// Runs the busy loop under `limit` and returns the device utilization (%) over five seconds,
+/// after a 3.5 s settling time.
+fn measure(dir: &std::path::Path, limit: u32) -> f64 {
+    let state = dir.join(format!("gpu-{limit}.state"));
+    let scenario = dir.join(format!("scenario-{limit}.json"));
+    std::fs::write(&scenario, SCENARIO).unwrap();
+    let cache = dir.join(format!("region-{limit}.cache"));
+    let gpu = gpu_state::open_path(Some(state.clone().into_os_string())).expect("state");
+    let limit_s = limit.to_string();
+    let mut child = probe(
+        &cache,
+        &[
+            ("CUDA_DEVICE_SM_LIMIT", limit_s.as_str()),
+            ("GPU_CORE_UTILIZATION_POLICY", "force"),
+            ("FAKE_GPU_STATE", state.to_str().unwrap()),
+            ("FAKE_NVML_SCENARIO", scenario.to_str().unwrap()),
+            ("FAKE_CUDA_SM_COUNT", "40"),
+            ("FAKE_CUDA_BLOCK_NS", "200000"),
+        ],
+        &["busy", "9", "40"],
+    )
+    .stdout(std::process::Stdio::null())
+    .spawn()
+    .expect("busy");
+    std::thread::sleep(Duration::from_millis(3500));
+    let (t1, b1) = (gpu_state::now_ns(), gpu.devices[0].busy_done_ns());
+    std::thread::sleep(Duration::from_secs(5));
+    let (t2, b2) = (gpu_state::now_ns(), gpu.devices[0].busy_done_ns());
+    let status = child.wait().expect("wait");
+    assert!(status.success());
+    (b2 - b1) as f64 * 100.0 / (t2 - t1) as f64
+}
+
+#[test]
+fn utilization_converges_to_the_sm_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    // Unlimited first: the loop saturates the simulated device.
+    let handles: Vec<_> = [10u32, 30, 50, 70]
+        .into_iter()
+        .map(|limit| {
+            let dir = dir.path().to_path_buf();
+            std::thread::spawn(move || (limit, measure(&dir, limit)))
+        })
+        .collect();
+    let full = measure(dir.path(), 100);
+    assert!(
+        full > 95.0,
+        "unlimited loop should saturate, got {full:.1}%"
+    );
+    let mut report = Vec::new();
+    for h in handles {
+        let (limit, util) = h.join().unwrap();
+        report.push(format!("limit {limit}%: measured {util:.1}%"));
+        assert!(
+            (util - limit as f64).abs() <= 5.0,
+            "limit {limit}%: measured {util:.1}% ({report:?})"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1));
+    println!("{}", report.join("\n"));
+}

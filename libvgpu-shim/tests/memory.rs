@@ -1,0 +1,220 @@
+//! Memory limits under `LD_PRELOAD` against the fake driver: direct calls, `cuGetProcAddress`,
+//! `dlsym`, the environment's edge cases and the symbol surface.
+
+mod common;
+
+use common::*;
+
+fn cache(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    dir.path().join("region.cache")
+}
+
+#[test]
+fn limit_exactly_reached_then_one_byte_over_on_every_allocation_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = (64 * MIB).to_string();
+    let out = run(&mut probe(
+        &cache(&dir),
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "64m")],
+        &["limit", &limit],
+    ));
+    assert_ok(&out);
+    // The per-device variable overrides the fallback.
+    let out = run(&mut probe(
+        &cache(&tempfile::tempdir().unwrap()),
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "65536k"),
+        ],
+        &["limit", &limit],
+    ));
+    assert_ok(&out);
+}
+
+#[test]
+fn cu_get_proc_address_returns_the_drivers_variant_wrapped() {
+    let limit = (64 * MIB).to_string();
+    for version in ["11000", "12000", "12080"] {
+        for flags in ["0", "2"] {
+            let dir = tempfile::tempdir().unwrap();
+            let out = run(&mut probe(
+                &cache(&dir),
+                &[("CUDA_DEVICE_MEMORY_LIMIT", "64m")],
+                &["procaddr", &limit, version, flags],
+            ));
+            assert!(
+                out.status.success(),
+                "version {version} flags {flags}: {}",
+                text(&out)
+            );
+        }
+    }
+}
+
+#[test]
+fn dlsym_override_keeps_rtld_next_caller_relative() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_ok(&run(&mut probe(&cache(&dir), &[], &["dlsym"])));
+}
+
+fn info(vars: &[(&str, &str)]) -> (u64, u64, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut all = vec![("FAKE_CUDA_MEMORY_MIB", "16384")];
+    all.extend_from_slice(vars);
+    let out = run(&mut probe(&cache(&dir), &all, &["info"]));
+    assert_ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let field = |name: &str| -> u64 {
+        stdout
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {stdout}"))
+    };
+    (
+        field("total="),
+        field("totalmem="),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn environment_edge_cases_parse_like_hami_and_warn() {
+    const G: u64 = 1 << 30;
+    let physical = 16 * G;
+    // (value, total the process sees, warning expected)
+    let cases: &[(&str, u64, bool)] = &[
+        ("2g", 2 * G, false),
+        ("2048m", 2 * G, false),
+        // HAMi reads the last character as the unit: "4Gi" is 4 bytes.
+        ("4Gi", 4, true),
+        // strtoul base 0: a leading 0 is octal, 010g = 8 GiB.
+        ("010g", 8 * G, true),
+        // Empty: no limit.
+        ("", physical, true),
+        // -1 wraps to 2^64-1: no limit in effect; totals are clamped to the physical size.
+        ("-1", physical, true),
+        // Overflow of value × unit gives 0: no limit.
+        ("99999999999999g", physical, true),
+        ("abc", physical, true),
+    ];
+    for &(value, total, warns) in cases {
+        let (t, tm, stderr) = info(&[("CUDA_DEVICE_MEMORY_LIMIT", value)]);
+        assert_eq!(t, total, "CUDA_DEVICE_MEMORY_LIMIT={value:?}: {stderr}");
+        assert_eq!(tm, total, "cuDeviceTotalMem for {value:?}");
+        assert_eq!(
+            stderr.contains("CUDA_DEVICE_MEMORY_LIMIT"),
+            warns,
+            "{value:?}: {stderr}"
+        );
+    }
+    // Unset: the physical size (HAMi-core's cuDeviceTotalMem said 0 here).
+    let (t, tm, _) = info(&[]);
+    assert_eq!((t, tm), (physical, physical));
+}
+
+#[test]
+fn corrupt_truncated_and_foreign_region_files_never_crash() {
+    let limit = (64 * MIB).to_string();
+    let vars = [("CUDA_DEVICE_MEMORY_LIMIT", "64m")];
+    // Garbage: reinitialised.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(cache(&dir), vec![0xa5u8; 5000]).unwrap();
+    let out = run(&mut probe(&cache(&dir), &vars, &["limit", &limit]));
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reinitialising"));
+    assert_eq!(
+        std::fs::metadata(cache(&dir)).unwrap().len(),
+        vgpu_region::FILE_SIZE as u64
+    );
+    // Truncated with a valid header.
+    let dir = tempfile::tempdir().unwrap();
+    let mut head = vec![0u8; 100];
+    head[..4].copy_from_slice(&vgpu_region::MAGIC.to_ne_bytes());
+    head[4..8].copy_from_slice(&1u32.to_ne_bytes());
+    std::fs::write(cache(&dir), &head).unwrap();
+    assert_ok(&run(&mut probe(&cache(&dir), &vars, &["limit", &limit])));
+    // A future layout version: left alone, the process accounts privately (limit still holds).
+    let dir = tempfile::tempdir().unwrap();
+    let mut future = vec![0u8; vgpu_region::FILE_SIZE];
+    future[..4].copy_from_slice(&vgpu_region::MAGIC.to_ne_bytes());
+    future[4..8].copy_from_slice(&2u32.to_ne_bytes());
+    std::fs::write(cache(&dir), &future).unwrap();
+    let out = run(&mut probe(&cache(&dir), &vars, &["limit", &limit]));
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("foreign layout version 2"));
+    assert_eq!(
+        std::fs::read(cache(&dir)).unwrap(),
+        future,
+        "foreign file untouched"
+    );
+    // An unwritable path: private accounting, still limited.
+    let out = run(&mut probe(
+        std::path::Path::new("/nonexistent-dir/region.cache"),
+        &vars,
+        &["limit", &limit],
+    ));
+    assert_ok(&out);
+}
+
+#[test]
+fn exports_only_the_hooks() {
+    let a = artifacts();
+    let out = std::process::Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&a.shim)
+        .output()
+        .expect("nm");
+    assert!(out.status.success());
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+        .collect();
+    names.sort();
+    let mut expected = vec![
+        "cuArray3DCreate_v2",
+        "cuArrayCreate_v2",
+        "cuArrayDestroy",
+        "cuDeviceTotalMem_v2",
+        "cuGetProcAddress",
+        "cuGetProcAddress_v2",
+        "cuGraphLaunch",
+        "cuGraphLaunch_ptsz",
+        "cuInit",
+        "cuLaunchCooperativeKernel",
+        "cuLaunchCooperativeKernel_ptsz",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cuLaunchKernelEx_ptsz",
+        "cuLaunchKernel_ptsz",
+        "cuMemAllocAsync",
+        "cuMemAllocAsync_ptsz",
+        "cuMemAllocFromPoolAsync",
+        "cuMemAllocFromPoolAsync_ptsz",
+        "cuMemAllocManaged",
+        "cuMemAllocPitch_v2",
+        "cuMemAlloc_v2",
+        "cuMemCreate",
+        "cuMemFreeAsync",
+        "cuMemFreeAsync_ptsz",
+        "cuMemFree_v2",
+        "cuMemGetInfo_v2",
+        "cuMemRelease",
+        "dlsym",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetMemoryInfo_v2",
+    ];
+    expected.sort();
+    assert_eq!(names, expected);
+    // And no DT_NEEDED on the driver libraries: they are dlopened.
+    let out = std::process::Command::new("readelf")
+        .arg("-d")
+        .arg(&a.shim)
+        .output()
+        .expect("readelf");
+    let dynamic = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !dynamic.contains("libcuda") && !dynamic.contains("nvidia-ml"),
+        "{dynamic}"
+    );
+}

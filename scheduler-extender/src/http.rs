@@ -1,0 +1,479 @@
+//! The extender and webhook HTTP API (contract §4.2): `POST /filter`, `/bind`, `/webhook`,
+//! `GET /healthz`, `/readyz`; and the metrics router.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hami_contract::annotations as ann;
+use http_body_util::{BodyExt, Limited};
+
+use crate::decide::{self, DecisionConfig, Verdict};
+use crate::edge::{ClusterEdge, EventType, MetadataPatch, PodEvent};
+use crate::engine::{Command, EngineHandle, Refusal, filter_patch};
+use crate::extender::{ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, NodeListOut};
+use crate::metrics::Metrics;
+use crate::state::{ClusterState, NodeRecord};
+use crate::webhook::{self, WebhookConfig};
+
+/// HAMi's request body limit.
+pub const MAX_BODY: usize = 1 << 20;
+
+/// Set on each request by the TLS acceptor: the peer presented a client certificate that the
+/// configured client CA verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerifiedClientCert(pub bool);
+
+/// Who may call `/filter` and `/bind`.
+#[derive(Debug, Default)]
+pub struct Auth {
+    /// Expected bearer token (reloaded from its file by the server).
+    pub token: RwLock<Option<String>>,
+    /// A client CA is configured: a verified client certificate authenticates.
+    pub client_ca: bool,
+}
+
+impl Auth {
+    pub fn is_open(&self) -> bool {
+        !self.client_ca && self.token.read().map(|t| t.is_none()).unwrap_or(false)
+    }
+
+    fn check(&self, headers: &HeaderMap, cert: Option<VerifiedClientCert>) -> Result<(), String> {
+        if self.is_open() {
+            return Ok(());
+        }
+        if self.client_ca && cert.is_some_and(|c| c.0) {
+            return Ok(());
+        }
+        let expected = self.token.read().ok().and_then(|t| t.clone());
+        if let Some(expected) = expected {
+            let given = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or("");
+            if constant_time_eq(given.as_bytes(), expected.trim().as_bytes()) {
+                return Ok(());
+            }
+        }
+        Err("unauthenticated: /filter and /bind accept only kube-scheduler (client certificate or bearer token)".to_owned())
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() || a.is_empty() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct App<E> {
+    pub engine: EngineHandle,
+    pub edge: Arc<E>,
+    pub auth: Arc<Auth>,
+    pub decision: DecisionConfig,
+    pub webhook: WebhookConfig,
+    pub metrics: Metrics,
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn json(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// Reads the body with HAMi's limit. Empty ⇒ HAMi's 400 text; oversized ⇒ a clear 400.
+async fn read_body(body: Body) -> Result<axum::body::Bytes, Response> {
+    match Limited::new(body, MAX_BODY).collect().await {
+        Ok(c) => {
+            let b = c.to_bytes();
+            if b.is_empty() {
+                Err((StatusCode::BAD_REQUEST, "Please send a request body").into_response())
+            } else {
+                Ok(b)
+            }
+        }
+        Err(_) => Err((
+            StatusCode::BAD_REQUEST,
+            format!("request body larger than {MAX_BODY} bytes (1 MiB)"),
+        )
+            .into_response()),
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The router for the extender and webhook listener.
+pub fn router<E: ClusterEdge>(app: Arc<App<E>>) -> Router {
+    Router::new()
+        .route("/filter", post(filter::<E>))
+        .route("/bind", post(bind::<E>))
+        .route("/webhook", post(webhook_handler::<E>))
+        .route("/healthz", get(|| async { StatusCode::OK }))
+        .route(
+            "/readyz",
+            get(|State(app): State<Arc<App<E>>>| async move {
+                if app.ready.load(std::sync::atomic::Ordering::Relaxed) {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+            }),
+        )
+        .with_state(app)
+}
+
+/// The router for the metrics listener.
+pub fn metrics_router<E: ClusterEdge>(app: Arc<App<E>>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(app): State<Arc<App<E>>>| async move {
+                let snap = app.engine.metrics().await;
+                (
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                    app.metrics.render(&snap),
+                )
+            }),
+        )
+        .with_state(app)
+}
+
+fn cert_of(req_ext: &axum::http::Extensions) -> Option<VerifiedClientCert> {
+    req_ext.get::<VerifiedClientCert>().copied()
+}
+
+async fn filter<E: ClusterEdge>(
+    State(app): State<Arc<App<E>>>,
+    req: axum::extract::Request,
+) -> Response {
+    let started = Instant::now();
+    let (parts, body) = req.into_parts();
+    if let Err(e) = app.auth.check(&parts.headers, cert_of(&parts.extensions)) {
+        app.metrics.decision("filter", "Unauthenticated");
+        return json(StatusCode::UNAUTHORIZED, ExtenderFilterResult::error(e).to_json());
+    }
+    let body = match read_body(body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let result = filter_body(&app, &body).await;
+    app.metrics
+        .filter_seconds
+        .observe(started.elapsed().as_secs_f64());
+    json(StatusCode::OK, result.to_json())
+}
+
+async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilterResult {
+    let args = match ExtenderArgs::decode(body) {
+        Ok(a) => a,
+        Err(e) => {
+            app.metrics.decision("filter", "BadRequest");
+            return ExtenderFilterResult::error(e.to_string());
+        }
+    };
+    let Some(pod) = args.pod else {
+        app.metrics.decision("filter", "MissingPod");
+        return ExtenderFilterResult::error("extender args missing pod");
+    };
+    if args.node_names.is_none()
+        && let Some(nodes) = args.nodes
+    {
+        return filter_full_nodes(app, &pod, nodes);
+    }
+    let names = args.node_names.unwrap_or_default();
+    let verdict = match app.engine.filter(pod.clone(), names.clone()).await {
+        Ok(v) => v,
+        Err(r) => {
+            app.metrics.decision("filter", refusal_code(&r));
+            return ExtenderFilterResult::error(r.to_string());
+        }
+    };
+    let key = crate::podspec::pod_key(&pod);
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let event = |kind, reason: &str, message: String| PodEvent {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        uid: uid.clone(),
+        kind,
+        reason: reason.to_owned(),
+        message,
+    };
+    match verdict {
+        Verdict::NotGpu => {
+            app.metrics.decision("filter", "NotGpu");
+            ExtenderFilterResult {
+                node_names: Some(names),
+                ..Default::default()
+            }
+        }
+        Verdict::Invalid(e) => {
+            app.metrics.decision("filter", "InvalidAnnotation");
+            ExtenderFilterResult::error(format!("pod {key}: {e}"))
+        }
+        Verdict::NoFit { failed } => {
+            app.metrics.decision("filter", "NoFit");
+            app.edge
+                .event(event(
+                    EventType::Warning,
+                    "FilteringFailed",
+                    decide::failure_summary(&failed),
+                ))
+                .await;
+            ExtenderFilterResult {
+                failed_nodes: Some(failed),
+                ..Default::default()
+            }
+        }
+        Verdict::Placed(p) => {
+            let patch = filter_patch(&p, unix_now());
+            let ns = pod.metadata.namespace.clone().unwrap_or_default();
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            if let Err(e) = app.edge.patch_pod(&ns, &name, &uid, patch).await {
+                app.engine.send(Command::FilterAbort { uid: uid.clone() }).await;
+                app.metrics.decision("filter", "PatchFailed");
+                return ExtenderFilterResult::error(format!(
+                    "writing the GPU decision to pod {key} failed: {e}"
+                ));
+            }
+            app.metrics.decision("filter", "success");
+            app.edge
+                .event(event(
+                    EventType::Normal,
+                    "FilteringSucceed",
+                    decide::success_summary(&p),
+                ))
+                .await;
+            ExtenderFilterResult {
+                node_names: Some(vec![p.node.clone()]),
+                failed_nodes: (!p.failed.is_empty()).then_some(p.failed),
+                ..Default::default()
+            }
+        }
+    }
+}
+
+/// `Nodes` form (not node-cache-capable): devices from the given node objects only, no usage,
+/// no side effects (contract §4.4).
+fn filter_full_nodes<E: ClusterEdge>(
+    app: &App<E>,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    nodes: Vec<(k8s_openapi::api::core::v1::Node, serde_json::Value)>,
+) -> ExtenderFilterResult {
+    let mut state = ClusterState::new();
+    let mut names = Vec::new();
+    let mut raw = BTreeMap::new();
+    for (node, value) in nodes {
+        if let Some(rec) = NodeRecord::from_node(&node, &app.decision.nvidia.resources.count) {
+            names.push(rec.name.clone());
+            raw.insert(rec.name.clone(), value.clone());
+            state.upsert_node(rec);
+        }
+    }
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    match decide::filter_pod(&mut state, &app.decision, pod, &uid, &names) {
+        Verdict::NotGpu => ExtenderFilterResult {
+            nodes: Some(NodeListOut {
+                metadata: BTreeMap::new(),
+                items: raw.into_values().collect(),
+            }),
+            ..Default::default()
+        },
+        Verdict::Invalid(e) => ExtenderFilterResult::error(e),
+        Verdict::NoFit { failed } => ExtenderFilterResult {
+            failed_nodes: Some(failed),
+            ..Default::default()
+        },
+        Verdict::Placed(p) => ExtenderFilterResult {
+            nodes: Some(NodeListOut {
+                metadata: BTreeMap::new(),
+                items: raw.remove(&p.node).into_iter().collect(),
+            }),
+            failed_nodes: (!p.failed.is_empty()).then_some(p.failed),
+            ..Default::default()
+        },
+    }
+}
+
+fn refusal_code(r: &Refusal) -> &'static str {
+    match r {
+        Refusal::NotLeader => "NotLeader",
+        Refusal::NotSynced => "NotSynced",
+        Refusal::Rejected(_) => "Rejected",
+        Refusal::Stopped => "Stopped",
+    }
+}
+
+async fn bind<E: ClusterEdge>(State(app): State<Arc<App<E>>>, req: axum::extract::Request) -> Response {
+    let started = Instant::now();
+    let (parts, body) = req.into_parts();
+    if let Err(e) = app.auth.check(&parts.headers, cert_of(&parts.extensions)) {
+        app.metrics.decision("bind", "Unauthenticated");
+        return json(
+            StatusCode::UNAUTHORIZED,
+            ExtenderBindingResult { error: e }.to_json(),
+        );
+    }
+    let body = match read_body(body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let error = match bind_body(&app, &body).await {
+        Ok(()) => String::new(),
+        Err(e) => e,
+    };
+    app.metrics.bind_seconds.observe(started.elapsed().as_secs_f64());
+    json(StatusCode::OK, ExtenderBindingResult { error }.to_json())
+}
+
+async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), String> {
+    let args = ExtenderBindingArgs::decode(body).map_err(|e| {
+        app.metrics.decision("bind", "BadRequest");
+        e.to_string()
+    })?;
+    let key = format!("{}/{}", args.pod_namespace, args.pod_name);
+    let live = match app.edge.get_pod(&args.pod_namespace, &args.pod_name).await {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            app.metrics.decision("bind", "PodNotFound");
+            return Err(format!("pod {key} not found"));
+        }
+        Err(e) => {
+            app.metrics.decision("bind", "ApiError");
+            return Err(format!("reading pod {key}: {e}"));
+        }
+    };
+    if live.metadata.uid.as_deref() != Some(args.pod_uid.as_str()) {
+        app.metrics.decision("bind", "UidMismatch");
+        return Err(format!(
+            "pod {key} has UID {}, not {}: it was recreated",
+            live.metadata.uid.as_deref().unwrap_or(""),
+            args.pod_uid
+        ));
+    }
+    let event = |kind, reason: &str, message: String| PodEvent {
+        namespace: args.pod_namespace.clone(),
+        name: args.pod_name.clone(),
+        uid: args.pod_uid.clone(),
+        kind,
+        reason: reason.to_owned(),
+        message,
+    };
+    let plan = match app.engine.bind_begin(live, args.node.clone()).await {
+        Ok(p) => p,
+        Err(r) => {
+            app.metrics.decision("bind", refusal_code(&r));
+            app.edge
+                .event(event(EventType::Warning, "BindingFailed", r.to_string()))
+                .await;
+            return Err(r.to_string());
+        }
+    };
+    if plan.gpu {
+        let mut allocating = MetadataPatch::default();
+        allocating.annotations.insert(
+            ann::BIND_PHASE.to_owned(),
+            ann::BIND_PHASE_ALLOCATING.to_owned(),
+        );
+        allocating
+            .annotations
+            .insert(ann::BIND_TIME.to_owned(), unix_now().to_string());
+        if let Err(e) = app
+            .edge
+            .patch_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, allocating)
+            .await
+        {
+            return bind_failed(app, &args, plan.gpu, format!("setting bind-phase on pod {key}: {e}")).await;
+        }
+    }
+    if let Err(e) = app
+        .edge
+        .bind_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, &args.node)
+        .await
+    {
+        return bind_failed(app, &args, plan.gpu, format!("binding pod {key} to node {}: {e}", args.node)).await;
+    }
+    if plan.gpu {
+        app.engine
+            .send(Command::BindDone {
+                uid: args.pod_uid.clone(),
+                ok: true,
+            })
+            .await;
+    }
+    app.metrics.decision("bind", "success");
+    app.edge
+        .event(event(
+            EventType::Normal,
+            "BindingSucceed",
+            format!("Successfully binding node [{}] to {key}", args.node),
+        ))
+        .await;
+    Ok(())
+}
+
+/// A failed bind leaves nothing behind: the pod is marked `failed` (so it books nothing while
+/// unbound) and its reservation is released at once.
+async fn bind_failed<E: ClusterEdge>(
+    app: &App<E>,
+    args: &ExtenderBindingArgs,
+    gpu: bool,
+    msg: String,
+) -> Result<(), String> {
+    if gpu {
+        let mut failed = MetadataPatch::default();
+        failed
+            .annotations
+            .insert(ann::BIND_PHASE.to_owned(), ann::BIND_PHASE_FAILED.to_owned());
+        if let Err(e) = app
+            .edge
+            .patch_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, failed)
+            .await
+        {
+            tracing::warn!(pod = %args.pod_name, error = %e, "could not mark the failed bind on the pod");
+        }
+        app.engine
+            .send(Command::BindDone {
+                uid: args.pod_uid.clone(),
+                ok: false,
+            })
+            .await;
+    }
+    app.metrics.decision("bind", "ApiError");
+    app.edge
+        .event(PodEvent {
+            namespace: args.pod_namespace.clone(),
+            name: args.pod_name.clone(),
+            uid: args.pod_uid.clone(),
+            kind: EventType::Warning,
+            reason: "BindingFailed".to_owned(),
+            message: msg.clone(),
+        })
+        .await;
+    Err(msg)
+}
+
+async fn webhook_handler<E: ClusterEdge>(
+    State(app): State<Arc<App<E>>>,
+    body: Body,
+) -> Response {
+    let body = match read_body(body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let answer = webhook::handle(&body, &app.webhook);
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
+    json(status, answer.body.to_string())
+}

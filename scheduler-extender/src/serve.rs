@@ -1,0 +1,200 @@
+//! `tessera-scheduler serve`: wiring of the decision loop, the informers, leader election and the
+//! HTTP(S) servers.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::Context;
+use tessera_scheduler::decide::DecisionConfig;
+use tessera_scheduler::engine::{Command, Engine, EngineHandle};
+use tessera_scheduler::http::{App, Auth, metrics_router, router};
+use tessera_scheduler::kube_edge::{KubeEdge, LeaseConfig, run_leader_election, run_requeue, run_sync};
+use tessera_scheduler::metrics::Metrics;
+use tessera_scheduler::tls::{self, TlsFiles};
+use tessera_scheduler::webhook::WebhookConfig;
+
+use crate::PolicyArgs;
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Extender + webhook listener (HAMi `--http_bind`).
+    #[arg(long, alias = "http_bind", env = "TESSERA_HTTP_BIND", default_value = "127.0.0.1:8080")]
+    pub http_bind: SocketAddr,
+    /// Server certificate (PEM); with --key-file enables HTTPS. Reloaded when it changes.
+    #[arg(long, alias = "cert_file", env = "TESSERA_CERT_FILE", requires = "key_file")]
+    pub cert_file: Option<PathBuf>,
+    #[arg(long, alias = "key_file", env = "TESSERA_KEY_FILE", requires = "cert_file")]
+    pub key_file: Option<PathBuf>,
+    /// CA bundle for client certificates: a verified client certificate may call /filter and /bind.
+    #[arg(long, env = "TESSERA_CLIENT_CA_FILE", requires = "cert_file")]
+    pub client_ca_file: Option<PathBuf>,
+    /// File holding the bearer token /filter and /bind callers must send. Reloaded when it changes.
+    #[arg(long, env = "TESSERA_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Metrics listener (`/metrics`).
+    #[arg(long, env = "TESSERA_METRICS_BIND_ADDRESS", default_value = "0.0.0.0:9395")]
+    pub metrics_bind_address: SocketAddr,
+    /// The scheduler profile name the webhook writes into `spec.schedulerName`.
+    #[arg(long, env = "TESSERA_SCHEDULER_NAME", default_value = "hami-scheduler")]
+    pub scheduler_name: String,
+    /// Overwrite `default-scheduler` on GPU pods (HAMi default true).
+    #[arg(long, env = "TESSERA_FORCE_OVERWRITE_DEFAULT_SCHEDULER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub force_overwrite_default_scheduler: bool,
+    /// Users allowed to write scheduler-owned pod annotations (repeat, or comma-separate in the
+    /// env var). Default: the `tessera-scheduler` and `tessera-device-plugin` service accounts of
+    /// the pod's namespace.
+    #[arg(long, env = "TESSERA_WEBHOOK_TRUSTED_USERS", value_delimiter = ',')]
+    pub webhook_trusted_user: Vec<String>,
+    /// Elect a leader with a Lease (disable only for a single replica).
+    #[arg(long, env = "TESSERA_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    #[arg(long, env = "TESSERA_LEADER_ELECT_RESOURCE_NAME", default_value = "tessera-scheduler")]
+    pub leader_elect_resource_name: String,
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    pub leader_elect_resource_namespace: String,
+    /// Identity in the Lease (default: the pod name, else the hostname).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    #[arg(long, env = "TESSERA_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+fn read_token(path: &PathBuf) -> anyhow::Result<String> {
+    let t = std::fs::read_to_string(path).with_context(|| format!("reading token file {}", path.display()))?;
+    let t = t.trim().to_owned();
+    anyhow::ensure!(!t.is_empty(), "token file {} is empty", path.display());
+    Ok(t)
+}
+
+pub fn run(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(serve(args, cfg))
+}
+
+async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let identity = args
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "tessera-scheduler".to_owned());
+    let edge = Arc::new(KubeEdge::new(client.clone(), &args.scheduler_name, Some(identity.clone())));
+
+    let (requeue_tx, requeue_rx) = tokio::sync::mpsc::unbounded_channel();
+    let engine = EngineHandle::spawn(Engine::new(cfg.clone()).with_requeue(requeue_tx));
+    tokio::spawn(run_requeue((*edge).clone(), requeue_rx));
+
+    let (lead_tx, lead_rx) = tokio::sync::watch::channel(None);
+    if args.leader_elect {
+        let lease = LeaseConfig {
+            namespace: args.leader_elect_resource_namespace.clone(),
+            name: args.leader_elect_resource_name.clone(),
+            identity: identity.clone(),
+            lease_duration: Duration::from_secs(args.lease_duration_seconds.max(2)),
+            retry_period: Duration::from_secs((args.lease_duration_seconds / 5).max(1)),
+        };
+        tokio::spawn(run_leader_election(client.clone(), lease, lead_tx));
+    } else {
+        let _ = lead_tx.send(Some(0));
+        // Keep the sender alive: the receiver treats a dropped sender as shutdown.
+        std::mem::forget(lead_tx);
+    }
+    let ready = Arc::new(AtomicBool::new(false));
+    tokio::spawn(run_sync(client.clone(), engine.clone(), lead_rx, ready.clone()));
+    {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                engine.send(Command::Sweep).await;
+            }
+        });
+    }
+
+    let token = match &args.token_file {
+        Some(p) => Some(read_token(p)?),
+        None => None,
+    };
+    let auth = Arc::new(Auth {
+        token: RwLock::new(token),
+        client_ca: args.client_ca_file.is_some(),
+    });
+    if auth.is_open() {
+        tracing::warn!("/filter and /bind accept unauthenticated callers: set --client-ca-file or --token-file (docs/scheduler.md)");
+    }
+    if let Some(path) = args.token_file.clone() {
+        let auth = auth.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                match read_token(&path) {
+                    Ok(t) => {
+                        if let Ok(mut w) = auth.token.write() {
+                            *w = Some(t);
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "keeping the previous token"),
+                }
+            }
+        });
+    }
+
+    let trusted: BTreeSet<String> = if args.webhook_trusted_user.is_empty() {
+        let ns = &args.leader_elect_resource_namespace;
+        [
+            format!("system:serviceaccount:{ns}:tessera-scheduler"),
+            format!("system:serviceaccount:{ns}:tessera-device-plugin"),
+        ]
+        .into_iter()
+        .collect()
+    } else {
+        args.webhook_trusted_user.iter().cloned().collect()
+    };
+    let app = Arc::new(App {
+        engine,
+        edge,
+        auth,
+        webhook: WebhookConfig {
+            nvidia: cfg.nvidia.clone(),
+            scheduler_name: args.scheduler_name.clone(),
+            force_overwrite_default_scheduler: args.force_overwrite_default_scheduler,
+            trusted_users: trusted,
+        },
+        decision: cfg,
+        metrics: Metrics::default(),
+        ready,
+    });
+
+    let tls_cfg = match (&args.cert_file, &args.key_file) {
+        (Some(cert), Some(key)) => {
+            let files = TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.client_ca_file.clone(),
+            };
+            let current = Arc::new(RwLock::new(tls::load(&files)?));
+            tokio::spawn(tls::watch_reload(files, current.clone(), Duration::from_secs(10)));
+            Some(current)
+        }
+        _ => None,
+    };
+    let metrics = tokio::spawn(tls::serve(args.metrics_bind_address, metrics_router(app.clone()), None));
+    let main = tokio::spawn(tls::serve(args.http_bind, router(app), tls_cfg));
+    tokio::select! {
+        r = main => r.context("extender server task")?.context("extender server")?,
+        r = metrics => r.context("metrics server task")?.context("metrics server")?,
+        _ = tokio::signal::ctrl_c() => tracing::info!("shutting down"),
+    }
+    Ok(())
+}

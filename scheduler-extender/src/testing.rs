@@ -1,0 +1,190 @@
+//! An in-process fake of the cluster edge for tests and benchmarks: pods live in a map, patches
+//! merge into them, bindings set `spec.nodeName`, and every change can be fed back to a decision
+//! loop as an informer would (optionally late).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::json;
+
+use crate::edge::{ClusterEdge, EdgeError, MetadataPatch, PodEvent};
+use crate::engine::{Command, EngineHandle, Observation};
+
+/// The fake API server.
+#[derive(Debug, Default)]
+pub struct FakeEdge {
+    pods: Mutex<HashMap<(String, String), Pod>>,
+    events: Mutex<Vec<PodEvent>>,
+    informer: Mutex<Vec<EngineHandle>>,
+    /// Fail the next N Binding calls.
+    pub fail_binds: std::sync::atomic::AtomicUsize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl FakeEdge {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sends every later pod change to `engine` as an informer event.
+    pub fn watch(&self, engine: EngineHandle) {
+        lock(&self.informer).push(engine);
+    }
+
+    pub fn stop_watching(&self) {
+        lock(&self.informer).clear();
+    }
+
+    pub fn add_pod(&self, pod: Pod) {
+        let key = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        lock(&self.pods).insert(key, pod);
+    }
+
+    pub fn pods(&self) -> Vec<Pod> {
+        lock(&self.pods).values().cloned().collect()
+    }
+
+    pub fn events(&self) -> Vec<PodEvent> {
+        lock(&self.events).clone()
+    }
+
+    async fn publish(&self, pod: Pod) {
+        let engines: Vec<EngineHandle> = lock(&self.informer).clone();
+        for e in engines {
+            e.send(Command::Observe(Observation::PodUpsert(Box::new(pod.clone()))))
+                .await;
+        }
+    }
+
+    /// The device plugin's answer: sets `hami.io/bind-phase` and publishes.
+    pub async fn set_bind_phase(&self, namespace: &str, name: &str, phase: &str) {
+        let mut patch = MetadataPatch::default();
+        patch.annotations.insert(
+            hami_contract::annotations::BIND_PHASE.to_owned(),
+            phase.to_owned(),
+        );
+        let _ = self.patch_pod(namespace, name, "", patch).await;
+    }
+}
+
+impl ClusterEdge for FakeEdge {
+    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, EdgeError> {
+        Ok(lock(&self.pods)
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned())
+    }
+
+    async fn patch_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        patch: MetadataPatch,
+    ) -> Result<(), EdgeError> {
+        let updated = {
+            let mut pods = lock(&self.pods);
+            let Some(pod) = pods.get_mut(&(namespace.to_owned(), name.to_owned())) else {
+                return Err(EdgeError::not_found(format!("pods \"{name}\" not found")));
+            };
+            if !uid.is_empty() && pod.metadata.uid.as_deref() != Some(uid) {
+                return Err(EdgeError::new("precondition failed: UID mismatch"));
+            }
+            pod.metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .extend(patch.annotations);
+            if !patch.labels.is_empty() {
+                pod.metadata
+                    .labels
+                    .get_or_insert_with(BTreeMap::new)
+                    .extend(patch.labels);
+            }
+            pod.clone()
+        };
+        self.publish(updated).await;
+        Ok(())
+    }
+
+    async fn bind_pod(&self, namespace: &str, name: &str, uid: &str, node: &str) -> Result<(), EdgeError> {
+        if self
+            .fail_binds
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_ok()
+        {
+            return Err(EdgeError::new("injected Binding failure"));
+        }
+        let updated = {
+            let mut pods = lock(&self.pods);
+            let Some(pod) = pods.get_mut(&(namespace.to_owned(), name.to_owned())) else {
+                return Err(EdgeError::not_found(format!("pods \"{name}\" not found")));
+            };
+            if pod.metadata.uid.as_deref() != Some(uid) {
+                return Err(EdgeError::new("precondition failed: UID mismatch"));
+            }
+            let spec = pod.spec.get_or_insert_with(Default::default);
+            if spec.node_name.is_some() {
+                return Err(EdgeError::new(format!("pod {name} is already assigned")));
+            }
+            spec.node_name = Some(node.to_owned());
+            pod.clone()
+        };
+        self.publish(updated).await;
+        Ok(())
+    }
+
+    async fn event(&self, event: PodEvent) {
+        lock(&self.events).push(event);
+    }
+}
+
+/// A node registering `gpus` cards of `mem` MiB, `count` replicas each.
+pub fn gpu_node(name: &str, gpus: u32, mem: u32, count: u32) -> Node {
+    let devices: Vec<serde_json::Value> = (0..gpus)
+        .map(|i| {
+            json!({"id": format!("GPU-{name}-{i}"), "index": i, "count": count, "devmem": mem,
+                   "devcore": 100, "type": "NVIDIA-Tesla T4", "mode": "hami-core", "health": true})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "annotations": {
+            "hami.io/node-nvidia-register": serde_json::to_string(&devices).unwrap_or_default()}},
+    }))
+    .unwrap_or_default()
+}
+
+/// A pending pod asking one container for `nums` GPUs of `mem` MiB and `cores` percent.
+pub fn gpu_pod(namespace: &str, name: &str, nums: u32, mem: u32, cores: u32) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{namespace}-{name}")},
+        "spec": {"containers": [{"name": "main", "image": "app", "resources": {"limits": {
+            "nvidia.com/gpu": nums.to_string(), "nvidia.com/gpumem": mem.to_string(),
+            "nvidia.com/gpucores": cores.to_string()}}}]},
+    }))
+    .unwrap_or_default()
+}
+
+/// A pod already running on `node` with the given allocation annotation.
+pub fn running_pod(namespace: &str, name: &str, node: &str, allocated: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{namespace}-{name}"),
+            "annotations": {"hami.io/vgpu-node": node, "hami.io/vgpu-devices-allocated": allocated,
+                            "hami.io/bind-phase": "success"}},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "app"}]},
+        "status": {"phase": "Running"},
+    }))
+    .unwrap_or_default()
+}

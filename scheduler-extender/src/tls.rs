@@ -1,0 +1,199 @@
+//! TLS with rustls: server certificate (reloaded when its files change), optional client CA for
+//! mTLS callers, and the accept loop that tells handlers whether the peer presented a verified
+//! client certificate.
+
+use std::io::BufReader;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use rustls::ServerConfig;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::http::VerifiedClientCert;
+
+/// Why TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: no PEM {what} found")]
+    Empty { path: PathBuf, what: &'static str },
+    #[error("TLS configuration: {0}")]
+    Rustls(String),
+}
+
+/// Where the PEM files are.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let data = read(path)?;
+    let certs: Vec<_> = rustls_pemfile::certs(&mut BufReader::new(data.as_slice()))
+        .collect::<Result<_, _>>()
+        .map_err(|source| TlsError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Empty {
+            path: path.to_owned(),
+            what: "certificate",
+        });
+    }
+    Ok(certs)
+}
+
+fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let data = read(path)?;
+    rustls_pemfile::private_key(&mut BufReader::new(data.as_slice()))
+        .map_err(|source| TlsError::Read {
+            path: path.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| TlsError::Empty {
+            path: path.to_owned(),
+            what: "private key",
+        })
+}
+
+/// Builds the server configuration from the files.
+pub fn load(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Rustls(e.to_string()))?;
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in certs(ca)? {
+                roots
+                    .add(c)
+                    .map_err(|e| TlsError::Rustls(format!("{}: {e}", ca.display())))?;
+            }
+            // The webhook's caller (kube-apiserver) may not present a client certificate, so
+            // the handshake allows anonymous peers; /filter and /bind then demand a verified one.
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| TlsError::Rustls(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut cfg = builder
+        .with_single_cert(certs(&files.cert)?, key(&files.key)?)
+        .map_err(|e| TlsError::Rustls(e.to_string()))?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+fn mtimes(paths: &[&Path]) -> Vec<Option<SystemTime>> {
+    paths
+        .iter()
+        .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .collect()
+}
+
+/// Reloads the configuration whenever a file's modification time changes (Secret volume
+/// updates swap the files); a broken new pair keeps the old configuration.
+pub async fn watch_reload(files: TlsFiles, current: Arc<RwLock<Arc<ServerConfig>>>, every: Duration) {
+    let paths: Vec<PathBuf> = [Some(files.cert.clone()), Some(files.key.clone()), files.client_ca.clone()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+    let mut seen = mtimes(&refs);
+    loop {
+        tokio::time::sleep(every).await;
+        let now = mtimes(&refs);
+        if now == seen {
+            continue;
+        }
+        match load(&files) {
+            Ok(cfg) => {
+                if let Ok(mut w) = current.write() {
+                    *w = cfg;
+                }
+                seen = now;
+                tracing::info!("reloaded TLS certificate");
+            }
+            Err(e) => tracing::warn!(error = %e, "new TLS files are not usable yet; keeping the old certificate"),
+        }
+    }
+}
+
+/// Serves `router` on `addr`, over TLS when `tls` is set.
+pub async fn serve(
+    addr: SocketAddr,
+    router: Router,
+    tls: Option<Arc<RwLock<Arc<ServerConfig>>>>,
+) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(%addr, tls = tls.is_some(), "listening");
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                continue;
+            }
+        };
+        let router = router.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            match tls {
+                None => {
+                    let svc = TowerToHyperService::new(router.layer(axum::Extension(VerifiedClientCert(false))));
+                    let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                }
+                Some(cfg) => {
+                    let cfg = match cfg.read() {
+                        Ok(c) => c.clone(),
+                        Err(_) => return,
+                    };
+                    let tls_stream = match TlsAcceptor::from(cfg).accept(stream).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                            return;
+                        }
+                    };
+                    // With a client CA configured, rustls only completes the handshake with a
+                    // certificate it verified (or none at all).
+                    let verified = tls_stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .is_some_and(|c| !c.is_empty());
+                    let svc = TowerToHyperService::new(router.layer(axum::Extension(VerifiedClientCert(verified))));
+                    let _ = builder.serve_connection(TokioIo::new(tls_stream), svc).await;
+                }
+            }
+        });
+    }
+}

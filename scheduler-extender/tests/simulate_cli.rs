@@ -1,0 +1,61 @@
+//! Runs the binary on the shipped example, as the README's first command does.
+
+use serde_json::Value;
+
+fn run(args: &[&str]) -> (bool, Vec<Value>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
+        .args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("run tessera-scheduler");
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    (out.status.success(), lines, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn by_pod<'a>(lines: &'a [Value], pod: &str) -> &'a Value {
+    lines.iter().find(|l| l["pod"] == pod).unwrap_or_else(|| panic!("no line for {pod}"))
+}
+
+#[test]
+fn the_example_places_pods_in_order_and_explains_the_rest() {
+    let (ok, lines, err) = run(&["simulate", "-f", "examples/simulate/cluster.yaml"]);
+    assert!(ok, "{err}");
+    assert_eq!(lines.len(), 7);
+    let notebook = by_pod(&lines, "default/notebook");
+    assert_eq!(notebook["node"], "t4-node", "binpack: the fullest node that fits");
+    assert_eq!(notebook["devices"], "GPU-t4-1,NVIDIA,4000,20:;");
+    assert_eq!(notebook["reasons"]["l4-node"], "1/2 CardCordoned, 1/2 CardNotHealth");
+    let halves = by_pod(&lines, "default/two-halves");
+    assert_eq!(halves["node"], "a100-node");
+    assert_eq!(halves["devices"], "GPU-a100-3,NVIDIA,20480,0:GPU-a100-2,NVIDIA,20480,0:;");
+    assert_eq!(by_pod(&lines, "default/t4-only")["reasons"]["a100-node"], "4/4 CardTypeMismatch");
+    assert_eq!(by_pod(&lines, "team-a/batch-1")["node"], "a100-node");
+    let over = by_pod(&lines, "team-a/batch-2");
+    assert_eq!(over["node"], Value::Null);
+    assert_eq!(over["reasons"]["a100-node"], "4/4 ResourceQuotaNotFit");
+    let init = by_pod(&lines, "default/with-init");
+    assert_eq!(init["devices"], "GPU-a100-1,NVIDIA,2000,0:;;GPU-a100-1,NVIDIA,12000,30:;");
+    let big = by_pod(&lines, "default/too-big");
+    assert_eq!(big["node"], Value::Null);
+    assert_eq!(big["reasons"]["t4-node"], "2/2 CardInsufficientMemory");
+}
+
+#[test]
+fn node_policy_flag_changes_the_choice() {
+    let (ok, lines, err) = run(&["simulate", "-f", "examples/simulate/cluster.yaml", "--node-scheduler-policy", "spread"]);
+    assert!(ok, "{err}");
+    assert_eq!(by_pod(&lines, "default/notebook")["node"], "a100-node");
+}
+
+#[test]
+fn a_bad_file_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, "kind: Pod\nmetadata: {namespace: x}\n").unwrap();
+    let (ok, _, err) = run(&["simulate", "-f", path.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("metadata.name is required"), "{err}");
+}
