@@ -554,6 +554,90 @@ fn to_proto(r: ContainerResponse) -> dp::ContainerAllocateResponse {
 mod tests {
     use super::*;
 
+    /// An apiserver that never answers and a cache that knows nothing.
+    struct Hanging;
+
+    impl PodSource for Hanging {
+        fn cached(&self) -> Vec<PodSnapshot> {
+            Vec::new()
+        }
+        fn fresh(&self) -> BoxFuture<'_, Result<Vec<PodSnapshot>, EdgeError>> {
+            Box::pin(futures::future::pending())
+        }
+        fn hami_lock(&self) -> Option<String> {
+            None
+        }
+    }
+
+    impl PodResourcesSource for Hanging {
+        fn list(&self) -> BoxFuture<'_, Result<Option<PodResourcesView>, EdgeError>> {
+            Box::pin(futures::future::pending())
+        }
+    }
+
+    impl PodPatcher for Hanging {
+        fn patch_pod_annotations(
+            &self,
+            _: &str,
+            _: &str,
+            _: BTreeMap<String, String>,
+        ) -> BoxFuture<'_, Result<(), EdgeError>> {
+            Box::pin(futures::future::pending())
+        }
+        fn release_hami_lock(&self, _: &str, _: &str) -> BoxFuture<'_, Result<(), EdgeError>> {
+            Box::pin(futures::future::pending())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn allocate_fails_within_its_budget_when_everything_hangs() {
+        let allocator = Allocator::new(
+            "node-a".into(),
+            ResponseSettings {
+                hook_path: "/nonexistent".into(),
+                memory_scaling: 1.0,
+                lib_cuda_log_level: String::new(),
+                disable_core_limit: false,
+                shim_host_path: String::new(),
+                license_present: false,
+            },
+            Arc::default(),
+            Arc::new(Hanging),
+            Arc::new(Hanging),
+            Arc::new(Hanging),
+        );
+        let started = tokio::time::Instant::now();
+        let req = dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: vec!["GPU-a-0".into()],
+            }],
+        };
+        let err = allocator
+            .allocate(req)
+            .await
+            .expect_err("nothing can be known");
+        assert!(
+            started.elapsed() <= Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            err.to_string().contains("no pod bound") || err.to_string().contains("did not finish"),
+            "{err}"
+        );
+        // GetPreferredAllocation answers neutrally within the budget too.
+        let pref = allocator
+            .preferred(dp::PreferredAllocationRequest {
+                container_requests: vec![dp::ContainerPreferredAllocationRequest {
+                    available_device_i_ds: vec!["GPU-a-0".into(), "GPU-a-1".into()],
+                    must_include_device_i_ds: Vec::new(),
+                    allocation_size: 1,
+                }],
+            })
+            .await;
+        assert_eq!(pref.container_responses[0].device_i_ds.len(), 1);
+    }
+
     #[test]
     fn empty_entries_keeps_structure_and_other_vendors() {
         let v = "GPU-a,NVIDIA,1000,10:;GPU-b,NVIDIA,2000,20:OTHER-x,OTHER,5,5:;";

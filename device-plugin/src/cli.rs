@@ -66,6 +66,9 @@ pub struct Cli {
     /// NVIDIA's DP_DISABLE_HEALTHCHECKS: `all`, `xids`, or extra XIDs to ignore (comma list).
     #[arg(long, env = "DP_DISABLE_HEALTHCHECKS", default_value = "")]
     pub disable_healthchecks: String,
+    /// Also export HAMi's pre-v2.9 metric names (HostGPUMemoryUsage, vGPU_device_memory_usage_in_bytes, …).
+    #[arg(long, env = "LEGACY_METRIC_NAMES")]
+    pub legacy_metric_names: bool,
     /// Discover GPUs, print the register annotation value and exit (no kubelet, no apiserver).
     #[arg(long)]
     pub print_register: bool,

@@ -101,7 +101,7 @@ async fn main() -> anyhow::Result<()> {
         "GPUs discovered"
     );
 
-    let metrics = PluginMetrics::new();
+    let metrics = PluginMetrics::with_legacy_names(cli.legacy_metric_names);
     let tracker = HealthTracker::new(policy, managed.iter().map(|g| g.uuid.clone()));
     let state = DeviceState::new(
         managed.clone(),
@@ -220,12 +220,17 @@ async fn main() -> anyhow::Result<()> {
     {
         let metrics = metrics.clone();
         let pods = pod_source_for_monitor.clone();
-        let dir = std::path::PathBuf::from(format!("{}/vgpu/containers", cli.hook_path.trim_end_matches('/')));
+        let dir = std::path::PathBuf::from(format!(
+            "{}/vgpu/containers",
+            cli.hook_path.trim_end_matches('/')
+        ));
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
             loop {
                 let dir = dir.clone();
-                let scanned = tokio::task::spawn_blocking(move || tessera_device_plugin::monitor::scan(&dir)).await;
+                let scanned =
+                    tokio::task::spawn_blocking(move || tessera_device_plugin::monitor::scan(&dir))
+                        .await;
                 if let Ok((samples, skipped)) = scanned {
                     for s in &skipped {
                         tracing::warn!(path = %s.path, reason = %s.reason, "region file skipped");

@@ -29,6 +29,16 @@ pub struct PluginMetrics {
     vgpu_context: Family<Labels, Gauge<f64, AtomicU64>>,
     vgpu_module: Family<Labels, Gauge<f64, AtomicU64>>,
     vgpu_buffer: Family<Labels, Gauge<f64, AtomicU64>>,
+    legacy: Option<Legacy>,
+}
+
+/// HAMi's pre-v2.9 metric names and labels (contract §8.2), exported only on request.
+#[derive(Clone)]
+struct Legacy {
+    host_memory: Family<Labels, Gauge<f64, AtomicU64>>,
+    host_core: Family<Labels, Gauge<f64, AtomicU64>>,
+    vgpu_used: Family<Labels, Gauge<f64, AtomicU64>>,
+    vgpu_limit: Family<Labels, Gauge<f64, AtomicU64>>,
 }
 
 impl std::fmt::Debug for PluginMetrics {
@@ -45,6 +55,11 @@ impl Default for PluginMetrics {
 
 impl PluginMetrics {
     pub fn new() -> Self {
+        Self::with_legacy_names(false)
+    }
+
+    /// `legacy`: also export HAMi's pre-v2.9 names (`HostGPUMemoryUsage`, …).
+    pub fn with_legacy_names(legacy: bool) -> Self {
         let mut registry = Registry::default();
         let allocate_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
         registry.register(
@@ -99,11 +114,41 @@ impl PluginMetrics {
             registry.register(name, help, f.clone());
             f
         };
-        let vgpu_used = vgpu("hami_vgpu_memory_used_bytes", "Device memory used by a container (shim accounting)");
-        let vgpu_limit = vgpu("hami_vgpu_memory_limit_bytes", "Device memory limit of a container");
-        let vgpu_context = vgpu("hami_vgpu_memory_context_bytes", "CUDA context memory of a container");
-        let vgpu_module = vgpu("hami_vgpu_memory_module_bytes", "CUDA module memory of a container");
-        let vgpu_buffer = vgpu("hami_vgpu_memory_buffer_bytes", "Buffer (data) memory of a container");
+        let vgpu_used = vgpu(
+            "hami_vgpu_memory_used_bytes",
+            "Device memory used by a container (shim accounting)",
+        );
+        let vgpu_limit = vgpu(
+            "hami_vgpu_memory_limit_bytes",
+            "Device memory limit of a container",
+        );
+        let vgpu_context = vgpu(
+            "hami_vgpu_memory_context_bytes",
+            "CUDA context memory of a container",
+        );
+        let vgpu_module = vgpu(
+            "hami_vgpu_memory_module_bytes",
+            "CUDA module memory of a container",
+        );
+        let vgpu_buffer = vgpu(
+            "hami_vgpu_memory_buffer_bytes",
+            "Buffer (data) memory of a container",
+        );
+        let legacy = legacy.then(|| Legacy {
+            host_memory: vgpu(
+                "HostGPUMemoryUsage",
+                "GPU device memory usage (legacy name)",
+            ),
+            host_core: vgpu("HostCoreUtilization", "GPU core utilization (legacy name)"),
+            vgpu_used: vgpu(
+                "vGPU_device_memory_usage_in_bytes",
+                "vGPU device usage (legacy name)",
+            ),
+            vgpu_limit: vgpu(
+                "vGPU_device_memory_limit_in_bytes",
+                "vGPU device limit (legacy name)",
+            ),
+        });
         PluginMetrics {
             registry: Arc::new(registry),
             vgpu_used,
@@ -111,6 +156,7 @@ impl PluginMetrics {
             vgpu_context,
             vgpu_module,
             vgpu_buffer,
+            legacy,
             allocate_seconds,
             allocations,
             identity,
@@ -173,13 +219,37 @@ impl PluginMetrics {
         self.host_utilization
             .get_or_create(&labels)
             .set(utilization);
+        if let Some(l) = &self.legacy {
+            let labels = vec![
+                ("nodeid".into(), node.into()),
+                ("deviceidx".into(), index.to_string()),
+                ("deviceuuid".into(), uuid.into()),
+                ("devicetype".into(), device_type.into()),
+            ];
+            l.host_memory.get_or_create(&labels).set(used_bytes);
+            l.host_core.get_or_create(&labels).set(utilization);
+        }
     }
 
     /// Replaces all per-container series with `samples` (containers that went away disappear).
     /// Samples of pods not in `names` are labelled with the pod UID as name and an empty namespace.
-    pub fn set_vgpu(&self, samples: &[crate::monitor::VgpuSample], names: &crate::monitor::PodNames) {
-        for f in [&self.vgpu_used, &self.vgpu_limit, &self.vgpu_context, &self.vgpu_module, &self.vgpu_buffer] {
+    pub fn set_vgpu(
+        &self,
+        samples: &[crate::monitor::VgpuSample],
+        names: &crate::monitor::PodNames,
+    ) {
+        for f in [
+            &self.vgpu_used,
+            &self.vgpu_limit,
+            &self.vgpu_context,
+            &self.vgpu_module,
+            &self.vgpu_buffer,
+        ] {
             f.clear();
+        }
+        if let Some(l) = &self.legacy {
+            l.vgpu_used.clear();
+            l.vgpu_limit.clear();
         }
         for s in samples {
             let (ns, pod) = names
@@ -193,11 +263,42 @@ impl PluginMetrics {
                 ("vdevice_index".into(), s.vdevice_index.to_string()),
                 ("device_uuid".into(), s.device_uuid.clone()),
             ];
-            self.vgpu_used.get_or_create(&labels).set(s.memory_used_bytes as f64);
-            self.vgpu_limit.get_or_create(&labels).set(s.memory_limit_bytes as f64);
-            self.vgpu_context.get_or_create(&labels).set(s.context_bytes as f64);
-            self.vgpu_module.get_or_create(&labels).set(s.module_bytes as f64);
-            self.vgpu_buffer.get_or_create(&labels).set(s.buffer_bytes as f64);
+            self.vgpu_used
+                .get_or_create(&labels)
+                .set(s.memory_used_bytes as f64);
+            self.vgpu_limit
+                .get_or_create(&labels)
+                .set(s.memory_limit_bytes as f64);
+            self.vgpu_context
+                .get_or_create(&labels)
+                .set(s.context_bytes as f64);
+            self.vgpu_module
+                .get_or_create(&labels)
+                .set(s.module_bytes as f64);
+            self.vgpu_buffer
+                .get_or_create(&labels)
+                .set(s.buffer_bytes as f64);
+            if let Some(l) = &self.legacy {
+                // HAMi's legacy label names, same order.
+                let legacy_names = [
+                    "podnamespace",
+                    "podname",
+                    "ctrname",
+                    "vdeviceid",
+                    "deviceuuid",
+                ];
+                let legacy_labels: Labels = legacy_names
+                    .iter()
+                    .zip(labels.iter())
+                    .map(|(k, (_, v))| ((*k).to_owned(), v.clone()))
+                    .collect();
+                l.vgpu_used
+                    .get_or_create(&legacy_labels)
+                    .set(s.memory_used_bytes as f64);
+                l.vgpu_limit
+                    .get_or_create(&legacy_labels)
+                    .set(s.memory_limit_bytes as f64);
+            }
         }
     }
 
@@ -242,6 +343,15 @@ mod tests {
         ), "{text}");
         m.set_vgpu(&[], &names);
         assert!(!m.encode().contains("pod=\"web\""), "stale series removed");
+        assert!(
+            !text.contains("HostGPUMemoryUsage"),
+            "legacy names only on request"
+        );
+        let legacy = PluginMetrics::with_legacy_names(true);
+        legacy.host_gpu("node-a", 0, "GPU-a", "NVIDIA-Tesla T4", 1.0, 2.0);
+        assert!(legacy.encode().contains(
+            "HostCoreUtilization{nodeid=\"node-a\",deviceidx=\"0\",deviceuuid=\"GPU-a\",devicetype=\"NVIDIA-Tesla T4\"} 2.0"
+        ));
         assert!(text.contains("tessera_device_plugin_allocations_total{result=\"success\"} 1"));
         assert!(text.contains("tessera_device_plugin_gpu_healthy{device_uuid=\"GPU-a\"} 0"));
         assert!(text.contains(

@@ -34,10 +34,15 @@ pub fn parse_container_dir(name: &str) -> Option<(&str, &str)> {
 
 /// Samples of one region (pure).
 pub fn samples(pod_uid: &str, container: &str, region: &RegionSnapshot) -> Vec<VgpuSample> {
-    let devices = usize::try_from(region.device_num).unwrap_or(MAX_DEVICES).min(MAX_DEVICES);
+    let devices = usize::try_from(region.device_num)
+        .unwrap_or(MAX_DEVICES)
+        .min(MAX_DEVICES);
     (0..devices)
         .map(|d| {
-            let live = region.procs.iter().filter(|p| p.status != vgpu_region::status::EXITED);
+            let live = region
+                .procs
+                .iter()
+                .filter(|p| p.status != vgpu_region::status::EXITED);
             let (mut ctx, mut module, mut buffer) = (0u64, 0u64, 0u64);
             for p in live {
                 ctx = ctx.saturating_add(p.used[d].context_size);
@@ -93,7 +98,10 @@ pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
             };
             match file.metadata() {
                 Ok(m) if m.len() > MAX_REGION_FILE => {
-                    skipped.push(skip(format!("{} bytes is too large for a region file", m.len())));
+                    skipped.push(skip(format!(
+                        "{} bytes is too large for a region file",
+                        m.len()
+                    )));
                     continue;
                 }
                 Err(e) => {
@@ -123,7 +131,10 @@ mod tests {
 
     #[test]
     fn dir_names() {
-        assert_eq!(parse_container_dir("0f1e-aa_main"), Some(("0f1e-aa", "main")));
+        assert_eq!(
+            parse_container_dir("0f1e-aa_main"),
+            Some(("0f1e-aa", "main"))
+        );
         assert_eq!(parse_container_dir("nounderscore"), None);
         assert_eq!(parse_container_dir("_x"), None);
     }
@@ -136,7 +147,11 @@ mod tests {
     fn valid_region_yields_usage_and_limits() {
         use vgpu_region::{offset, slot};
         let mut b = vec![0u8; vgpu_region::FILE_SIZE];
-        put(&mut b, offset::INITIALIZED_FLAG, &vgpu_region::MAGIC.to_ne_bytes());
+        put(
+            &mut b,
+            offset::INITIALIZED_FLAG,
+            &vgpu_region::MAGIC.to_ne_bytes(),
+        );
         put(&mut b, offset::MAJOR_VERSION, &1u32.to_ne_bytes());
         put(&mut b, offset::MINOR_VERSION, &2u32.to_ne_bytes());
         put(&mut b, offset::DEVICE_NUM, &1u64.to_ne_bytes());
@@ -148,8 +163,16 @@ mod tests {
             let base = offset::PROCS + i * slot::SIZE;
             put(&mut b, base + slot::PID, &(10 + i as i32).to_ne_bytes());
             put(&mut b, base + slot::STATUS, &status.to_ne_bytes());
-            put(&mut b, base + slot::USED + slot::MEM_TOTAL, &total.to_ne_bytes());
-            put(&mut b, base + slot::USED + slot::MEM_CONTEXT_SIZE, &(2u64 << 20).to_ne_bytes());
+            put(
+                &mut b,
+                base + slot::USED + slot::MEM_TOTAL,
+                &total.to_ne_bytes(),
+            );
+            put(
+                &mut b,
+                base + slot::USED + slot::MEM_CONTEXT_SIZE,
+                &(2u64 << 20).to_ne_bytes(),
+            );
         }
         let dir = tempfile::tempdir().expect("tempdir");
         let c = dir.path().join("uid1_main");
@@ -159,7 +182,14 @@ mod tests {
         assert!(skipped.is_empty(), "{skipped:?}");
         assert_eq!(samples.len(), 1);
         let s = &samples[0];
-        assert_eq!((s.pod_uid.as_str(), s.container.as_str(), s.device_uuid.as_str()), ("uid1", "main", "GPU-aaa"));
+        assert_eq!(
+            (
+                s.pod_uid.as_str(),
+                s.container.as_str(),
+                s.device_uuid.as_str()
+            ),
+            ("uid1", "main", "GPU-aaa")
+        );
         assert_eq!(s.memory_used_bytes, 512 << 20, "exited slots do not count");
         assert_eq!(s.memory_limit_bytes, 3000 << 20);
         assert_eq!(s.context_bytes, 2 << 20);

@@ -138,7 +138,9 @@ fn scripted_xid_and_lost_gpu_turn_unhealthy_and_recover() {
     append(r#"{"device":0,"kind":"xid","xid":79}"#);
     let line = next();
     assert!(line.starts_with(r#"[{"id":"GPU-aaaa","count":5,"devmem":15360,"devcore":100,"type":"NVIDIA-Tesla T4","mode":"hami-core"}"#), "{line}");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    // Generous bound: the machine running the tests may be loaded; the path itself is a
+    // blocking event wait that returns as soon as the fake delivers the event.
+    assert!(started.elapsed() < Duration::from_secs(10));
     // No new error for the quiet period and the GPU answers: healthy again.
     assert_eq!(healthy(&next()), 3, "recovered");
 

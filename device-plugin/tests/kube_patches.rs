@@ -22,14 +22,20 @@ fn client() -> (kube::Client, MockHandle) {
     (kube::Client::new(svc, "default"), handle)
 }
 
-async fn expect_patch(handle: &mut MockHandle, path: &str) -> (Value, mock::SendResponse<Response<Body>>) {
+async fn expect_patch(
+    handle: &mut MockHandle,
+    path: &str,
+) -> (Value, mock::SendResponse<Response<Body>>) {
     let (req, send) = tokio::time::timeout(Duration::from_secs(60), handle.next_request())
         .await
         .expect("a request in time")
         .expect("a request");
     assert_eq!(req.method(), Method::PATCH);
     assert_eq!(req.uri().path(), path);
-    assert_eq!(req.headers()["content-type"], "application/merge-patch+json");
+    assert_eq!(
+        req.headers()["content-type"],
+        "application/merge-patch+json"
+    );
     let body = req.into_body().collect_bytes().await.expect("body");
     (serde_json::from_slice(&body).expect("json body"), send)
 }
@@ -55,7 +61,10 @@ async fn pod_patch_is_a_merge_patch_of_exactly_the_annotations() {
     let patcher = KubePatcher::new(client, "node-a");
     let task = tokio::spawn(async move {
         let mut a = BTreeMap::new();
-        a.insert("hami.io/vgpu-devices-to-allocate".to_owned(), ";".to_owned());
+        a.insert(
+            "hami.io/vgpu-devices-to-allocate".to_owned(),
+            ";".to_owned(),
+        );
         a.insert("hami.io/bind-phase".to_owned(), "success".to_owned());
         patcher.patch_pod_annotations("ns", "web", a).await
     });
@@ -75,17 +84,27 @@ async fn hami_lock_is_released_only_when_it_names_the_pod() {
     let p = patcher.clone();
     let task = tokio::spawn(async move { p.release_hami_lock("ns", "web").await });
     let (req, send) = handle.next_request().await.expect("GET node");
-    assert_eq!((req.method(), req.uri().path()), (&Method::GET, "/api/v1/nodes/node-a"));
-    send.send_response(ok(node(json!({"hami.io/mutex.lock": "2025-06-13T09:07:40+08:00,ns,web"}))));
+    assert_eq!(
+        (req.method(), req.uri().path()),
+        (&Method::GET, "/api/v1/nodes/node-a")
+    );
+    send.send_response(ok(node(
+        json!({"hami.io/mutex.lock": "2025-06-13T09:07:40+08:00,ns,web"}),
+    )));
     let (body, send) = expect_patch(&mut handle, "/api/v1/nodes/node-a").await;
-    assert_eq!(body, json!({"metadata": {"resourceVersion": "77", "annotations": {"hami.io/mutex.lock": null}}}));
+    assert_eq!(
+        body,
+        json!({"metadata": {"resourceVersion": "77", "annotations": {"hami.io/mutex.lock": null}}})
+    );
     send.send_response(ok(node(json!({}))));
     task.await.expect("no panic").expect("released");
 
     // Another pod's lock: GET only, no PATCH.
     let task = tokio::spawn(async move { patcher.release_hami_lock("ns", "web").await });
     let (_, send) = handle.next_request().await.expect("GET node");
-    send.send_response(ok(node(json!({"hami.io/mutex.lock": "2025-06-13T09:07:40+08:00,ns,other"}))));
+    send.send_response(ok(node(
+        json!({"hami.io/mutex.lock": "2025-06-13T09:07:40+08:00,ns,other"}),
+    )));
     task.await.expect("no panic").expect("nothing to do");
 }
 
@@ -102,14 +121,31 @@ async fn register_annotation_survives_an_apiserver_outage_and_follows_health() {
         numa_node: None,
         mig_enabled: false,
     };
-    let (managed, _) = plan_gpus(&[gpu], &AdvertiseSettings::new(&Default::default(), Default::default(), ""));
-    let state = DeviceState::new(managed, HealthTracker::new(HealthPolicy::default(), ["GPU-a".to_owned()]), false, None);
+    let (managed, _) = plan_gpus(
+        &[gpu],
+        &AdvertiseSettings::new(&Default::default(), Default::default(), ""),
+    );
+    let state = DeviceState::new(
+        managed,
+        HealthTracker::new(HealthPolicy::default(), ["GPU-a".to_owned()]),
+        false,
+        None,
+    );
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(annotation_loop(patcher, Arc::clone(&state), Duration::from_secs(30), None, stop));
+    let task = tokio::spawn(annotation_loop(
+        patcher,
+        Arc::clone(&state),
+        Duration::from_secs(30),
+        None,
+        stop,
+    ));
     let healthy = r#"[{"id":"GPU-a","count":10,"devmem":15360,"devcore":100,"type":"NVIDIA-Tesla T4","mode":"hami-core","health":true}]"#;
 
     let (body, send) = expect_patch(&mut handle, "/api/v1/nodes/node-a").await;
-    assert_eq!(body, json!({"metadata": {"annotations": {"hami.io/node-nvidia-register": healthy}}}));
+    assert_eq!(
+        body,
+        json!({"metadata": {"annotations": {"hami.io/node-nvidia-register": healthy}}})
+    );
     // Apiserver outage: a 503, then the loop retries with the same value.
     send.send_response(
         Response::builder()
@@ -118,16 +154,25 @@ async fn register_annotation_survives_an_apiserver_outage_and_follows_health() {
             .expect("response"),
     );
     let (body, send) = expect_patch(&mut handle, "/api/v1/nodes/node-a").await;
-    assert_eq!(body["metadata"]["annotations"]["hami.io/node-nvidia-register"], healthy);
+    assert_eq!(
+        body["metadata"]["annotations"]["hami.io/node-nvidia-register"],
+        healthy
+    );
     send.send_response(ok(node(json!({}))));
 
     // A health change is written at once, without waiting for the period.
     state.health_event(
-        &tessera_device_plugin::health::HealthEvent::Xid { uuid: "GPU-a".into(), xid: 79 },
+        &tessera_device_plugin::health::HealthEvent::Xid {
+            uuid: "GPU-a".into(),
+            xid: 79,
+        },
         std::time::Instant::now(),
     );
     let (body, send) = expect_patch(&mut handle, "/api/v1/nodes/node-a").await;
-    let value = body["metadata"]["annotations"]["hami.io/node-nvidia-register"].as_str().expect("string").to_owned();
+    let value = body["metadata"]["annotations"]["hami.io/node-nvidia-register"]
+        .as_str()
+        .expect("string")
+        .to_owned();
     assert!(!value.contains("health"), "{value}");
     send.send_response(ok(node(json!({}))));
 

@@ -27,7 +27,7 @@ const KEYS: [&str; 10] = [
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
-    // One value per line; the first byte of each line picks the key.
+    // One value per line; the first byte of each line picks the key (`0`..`9` in order).
     let mut annotations = BTreeMap::new();
     for line in text.split('\n') {
         let key = KEYS[line

@@ -5,7 +5,6 @@
 //! limit, and with the shim and an SM limit that is active but not binding (so the number is the
 //! limiter's bookkeeping, not its sleeps); plus process start-up (spawn → `cuInit` → exit).
 
-#[allow(dead_code)]
 #[path = "../tests/common/mod.rs"]
 mod common;
 
@@ -29,7 +28,12 @@ fn bench_binary() -> std::path::PathBuf {
     out
 }
 
-fn run(bin: &std::path::Path, preload: bool, vars: &[(&str, &str)], args: &[&str]) -> BTreeMap<String, f64> {
+fn run(
+    bin: &std::path::Path,
+    preload: bool,
+    vars: &[(&str, &str)],
+    args: &[&str],
+) -> BTreeMap<String, f64> {
     let a = common::artifacts();
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(bin);
@@ -37,7 +41,12 @@ fn run(bin: &std::path::Path, preload: bool, vars: &[(&str, &str)], args: &[&str
         .env_clear()
         .env("LD_LIBRARY_PATH", &a.dir)
         .env("FAKE_CUDA_COUNT_CALLS", "0")
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.path().join("r.cache"));
+        // Simulated kernels of ~0 ns: the launch loop measures calls, not the fake GPU.
+        .env("FAKE_CUDA_BLOCK_NS", "0")
+        .env(
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+            dir.path().join("r.cache"),
+        );
     if preload {
         cmd.env("LD_PRELOAD", &a.shim);
     }
@@ -45,7 +54,11 @@ fn run(bin: &std::path::Path, preload: bool, vars: &[(&str, &str)], args: &[&str
         cmd.env(k, v);
     }
     let out = cmd.output().expect("bench");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
@@ -65,7 +78,10 @@ fn startup(preload: bool) -> f64 {
             cmd.arg("info")
                 .env_clear()
                 .env("LD_LIBRARY_PATH", &a.dir)
-                .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.path().join("r.cache"))
+                .env(
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                    dir.path().join("r.cache"),
+                )
                 .env("CUDA_DEVICE_MEMORY_LIMIT", "1g");
             if preload {
                 cmd.env("LD_PRELOAD", &a.shim);
@@ -80,24 +96,46 @@ fn startup(preload: bool) -> f64 {
     times[times.len() / 2]
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn main() {
     let bin = bench_binary();
-    let base = run(&bin, false, &[], &["200000"]);
-    let shim = run(&bin, true, &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")], &["200000"]);
-    let limited = run(
-        &bin,
-        true,
-        &[
-            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
-            ("CUDA_DEVICE_SM_LIMIT", "50"),
-            ("GPU_CORE_UTILIZATION_POLICY", "force"),
-        ],
-        &["200000"],
+    let limited_vars = [
+        ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+        ("CUDA_DEVICE_SM_LIMIT", "50"),
+        ("GPU_CORE_UTILIZATION_POLICY", "force"),
+    ];
+    // Interleaved rounds, so machine load drifts affect all three configurations alike; each
+    // number below is the median over rounds of each run's median ns/call.
+    const ROUNDS: usize = 7;
+    let mut runs: [Vec<BTreeMap<String, f64>>; 3] = Default::default();
+    for _ in 0..ROUNDS {
+        runs[0].push(run(&bin, false, &[], &["100000"]));
+        runs[1].push(run(
+            &bin,
+            true,
+            &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")],
+            &["100000"],
+        ));
+        runs[2].push(run(&bin, true, &limited_vars, &["100000"]));
+    }
+    let med = |cfg: usize, name: &str| {
+        median(
+            runs[cfg]
+                .iter()
+                .filter_map(|m| m.get(name).copied())
+                .collect(),
+        )
+    };
+    println!(
+        "{:<24} {:>12} {:>12} {:>8} {:>14} {:>8}",
+        "call", "no shim ns", "shim ns", "ratio", "shim+SM ns", "ratio"
     );
-    println!("{:<24} {:>12} {:>12} {:>8} {:>14} {:>8}", "call", "no shim ns", "shim ns", "ratio", "shim+SM ns", "ratio");
-    for (name, b) in &base {
-        let s = shim.get(name).copied().unwrap_or(f64::NAN);
-        let l = limited.get(name).copied().unwrap_or(f64::NAN);
+    for name in runs[0][0].keys() {
+        let (b, s, l) = (med(0, name), med(1, name), med(2, name));
         println!(
             "{name:<24} {b:>12.1} {s:>12.1} {:>8.2} {l:>14.1} {:>8.2}   (added {:+.1} ns / {:+.1} ns)",
             s / b,
@@ -107,5 +145,8 @@ fn main() {
         );
     }
     let (s0, s1) = (startup(false), startup(true));
-    println!("process start-up (spawn+cuInit+exit) median: {s0:.2} ms without, {s1:.2} ms with the shim ({:+.2} ms)", s1 - s0);
+    println!(
+        "process start-up (spawn+cuInit+exit) median: {s0:.2} ms without, {s1:.2} ms with the shim ({:+.2} ms)",
+        s1 - s0
+    );
 }

@@ -62,14 +62,35 @@ macro_rules! real_call {
 
 // ---------------------------------------------------------------- allocation tracking
 
+/// A multiplicative hash for pointer and handle keys (SipHash costs ~100 ns per alloc/free
+/// pair here; keys are addresses, not attacker-chosen strings).
+#[derive(Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+type KeyMap = HashMap<u64, (usize, u64), std::hash::BuildHasherDefault<KeyHasher>>;
+
 #[derive(Default)]
 struct Tracker {
     /// Device pointers → (region device, bytes charged).
-    ptrs: HashMap<u64, (usize, u64)>,
+    ptrs: KeyMap,
     /// VMM allocation handles.
-    handles: HashMap<u64, (usize, u64)>,
+    handles: KeyMap,
     /// CUDA arrays.
-    arrays: HashMap<u64, (usize, u64)>,
+    arrays: KeyMap,
 }
 
 static TRACKER: Mutex<Option<Tracker>> = Mutex::new(None);
@@ -159,11 +180,46 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
                 };
                 if ok == CUDA_SUCCESS {
                     region.set_device_num(n.max(0) as u64);
+                    write_uuids(region, n.clamp(0, vgpu_region::MAX_DEVICES as c_int));
                 }
             }
         }
         r
     })
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, the form NVML and HAMi's monitor use.
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Records each visible device's UUID in the region (HAMi-core does it from NVML at `nvmlInit`).
+fn write_uuids(region: &region::Region, count: c_int) {
+    let p = real::aux(real::Aux::cuDeviceGetUuid_v2);
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: `cuDeviceGetUuid_v2(CUuuid*, CUdevice)`, CUuuid being 16 bytes.
+    let get = unsafe {
+        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut [u8; 16], c_int) -> CUresult>(
+            p,
+        )
+    };
+    for dev in 0..count {
+        let mut raw = [0u8; 16];
+        // SAFETY: valid 16-byte out buffer.
+        if unsafe { get(&mut raw, dev) } == CUDA_SUCCESS {
+            region.set_uuid(dev as usize, &format_uuid(&raw));
+        }
+    }
 }
 
 type GetProcAddressV1 =
@@ -876,6 +932,15 @@ mod tests {
         assert_eq!(virtual_mem(32 * G, G, 16 * G, 15 * G), (16 * G, 15 * G));
         // Other tenants filled the card: physical free wins.
         assert_eq!(virtual_mem(4 * G, G, 16 * G, G / 2), (4 * G, G / 2));
+    }
+
+    #[test]
+    fn uuid_format_matches_nvml() {
+        let b = [
+            0x0c, 0x8e, 0x3b, 0x5a, 0x11, 0x11, 0x22, 0x22, 0x33, 0x33, 0x44, 0x44, 0x55, 0x55,
+            0x66, 0x66,
+        ];
+        assert_eq!(format_uuid(&b), "GPU-0c8e3b5a-1111-2222-3333-444455556666");
     }
 
     #[test]

@@ -69,6 +69,7 @@ hooked!(
 pub enum Aux {
     cuCtxGetDevice,
     cuDeviceGetCount,
+    cuDeviceGetUuid_v2,
     nvmlInit_v2,
     nvmlDeviceGetIndex,
     nvmlDeviceGetHandleByIndex_v2,
@@ -78,6 +79,7 @@ pub enum Aux {
 const AUX_NAMES: &[&str] = &[
     "cuCtxGetDevice\0",
     "cuDeviceGetCount\0",
+    "cuDeviceGetUuid_v2\0",
     "nvmlInit_v2\0",
     "nvmlDeviceGetIndex\0",
     "nvmlDeviceGetHandleByIndex_v2\0",
@@ -289,12 +291,140 @@ pub fn hook_for(name: &[u8]) -> Option<F> {
         .map(|i| ALL[i])
 }
 
-/// The hook whose real function is exactly `p` (pointer identity).
+/// How `cuGetProcAddress` names each hooked symbol: (API name, the CUDA version that
+/// introduced this variant, per-thread-default-stream variant).
+const PROC_NAMES: &[(F, &CStr, c_int, bool)] = &[
+    (F::cuInit, c"cuInit", 2000, false),
+    (F::cuGetProcAddress, c"cuGetProcAddress", 11030, false),
+    (F::cuGetProcAddress_v2, c"cuGetProcAddress", 12000, false),
+    (F::cuMemAlloc_v2, c"cuMemAlloc", 3020, false),
+    (F::cuMemAllocManaged, c"cuMemAllocManaged", 6000, false),
+    (F::cuMemAllocPitch_v2, c"cuMemAllocPitch", 3020, false),
+    (F::cuMemFree_v2, c"cuMemFree", 3020, false),
+    (F::cuMemAllocAsync, c"cuMemAllocAsync", 11020, false),
+    (F::cuMemAllocAsync_ptsz, c"cuMemAllocAsync", 11020, true),
+    (
+        F::cuMemAllocFromPoolAsync,
+        c"cuMemAllocFromPoolAsync",
+        11020,
+        false,
+    ),
+    (
+        F::cuMemAllocFromPoolAsync_ptsz,
+        c"cuMemAllocFromPoolAsync",
+        11020,
+        true,
+    ),
+    (F::cuMemFreeAsync, c"cuMemFreeAsync", 11020, false),
+    (F::cuMemFreeAsync_ptsz, c"cuMemFreeAsync", 11020, true),
+    (F::cuMemCreate, c"cuMemCreate", 10020, false),
+    (F::cuMemRelease, c"cuMemRelease", 10020, false),
+    (F::cuArrayCreate_v2, c"cuArrayCreate", 3020, false),
+    (F::cuArray3DCreate_v2, c"cuArray3DCreate", 3020, false),
+    (F::cuArrayDestroy, c"cuArrayDestroy", 2000, false),
+    (F::cuMemGetInfo_v2, c"cuMemGetInfo", 3020, false),
+    (F::cuDeviceTotalMem_v2, c"cuDeviceTotalMem", 3020, false),
+    (F::cuLaunchKernel, c"cuLaunchKernel", 4000, false),
+    (F::cuLaunchKernel_ptsz, c"cuLaunchKernel", 7000, true),
+    (F::cuLaunchKernelEx, c"cuLaunchKernelEx", 11060, false),
+    (F::cuLaunchKernelEx_ptsz, c"cuLaunchKernelEx", 11060, true),
+    (
+        F::cuLaunchCooperativeKernel,
+        c"cuLaunchCooperativeKernel",
+        9000,
+        false,
+    ),
+    (
+        F::cuLaunchCooperativeKernel_ptsz,
+        c"cuLaunchCooperativeKernel",
+        9000,
+        true,
+    ),
+    (F::cuGraphLaunch, c"cuGraphLaunch", 10000, false),
+    (F::cuGraphLaunch_ptsz, c"cuGraphLaunch", 10000, true),
+];
+
+/// What the driver's `cuGetProcAddress` returns for each hooked symbol. A driver may hand out
+/// internal entry points that differ from its exported symbols; asking it once for each hooked
+/// variant (at the version that introduced it) lets the substitution recognise those too.
+static PROBED: [AtomicPtr<c_void>; N] = [const { AtomicPtr::new(std::ptr::null_mut()) }; N];
+static PROBE_STATE: AtomicU8 = AtomicU8::new(UNLOADED);
+
+const PER_THREAD_DEFAULT_STREAM: u64 = 2;
+
+fn probe_driver_table() {
+    if PROBE_STATE
+        .compare_exchange(UNLOADED, LOADING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
+    let v2 = get(F::cuGetProcAddress_v2);
+    let v1 = get(F::cuGetProcAddress);
+    for &(f, api, since, per_thread) in PROC_NAMES {
+        let flags = if per_thread {
+            PER_THREAD_DEFAULT_STREAM
+        } else {
+            0
+        };
+        let mut p: *mut c_void = std::ptr::null_mut();
+        let r = if !v2.is_null() {
+            let mut status: c_int = 0;
+            // SAFETY: the driver's cuGetProcAddress_v2(name, void**, int, cuuint64_t, status*).
+            unsafe {
+                let g: unsafe extern "C" fn(
+                    *const c_char,
+                    *mut *mut c_void,
+                    c_int,
+                    u64,
+                    *mut c_int,
+                ) -> c_int = std::mem::transmute(v2);
+                g(api.as_ptr(), &mut p, since, flags, &mut status)
+            }
+        } else if !v1.is_null() {
+            // SAFETY: the driver's cuGetProcAddress(name, void**, int, cuuint64_t).
+            unsafe {
+                let g: unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> c_int =
+                    std::mem::transmute(v1);
+                g(api.as_ptr(), &mut p, since, flags)
+            }
+        } else {
+            -1
+        };
+        crate::log::write(
+            crate::log::INFO + 1,
+            &format!("probe {api:?}@{since} flags {flags}: {r} {p:?}"),
+        );
+        // A per-thread request for an API without such a variant returns the legacy one;
+        // record it only when it differs from that, so it maps to the right wrapper.
+        if r == 0 && !p.is_null() && !PROBED.iter().any(|q| q.load(Ordering::Relaxed) == p) {
+            PROBED[f as usize].store(p, Ordering::Release);
+        }
+    }
+    PROBE_STATE.store(LOADED, Ordering::Release);
+}
+
+/// The hook whose real function is `p`: by identity with the exported symbol, else with what
+/// the driver's `cuGetProcAddress` returned for that variant.
 pub fn hook_for_real(p: *mut c_void) -> Option<F> {
     if p.is_null() {
         return None;
     }
-    REAL.iter()
+    if let Some(i) = REAL.iter().position(|r| r.load(Ordering::Acquire) == p) {
+        return Some(ALL[i]);
+    }
+    if PROBE_STATE.load(Ordering::Acquire) != LOADED {
+        probe_driver_table();
+        // Another thread may be probing: wait for it (the probe only calls the driver).
+        for _ in 0..100_000 {
+            if PROBE_STATE.load(Ordering::Acquire) == LOADED {
+                break;
+            }
+            std::thread::yield_now();
+        }
+    }
+    PROBED
+        .iter()
         .position(|r| r.load(Ordering::Acquire) == p)
         .map(|i| ALL[i])
 }

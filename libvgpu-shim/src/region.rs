@@ -3,10 +3,12 @@
 //!
 //! * Limits and counters live in the mmapped file at `CUDA_DEVICE_MEMORY_SHARED_CACHE`; offsets
 //!   come from `vgpu-region`.
-//! * Reserve is check-and-add under one lock across processes: an open-file-description lock
-//!   (`F_OFD_SETLKW`) on the byte just past the struct (the file's extra byte, so it never
-//!   conflicts with HAMi-core's `lockf` over the struct), plus a process mutex because threads
-//!   share the description. The kernel drops the lock of a killed process: no stale owner.
+//! * Reserve is check-and-add under one lock across processes: a pid-holding spin lock in the
+//!   header word HAMi-core leaves unused (`sm_init_flag`), taken over from a dead holder, plus a
+//!   process mutex for threads. Creating or repairing the file takes an open-file-description
+//!   lock (`F_OFD_SETLKW`) on the byte just past the struct (the file's extra byte, so it never
+//!   conflicts with HAMi-core's `lockf` over the struct); the kernel drops it for a killed
+//!   process.
 //! * Release is a lock-free saturating subtract.
 //! * Dead processes (`/proc/<pid>/stat` gone, zombie, or a different start time because the pid
 //!   was reused) are swept by the watcher thread every 250 ms and before any would-be OOM.
@@ -40,6 +42,19 @@ unsafe impl Sync for Region {}
 
 const NO_SLOT: usize = usize::MAX;
 
+/// This process's pid, cached: `getpid` is a system call on current glibc. Reset after fork.
+static MY_PID: AtomicI32 = AtomicI32::new(0);
+
+pub fn my_pid() -> i32 {
+    let p = MY_PID.load(Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    let p = std::process::id() as i32;
+    MY_PID.store(p, Ordering::Relaxed);
+    p
+}
+
 static REGION: OnceLock<Region> = OnceLock::new();
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
@@ -67,6 +82,7 @@ pub fn try_get() -> Option<&'static Region> {
 
 /// After `fork`: the child must register its own slot (called from the atfork child handler).
 pub fn after_fork_in_child() {
+    MY_PID.store(0, Ordering::Relaxed);
     if let Some(r) = REGION.get() {
         r.my_slot.store(NO_SLOT, Ordering::Release);
     }
@@ -307,12 +323,41 @@ impl Region {
         }
     }
 
+    /// Runs `f` holding the region lock: the process mutex (threads) and the cross-process
+    /// spin lock in `sm_init_flag`.
     fn locked<R>(&self, f: impl FnOnce() -> R) -> R {
         let _g = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
-        self.file_lock();
+        self.spin_lock();
         let r = f();
-        self.file_unlock();
+        self.i32(offset::SM_INIT_FLAG).store(0, Ordering::Release);
         r
+    }
+
+    /// The cross-process lock: `sm_init_flag` (4 bytes HAMi-core never uses and HAMi's monitor
+    /// never reads) holds the owner's pid, 0 when free. Uncontended it costs two atomic
+    /// operations (an `fcntl` lock cost two system calls, about 1 µs per allocation). A holder
+    /// that died (`kill -9` inside the few-instruction critical section) is detected through
+    /// `/proc` and its lock is taken over, so nobody waits for the dead.
+    fn spin_lock(&self) {
+        let word = self.i32(offset::SM_INIT_FLAG);
+        let me = my_pid();
+        let mut spins: u32 = 0;
+        loop {
+            match word.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(holder) => {
+                    spins = spins.wrapping_add(1);
+                    if spins.is_multiple_of(64) {
+                        std::thread::yield_now();
+                    }
+                    if spins.is_multiple_of(4096) && holder != me && !alive(holder, 0) {
+                        let _ =
+                            word.compare_exchange(holder, 0, Ordering::AcqRel, Ordering::Relaxed);
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
     }
 
     pub fn limit(&self, dev: usize) -> u64 {
@@ -340,6 +385,28 @@ impl Region {
     pub fn set_last_kernel_time(&self, secs: u64) {
         self.u64(offset::LAST_KERNEL_TIME)
             .fetch_max(secs, Ordering::Relaxed);
+    }
+
+    /// Writes `uuids[dev]` (NUL-padded) unless it already holds this value; the host monitor maps
+    /// the region's device indices to GPUs through these strings.
+    pub fn set_uuid(&self, dev: usize, uuid: &str) {
+        if dev >= MAX_DEVICES || uuid.len() >= vgpu_region::UUID_LEN {
+            return;
+        }
+        let off = offset::UUIDS + dev * vgpu_region::UUID_LEN;
+        self.locked(|| {
+            // SAFETY: `off .. off + UUID_LEN` is inside the mapping; only this lock's holders
+            // write the field.
+            unsafe {
+                let dst = self.base.add(off);
+                let cur = std::slice::from_raw_parts(dst, vgpu_region::UUID_LEN);
+                if cur[..uuid.len()] == *uuid.as_bytes() && cur[uuid.len()] == 0 {
+                    return;
+                }
+                std::ptr::write_bytes(dst, 0, vgpu_region::UUID_LEN);
+                std::ptr::copy_nonoverlapping(uuid.as_ptr(), dst, uuid.len());
+            }
+        });
     }
 
     pub fn set_device_num(&self, n: u64) {
@@ -402,7 +469,7 @@ impl Region {
 
     /// Frees the slots of dead processes. Caller holds the lock. Returns how many were freed.
     fn sweep_locked(&self) -> usize {
-        let me = std::process::id() as i32;
+        let me = my_pid();
         let mut freed = 0;
         let n = self.proc_num();
         for i in 0..n {
@@ -438,7 +505,7 @@ impl Region {
         if s != NO_SLOT {
             return Some(s);
         }
-        let me = std::process::id() as i32;
+        let me = my_pid();
         let start = process_start_time(me).unwrap_or(0);
         let found = self.locked(|| {
             let s = self.my_slot.load(Ordering::Acquire);
@@ -533,9 +600,7 @@ impl Region {
     /// Normal exit: the slot is released immediately rather than at the next sweep.
     pub fn exit(&self) {
         let s = self.my_slot.swap(NO_SLOT, Ordering::AcqRel);
-        if s != NO_SLOT
-            && self.slot_i32(s, slot::PID).load(Ordering::Acquire) == std::process::id() as i32
-        {
+        if s != NO_SLOT && self.slot_i32(s, slot::PID).load(Ordering::Acquire) == my_pid() {
             self.locked(|| self.zero_slot(s));
         }
     }

@@ -32,6 +32,27 @@ fn limit_exactly_reached_then_one_byte_over_on_every_allocation_path() {
 }
 
 #[test]
+fn nvml_memory_info_shows_the_limit_and_container_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("scenario.json");
+    std::fs::write(
+        &scenario,
+        r#"{"devices": [{"uuid": "GPU-1", "memory_total_mib": 16384, "memory_used_mib": 300}]}"#,
+    )
+    .unwrap();
+    let limit = (64 * MIB).to_string();
+    let out = run(&mut probe(
+        &cache(&dir),
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
+            ("FAKE_NVML_SCENARIO", scenario.to_str().unwrap()),
+        ],
+        &["nvml", &limit],
+    ));
+    assert_ok(&out);
+}
+
+#[test]
 fn cu_get_proc_address_returns_the_drivers_variant_wrapped() {
     let limit = (64 * MIB).to_string();
     for version in ["11000", "12000", "12080"] {
@@ -48,6 +69,25 @@ fn cu_get_proc_address_returns_the_drivers_variant_wrapped() {
                 text(&out)
             );
         }
+    }
+}
+
+/// Some drivers return internal entry points from `cuGetProcAddress`, not their exported
+/// symbols: the shim still recognises (and wraps) them.
+#[test]
+fn cu_get_proc_address_wraps_internal_driver_entry_points() {
+    let limit = (64 * MIB).to_string();
+    for flags in ["0", "2"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = run(&mut probe(
+            &cache(&dir),
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
+                ("FAKE_CUDA_PROC_INTERNAL", "1"),
+            ],
+            &["procaddr", &limit, "12080", flags],
+        ));
+        assert!(out.status.success(), "flags {flags}: {}", text(&out));
     }
 }
 

@@ -87,6 +87,9 @@ fn four_racing_processes_never_exceed_the_limit_and_kill_9_frees_within_1s() {
     assert_eq!(snap.sm_limit[0], 100);
     assert_eq!(snap.priority, 3);
     assert_eq!(snap.device_num, 1);
+    // The fake driver's device 0 UUID, as the monitor maps usage to a GPU.
+    assert_eq!(snap.uuids[0], "GPU-0c0c0c0c-0c0c-0c0c-0c0c-0c0c0c0c0c00");
+    assert_eq!(snap.uuids[1], "");
     assert_eq!(snap.live_procs().count(), 4);
     assert_eq!(snap.device_usage(0), total);
     for (child, &n) in procs.0.iter().zip(&counts) {
@@ -141,4 +144,31 @@ fn normal_exit_releases_the_slot_at_once() {
     let snap = snapshot(&cache);
     assert_eq!(snap.live_procs().count(), 0);
     assert_eq!(snap.device_usage(0), 0);
+}
+
+#[test]
+fn a_forked_child_is_accounted_in_its_own_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("f.cache");
+    let limit = (64 * MIB).to_string();
+    assert_ok(&run(&mut probe(
+        &cache,
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "64m")],
+        &["fork", &limit],
+    )));
+    let snap = snapshot(&cache);
+    assert_eq!(snap.live_procs().count(), 0, "both slots released at exit");
+}
+
+#[test]
+fn eight_threads_racing_in_one_process_get_exactly_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = (64 * MIB).to_string();
+    for _ in 0..3 {
+        assert_ok(&run(&mut probe(
+            &dir.path().join("t.cache"),
+            &[("CUDA_DEVICE_MEMORY_LIMIT", "64m")],
+            &["threads", &limit],
+        )));
+    }
 }

@@ -12,11 +12,18 @@ fn cluster(nodes: usize) -> (Engine, Vec<String>) {
     let mut names = Vec::with_capacity(nodes);
     for n in 0..nodes {
         let name = format!("node-{n:05}");
-        e.observe(Observation::NodeUpsert(Box::new(gpu_node(&name, 8, 81920, 10))));
+        e.observe(Observation::NodeUpsert(Box::new(gpu_node(
+            &name, 8, 81920, 10,
+        ))));
         for p in 0..10 {
             let gpu = p % 8;
             let alloc = format!("GPU-{name}-{gpu},NVIDIA,4096,10:;");
-            e.observe(Observation::PodUpsert(Box::new(running_pod("bench", &format!("{name}-p{p}"), &name, &alloc))));
+            e.observe(Observation::PodUpsert(Box::new(running_pod(
+                "bench",
+                &format!("{name}-p{p}"),
+                &name,
+                &alloc,
+            ))));
         }
         names.push(name);
     }

@@ -73,7 +73,9 @@ pub fn filter_pod(
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let quota = state.quota_budget(namespace, Some(uid));
     let mut failed = BTreeMap::new();
-    let mut fits: Vec<NodeFit> = Vec::new();
+    // Keep only the best fit so far (ties keep the earlier candidate, as `fit::select_node`).
+    let mut best: Option<NodeFit> = None;
+    let mut fitting: Vec<(String, f32)> = Vec::new();
     for name in candidates {
         let Some(rec) = state.node(name) else {
             failed.insert(name.clone(), "node unregistered".to_owned());
@@ -105,18 +107,24 @@ pub fn filter_pod(
                         format!("{PENDING_CONFLICT}: pod {other} is still being allocated here and could be taken for this one"),
                     );
                 } else {
-                    fits.push(f);
+                    fitting.push((f.node.clone(), f.score));
+                    let better = best.as_ref().is_none_or(|b| match opts.node_policy {
+                        fit::NodePolicyKey::Binpack => f.score > b.score,
+                        fit::NodePolicyKey::Spread => f.score < b.score,
+                    });
+                    if better {
+                        best = Some(f);
+                    }
                 }
             }
         }
     }
-    let fitting: Vec<(String, f32)> = fits.iter().map(|f| (f.node.clone(), f.score)).collect();
-    match fit::select_node(&fits, opts.node_policy) {
+    match best {
         None => Verdict::NoFit { failed },
         Some(chosen) => Verdict::Placed(Placement {
             node: chosen.node.clone(),
             signature: AllocationSignature::new(&chosen.devices, &annotations),
-            devices: chosen.devices.clone(),
+            devices: chosen.devices,
             charge: chosen.charge,
             fitting,
             failed,

@@ -12,7 +12,9 @@ use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::decide::{self, DecisionConfig, Placement, Verdict};
-use crate::state::{BindStage, ClusterState, NodeRecord, QuotaKeys, Reservation, confusable_pending};
+use crate::state::{
+    BindStage, ClusterState, NodeRecord, QuotaKeys, Reservation, confusable_pending,
+};
 
 /// Why the loop will not decide now. Always retryable by kube-scheduler.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -87,14 +89,19 @@ pub enum Command {
         reply: oneshot::Sender<Result<Verdict, Refusal>>,
     },
     /// Writing the filter decision to the pod failed: drop the reservation.
-    FilterAbort { uid: String },
+    FilterAbort {
+        uid: String,
+    },
     /// `live` is the pod as just read from the API server.
     BindBegin {
         live: Box<Pod>,
         node: String,
         reply: oneshot::Sender<Result<BindPlan, Refusal>>,
     },
-    BindDone { uid: String, ok: bool },
+    BindDone {
+        uid: String,
+        ok: bool,
+    },
     Observe(Observation),
     /// Leadership gained (`Some(term)`) or lost (`None`).
     Leadership(Option<u64>),
@@ -106,9 +113,13 @@ pub enum Command {
         quotas: Vec<ResourceQuota>,
     },
     Sweep,
-    Metrics { reply: oneshot::Sender<MetricsSnapshot> },
+    Metrics {
+        reply: oneshot::Sender<MetricsSnapshot>,
+    },
     /// For tests and the concurrency check: every GPU's booking.
-    Bookings { reply: oneshot::Sender<Vec<GpuMetrics>> },
+    Bookings {
+        reply: oneshot::Sender<Vec<GpuMetrics>>,
+    },
 }
 
 /// A pod that failed filtering for lack of capacity, to be nudged when capacity frees.
@@ -180,10 +191,9 @@ impl Engine {
         match o {
             Observation::NodeUpsert(n) => {
                 if let Some(rec) = NodeRecord::from_node(&n, &self.cfg.nvidia.resources.count) {
-                    let grew = self
-                        .state
-                        .node(&rec.name)
-                        .is_none_or(|old| old.devices != rec.devices || old.cordoned != rec.cordoned);
+                    let grew = self.state.node(&rec.name).is_none_or(|old| {
+                        old.devices != rec.devices || old.cordoned != rec.cordoned
+                    });
                     self.state.upsert_node(rec);
                     if grew {
                         self.capacity_freed();
@@ -438,7 +448,11 @@ impl Engine {
                 items.push((self.keys.cores.clone(), l, used.cores));
             }
             if let Some(l) = q.count_limit {
-                items.push((format!("limits.{}", self.cfg.nvidia.resources.count), l, used.count));
+                items.push((
+                    format!("limits.{}", self.cfg.nvidia.resources.count),
+                    l,
+                    used.count,
+                ));
             }
             quotas.push(QuotaMetrics {
                 namespace: q.namespace.clone(),
@@ -482,7 +496,10 @@ impl Engine {
             Command::Sweep => {
                 let released = self.sweep();
                 if !released.is_empty() {
-                    tracing::info!(count = released.len(), "released reservations of pods that no longer exist");
+                    tracing::info!(
+                        count = released.len(),
+                        "released reservations of pods that no longer exist"
+                    );
                 }
             }
             Command::Metrics { reply } => {
@@ -559,14 +576,20 @@ impl EngineHandle {
 pub fn filter_patch(p: &Placement, unix_now: u64) -> crate::edge::MetadataPatch {
     let devices = p.devices.encode();
     let mut patch = crate::edge::MetadataPatch::default();
-    patch.annotations.insert(ann::VGPU_NODE.to_owned(), p.node.clone());
+    patch
+        .annotations
+        .insert(ann::VGPU_NODE.to_owned(), p.node.clone());
     patch
         .annotations
         .insert(ann::VGPU_TIME.to_owned(), unix_now.to_string());
     patch
         .annotations
         .insert(ann::DEVICES_TO_ALLOCATE.to_owned(), devices.clone());
-    patch.annotations.insert(ann::DEVICES_ALLOCATED.to_owned(), devices);
-    patch.labels.insert(ann::VGPU_NODE.to_owned(), p.node.clone());
+    patch
+        .annotations
+        .insert(ann::DEVICES_ALLOCATED.to_owned(), devices);
+    patch
+        .labels
+        .insert(ann::VGPU_NODE.to_owned(), p.node.clone());
     patch
 }

@@ -17,7 +17,10 @@ pub enum WireError {
     #[error("request body must be a JSON object")]
     NotAnObject,
     #[error("{field}: {problem}")]
-    Field { field: &'static str, problem: String },
+    Field {
+        field: &'static str,
+        problem: String,
+    },
 }
 
 /// Case-insensitive lookup of a top-level key (Go's `encoding/json` matching).
@@ -49,15 +52,16 @@ pub struct ExtenderArgs {
 impl ExtenderArgs {
     pub fn decode(body: &[u8]) -> Result<Self, WireError> {
         let obj = object(body)?;
-        let pod = match field(&obj, "Pod") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(serde_json::from_value::<Pod>(v.clone()).map_err(|e| {
-                WireError::Field {
-                    field: "Pod",
-                    problem: e.to_string(),
-                }
-            })?),
-        };
+        let pod =
+            match field(&obj, "Pod") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(serde_json::from_value::<Pod>(v.clone()).map_err(|e| {
+                    WireError::Field {
+                        field: "Pod",
+                        problem: e.to_string(),
+                    }
+                })?),
+            };
         let nodes = match field(&obj, "Nodes") {
             None | Some(Value::Null) => None,
             Some(v) => {
@@ -94,12 +98,12 @@ impl ExtenderArgs {
         };
         let node_names = match field(&obj, "NodeNames") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(serde_json::from_value::<Vec<String>>(v.clone()).map_err(|e| {
-                WireError::Field {
+            Some(v) => Some(
+                serde_json::from_value::<Vec<String>>(v.clone()).map_err(|e| WireError::Field {
                     field: "NodeNames",
                     problem: e.to_string(),
-                }
-            })?),
+                })?,
+            ),
         };
         Ok(ExtenderArgs {
             pod,

@@ -366,6 +366,13 @@ fn sorted_order(gpus: &[GpuState], scores: &[f64], opts: &PlacementOptions) -> V
     order
 }
 
+fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
+    haystack
+        .as_bytes()
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+}
+
 /// One accepted device for one container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pick {
@@ -392,7 +399,7 @@ pub fn fit_container(
     let order = sorted_order(gpus, &scores, opts);
     let selected: Vec<usize> = order
         .into_iter()
-        .filter(|&i| gpus[i].device_type.to_lowercase().contains("nvidia"))
+        .filter(|&i| contains_ignore_ascii_case(&gpus[i].device_type, "nvidia"))
         .collect();
     let nums = req.nums as usize;
     if nums > selected.len() {
@@ -500,7 +507,10 @@ pub fn fit_container(
         return Ok(Vec::new());
     }
     if !collected.is_empty() {
-        bump(reason::ALLOCATED_CARDS_INSUFFICIENT_REQUEST, collected.len());
+        bump(
+            reason::ALLOCATED_CARDS_INSUFFICIENT_REQUEST,
+            collected.len(),
+        );
     }
     Err(format_reasons(&counts, selected.len()))
 }
@@ -591,7 +601,8 @@ pub fn evaluate_node(
     quota: Option<&QuotaBudget>,
 ) -> Result<NodeFit, String> {
     let score = node_score(&node.gpus);
-    let mut containers: Vec<Vec<ContainerDevice>> = Vec::with_capacity(ask.init.len() + ask.app.len());
+    let mut containers: Vec<Vec<ContainerDevice>> =
+        Vec::with_capacity(ask.init.len() + ask.app.len());
     let mut init_charge = Charge::default();
     for req in &ask.init {
         match req {

@@ -17,7 +17,9 @@ use http_body_util::{BodyExt, Limited};
 use crate::decide::{self, DecisionConfig, Verdict};
 use crate::edge::{ClusterEdge, EventType, MetadataPatch, PodEvent};
 use crate::engine::{Command, EngineHandle, Refusal, filter_patch};
-use crate::extender::{ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, NodeListOut};
+use crate::extender::{
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, NodeListOut,
+};
 use crate::metrics::Metrics;
 use crate::state::{ClusterState, NodeRecord};
 use crate::webhook::{self, WebhookConfig};
@@ -82,6 +84,7 @@ pub struct App<E> {
     pub decision: DecisionConfig,
     pub webhook: WebhookConfig,
     pub metrics: Metrics,
+    /// This replica leads and has rebuilt its state for the current term.
     pub ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -124,11 +127,13 @@ pub fn router<E: ClusterEdge>(app: Arc<App<E>>) -> Router {
         .route("/healthz", get(|| async { StatusCode::OK }))
         .route(
             "/readyz",
+            // Always 200 (as HAMi): every replica serves the webhook, so readiness must not
+            // depend on leadership. The body says whether this replica decides.
             get(|State(app): State<Arc<App<E>>>| async move {
                 if app.ready.load(std::sync::atomic::Ordering::Relaxed) {
-                    StatusCode::OK
+                    (StatusCode::OK, "leader")
                 } else {
-                    StatusCode::SERVICE_UNAVAILABLE
+                    (StatusCode::OK, "standby")
                 }
             }),
         )
@@ -143,7 +148,10 @@ pub fn metrics_router<E: ClusterEdge>(app: Arc<App<E>>) -> Router {
             get(|State(app): State<Arc<App<E>>>| async move {
                 let snap = app.engine.metrics().await;
                 (
-                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
                     app.metrics.render(&snap),
                 )
             }),
@@ -163,7 +171,10 @@ async fn filter<E: ClusterEdge>(
     let (parts, body) = req.into_parts();
     if let Err(e) = app.auth.check(&parts.headers, cert_of(&parts.extensions)) {
         app.metrics.decision("filter", "Unauthenticated");
-        return json(StatusCode::UNAUTHORIZED, ExtenderFilterResult::error(e).to_json());
+        return json(
+            StatusCode::UNAUTHORIZED,
+            ExtenderFilterResult::error(e).to_json(),
+        );
     }
     let body = match read_body(body).await {
         Ok(b) => b,
@@ -242,7 +253,9 @@ async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilte
             let ns = pod.metadata.namespace.clone().unwrap_or_default();
             let name = pod.metadata.name.clone().unwrap_or_default();
             if let Err(e) = app.edge.patch_pod(&ns, &name, &uid, patch).await {
-                app.engine.send(Command::FilterAbort { uid: uid.clone() }).await;
+                app.engine
+                    .send(Command::FilterAbort { uid: uid.clone() })
+                    .await;
                 app.metrics.decision("filter", "PatchFailed");
                 return ExtenderFilterResult::error(format!(
                     "writing the GPU decision to pod {key} failed: {e}"
@@ -316,7 +329,10 @@ fn refusal_code(r: &Refusal) -> &'static str {
     }
 }
 
-async fn bind<E: ClusterEdge>(State(app): State<Arc<App<E>>>, req: axum::extract::Request) -> Response {
+async fn bind<E: ClusterEdge>(
+    State(app): State<Arc<App<E>>>,
+    req: axum::extract::Request,
+) -> Response {
     let started = Instant::now();
     let (parts, body) = req.into_parts();
     if let Err(e) = app.auth.check(&parts.headers, cert_of(&parts.extensions)) {
@@ -334,7 +350,9 @@ async fn bind<E: ClusterEdge>(State(app): State<Arc<App<E>>>, req: axum::extract
         Ok(()) => String::new(),
         Err(e) => e,
     };
-    app.metrics.bind_seconds.observe(started.elapsed().as_secs_f64());
+    app.metrics
+        .bind_seconds
+        .observe(started.elapsed().as_secs_f64());
     json(StatusCode::OK, ExtenderBindingResult { error }.to_json())
 }
 
@@ -392,18 +410,40 @@ async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), Stri
             .insert(ann::BIND_TIME.to_owned(), unix_now().to_string());
         if let Err(e) = app
             .edge
-            .patch_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, allocating)
+            .patch_pod(
+                &args.pod_namespace,
+                &args.pod_name,
+                &args.pod_uid,
+                allocating,
+            )
             .await
         {
-            return bind_failed(app, &args, plan.gpu, format!("setting bind-phase on pod {key}: {e}")).await;
+            return bind_failed(
+                app,
+                &args,
+                plan.gpu,
+                format!("setting bind-phase on pod {key}: {e}"),
+            )
+            .await;
         }
     }
     if let Err(e) = app
         .edge
-        .bind_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, &args.node)
+        .bind_pod(
+            &args.pod_namespace,
+            &args.pod_name,
+            &args.pod_uid,
+            &args.node,
+        )
         .await
     {
-        return bind_failed(app, &args, plan.gpu, format!("binding pod {key} to node {}: {e}", args.node)).await;
+        return bind_failed(
+            app,
+            &args,
+            plan.gpu,
+            format!("binding pod {key} to node {}: {e}", args.node),
+        )
+        .await;
     }
     if plan.gpu {
         app.engine
@@ -434,9 +474,10 @@ async fn bind_failed<E: ClusterEdge>(
 ) -> Result<(), String> {
     if gpu {
         let mut failed = MetadataPatch::default();
-        failed
-            .annotations
-            .insert(ann::BIND_PHASE.to_owned(), ann::BIND_PHASE_FAILED.to_owned());
+        failed.annotations.insert(
+            ann::BIND_PHASE.to_owned(),
+            ann::BIND_PHASE_FAILED.to_owned(),
+        );
         if let Err(e) = app
             .edge
             .patch_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, failed)
@@ -465,10 +506,7 @@ async fn bind_failed<E: ClusterEdge>(
     Err(msg)
 }
 
-async fn webhook_handler<E: ClusterEdge>(
-    State(app): State<Arc<App<E>>>,
-    body: Body,
-) -> Response {
+async fn webhook_handler<E: ClusterEdge>(State(app): State<Arc<App<E>>>, body: Body) -> Response {
     let body = match read_body(body).await {
         Ok(b) => b,
         Err(r) => return r,

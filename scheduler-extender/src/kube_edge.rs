@@ -76,20 +76,35 @@ impl ClusterEdge for KubeEdge {
             meta["uid"] = json!(uid);
         }
         Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": meta})))
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": meta})),
+            )
             .await
             .map(|_| ())
             .map_err(edge_err)
     }
 
-    async fn bind_pod(&self, namespace: &str, name: &str, uid: &str, node: &str) -> Result<(), EdgeError> {
+    async fn bind_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        node: &str,
+    ) -> Result<(), EdgeError> {
         let binding = json!({
             "apiVersion": "v1", "kind": "Binding",
             "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         });
         Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .create_subresource::<_, serde_json::Value>("binding", name, &PostParams::default(), &binding)
+            .create_subresource::<_, serde_json::Value>(
+                "binding",
+                name,
+                &PostParams::default(),
+                &binding,
+            )
             .await
             .map(|_| ())
             .map_err(edge_err)
@@ -138,7 +153,9 @@ fn now() -> MicroTime {
 /// acquired it) or `None`. Runs forever.
 pub async fn run_leader_election(client: Client, cfg: LeaseConfig, tx: watch::Sender<Option<u64>>) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
-    let duration_s = i32::try_from(cfg.lease_duration.as_secs()).unwrap_or(15).max(1);
+    let duration_s = i32::try_from(cfg.lease_duration.as_secs())
+        .unwrap_or(15)
+        .max(1);
     let mut last_renew = tokio::time::Instant::now();
     loop {
         let term = try_acquire_or_renew(&api, &cfg, duration_s).await;
@@ -224,15 +241,20 @@ async fn try_acquire_or_renew(
 }
 
 enum Change {
-    Node(watcher::Event<Node>),
-    Pod(watcher::Event<Pod>),
-    Quota(watcher::Event<ResourceQuota>),
+    Node(Box<watcher::Event<Node>>),
+    Pod(Box<watcher::Event<Pod>>),
+    Quota(Box<watcher::Event<ResourceQuota>>),
 }
 
 /// Feeds the decision loop while this replica leads: on every new term, fresh watchers List
 /// everything (quorum reads), the loop rebuilds from that complete view, then every later change
 /// follows on the same channel, in order.
-pub async fn run_sync(client: Client, engine: EngineHandle, mut leadership: watch::Receiver<Option<u64>>, ready: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+pub async fn run_sync(
+    client: Client,
+    engine: EngineHandle,
+    mut leadership: watch::Receiver<Option<u64>>,
+    ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
     loop {
         let term = *leadership.borrow_and_update();
         engine.send(Command::Leadership(term)).await;
@@ -258,11 +280,22 @@ pub async fn run_sync(client: Client, engine: EngineHandle, mut leadership: watc
     }
 }
 
-async fn sync_term(client: Client, engine: EngineHandle, term: u64, ready: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+async fn sync_term(
+    client: Client,
+    engine: EngineHandle,
+    term: u64,
+    ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
     let cfg = watcher::Config::default();
-    let nodes = watcher(Api::<Node>::all(client.clone()), cfg.clone()).map_ok(Change::Node).boxed();
-    let pods = watcher(Api::<Pod>::all(client.clone()), cfg.clone()).map_ok(Change::Pod).boxed();
-    let quotas = watcher(Api::<ResourceQuota>::all(client), cfg).map_ok(Change::Quota).boxed();
+    let nodes = watcher(Api::<Node>::all(client.clone()), cfg.clone())
+        .map_ok(|e| Change::Node(Box::new(e)))
+        .boxed();
+    let pods = watcher(Api::<Pod>::all(client.clone()), cfg.clone())
+        .map_ok(|e| Change::Pod(Box::new(e)))
+        .boxed();
+    let quotas = watcher(Api::<ResourceQuota>::all(client), cfg)
+        .map_ok(|e| Change::Quota(Box::new(e)))
+        .boxed();
     let mut all = futures::stream::select_all([nodes, pods, quotas]);
     let (mut n_buf, mut p_buf, mut q_buf) = (Vec::new(), Vec::new(), Vec::new());
     let mut done = [false; 3];
@@ -279,7 +312,7 @@ async fn sync_term(client: Client, engine: EngineHandle, term: u64, ready: std::
         };
         let mut obs = Vec::new();
         match change {
-            Change::Node(ev) => match ev {
+            Change::Node(ev) => match *ev {
                 watcher::Event::InitApply(n) if !rebuilt => n_buf.push(n),
                 watcher::Event::InitDone if !rebuilt => done[0] = true,
                 watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
@@ -288,7 +321,7 @@ async fn sync_term(client: Client, engine: EngineHandle, term: u64, ready: std::
                 watcher::Event::Delete(n) => obs.push(Observation::NodeDelete(n.name_any())),
                 _ => {}
             },
-            Change::Pod(ev) => match ev {
+            Change::Pod(ev) => match *ev {
                 watcher::Event::InitApply(p) if !rebuilt => p_buf.push(p),
                 watcher::Event::InitDone if !rebuilt => done[1] = true,
                 watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
@@ -299,7 +332,7 @@ async fn sync_term(client: Client, engine: EngineHandle, term: u64, ready: std::
                 }),
                 _ => {}
             },
-            Change::Quota(ev) => match ev {
+            Change::Quota(ev) => match *ev {
                 watcher::Event::InitApply(q) if !rebuilt => q_buf.push(q),
                 watcher::Event::InitDone if !rebuilt => done[2] = true,
                 watcher::Event::Apply(q) | watcher::Event::InitApply(q) => {
@@ -341,12 +374,17 @@ async fn sync_term(client: Client, engine: EngineHandle, term: u64, ready: std::
 /// Nudges pods that failed filtering once capacity frees, so kube-scheduler retries them now
 /// instead of after its unschedulable timeout (HAMi #1368): a pod update moves an unschedulable
 /// pod back to the active queue.
-pub async fn run_requeue(edge: KubeEdge, mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<Unschedulable>>) {
+pub async fn run_requeue(
+    edge: KubeEdge,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<Unschedulable>>,
+) {
     while let Some(pods) = rx.recv().await {
         let stamp = Timestamp::now().as_second().to_string();
         for p in pods.into_iter().take(200) {
-            let mut patch = MetadataPatch::default();
-            patch.annotations = BTreeMap::from([("tessera.io/requeue-at".to_owned(), stamp.clone())]);
+            let patch = MetadataPatch {
+                annotations: BTreeMap::from([("tessera.io/requeue-at".to_owned(), stamp.clone())]),
+                ..Default::default()
+            };
             if let Err(e) = edge.patch_pod(&p.namespace, &p.name, &p.uid, patch).await {
                 tracing::debug!(pod = %p.name, error = %e, "requeue nudge failed");
             }

@@ -5,16 +5,16 @@
 //! overlay), [`decide`] (one filter decision) and [`simulate`]; the daemon's edges around them.
 
 pub mod decide;
-pub mod fit;
-pub mod podspec;
-pub mod simulate;
-pub mod state;
 pub mod edge;
 pub mod engine;
 pub mod extender;
-pub mod webhook;
+pub mod fit;
 pub mod http;
-pub mod metrics;
-pub mod testing;
 pub mod kube_edge;
+pub mod metrics;
+pub mod podspec;
+pub mod simulate;
+pub mod state;
+pub mod testing;
 pub mod tls;
+pub mod webhook;

@@ -50,8 +50,9 @@ impl PolicyArgs {
                     .nvidia
             }
         };
-        let defaults = PolicyDefaults::parse(&self.gpu_scheduler_policy, &self.node_scheduler_policy)
-            .map_err(|e| anyhow::anyhow!("invalid scheduler policy flag: {e}"))?;
+        let defaults =
+            PolicyDefaults::parse(&self.gpu_scheduler_policy, &self.node_scheduler_policy)
+                .map_err(|e| anyhow::anyhow!("invalid scheduler policy flag: {e}"))?;
         Ok(DecisionConfig { nvidia, defaults })
     }
 }

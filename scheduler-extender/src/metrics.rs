@@ -62,7 +62,11 @@ impl Metrics {
         );
         let leader = Gauge::<i64>::default();
         leader.set(i64::from(snap.leader));
-        reg.register("tessera_scheduler_leader", "1 on the elected leader", leader);
+        reg.register(
+            "tessera_scheduler_leader",
+            "1 on the elected leader",
+            leader,
+        );
         if snap.leader {
             let reservations = Gauge::<i64>::default();
             reservations.set(i64::try_from(snap.reservations).unwrap_or(i64::MAX));
@@ -90,7 +94,9 @@ impl Metrics {
                     ("device_type".to_owned(), g.device_type.clone()),
                 ];
                 let mib = 1_048_576.0;
-                mem_limit.get_or_create(&base).set(f64::from(g.totalmem) * mib);
+                mem_limit
+                    .get_or_create(&base)
+                    .set(f64::from(g.totalmem) * mib);
                 core_limit.get_or_create(&base).set(f64::from(g.totalcore));
                 shared.get_or_create(&base).set(f64::from(g.used));
                 core_alloc.get_or_create(&base).set(f64::from(g.usedcores));
@@ -100,7 +106,10 @@ impl Metrics {
                     .get_or_create(&with_cores)
                     .set(f64::from(g.usedmem) * mib);
                 let mut ov = with_cores.clone();
-                ov.insert(4, ("device_memory_limit".to_owned(), g.totalmem.to_string()));
+                ov.insert(
+                    4,
+                    ("device_memory_limit".to_owned(), g.totalmem.to_string()),
+                );
                 overview.get_or_create(&ov).set(f64::from(g.usedmem) * mib);
                 let ratio = if g.totalmem == 0 {
                     0.0
@@ -111,9 +120,21 @@ impl Metrics {
             }
             vgpu.register("hami_gpu_memory_limit_bytes", "GPU memory limit", mem_limit);
             vgpu.register("hami_gpu_core_limit_ratio", "GPU core limit", core_limit);
-            vgpu.register("hami_gpu_memory_allocated_bytes", "GPU memory allocated", mem_alloc);
-            vgpu.register("hami_gpu_shared_count", "Containers sharing the GPU", shared);
-            vgpu.register("hami_gpu_core_allocated_ratio", "GPU cores allocated", core_alloc);
+            vgpu.register(
+                "hami_gpu_memory_allocated_bytes",
+                "GPU memory allocated",
+                mem_alloc,
+            );
+            vgpu.register(
+                "hami_gpu_shared_count",
+                "Containers sharing the GPU",
+                shared,
+            );
+            vgpu.register(
+                "hami_gpu_core_allocated_ratio",
+                "GPU cores allocated",
+                core_alloc,
+            );
             vgpu.register("hami_node_gpu_overview", "GPU overview", overview);
             vgpu.register(
                 "hami_node_gpu_memory_allocated_ratio",
@@ -133,8 +154,16 @@ impl Metrics {
                     q_used.get_or_create(&u).set(*used as f64);
                 }
             }
-            vgpu.register("hami_resource_quota_used", "Namespace GPU quota used", q_used);
-            vgpu.register("hami_resource_quota_limit", "Namespace GPU quota limit", q_limit);
+            vgpu.register(
+                "hami_resource_quota_used",
+                "Namespace GPU quota used",
+                q_used,
+            );
+            vgpu.register(
+                "hami_resource_quota_limit",
+                "Namespace GPU quota limit",
+                q_limit,
+            );
         }
         let mut out = String::new();
         if encode(&mut out, &reg).is_err() {

@@ -59,10 +59,11 @@ fn node_key(p: Option<NodePolicy>) -> NodePolicyKey {
 
 /// The API's view of one container, as `hami-contract` wants it.
 pub fn container_resources(c: &Container) -> ContainerResources {
-    let quantities = |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-        m.map(|m| m.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
-            .unwrap_or_default()
-    };
+    let quantities =
+        |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+            m.map(|m| m.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+                .unwrap_or_default()
+        };
     let resources = c.resources.as_ref();
     ContainerResources {
         name: c.name.clone(),
@@ -89,9 +90,7 @@ pub fn pod_ask(pod: &Pod, cfg: &NvidiaConfig) -> (PodAsk, Vec<String>) {
         .unwrap_or_default();
     let resolved = resolve_pod(&init, &app, cfg);
     let conv = |v: &[Option<hami_contract::ContainerDeviceRequest>]| {
-        v.iter()
-            .map(|r| r.clone().filter(|r| r.nums > 0))
-            .collect()
+        v.iter().map(|r| r.clone().filter(|r| r.nums > 0)).collect()
     };
     let ask = PodAsk {
         init: conv(&resolved.init),

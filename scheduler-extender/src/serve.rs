@@ -12,7 +12,9 @@ use anyhow::Context;
 use tessera_scheduler::decide::DecisionConfig;
 use tessera_scheduler::engine::{Command, Engine, EngineHandle};
 use tessera_scheduler::http::{App, Auth, metrics_router, router};
-use tessera_scheduler::kube_edge::{KubeEdge, LeaseConfig, run_leader_election, run_requeue, run_sync};
+use tessera_scheduler::kube_edge::{
+    KubeEdge, LeaseConfig, run_leader_election, run_requeue, run_sync,
+};
 use tessera_scheduler::metrics::Metrics;
 use tessera_scheduler::tls::{self, TlsFiles};
 use tessera_scheduler::webhook::WebhookConfig;
@@ -22,12 +24,27 @@ use crate::PolicyArgs;
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Extender + webhook listener (HAMi `--http_bind`).
-    #[arg(long, alias = "http_bind", env = "TESSERA_HTTP_BIND", default_value = "127.0.0.1:8080")]
+    #[arg(
+        long,
+        alias = "http_bind",
+        env = "TESSERA_HTTP_BIND",
+        default_value = "127.0.0.1:8080"
+    )]
     pub http_bind: SocketAddr,
     /// Server certificate (PEM); with --key-file enables HTTPS. Reloaded when it changes.
-    #[arg(long, alias = "cert_file", env = "TESSERA_CERT_FILE", requires = "key_file")]
+    #[arg(
+        long,
+        alias = "cert_file",
+        env = "TESSERA_CERT_FILE",
+        requires = "key_file"
+    )]
     pub cert_file: Option<PathBuf>,
-    #[arg(long, alias = "key_file", env = "TESSERA_KEY_FILE", requires = "cert_file")]
+    #[arg(
+        long,
+        alias = "key_file",
+        env = "TESSERA_KEY_FILE",
+        requires = "cert_file"
+    )]
     pub key_file: Option<PathBuf>,
     /// CA bundle for client certificates: a verified client certificate may call /filter and /bind.
     #[arg(long, env = "TESSERA_CLIENT_CA_FILE", requires = "cert_file")]
@@ -36,7 +53,11 @@ pub struct ServeArgs {
     #[arg(long, env = "TESSERA_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     /// Metrics listener (`/metrics`).
-    #[arg(long, env = "TESSERA_METRICS_BIND_ADDRESS", default_value = "0.0.0.0:9395")]
+    #[arg(
+        long,
+        env = "TESSERA_METRICS_BIND_ADDRESS",
+        default_value = "0.0.0.0:9395"
+    )]
     pub metrics_bind_address: SocketAddr,
     /// The scheduler profile name the webhook writes into `spec.schedulerName`.
     #[arg(long, env = "TESSERA_SCHEDULER_NAME", default_value = "hami-scheduler")]
@@ -52,7 +73,11 @@ pub struct ServeArgs {
     /// Elect a leader with a Lease (disable only for a single replica).
     #[arg(long, env = "TESSERA_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
-    #[arg(long, env = "TESSERA_LEADER_ELECT_RESOURCE_NAME", default_value = "tessera-scheduler")]
+    #[arg(
+        long,
+        env = "TESSERA_LEADER_ELECT_RESOURCE_NAME",
+        default_value = "tessera-scheduler"
+    )]
     pub leader_elect_resource_name: String,
     #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
     pub leader_elect_resource_namespace: String,
@@ -66,7 +91,8 @@ pub struct ServeArgs {
 }
 
 fn read_token(path: &PathBuf) -> anyhow::Result<String> {
-    let t = std::fs::read_to_string(path).with_context(|| format!("reading token file {}", path.display()))?;
+    let t = std::fs::read_to_string(path)
+        .with_context(|| format!("reading token file {}", path.display()))?;
     let t = t.trim().to_owned();
     anyhow::ensure!(!t.is_empty(), "token file {} is empty", path.display());
     Ok(t)
@@ -89,7 +115,11 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         .clone()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "tessera-scheduler".to_owned());
-    let edge = Arc::new(KubeEdge::new(client.clone(), &args.scheduler_name, Some(identity.clone())));
+    let edge = Arc::new(KubeEdge::new(
+        client.clone(),
+        &args.scheduler_name,
+        Some(identity.clone()),
+    ));
 
     let (requeue_tx, requeue_rx) = tokio::sync::mpsc::unbounded_channel();
     let engine = EngineHandle::spawn(Engine::new(cfg.clone()).with_requeue(requeue_tx));
@@ -111,7 +141,12 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         std::mem::forget(lead_tx);
     }
     let ready = Arc::new(AtomicBool::new(false));
-    tokio::spawn(run_sync(client.clone(), engine.clone(), lead_rx, ready.clone()));
+    tokio::spawn(run_sync(
+        client.clone(),
+        engine.clone(),
+        lead_rx,
+        ready.clone(),
+    ));
     {
         let engine = engine.clone();
         tokio::spawn(async move {
@@ -131,7 +166,9 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         client_ca: args.client_ca_file.is_some(),
     });
     if auth.is_open() {
-        tracing::warn!("/filter and /bind accept unauthenticated callers: set --client-ca-file or --token-file (docs/scheduler.md)");
+        tracing::warn!(
+            "/filter and /bind accept unauthenticated callers: set --client-ca-file or --token-file (docs/scheduler.md)"
+        );
     }
     if let Some(path) = args.token_file.clone() {
         let auth = auth.clone();
@@ -184,12 +221,20 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
                 client_ca: args.client_ca_file.clone(),
             };
             let current = Arc::new(RwLock::new(tls::load(&files)?));
-            tokio::spawn(tls::watch_reload(files, current.clone(), Duration::from_secs(10)));
+            tokio::spawn(tls::watch_reload(
+                files,
+                current.clone(),
+                Duration::from_secs(10),
+            ));
             Some(current)
         }
         _ => None,
     };
-    let metrics = tokio::spawn(tls::serve(args.metrics_bind_address, metrics_router(app.clone()), None));
+    let metrics = tokio::spawn(tls::serve(
+        args.metrics_bind_address,
+        metrics_router(app.clone()),
+        None,
+    ));
     let main = tokio::spawn(tls::serve(args.http_bind, router(app), tls_cfg));
     tokio::select! {
         r = main => r.context("extender server task")?.context("extender server")?,

@@ -67,8 +67,11 @@ impl Input {
         let mut input = Input::default();
         for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
             let doc_no = i + 1;
-            let value = serde_yaml::Value::deserialize(doc)
-                .map_err(|source| SimulateError::Yaml { doc: doc_no, source })?;
+            let value =
+                serde_yaml::Value::deserialize(doc).map_err(|source| SimulateError::Yaml {
+                    doc: doc_no,
+                    source,
+                })?;
             if value.is_null() {
                 continue;
             }
@@ -98,9 +101,9 @@ impl Input {
                     self.add(doc, item)?;
                 }
             }
-            "Node" => self.nodes.push(
-                serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?,
-            ),
+            "Node" => self
+                .nodes
+                .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
             "Pod" => {
                 let pod: Pod = serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?;
                 if pod.metadata.name.is_none() {
@@ -112,9 +115,9 @@ impl Input {
                     self.pending.push(pod);
                 }
             }
-            "ResourceQuota" => self.quotas.push(
-                serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?,
-            ),
+            "ResourceQuota" => self
+                .quotas
+                .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
             "" => return Err(err("object has no kind".to_owned())),
             other => self.ignored.push(format!("{other} {}", object_name(&v))),
         }
@@ -157,8 +160,12 @@ fn admitted(pod: &Pod, cfg: &DecisionConfig) -> Result<Pod, String> {
         .chain(spec.containers.iter_mut());
     for c in containers {
         let res = crate::podspec::container_resources(c);
-        let m = hami_contract::request::webhook_mutation(&res, &cfg.nvidia)
-            .map_err(|e| format!("the admission webhook would deny this pod: container {}: {e}", c.name))?;
+        let m = hami_contract::request::webhook_mutation(&res, &cfg.nvidia).map_err(|e| {
+            format!(
+                "the admission webhook would deny this pod: container {}: {e}",
+                c.name
+            )
+        })?;
         if m.add_limits.is_empty() {
             continue;
         }
@@ -168,7 +175,10 @@ fn admitted(pod: &Pod, cfg: &DecisionConfig) -> Result<Pod, String> {
             .limits
             .get_or_insert_with(Default::default);
         for (k, v) in m.add_limits {
-            limits.insert(k, k8s_openapi::apimachinery::pkg::api::resource::Quantity(v));
+            limits.insert(
+                k,
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(v),
+            );
         }
     }
     Ok(p)

@@ -44,7 +44,11 @@ impl NodeRecord {
         let annotations = node.metadata.annotations.clone().unwrap_or_default();
         let cordoned: HashSet<String> = annotations
             .get(ann::DEVICE_CORDON)
-            .map(|v| hami_contract::policy::parse_device_cordon(v).into_iter().collect())
+            .map(|v| {
+                hami_contract::policy::parse_device_cordon(v)
+                    .into_iter()
+                    .collect()
+            })
             .unwrap_or_default();
         let topology = annotations
             .get(ann::NODE_SCORE)
@@ -302,6 +306,10 @@ pub struct ClusterState {
     /// UIDs of every pod known to exist (GPU or not), for the reservation sweep.
     live: HashSet<String>,
     by_node: HashMap<String, BTreeSet<String>>,
+    /// Pods pending allocation (bind-phase `allocating`, alive) per node: the gate's index.
+    pending_by_node: HashMap<String, BTreeSet<String>>,
+    /// Reservation UIDs per node.
+    res_by_node: HashMap<String, BTreeSet<String>>,
     quotas: BTreeMap<(String, String), QuotaRecord>,
     reservations: HashMap<String, Reservation>,
     /// Node states with all effective usage applied, rebuilt lazily.
@@ -380,12 +388,19 @@ impl ClusterState {
                     BindStage::Bound => rec.bind_phase.is_some(),
                 }
             {
-                let node = r.node.clone();
-                self.reservations.remove(&uid);
-                self.touch(Some(&node));
+                self.release(&uid);
             }
             if let Some(n) = rec.node.clone() {
-                self.by_node.entry(n.clone()).or_default().insert(uid.clone());
+                self.by_node
+                    .entry(n.clone())
+                    .or_default()
+                    .insert(uid.clone());
+                if rec.is_pending_allocation() {
+                    self.pending_by_node
+                        .entry(n.clone())
+                        .or_default()
+                        .insert(uid.clone());
+                }
                 self.touch(Some(&n));
             }
             self.pods.insert(uid, rec);
@@ -397,6 +412,9 @@ impl ClusterState {
             && let Some(n) = old.node
         {
             if let Some(set) = self.by_node.get_mut(&n) {
+                set.remove(uid);
+            }
+            if let Some(set) = self.pending_by_node.get_mut(&n) {
                 set.remove(uid);
             }
             self.touch(Some(&n));
@@ -433,6 +451,10 @@ impl ClusterState {
     pub fn reserve(&mut self, r: Reservation) {
         self.release(&r.uid);
         self.touch(Some(&r.node.clone()));
+        self.res_by_node
+            .entry(r.node.clone())
+            .or_default()
+            .insert(r.uid.clone());
         self.reservations.insert(r.uid.clone(), r);
     }
 
@@ -440,6 +462,9 @@ impl ClusterState {
     pub fn release(&mut self, uid: &str) -> bool {
         match self.reservations.remove(uid) {
             Some(r) => {
+                if let Some(set) = self.res_by_node.get_mut(&r.node) {
+                    set.remove(uid);
+                }
                 self.touch(Some(&r.node));
                 true
             }
@@ -460,7 +485,8 @@ impl ClusterState {
             .reservations
             .values()
             .filter(|r| {
-                !self.live.contains(&r.uid) && now_tick.saturating_sub(r.created_tick) >= grace_ticks
+                !self.live.contains(&r.uid)
+                    && now_tick.saturating_sub(r.created_tick) >= grace_ticks
             })
             .map(|r| r.uid.clone())
             .collect();
@@ -490,10 +516,8 @@ impl ClusterState {
             .get(name)
             .map(|s| s.iter().map(String::as_str).collect())
             .unwrap_or_default();
-        for r in self.reservations.values() {
-            if r.node == name {
-                uids.insert(r.uid.as_str());
-            }
+        if let Some(res) = self.res_by_node.get(name) {
+            uids.extend(res.iter().map(String::as_str));
         }
         for uid in uids {
             if Some(uid) == exclude {
@@ -535,7 +559,11 @@ impl ClusterState {
 
     /// The node with all effective usage except that of `exclude` (the pod being filtered,
     /// whose previous decision HAMi drops first). Call [`Self::prepare`] first.
-    pub fn node_state(&self, name: &str, exclude: Option<&str>) -> Option<std::borrow::Cow<'_, NodeState>> {
+    pub fn node_state(
+        &self,
+        name: &str,
+        exclude: Option<&str>,
+    ) -> Option<std::borrow::Cow<'_, NodeState>> {
         if let Some(uid) = exclude
             && self.effective(uid).is_some_and(|(n, _)| n == name)
         {
@@ -551,11 +579,15 @@ impl ClusterState {
             return false;
         };
         usage.iter().all(|u| {
-            state.gpus.iter().find(|g| g.uuid == u.uuid).is_some_and(|g| {
-                u64::from(g.used) + u64::from(u.slots.max(1)) <= u64::from(g.count)
-                    && u64::from(g.usedmem) + u64::from(u.mem) <= u64::from(g.totalmem)
-                    && u64::from(g.usedcores) + u64::from(u.cores) <= u64::from(g.totalcore)
-            })
+            state
+                .gpus
+                .iter()
+                .find(|g| g.uuid == u.uuid)
+                .is_some_and(|g| {
+                    u64::from(g.used) + u64::from(u.slots.max(1)) <= u64::from(g.count)
+                        && u64::from(g.usedmem) + u64::from(u.mem) <= u64::from(g.totalmem)
+                        && u64::from(g.usedcores) + u64::from(u.cores) <= u64::from(g.totalcore)
+                })
         })
     }
 
@@ -616,13 +648,16 @@ impl ClusterState {
     pub fn pending_on(&self, node: &str, exclude: &str) -> Vec<(String, &AllocationSignature)> {
         let mut out = Vec::new();
         let mut seen = HashSet::new();
-        for r in self.reservations.values() {
-            if r.node == node && r.stage != BindStage::Decided && r.uid != exclude {
+        for uid in self.res_by_node.get(node).into_iter().flatten() {
+            if let Some(r) = self.reservations.get(uid)
+                && r.stage != BindStage::Decided
+                && r.uid != exclude
+            {
                 seen.insert(r.uid.as_str());
                 out.push((format!("{}/{}", r.namespace, r.name), &r.signature));
             }
         }
-        if let Some(uids) = self.by_node.get(node) {
+        if let Some(uids) = self.pending_by_node.get(node) {
             for uid in uids {
                 if uid == exclude || seen.contains(uid.as_str()) {
                     continue;

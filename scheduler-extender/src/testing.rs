@@ -58,8 +58,10 @@ impl FakeEdge {
     async fn publish(&self, pod: Pod) {
         let engines: Vec<EngineHandle> = lock(&self.informer).clone();
         for e in engines {
-            e.send(Command::Observe(Observation::PodUpsert(Box::new(pod.clone()))))
-                .await;
+            e.send(Command::Observe(Observation::PodUpsert(Box::new(
+                pod.clone(),
+            ))))
+            .await;
         }
     }
 
@@ -112,7 +114,13 @@ impl ClusterEdge for FakeEdge {
         Ok(())
     }
 
-    async fn bind_pod(&self, namespace: &str, name: &str, uid: &str, node: &str) -> Result<(), EdgeError> {
+    async fn bind_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        node: &str,
+    ) -> Result<(), EdgeError> {
         if self
             .fail_binds
             .fetch_update(

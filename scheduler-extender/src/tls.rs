@@ -120,11 +120,19 @@ fn mtimes(paths: &[&Path]) -> Vec<Option<SystemTime>> {
 
 /// Reloads the configuration whenever a file's modification time changes (Secret volume
 /// updates swap the files); a broken new pair keeps the old configuration.
-pub async fn watch_reload(files: TlsFiles, current: Arc<RwLock<Arc<ServerConfig>>>, every: Duration) {
-    let paths: Vec<PathBuf> = [Some(files.cert.clone()), Some(files.key.clone()), files.client_ca.clone()]
-        .into_iter()
-        .flatten()
-        .collect();
+pub async fn watch_reload(
+    files: TlsFiles,
+    current: Arc<RwLock<Arc<ServerConfig>>>,
+    every: Duration,
+) {
+    let paths: Vec<PathBuf> = [
+        Some(files.cert.clone()),
+        Some(files.key.clone()),
+        files.client_ca.clone(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
     let mut seen = mtimes(&refs);
     loop {
@@ -141,7 +149,9 @@ pub async fn watch_reload(files: TlsFiles, current: Arc<RwLock<Arc<ServerConfig>
                 seen = now;
                 tracing::info!("reloaded TLS certificate");
             }
-            Err(e) => tracing::warn!(error = %e, "new TLS files are not usable yet; keeping the old certificate"),
+            Err(e) => {
+                tracing::warn!(error = %e, "new TLS files are not usable yet; keeping the old certificate")
+            }
         }
     }
 }
@@ -168,7 +178,9 @@ pub async fn serve(
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             match tls {
                 None => {
-                    let svc = TowerToHyperService::new(router.layer(axum::Extension(VerifiedClientCert(false))));
+                    let svc = TowerToHyperService::new(
+                        router.layer(axum::Extension(VerifiedClientCert(false))),
+                    );
                     let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
                 }
                 Some(cfg) => {
@@ -190,8 +202,12 @@ pub async fn serve(
                         .1
                         .peer_certificates()
                         .is_some_and(|c| !c.is_empty());
-                    let svc = TowerToHyperService::new(router.layer(axum::Extension(VerifiedClientCert(verified))));
-                    let _ = builder.serve_connection(TokioIo::new(tls_stream), svc).await;
+                    let svc = TowerToHyperService::new(
+                        router.layer(axum::Extension(VerifiedClientCert(verified))),
+                    );
+                    let _ = builder
+                        .serve_connection(TokioIo::new(tls_stream), svc)
+                        .await;
                 }
             }
         });

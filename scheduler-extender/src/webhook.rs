@@ -171,7 +171,13 @@ pub fn handle(body: &[u8], cfg: &WebhookConfig) -> WebhookAnswer {
     mutate(&api_version, uid, object, &pod, cfg)
 }
 
-fn mutate(api_version: &str, uid: &str, original: &Value, pod: &Pod, cfg: &WebhookConfig) -> WebhookAnswer {
+fn mutate(
+    api_version: &str,
+    uid: &str,
+    original: &Value,
+    pod: &Pod,
+    cfg: &WebhookConfig,
+) -> WebhookAnswer {
     let Some(spec) = pod.spec.as_ref() else {
         return deny(api_version, uid, "pod has no containers");
     };
@@ -189,7 +195,10 @@ fn mutate(api_version: &str, uid: &str, original: &Value, pod: &Pod, cfg: &Webho
     let mut has_resource = false;
     let warnings: Vec<String> = Vec::new();
     let lists: [(&str, Vec<&k8s_openapi::api::core::v1::Container>); 2] = [
-        ("initContainers", spec.init_containers.iter().flatten().collect()),
+        (
+            "initContainers",
+            spec.init_containers.iter().flatten().collect(),
+        ),
         ("containers", spec.containers.iter().collect()),
     ];
     let mut privileged: Option<String> = None;

@@ -43,11 +43,21 @@ async fn call(app: &Arc<App<FakeEdge>>, path: &str, body: String) -> serde_json:
 }
 
 /// Schedules one pod like kube-scheduler would: filter, then bind, retrying on errors.
-async fn schedule(apps: Vec<Arc<App<FakeEdge>>>, edge: Arc<FakeEdge>, ns: String, name: String) -> bool {
+async fn schedule(
+    apps: Vec<Arc<App<FakeEdge>>>,
+    edge: Arc<FakeEdge>,
+    ns: String,
+    name: String,
+) -> bool {
     let pod = edge.get_pod_now(&ns, &name);
     for attempt in 0..40usize {
         let app = &apps[attempt % apps.len()];
-        let f = call(app, "/filter", json!({"Pod": pod, "NodeNames": ["scarce"]}).to_string()).await;
+        let f = call(
+            app,
+            "/filter",
+            json!({"Pod": pod, "NodeNames": ["scarce"]}).to_string(),
+        )
+        .await;
         let Some(node) = f["NodeNames"][0].as_str().map(str::to_owned) else {
             tokio::task::yield_now().await;
             continue;
@@ -83,7 +93,8 @@ impl Now for FakeEdge {
         self.pods()
             .into_iter()
             .find(|p| {
-                p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)
+                p.metadata.namespace.as_deref() == Some(ns)
+                    && p.metadata.name.as_deref() == Some(name)
             })
             .unwrap()
     }
@@ -98,7 +109,8 @@ fn api_bookings(edge: &FakeEdge) -> HashMap<String, (u32, u32, u32)> {
         if !bound {
             continue;
         }
-        let devices = hami_contract::PodDevices::decode(&a["hami.io/vgpu-devices-allocated"]).unwrap();
+        let devices =
+            hami_contract::PodDevices::decode(&a["hami.io/vgpu-devices-allocated"]).unwrap();
         for d in devices.0.iter().flatten() {
             let e = per_gpu.entry(d.uuid.clone()).or_default();
             e.0 += 1;
@@ -139,7 +151,9 @@ async fn hundreds_of_concurrent_filter_and_bind_never_overbook() {
     let edge = Arc::new(FakeEdge::new());
     edge.watch(engine.clone());
     engine
-        .send(Command::Observe(Observation::NodeUpsert(Box::new(gpu_node("scarce", GPUS, MEM, COUNT)))))
+        .send(Command::Observe(Observation::NodeUpsert(Box::new(
+            gpu_node("scarce", GPUS, MEM, COUNT),
+        ))))
         .await;
     let pods = setup_pods(&edge, 300).await;
     let a = app(&engine, &edge);
@@ -155,7 +169,10 @@ async fn hundreds_of_concurrent_filter_and_bind_never_overbook() {
     assert_eq!(total, bound);
     assert_eq!(bound, GPUS * COUNT, "every slot is used, none twice");
     for g in engine.bookings().await {
-        assert!(g.used <= g.count && g.usedmem <= g.totalmem && g.usedcores <= g.totalcore, "{g:?}");
+        assert!(
+            g.used <= g.count && g.usedmem <= g.totalmem && g.usedcores <= g.totalcore,
+            "{g:?}"
+        );
     }
 }
 
@@ -169,7 +186,12 @@ async fn a_leadership_change_mid_stream_never_overbooks() {
     let node = gpu_node("scarce", GPUS, MEM, COUNT);
     first.send(Command::Leadership(Some(1))).await;
     first
-        .send(Command::Rebuild { term: 1, nodes: vec![node.clone()], pods: vec![], quotas: vec![] })
+        .send(Command::Rebuild {
+            term: 1,
+            nodes: vec![node.clone()],
+            pods: vec![],
+            quotas: vec![],
+        })
         .await;
     let pods = setup_pods(&edge, 200).await;
     let apps = vec![app(&first, &edge), app(&second, &edge)];
@@ -183,7 +205,12 @@ async fn a_leadership_change_mid_stream_never_overbooks() {
     first.send(Command::Leadership(None)).await;
     second.send(Command::Leadership(Some(2))).await;
     second
-        .send(Command::Rebuild { term: 2, nodes: vec![node], pods: edge.pods(), quotas: vec![] })
+        .send(Command::Rebuild {
+            term: 2,
+            nodes: vec![node],
+            pods: edge.pods(),
+            quotas: vec![],
+        })
         .await;
     for t in tasks {
         t.await.unwrap();

@@ -87,22 +87,121 @@ fn equal_cards_are_tried_from_the_end_of_the_sorted_list() {
     );
 }
 
+/// (name, how to prepare the card, request, options, expected reason)
+type Case = (
+    &'static str,
+    Box<dyn Fn(&mut GpuState)>,
+    PodAsk,
+    PlacementOptions,
+    &'static str,
+);
+
 #[test]
 fn every_card_reason_is_reported_in_hami_format() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut GpuState)>, PodAsk, PlacementOptions, &str)> = vec![
-        ("unhealthy", Box::new(|g| g.health = false), one(1, 1000, UNSET, 0), opts(&[]), "1/1 CardNotHealth"),
-        ("time slicing", Box::new(|g| { g.count = 2; g.used = 2 }), one(1, 1000, UNSET, 0), opts(&[]), "1/1 CardTimeSlicingExhausted"),
-        ("memory", Box::new(|g| g.usedmem = 15500), one(1, 1000, UNSET, 0), opts(&[]), "1/1 CardInsufficientMemory"),
-        ("cores", Box::new(|g| { g.used = 1; g.usedcores = 80 }), one(1, 1000, UNSET, 30), opts(&[]), "1/1 CardInsufficientCore"),
-        ("exclusive 100 cores on a used card", Box::new(|g| { g.used = 1; g.usedcores = 0 }), one(1, 1000, UNSET, 100), opts(&[]), "1/1 ExclusiveDeviceAllocateConflict"),
-        ("mutex on a used card", Box::new(|g| g.used = 1), one(1, 1000, UNSET, 0), opts(&[GpuPolicyKey::Mutex]), "1/1 ExclusiveDeviceAllocateConflict"),
-        ("compute units exhausted", Box::new(|g| { g.used = 1; g.usedcores = 100 }), one(1, 1000, UNSET, 0), opts(&[]), "1/1 CardComputeUnitsExhausted"),
-        ("type", Box::new(|_| {}), one(1, 1000, UNSET, 0), with(|s| s.use_type = vec!["A100".into()]), "1/1 CardTypeMismatch"),
-        ("nouse type", Box::new(|_| {}), one(1, 1000, UNSET, 0), with(|s| s.nouse_type = vec!["t4".into()]), "1/1 CardTypeMismatch"),
-        ("vgpu-mode", Box::new(|_| {}), one(1, 1000, UNSET, 0), with(|s| s.vgpu_mode = Some("mig".into())), "1/1 CardTypeMismatch"),
-        ("uuid", Box::new(|_| {}), one(1, 1000, UNSET, 0), with(|s| s.use_uuid = vec!["GPU-x".into()]), "1/1 CardUuidMismatch"),
-        ("nouse uuid", Box::new(|_| {}), one(1, 1000, UNSET, 0), with(|s| s.nouse_uuid = vec!["GPU-a".into()]), "1/1 CardUuidMismatch"),
-        ("mig mode is not served", Box::new(|g| g.mode = "mig".into()), one(1, 1000, UNSET, 0), opts(&[]), "1/1 CardNotFoundCustomFilterRule"),
+    let cases: Vec<Case> = vec![
+        (
+            "unhealthy",
+            Box::new(|g| g.health = false),
+            one(1, 1000, UNSET, 0),
+            opts(&[]),
+            "1/1 CardNotHealth",
+        ),
+        (
+            "time slicing",
+            Box::new(|g| {
+                g.count = 2;
+                g.used = 2
+            }),
+            one(1, 1000, UNSET, 0),
+            opts(&[]),
+            "1/1 CardTimeSlicingExhausted",
+        ),
+        (
+            "memory",
+            Box::new(|g| g.usedmem = 15500),
+            one(1, 1000, UNSET, 0),
+            opts(&[]),
+            "1/1 CardInsufficientMemory",
+        ),
+        (
+            "cores",
+            Box::new(|g| {
+                g.used = 1;
+                g.usedcores = 80
+            }),
+            one(1, 1000, UNSET, 30),
+            opts(&[]),
+            "1/1 CardInsufficientCore",
+        ),
+        (
+            "exclusive 100 cores on a used card",
+            Box::new(|g| {
+                g.used = 1;
+                g.usedcores = 0
+            }),
+            one(1, 1000, UNSET, 100),
+            opts(&[]),
+            "1/1 ExclusiveDeviceAllocateConflict",
+        ),
+        (
+            "mutex on a used card",
+            Box::new(|g| g.used = 1),
+            one(1, 1000, UNSET, 0),
+            opts(&[GpuPolicyKey::Mutex]),
+            "1/1 ExclusiveDeviceAllocateConflict",
+        ),
+        (
+            "compute units exhausted",
+            Box::new(|g| {
+                g.used = 1;
+                g.usedcores = 100
+            }),
+            one(1, 1000, UNSET, 0),
+            opts(&[]),
+            "1/1 CardComputeUnitsExhausted",
+        ),
+        (
+            "type",
+            Box::new(|_| {}),
+            one(1, 1000, UNSET, 0),
+            with(|s| s.use_type = vec!["A100".into()]),
+            "1/1 CardTypeMismatch",
+        ),
+        (
+            "nouse type",
+            Box::new(|_| {}),
+            one(1, 1000, UNSET, 0),
+            with(|s| s.nouse_type = vec!["t4".into()]),
+            "1/1 CardTypeMismatch",
+        ),
+        (
+            "vgpu-mode",
+            Box::new(|_| {}),
+            one(1, 1000, UNSET, 0),
+            with(|s| s.vgpu_mode = Some("mig".into())),
+            "1/1 CardTypeMismatch",
+        ),
+        (
+            "uuid",
+            Box::new(|_| {}),
+            one(1, 1000, UNSET, 0),
+            with(|s| s.use_uuid = vec!["GPU-x".into()]),
+            "1/1 CardUuidMismatch",
+        ),
+        (
+            "nouse uuid",
+            Box::new(|_| {}),
+            one(1, 1000, UNSET, 0),
+            with(|s| s.nouse_uuid = vec!["GPU-a".into()]),
+            "1/1 CardUuidMismatch",
+        ),
+        (
+            "mig mode is not served",
+            Box::new(|g| g.mode = "mig".into()),
+            one(1, 1000, UNSET, 0),
+            opts(&[]),
+            "1/1 CardNotFoundCustomFilterRule",
+        ),
     ];
     for (name, prep, ask, o, want) in cases {
         let mut g = gpu("GPU-a", 0, 0);
@@ -115,13 +214,18 @@ fn every_card_reason_is_reported_in_hami_format() {
 #[test]
 fn cordoned_cards_are_skipped_and_counted() {
     let mut n = node(vec![gpu("GPU-a", 0, 0), gpu("GPU-b", 1, 0)]);
-    n.cordoned = ["GPU-a".to_owned(), "GPU-b".to_owned()].into_iter().collect();
+    n.cordoned = ["GPU-a".to_owned(), "GPU-b".to_owned()]
+        .into_iter()
+        .collect();
     assert_eq!(
         eval(&n, &one(1, 1000, UNSET, 0), &opts(&[])),
         Err("2/2 CardCordoned".to_owned())
     );
     n.cordoned.remove("GPU-a");
-    assert_eq!(eval(&n, &one(1, 1000, UNSET, 0), &opts(&[])).unwrap(), "GPU-a,NVIDIA,1000,0:;");
+    assert_eq!(
+        eval(&n, &one(1, 1000, UNSET, 0), &opts(&[])).unwrap(),
+        "GPU-a,NVIDIA,1000,0:;"
+    );
 }
 
 #[test]
@@ -168,8 +272,14 @@ fn numa_bind_keeps_a_container_on_one_numa_node() {
 #[test]
 fn cores_above_100_are_clamped_and_percentages_resolved_per_card() {
     let n = node(vec![gpu("GPU-a", 0, 0)]);
-    assert_eq!(eval(&n, &one(1, 0, 50, 150), &opts(&[])).unwrap(), "GPU-a,NVIDIA,8000,100:;");
-    assert_eq!(eval(&n, &one(1, 0, 100, 0), &opts(&[])).unwrap(), "GPU-a,NVIDIA,16000,0:;");
+    assert_eq!(
+        eval(&n, &one(1, 0, 50, 150), &opts(&[])).unwrap(),
+        "GPU-a,NVIDIA,8000,100:;"
+    );
+    assert_eq!(
+        eval(&n, &one(1, 0, 100, 0), &opts(&[])).unwrap(),
+        "GPU-a,NVIDIA,16000,0:;"
+    );
 }
 
 #[test]
@@ -177,9 +287,15 @@ fn app_containers_accumulate_and_init_containers_start_fresh() {
     let n = node(vec![gpu("GPU-a", 0, 0)]);
     let two_app = PodAsk {
         init: vec![],
-        app: vec![Some(gpu_request(1, 10000, UNSET, 0)), Some(gpu_request(1, 10000, UNSET, 0))],
+        app: vec![
+            Some(gpu_request(1, 10000, UNSET, 0)),
+            Some(gpu_request(1, 10000, UNSET, 0)),
+        ],
     };
-    assert_eq!(eval(&n, &two_app, &opts(&[])), Err("1/1 CardInsufficientMemory".to_owned()));
+    assert_eq!(
+        eval(&n, &two_app, &opts(&[])),
+        Err("1/1 CardInsufficientMemory".to_owned())
+    );
     let init_then_app = PodAsk {
         init: vec![Some(gpu_request(1, 10000, UNSET, 0))],
         app: vec![Some(gpu_request(1, 10000, UNSET, 0))],
@@ -197,7 +313,10 @@ fn containers_without_gpus_get_aligned_empty_entries() {
         init: vec![None],
         app: vec![None, Some(gpu_request(1, 1000, UNSET, 30)), None],
     };
-    assert_eq!(eval(&n, &ask, &opts(&[])).unwrap(), ";;GPU-a,NVIDIA,1000,30:;;");
+    assert_eq!(
+        eval(&n, &ask, &opts(&[])).unwrap(),
+        ";;GPU-a,NVIDIA,1000,30:;;"
+    );
 }
 
 #[test]
@@ -222,14 +341,24 @@ fn quota_blocks_cards_over_the_namespace_budget() {
     };
     let two = PodAsk {
         init: vec![],
-        app: vec![Some(gpu_request(1, 1000, UNSET, 0)), Some(gpu_request(1, 1000, UNSET, 0))],
+        app: vec![
+            Some(gpu_request(1, 1000, UNSET, 0)),
+            Some(gpu_request(1, 1000, UNSET, 0)),
+        ],
     };
     assert_eq!(
         fit::evaluate_node(&n, &two, &opts(&[]), Some(&q)).map(|f| f.charge),
         Err("1/1 ResourceQuotaNotFit".to_owned())
     );
     let ok = fit::evaluate_node(&n, &one(1, 1000, UNSET, 20), &opts(&[]), Some(&q)).unwrap();
-    assert_eq!(ok.charge, Charge { mem: 1000, cores: 20, count: 1 });
+    assert_eq!(
+        ok.charge,
+        Charge {
+            mem: 1000,
+            cores: 20,
+            count: 1
+        }
+    );
 }
 
 #[test]
@@ -272,7 +401,10 @@ fn topology_aware_picks_the_best_linked_pair_and_the_loneliest_single() {
     let pair = eval(&n, &one(2, 1000, UNSET, 0), &o).unwrap();
     assert!(pair.contains("GPU-a") && pair.contains("GPU-c"), "{pair}");
     // Single: the card with the lowest sum of scores to the others (GPU-d: 50; GPU-b: 60).
-    assert_eq!(eval(&n, &one(1, 1000, UNSET, 0), &o).unwrap(), "GPU-d,NVIDIA,1000,0:;");
+    assert_eq!(
+        eval(&n, &one(1, 1000, UNSET, 0), &o).unwrap(),
+        "GPU-d,NVIDIA,1000,0:;"
+    );
 }
 
 #[test]
@@ -283,13 +415,23 @@ fn comma_chains_apply_keys_in_order() {
     a.usedmem = 1000;
     let n = node(vec![a, gpu("GPU-b", 1, 0)]);
     assert_eq!(
-        eval(&n, &one(1, 1000, UNSET, 0), &opts(&[GpuPolicyKey::Binpack, GpuPolicyKey::Numa])).unwrap(),
+        eval(
+            &n,
+            &one(1, 1000, UNSET, 0),
+            &opts(&[GpuPolicyKey::Binpack, GpuPolicyKey::Numa])
+        )
+        .unwrap(),
         "GPU-a,NVIDIA,1000,0:;"
     );
     // numa,spread: NUMA ascending first ⇒ the NUMA 1 card is last ⇒ first tried.
     let n = node(vec![gpu("GPU-a", 0, 1), gpu("GPU-b", 1, 0)]);
     assert_eq!(
-        eval(&n, &one(1, 1000, UNSET, 0), &opts(&[GpuPolicyKey::Numa, GpuPolicyKey::Spread])).unwrap(),
+        eval(
+            &n,
+            &one(1, 1000, UNSET, 0),
+            &opts(&[GpuPolicyKey::Numa, GpuPolicyKey::Spread])
+        )
+        .unwrap(),
         "GPU-a,NVIDIA,1000,0:;"
     );
 }
@@ -325,7 +467,11 @@ fn node_score_matches_hami_formula() {
 fn device_score_uses_the_scoring_weights() {
     let g = gpu("GPU-a", 0, 0);
     let r = gpu_request(1, 8000, UNSET, 50);
-    let w = fit::Weights { slot: 1, core: 0, memory: 2 };
+    let w = fit::Weights {
+        slot: 1,
+        core: 0,
+        memory: 2,
+    };
     // 10 × (1 × 1/10 + 0 + 2 × 8000/16000) = 11
     assert!((fit::device_score(&g, &r, w) - 11.0).abs() < 1e-9);
 }

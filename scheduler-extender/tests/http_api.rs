@@ -42,10 +42,19 @@ async fn harness_with(engine: Engine, auth: Auth) -> Harness {
 }
 
 async fn harness() -> Harness {
-    harness_with(Engine::standalone(DecisionConfig::default()), Auth::default()).await
+    harness_with(
+        Engine::standalone(DecisionConfig::default()),
+        Auth::default(),
+    )
+    .await
 }
 
-async fn post(h: &Harness, path: &str, body: impl Into<Body>, token: Option<&str>) -> (StatusCode, String) {
+async fn post(
+    h: &Harness,
+    path: &str,
+    body: impl Into<Body>,
+    token: Option<&str>,
+) -> (StatusCode, String) {
     let mut req = Request::post(path).header("content-type", "application/json");
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));
@@ -64,15 +73,14 @@ fn filter_args(pod: &k8s_openapi::api::core::v1::Pod, nodes: &[&str]) -> String 
 }
 
 fn bind_args(ns: &str, name: &str, node: &str) -> String {
-    json!({"PodName": name, "PodNamespace": ns, "PodUID": format!("uid-{ns}-{name}"), "Node": node}).to_string()
+    json!({"PodName": name, "PodNamespace": ns, "PodUID": format!("uid-{ns}-{name}"), "Node": node})
+        .to_string()
 }
 
 async fn booked(h: &Harness) -> (u32, u32, u32) {
-    h.engine
-        .bookings()
-        .await
-        .iter()
-        .fold((0, 0, 0), |a, g| (a.0 + g.used, a.1 + g.usedmem, a.2 + g.usedcores))
+    h.engine.bookings().await.iter().fold((0, 0, 0), |a, g| {
+        (a.0 + g.used, a.1 + g.usedmem, a.2 + g.usedcores)
+    })
 }
 
 #[tokio::test]
@@ -86,14 +94,33 @@ async fn filter_returns_exactly_one_node_and_writes_hami_annotations() {
         body,
         r#"{"Nodes":null,"NodeNames":["node1"],"FailedNodes":null,"FailedAndUnresolvableNodes":null,"Error":""}"#
     );
-    let stored = h.edge.pods().into_iter().find(|p| p.metadata.name.as_deref() == Some("p1")).unwrap();
+    let stored = h
+        .edge
+        .pods()
+        .into_iter()
+        .find(|p| p.metadata.name.as_deref() == Some("p1"))
+        .unwrap();
     let a = stored.metadata.annotations.unwrap();
     assert_eq!(a["hami.io/vgpu-node"], "node1");
-    assert_eq!(a["hami.io/vgpu-devices-allocated"], "GPU-node1-0,NVIDIA,3000,30:;");
-    assert_eq!(a["hami.io/vgpu-devices-to-allocate"], "GPU-node1-0,NVIDIA,3000,30:;");
+    assert_eq!(
+        a["hami.io/vgpu-devices-allocated"],
+        "GPU-node1-0,NVIDIA,3000,30:;"
+    );
+    assert_eq!(
+        a["hami.io/vgpu-devices-to-allocate"],
+        "GPU-node1-0,NVIDIA,3000,30:;"
+    );
     assert!(a["hami.io/vgpu-time"].parse::<u64>().is_ok());
-    assert_eq!(stored.metadata.labels.unwrap()["hami.io/vgpu-node"], "node1");
-    assert!(h.edge.events().iter().any(|e| e.reason == "FilteringSucceed"));
+    assert_eq!(
+        stored.metadata.labels.unwrap()["hami.io/vgpu-node"],
+        "node1"
+    );
+    assert!(
+        h.edge
+            .events()
+            .iter()
+            .any(|e| e.reason == "FilteringSucceed")
+    );
 }
 
 #[tokio::test]
@@ -117,7 +144,10 @@ async fn filter_reports_the_reason_per_node() {
     );
     let ev = h.edge.events();
     let failed = ev.iter().find(|e| e.reason == "FilteringFailed").unwrap();
-    assert_eq!(failed.message, "1 nodes CardInsufficientMemory(node1); 1 nodes node unregistered(ghost)");
+    assert_eq!(
+        failed.message,
+        "1 nodes CardInsufficientMemory(node1); 1 nodes node unregistered(ghost)"
+    );
 }
 
 #[tokio::test]
@@ -130,14 +160,21 @@ async fn missing_pod_empty_and_oversized_bodies() {
         r#"{"Nodes":null,"NodeNames":null,"FailedNodes":null,"FailedAndUnresolvableNodes":null,"Error":"extender args missing pod"}"#
     );
     let (status, body) = post(&h, "/filter", "", None).await;
-    assert_eq!((status, body.as_str()), (StatusCode::BAD_REQUEST, "Please send a request body"));
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::BAD_REQUEST, "Please send a request body")
+    );
     let pod = gpu_pod("default", "p1", 1, 3000, 30);
     let mut big = json!({"Pod": pod, "NodeNames": ["node1"]});
     big["Padding"] = json!("x".repeat(1 << 20));
     let (status, body) = post(&h, "/filter", big.to_string(), None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body.contains("larger than"), "{body}");
-    assert_eq!(booked(&h).await, (0, 0, 0), "an oversized request changes nothing");
+    assert_eq!(
+        booked(&h).await,
+        (0, 0, 0),
+        "an oversized request changes nothing"
+    );
     let (status, _) = post(&h, "/bind", "", None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
@@ -167,7 +204,10 @@ async fn full_nodes_form_answers_with_the_chosen_node_object_and_writes_nothing(
     assert_eq!(v["FailedNodes"]["n-b"], "1/1 CardInsufficientMemory");
     assert_eq!(v["NodeNames"], Value::Null);
     let stored = h.edge.pods().pop().unwrap();
-    assert!(stored.metadata.annotations.is_none(), "no side effects in Nodes mode");
+    assert!(
+        stored.metadata.annotations.is_none(),
+        "no side effects in Nodes mode"
+    );
 }
 
 #[tokio::test]
@@ -180,10 +220,16 @@ async fn bind_sets_allocating_then_binds() {
     assert_eq!((status, body.as_str()), (StatusCode::OK, r#"{"Error":""}"#));
     let stored = h.edge.pods().pop().unwrap();
     assert_eq!(stored.spec.unwrap().node_name.as_deref(), Some("node1"));
-    assert_eq!(stored.metadata.annotations.unwrap()["hami.io/bind-phase"], "allocating");
+    assert_eq!(
+        stored.metadata.annotations.unwrap()["hami.io/bind-phase"],
+        "allocating"
+    );
     let ev = h.edge.events();
     let ok = ev.iter().find(|e| e.reason == "BindingSucceed").unwrap();
-    assert_eq!(ok.message, "Successfully binding node [node1] to default/p1");
+    assert_eq!(
+        ok.message,
+        "Successfully binding node [node1] to default/p1"
+    );
 }
 
 #[tokio::test]
@@ -196,20 +242,38 @@ async fn bind_refuses_a_pod_confusable_with_one_still_pending_on_the_node() {
         h.edge.add_pod(p.clone());
     }
     post(&h, "/filter", filter_args(&a, &["node1"]), None).await;
-    assert_eq!(post(&h, "/bind", bind_args("default", "a", "node1"), None).await.1, r#"{"Error":""}"#);
+    assert_eq!(
+        post(&h, "/bind", bind_args("default", "a", "node1"), None)
+            .await
+            .1,
+        r#"{"Error":""}"#
+    );
     // b differs in memory: the device plugin could serve it a's limits. Filter steers away…
     let (_, out) = post(&h, "/filter", filter_args(&b, &["node1"]), None).await;
-    assert!(out.contains("PendingAllocationConflict: pod default/a"), "{out}");
+    assert!(
+        out.contains("PendingAllocationConflict: pod default/a"),
+        "{out}"
+    );
     // …and c, identical to a, may go to the same node at once.
     let (_, out) = post(&h, "/filter", filter_args(&c, &["node1"]), None).await;
     assert!(out.contains(r#""NodeNames":["node1"]"#), "{out}");
-    assert_eq!(post(&h, "/bind", bind_args("default", "c", "node1"), None).await.1, r#"{"Error":""}"#);
+    assert_eq!(
+        post(&h, "/bind", bind_args("default", "c", "node1"), None)
+            .await
+            .1,
+        r#"{"Error":""}"#
+    );
     // Once the device plugin reports a and c, b fits and binds.
     h.edge.set_bind_phase("default", "a", "success").await;
     h.edge.set_bind_phase("default", "c", "success").await;
     let (_, out) = post(&h, "/filter", filter_args(&b, &["node1"]), None).await;
     assert!(out.contains(r#""NodeNames":["node1"]"#), "{out}");
-    assert_eq!(post(&h, "/bind", bind_args("default", "b", "node1"), None).await.1, r#"{"Error":""}"#);
+    assert_eq!(
+        post(&h, "/bind", bind_args("default", "b", "node1"), None)
+            .await
+            .1,
+        r#"{"Error":""}"#
+    );
 }
 
 #[tokio::test]
@@ -219,12 +283,17 @@ async fn a_failed_binding_releases_the_reservation_at_once() {
     h.edge.add_pod(pod.clone());
     post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
     assert_eq!(booked(&h).await, (1, 3000, 30));
-    h.edge.fail_binds.store(1, std::sync::atomic::Ordering::SeqCst);
+    h.edge
+        .fail_binds
+        .store(1, std::sync::atomic::Ordering::SeqCst);
     let (_, body) = post(&h, "/bind", bind_args("default", "p1", "node1"), None).await;
     assert!(body.contains("injected Binding failure"), "{body}");
     assert_eq!(booked(&h).await, (0, 0, 0));
     let stored = h.edge.pods().pop().unwrap();
-    assert_eq!(stored.metadata.annotations.unwrap()["hami.io/bind-phase"], "failed");
+    assert_eq!(
+        stored.metadata.annotations.unwrap()["hami.io/bind-phase"],
+        "failed"
+    );
 }
 
 #[tokio::test]
@@ -234,7 +303,9 @@ async fn bind_of_an_unknown_pod_or_stale_uid_is_an_error() {
     assert_eq!(body, r#"{"Error":"pod default/ghost not found"}"#);
     let pod = gpu_pod("default", "p1", 1, 3000, 30);
     h.edge.add_pod(pod);
-    let body = json!({"PodName": "p1", "PodNamespace": "default", "PodUID": "old", "Node": "node1"}).to_string();
+    let body =
+        json!({"PodName": "p1", "PodNamespace": "default", "PodUID": "old", "Node": "node1"})
+            .to_string();
     let (_, out) = post(&h, "/bind", body, None).await;
     assert!(out.contains("recreated"), "{out}");
 }
@@ -250,7 +321,13 @@ async fn callers_must_authenticate_when_a_token_is_configured() {
     h.edge.add_pod(pod.clone());
     let (status, _) = post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    let (status, _) = post(&h, "/bind", bind_args("default", "p1", "node1"), Some("wrong")).await;
+    let (status, _) = post(
+        &h,
+        "/bind",
+        bind_args("default", "p1", "node1"),
+        Some("wrong"),
+    )
+    .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(booked(&h).await, (0, 0, 0));
     let (status, body) = post(&h, "/filter", filter_args(&pod, &["node1"]), Some("s3cret")).await;
@@ -276,5 +353,8 @@ async fn metrics_expose_hami_gpu_names_on_the_leader() {
     let snap = h.engine.metrics().await;
     let text = h.app.metrics.render(&snap);
     assert!(text.contains(r#"hami_gpu_memory_allocated_bytes{zone="vGPU",node="node1",device_uuid="GPU-node1-0",device_index="0",device_cores="100",device_type="NVIDIA-Tesla T4"} 3145728000"#), "{text}");
-    assert!(text.contains("tessera_filter_duration_seconds_count 1"), "{text}");
+    assert!(
+        text.contains("tessera_filter_duration_seconds_count 1"),
+        "{text}"
+    );
 }

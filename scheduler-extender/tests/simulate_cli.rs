@@ -12,11 +12,18 @@ fn run(args: &[&str]) -> (bool, Vec<Value>, String) {
         .lines()
         .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
         .collect();
-    (out.status.success(), lines, String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        lines,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn by_pod<'a>(lines: &'a [Value], pod: &str) -> &'a Value {
-    lines.iter().find(|l| l["pod"] == pod).unwrap_or_else(|| panic!("no line for {pod}"))
+    lines
+        .iter()
+        .find(|l| l["pod"] == pod)
+        .unwrap_or_else(|| panic!("no line for {pod}"))
 }
 
 #[test]
@@ -25,19 +32,34 @@ fn the_example_places_pods_in_order_and_explains_the_rest() {
     assert!(ok, "{err}");
     assert_eq!(lines.len(), 7);
     let notebook = by_pod(&lines, "default/notebook");
-    assert_eq!(notebook["node"], "t4-node", "binpack: the fullest node that fits");
+    assert_eq!(
+        notebook["node"], "t4-node",
+        "binpack: the fullest node that fits"
+    );
     assert_eq!(notebook["devices"], "GPU-t4-1,NVIDIA,4000,20:;");
-    assert_eq!(notebook["reasons"]["l4-node"], "1/2 CardCordoned, 1/2 CardNotHealth");
+    assert_eq!(
+        notebook["reasons"]["l4-node"],
+        "1/2 CardCordoned, 1/2 CardNotHealth"
+    );
     let halves = by_pod(&lines, "default/two-halves");
     assert_eq!(halves["node"], "a100-node");
-    assert_eq!(halves["devices"], "GPU-a100-3,NVIDIA,20480,0:GPU-a100-2,NVIDIA,20480,0:;");
-    assert_eq!(by_pod(&lines, "default/t4-only")["reasons"]["a100-node"], "4/4 CardTypeMismatch");
+    assert_eq!(
+        halves["devices"],
+        "GPU-a100-3,NVIDIA,20480,0:GPU-a100-2,NVIDIA,20480,0:;"
+    );
+    assert_eq!(
+        by_pod(&lines, "default/t4-only")["reasons"]["a100-node"],
+        "4/4 CardTypeMismatch"
+    );
     assert_eq!(by_pod(&lines, "team-a/batch-1")["node"], "a100-node");
     let over = by_pod(&lines, "team-a/batch-2");
     assert_eq!(over["node"], Value::Null);
     assert_eq!(over["reasons"]["a100-node"], "4/4 ResourceQuotaNotFit");
     let init = by_pod(&lines, "default/with-init");
-    assert_eq!(init["devices"], "GPU-a100-1,NVIDIA,2000,0:;;GPU-a100-1,NVIDIA,12000,30:;");
+    assert_eq!(
+        init["devices"],
+        "GPU-a100-1,NVIDIA,2000,0:;;GPU-a100-1,NVIDIA,12000,30:;"
+    );
     let big = by_pod(&lines, "default/too-big");
     assert_eq!(big["node"], Value::Null);
     assert_eq!(big["reasons"]["t4-node"], "2/2 CardInsufficientMemory");
@@ -45,7 +67,13 @@ fn the_example_places_pods_in_order_and_explains_the_rest() {
 
 #[test]
 fn node_policy_flag_changes_the_choice() {
-    let (ok, lines, err) = run(&["simulate", "-f", "examples/simulate/cluster.yaml", "--node-scheduler-policy", "spread"]);
+    let (ok, lines, err) = run(&[
+        "simulate",
+        "-f",
+        "examples/simulate/cluster.yaml",
+        "--node-scheduler-policy",
+        "spread",
+    ]);
     assert!(ok, "{err}");
     assert_eq!(by_pod(&lines, "default/notebook")["node"], "a100-node");
 }

@@ -7,12 +7,17 @@ use tessera_scheduler::engine::{Engine, Observation, Refusal};
 use tessera_scheduler::testing::{gpu_node, gpu_pod, running_pod};
 
 fn quota(ns: &str, name: &str, hard: serde_json::Value) -> ResourceQuota {
-    serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "spec": {"hard": hard}})).unwrap()
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "namespace": ns}, "spec": {"hard": hard}}),
+    )
+    .unwrap()
 }
 
 fn engine() -> Engine {
     let mut e = Engine::standalone(DecisionConfig::default());
-    e.observe(Observation::NodeUpsert(Box::new(gpu_node("n1", 2, 16000, 10))));
+    e.observe(Observation::NodeUpsert(Box::new(gpu_node(
+        "n1", 2, 16000, 10,
+    ))));
     e
 }
 
@@ -33,10 +38,21 @@ fn reasons(v: &Result<Verdict, Refusal>) -> String {
 #[test]
 fn the_smallest_quota_of_a_namespace_wins_and_in_flight_reservations_count() {
     let mut e = engine();
-    e.observe(Observation::QuotaUpsert(Box::new(quota("team", "big", json!({"limits.nvidia.com/gpumem": "20000"})))));
-    e.observe(Observation::QuotaUpsert(Box::new(quota("team", "small", json!({"limits.nvidia.com/gpumem": "5000"})))));
+    e.observe(Observation::QuotaUpsert(Box::new(quota(
+        "team",
+        "big",
+        json!({"limits.nvidia.com/gpumem": "20000"}),
+    ))));
+    e.observe(Observation::QuotaUpsert(Box::new(quota(
+        "team",
+        "small",
+        json!({"limits.nvidia.com/gpumem": "5000"}),
+    ))));
     let n = vec!["n1".to_owned()];
-    assert_eq!(placed(&e.filter(&gpu_pod("team", "a", 1, 4000, 0), &n)).as_deref(), Some("n1"));
+    assert_eq!(
+        placed(&e.filter(&gpu_pod("team", "a", 1, 4000, 0), &n)).as_deref(),
+        Some("n1")
+    );
     // Not yet visible to any informer, still charged.
     let second = e.filter(&gpu_pod("team", "b", 1, 4000, 0), &n);
     assert_eq!(reasons(&second), "2/2 ResourceQuotaNotFit");
@@ -50,10 +66,20 @@ fn the_smallest_quota_of_a_namespace_wins_and_in_flight_reservations_count() {
 #[test]
 fn quota_count_and_cores_keys_are_enforced() {
     let mut e = engine();
-    e.observe(Observation::QuotaUpsert(Box::new(quota("team", "q", json!({"requests.nvidia.com/gpu": "1", "limits.nvidia.com/gpucores": "50"})))));
+    e.observe(Observation::QuotaUpsert(Box::new(quota(
+        "team",
+        "q",
+        json!({"requests.nvidia.com/gpu": "1", "limits.nvidia.com/gpucores": "50"}),
+    ))));
     let n = vec!["n1".to_owned()];
-    assert_eq!(reasons(&e.filter(&gpu_pod("team", "two", 2, 100, 0), &n)), "1/2 AllocatedCardsInsufficientRequest, 1/2 ResourceQuotaNotFit");
-    assert_eq!(reasons(&e.filter(&gpu_pod("team", "hot", 1, 100, 60), &n)), "2/2 ResourceQuotaNotFit");
+    assert_eq!(
+        reasons(&e.filter(&gpu_pod("team", "two", 2, 100, 0), &n)),
+        "1/2 AllocatedCardsInsufficientRequest, 1/2 ResourceQuotaNotFit"
+    );
+    assert_eq!(
+        reasons(&e.filter(&gpu_pod("team", "hot", 1, 100, 60), &n)),
+        "2/2 ResourceQuotaNotFit"
+    );
     assert!(placed(&e.filter(&gpu_pod("team", "ok", 1, 100, 50), &n)).is_some());
 }
 
@@ -61,15 +87,27 @@ fn quota_count_and_cores_keys_are_enforced() {
 fn a_new_leader_decides_only_after_its_own_rebuild() {
     let mut e = Engine::new(DecisionConfig::default());
     let n = vec!["n1".to_owned()];
-    assert_eq!(e.filter(&gpu_pod("d", "p", 1, 100, 0), &n), Err(Refusal::NotLeader));
+    assert_eq!(
+        e.filter(&gpu_pod("d", "p", 1, 100, 0), &n),
+        Err(Refusal::NotLeader)
+    );
     e.set_leadership(Some(2));
-    assert_eq!(e.filter(&gpu_pod("d", "p", 1, 100, 0), &n), Err(Refusal::NotSynced));
+    assert_eq!(
+        e.filter(&gpu_pod("d", "p", 1, 100, 0), &n),
+        Err(Refusal::NotSynced)
+    );
     // A rebuild from an older term is discarded.
     e.rebuild(1, &[gpu_node("n1", 1, 16000, 10)], &[], &[]);
-    assert_eq!(e.filter(&gpu_pod("d", "p", 1, 100, 0), &n), Err(Refusal::NotSynced));
+    assert_eq!(
+        e.filter(&gpu_pod("d", "p", 1, 100, 0), &n),
+        Err(Refusal::NotSynced)
+    );
     let busy = running_pod("d", "busy", "n1", "GPU-n1-0,NVIDIA,16000,100:;");
     e.rebuild(2, &[gpu_node("n1", 1, 16000, 10)], &[busy], &[]);
-    assert_eq!(reasons(&e.filter(&gpu_pod("d", "p", 1, 100, 0), &n)), "1/1 CardInsufficientMemory");
+    assert_eq!(
+        reasons(&e.filter(&gpu_pod("d", "p", 1, 100, 0), &n)),
+        "1/1 CardInsufficientMemory"
+    );
 }
 
 #[test]
@@ -95,7 +133,9 @@ fn reservations_of_pods_that_never_appear_are_swept() {
 fn with_phase(mut p: Pod, phase: &str, deleting: bool) -> Pod {
     p.status.get_or_insert_with(Default::default).phase = Some(phase.to_owned());
     if deleting {
-        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
     }
     p
 }
@@ -103,12 +143,25 @@ fn with_phase(mut p: Pod, phase: &str, deleting: bool) -> Pod {
 #[test]
 fn terminating_pods_keep_their_usage_and_finished_pods_free_it() {
     let mut e = Engine::standalone(DecisionConfig::default());
-    e.observe(Observation::NodeUpsert(Box::new(gpu_node("n1", 1, 16000, 10))));
+    e.observe(Observation::NodeUpsert(Box::new(gpu_node(
+        "n1", 1, 16000, 10,
+    ))));
     let n = vec!["n1".to_owned()];
     let full = running_pod("d", "full", "n1", "GPU-n1-0,NVIDIA,16000,100:;");
-    e.observe(Observation::PodUpsert(Box::new(with_phase(full.clone(), "Running", true))));
-    assert_eq!(reasons(&e.filter(&gpu_pod("d", "p", 1, 100, 0), &n)), "1/1 CardInsufficientMemory");
-    e.observe(Observation::PodUpsert(Box::new(with_phase(full, "Succeeded", true))));
+    e.observe(Observation::PodUpsert(Box::new(with_phase(
+        full.clone(),
+        "Running",
+        true,
+    ))));
+    assert_eq!(
+        reasons(&e.filter(&gpu_pod("d", "p", 1, 100, 0), &n)),
+        "1/1 CardInsufficientMemory"
+    );
+    e.observe(Observation::PodUpsert(Box::new(with_phase(
+        full,
+        "Succeeded",
+        true,
+    ))));
     assert!(placed(&e.filter(&gpu_pod("d", "p", 1, 100, 0), &n)).is_some());
 }
 
@@ -116,13 +169,17 @@ fn terminating_pods_keep_their_usage_and_finished_pods_free_it() {
 fn pending_pods_are_requeued_when_capacity_frees() {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut e = Engine::standalone(DecisionConfig::default()).with_requeue(tx);
-    e.observe(Observation::NodeUpsert(Box::new(gpu_node("n1", 1, 16000, 10))));
+    e.observe(Observation::NodeUpsert(Box::new(gpu_node(
+        "n1", 1, 16000, 10,
+    ))));
     let full = running_pod("d", "full", "n1", "GPU-n1-0,NVIDIA,16000,100:;");
     e.observe(Observation::PodUpsert(Box::new(full)));
     let waiting = gpu_pod("d", "waiting", 1, 8000, 0);
     assert!(placed(&e.filter(&waiting, &["n1".to_owned()])).is_none());
     assert!(rx.try_recv().is_err());
-    e.observe(Observation::PodDelete { uid: "uid-d-full".to_owned() });
+    e.observe(Observation::PodDelete {
+        uid: "uid-d-full".to_owned(),
+    });
     let nudged = rx.try_recv().expect("a requeue batch");
     assert_eq!(nudged.len(), 1);
     assert_eq!(nudged[0].name, "waiting");
@@ -131,7 +188,9 @@ fn pending_pods_are_requeued_when_capacity_frees() {
 #[test]
 fn a_refiltered_pod_with_a_stale_failed_phase_still_books_its_new_decision() {
     let mut e = Engine::standalone(DecisionConfig::default());
-    e.observe(Observation::NodeUpsert(Box::new(gpu_node("n1", 1, 16000, 10))));
+    e.observe(Observation::NodeUpsert(Box::new(gpu_node(
+        "n1", 1, 16000, 10,
+    ))));
     let n = vec!["n1".to_owned()];
     let p = gpu_pod("d", "p", 1, 16000, 0);
     assert!(placed(&e.filter(&p, &n)).is_some());
@@ -140,7 +199,10 @@ fn a_refiltered_pod_with_a_stale_failed_phase_still_books_its_new_decision() {
     seen.metadata.annotations = Some(
         [
             ("hami.io/vgpu-node", "n1"),
-            ("hami.io/vgpu-devices-allocated", "GPU-n1-0,NVIDIA,16000,0:;"),
+            (
+                "hami.io/vgpu-devices-allocated",
+                "GPU-n1-0,NVIDIA,16000,0:;",
+            ),
             ("hami.io/bind-phase", "failed"),
         ]
         .into_iter()
@@ -148,5 +210,8 @@ fn a_refiltered_pod_with_a_stale_failed_phase_still_books_its_new_decision() {
         .collect(),
     );
     e.observe(Observation::PodUpsert(Box::new(seen)));
-    assert_eq!(reasons(&e.filter(&gpu_pod("d", "q", 1, 1000, 0), &n)), "1/1 CardInsufficientMemory");
+    assert_eq!(
+        reasons(&e.filter(&gpu_pod("d", "q", 1, 1000, 0), &n)),
+        "1/1 CardInsufficientMemory"
+    );
 }

@@ -11,7 +11,11 @@ fn write_pair(dir: &std::path::Path, name: &str) -> TlsFiles {
     let key = dir.join("tls.key");
     std::fs::write(&cert, ck.cert.pem()).unwrap();
     std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
-    TlsFiles { cert, key, client_ca: None }
+    TlsFiles {
+        cert,
+        key,
+        client_ca: None,
+    }
 }
 
 #[test]
@@ -42,7 +46,11 @@ async fn a_changed_certificate_is_picked_up() {
     let files = write_pair(dir.path(), "old.example");
     let current = Arc::new(RwLock::new(load(&files).unwrap()));
     let before = Arc::as_ptr(&current.read().unwrap().clone());
-    tokio::spawn(watch_reload(files.clone(), current.clone(), Duration::from_millis(20)));
+    tokio::spawn(watch_reload(
+        files.clone(),
+        current.clone(),
+        Duration::from_millis(20),
+    ));
     tokio::time::sleep(Duration::from_millis(1100)).await;
     write_pair(dir.path(), "new.example");
     let mut swapped = false;
@@ -54,4 +62,112 @@ async fn a_changed_certificate_is_picked_up() {
         }
     }
     assert!(swapped, "configuration was not reloaded");
+}
+
+mod mtls {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, RwLock};
+
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    };
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+    use tessera_scheduler::decide::DecisionConfig;
+    use tessera_scheduler::engine::{Engine, EngineHandle};
+    use tessera_scheduler::http::{App, Auth, router};
+    use tessera_scheduler::metrics::Metrics;
+    use tessera_scheduler::testing::FakeEdge;
+    use tessera_scheduler::tls::{TlsFiles, load, serve};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    struct Pki {
+        ca_pem: String,
+        ca_der: CertificateDer<'static>,
+        server: (String, String),
+        client: (CertificateDer<'static>, PrivateKeyDer<'static>),
+    }
+
+    fn pki() -> Pki {
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let server_key = KeyPair::generate().unwrap();
+        let mut sp = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        sp.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let server = sp.signed_by(&server_key, &ca).unwrap();
+        let client_key = KeyPair::generate().unwrap();
+        let mut cp = CertificateParams::new(vec!["kube-scheduler".to_owned()]).unwrap();
+        cp.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let client = cp.signed_by(&client_key, &ca).unwrap();
+        Pki {
+            ca_pem: ca.pem(),
+            ca_der: ca.der().clone(),
+            server: (server.pem(), server_key.serialize_pem()),
+            client: (
+                client.der().clone(),
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(client_key.serialize_der())),
+            ),
+        }
+    }
+
+    async fn post_filter(port: u16, pki: &Pki, with_cert: bool) -> String {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(pki.ca_der.clone()).unwrap();
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+        let cfg = if with_cert {
+            builder
+                .with_client_auth_cert(vec![pki.client.0.clone()], pki.client.1.clone_key())
+                .unwrap()
+        } else {
+            builder.with_no_client_auth()
+        };
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .unwrap();
+        let body = r#"{"NodeNames":["n1"]}"#;
+        let req = format!(
+            "POST /filter HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        tls.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        let _ = tls.read_to_string(&mut out).await;
+        out
+    }
+
+    #[tokio::test]
+    async fn filter_requires_a_client_certificate_from_the_configured_ca() {
+        let pki = pki();
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key, ca) = (dir.path().join("c.pem"), dir.path().join("k.pem"), dir.path().join("ca.pem"));
+        std::fs::write(&cert, &pki.server.0).unwrap();
+        std::fs::write(&key, &pki.server.1).unwrap();
+        std::fs::write(&ca, &pki.ca_pem).unwrap();
+        let cfg = load(&TlsFiles { cert, key, client_ca: Some(ca) }).unwrap();
+        let app = Arc::new(App {
+            engine: EngineHandle::spawn(Engine::standalone(DecisionConfig::default())),
+            edge: Arc::new(FakeEdge::new()),
+            auth: Arc::new(Auth { token: RwLock::new(None), client_ca: true }),
+            decision: DecisionConfig::default(),
+            webhook: Default::default(),
+            metrics: Metrics::default(),
+            ready: Arc::new(AtomicBool::new(true)),
+        });
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}").parse().unwrap();
+        tokio::spawn(serve(addr, router(app), Some(Arc::new(RwLock::new(cfg)))));
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let anonymous = post_filter(port, &pki, false).await;
+        assert!(anonymous.starts_with("HTTP/1.1 401"), "{anonymous}");
+        let scheduler = post_filter(port, &pki, true).await;
+        assert!(scheduler.starts_with("HTTP/1.1 200"), "{scheduler}");
+        assert!(scheduler.contains("extender args missing pod"), "{scheduler}");
+    }
 }

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/wait.h>
+#include <pthread.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -161,7 +163,7 @@ static int mode_procaddr(size_t limit, int version, unsigned long long flags) {
         }
         CHECK(r == 0 && status == 0 && fns[i], "%s@%d flags %llu: result %d status %d", names[i], version, flags, r, status);
         if (!fns[i]) continue;
-        CHECK(dladdr(fns[i], &info) && info.dli_sname, "%s: dladdr failed", names[i]);
+        if (!dladdr(fns[i], &info) || !info.dli_sname) { CHECK(0, "%s@%d flags %llu: pointer %p is no exported symbol (not wrapped)", names[i], version, flags, fns[i]); continue; }
         /* The same symbol the driver chose, and the shim's wrapper of it when hooked. */
         CHECK(strcmp(info.dli_sname, want) == 0, "%s@%d flags %llu: got %s, driver would give %s", names[i], version, flags, info.dli_sname, want);
         int is_hooked = 0;
@@ -248,6 +250,84 @@ static int mode_grab(size_t chunk, double timeout) {
     return 0;
 }
 
+/* nvidia-smi's view: nvmlDeviceGetMemoryInfo(_v2) report the limit and the container's usage. */
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+static int mode_nvml(size_t limit) {
+    setup();
+    CUdeviceptr p;
+    EXPECT(cuMemAlloc_v2(&p, limit / 4), 0);
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    CHECK(lib, "dlopen libnvidia-ml.so.1");
+    if (!lib) return done();
+    int (*init)(void) = dlsym(lib, "nvmlInit_v2");
+    int (*handle)(unsigned, void **) = dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    int (*info)(void *, nvmlMemory_t *) = dlsym(lib, "nvmlDeviceGetMemoryInfo");
+    int (*info2)(void *, nvmlMemory_v2_t *) = dlsym(lib, "nvmlDeviceGetMemoryInfo_v2");
+    CHECK(init && handle && info && info2, "nvml symbols");
+    void *dev = 0;
+    EXPECT(init(), 0);
+    EXPECT(handle(0, &dev), 0);
+    nvmlMemory_t m; memset(&m, 0, sizeof m);
+    EXPECT(info(dev, &m), 0);
+    CHECK(m.total == limit && m.used == limit / 4 && m.free == limit - limit / 4,
+          "nvmlDeviceGetMemoryInfo total %llu used %llu free %llu", m.total, m.used, m.free);
+    nvmlMemory_v2_t m2; memset(&m2, 0, sizeof m2);
+    m2.version = sizeof m2 | (2 << 24);
+    EXPECT(info2(dev, &m2), 0);
+    CHECK(m2.total == limit && m2.used == limit / 4, "v2 total %llu used %llu", m2.total, m2.used);
+    EXPECT(cuMemFree_v2(p), 0);
+    EXPECT(info(dev, &m), 0);
+    CHECK(m.used == 0 && m.free == limit, "after free: used %llu free %llu", m.used, m.free);
+    return done();
+}
+
+/* Many threads allocating against one limit: exactly limit/chunk allocations succeed. */
+static size_t g_chunk;
+static CUcontext g_ctx;
+CUresult cuCtxSetCurrent(CUcontext);
+static void *alloc_until_oom(void *arg) {
+    long *n = arg; CUdeviceptr p;
+    cuCtxSetCurrent(g_ctx);
+    while (cuMemAlloc_v2(&p, g_chunk) == 0) (*n)++;
+    return 0;
+}
+static int mode_threads(size_t limit) {
+    CUdevice dev;
+    EXPECT(cuInit(0), 0);
+    EXPECT(cuDeviceGet(&dev, 0), 0);
+    EXPECT(cuCtxCreate_v2(&g_ctx, 0, dev), 0);
+    g_chunk = limit / 64;
+    pthread_t t[8]; long n[8] = {0};
+    for (int i = 0; i < 8; i++) pthread_create(&t[i], 0, alloc_until_oom, &n[i]);
+    long total = 0;
+    for (int i = 0; i < 8; i++) { pthread_join(t[i], 0); total += n[i]; }
+    CHECK(total == 64, "threads allocated %ld chunks, expected 64", total);
+    size_t f = 0, tot = 0;
+    EXPECT(cuMemGetInfo_v2(&f, &tot), 0);
+    CHECK(f == limit - 64 * g_chunk, "free %zu", f);
+    return done();
+}
+
+/* fork: the child gets its own slot; its exit releases only its own share. */
+static int mode_fork(size_t limit) {
+    setup();
+    CUdeviceptr a, b, c;
+    EXPECT(cuMemAlloc_v2(&a, limit / 2), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        EXPECT(cuMemAlloc_v2(&b, limit / 2), 0);
+        EXPECT(cuMemAlloc_v2(&c, 1), OOM);
+        exit(failures ? 1 : 0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child failed (status %d)", st);
+    EXPECT(cuMemAlloc_v2(&b, limit / 2), 0);
+    EXPECT(cuMemAlloc_v2(&c, 1), OOM);
+    return done();
+}
+
 /* Print what cuMemGetInfo and cuDeviceTotalMem report. */
 static int mode_info(void) {
     setup();
@@ -277,6 +357,9 @@ int main(int argc, char **argv) {
     if (argc >= 5 && !strcmp(argv[1], "hold")) return mode_hold(strtoull(argv[2], 0, 10), argv[3], argv[4]);
     if (argc >= 4 && !strcmp(argv[1], "grab")) return mode_grab(strtoull(argv[2], 0, 10), atof(argv[3]));
     if (argc >= 2 && !strcmp(argv[1], "info")) return mode_info();
+    if (argc >= 3 && !strcmp(argv[1], "threads")) return mode_threads(strtoull(argv[2], 0, 10));
+    if (argc >= 3 && !strcmp(argv[1], "fork")) return mode_fork(strtoull(argv[2], 0, 10));
+    if (argc >= 3 && !strcmp(argv[1], "nvml")) return mode_nvml(strtoull(argv[2], 0, 10));
     if (argc >= 4 && !strcmp(argv[1], "busy")) return mode_busy(atof(argv[2]), (unsigned)atoi(argv[3]));
     fprintf(stderr, "usage: cuda_probe limit|procaddr|dlsym|hold|grab|busy ...\n");
     return 2;

@@ -23,57 +23,53 @@ fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The newest of `target/<profile>/<name>` and `target/<profile>/deps/<name>`: a dependency's
-/// cdylib is only written to `deps/`, so the top-level copy may be stale.
-fn find(name: &str) -> Option<PathBuf> {
-    let dir = target_dir();
-    [dir.join(name), dir.join("deps").join(name)]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max_by_key(|(t, _)| *t)
-        .map(|(_, p)| p)
+/// Builds the shim and the fakes. Cargo does not build a `cdylib`-only package's library for
+/// its own integration tests, so without this the tests could load a stale `libvgpu.so`. The
+/// nested build uses its own target dir (`<target>/shim-tests`): the outer cargo may still hold
+/// the lock on the main one.
+fn build_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let profile_dir = target_dir();
+        let release = profile_dir.file_name().is_some_and(|n| n == "release");
+        let target = profile_dir.parent().expect("target dir").join("shim-tests");
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args([
+            "build",
+            "-p",
+            "libvgpu-shim",
+            "-p",
+            "fake-cuda",
+            "-p",
+            "fake-nvml",
+        ])
+        .arg("--manifest-path")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target);
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build");
+        assert!(status.success(), "cargo build of the shim and fakes failed");
+        target.join(if release { "release" } else { "debug" })
+    })
+    .clone()
 }
 
-/// Builds what cargo did not build for this test run (the shim's own cdylib is not a
-/// dependency of its integration tests), into the same target dir.
-fn ensure_built() {
-    if find("libvgpu.so").is_some()
-        && find("libcuda.so").is_some()
-        && find("libnvidia_ml.so").is_some()
-    {
-        return;
-    }
-    let profile_dir = target_dir();
-    let target = profile_dir.parent().expect("target dir");
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args([
-        "build",
-        "-p",
-        "libvgpu-shim",
-        "-p",
-        "fake-cuda",
-        "-p",
-        "fake-nvml",
-    ])
-    .arg("--manifest-path")
-    .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-    .env("CARGO_TARGET_DIR", target);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    let status = cmd.status().expect("run cargo build");
-    assert!(status.success(), "cargo build of the shim and fakes failed");
+fn find_built(name: &str) -> Option<PathBuf> {
+    let p = build_dir().join(name);
+    p.is_file().then_some(p)
 }
 
 pub fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
-        ensure_built();
-        let dir = std::env::temp_dir().join(format!("vgpu-shim-test-{}", std::process::id()));
+        // Under the nested build's target dir (so `cargo clean` removes it), one per test binary.
+        let dir = build_dir().join(format!("probe-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let cuda = find("libcuda.so").expect("libcuda.so built");
-        let nvml = find("libnvidia_ml.so").expect("libnvidia_ml.so built");
-        let shim = find("libvgpu.so").expect("libvgpu.so built");
+        let cuda = find_built("libcuda.so").expect("libcuda.so built");
+        let nvml = find_built("libnvidia_ml.so").expect("libnvidia_ml.so built");
+        let shim = find_built("libvgpu.so").expect("libvgpu.so built");
         for (src, names) in [
             (&cuda, &["libcuda.so.1", "libcuda.so"][..]),
             (&nvml, &["libnvidia-ml.so.1"][..]),

@@ -541,13 +541,22 @@ fn with_memory<R>(f: impl FnOnce(&mut Memory) -> R) -> R {
     }))
 }
 
+/// The simulated GPU shared with other processes (and the fake NVML), if `FAKE_GPU_STATE` is
+/// set; without it memory is tracked per process only.
+fn shared_gpu() -> Option<&'static gpu_state::GpuState> {
+    static SHARED: OnceLock<bool> = OnceLock::new();
+    if *SHARED.get_or_init(|| std::env::var_os("FAKE_GPU_STATE").is_some_and(|p| !p.is_empty())) {
+        gpu()
+    } else {
+        None
+    }
+}
+
 /// Bytes used on `dev` by every live process (the simulated GPU), or by this one.
 fn device_used(m: &Memory, dev: usize) -> u64 {
-    match gpu() {
-        Some(state) if std::env::var_os("FAKE_GPU_STATE").is_some() => {
-            state.devices[dev].used_bytes()
-        }
-        _ => m.local_used[dev],
+    match shared_gpu() {
+        Some(state) => state.devices[dev].used_bytes(),
+        None => m.local_used[dev],
     }
 }
 
@@ -556,7 +565,7 @@ fn charge(m: &mut Memory, dev: usize, size: u64) -> Result<(), CUresult> {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     m.local_used[dev] += size;
-    if let Some(state) = gpu() {
+    if let Some(state) = shared_gpu() {
         state.devices[dev].add_memory(std::process::id() as u64, size as i64);
     }
     Ok(())
@@ -564,7 +573,7 @@ fn charge(m: &mut Memory, dev: usize, size: u64) -> Result<(), CUresult> {
 
 fn uncharge(m: &mut Memory, dev: usize, size: u64) {
     m.local_used[dev] = m.local_used[dev].saturating_sub(size);
-    if let Some(state) = gpu() {
+    if let Some(state) = shared_gpu() {
         state.devices[dev].add_memory(std::process::id() as u64, -(size as i64));
     }
 }
@@ -1019,6 +1028,11 @@ fn launch(blocks: u64) -> CUresult {
     let cfg = config();
     let waves = blocks.div_ceil(cfg.sm_count).max(1);
     let duration = waves.saturating_mul(cfg.block_ns);
+    // Zero-cost kernels (FAKE_CUDA_BLOCK_NS=0, used by benchmarks) leave no trace on the timeline.
+    if duration == 0 {
+        LAUNCHES.fetch_add(1, Ordering::Relaxed);
+        return CUDA_SUCCESS;
+    }
     if let Some(state) = gpu() {
         let d = &state.devices[dev];
         // A full launch queue blocks the launching thread, as on a real GPU.
@@ -1196,6 +1210,53 @@ macro_rules! entry {
     };
 }
 
+/// Internal entry points, as some drivers return from `cuGetProcAddress` instead of their
+/// exported symbols (`FAKE_CUDA_PROC_INTERNAL=1`): same behaviour, different address.
+mod internal {
+    use super::*;
+    pub unsafe extern "C" fn mem_alloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+        count("cuMemAlloc_v2");
+        // SAFETY: same contract as cuMemAlloc_v2.
+        unsafe { alloc(dptr, size, Kind::Device) }
+    }
+    pub unsafe extern "C" fn mem_get_info_v2(
+        free_bytes: *mut usize,
+        total: *mut usize,
+    ) -> CUresult {
+        // SAFETY: same contract.
+        unsafe { cuMemGetInfo_v2(free_bytes, total) }
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub extern "C" fn launch_kernel_ptsz(
+        f: *mut c_void,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        shared: c_uint,
+        stream: *mut c_void,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult {
+        cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+    }
+}
+
+fn internal_pointer(symbol: &str) -> Option<*const c_void> {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var("FAKE_CUDA_PROC_INTERNAL").is_ok_and(|v| v == "1")) {
+        return None;
+    }
+    Some(match symbol {
+        "cuMemAlloc_v2" => internal::mem_alloc_v2 as *const c_void,
+        "cuMemGetInfo_v2" => internal::mem_get_info_v2 as *const c_void,
+        "cuLaunchKernel_ptsz" => internal::launch_kernel_ptsz as *const c_void,
+        _ => return None,
+    })
+}
+
 fn proc_table() -> &'static [ProcEntry] {
     static TABLE: OnceLock<Vec<ProcEntry>> = OnceLock::new();
     TABLE.get_or_init(|| {
@@ -1357,7 +1418,11 @@ unsafe fn get_proc_address(
     // SAFETY: caller passes a NUL-terminated string.
     let api = unsafe { CStr::from_ptr(symbol) }.to_string_lossy();
     let (r, st, ptr) = match resolve(&api, cuda_version, flags) {
-        Ok(e) => (CUDA_SUCCESS, STATUS_SUCCESS, e.ptr),
+        Ok(e) => (
+            CUDA_SUCCESS,
+            STATUS_SUCCESS,
+            internal_pointer(e.symbol).unwrap_or(e.ptr),
+        ),
         Err(st) => (CUDA_ERROR_NOT_FOUND, st, std::ptr::null()),
     };
     // SAFETY: checked non-null; `status` is optional.

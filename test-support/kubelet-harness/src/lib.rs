@@ -3,14 +3,16 @@
 //! "restart" that deletes every socket in the directory and recreates `kubelet.sock`, as a
 //! real kubelet does.
 //!
-//! Meant to become the `test-support/kubelet-harness` crate once it is a workspace member.
+//! This file is the `kubelet-harness` crate's library. Until the crate is a workspace member,
+//! `device-plugin/tests/support/mod.rs` includes it as a module (hence the lint allowance).
 
-#![allow(dead_code)]
+#![allow(dead_code, missing_debug_implementations)]
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hyper_util::rt::TokioIo;
 use kubelet_proto::deviceplugin::v1beta1 as dp;
 use kubelet_proto::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
 use kubelet_proto::deviceplugin::v1beta1::registration_server::{Registration, RegistrationServer};
@@ -19,8 +21,9 @@ use kubelet_proto::podresources::v1::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
 use tokio::net::UnixListener;
+use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Request, Response, Status};
 
 #[derive(Clone)]
@@ -261,4 +264,15 @@ impl Drop for FakeKubelet {
             let _ = stop.send(());
         }
     }
+}
+
+/// A tonic channel to a unix socket (the URI is required by tonic but unused).
+pub async fn unix_channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let p = path.clone();
+            async move { UnixStream::connect(p).await.map(TokioIo::new) }
+        }))
+        .await
 }

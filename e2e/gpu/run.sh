@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Real-GPU check of libvgpu.so (Tessera's HAMi-core replacement). Needs one NVIDIA GPU, its
+# driver, python3 with PyTorch, and either cargo (to build the shim) or VGPU_SHIM=<path to a
+# built libvgpu.so>. nvcc is optional (used for the launch-overhead loop). Takes about 2-3 min.
+#
+#   e2e/gpu/run.sh                 # builds with cargo --release
+#   VGPU_SHIM=/path/libvgpu.so e2e/gpu/run.sh
+#
+# Proves: (1) allocation past CUDA_DEVICE_MEMORY_LIMIT fails with OOM; (2) torch.cuda.mem_get_info
+# and nvidia-smi show the limit; (3) two processes share one limit; (4) CUDA_DEVICE_SM_LIMIT=30
+# brings a busy kernel loop near 30 %; (5) launch overhead of a small-kernel loop vs no shim.
+# Exit status: number of failed checks.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+WORK=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$WORK"' EXIT
+FAILS=0
+pass() { echo "PASS: $*"; }
+fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
+
+if [ -z "${VGPU_SHIM:-}" ]; then
+  cargo build --release -p libvgpu-shim >&2 || { echo "cargo build failed"; exit 100; }
+  VGPU_SHIM=$(ls -t "${CARGO_TARGET_DIR:-$ROOT/target}"/release/libvgpu.so | head -1)
+fi
+[ -f "$VGPU_SHIM" ] || { echo "no libvgpu.so at $VGPU_SHIM"; exit 100; }
+echo "shim: $VGPU_SHIM"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+PY=${PYTHON:-python3}
+$PY -c 'import torch; assert torch.cuda.is_available(); print("torch", torch.__version__, torch.cuda.get_device_name(0))' || exit 100
+
+shim() { # shim <cache> <limit> cmd... : run with the shim preloaded
+  local cache=$1 limit=$2; shift 2
+  env LD_PRELOAD="$VGPU_SHIM" CUDA_DEVICE_MEMORY_SHARED_CACHE="$cache" CUDA_DEVICE_MEMORY_LIMIT="$limit" "$@"
+}
+
+echo "== 1. OOM past the limit, 2. mem_get_info shows it"
+cat >"$WORK/oom.py" <<'EOF'
+import torch, sys
+G = 1 << 30
+free, total = torch.cuda.mem_get_info()
+print(f"mem_get_info: free={free/G:.3f} GiB total={total/G:.3f} GiB")
+print(f"totalGlobalMem={torch.cuda.get_device_properties(0).total_memory/G:.3f} GiB")
+ok = abs(total - 2 * G) < 1 << 20
+a = torch.empty(int(1.5 * G), dtype=torch.uint8, device="cuda")
+try:
+    b = torch.empty(1 * G, dtype=torch.uint8, device="cuda")
+    print("second allocation succeeded: NOT limited"); ok = False
+except torch.cuda.OutOfMemoryError as e:
+    print("second allocation: OutOfMemoryError as expected")
+sys.exit(0 if ok else 1)
+EOF
+if shim "$WORK/oom.cache" 2g $PY "$WORK/oom.py"; then pass "OOM past 2 GiB and mem_get_info total = 2 GiB"; else fail "OOM / mem_get_info"; fi
+
+echo "== 2b. nvidia-smi under the shim shows the limit"
+SMI=$(shim "$WORK/oom.cache" 2g nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader,nounits | head -1)
+echo "nvidia-smi (shim): $SMI MiB"
+case "$SMI" in 2048,*) pass "nvidia-smi total = 2048 MiB";; *) fail "nvidia-smi total: $SMI";; esac
+
+echo "== 3. two processes share one limit"
+cat >"$WORK/hold.py" <<'EOF'
+import torch, time, sys
+G = 1 << 30
+x = torch.empty(int(1.5 * G), dtype=torch.uint8, device="cuda")
+open(sys.argv[1], "w").write("ready")
+time.sleep(60)
+EOF
+cat >"$WORK/second.py" <<'EOF'
+import torch, sys
+G = 1 << 30
+free, total = torch.cuda.mem_get_info()
+print(f"second process sees free={free/G:.3f} GiB of {total/G:.3f}")
+try:
+    torch.empty(1 * G, dtype=torch.uint8, device="cuda"); print("1 GiB fit: NOT shared"); sys.exit(1)
+except torch.cuda.OutOfMemoryError:
+    print("1 GiB: OutOfMemoryError (the first process holds 1.5 GiB)")
+torch.empty(int(0.25 * G), dtype=torch.uint8, device="cuda")
+print("0.25 GiB: ok")
+EOF
+shim "$WORK/shared.cache" 2g $PY "$WORK/hold.py" "$WORK/ready" &
+HOLD=$!
+for _ in $(seq 100); do [ -f "$WORK/ready" ] && break; sleep 0.2; done
+if shim "$WORK/shared.cache" 2g $PY "$WORK/second.py"; then pass "two processes share one 2 GiB limit"; else fail "shared limit"; fi
+kill $HOLD 2>/dev/null; wait $HOLD 2>/dev/null
+
+echo "== 4. CUDA_DEVICE_SM_LIMIT=30"
+cat >"$WORK/busy.py" <<'EOF'
+import torch, time, sys
+secs = float(sys.argv[1])
+a = torch.randn(4096, 4096, device="cuda"); b = torch.randn(4096, 4096, device="cuda")
+end = time.time() + secs
+n = 0
+while time.time() < end:
+    for _ in range(8):
+        c = a @ b
+    torch.cuda.synchronize(); n += 8
+print(f"matmuls: {n} ({n/secs:.0f}/s)")
+EOF
+sample_util() { # average utilization.gpu over seconds 4..14 of a 15 s run
+  local out=$1; : >"$out"
+  for _ in $(seq 30); do nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits >>"$out"; sleep 0.5; done
+}
+$PY "$WORK/busy.py" 15 & B=$!; sample_util "$WORK/u100"; wait $B
+env LD_PRELOAD="$VGPU_SHIM" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/sm.cache" CUDA_DEVICE_SM_LIMIT=30 \
+  GPU_CORE_UTILIZATION_POLICY=force $PY "$WORK/busy.py" 15 & B=$!; sample_util "$WORK/u30"; wait $B
+avg() { tail -n +9 "$1" | awk '{s+=$1; n++} END {printf "%.1f", s/n}'; }
+U100=$(avg "$WORK/u100"); U30=$(avg "$WORK/u30")
+echo "utilization: unlimited $U100 %, CUDA_DEVICE_SM_LIMIT=30: $U30 % (samples: $(tr '\n' ' ' <"$WORK/u30"))"
+if awk -v u="$U30" 'BEGIN {exit !(u >= 20 && u <= 40)}'; then pass "SM limit 30 -> $U30 %"; else fail "SM limit 30 -> $U30 %"; fi
+
+echo "== 5. launch overhead (small-kernel loop)"
+if command -v nvcc >/dev/null; then
+  cat >"$WORK/launch.cu" <<'EOF'
+#include <cstdio>
+#include <chrono>
+#include <algorithm>
+__global__ void k(int *p) { if (p) *p = 1; }
+int main() {
+  k<<<1, 32>>>(nullptr); cudaDeviceSynchronize();
+  double best[9];
+  for (int r = 0; r < 9; r++) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 100000; i++) k<<<1, 32>>>(nullptr);
+    cudaDeviceSynchronize();
+    best[r] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / 100000;
+  }
+  std::sort(best, best + 9);
+  printf("%.1f\n", best[4]);
+}
+EOF
+  nvcc -O2 -o "$WORK/launch" "$WORK/launch.cu" 2>&1 | grep -v warning
+  L0=$("$WORK/launch"); L1=$(shim "$WORK/l.cache" 1g "$WORK/launch")
+  L2=$(env LD_PRELOAD="$VGPU_SHIM" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/l2.cache" CUDA_DEVICE_SM_LIMIT=99 GPU_CORE_UTILIZATION_POLICY=force "$WORK/launch")
+  echo "median ns per launch (100k empty kernels, median of 9): no shim $L0, shim $L1, shim + SM limit 99 % $L2"
+else
+  echo "nvcc not found: skipping the launch-overhead loop"
+fi
+
+echo "== done: $FAILS failure(s)"
+exit $FAILS
