@@ -7,6 +7,7 @@
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/helm-<v>/helm
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/kubeconform-<v>/kubeconform
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/k8s-schemas-<v>/{<kind>-<group>-<version>.json, strict/...}
+#   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/chartcheck-<k8s v>-r<n>/chartcheck
 #
 # Prints `NAME=PATH` lines on stdout (eval-able); progress goes to stderr.
 #
@@ -16,14 +17,26 @@
 # the module proxy serves. The small generator embedded below turns every definition that carries
 # `x-kubernetes-group-version-kind` into one standalone JSON schema per kind (all `$ref`s inlined),
 # the same layout as yannh/kubernetes-json-schema's `-standalone` and `-standalone-strict` trees.
+#
+# `chartcheck` (also embedded below) covers what no OpenAPI schema does: it decodes the chart's
+# KubeSchedulerConfiguration strictly with kube-scheduler's own v1 types, and evaluates the
+# webhook's CEL matchConditions with the API server's own matcher (k8s.io/apiserver) on sample pods.
 set -euo pipefail
 
 HELM_VERSION="${TESSERA_HELM_VERSION:-v3.19.5}"
+# The Kubernetes minor of the client-go that HELM_VERSION is built with (v3.19.x: client-go v0.34).
+# helm's release Makefile stamps it, and `helm template`/`helm lint` then assume that version when
+# no cluster is asked; a plain `go install` would leave helm's fallback, v1.20.
+HELM_K8S_MINOR="${TESSERA_HELM_K8S_MINOR:-34}"
 KUBECONFORM_VERSION="${TESSERA_KUBECONFORM_VERSION:-v0.7.0}"
 # The Kubernetes release whose API the chart is validated against (kubeconform -kubernetes-version).
 K8S_SCHEMA_VERSION="${TESSERA_K8S_SCHEMA_VERSION:-v1.34.4}"
 # Bump when the generator below changes, so stale schemas are never reused.
 SCHEMA_GENERATOR_REVISION=1
+# Staging-module release matching K8S_SCHEMA_VERSION (v1.X.Y <-> v0.X.Y), for chartcheck.
+K8S_STAGING_VERSION="v0.${K8S_SCHEMA_VERSION#v1.}"
+# Bump when chartcheck's source below changes.
+CHARTCHECK_REVISION=1
 
 CACHE="${TESSERA_CACHE:-$HOME/.cache/tessera}"
 TOOLS="$CACHE/tools"
@@ -35,11 +48,12 @@ command -v go >/dev/null 2>&1 || { log "error: the Go toolchain is required (go 
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 export CGO_ENABLED=0
 
-# go_install NAME PACKAGE VERSION: installs PACKAGE@VERSION into $TOOLS/NAME-VERSION/ unless the
-# binary is already there. The build goes to a temporary GOBIN and is moved in place only when it
-# succeeded, so an interrupted build never leaves a half-written binary that a later run trusts.
+# go_install NAME PACKAGE VERSION [LDFLAGS]: installs PACKAGE@VERSION into $TOOLS/NAME-VERSION/
+# unless the binary is already there. The build goes to a temporary GOBIN and is moved in place
+# only when it succeeded, so an interrupted build never leaves a half-written binary that a later
+# run trusts.
 go_install() {
-	local name="$1" pkg="$2" version="$3"
+	local name="$1" pkg="$2" version="$3" ldflags="${4:-}"
 	local dir="$TOOLS/$name-$version"
 	if [[ -x "$dir/$name" ]]; then
 		return 0
@@ -47,7 +61,7 @@ go_install() {
 	log "building $name $version (go install $pkg@$version; one-time cost)"
 	local tmp
 	tmp="$(mktemp -d "$TOOLS/.build-$name-XXXXXX")"
-	GOBIN="$tmp" nice -n 19 go install -trimpath "$pkg@$version"
+	GOBIN="$tmp" nice -n 19 go install -trimpath -ldflags "-s -w $ldflags" "$pkg@$version"
 	mkdir -p "$dir"
 	mv -f "$tmp/$name" "$dir/$name"
 	rmdir "$tmp"
@@ -71,6 +85,7 @@ generate_schemas() {
 	local tmp
 	tmp="$(mktemp -d "$TOOLS/.schemas-XXXXXX")"
 	(cd "$gen" && nice -n 19 go run . -in "$swagger" -out "$tmp")
+	chmod 755 "$tmp"
 	rm -rf "$dir"
 	mv "$tmp" "$dir"
 	touch "$dir/.complete-r$SCHEMA_GENERATOR_REVISION"
@@ -352,12 +367,315 @@ func withNull(schema map[string]any, nullable bool) map[string]any {
 GOSRC
 }
 
+build_chartcheck() {
+	local dir="$TOOLS/chartcheck-$K8S_SCHEMA_VERSION-r$CHARTCHECK_REVISION"
+	if [[ -x "$dir/chartcheck" ]]; then
+		return 0
+	fi
+	log "building chartcheck against k8s.io/apiserver and k8s.io/kube-scheduler $K8S_STAGING_VERSION (one-time cost)"
+	local src
+	src="$(mktemp -d "$TOOLS/.chartcheck-src-XXXXXX")"
+	write_chartcheck "$src"
+	# Only the direct requirements are pinned here; `go mod tidy` completes go.sum through the
+	# proxy, checked against the checksum database like any module download.
+	(cd "$src" && go mod tidy && nice -n 19 go build -trimpath -ldflags "-s -w" -o chartcheck .)
+	mkdir -p "$dir"
+	mv -f "$src/chartcheck" "$dir/chartcheck"
+	rm -rf "$src"
+}
+
+write_chartcheck() {
+	local src="$1"
+	cat >"$src/go.mod" <<GOMOD
+module tessera.local/chartcheck
+
+go 1.24
+
+require (
+	k8s.io/api $K8S_STAGING_VERSION
+	k8s.io/apimachinery $K8S_STAGING_VERSION
+	k8s.io/apiserver $K8S_STAGING_VERSION
+	k8s.io/kube-scheduler $K8S_STAGING_VERSION
+	sigs.k8s.io/yaml v1.6.0
+)
+GOMOD
+	cat >"$src/main.go" <<'GOSRC'
+// chartcheck checks two things the Kubernetes OpenAPI schemas cannot:
+//
+//	chartcheck scheduler-config FILE
+//	    FILE must decode strictly (no unknown or mistyped field) into kube-scheduler's
+//	    KubeSchedulerConfiguration v1 and satisfy the extender rules kube-scheduler enforces.
+//	chartcheck webhook-match -resources a,b -trusted u1,u2 [-gpu-only] FILE
+//	    every matchConditions expression of every MutatingWebhookConfiguration in FILE is
+//	    compiled and evaluated by the API server's own matcher (k8s.io/apiserver) on sample
+//	    requests; each must give the expected answer and none may error (an error under
+//	    failurePolicy Fail refuses the pod).
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/admission/plugin/cel"
+	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
+	"k8s.io/apiserver/pkg/cel/environment"
+	schedv1 "k8s.io/kube-scheduler/config/v1"
+	"sigs.k8s.io/yaml"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: chartcheck scheduler-config FILE | webhook-match [flags] FILE")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "scheduler-config":
+		if len(os.Args) != 3 {
+			err = fmt.Errorf("usage: chartcheck scheduler-config FILE")
+		} else {
+			err = schedulerConfig(os.Args[2])
+		}
+	case "webhook-match":
+		err = webhookMatch(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chartcheck:", err)
+		os.Exit(1)
+	}
+}
+
+var resourceNameRE = regexp.MustCompile(`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+
+func schedulerConfig(path string) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var cfg schedv1.KubeSchedulerConfiguration
+	if err := yaml.UnmarshalStrict(raw, &cfg); err != nil {
+		return fmt.Errorf("%s: not a valid KubeSchedulerConfiguration: %w", path, err)
+	}
+	var problems []string
+	if cfg.APIVersion != "kubescheduler.config.k8s.io/v1" || cfg.Kind != "KubeSchedulerConfiguration" {
+		problems = append(problems, fmt.Sprintf("apiVersion/kind %s/%s", cfg.APIVersion, cfg.Kind))
+	}
+	if len(cfg.Profiles) == 0 {
+		problems = append(problems, "no profiles")
+	}
+	for i, p := range cfg.Profiles {
+		if p.SchedulerName == nil || *p.SchedulerName == "" {
+			problems = append(problems, fmt.Sprintf("profiles[%d]: empty schedulerName", i))
+		}
+	}
+	binders := 0
+	seen := map[string]bool{}
+	for i, e := range cfg.Extenders {
+		if e.URLPrefix == "" {
+			problems = append(problems, fmt.Sprintf("extenders[%d]: empty urlPrefix", i))
+		}
+		if e.BindVerb != "" {
+			binders++
+		}
+		if e.PrioritizeVerb != "" && e.Weight <= 0 {
+			problems = append(problems, fmt.Sprintf("extenders[%d]: weight must be positive with prioritizeVerb", i))
+		}
+		if e.EnableHTTPS != strings.HasPrefix(e.URLPrefix, "https://") {
+			problems = append(problems, fmt.Sprintf("extenders[%d]: enableHTTPS=%v but urlPrefix %q", i, e.EnableHTTPS, e.URLPrefix))
+		}
+		if e.TLSConfig != nil && (e.TLSConfig.CertFile == "") != (e.TLSConfig.KeyFile == "") {
+			problems = append(problems, fmt.Sprintf("extenders[%d]: certFile and keyFile go together", i))
+		}
+		for _, r := range e.ManagedResources {
+			if !resourceNameRE.MatchString(r.Name) {
+				problems = append(problems, fmt.Sprintf("extenders[%d]: managed resource %q is not an extended resource name", i, r.Name))
+			}
+			if seen[r.Name] {
+				problems = append(problems, fmt.Sprintf("extenders[%d]: managed resource %q listed twice", i, r.Name))
+			}
+			seen[r.Name] = true
+		}
+	}
+	if binders > 1 {
+		problems = append(problems, "more than one extender has a bindVerb")
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s: %s", path, strings.Join(problems, "; "))
+	}
+	fmt.Printf("%s: valid KubeSchedulerConfiguration v1 (%d profile(s), %d extender(s))\n", path, len(cfg.Profiles), len(cfg.Extenders))
+	return nil
+}
+
+type sample struct {
+	name      string
+	op        admission.Operation
+	user      string
+	pod       *corev1.Pod
+	wantMatch bool
+}
+
+func webhookMatch(args []string) error {
+	fs := flag.NewFlagSet("webhook-match", flag.ContinueOnError)
+	resources := fs.String("resources", "", "the chart's resource names, comma-separated (count name first)")
+	trusted := fs.String("trusted", "", "usernames the webhook must never see, comma-separated")
+	gpuOnly := fs.Bool("gpu-only", true, "only GPU pods and pods with hami.io/ metadata must match")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 || *resources == "" || *trusted == "" {
+		return fmt.Errorf("usage: chartcheck webhook-match -resources a,b -trusted u1,u2 [-gpu-only=false] FILE")
+	}
+	raw, err := os.ReadFile(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	var hooks []admissionregistrationv1.MutatingWebhook
+	for _, doc := range bytes.Split(raw, []byte("\n---")) {
+		var meta metav1.TypeMeta
+		if yaml.Unmarshal(doc, &meta) != nil || meta.Kind != "MutatingWebhookConfiguration" {
+			continue
+		}
+		var mwc admissionregistrationv1.MutatingWebhookConfiguration
+		if err := yaml.UnmarshalStrict(doc, &mwc); err != nil {
+			return fmt.Errorf("MutatingWebhookConfiguration: %w", err)
+		}
+		hooks = append(hooks, mwc.Webhooks...)
+	}
+	if len(hooks) == 0 {
+		return fmt.Errorf("%s: no MutatingWebhookConfiguration", fs.Arg(0))
+	}
+
+	names := strings.Split(*resources, ",")
+	users := strings.Split(*trusted, ",")
+	const someone = "alice@example.com"
+	samples := []sample{
+		{"GPU count in limits", admission.Create, someone, pod(limits(names[0], "1")), true},
+		{"memory only, in requests", admission.Create, someone, pod(requests(names[len(names)-1], "1")), true},
+		{"GPU resource in an init container", admission.Create, someone, withInit(pod(nil), limits(names[0], "1")), true},
+		{"GPU pod updated by a user", admission.Update, someone, pod(limits(names[0], "1")), true},
+		{"forged allocation annotation", admission.Create, someone, annotated(pod(nil), "hami.io/vgpu-devices-allocated", "GPU-0,NVIDIA,1000,10:;"), true},
+		{"forged vgpu-node label", admission.Update, someone, labelled(pod(nil), "hami.io/vgpu-node", "node-a"), true},
+		{"plain pod", admission.Create, someone, pod(limits("cpu", "1")), !*gpuOnly},
+		{"pod without resources", admission.Create, someone, pod(nil), !*gpuOnly},
+		{"only the hami.io/webhook label", admission.Create, someone, labelled(pod(nil), "hami.io/webhook", "ignore"), !*gpuOnly},
+	}
+	for _, u := range users {
+		samples = append(samples,
+			sample{"GPU pod patched by " + u, admission.Update, u, annotated(pod(limits(names[0], "1")), "hami.io/bind-phase", "allocating"), false})
+	}
+
+	compiler := cel.NewConditionCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion(), true))
+	authz := authorizerfactory.NewAlwaysAllowAuthorizer()
+	failures := 0
+	for _, hook := range hooks {
+		exprs := make([]cel.ExpressionAccessor, len(hook.MatchConditions))
+		for i, mc := range hook.MatchConditions {
+			exprs[i] = &matchconditions.MatchCondition{Name: mc.Name, Expression: mc.Expression}
+		}
+		matcher := matchconditions.NewMatcher(compiler.CompileCondition(exprs,
+			cel.OptionalVariableDeclarations{HasParams: false, HasAuthorizer: true, StrictCost: true},
+			environment.NewExpressions), hook.FailurePolicy, "webhook", "admit", hook.Name)
+		for _, s := range samples {
+			res := matcher.Match(context.Background(), attributes(s), nil, authz)
+			switch {
+			case res.Error != nil:
+				failures++
+				fmt.Printf("FAIL %s: %s: evaluation error (the pod would be refused): %v\n", hook.Name, s.name, res.Error)
+			case res.Matches != s.wantMatch:
+				failures++
+				fmt.Printf("FAIL %s: %s: matched=%v, want %v (condition %q)\n", hook.Name, s.name, res.Matches, s.wantMatch, res.FailedConditionName)
+			default:
+				fmt.Printf("ok   %s: %s: matched=%v\n", hook.Name, s.name, res.Matches)
+			}
+		}
+	}
+	if failures > 0 {
+		return fmt.Errorf("%d match-condition check(s) failed", failures)
+	}
+	return nil
+}
+
+func limits(name, q string) *corev1.ResourceRequirements {
+	return &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceName(name): resource.MustParse(q)}}
+}
+
+func requests(name, q string) *corev1.ResourceRequirements {
+	return &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceName(name): resource.MustParse(q)}}
+}
+
+func pod(res *corev1.ResourceRequirements) *corev1.Pod {
+	c := corev1.Container{Name: "main", Image: "example"}
+	if res != nil {
+		c.Resources = *res
+	}
+	return &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "team-a"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{c}},
+	}
+}
+
+func withInit(p *corev1.Pod, res *corev1.ResourceRequirements) *corev1.Pod {
+	p.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "example", Resources: *res}}
+	return p
+}
+
+func annotated(p *corev1.Pod, k, v string) *corev1.Pod {
+	p.Annotations = map[string]string{k: v}
+	return p
+}
+
+func labelled(p *corev1.Pod, k, v string) *corev1.Pod {
+	p.Labels = map[string]string{k: v}
+	return p
+}
+
+func attributes(s sample) *admission.VersionedAttributes {
+	gvk := schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
+	gvr := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+	var old runtime.Object
+	var opts runtime.Object = &metav1.CreateOptions{}
+	if s.op == admission.Update {
+		old = s.pod.DeepCopy()
+		opts = &metav1.UpdateOptions{}
+	}
+	a := admission.NewAttributesRecord(s.pod, old, gvk, s.pod.Namespace, s.pod.Name, gvr, "", s.op, opts, false, &user.DefaultInfo{Name: s.user})
+	return &admission.VersionedAttributes{Attributes: a, VersionedObject: s.pod, VersionedOldObject: old, VersionedKind: gvk}
+}
+GOSRC
+}
+
 mkdir -p "$TOOLS"
-go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
-go_install kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION"
+go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "$(printf -- '-X %s ' \
+	"helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+	"helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+	"helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1" \
+	"helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$HELM_K8S_MINOR" \
+	"helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1" \
+	"helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$HELM_K8S_MINOR")"
+go_install kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION" \
+	"-X main.version=$KUBECONFORM_VERSION"
 generate_schemas
+build_chartcheck
 
 echo "HELM=$TOOLS/helm-$HELM_VERSION/helm"
 echo "KUBECONFORM=$TOOLS/kubeconform-$KUBECONFORM_VERSION/kubeconform"
 echo "K8S_SCHEMA_DIR=$TOOLS/k8s-schemas-$K8S_SCHEMA_VERSION"
 echo "K8S_SCHEMA_VERSION=${K8S_SCHEMA_VERSION#v}"
+echo "CHARTCHECK=$TOOLS/chartcheck-$K8S_SCHEMA_VERSION-r$CHARTCHECK_REVISION/chartcheck"

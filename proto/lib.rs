@@ -48,3 +48,31 @@ pub mod podresources {
         pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
     }
 }
+
+/// gRPC over the kubelet's unix sockets, for both sides (plugins dial the kubelet's
+/// `Registration` and pod-resources sockets; the kubelet, or a test harness acting as one, dials
+/// the plugin's).
+pub mod transport {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use hyper_util::rt::TokioIo;
+    use tokio::net::UnixStream;
+    use tonic::transport::{Channel, Endpoint, Uri};
+
+    /// A channel to the gRPC server on the unix socket at `path`.
+    pub async fn unix_channel(
+        path: &Path,
+        connect_timeout: Duration,
+    ) -> Result<Channel, tonic::transport::Error> {
+        let path = path.to_path_buf();
+        // tonic wants a URI; the connector ignores it and dials the socket.
+        Endpoint::from_static("http://[::]:50051")
+            .connect_timeout(connect_timeout)
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move { UnixStream::connect(path).await.map(TokioIo::new) }
+            }))
+            .await
+    }
+}

@@ -102,6 +102,7 @@ fn main() {
             disable_core_limit: false,
             shim_host_path: "/usr/local/vgpu/libvgpu.so".into(),
             license_present: false,
+            cdi_devices: false,
         },
         Arc::new(std::sync::RwLock::new(uuids)),
         Arc::new(api.clone()),

@@ -546,7 +546,11 @@ fn to_proto(r: ContainerResponse) -> dp::ContainerAllocateResponse {
             .collect(),
         devices: Vec::new(),
         annotations: Default::default(),
-        cdi_devices: Vec::new(),
+        cdi_devices: r
+            .cdi_devices
+            .into_iter()
+            .map(|name| dp::CdiDevice { name })
+            .collect(),
     }
 }
 
@@ -600,6 +604,7 @@ mod tests {
                 disable_core_limit: false,
                 shim_host_path: String::new(),
                 license_present: false,
+                cdi_devices: false,
             },
             Arc::default(),
             Arc::new(Hanging),

@@ -66,6 +66,15 @@ pub struct Cli {
     /// NVIDIA's DP_DISABLE_HEALTHCHECKS: `all`, `xids`, or extra XIDs to ignore (comma list).
     #[arg(long, env = "DP_DISABLE_HEALTHCHECKS", default_value = "")]
     pub disable_healthchecks: String,
+    /// Also return the GPUs as CDI devices (`nvidia.com/gpu=<UUID>`) in Allocate responses
+    /// (needs a CDI-enabled runtime with NVIDIA's CDI spec generated on the node).
+    #[arg(long, env = "CDI_DEVICES")]
+    pub cdi_devices: bool,
+    /// Opt-in: also publish the memory and cores resources (e.g. nvidia.com/gpumem in MiB,
+    /// nvidia.com/gpucores in percent) as node capacity, totals over the registered GPUs (HAMi
+    /// #2839). With them in allocatable the kubelet admits those requests against the totals.
+    #[arg(long, env = "PUBLISH_CAPACITY")]
+    pub publish_capacity: bool,
     /// Also export HAMi's pre-v2.9 metric names (HostGPUMemoryUsage, vGPU_device_memory_usage_in_bytes, …).
     #[arg(long, env = "LEGACY_METRIC_NAMES")]
     pub legacy_metric_names: bool,

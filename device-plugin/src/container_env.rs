@@ -31,6 +31,9 @@ pub struct ResponseSettings {
     pub shim_host_path: String,
     /// Host `<hook>/vgpu/license` exists: mount it and the validator.
     pub license_present: bool,
+    /// Also name the GPUs as CDI devices (`nvidia.com/gpu=<UUID>`, the NVIDIA CDI spec's names)
+    /// for runtimes that inject devices through CDI.
+    pub cdi_devices: bool,
 }
 
 impl ResponseSettings {
@@ -70,6 +73,8 @@ pub struct MountSpec {
 pub struct ContainerResponse {
     pub envs: BTreeMap<String, String>,
     pub mounts: Vec<MountSpec>,
+    /// Fully qualified CDI device names (empty unless enabled).
+    pub cdi_devices: Vec<String>,
     pub cache_dir: String,
 }
 
@@ -178,9 +183,18 @@ pub fn container_response(
             read_only: true,
         });
     }
+    let cdi_devices = if settings.cdi_devices {
+        devices
+            .iter()
+            .map(|d| format!("nvidia.com/gpu={}", d.uuid))
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(ContainerResponse {
         envs,
         mounts,
+        cdi_devices,
         cache_dir,
     })
 }
@@ -206,6 +220,7 @@ mod tests {
             disable_core_limit: false,
             shim_host_path: "/usr/local/vgpu/libvgpu.so".into(),
             license_present: false,
+            cdi_devices: false,
         }
     }
 
@@ -269,6 +284,7 @@ mount /etc/ld.so.preload <- /usr/local/vgpu/ld.so.preload ro
         s.disable_core_limit = true;
         s.lib_cuda_log_level = String::new();
         s.license_present = true;
+        s.cdi_devices = true;
         s.hook_path = "/opt/hook/".into();
         s.shim_host_path = "/opt/hook/vgpu/libvgpu.so.v0.1.0".into();
         let r =
@@ -288,6 +304,7 @@ mount /tmp/license <- /opt/hook/vgpu/license ro
 mount /usr/bin/vgpuvalidator <- /opt/hook/vgpu/vgpuvalidator ro
 "
         );
+        assert_eq!(r.cdi_devices, ["nvidia.com/gpu=GPU-aaa"]);
     }
 
     #[test]

@@ -172,6 +172,22 @@ fn scale(value: u32, factor: f64) -> u32 {
     }
 }
 
+/// Merges a fresh discovery into the current list. GPUs only ever appear or change here: a GPU
+/// missing from a discovery stays advertised (the health check marks it unhealthy if it is
+/// really gone), so a transient NVML hiccup never wipes the node's GPUs from the kubelet or from
+/// the register annotation. Returns `None` when nothing changed.
+pub fn merge_rediscovered(current: &[ManagedGpu], fresh: &[ManagedGpu]) -> Option<Vec<ManagedGpu>> {
+    let mut merged: Vec<ManagedGpu> = current.to_vec();
+    for gpu in fresh {
+        match merged.iter_mut().find(|g| g.uuid == gpu.uuid) {
+            Some(existing) => *existing = gpu.clone(),
+            None => merged.push(gpu.clone()),
+        }
+    }
+    merged.sort_by_key(|g| g.index);
+    (merged != current).then_some(merged)
+}
+
 /// HAMi's replica id: `<UUID>-<i>`.
 pub fn replica_id(uuid: &str, replica: u32) -> String {
     format!("{uuid}-{replica}")
@@ -336,6 +352,32 @@ mod tests {
         assert_eq!(physical_uuid("GPU-x-"), None);
         assert_eq!(physical_uuid("nodash"), None);
         assert_eq!(physical_uuid("-3"), None);
+    }
+
+    #[test]
+    fn rediscovery_adds_and_updates_but_never_drops() {
+        let (two, _) = plan_gpus(&[t4("GPU-a", 0, None), t4("GPU-b", 1, None)], &settings());
+        let (only_b, _) = plan_gpus(&[t4("GPU-b", 1, None)], &settings());
+        assert_eq!(
+            merge_rediscovered(&two, &only_b),
+            None,
+            "a GPU missing from NVML stays"
+        );
+        assert_eq!(
+            merge_rediscovered(&two, &[]),
+            None,
+            "an empty discovery changes nothing"
+        );
+        let (three, _) = plan_gpus(
+            &[
+                t4("GPU-a", 0, None),
+                t4("GPU-b", 1, None),
+                t4("GPU-c", 2, None),
+            ],
+            &settings(),
+        );
+        let merged = merge_rediscovered(&two, &three).expect("a new GPU");
+        assert_eq!(merged.len(), 3);
     }
 
     #[test]

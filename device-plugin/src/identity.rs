@@ -376,6 +376,13 @@ pub enum IdentityError {
     AdmittedPodNotPending { pod: String, count: usize },
 }
 
+/// `(mem, cores)` per device of an entry: what the container's limits are made of.
+fn payload(entry: Option<&(usize, ContainerDevices, ContainerSpec)>) -> Vec<(u32, u32)> {
+    entry
+        .map(|(_, d, _)| d.iter().map(|x| (x.usedmem, x.usedcores)).collect())
+        .unwrap_or_default()
+}
+
 fn choice(p: &PendingPod<'_>, reason: ChoiceReason) -> Option<Choice> {
     let (index, devices, container) = p.next_entry()?;
     Some(Choice {
@@ -401,18 +408,18 @@ pub fn select(
             .is_some_and(|(_, d, _)| d.len() == call.count)
     };
 
-    // 1. The continuing pod: its earlier container was the previous call.
+    // 1. The continuing pod: its earlier container was the previous call (F2).
     let continuing = ledger
         .continuing()
         .and_then(|uid| pending.iter().find(|p| p.pod.uid == uid))
         .filter(|p| matches_count(p))
-        // With pod-resources, a pod rejected mid-run is visible (it leaves the active list).
+        // With pod-resources (1.34+), a pod rejected mid-run has left the active list.
         .filter(|p| call.pod_resources.is_none_or(|v| v.listed(&p.pod.key())));
-    if let Some(c) = continuing.and_then(|p| choice(p, ChoiceReason::Continuing)) {
-        return Ok(c);
-    }
     if call.must_include {
-        return Err(IdentityError::NoContinuingPod);
+        // Init-container devices are reused only inside one pod: this is a continuation.
+        return continuing
+            .and_then(|p| choice(p, ChoiceReason::Continuing))
+            .ok_or(IdentityError::NoContinuingPod);
     }
 
     // 2. Fresh candidates: pending pods not yet started whose first entry has this count.
@@ -421,16 +428,36 @@ pub fn select(
         .iter()
         .filter(|p| !p.started() && matches_count(p))
         .collect();
+    if let Some(view) = call.pod_resources {
+        // A pod the kubelet has not reached yet is not in its pod manager, so not listed.
+        candidates.retain(|p| view.possibly_admitting(p.pod));
+    }
+
+    // The continuing pod is served unless the call could also be a fresh candidate's first
+    // container (the continuing pod's run was aborted without a trace) with different limits.
+    if let Some(p) = continuing {
+        let next = payload(p.next_entry());
+        if candidates.iter().all(|q| payload(q.next_entry()) == next) {
+            return choice(p, ChoiceReason::Continuing)
+                .ok_or(IdentityError::NoCandidate { count: call.count });
+        }
+        let mut names: Vec<String> = candidates.iter().map(|q| q.pod.key()).collect();
+        names.push(p.pod.key());
+        names.sort();
+        return Err(IdentityError::Ambiguous {
+            count: call.count,
+            candidates: names,
+        });
+    }
 
     // 3. Elimination through pod-resources.
     if let Some(view) = call.pod_resources {
-        let admitting: Vec<&PodSnapshot> = pending
-            .iter()
-            .map(|p| p.pod)
-            .filter(|pod| view.possibly_admitting(pod))
-            .collect();
-        candidates.retain(|p| view.possibly_admitting(p.pod));
         if candidates.is_empty() {
+            let admitting: Vec<&PodSnapshot> = pending
+                .iter()
+                .map(|p| p.pod)
+                .filter(|pod| view.possibly_admitting(pod))
+                .collect();
             if let [only] = admitting.as_slice() {
                 return Err(IdentityError::AdmittedPodNotPending {
                     pod: only.key(),

@@ -36,6 +36,23 @@ pub fn lock_release_patch(resource_version: &str) -> Value {
     json!({"metadata": {"resourceVersion": resource_version, "annotations": {keys::NODE_LOCK: null}}})
 }
 
+/// Opt-in node capacity for the memory and cores resources (HAMi #2839): totals over the
+/// node's registered GPUs, as a merge patch of the node's status subresource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityNames {
+    /// e.g. `nvidia.com/gpumem` (MiB).
+    pub memory: String,
+    /// e.g. `nvidia.com/gpucores` (percent per GPU, summed).
+    pub cores: String,
+}
+
+/// `{"status":{"capacity":{<memory>: "<sum devmem>", <cores>: "<sum devcore>"}}}`.
+pub fn capacity_patch(names: &CapacityNames, devices: &[hami_contract::node::NodeDevice]) -> Value {
+    let memory: u64 = devices.iter().map(|d| u64::from(d.devmem)).sum();
+    let cores: u64 = devices.iter().map(|d| u64::from(d.devcore)).sum();
+    json!({"status": {"capacity": {names.memory.clone(): memory.to_string(), names.cores.clone(): cores.to_string()}}})
+}
+
 /// True when HAMi's lock value (`<time>,<ns>,<name>`) names this pod.
 pub fn lock_names(value: &str, namespace: &str, name: &str) -> bool {
     value.ends_with(&format!(",{namespace},{name}"))
@@ -172,6 +189,20 @@ impl KubePatcher {
         }
     }
 
+    /// Merge-patches the node's status capacity (opt-in extended resources).
+    pub async fn patch_node_capacity(&self, body: Value) -> Result<(), EdgeError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        nodes
+            .patch_status(
+                &self.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(body),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| EdgeError(e.to_string()))
+    }
+
     /// Merge-patches node annotations.
     pub async fn patch_node_annotations(
         &self,
@@ -254,6 +285,7 @@ pub async fn annotation_loop(
     state: Arc<DeviceState>,
     period: Duration,
     metrics: Option<PluginMetrics>,
+    capacity: Option<CapacityNames>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut changes = state.subscribe();
@@ -261,7 +293,13 @@ pub async fn annotation_loop(
         let value = state.register_annotation();
         let mut ann = BTreeMap::new();
         ann.insert(keys::NODE_REGISTER.to_owned(), Some(value));
-        let wait = match patcher.patch_node_annotations(&ann).await {
+        let mut result = patcher.patch_node_annotations(&ann).await;
+        if let (Ok(()), Some(names)) = (&result, &capacity) {
+            result = patcher
+                .patch_node_capacity(capacity_patch(names, &state.register_devices()))
+                .await;
+        }
+        let wait = match result {
             Ok(()) => {
                 tracing::debug!("node register annotation written");
                 if let Some(m) = &metrics {
@@ -296,6 +334,23 @@ mod tests {
         assert!(!lock_names(v, "default", "pod-1"));
         assert_eq!(lock_holder(v).as_deref(), Some("default/gpu-pod-1"));
         assert_eq!(lock_holder("2025-06-13T09:07:40+08:00"), None);
+    }
+
+    #[test]
+    fn capacity_body_sums_registered_devices() {
+        let names = CapacityNames {
+            memory: "nvidia.com/gpumem".into(),
+            cores: "nvidia.com/gpucores".into(),
+        };
+        let dev = |devmem, devcore| hami_contract::node::NodeDevice {
+            devmem,
+            devcore,
+            ..Default::default()
+        };
+        assert_eq!(
+            capacity_patch(&names, &[dev(15360, 100), dev(23040, 200)]).to_string(),
+            r#"{"status":{"capacity":{"nvidia.com/gpucores":"300","nvidia.com/gpumem":"38400"}}}"#
+        );
     }
 
     #[test]

@@ -5,13 +5,14 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use kubelet_proto::deviceplugin::v1beta1 as dp;
 use kubelet_proto::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer;
 use kubelet_proto::deviceplugin::v1beta1::registration_client::RegistrationClient;
-use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint, Uri};
+use std::sync::Arc;
+use tokio::net::UnixListener;
+
+use tokio::sync::{Notify, watch};
+use tonic::transport::Channel;
 
 use crate::metrics::PluginMetrics;
 use crate::service::DevicePluginService;
@@ -28,6 +29,8 @@ pub struct KubeletSettings {
     pub preferred_allocation: bool,
     /// How often the sockets are checked for a kubelet restart.
     pub poll_interval: Duration,
+    /// Notified (e.g. on SIGHUP, as HAMi's plugin does) to restart serving and re-register.
+    pub restart: Arc<Notify>,
 }
 
 /// HAMi's socket name: `nvidia-` + the resource name's suffix.
@@ -48,18 +51,7 @@ pub enum KubeletError {
 
 /// A tonic channel over a unix socket.
 pub async fn unix_channel(path: &Path) -> Result<Channel, KubeletError> {
-    let path_buf = path.to_path_buf();
-    // The URI is required by tonic but unused: the connector dials the socket.
-    Endpoint::try_from("http://[::]:50051")
-        .map_err(|e| KubeletError::Connect {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?
-        .connect_timeout(Duration::from_secs(5))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let p = path_buf.clone();
-            async move { UnixStream::connect(p).await.map(TokioIo::new) }
-        }))
+    kubelet_proto::transport::unix_channel(path, Duration::from_secs(5))
         .await
         .map_err(|e| KubeletError::Connect {
             path: path.display().to_string(),
@@ -164,6 +156,10 @@ pub async fn run(
             tokio::select! {
                 _ = tokio::time::sleep(settings.poll_interval) => {}
                 _ = shutdown.changed() => {}
+                _ = settings.restart.notified() => {
+                    tracing::info!("restart requested; serving and registering again");
+                    break;
+                }
             }
             let own_gone = file_identity(&own_socket).is_none();
             let kubelet_now = file_identity(&kubelet_socket);

@@ -9,9 +9,11 @@ use hami_contract::config::{DeviceConfig, NodeConfigFile};
 use tessera_device_plugin::allocator::{Allocator, PodSource};
 use tessera_device_plugin::cli::{Cli, LogFormat};
 use tessera_device_plugin::container_env::ResponseSettings;
-use tessera_device_plugin::gpu::{AdvertiseSettings, plan_gpus};
+use tessera_device_plugin::gpu::{AdvertiseSettings, merge_rediscovered, plan_gpus};
 use tessera_device_plugin::health::{HealthPolicy, HealthTracker};
-use tessera_device_plugin::kube_edges::{KubePatcher, KubePodSource, annotation_loop};
+use tessera_device_plugin::kube_edges::{
+    CapacityNames, KubePatcher, KubePodSource, annotation_loop,
+};
 use tessera_device_plugin::kubelet::{KubeletSettings, socket_name_for};
 use tessera_device_plugin::metrics::PluginMetrics;
 use tessera_device_plugin::nvml::{GpuInventory, NvmlInventory, lost_gpus};
@@ -115,7 +117,7 @@ async fn main() -> anyhow::Result<()> {
         &state,
         &inventory,
         &metrics,
-        &managed,
+        &advertise,
         shutdown.clone(),
     )?;
     if cli.print_register {
@@ -167,6 +169,7 @@ async fn main() -> anyhow::Result<()> {
             disable_core_limit: nvidia.disable_core_limit,
             shim_host_path,
             license_present: std::path::Path::new(&format!("{vgpu_dir}/license")).exists(),
+            cdi_devices: cli.cdi_devices,
         },
         state.managed_uuids.clone(),
         pod_source,
@@ -213,6 +216,10 @@ async fn main() -> anyhow::Result<()> {
         state.clone(),
         Duration::from_secs(cli.annotation_period_seconds.max(1)),
         Some(metrics.clone()),
+        cli.publish_capacity.then(|| CapacityNames {
+            memory: nvidia.resources.memory.clone(),
+            cores: nvidia.resources.cores.clone(),
+        }),
         shutdown.clone(),
     ));
 
@@ -265,6 +272,21 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // Signals.
+    let restart = Arc::new(tokio::sync::Notify::new());
+    {
+        let restart = restart.clone();
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(mut hup) => {
+                tokio::spawn(async move {
+                    while hup.recv().await.is_some() {
+                        tracing::info!("SIGHUP: restarting the device plugin server");
+                        restart.notify_one();
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot watch SIGHUP"),
+        }
+    }
     tokio::spawn(async move {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -287,6 +309,7 @@ async fn main() -> anyhow::Result<()> {
         resource_name: resource,
         preferred_allocation,
         poll_interval: Duration::from_secs(1),
+        restart: restart.clone(),
     };
     let make = {
         let state = state.clone();
@@ -309,21 +332,19 @@ fn spawn_health_thread(
     state: &Arc<DeviceState>,
     inventory: &Arc<NvmlInventory>,
     metrics: &PluginMetrics,
-    managed: &[tessera_device_plugin::gpu::ManagedGpu],
+    advertise: &AdvertiseSettings,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let state = state.clone();
     let inventory = inventory.clone();
     let metrics = metrics.clone();
     let node = cli.node_name.clone();
-    let types: std::collections::BTreeMap<String, String> = managed
-        .iter()
-        .map(|g| (g.uuid.clone(), g.model_type.clone()))
-        .collect();
+    let advertise = advertise.clone();
     std::thread::Builder::new()
         .name("gpu-health".into())
         .spawn(move || {
             let mut last_poll = Instant::now();
+            let mut last_discovery = Instant::now();
             while !*shutdown.borrow() {
                 match inventory.wait_event(Duration::from_secs(1)) {
                     Ok(Some(ev)) => state.health_event(&ev, Instant::now()),
@@ -333,14 +354,32 @@ fn spawn_health_thread(
                         std::thread::sleep(Duration::from_secs(1));
                     }
                 }
+                if last_discovery.elapsed() >= Duration::from_secs(60) {
+                    last_discovery = Instant::now();
+                    match inventory.discover() {
+                        Ok(found) => {
+                            let (fresh, _) = plan_gpus(&found, &advertise);
+                            if let Some(merged) = merge_rediscovered(&state.gpus(), &fresh) {
+                                tracing::info!(gpus = merged.len(), "GPU list changed");
+                                state.set_gpus(merged);
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "GPU rediscovery failed; keeping the current list"),
+                    }
+                }
                 if last_poll.elapsed() >= Duration::from_secs(1) {
                     last_poll = Instant::now();
                     for ev in lost_gpus(inventory.as_ref(), &state.healthy_uuids()) {
                         state.health_event(&ev, Instant::now());
                     }
                     state.recover(&|u| inventory.answers(u), Instant::now());
+                    let gpus = state.gpus();
                     for s in inventory.sample() {
-                        let t = types.get(&s.uuid).map(String::as_str).unwrap_or("");
+                        let t = gpus
+                            .iter()
+                            .find(|g| g.uuid == s.uuid)
+                            .map(|g| g.model_type.as_str())
+                            .unwrap_or("");
                         metrics.host_gpu(
                             &node,
                             s.index,

@@ -167,6 +167,11 @@ impl DeviceState {
         self.devices_tx.subscribe()
     }
 
+    pub fn gpus(&self) -> Vec<ManagedGpu> {
+        self.with_inner(|inner| inner.gpus.clone())
+            .unwrap_or_default()
+    }
+
     pub fn gpu_count(&self) -> usize {
         self.with_inner(|inner| inner.gpus.len()).unwrap_or(0)
     }

@@ -583,8 +583,53 @@ fn aborted_multi_container_pod_is_not_continued_when_pod_resources_shows_it_gone
     };
     let c = select(f, &pending, &ledger).expect("q identified");
     assert_eq!((c.name.as_str(), c.devices[0].usedmem), ("q", 300));
-    // Without pod-resources the contiguity rule continues p (the scheduler rule keeps q away).
-    let c = select(facts(1), &pending, &ledger).expect("continuing");
+    // Without pod-resources the plugin cannot tell p's second container from q's first, and their
+    // limits differ: it refuses (under the scheduler rule p and q are never pending together).
+    assert!(select(facts(1), &pending, &ledger).is_err());
+}
+
+#[test]
+fn continuing_pod_is_refused_when_an_abort_would_give_other_limits() {
+    // p and q are interchangeable two-container pods with different containers; p's first
+    // container was served. Without pod-resources the next call is p's second container — or,
+    // had p been rejected in between, q's first. Their limits differ: refuse.
+    let two = |name: &str, t: u64| {
+        let mut pod = one_gpu_pod(name, 0, t);
+        let value = "GPU-0,NVIDIA,100,1:;GPU-1,NVIDIA,200,2:;";
+        pod.annotations
+            .insert(keys::DEVICES_TO_ALLOCATE.into(), value.into());
+        pod.annotations
+            .insert(keys::DEVICES_ALLOCATED.into(), value.into());
+        pod.containers.push(ContainerSpec {
+            name: "second".into(),
+            requests_resource: true,
+            restartable_init: false,
+            disable_control: false,
+        });
+        pod
+    };
+    let pods = [two("p", 1), two("q", 2)];
+    let mut ledger = Ledger::default();
+    ledger.record_served("uid-p", 0, 1);
+    let (pending, _) = pending_pods(NODE, &pods, &ledger);
+    let err = select(facts(1), &pending, &ledger).expect_err("ambiguous continuation");
+    assert!(err.to_string().contains("ns/p, ns/q"), "{err}");
+    // With pod-resources, q is not in the kubelet's pod manager yet: p continues.
+    let mut view = PodResourcesView::default();
+    view.pods.insert(
+        "ns/p".into(),
+        BTreeMap::from([
+            ("main".to_owned(), vec!["GPU-0-0".to_owned()]),
+            ("second".to_owned(), Vec::new()),
+        ]),
+    );
+    let f = CallFacts {
+        count: 1,
+        must_include: false,
+        hami_lock: None,
+        pod_resources: Some(&view),
+    };
+    let c = select(f, &pending, &ledger).expect("p continues");
     assert_eq!((c.name.as_str(), c.devices[0].usedmem), ("p", 200));
 }
 

@@ -137,6 +137,7 @@ async fn register_annotation_survives_an_apiserver_outage_and_follows_health() {
         Arc::clone(&state),
         Duration::from_secs(30),
         None,
+        None,
         stop,
     ));
     let healthy = r#"[{"id":"GPU-a","count":10,"devmem":15360,"devcore":100,"type":"NVIDIA-Tesla T4","mode":"hami-core","health":true}]"#;
@@ -178,6 +179,59 @@ async fn register_annotation_survives_an_apiserver_outage_and_follows_health() {
 
     // And periodically after that.
     let (_, send) = expect_patch(&mut handle, "/api/v1/nodes/node-a").await;
+    send.send_response(ok(node(json!({}))));
+    stop_tx.send(true).expect("stop");
+    task.await.expect("no panic");
+}
+
+#[tokio::test(start_paused = true)]
+async fn opt_in_capacity_is_patched_on_the_status_subresource() {
+    let (client, mut handle) = client();
+    let patcher = KubePatcher::new(client, "node-a");
+    let gpus: Vec<GpuInfo> = (0..2)
+        .map(|i| GpuInfo {
+            uuid: format!("GPU-{i}"),
+            index: i,
+            name: "Tesla T4".into(),
+            memory_total_mib: Some(15360),
+            pci_bus_id: String::new(),
+            numa_node: None,
+            mig_enabled: false,
+        })
+        .collect();
+    let (managed, _) = plan_gpus(
+        &gpus,
+        &AdvertiseSettings::new(&Default::default(), Default::default(), ""),
+    );
+    let state = DeviceState::new(
+        managed,
+        HealthTracker::new(
+            HealthPolicy::default(),
+            ["GPU-0".to_owned(), "GPU-1".to_owned()],
+        ),
+        false,
+        None,
+    );
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let names = tessera_device_plugin::kube_edges::CapacityNames {
+        memory: "nvidia.com/gpumem".into(),
+        cores: "nvidia.com/gpucores".into(),
+    };
+    let task = tokio::spawn(annotation_loop(
+        patcher,
+        state,
+        Duration::from_secs(30),
+        None,
+        Some(names),
+        stop,
+    ));
+    let (_, send) = expect_patch(&mut handle, "/api/v1/nodes/node-a").await;
+    send.send_response(ok(node(json!({}))));
+    let (body, send) = expect_patch(&mut handle, "/api/v1/nodes/node-a/status").await;
+    assert_eq!(
+        body,
+        json!({"status": {"capacity": {"nvidia.com/gpumem": "30720", "nvidia.com/gpucores": "200"}}})
+    );
     send.send_response(ok(node(json!({}))));
     stop_tx.send(true).expect("stop");
     task.await.expect("no panic");

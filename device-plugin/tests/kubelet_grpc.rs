@@ -129,6 +129,7 @@ fn bound_pod(name: &str, entries: &[&[(&str, u32, u32)]], bind_time: u64) -> Pod
 
 struct Plugin {
     kubelet: FakeKubelet,
+    restart: Arc<tokio::sync::Notify>,
     api: MemoryApi,
     state: Arc<DeviceState>,
     shutdown: watch::Sender<bool>,
@@ -174,18 +175,21 @@ async fn start_plugin_split(with_pod_resources: bool, split: u32) -> Plugin {
             disable_core_limit: false,
             shim_host_path: format!("{}/vgpu/libvgpu.so", hook.path().display()),
             license_present: false,
+            cdi_devices: false,
         },
         state.managed_uuids.clone(),
         Arc::new(api.clone()),
         Arc::new(api.clone()),
         pod_resources,
     ));
+    let restart = Arc::new(tokio::sync::Notify::new());
     let ks = KubeletSettings {
         socket_dir: kubelet.device_plugin_dir.clone(),
         socket_name: "nvidia-gpu.sock".into(),
         resource_name: RESOURCE.into(),
         preferred_allocation: true,
         poll_interval: Duration::from_millis(200),
+        restart: restart.clone(),
     };
     let (shutdown, shutdown_rx) = watch::channel(false);
     let st = state.clone();
@@ -200,6 +204,7 @@ async fn start_plugin_split(with_pod_resources: bool, split: u32) -> Plugin {
     });
     Plugin {
         kubelet,
+        restart,
         api,
         state,
         shutdown,
@@ -345,6 +350,15 @@ async fn registers_streams_allocates_and_reregisters_after_kubelet_restart() {
             .len(),
         8
     );
+
+    // A requested restart (SIGHUP in the binary) re-registers too.
+    p.restart.notify_one();
+    let reg3 = p
+        .kubelet
+        .next_registration(Duration::from_secs(5))
+        .await
+        .expect("re-registered after SIGHUP");
+    assert_eq!(reg3.resource_name, RESOURCE);
 
     // Shutdown removes the socket.
     let socket = p.kubelet.device_plugin_dir.join("nvidia-gpu.sock");

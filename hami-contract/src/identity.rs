@@ -84,9 +84,27 @@ impl AllocationSignature {
     }
 
     /// Serving one with the other's entry gives exactly the right limits: same counts, payload
-    /// and constraints.
+    /// and constraints, and each pod is *self-consistent*.
+    ///
+    /// Self-consistency closes the abort hole: if the kubelet rejects pod p after serving its
+    /// container i−1, the next call may be q's first container, and a plugin without abort
+    /// detection takes it for p's container i. That call gets the right limits only if every
+    /// container of p with q's first count carries the first container's payload.
     pub fn interchangeable_with(&self, other: &Self) -> bool {
-        self == other
+        self == other && self.is_self_consistent()
+    }
+
+    /// Every container whose device count equals the first container's has the first
+    /// container's payload.
+    fn is_self_consistent(&self) -> bool {
+        match (self.counts.first(), self.payload.first()) {
+            (Some(c0), Some(p0)) => self
+                .counts
+                .iter()
+                .zip(&self.payload)
+                .all(|(c, p)| c != c0 || p == p0),
+            _ => true,
+        }
     }
 }
 
@@ -143,5 +161,18 @@ mod tests {
             &[(annotations::NUMA_BIND, "true")]
         )));
         assert!(!a.interchangeable_with(&sig("GPU-a,NVIDIA,1000,30:;GPU-a,NVIDIA,1000,30:;", &[])));
+    }
+
+    #[test]
+    fn identical_pods_whose_later_container_looks_like_the_first_are_not_interchangeable() {
+        // Containers of one GPU each, with different limits: after an abort between them, the
+        // next pod's first call would be served the second container's 2000 MiB.
+        let mixed = sig("GPU-a,NVIDIA,1000,30:;GPU-b,NVIDIA,2000,30:;", &[]);
+        assert!(!mixed.interchangeable_with(&mixed.clone()));
+        let uniform = sig("GPU-a,NVIDIA,1000,30:;GPU-b,NVIDIA,1000,30:;", &[]);
+        assert!(uniform.interchangeable_with(&uniform.clone()));
+        // A later container with another count cannot be taken for a first call.
+        let shaped = sig("GPU-a,NVIDIA,1000,30:;GPU-b,NVIDIA,2000,30:GPU-c,NVIDIA,2000,30:;", &[]);
+        assert!(shaped.interchangeable_with(&shaped.clone()));
     }
 }

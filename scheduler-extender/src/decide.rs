@@ -19,6 +19,8 @@ pub const PENDING_CONFLICT: &str = "PendingAllocationConflict";
 pub struct DecisionConfig {
     pub nvidia: NvidiaConfig,
     pub defaults: PolicyDefaults,
+    /// HAMi `--node-label-selector`: only nodes with all these labels take GPU pods.
+    pub node_selector: Vec<(String, String)>,
 }
 
 /// What filtering one pod concluded.

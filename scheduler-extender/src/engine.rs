@@ -35,9 +35,28 @@ pub enum Observation {
     NodeUpsert(Box<Node>),
     NodeDelete(String),
     PodUpsert(Box<Pod>),
-    PodDelete { uid: String },
+    PodDelete {
+        uid: String,
+    },
     QuotaUpsert(Box<ResourceQuota>),
-    QuotaDelete { namespace: String, name: String },
+    QuotaDelete {
+        namespace: String,
+        name: String,
+    },
+    /// A watcher re-listed: every object of `kind` not in `keep` is gone (node names, pod UIDs,
+    /// `namespace/name` of quotas).
+    Resync {
+        kind: ResyncKind,
+        keep: Vec<String>,
+    },
+}
+
+/// Object kind of an [`Observation::Resync`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResyncKind {
+    Nodes,
+    Pods,
+    Quotas,
 }
 
 /// What the bind caller must do after the loop admitted the bind.
@@ -71,11 +90,25 @@ pub struct QuotaMetrics {
     pub items: Vec<(String, u64, u64)>,
 }
 
+/// One collapsed device entry of a scheduled pod (HAMi's per-container metrics; the index is
+/// the collapsed entry's, Appendix B #14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerDeviceMetrics {
+    pub namespace: String,
+    pub node: String,
+    pub pod: String,
+    pub container_index: usize,
+    pub uuid: String,
+    pub mem: u32,
+    pub cores: u32,
+}
+
 /// A consistent view of the state for `/metrics`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MetricsSnapshot {
     pub leader: bool,
     pub gpus: Vec<GpuMetrics>,
+    pub containers: Vec<ContainerDeviceMetrics>,
     pub quotas: Vec<QuotaMetrics>,
     pub reservations: usize,
 }
@@ -190,7 +223,7 @@ impl Engine {
     pub fn observe(&mut self, o: Observation) {
         match o {
             Observation::NodeUpsert(n) => {
-                if let Some(rec) = NodeRecord::from_node(&n, &self.cfg.nvidia.resources.count) {
+                if let Some(rec) = NodeRecord::from_node(&n, &self.cfg) {
                     let grew = self.state.node(&rec.name).is_none_or(|old| {
                         old.devices != rec.devices || old.cordoned != rec.cordoned
                     });
@@ -229,6 +262,23 @@ impl Engine {
             Observation::QuotaDelete { namespace, name } => {
                 self.state.remove_quota(&namespace, &name);
                 self.capacity_freed();
+            }
+            Observation::Resync { kind, keep } => {
+                let keep: std::collections::HashSet<String> = keep.into_iter().collect();
+                let gone = self.state.missing(kind, &keep);
+                for key in gone {
+                    match kind {
+                        ResyncKind::Nodes => self.observe(Observation::NodeDelete(key)),
+                        ResyncKind::Pods => self.observe(Observation::PodDelete { uid: key }),
+                        ResyncKind::Quotas => {
+                            let (namespace, name) = key.split_once('/').unwrap_or(("", &key));
+                            self.observe(Observation::QuotaDelete {
+                                namespace: namespace.to_owned(),
+                                name: name.to_owned(),
+                            });
+                        }
+                    }
+                }
             }
         }
     }
@@ -380,7 +430,7 @@ impl Engine {
         }
         self.state.clear();
         for n in nodes {
-            if let Some(rec) = NodeRecord::from_node(n, &self.cfg.nvidia.resources.count) {
+            if let Some(rec) = NodeRecord::from_node(n, &self.cfg) {
                 self.state.upsert_node(rec);
             }
         }
@@ -460,9 +510,24 @@ impl Engine {
                 items,
             });
         }
+        let mut containers = Vec::new();
+        for (namespace, pod, node, usage) in self.state.booked_pods() {
+            for (i, u) in usage.iter().enumerate() {
+                containers.push(ContainerDeviceMetrics {
+                    namespace: namespace.to_owned(),
+                    node: node.to_owned(),
+                    pod: pod.to_owned(),
+                    container_index: i,
+                    uuid: u.uuid.clone(),
+                    mem: u.mem,
+                    cores: u.cores,
+                });
+            }
+        }
         MetricsSnapshot {
             leader,
             gpus,
+            containers,
             quotas,
             reservations: self.state.reservations().count(),
         }

@@ -402,6 +402,9 @@ pub fn fit_container(
         .filter(|&i| contains_ignore_ascii_case(&gpus[i].device_type, "nvidia"))
         .collect();
     let nums = req.nums as usize;
+    if nums == 0 {
+        return Ok(Vec::new());
+    }
     if nums > selected.len() {
         return Err(reason::NODE_INSUFFICIENT_DEVICE.to_owned());
     }
@@ -495,16 +498,13 @@ pub fn fit_container(
         }
     }
 
-    if topology && nums > 0 {
+    if topology {
         if collected.len() == nums {
             return Ok(collected);
         }
         if collected.len() > nums {
             return Ok(pick_by_topology(node, gpus, collected, nums));
         }
-    }
-    if nums == 0 {
-        return Ok(Vec::new());
     }
     if !collected.is_empty() {
         bump(

@@ -289,7 +289,7 @@ fn filter_full_nodes<E: ClusterEdge>(
     let mut names = Vec::new();
     let mut raw = BTreeMap::new();
     for (node, value) in nodes {
-        if let Some(rec) = NodeRecord::from_node(&node, &app.decision.nvidia.resources.count) {
+        if let Some(rec) = NodeRecord::from_node(&node, &app.decision) {
             names.push(rec.name.clone());
             raw.insert(rec.name.clone(), value.clone());
             state.upsert_node(rec);

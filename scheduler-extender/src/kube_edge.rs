@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::edge::{ClusterEdge, EdgeError, EventType, MetadataPatch, PodEvent};
-use crate::engine::{Command, EngineHandle, Observation, Unschedulable};
+use crate::engine::{Command, EngineHandle, Observation, ResyncKind, Unschedulable};
 
 fn edge_err(e: kube::Error) -> EdgeError {
     match &e {
@@ -301,6 +301,9 @@ async fn sync_term(
     let mut done = [false; 3];
     let mut rebuilt = false;
     let mut backlog: Vec<Observation> = Vec::new();
+    // A watcher that re-lists after the rebuild (e.g. 410 Gone) reports its complete view: objects
+    // missing from it were deleted while the watch was down.
+    let mut relisted: [Option<Vec<String>>; 3] = [None, None, None];
     while let Some(item) = all.next().await {
         let change = match item {
             Ok(c) => c,
@@ -315,34 +318,86 @@ async fn sync_term(
             Change::Node(ev) => match *ev {
                 watcher::Event::InitApply(n) if !rebuilt => n_buf.push(n),
                 watcher::Event::InitDone if !rebuilt => done[0] = true,
-                watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                watcher::Event::Init => {
+                    if rebuilt {
+                        relisted[0] = Some(Vec::new());
+                    }
+                }
+                watcher::Event::InitApply(n) => {
+                    if let Some(keys) = relisted[0].as_mut() {
+                        keys.push(n.name_any());
+                    }
                     obs.push(Observation::NodeUpsert(Box::new(n)))
                 }
+                watcher::Event::InitDone => {
+                    if let Some(keep) = relisted[0].take() {
+                        obs.push(Observation::Resync {
+                            kind: ResyncKind::Nodes,
+                            keep,
+                        });
+                    }
+                }
+                watcher::Event::Apply(n) => obs.push(Observation::NodeUpsert(Box::new(n))),
                 watcher::Event::Delete(n) => obs.push(Observation::NodeDelete(n.name_any())),
-                _ => {}
             },
             Change::Pod(ev) => match *ev {
                 watcher::Event::InitApply(p) if !rebuilt => p_buf.push(p),
                 watcher::Event::InitDone if !rebuilt => done[1] = true,
-                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                watcher::Event::Init => {
+                    if rebuilt {
+                        relisted[1] = Some(Vec::new());
+                    }
+                }
+                watcher::Event::InitApply(p) => {
+                    if let Some(keys) = relisted[1].as_mut() {
+                        keys.push(p.metadata.uid.clone().unwrap_or_default());
+                    }
                     obs.push(Observation::PodUpsert(Box::new(p)))
                 }
+                watcher::Event::InitDone => {
+                    if let Some(keep) = relisted[1].take() {
+                        obs.push(Observation::Resync {
+                            kind: ResyncKind::Pods,
+                            keep,
+                        });
+                    }
+                }
+                watcher::Event::Apply(p) => obs.push(Observation::PodUpsert(Box::new(p))),
                 watcher::Event::Delete(p) => obs.push(Observation::PodDelete {
                     uid: p.metadata.uid.clone().unwrap_or_default(),
                 }),
-                _ => {}
             },
             Change::Quota(ev) => match *ev {
                 watcher::Event::InitApply(q) if !rebuilt => q_buf.push(q),
                 watcher::Event::InitDone if !rebuilt => done[2] = true,
-                watcher::Event::Apply(q) | watcher::Event::InitApply(q) => {
+                watcher::Event::Init => {
+                    if rebuilt {
+                        relisted[2] = Some(Vec::new());
+                    }
+                }
+                watcher::Event::InitApply(q) => {
+                    if let Some(keys) = relisted[2].as_mut() {
+                        keys.push(format!(
+                            "{}/{}",
+                            q.namespace().unwrap_or_default(),
+                            q.name_any()
+                        ));
+                    }
                     obs.push(Observation::QuotaUpsert(Box::new(q)))
                 }
+                watcher::Event::InitDone => {
+                    if let Some(keep) = relisted[2].take() {
+                        obs.push(Observation::Resync {
+                            kind: ResyncKind::Quotas,
+                            keep,
+                        });
+                    }
+                }
+                watcher::Event::Apply(q) => obs.push(Observation::QuotaUpsert(Box::new(q))),
                 watcher::Event::Delete(q) => obs.push(Observation::QuotaDelete {
                     namespace: q.namespace().unwrap_or_default(),
                     name: q.name_any(),
                 }),
-                _ => {}
             },
         }
         if !rebuilt {

@@ -53,7 +53,11 @@ impl PolicyArgs {
         let defaults =
             PolicyDefaults::parse(&self.gpu_scheduler_policy, &self.node_scheduler_policy)
                 .map_err(|e| anyhow::anyhow!("invalid scheduler policy flag: {e}"))?;
-        Ok(DecisionConfig { nvidia, defaults })
+        Ok(DecisionConfig {
+            nvidia,
+            defaults,
+            node_selector: Vec::new(),
+        })
     }
 }
 
@@ -106,7 +110,8 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(args) => {
-            let cfg = args.policy.decision_config()?;
+            let mut cfg = args.policy.decision_config()?;
+            cfg.node_selector = serve::parse_selector(&args.node_label_selector)?;
             serve::run(*args, cfg)
         }
     }

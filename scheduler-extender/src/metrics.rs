@@ -141,6 +141,30 @@ impl Metrics {
                 "GPU memory allocated ratio",
                 mem_ratio,
             );
+            let (v_mem, v_cores) = (family(), family());
+            for c in &snap.containers {
+                let labels = vec![
+                    ("namespace".to_owned(), c.namespace.clone()),
+                    ("node".to_owned(), c.node.clone()),
+                    ("pod".to_owned(), c.pod.clone()),
+                    ("container_index".to_owned(), c.container_index.to_string()),
+                    ("device_uuid".to_owned(), c.uuid.clone()),
+                ];
+                v_mem
+                    .get_or_create(&labels)
+                    .set(f64::from(c.mem) * 1_048_576.0);
+                v_cores.get_or_create(&labels).set(f64::from(c.cores));
+            }
+            vgpu.register(
+                "hami_vgpu_memory_allocated_bytes",
+                "GPU memory allocated to a scheduled container",
+                v_mem,
+            );
+            vgpu.register(
+                "hami_vgpu_core_allocated_ratio",
+                "GPU cores allocated to a scheduled container",
+                v_cores,
+            );
             let (q_used, q_limit) = (family(), family());
             for q in &snap.quotas {
                 for (key, limit, used) in &q.items {

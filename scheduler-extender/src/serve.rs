@@ -86,8 +86,24 @@ pub struct ServeArgs {
     pub identity: Option<String>,
     #[arg(long, env = "TESSERA_LEASE_DURATION_SECONDS", default_value_t = 15)]
     pub lease_duration_seconds: u64,
+    /// Only nodes with these labels take GPU pods (HAMi `--node-label-selector`), `k=v,k2=v2`.
+    #[arg(long, env = "TESSERA_NODE_LABEL_SELECTOR", value_delimiter = ',')]
+    pub node_label_selector: Vec<String>,
     #[command(flatten)]
     pub policy: PolicyArgs,
+}
+
+/// Parses `k=v` items of `--node-label-selector`.
+pub fn parse_selector(items: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    items
+        .iter()
+        .filter(|i| !i.trim().is_empty())
+        .map(|i| {
+            i.split_once('=')
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .ok_or_else(|| anyhow::anyhow!("--node-label-selector item {i:?} is not key=value"))
+        })
+        .collect()
 }
 
 fn read_token(path: &PathBuf) -> anyhow::Result<String> {
@@ -107,6 +123,9 @@ pub fn run(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
+    // One process-wide crypto provider for rustls (kube's client and our listeners); an `Err`
+    // only means one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;

@@ -199,7 +199,7 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
     let keys = QuotaKeys::new(&cfg.nvidia.resources, cfg.nvidia.effective_memory_factor());
     let mut names = Vec::new();
     for n in &input.nodes {
-        if let Some(rec) = NodeRecord::from_node(n, &cfg.nvidia.resources.count) {
+        if let Some(rec) = NodeRecord::from_node(n, cfg) {
             names.push(rec.name.clone());
             state.upsert_node(rec);
         }

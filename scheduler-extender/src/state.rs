@@ -39,7 +39,8 @@ pub fn decode_topology(value: &str) -> Option<TopologyScores> {
 }
 
 impl NodeRecord {
-    pub fn from_node(node: &Node, count_resource: &str) -> Option<Self> {
+    pub fn from_node(node: &Node, cfg: &crate::decide::DecisionConfig) -> Option<Self> {
+        let count_resource = cfg.nvidia.resources.count.as_str();
         let name = node.metadata.name.clone()?;
         let annotations = node.metadata.annotations.clone().unwrap_or_default();
         let cordoned: HashSet<String> = annotations
@@ -67,6 +68,15 @@ impl NodeRecord {
             .and_then(|s| s.allocatable.as_ref())
             .and_then(|a| a.get(count_resource))
             .is_some_and(|q| q.0.trim() == "0");
+        let labels = node.metadata.labels.as_ref();
+        let selected = cfg
+            .node_selector
+            .iter()
+            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
+        if unregistered.is_none() && !selected {
+            unregistered =
+                Some("node unregistered: does not match --node-label-selector".to_owned());
+        }
         if unregistered.is_none() && allocatable_zero {
             unregistered = Some(format!(
                 "node unregistered: allocatable {count_resource} is 0"
@@ -670,6 +680,54 @@ impl ClusterState {
             }
         }
         out
+    }
+
+    /// Every pod that books capacity now (informer view, reservations winning):
+    /// `(namespace, name, node, collapsed usage)`.
+    pub fn booked_pods(&self) -> Vec<(&str, &str, &str, &[DeviceUsage])> {
+        let mut out = Vec::new();
+        for r in self.reservations.values() {
+            out.push((
+                r.namespace.as_str(),
+                r.name.as_str(),
+                r.node.as_str(),
+                r.usage.as_slice(),
+            ));
+        }
+        for p in self.pods.values() {
+            if self.reservations.contains_key(&p.uid) || !p.books_capacity() {
+                continue;
+            }
+            if let Some(n) = p.node.as_deref() {
+                out.push((p.namespace.as_str(), p.name.as_str(), n, p.usage.as_slice()));
+            }
+        }
+        out
+    }
+
+    /// Keys of known objects of `kind` that are not in `keep` (see `Observation::Resync`).
+    pub fn missing(&self, kind: crate::engine::ResyncKind, keep: &HashSet<String>) -> Vec<String> {
+        use crate::engine::ResyncKind;
+        match kind {
+            ResyncKind::Nodes => self
+                .nodes
+                .keys()
+                .filter(|k| !keep.contains(*k))
+                .cloned()
+                .collect(),
+            ResyncKind::Pods => self
+                .live
+                .iter()
+                .filter(|k| !keep.contains(*k))
+                .cloned()
+                .collect(),
+            ResyncKind::Quotas => self
+                .quotas
+                .keys()
+                .map(|(ns, n)| format!("{ns}/{n}"))
+                .filter(|k| !keep.contains(k))
+                .collect(),
+        }
     }
 
     /// Clears everything (before a full rebuild).

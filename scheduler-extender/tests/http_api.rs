@@ -357,4 +357,35 @@ async fn metrics_expose_hami_gpu_names_on_the_leader() {
         text.contains("tessera_filter_duration_seconds_count 1"),
         "{text}"
     );
+    assert!(text.contains(r#"hami_vgpu_core_allocated_ratio{zone="vGPU",namespace="default",node="node1",pod="p1",container_index="0",device_uuid="GPU-node1-0"} 30"#), "{text}");
+}
+
+#[tokio::test]
+async fn malformed_args_are_reported_in_error_with_http_200() {
+    let h = harness().await;
+    let (status, body) = post(&h, "/filter", "{not json", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        body.contains(r#""Error":"request body is not valid JSON"#),
+        "{body}"
+    );
+    let (_, body) = post(
+        &h,
+        "/filter",
+        r#"{"Pod": {"metadata": {"name": "p"}}, "NodeNames": "node1"}"#,
+        None,
+    )
+    .await;
+    assert!(body.contains("NodeNames: invalid type"), "{body}");
+    let (status, body) = post(
+        &h,
+        "/bind",
+        r#"{"PodName":"p","PodNamespace":"default","Node":"node1"}"#,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, r#"{"Error":"PodUID: missing"}"#)
+    );
 }

@@ -87,3 +87,28 @@ fn a_bad_file_is_a_clear_error() {
     assert!(!ok);
     assert!(err.contains("metadata.name is required"), "{err}");
 }
+
+#[test]
+fn serve_flags_parse_and_tls_needs_both_files() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--http-bind",
+        "--client-ca-file",
+        "--token-file",
+        "--leader-elect",
+        "--device-config",
+    ] {
+        assert!(help.contains(flag), "missing {flag}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
+        .args(["serve", "--cert-file", "/tmp/x.crt"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--key-file"));
+}

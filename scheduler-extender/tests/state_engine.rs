@@ -215,3 +215,49 @@ fn a_refiltered_pod_with_a_stale_failed_phase_still_books_its_new_decision() {
         "1/1 CardInsufficientMemory"
     );
 }
+
+#[test]
+fn a_relist_removes_pods_deleted_while_the_watch_was_down() {
+    use tessera_scheduler::engine::ResyncKind;
+    let mut e = Engine::standalone(DecisionConfig::default());
+    e.observe(Observation::NodeUpsert(Box::new(gpu_node(
+        "n1", 1, 16000, 10,
+    ))));
+    let n = vec!["n1".to_owned()];
+    e.observe(Observation::PodUpsert(Box::new(running_pod(
+        "d",
+        "gone",
+        "n1",
+        "GPU-n1-0,NVIDIA,16000,0:;",
+    ))));
+    assert_eq!(
+        reasons(&e.filter(&gpu_pod("d", "p", 1, 1000, 0), &n)),
+        "1/1 CardInsufficientMemory"
+    );
+    e.observe(Observation::Resync {
+        kind: ResyncKind::Pods,
+        keep: vec!["uid-d-p".to_owned()],
+    });
+    assert!(placed(&e.filter(&gpu_pod("d", "p", 1, 1000, 0), &n)).is_some());
+}
+
+#[test]
+fn nodes_outside_the_label_selector_take_no_gpu_pods() {
+    let cfg = DecisionConfig {
+        node_selector: vec![("gpu".to_owned(), "on".to_owned())],
+        ..Default::default()
+    };
+    let mut e = Engine::standalone(cfg);
+    e.observe(Observation::NodeUpsert(Box::new(gpu_node(
+        "n1", 1, 16000, 10,
+    ))));
+    let v = e.filter(&gpu_pod("d", "p", 1, 100, 0), &["n1".to_owned()]);
+    assert_eq!(
+        reasons(&v),
+        "node unregistered: does not match --node-label-selector"
+    );
+    let mut labelled = gpu_node("n1", 1, 16000, 10);
+    labelled.metadata.labels = Some([("gpu".to_owned(), "on".to_owned())].into_iter().collect());
+    e.observe(Observation::NodeUpsert(Box::new(labelled)));
+    assert!(placed(&e.filter(&gpu_pod("d", "p", 1, 100, 0), &["n1".to_owned()])).is_some());
+}

@@ -69,7 +69,8 @@ mod mtls {
     use std::sync::{Arc, RwLock};
 
     use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+        BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa,
+        KeyPair,
     };
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
     use tessera_scheduler::decide::DecisionConfig;
@@ -126,7 +127,9 @@ mod mtls {
         } else {
             builder.with_no_client_auth()
         };
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
         let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
             .connect(ServerName::try_from("localhost").unwrap(), tcp)
             .await
@@ -146,21 +149,37 @@ mod mtls {
     async fn filter_requires_a_client_certificate_from_the_configured_ca() {
         let pki = pki();
         let dir = tempfile::tempdir().unwrap();
-        let (cert, key, ca) = (dir.path().join("c.pem"), dir.path().join("k.pem"), dir.path().join("ca.pem"));
+        let (cert, key, ca) = (
+            dir.path().join("c.pem"),
+            dir.path().join("k.pem"),
+            dir.path().join("ca.pem"),
+        );
         std::fs::write(&cert, &pki.server.0).unwrap();
         std::fs::write(&key, &pki.server.1).unwrap();
         std::fs::write(&ca, &pki.ca_pem).unwrap();
-        let cfg = load(&TlsFiles { cert, key, client_ca: Some(ca) }).unwrap();
+        let cfg = load(&TlsFiles {
+            cert,
+            key,
+            client_ca: Some(ca),
+        })
+        .unwrap();
         let app = Arc::new(App {
             engine: EngineHandle::spawn(Engine::standalone(DecisionConfig::default())),
             edge: Arc::new(FakeEdge::new()),
-            auth: Arc::new(Auth { token: RwLock::new(None), client_ca: true }),
+            auth: Arc::new(Auth {
+                token: RwLock::new(None),
+                client_ca: true,
+            }),
             decision: DecisionConfig::default(),
             webhook: Default::default(),
             metrics: Metrics::default(),
             ready: Arc::new(AtomicBool::new(true)),
         });
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let addr = format!("127.0.0.1:{port}").parse().unwrap();
         tokio::spawn(serve(addr, router(app), Some(Arc::new(RwLock::new(cfg)))));
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -168,6 +187,9 @@ mod mtls {
         assert!(anonymous.starts_with("HTTP/1.1 401"), "{anonymous}");
         let scheduler = post_filter(port, &pki, true).await;
         assert!(scheduler.starts_with("HTTP/1.1 200"), "{scheduler}");
-        assert!(scheduler.contains("extender args missing pod"), "{scheduler}");
+        assert!(
+            scheduler.contains("extender args missing pod"),
+            "{scheduler}"
+        );
     }
 }

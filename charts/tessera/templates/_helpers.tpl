@@ -52,18 +52,18 @@ annotations:
 {{- end }}
 {{- end -}}
 
-{{/* image REPO TAG: applies global.imageRegistry to repositories without a registry host, and
-     global.imageTag / appVersion when TAG is empty. */}}
+{{/* image ROOT IMAGE: <registry>/<repository>:<tag>. global.imageRegistry replaces every image's
+     registry (mirrors); global.imageTag / appVersion apply to an empty tag. */}}
 {{- define "tessera.image" -}}
 {{- $root := index . 0 -}}
 {{- $img := index . 1 -}}
-{{- $repo := $img.repository -}}
-{{- $first := first (splitList "/" $repo) -}}
-{{- if and $root.Values.global.imageRegistry (not (or (contains "." $first) (contains ":" $first) (eq $first "localhost"))) -}}
-{{- $repo = printf "%s/%s" (trimSuffix "/" $root.Values.global.imageRegistry) $repo -}}
-{{- end -}}
+{{- $registry := $root.Values.global.imageRegistry | default $img.registry | default "" | trimSuffix "/" -}}
 {{- $tag := $img.tag | default $root.Values.global.imageTag | default $root.Chart.AppVersion -}}
-{{- printf "%s:%s" $repo (toString $tag) -}}
+{{- if $registry -}}
+{{- printf "%s/%s:%s" $registry $img.repository (toString $tag) -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository (toString $tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "tessera.imagePullSecrets" -}}

@@ -247,10 +247,12 @@ impl FakeKubelet {
 
     /// A client for the plugin's socket (as the kubelet dials it after `Register`).
     pub async fn plugin(&self, endpoint: &str) -> DevicePluginClient<Channel> {
-        let channel =
-            tessera_device_plugin::kubelet::unix_channel(&self.device_plugin_dir.join(endpoint))
-                .await
-                .expect("dial plugin");
+        let channel = kubelet_proto::transport::unix_channel(
+            &self.device_plugin_dir.join(endpoint),
+            std::time::Duration::from_secs(5),
+        )
+        .await
+        .expect("dial plugin");
         DevicePluginClient::new(channel)
     }
 }

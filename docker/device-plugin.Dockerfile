@@ -1,0 +1,78 @@
+# syntax=docker/dockerfile:1.7
+# tessera-device-plugin, plus the CUDA shim libvgpu.so for glibc and musl workloads and a static
+# busybox that the chart's init container uses to install the shim on the node.
+#
+#   docker build -f docker/device-plugin.Dockerfile -t ghcr.io/tessera-gpu/tessera-device-plugin:0.1.0 .
+#   # arm64 (the glibc shim builder is per architecture):
+#   docker buildx build --platform linux/arm64 \
+#     --build-arg SHIM_GLIBC_BASE=quay.io/pypa/manylinux2014_aarch64 \
+#     -f docker/device-plugin.Dockerfile -t ...:0.1.0-arm64 .
+#
+# Build context: the repository root. See docker/README.md for the layout of the image.
+
+ARG RUST_VERSION=1.95.0
+# The glibc shim is loaded into every GPU workload, whatever its distribution, so it is linked
+# against the oldest glibc Rust supports (2.17, manylinux2014) rather than the builder's: a shim
+# built on Debian 12 needs GLIBC_2.34 and fails to load in Ubuntu 20.04 / RHEL 8 CUDA images.
+ARG SHIM_GLIBC_BASE=quay.io/pypa/manylinux2014_x86_64
+ARG BUSYBOX_IMAGE=busybox:1.36.1-musl
+
+# --- the daemon (glibc: it dlopen()s the driver's libnvidia-ml.so.1) ---------------------------
+FROM rust:${RUST_VERSION}-bookworm AS plugin
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target,id=tessera-device-plugin-target \
+    cargo build --locked --release -p tessera-device-plugin --bin tessera-device-plugin \
+ && install -D -m 0755 target/release/tessera-device-plugin /out/tessera-device-plugin
+
+# --- libvgpu.so for glibc workloads (glibc 2.17 baseline) ---------------------------------------
+FROM ${SHIM_GLIBC_BASE} AS shim-glibc
+ARG RUST_VERSION
+ENV RUSTUP_HOME=/opt/rustup CARGO_HOME=/opt/cargo PATH=/opt/cargo/bin:$PATH
+RUN curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
+    | sh -s -- -y --profile minimal --default-toolchain "${RUST_VERSION}" --no-modify-path
+WORKDIR /src
+COPY . .
+# The last step refuses a shim that needs a newer glibc than the baseline (the reason for this
+# stage).
+RUN --mount=type=cache,target=/opt/cargo/registry \
+    --mount=type=cache,target=/src/target,id=tessera-shim-glibc-target \
+    cargo build --locked --release -p libvgpu-shim \
+ && install -D -m 0644 target/release/libvgpu.so /out/libvgpu.so \
+ && if objdump -T /out/libvgpu.so | grep -Eo 'GLIBC_2\.(1[8-9]|[2-9][0-9])' | sort -u | grep .; then \
+      echo "libvgpu.so needs a glibc newer than 2.17" >&2; exit 1; fi
+
+# --- libvgpu.so for musl (Alpine) workloads ----------------------------------------------------
+# musl's loader ignores /etc/ld.so.preload: such workloads load the shim with
+# LD_PRELOAD=/usr/local/vgpu/musl/libvgpu.so (see docker/README.md).
+# Off by default: libvgpu-shim does not compile for musl yet (it calls glibc's dlvsym, which the
+# libc crate defines for target_env = "gnu" only). Build with --build-arg SHIM_MUSL=1 once it
+# does; the stage then fails loudly if the build fails, never ships a stale file.
+FROM rust:${RUST_VERSION}-alpine AS shim-musl
+ARG SHIM_MUSL=0
+RUN apk add --no-cache musl-dev
+WORKDIR /src
+COPY . .
+# A cdylib on musl must link the C library dynamically (-crt-static), like any .so on Alpine.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target,id=tessera-shim-musl-target \
+    mkdir -p /out \
+ && if [ "$SHIM_MUSL" = 1 ]; then \
+      RUSTFLAGS="-C target-feature=-crt-static" cargo build --locked --release -p libvgpu-shim \
+      && install -D -m 0644 target/release/libvgpu.so /out/libvgpu.so; \
+    fi
+
+FROM ${BUSYBOX_IMAGE} AS busybox
+
+# --- runtime: glibc, no shell; runs as root (the DaemonSet is privileged for NVML and the
+# kubelet sockets) -------------------------------------------------------------------------------
+FROM gcr.io/distroless/cc-debian12
+COPY --from=plugin /out/tessera-device-plugin /usr/bin/tessera-device-plugin
+COPY --from=shim-glibc /out/libvgpu.so /opt/tessera/lib/libvgpu.so
+# Empty unless built with SHIM_MUSL=1; the init container installs it only when present.
+COPY --from=shim-musl /out/ /opt/tessera/lib/musl/
+# Statically linked; only the chart's install-vgpu-hook init container runs it.
+COPY --from=busybox /bin/busybox /opt/tessera/bin/busybox
+EXPOSE 9394
+ENTRYPOINT ["/usr/bin/tessera-device-plugin"]

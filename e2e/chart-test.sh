@@ -1,0 +1,302 @@
+#!/usr/bin/env bash
+# Chart CI for charts/tessera, offline:
+#   1. builds (or reuses) the pinned helm, kubeconform and Kubernetes JSON schemas (e2e/tools.sh);
+#   2. proves the validator rejects known-bad manifests (so a permissive schema cannot pass silently);
+#   3. `helm lint --strict` and `helm template` with the default values and every ci/*-values.yaml;
+#   4. validates every rendered object with `kubeconform -strict` against the Kubernetes schemas
+#      of the pinned release (unknown fields, wrong types and missing required fields all fail);
+#      only the CRD kinds (cert-manager Certificate/Issuer, ServiceMonitor) have no schema here and
+#      are checked by the assertions below instead;
+#   5. asserts what the chart must render (fail-closed webhook, extender config, security), and
+#      that charts/tessera/files/kube-scheduler-config.yaml is exactly what the chart renders.
+#
+#   e2e/chart-test.sh            # run everything; non-zero exit on any failure
+#   e2e/chart-test.sh --update   # rewrite files/kube-scheduler-config.yaml from the chart
+#
+# Needs: bash, go (first run only), grep, awk, diff. No network except the Go module proxy on
+# the first run.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+CHART="$ROOT/charts/tessera"
+RELEASE=tessera
+NAMESPACE=tessera-system
+SCHED_CONFIG_FILE="$CHART/files/kube-scheduler-config.yaml"
+
+UPDATE=false
+case "${1:-}" in
+	--update) UPDATE=true ;;
+	"") ;;
+	*) echo "usage: $0 [--update]" >&2; exit 2 ;;
+esac
+
+eval "$("$ROOT/e2e/tools.sh")"
+# kubeconform reads {{ .ResourceKind }}{{ .KindSuffix }}.json; the strict tree forbids unknown fields.
+SCHEMA_LOCATION="$K8S_SCHEMA_DIR/strict/{{ .ResourceKind }}{{ .KindSuffix }}.json"
+# Custom resources without a schema in the Kubernetes release; asserted below.
+CRD_KINDS="monitoring.coreos.com/v1/ServiceMonitor,cert-manager.io/v1/Certificate,cert-manager.io/v1/Issuer"
+
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+FAILURES=0
+fail() { printf 'FAIL: %s\n' "$*" >&2; FAILURES=$((FAILURES + 1)); }
+pass() { printf 'ok:   %s\n' "$*"; }
+
+render() { # render OUT [helm template args...]
+	local out="$1"; shift
+	"$HELM" template "$RELEASE" "$CHART" --namespace "$NAMESPACE" --kube-version "$K8S_SCHEMA_VERSION" "$@" >"$out"
+}
+
+kubeconform_check() { # kubeconform_check FILE
+	"$KUBECONFORM" -strict -summary -output text -kubernetes-version "$K8S_SCHEMA_VERSION" \
+		-schema-location "$SCHEMA_LOCATION" -skip "$CRD_KINDS" "$1"
+}
+
+# The YAML block under `config.yaml: |` in the scheduler ConfigMap, de-indented.
+extract_scheduler_config() { # extract_scheduler_config RENDERED_CONFIGMAP
+	awk '/^  config.yaml: \|/ {on=1; next} on && /^    / {print substr($0, 5); next} on && /^$/ {print ""; next} on {exit}' "$1"
+}
+
+expect() { # expect DESCRIPTION FILE PATTERN  (grep -E, must match)
+	if grep -Eq -- "$3" "$2"; then pass "$1"; else fail "$1 (no line matching /$3/ in $(basename "$2"))"; fi
+}
+expect_not() { # expect_not DESCRIPTION FILE PATTERN  (must not match)
+	if grep -Eq -- "$3" "$2"; then fail "$1 (unexpected line matching /$3/ in $(basename "$2"))"; else pass "$1"; fi
+}
+expect_count() { # expect_count DESCRIPTION FILE PATTERN N
+	local n
+	n="$(grep -Ec -- "$3" "$2" || true)"
+	if [[ "$n" == "$4" ]]; then pass "$1"; else fail "$1 (expected $4 lines matching /$3/, found $n)"; fi
+}
+
+echo "== helm $("$HELM" version --short 2>/dev/null || echo '?'), kubeconform $("$KUBECONFORM" -v 2>/dev/null || echo '?'), Kubernetes schemas $K8S_SCHEMA_VERSION"
+
+# --- 1. The validator itself must reject what the API server would reject -----------------------
+cat >"$WORK/negative.yaml" <<'EOF'
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: wrong-type}
+spec:
+  replicas: "three"
+  selector: {matchLabels: {a: b}}
+  template:
+    metadata: {labels: {a: b}}
+    spec: {containers: [{name: c, image: x}]}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: unknown-field}
+spec:
+  selector: {matchLabels: {a: b}}
+  template:
+    metadata: {labels: {a: b}}
+    spec: {containers: [{name: c, image: x, imagePullPolicyy: Always}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: missing-required}
+spec: {containers: [{image: x}]}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata: {name: no-review-versions}
+webhooks:
+  - name: a.example.com
+    clientConfig: {service: {name: s, namespace: ns}}
+    sideEffects: None
+---
+apiVersion: policy/v1beta1
+kind: PodDisruptionBudget
+metadata: {name: removed-api}
+spec: {maxUnavailable: 1}
+EOF
+negatives=5
+invalid="$(kubeconform_check "$WORK/negative.yaml" 2>&1 | grep -Ec ' is invalid: | failed validation: ' || true)"
+if [[ "$invalid" == "$negatives" ]]; then
+	pass "validator rejects all $negatives known-bad manifests"
+else
+	kubeconform_check "$WORK/negative.yaml" >&2 || true
+	fail "validator rejected $invalid of $negatives known-bad manifests"
+fi
+cat >"$WORK/positive.yaml" <<'EOF'
+apiVersion: v1
+kind: Pod
+metadata: {name: fine}
+spec:
+  containers:
+    - name: c
+      image: x
+      resources: {limits: {cpu: 1, memory: 1Gi, nvidia.com/gpu: 1}}
+      livenessProbe: {httpGet: {port: http, path: /}}
+EOF
+if kubeconform_check "$WORK/positive.yaml" >/dev/null; then pass "validator accepts a valid Pod (quantities, int-or-string ports)"; else fail "validator rejects a valid Pod"; fi
+
+# --- 2. lint, render and validate every values set -----------------------------------------------
+value_sets=(default)
+for f in "$CHART"/ci/*-values.yaml; do value_sets+=("$(basename "$f" -values.yaml)"); done
+
+for set in "${value_sets[@]}"; do
+	args=()
+	[[ "$set" == default ]] || args=(--values "$CHART/ci/$set-values.yaml")
+	out="$WORK/$set.yaml"
+	if "$HELM" lint --strict --kube-version "$K8S_SCHEMA_VERSION" "$CHART" "${args[@]}" >"$WORK/$set.lint" 2>&1; then
+		pass "[$set] helm lint --strict"
+	else
+		cat "$WORK/$set.lint" >&2
+		fail "[$set] helm lint --strict"
+	fi
+	if ! render "$out" "${args[@]}" 2>"$WORK/$set.err"; then
+		cat "$WORK/$set.err" >&2
+		fail "[$set] helm template"
+		continue
+	fi
+	pass "[$set] helm template ($(grep -c '^kind:' "$out") objects)"
+	if report="$(kubeconform_check "$out" 2>&1)"; then
+		pass "[$set] kubeconform -strict: ${report##*$'\n'}"
+	else
+		printf '%s\n' "$report" >&2
+		fail "[$set] kubeconform -strict"
+	fi
+	# Only the CRD kinds may be skipped; anything else without a schema is an error above.
+	skipped="$(grep -E '^kind: ' "$out" | grep -Evc '^kind: (ServiceMonitor|Certificate|Issuer)$' || true)"
+	[[ "$skipped" -gt 0 ]] || fail "[$set] rendered no built-in objects"
+done
+
+# --- 3. What the chart must render -----------------------------------------------------------------
+D="$WORK/default.yaml"
+render "$WORK/default-webhook.yaml" --show-only templates/webhook/mutatingwebhook.yaml
+W="$WORK/default-webhook.yaml"
+expect "webhook fails closed" "$W" '^    failurePolicy: Fail$'
+expect "webhook speaks admission.k8s.io/v1 only" "$W" '^    admissionReviewVersions: \[v1\]$'
+expect "webhook sees CREATE and UPDATE of pods" "$W" 'operations: \[CREATE, UPDATE\]'
+expect "webhook calls the scheduler Service on /webhook" "$W" '^        path: /webhook$'
+expect "webhook skips hami.io/webhook=ignore" "$W" '^        - key: hami.io/webhook$'
+expect "webhook never matches the release namespace" "$W" "^            - $NAMESPACE\$"
+expect "webhook matches GPU pods only (CEL)" "$W" "k in \\['nvidia.com/gpu', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores', 'nvidia.com/priority'\\]"
+expect "webhook skips Tessera's own service accounts" "$W" "system:serviceaccount:$NAMESPACE:$RELEASE-scheduler', 'system:serviceaccount:$NAMESPACE:$RELEASE-device-plugin'"
+
+render "$WORK/sched-cm.yaml" --show-only templates/scheduler/configmap.yaml
+extract_scheduler_config "$WORK/sched-cm.yaml" >"$WORK/kube-scheduler-config.yaml"
+S="$WORK/kube-scheduler-config.yaml"
+expect "kube-scheduler config kind" "$S" '^kind: KubeSchedulerConfiguration$'
+expect "kube-scheduler config apiVersion v1" "$S" '^apiVersion: kubescheduler.config.k8s.io/v1$'
+expect "kube-scheduler leader election on" "$S" '^  leaderElect: true$'
+expect "profile named hami-scheduler" "$S" '^  - schedulerName: hami-scheduler$'
+expect "extender over HTTPS on loopback 443" "$S" '^  - urlPrefix: "https://127.0.0.1:443"$'
+expect "extender client certificate (mTLS)" "$S" '^      certFile: /extender-client/tls.crt$'
+expect "filterVerb filter" "$S" '^    filterVerb: filter$'
+expect "bindVerb bind" "$S" '^    bindVerb: bind$'
+expect "nodeCacheCapable" "$S" '^    nodeCacheCapable: true$'
+expect "httpTimeout 30s" "$S" '^    httpTimeout: 30s$'
+expect_count "all 5 managed resources ignoredByScheduler" "$S" '^        ignoredByScheduler: true$' 5
+expect_not "no prioritize or preempt verb" "$S" 'prioritizeVerb|preemptVerb'
+
+if $UPDATE; then
+	{
+		echo "# Generated by e2e/chart-test.sh --update from charts/tessera (default values,"
+		echo "# release $RELEASE, namespace $NAMESPACE). Do not edit: chart-test fails when it drifts."
+		cat "$S"
+	} >"$SCHED_CONFIG_FILE"
+	pass "rewrote ${SCHED_CONFIG_FILE#"$ROOT"/}"
+fi
+if diff -u <(grep -v '^#' "$SCHED_CONFIG_FILE") "$S" >"$WORK/sched.diff"; then
+	pass "files/kube-scheduler-config.yaml is what the chart renders"
+else
+	cat "$WORK/sched.diff" >&2
+	fail "files/kube-scheduler-config.yaml is stale (run e2e/chart-test.sh --update)"
+fi
+
+expect "device plugin container name" "$D" '^        - name: tessera-device-plugin$'
+expect "device plugin node selector gpu=on" "$D" '^        gpu: "on"$'
+expect "device plugin NODE_NAME from the downward API" "$D" '^                  fieldPath: spec.nodeName$'
+expect "device plugin metrics on 9394" "$D" '^            - --metrics-addr=0.0.0.0:9394$'
+expect "device plugin hook path" "$D" '^            - --hook-path=/usr/local$'
+expect "shim init container" "$D" '^        - name: install-vgpu-hook$'
+expect "ld.so.preload names the in-container shim" "$D" 'echo /usr/local/vgpu/libvgpu.so > "\$dir/.ld.so.preload.new"'
+expect "kubelet device-plugins host path" "$D" '^            path: /var/lib/kubelet/device-plugins$'
+expect "kubelet pod-resources host path" "$D" '^            path: /var/lib/kubelet/pod-resources$'
+expect "hook host path" "$D" '^            path: /usr/local/vgpu$'
+expect "scheduler sidecar" "$D" '^        - name: kube-scheduler$'
+expect "extender container" "$D" '^        - name: tessera-scheduler$'
+expect "extender HTTPS on 443" "$D" '^            - --http-bind=0.0.0.0:443$'
+expect "extender verifies kube-scheduler's client certificate" "$D" '^            - --client-ca-file=/extender-client/ca.crt$'
+expect "extender metrics on 9395" "$D" '^            - --metrics-bind-address=0.0.0.0:9395$'
+expect "extender has its own Lease" "$D" "^            - --leader-elect-resource-name=$RELEASE-scheduler-extender\$"
+expect "device-config.yaml nvidia section" "$D" '^    nvidia:$'
+expect "device-config deviceSplitCount 10" "$D" '^      deviceSplitCount: 10$'
+expect "PodDisruptionBudget" "$D" '^kind: PodDisruptionBudget$'
+expect "certgen Job creates the serving certificate" "$D" '^            - create$'
+expect "certgen Job patches the caBundle, keeping Fail" "$D" '^            - --patch-failure-policy=Fail$'
+expect_not "no wildcard RBAC" "$D" "verbs: \\[.*\\*|resources: \\[.*\\*|apiGroups: \\[.*\\*"
+expect_not "no cluster-admin" "$D" 'name: cluster-admin'
+expect_count "lease access limited to the two Leases" "$D" "^      - $RELEASE-(scheduler-extender|kube-scheduler)\$" 2
+
+# kube-scheduler's Helm-generated client certificate must chain to the CA the extender trusts and
+# carry the clientAuth usage (rustls/webpki refuses a client certificate without it).
+if command -v openssl >/dev/null 2>&1; then
+	awk '/^kind: Secret$/ {s=1} s && /^  name: / {n=$2} s && n ~ /-extender-client$/ && /^  (tls\.crt|ca\.crt): / {print $1, $2} /^---/ {s=0; n=""}' "$D" |
+		while read -r key value; do printf '%s' "$value" | base64 -d >"$WORK/${key%:}"; done
+	if [[ -s "$WORK/tls.crt" && -s "$WORK/ca.crt" ]] &&
+		openssl verify -purpose sslclient -CAfile "$WORK/ca.crt" "$WORK/tls.crt" >/dev/null 2>&1; then
+		pass "extender client certificate chains to its CA with the clientAuth usage"
+	else
+		fail "extender client certificate does not verify as a TLS client certificate"
+	fi
+else
+	echo "skip: openssl not installed, client certificate usage not checked"
+fi
+
+H="$WORK/http-only.yaml"
+expect "[http-only] extender on loopback only" "$H" '^            - --http-bind=127.0.0.1:443$'
+expect "[http-only] kube-scheduler uses plain HTTP" "$H" 'urlPrefix: "http://127.0.0.1:443"'
+expect_not "[http-only] no webhook" "$H" '^kind: MutatingWebhookConfiguration$'
+expect_not "[http-only] no certificate Jobs or Secrets" "$H" '^kind: (Job|Secret)$'
+
+N="$WORK/webhook-disabled.yaml"
+expect_not "[webhook-disabled] no webhook" "$N" '^kind: MutatingWebhookConfiguration$'
+expect_not "[webhook-disabled] no caBundle patch Job" "$N" '^            - patch$'
+expect "[webhook-disabled] serving certificate still created" "$N" '^            - create$'
+
+C="$WORK/cert-manager.yaml"
+expect "[cert-manager] CA injected into the webhook" "$C" "cert-manager.io/inject-ca-from: $NAMESPACE/$RELEASE-scheduler-tls"
+expect_count "[cert-manager] serving and client certificates plus CA" "$C" '^kind: Certificate$' 3
+expect "[cert-manager] client certificate for kube-scheduler" "$C" '^  usages: \[client auth, digital signature, key encipherment\]$'
+expect_not "[cert-manager] no certgen Jobs" "$C" '^kind: Job$'
+expect_count "[cert-manager] ServiceMonitors for both daemons" "$C" '^kind: ServiceMonitor$' 2
+expect "[cert-manager] Grafana dashboard" "$C" '"uid": "tessera-gpu"'
+
+A="$WORK/ha.yaml"
+expect "[ha] three scheduler replicas" "$A" '^  replicas: 3$'
+expect "[ha] PDB keeps two" "$A" '^  minAvailable: 2$'
+
+R="$WORK/custom-resource-names.yaml"
+expect "[custom-names] device config uses the custom count name" "$R" '^      resourceCountName: "example.com/vgpu"$'
+expect "[custom-names] extender manages the custom names" "$R" '^          - name: example.com/vgpu-memory$'
+expect "[custom-names] custom scheduler name" "$R" '^            - --scheduler-name=gpu-share-scheduler$'
+expect_count "[custom-names] global.imageRegistry replaces every registry" "$R" '^ +image: registry.example.com/(tessera-gpu/tessera-(scheduler|device-plugin)|kube-scheduler|ingress-nginx/kube-webhook-certgen):' 6
+expect "[custom-names] hook path follows gpuHookPath" "$R" '^            path: /opt/gpu-hook/vgpu$'
+expect "[custom-names] per-node config rendered" "$R" '"name": "node-a"'
+expect_not "[custom-names] overwriteEnv sends every pod to the webhook" "$R" 'name: gpu-pod-or-hami-metadata'
+
+# Impossible combinations must fail at render time, with an explanation.
+if render "$WORK/bad.yaml" --set scheduler.enableHTTPS=false 2>"$WORK/bad.err"; then
+	fail "webhook without HTTPS must be refused"
+else
+	grep -q 'only calls webhooks over HTTPS' "$WORK/bad.err" && pass "webhook without HTTPS is refused" || fail "webhook without HTTPS: unclear error: $(cat "$WORK/bad.err")"
+fi
+if render "$WORK/bad.yaml" --set scheduler.replicas=2 --set scheduler.leaderElect=false 2>"$WORK/bad.err"; then
+	fail "several replicas without leader election must be refused"
+else
+	pass "several replicas without leader election are refused"
+fi
+if render "$WORK/bad.yaml" --set resourceName=gpu 2>"$WORK/bad.err"; then
+	fail "an invalid resource name must be refused"
+else
+	pass "an invalid resource name is refused"
+fi
+
+if [[ "$FAILURES" -gt 0 ]]; then
+	echo "chart-test: $FAILURES check(s) FAILED" >&2
+	exit 1
+fi
+echo "chart-test: all checks passed"
