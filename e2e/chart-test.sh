@@ -7,18 +7,21 @@
 #      of the pinned release (unknown fields, wrong types and missing required fields all fail);
 #      only the CRD kinds (cert-manager Certificate/Issuer, ServiceMonitor) have no schema here and
 #      are checked by the assertions below instead;
-#   5. asserts what the chart must render (fail-closed webhook, extender config, security), and
+#   5. decodes every rendered KubeSchedulerConfiguration strictly with kube-scheduler's v1 types,
+#      and evaluates the webhook's CEL matchConditions with the API server's matcher on sample
+#      pods (chartcheck, built by e2e/tools.sh);
+#   6. asserts what the chart must render (fail-closed webhook, extender config, security), and
 #      that charts/tessera/files/kube-scheduler-config.yaml is exactly what the chart renders.
 #
 #   e2e/chart-test.sh            # run everything; non-zero exit on any failure
 #   e2e/chart-test.sh --update   # rewrite files/kube-scheduler-config.yaml from the chart
 #
-# Needs: bash, go (first run only), grep, awk, diff. No network except the Go module proxy on
+# Needs: bash, go (first run only), grep, sed, awk, paste, diff; openssl optional. No network except the Go module proxy on
 # the first run.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-CHART="$ROOT/charts/tessera"
+CHART="${TESSERA_CHART_DIR:-$ROOT/charts/tessera}"
 RELEASE=tessera
 NAMESPACE=tessera-system
 SCHED_CONFIG_FILE="$CHART/files/kube-scheduler-config.yaml"
@@ -70,6 +73,13 @@ expect_count() { # expect_count DESCRIPTION FILE PATTERN N
 }
 
 echo "== helm $("$HELM" version --short 2>/dev/null || echo '?'), kubeconform $("$KUBECONFORM" -v 2>/dev/null || echo '?'), Kubernetes schemas $K8S_SCHEMA_VERSION"
+
+if report="$("$CHARTCHECK" scheduler-config "$SCHED_CONFIG_FILE" 2>&1)"; then
+	pass "files/kube-scheduler-config.yaml decodes strictly with kube-scheduler's v1 types"
+else
+	printf '%s\n' "$report" >&2
+	fail "files/kube-scheduler-config.yaml is not a valid KubeSchedulerConfiguration"
+fi
 
 # --- 1. The validator itself must reject what the API server would reject -----------------------
 cat >"$WORK/negative.yaml" <<'EOF'
@@ -158,8 +168,33 @@ for set in "${value_sets[@]}"; do
 		fail "[$set] kubeconform -strict"
 	fi
 	# Only the CRD kinds may be skipped; anything else without a schema is an error above.
-	skipped="$(grep -E '^kind: ' "$out" | grep -Evc '^kind: (ServiceMonitor|Certificate|Issuer)$' || true)"
-	[[ "$skipped" -gt 0 ]] || fail "[$set] rendered no built-in objects"
+	builtin="$(grep -E '^kind: ' "$out" | grep -Evc '^kind: (ServiceMonitor|Certificate|Issuer)$' || true)"
+	[[ "$builtin" -gt 0 ]] || fail "[$set] rendered no built-in objects"
+
+	# kube-scheduler's own types decode the scheduler config strictly.
+	extract_scheduler_config "$out" >"$WORK/$set.kube-scheduler.yaml"
+	if [[ -s "$WORK/$set.kube-scheduler.yaml" ]]; then
+		if report="$("$CHARTCHECK" scheduler-config "$WORK/$set.kube-scheduler.yaml" 2>&1)"; then
+			pass "[$set] KubeSchedulerConfiguration decodes strictly with kube-scheduler's v1 types"
+		else
+			printf '%s\n' "$report" >&2
+			fail "[$set] KubeSchedulerConfiguration"
+		fi
+	fi
+
+	# The API server's own matcher evaluates the webhook's CEL matchConditions on sample pods.
+	if grep -q '^kind: MutatingWebhookConfiguration$' "$out"; then
+		resources="$(sed -nE 's/^      resource(Count|Memory|MemoryPercentage|Core|Priority)Name: "(.*)"$/\2/p' "$out" | paste -sd, -)"
+		trusted="$(sed -nE 's/^            - --webhook-trusted-user=(.*)$/\1/p' "$out" | paste -sd, -)"
+		gpu_only=false
+		grep -q 'name: gpu-pod-or-hami-metadata' "$out" && gpu_only=true
+		if report="$("$CHARTCHECK" webhook-match -resources "$resources" -trusted "$trusted" -gpu-only="$gpu_only" "$out" 2>&1)"; then
+			pass "[$set] webhook matchConditions: $(grep -c '^ok ' <<<"$report") sample requests give the expected answer, no evaluation error"
+		else
+			printf '%s\n' "$report" >&2
+			fail "[$set] webhook matchConditions"
+		fi
+	fi
 done
 
 # --- 3. What the chart must render -----------------------------------------------------------------
@@ -273,6 +308,7 @@ R="$WORK/custom-resource-names.yaml"
 expect "[custom-names] device config uses the custom count name" "$R" '^      resourceCountName: "example.com/vgpu"$'
 expect "[custom-names] extender manages the custom names" "$R" '^          - name: example.com/vgpu-memory$'
 expect "[custom-names] custom scheduler name" "$R" '^            - --scheduler-name=gpu-share-scheduler$'
+expect "[custom-names] node label selector" "$R" '^            - --node-label-selector=gpu-pool=shared,tier=1$'
 expect_count "[custom-names] global.imageRegistry replaces every registry" "$R" '^ +image: registry.example.com/(tessera-gpu/tessera-(scheduler|device-plugin)|kube-scheduler|ingress-nginx/kube-webhook-certgen):' 6
 expect "[custom-names] hook path follows gpuHookPath" "$R" '^            path: /opt/gpu-hook/vgpu$'
 expect "[custom-names] per-node config rendered" "$R" '"name": "node-a"'
@@ -293,6 +329,52 @@ if render "$WORK/bad.yaml" --set resourceName=gpu 2>"$WORK/bad.err"; then
 	fail "an invalid resource name must be refused"
 else
 	pass "an invalid resource name is refused"
+fi
+
+# --- 4. The chart against the daemons it starts (when they are built) ------------------------------
+# Every flag the chart passes must exist in the daemon's --help, and the rendered
+# device-config.yaml must load with the scheduler's own parser. Built by `cargo build`/`cargo test`;
+# override the directory with TESSERA_BIN_DIR.
+BIN_DIR="${TESSERA_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/debug}"
+container_flags() { # container_flags RENDERED BINARY_PATH: the --flags of that container's command
+	awk -v bin="$2" '$0 ~ "^            - " bin "$" {on=1; next} on && /^            - --/ {sub(/^            - /, ""); sub(/=.*/, ""); print; next} on && !/^            - / {exit}' "$1" | sort -u
+}
+check_flags() { # check_flags NAME BINARY HELP_ARGS... (flags read from $flags_file)
+	local name="$1" bin="$2"; shift 2
+	local help missing=()
+	help="$("$bin" "$@" --help 2>&1)" || { fail "$name --help failed"; return; }
+	while read -r flag; do
+		[[ -n "$flag" ]] || continue
+		grep -Eq -- "^ +(-[a-zA-Z], )?$flag( |$)" <<<"$help" || missing+=("$flag")
+	done <"$flags_file"
+	if [[ ${#missing[@]} -eq 0 ]]; then
+		pass "$name accepts every flag the chart passes ($(wc -l <"$flags_file") flags)"
+	else
+		fail "$name does not know: ${missing[*]}"
+	fi
+}
+if [[ -x "$BIN_DIR/tessera-scheduler" ]]; then
+	flags_file="$WORK/scheduler.flags"
+	for set in "${value_sets[@]}"; do container_flags "$WORK/$set.yaml" /usr/bin/tessera-scheduler; done | sort -u >"$flags_file"
+	check_flags tessera-scheduler "$BIN_DIR/tessera-scheduler" serve
+	for set in "${value_sets[@]}"; do
+		awk '/^  device-config.yaml: \|/ {on=1; next} on && /^    / {print substr($0, 5); next} on {exit}' "$WORK/$set.yaml" >"$WORK/$set.device-config.yaml"
+		if err="$("$BIN_DIR/tessera-scheduler" simulate --device-config "$WORK/$set.device-config.yaml" -f "$ROOT/examples/simulate/cluster.yaml" 2>&1 >/dev/null)"; then
+			pass "[$set] device-config.yaml loads with tessera-scheduler's parser"
+		else
+			printf '%s\n' "$err" | head -5 >&2
+			fail "[$set] device-config.yaml is refused by tessera-scheduler"
+		fi
+	done
+else
+	echo "skip: $BIN_DIR/tessera-scheduler not built; daemon flag and device-config checks not run"
+fi
+if [[ -x "$BIN_DIR/tessera-device-plugin" ]]; then
+	flags_file="$WORK/device-plugin.flags"
+	for set in "${value_sets[@]}"; do container_flags "$WORK/$set.yaml" /usr/bin/tessera-device-plugin; done | sort -u >"$flags_file"
+	check_flags tessera-device-plugin "$BIN_DIR/tessera-device-plugin"
+else
+	echo "skip: $BIN_DIR/tessera-device-plugin not built; device plugin flag check not run"
 fi
 
 if [[ "$FAILURES" -gt 0 ]]; then

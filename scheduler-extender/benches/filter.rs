@@ -8,7 +8,14 @@ use tessera_scheduler::engine::{Engine, Observation};
 use tessera_scheduler::testing::{gpu_node, gpu_pod, running_pod};
 
 fn cluster(nodes: usize) -> (Engine, Vec<String>) {
-    let mut e = Engine::standalone(DecisionConfig::default());
+    cluster_with(nodes, 1)
+}
+
+fn cluster_with(nodes: usize, filter_threads: usize) -> (Engine, Vec<String>) {
+    let mut e = Engine::standalone(DecisionConfig {
+        filter_threads,
+        ..Default::default()
+    });
     let mut names = Vec::with_capacity(nodes);
     for n in 0..nodes {
         let name = format!("node-{n:05}");
@@ -44,6 +51,19 @@ fn filter(c: &mut Criterion) {
             })
         });
     }
+    group.finish();
+    // The same at 5,000 nodes with `--filter-threads 4`, to measure on real control-plane hardware.
+    let mut group = c.benchmark_group("filter_threads_4");
+    group.sample_size(20);
+    let (mut engine, names) = cluster_with(5_000, 4);
+    let pod = gpu_pod("bench", "candidate", 1, 8192, 20);
+    group.bench_function("5000", |b| {
+        b.iter(|| {
+            let v = engine.filter(&pod, &names);
+            engine.filter_abort("uid-bench-candidate");
+            v
+        })
+    });
     group.finish();
 }
 

@@ -21,6 +21,8 @@ pub struct DecisionConfig {
     pub defaults: PolicyDefaults,
     /// HAMi `--node-label-selector`: only nodes with all these labels take GPU pods.
     pub node_selector: Vec<(String, String)>,
+    /// Threads evaluating candidates of one filter (`--filter-threads`); 0 or 1 = sequential.
+    pub filter_threads: usize,
 }
 
 /// What filtering one pod concluded.
@@ -52,6 +54,88 @@ fn annotations(pod: &Pod) -> BTreeMap<String, String> {
     pod.metadata.annotations.clone().unwrap_or_default()
 }
 
+/// Below this many candidates per thread, evaluation stays on the loop's thread.
+const PARALLEL_CHUNK_MIN: usize = 256;
+
+/// Node selection order (§5.5): binpack prefers the higher node score, spread the lower; ties
+/// keep the earlier candidate.
+fn better(policy: fit::NodePolicyKey, candidate: f32, current: f32) -> bool {
+    match policy {
+        fit::NodePolicyKey::Binpack => candidate > current,
+        fit::NodePolicyKey::Spread => candidate < current,
+    }
+}
+
+/// What one slice of the candidates concluded.
+#[derive(Debug, Default)]
+struct Chunk {
+    failed: BTreeMap<String, String>,
+    fitting: Vec<(String, f32)>,
+    best: Option<NodeFit>,
+}
+
+/// The read-only inputs of evaluating candidates.
+struct EvalInput<'a> {
+    state: &'a ClusterState,
+    ask: &'a fit::PodAsk,
+    opts: &'a fit::PlacementOptions,
+    quota: Option<&'a fit::QuotaBudget>,
+    uid: &'a str,
+    annotations: &'a BTreeMap<String, String>,
+}
+
+impl EvalInput<'_> {
+    fn run(&self, candidates: &[String]) -> Chunk {
+        let mut out = Chunk::default();
+        for name in candidates {
+            let Some(rec) = self.state.node(name) else {
+                out.failed
+                    .insert(name.clone(), "node unregistered".to_owned());
+                continue;
+            };
+            if let Some(why) = &rec.unregistered {
+                out.failed.insert(name.clone(), why.clone());
+                continue;
+            }
+            let Some(node) = self.state.node_state(name, Some(self.uid)) else {
+                out.failed
+                    .insert(name.clone(), "node unregistered".to_owned());
+                continue;
+            };
+            match fit::evaluate_node(&node, self.ask, self.opts, self.quota) {
+                Err(r) => {
+                    out.failed.insert(name.clone(), r);
+                }
+                Ok(f) => {
+                    let pending = self.state.pending_on(name, self.uid);
+                    let conflict = if pending.is_empty() {
+                        None
+                    } else {
+                        let sig = AllocationSignature::new(&f.devices, self.annotations);
+                        confusable_pending(&sig, &pending).map(str::to_owned)
+                    };
+                    if let Some(other) = conflict {
+                        out.failed.insert(
+                            name.clone(),
+                            format!("{PENDING_CONFLICT}: pod {other} is still being allocated here and could be taken for this one"),
+                        );
+                    } else {
+                        out.fitting.push((f.node.clone(), f.score));
+                        if out
+                            .best
+                            .as_ref()
+                            .is_none_or(|b| better(self.opts.node_policy, f.score, b.score))
+                        {
+                            out.best = Some(f);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 /// Filters `pod` over `candidates` (node names). The pod's own earlier decision (`uid`) does not
 /// count against it. Nothing is reserved: the caller decides whether to.
 pub fn filter_pod(
@@ -74,51 +158,49 @@ pub fn filter_pod(
     let state = &*state;
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let quota = state.quota_budget(namespace, Some(uid));
+    let eval = EvalInput {
+        state,
+        ask: &ask,
+        opts: &opts,
+        quota: quota.as_ref(),
+        uid,
+        annotations: &annotations,
+    };
+    // Nodes are independent: with `--filter-threads` > 1, large candidate lists are evaluated on
+    // scoped threads (read-only
+    // over the loop's state, which stays the only writer) and merged in candidate order, so the
+    // outcome is the same as a sequential pass.
+    let threads = cfg
+        .filter_threads
+        .min(candidates.len() / PARALLEL_CHUNK_MIN)
+        .max(1);
+    let chunks: Vec<Chunk> = if threads == 1 {
+        vec![eval.run(candidates)]
+    } else {
+        let size = candidates.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = candidates
+                .chunks(size)
+                .map(|part| scope.spawn(|| eval.run(part)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_default())
+                .collect()
+        })
+    };
     let mut failed = BTreeMap::new();
-    // Keep only the best fit so far (ties keep the earlier candidate, as `fit::select_node`).
+    let mut fitting = Vec::new();
     let mut best: Option<NodeFit> = None;
-    let mut fitting: Vec<(String, f32)> = Vec::new();
-    for name in candidates {
-        let Some(rec) = state.node(name) else {
-            failed.insert(name.clone(), "node unregistered".to_owned());
-            continue;
-        };
-        if let Some(why) = &rec.unregistered {
-            failed.insert(name.clone(), why.clone());
-            continue;
-        }
-        let Some(node) = state.node_state(name, Some(uid)) else {
-            failed.insert(name.clone(), "node unregistered".to_owned());
-            continue;
-        };
-        match fit::evaluate_node(&node, &ask, &opts, quota.as_ref()) {
-            Err(r) => {
-                failed.insert(name.clone(), r);
-            }
-            Ok(f) => {
-                let pending = state.pending_on(name, uid);
-                let conflict = if pending.is_empty() {
-                    None
-                } else {
-                    let sig = AllocationSignature::new(&f.devices, &annotations);
-                    confusable_pending(&sig, &pending).map(str::to_owned)
-                };
-                if let Some(other) = conflict {
-                    failed.insert(
-                        name.clone(),
-                        format!("{PENDING_CONFLICT}: pod {other} is still being allocated here and could be taken for this one"),
-                    );
-                } else {
-                    fitting.push((f.node.clone(), f.score));
-                    let better = best.as_ref().is_none_or(|b| match opts.node_policy {
-                        fit::NodePolicyKey::Binpack => f.score > b.score,
-                        fit::NodePolicyKey::Spread => f.score < b.score,
-                    });
-                    if better {
-                        best = Some(f);
-                    }
-                }
-            }
+    for c in chunks {
+        failed.extend(c.failed);
+        fitting.extend(c.fitting);
+        if let Some(f) = c.best
+            && best
+                .as_ref()
+                .is_none_or(|b| better(opts.node_policy, f.score, b.score))
+        {
+            best = Some(f);
         }
     }
     match best {

@@ -57,6 +57,7 @@ impl PolicyArgs {
             nvidia,
             defaults,
             node_selector: Vec::new(),
+            filter_threads: 1,
         })
     }
 }
@@ -112,6 +113,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let mut cfg = args.policy.decision_config()?;
             cfg.node_selector = serve::parse_selector(&args.node_label_selector)?;
+            cfg.filter_threads = args.filter_threads;
             serve::run(*args, cfg)
         }
     }

@@ -89,6 +89,10 @@ pub struct ServeArgs {
     /// Only nodes with these labels take GPU pods (HAMi `--node-label-selector`), `k=v,k2=v2`.
     #[arg(long, env = "TESSERA_NODE_LABEL_SELECTOR", value_delimiter = ',')]
     pub node_label_selector: Vec<String>,
+    /// Threads that evaluate the candidate nodes of one filter in parallel (at least 256 nodes
+    /// per thread). 1 = sequential; measure before raising it (docs/scheduler.md).
+    #[arg(long, env = "TESSERA_FILTER_THREADS", default_value_t = 1)]
+    pub filter_threads: usize,
     #[command(flatten)]
     pub policy: PolicyArgs,
 }

@@ -261,3 +261,55 @@ fn nodes_outside_the_label_selector_take_no_gpu_pods() {
     e.observe(Observation::NodeUpsert(Box::new(labelled)));
     assert!(placed(&e.filter(&gpu_pod("d", "p", 1, 100, 0), &["n1".to_owned()])).is_some());
 }
+
+#[test]
+fn large_candidate_lists_choose_like_a_sequential_pass() {
+    let mut e = Engine::standalone(DecisionConfig {
+        filter_threads: 3,
+        ..Default::default()
+    });
+    let names: Vec<String> = (0..900).map(|i| format!("n{i:03}")).collect();
+    for n in &names {
+        e.observe(Observation::NodeUpsert(Box::new(gpu_node(n, 2, 16000, 10))));
+    }
+    e.observe(Observation::PodUpsert(Box::new(running_pod(
+        "d",
+        "a",
+        "n700",
+        "GPU-n700-0,NVIDIA,4000,10:;",
+    ))));
+    e.observe(Observation::PodUpsert(Box::new(running_pod(
+        "d",
+        "b",
+        "n650",
+        "GPU-n650-0,NVIDIA,8000,10:;",
+    ))));
+    e.observe(Observation::PodUpsert(Box::new(running_pod(
+        "d",
+        "c",
+        "n005",
+        "GPU-n005-0,NVIDIA,16000,0:GPU-n005-1,NVIDIA,16000,0:;",
+    ))));
+    // Binpack: the fullest node that still fits.
+    let v = e.filter(&gpu_pod("d", "p", 1, 1000, 0), &names);
+    assert_eq!(placed(&v).as_deref(), Some("n650"));
+    match &v {
+        Ok(Verdict::Placed(p)) => {
+            assert_eq!(p.fitting.len(), 899);
+            assert_eq!(p.failed["n005"], "2/2 CardInsufficientMemory");
+        }
+        other => panic!("{other:?}"),
+    }
+    e.filter_abort("uid-d-p");
+    // Spread: the emptiest; ties go to the first candidate.
+    let mut spread = gpu_pod("d", "s", 1, 1000, 0);
+    spread.metadata.annotations = Some(
+        [(
+            "hami.io/node-scheduler-policy".to_owned(),
+            "spread".to_owned(),
+        )]
+        .into_iter()
+        .collect(),
+    );
+    assert_eq!(placed(&e.filter(&spread, &names)).as_deref(), Some("n000"));
+}
