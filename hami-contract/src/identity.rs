@@ -172,7 +172,10 @@ mod tests {
         let uniform = sig("GPU-a,NVIDIA,1000,30:;GPU-b,NVIDIA,1000,30:;", &[]);
         assert!(uniform.interchangeable_with(&uniform.clone()));
         // A later container with another count cannot be taken for a first call.
-        let shaped = sig("GPU-a,NVIDIA,1000,30:;GPU-b,NVIDIA,2000,30:GPU-c,NVIDIA,2000,30:;", &[]);
+        let shaped = sig(
+            "GPU-a,NVIDIA,1000,30:;GPU-b,NVIDIA,2000,30:GPU-c,NVIDIA,2000,30:;",
+            &[],
+        );
         assert!(shaped.interchangeable_with(&shaped.clone()));
     }
 }

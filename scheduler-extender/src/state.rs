@@ -25,17 +25,16 @@ pub struct NodeRecord {
     pub unregistered: Option<String>,
 }
 
-/// Decodes `hami.io/node-nvidia-score` (§2.2). Not in `hami-contract` yet (see the report), so
-/// decoded here; a bad value only disables topology scoring for the node.
-pub fn decode_topology(value: &str) -> Option<TopologyScores> {
-    #[derive(serde::Deserialize)]
-    struct Entry {
-        uuid: String,
-        #[serde(default)]
-        score: HashMap<String, i64>,
-    }
-    let entries: Vec<Entry> = serde_json::from_str(value).ok()?;
-    Some(entries.into_iter().map(|e| (e.uuid, e.score)).collect())
+/// The topology scores of `hami.io/node-nvidia-score`, as fit wants them. An undecodable value
+/// means "no topology information" (HAMi scores such pairs 0).
+fn topology_scores(value: &str) -> Option<TopologyScores> {
+    let entries = hami_contract::node::decode_pair_scores(value).ok()?;
+    Some(
+        entries
+            .into_iter()
+            .map(|e| (e.uuid, e.score.into_iter().collect()))
+            .collect(),
+    )
 }
 
 impl NodeRecord {
@@ -53,7 +52,7 @@ impl NodeRecord {
             .unwrap_or_default();
         let topology = annotations
             .get(ann::NODE_SCORE)
-            .and_then(|v| decode_topology(v));
+            .and_then(|v| topology_scores(v));
         let (devices, mut unregistered) = match annotations.get(ann::NODE_REGISTER) {
             None => (Vec::new(), Some("node unregistered".to_owned())),
             Some(v) => match hami_contract::node::decode_node_devices(v) {

@@ -112,3 +112,23 @@ fn serve_flags_parse_and_tls_needs_both_files() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--key-file"));
 }
+
+#[test]
+fn a_v1_list_in_json_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("list.json");
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "annotations": {
+            "hami.io/node-nvidia-register": "GPU-aaa,10,15360,100,NVIDIA-Tesla T4,0,true,0,hami-core:"}}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
+         "spec": {"containers": [{"name": "c", "image": "i",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}}}]}}
+    ]});
+    std::fs::write(&path, list.to_string()).unwrap();
+    let (ok, lines, err) = run(&["simulate", "-f", path.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["pod"], "ns/p");
+    assert_eq!(lines[0]["node"], "n1");
+    assert_eq!(lines[0]["devices"], "GPU-aaa,NVIDIA,7680,0:;");
+}
