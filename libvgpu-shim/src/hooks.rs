@@ -587,6 +587,24 @@ pub fn array_bytes(w: usize, h: usize, d: usize, format: c_int, channels: c_uint
         .saturating_mul(channels.max(1) as u64)
 }
 
+/// Bytes of a mipmapped array: the sum over its levels, each present dimension halved per level
+/// and never below 1. Levels past 64 cannot shrink anything further and no driver accepts them;
+/// they are not counted (the driver refuses the call anyway).
+pub fn mipmapped_array_bytes(d: &Array3dDescriptor, levels: c_uint) -> u64 {
+    (0..levels.clamp(1, 64))
+        .map(|level| {
+            let at_level = |x: usize| if x == 0 { 0 } else { (x >> level).max(1) };
+            array_bytes(
+                at_level(d.width),
+                at_level(d.height),
+                at_level(d.depth),
+                d.format,
+                d.num_channels,
+            )
+        })
+        .fold(0, u64::saturating_add)
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArrayCreate_v2(arr: *mut u64, desc: *const ArrayDescriptor) -> CUresult {
     guarded("cuArrayCreate_v2", CUDA_ERROR_UNKNOWN, || {
@@ -646,6 +664,45 @@ pub extern "C" fn cuArrayDestroy(arr: u64) -> CUresult {
         let r = real_call!(cuArrayDestroy: unsafe extern "C" fn(u64) -> CUresult, arr);
         if r == CUDA_SUCCESS && !degraded() {
             uncount(Kind::Array, arr);
+        }
+        r
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut u64,
+    desc: *const Array3dDescriptor,
+    levels: c_uint,
+) -> CUresult {
+    guarded("cuMipmappedArrayCreate", CUDA_ERROR_UNKNOWN, || {
+        let call = || {
+            let r = real_call!(cuMipmappedArrayCreate: unsafe extern "C" fn(*mut u64, *const Array3dDescriptor, c_uint) -> CUresult, handle, desc, levels);
+            // SAFETY: written by the driver on success.
+            (
+                r,
+                if r == CUDA_SUCCESS {
+                    unsafe { *handle }
+                } else {
+                    0
+                },
+            )
+        };
+        if degraded() || handle.is_null() || desc.is_null() {
+            return call().0;
+        }
+        // SAFETY: checked non-null.
+        let bytes = mipmapped_array_bytes(unsafe { &*desc }, levels);
+        counted(Kind::Array, real::current_device(), bytes, call)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMipmappedArrayDestroy(handle: u64) -> CUresult {
+    guarded("cuMipmappedArrayDestroy", CUDA_ERROR_UNKNOWN, || {
+        let r = real_call!(cuMipmappedArrayDestroy: unsafe extern "C" fn(u64) -> CUresult, handle);
+        if r == CUDA_SUCCESS && !degraded() {
+            uncount(Kind::Array, handle);
         }
         r
     })

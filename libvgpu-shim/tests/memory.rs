@@ -215,6 +215,8 @@ fn exports_only_the_hooks() {
         "cuArray3DCreate_v2",
         "cuArrayCreate_v2",
         "cuArrayDestroy",
+        "cuMipmappedArrayCreate",
+        "cuMipmappedArrayDestroy",
         "cuDeviceTotalMem_v2",
         "cuGetProcAddress",
         "cuGetProcAddress_v2",

@@ -19,6 +19,7 @@ typedef void *CUcontext;
 
 typedef struct { int type, handleTypes, locType, locId; void *win32; unsigned char flags[8]; } CUmemAllocationProp;
 typedef struct { size_t Width, Height; int Format; unsigned NumChannels; } CUDA_ARRAY_DESCRIPTOR;
+typedef struct { size_t Width, Height, Depth; int Format; unsigned NumChannels, Flags; } CUDA_ARRAY3D_DESCRIPTOR;
 
 CUresult cuInit(unsigned);
 CUresult cuDeviceGet(CUdevice *, int);
@@ -34,6 +35,8 @@ CUresult cuMemCreate(unsigned long long *, size_t, const CUmemAllocationProp *, 
 CUresult cuMemRelease(unsigned long long);
 CUresult cuArrayCreate_v2(unsigned long long *, const CUDA_ARRAY_DESCRIPTOR *);
 CUresult cuArrayDestroy(unsigned long long);
+CUresult cuMipmappedArrayCreate(unsigned long long *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned);
+CUresult cuMipmappedArrayDestroy(unsigned long long);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
 CUresult cuMemHostAlloc(void **, size_t, unsigned);
@@ -118,6 +121,16 @@ static int mode_limit(size_t limit) {
     EXPECT(cuArrayCreate_v2(&arr, &d), 0);
     EXPECT(cuMemAlloc_v2(&q, (limit % 4096) + 1), OOM);
     EXPECT(cuArrayDestroy(arr), 0);
+    /* Mipmapped arrays: every level counts, each dimension halved per level. A 2048-wide u8
+       array of height mh: level 0 is 2048*mh bytes, level 1 1024*(mh/2), level 2 512*(mh/4). */
+    size_t mh = (limit / 2560) & ~(size_t)3;
+    size_t two = 2048 * mh + 1024 * (mh / 2), three = two + 512 * (mh / 4);
+    CUDA_ARRAY3D_DESCRIPTOR md = { 2048, mh, 0, 0x01 /* u8 */, 1, 0 };
+    EXPECT(cuMipmappedArrayCreate(&arr, &md, 2), 0);
+    EXPECT(cuMemAlloc_v2(&q, limit - two + 1), OOM);
+    EXPECT(cuMipmappedArrayDestroy(arr), 0);
+    EXPECT(cuMipmappedArrayCreate(&arr, &md, 3), three > limit ? OOM : 0);
+    if (three <= limit) EXPECT(cuMipmappedArrayDestroy(arr), 0);
     /* Host memory is not device memory. */
     void *host = 0;
     EXPECT(cuMemAlloc_v2(&p, limit), 0);

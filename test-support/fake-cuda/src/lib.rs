@@ -944,6 +944,8 @@ pub fn format_bytes(format: c_int) -> Option<u64> {
     })
 }
 
+/// Creates an array (or a mipmapped array of `levels` levels, each present dimension halved per
+/// level and never below 1) and charges its bytes to the current device.
 fn create_array(
     arr: *mut u64,
     w: usize,
@@ -951,21 +953,33 @@ fn create_array(
     d: usize,
     format: c_int,
     channels: c_uint,
+    levels: c_uint,
 ) -> CUresult {
     require_init!();
     let Some(elem) = format_bytes(format) else {
         return CUDA_ERROR_INVALID_VALUE;
     };
-    if arr.is_null() || w == 0 || !matches!(channels, 1 | 2 | 4) {
+    if arr.is_null() || w == 0 || !matches!(channels, 1 | 2 | 4) || !(1..=32).contains(&levels) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     let Some(dev) = current_device() else {
         return CUDA_ERROR_INVALID_CONTEXT;
     };
-    let size = (w as u64)
-        .saturating_mul(h.max(1) as u64)
-        .saturating_mul(d.max(1) as u64)
-        .saturating_mul(elem * channels as u64);
+    let size = (0..levels)
+        .map(|level| {
+            let at_level = |x: usize| {
+                if x == 0 {
+                    1
+                } else {
+                    (x >> level).max(1) as u64
+                }
+            };
+            at_level(w)
+                .saturating_mul(at_level(h))
+                .saturating_mul(at_level(d))
+                .saturating_mul(elem * channels as u64)
+        })
+        .fold(0, u64::saturating_add);
     with_memory(|m| {
         if let Err(e) = charge(m, dev, size) {
             return e;
@@ -987,7 +1001,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(arr: *mut u64, desc: *const ArrayDescr
     }
     // SAFETY: checked non-null.
     let d = unsafe { &*desc };
-    create_array(arr, d.width, d.height, 1, d.format, d.num_channels)
+    create_array(arr, d.width, d.height, 1, d.format, d.num_channels, 1)
 }
 
 #[unsafe(no_mangle)]
@@ -1001,7 +1015,36 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     }
     // SAFETY: checked non-null.
     let d = unsafe { &*desc };
-    create_array(arr, d.width, d.height, d.depth, d.format, d.num_channels)
+    create_array(arr, d.width, d.height, d.depth, d.format, d.num_channels, 1)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut u64,
+    desc: *const Array3dDescriptor,
+    levels: c_uint,
+) -> CUresult {
+    count("cuMipmappedArrayCreate");
+    if desc.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let d = unsafe { &*desc };
+    create_array(
+        handle,
+        d.width,
+        d.height,
+        d.depth,
+        d.format,
+        d.num_channels,
+        levels,
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMipmappedArrayDestroy(handle: u64) -> CUresult {
+    count("cuMipmappedArrayDestroy");
+    cuArrayDestroy(handle)
 }
 
 #[unsafe(no_mangle)]
@@ -1333,6 +1376,18 @@ fn proc_table() -> &'static [ProcEntry] {
             entry!("cuArrayCreate", 3020, false, cuArrayCreate_v2),
             entry!("cuArray3DCreate", 3020, false, cuArray3DCreate_v2),
             entry!("cuArrayDestroy", 2000, false, cuArrayDestroy),
+            entry!(
+                "cuMipmappedArrayCreate",
+                5000,
+                false,
+                cuMipmappedArrayCreate
+            ),
+            entry!(
+                "cuMipmappedArrayDestroy",
+                5000,
+                false,
+                cuMipmappedArrayDestroy
+            ),
             entry!("cuLaunchKernel", 4000, false, cuLaunchKernel),
             entry!("cuLaunchKernel", 7000, true, cuLaunchKernel_ptsz),
             entry!("cuLaunchKernelEx", 11060, false, cuLaunchKernelEx),
