@@ -33,6 +33,9 @@ pub struct AllocationSignature {
     pub counts: Vec<u32>,
     /// `(mem, cores)` per device per such container: what the plugin puts into the limits.
     pub payload: Vec<Vec<(u32, u32)>>,
+    /// GPU UUIDs per device per such container: what the plugin puts into
+    /// `NVIDIA_VISIBLE_DEVICES`, and what the extender books.
+    pub devices: Vec<Vec<String>>,
     /// The pod's [`PLACEMENT_CONSTRAINT_ANNOTATIONS`] that are present, sorted by key.
     pub constraints: Vec<(String, String)>,
 }
@@ -44,6 +47,7 @@ impl AllocationSignature {
     pub fn new(devices: &PodDevices, pod_annotations: &BTreeMap<String, String>) -> Self {
         let mut counts = Vec::new();
         let mut payload = Vec::new();
+        let mut uuids = Vec::new();
         for container in &devices.0 {
             let mine: Vec<(u32, u32)> = container
                 .iter()
@@ -53,6 +57,13 @@ impl AllocationSignature {
             if !mine.is_empty() {
                 counts.push(u32::try_from(mine.len()).unwrap_or(u32::MAX));
                 payload.push(mine);
+                uuids.push(
+                    container
+                        .iter()
+                        .filter(|d| d.vendor == NVIDIA_VENDOR)
+                        .map(|d| d.uuid.clone())
+                        .collect(),
+                );
             }
         }
         let constraints = PLACEMENT_CONSTRAINT_ANNOTATIONS
@@ -68,6 +79,7 @@ impl AllocationSignature {
         AllocationSignature {
             counts,
             payload,
+            devices: uuids,
             constraints,
         }
     }
@@ -83,26 +95,35 @@ impl AllocationSignature {
         }
     }
 
-    /// Serving one with the other's entry gives exactly the right limits: same counts, payload
-    /// and constraints, and each pod is *self-consistent*.
+    /// Serving one with the other's entry gives it exactly its own GPUs and limits: same counts,
+    /// payload, GPUs and constraints, and each pod is *self-consistent*.
+    ///
+    /// The GPUs must match too: a plugin that cannot tell the two apart may serve either entry to
+    /// either pod, and with different GPUs the extender's books would then name the wrong GPU for
+    /// each, so deleting one pod would free the GPU the other still uses.
     ///
     /// Self-consistency closes the abort hole: if the kubelet rejects pod p after serving its
     /// container i−1, the next call may be q's first container, and a plugin without abort
-    /// detection takes it for p's container i. That call gets the right limits only if every
-    /// container of p with q's first count carries the first container's payload.
+    /// detection takes it for p's container i. That call gets the right GPUs and limits only if
+    /// every container of p with q's first count carries the first container's.
     pub fn interchangeable_with(&self, other: &Self) -> bool {
         self == other && self.is_self_consistent()
     }
 
     /// Every container whose device count equals the first container's has the first
-    /// container's payload.
+    /// container's payload and GPUs.
     fn is_self_consistent(&self) -> bool {
-        match (self.counts.first(), self.payload.first()) {
-            (Some(c0), Some(p0)) => self
+        match (
+            self.counts.first(),
+            self.payload.first(),
+            self.devices.first(),
+        ) {
+            (Some(c0), Some(p0), Some(d0)) => self
                 .counts
                 .iter()
                 .zip(&self.payload)
-                .all(|(c, p)| c != c0 || p == p0),
+                .zip(&self.devices)
+                .all(|((c, p), d)| c != c0 || (p == p0 && d == d0)),
             _ => true,
         }
     }
@@ -153,8 +174,11 @@ mod tests {
     #[test]
     fn interchangeable_needs_equal_counts_payload_and_constraints() {
         let a = sig("GPU-a,NVIDIA,1000,30:;", &[]);
-        // Other GPUs, same shape: interchangeable (the plan of one is valid for the other).
-        assert!(a.interchangeable_with(&sig("GPU-z,NVIDIA,1000,30:;", &[])));
+        // Same shape and the same GPU: interchangeable.
+        assert!(a.interchangeable_with(&sig("GPU-a,NVIDIA,1000,30:;", &[])));
+        // Same shape on another GPU: serving one the other's entry would swap the GPUs the
+        // extender booked for them.
+        assert!(!a.interchangeable_with(&sig("GPU-z,NVIDIA,1000,30:;", &[])));
         assert!(!a.interchangeable_with(&sig("GPU-a,NVIDIA,2000,30:;", &[])));
         assert!(!a.interchangeable_with(&sig(
             "GPU-a,NVIDIA,1000,30:;",
@@ -169,8 +193,11 @@ mod tests {
         // next pod's first call would be served the second container's 2000 MiB.
         let mixed = sig("GPU-a,NVIDIA,1000,30:;GPU-b,NVIDIA,2000,30:;", &[]);
         assert!(!mixed.interchangeable_with(&mixed.clone()));
-        let uniform = sig("GPU-a,NVIDIA,1000,30:;GPU-b,NVIDIA,1000,30:;", &[]);
+        let uniform = sig("GPU-a,NVIDIA,1000,30:;GPU-a,NVIDIA,1000,30:;", &[]);
         assert!(uniform.interchangeable_with(&uniform.clone()));
+        // Same limits on another GPU: the next pod's first call would get GPU-b.
+        let two_gpus = sig("GPU-a,NVIDIA,1000,30:;GPU-b,NVIDIA,1000,30:;", &[]);
+        assert!(!two_gpus.interchangeable_with(&two_gpus.clone()));
         // A later container with another count cannot be taken for a first call.
         let shaped = sig(
             "GPU-a,NVIDIA,1000,30:;GPU-b,NVIDIA,2000,30:GPU-c,NVIDIA,2000,30:;",

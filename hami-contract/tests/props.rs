@@ -292,7 +292,11 @@ proptest! {
         let sa = AllocationSignature::new(&a, &none);
         let sb = AllocationSignature::new(&b, &none);
         prop_assert_eq!(sa.confusable_with(&sb), sb.confusable_with(&sa));
-        prop_assert!(sa.interchangeable_with(&sa));
+        prop_assert_eq!(sa.interchangeable_with(&sb), sb.interchangeable_with(&sa));
+        if sa.interchangeable_with(&sb) {
+            // Interchangeable pods get the same GPUs and limits from either entry.
+            prop_assert_eq!(&sa, &sb);
+        }
         if !sa.counts.is_empty() {
             prop_assert!(sa.confusable_with(&sa));
         }
