@@ -387,12 +387,15 @@ impl PodSchedulingOptions {
     /// The type selectors (`CardTypeMismatch` when false): case-insensitive substring match of
     /// the device `type` (e.g. `NVIDIA-Tesla T4`) against `use_type` / `nouse_type`.
     pub fn type_allowed(&self, device_type: &str) -> bool {
-        let t = device_type.to_uppercase();
-        (self.use_type.is_empty() || self.use_type.iter().any(|u| t.contains(&u.to_uppercase())))
+        (self.use_type.is_empty()
+            || self
+                .use_type
+                .iter()
+                .any(|u| contains_ignore_case(device_type, u)))
             && !self
                 .nouse_type
                 .iter()
-                .any(|u| t.contains(&u.to_uppercase()))
+                .any(|u| contains_ignore_case(device_type, u))
     }
 
     /// `nvidia.com/vgpu-mode`: the device mode (`hami-core`, `mig`, `mps`) must be a substring of
@@ -404,8 +407,38 @@ impl PodSchedulingOptions {
     }
 }
 
+/// Go's `strings.Contains(strings.ToUpper(h), strings.ToUpper(n))`, without allocating for the
+/// ASCII names GPUs have (the scheduler calls this per GPU per candidate node).
+fn contains_ignore_case(haystack: &str, needle: &str) -> bool {
+    if haystack.is_ascii() && needle.is_ascii() {
+        needle.is_empty()
+            || haystack
+                .as_bytes()
+                .windows(needle.len())
+                .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+    } else {
+        haystack.to_uppercase().contains(&needle.to_uppercase())
+    }
+}
+
 /// `hami.io/device-cordon` on a node: GPU UUIDs excluded from new allocations (Fit reason
 /// `CardCordoned`). Comma-separated, whitespace trimmed, empty items skipped.
 pub fn parse_device_cordon(value: &str) -> Vec<String> {
     comma_list(value)
+}
+
+#[cfg(test)]
+mod type_match_tests {
+    use super::contains_ignore_case;
+
+    #[test]
+    fn case_insensitive_substring_as_go_upper_contains() {
+        assert!(contains_ignore_case("NVIDIA-Tesla T4", "t4"));
+        assert!(contains_ignore_case("NVIDIA A100-SXM4-40GB", "a100"));
+        assert!(!contains_ignore_case("NVIDIA-Tesla T4", "A100"));
+        assert!(contains_ignore_case("T4", ""));
+        assert!(!contains_ignore_case("T4", "Tesla T4"));
+        // Non-ASCII falls back to Unicode upper-casing, as Go's ToUpper.
+        assert!(contains_ignore_case("Gerät-ä", "ät-Ä"));
+    }
 }

@@ -1,7 +1,7 @@
 //! One filter decision over the cluster state: the part shared by the decision loop and
 //! `simulate`. Pure (the caller owns the state and does the I/O).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use hami_contract::identity::AllocationSignature;
 use hami_contract::{NvidiaConfig, PodDevices};
@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::fit::{self, Charge, NodeFit};
 use crate::podspec::{self, PolicyDefaults};
-use crate::state::{BindStage, ClusterState, Reservation, confusable_pending};
+use crate::state::{BindStage, Candidate, ClusterState, Reservation, confusable_pending};
 
 /// Reason for a node skipped because a pending pod there could be confused with this one.
 pub const PENDING_CONFLICT: &str = "PendingAllocationConflict";
@@ -81,6 +81,10 @@ struct EvalInput<'a> {
     opts: &'a fit::PlacementOptions,
     quota: Option<&'a fit::QuotaBudget>,
     uid: &'a str,
+    /// The node the pod's own earlier decision books, computed once per filter.
+    uid_on: Option<&'a str>,
+    /// Nodes where a pod may be pending allocation; the gate is only consulted there.
+    pending_nodes: &'a HashSet<&'a str>,
     annotations: &'a BTreeMap<String, String>,
 }
 
@@ -88,31 +92,36 @@ impl EvalInput<'_> {
     fn run(&self, candidates: &[String]) -> Chunk {
         let mut out = Chunk::default();
         for name in candidates {
-            let Some(rec) = self.state.node(name) else {
-                out.failed
-                    .insert(name.clone(), "node unregistered".to_owned());
-                continue;
+            let node = match self.state.candidate(name, self.uid, self.uid_on) {
+                None => {
+                    out.failed
+                        .insert(name.clone(), "node unregistered".to_owned());
+                    continue;
+                }
+                Some(Candidate::Unregistered(why)) => {
+                    out.failed.insert(name.clone(), why.to_owned());
+                    continue;
+                }
+                Some(Candidate::Usable(node, nvidia)) => (node, nvidia),
             };
-            if let Some(why) = &rec.unregistered {
-                out.failed.insert(name.clone(), why.clone());
-                continue;
-            }
-            let Some(node) = self.state.node_state(name, Some(self.uid)) else {
-                out.failed
-                    .insert(name.clone(), "node unregistered".to_owned());
-                continue;
-            };
-            match fit::evaluate_node(&node, self.ask, self.opts, self.quota) {
+            let (node, nvidia) = node;
+            // Only the kept node's device list is built (UUID strings); the others are
+            // compared by score alone.
+            match fit::evaluate_picks(&node, Some(nvidia), self.ask, self.opts, self.quota) {
                 Err(r) => {
                     out.failed.insert(name.clone(), r);
                 }
                 Ok(f) => {
-                    let pending = self.state.pending_on(name, self.uid);
-                    let conflict = if pending.is_empty() {
-                        None
+                    let conflict = if self.pending_nodes.contains(name.as_str()) {
+                        let pending = self.state.pending_on(name, self.uid);
+                        if pending.is_empty() {
+                            None
+                        } else {
+                            let sig = AllocationSignature::new(&f.devices(&node), self.annotations);
+                            confusable_pending(&sig, &pending).map(str::to_owned)
+                        }
                     } else {
-                        let sig = AllocationSignature::new(&f.devices, self.annotations);
-                        confusable_pending(&sig, &pending).map(str::to_owned)
+                        None
                     };
                     if let Some(other) = conflict {
                         out.failed.insert(
@@ -120,13 +129,13 @@ impl EvalInput<'_> {
                             format!("{PENDING_CONFLICT}: pod {other} is still being allocated here and could be taken for this one"),
                         );
                     } else {
-                        out.fitting.push((f.node.clone(), f.score));
+                        out.fitting.push((node.name.clone(), f.score));
                         if out
                             .best
                             .as_ref()
                             .is_none_or(|b| better(self.opts.node_policy, f.score, b.score))
                         {
-                            out.best = Some(f);
+                            out.best = Some(f.into_fit(&node));
                         }
                     }
                 }
@@ -158,12 +167,15 @@ pub fn filter_pod(
     let state = &*state;
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let quota = state.quota_budget(namespace, Some(uid));
+    let pending_nodes = state.nodes_with_pending();
     let eval = EvalInput {
         state,
         ask: &ask,
         opts: &opts,
         quota: quota.as_ref(),
         uid,
+        uid_on: state.effective_node(uid),
+        pending_nodes: &pending_nodes,
         annotations: &annotations,
     };
     // Nodes are independent: with `--filter-threads` > 1, large candidate lists are evaluated on
@@ -267,16 +279,34 @@ pub fn failure_summary(failed: &BTreeMap<String, String>) -> String {
 
 /// HAMi's `FilteringSucceed` message.
 pub fn success_summary(p: &Placement) -> String {
-    let fits = p
-        .fitting
-        .iter()
-        .map(|(n, s)| format!("{n}:{s:.2}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    format!(
+    use std::fmt::Write as _;
+    // Built in one buffer: this runs on the response path of every successful filter, with one
+    // entry per fitting node. Many nodes share a score, so the formatted score of the previous
+    // entry is reused when the value is the same (float formatting dominates otherwise).
+    let mut fits = String::with_capacity(p.fitting.len() * 24);
+    let mut last: Option<(u32, String)> = None;
+    for (i, (n, s)) in p.fitting.iter().enumerate() {
+        if i > 0 {
+            fits.push(',');
+        }
+        fits.push_str(n);
+        fits.push(':');
+        match &last {
+            Some((bits, text)) if *bits == s.to_bits() => fits.push_str(text),
+            _ => {
+                let text = format!("{s:.2}");
+                fits.push_str(&text);
+                last = Some((s.to_bits(), text));
+            }
+        }
+    }
+    let mut out = String::with_capacity(fits.len() + 96);
+    let _ = write!(
+        out,
         "find fit node({}), {} nodes not fit, {} nodes fit({fits})",
         p.node,
         p.failed.len(),
         p.fitting.len()
-    )
+    );
+    out
 }

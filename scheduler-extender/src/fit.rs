@@ -297,20 +297,58 @@ enum SortKey {
     UsedDesc,
 }
 
+/// At most one key per dimension (score, NUMA) and the `UsedDesc` of mutex: never more than
+/// [`MAX_SORT_KEYS`] keys, so they live on the stack.
+const MAX_SORT_KEYS: usize = 4;
+
+/// The sort keys of one policy chain, in priority order.
+#[derive(Debug, Clone, Copy)]
+struct SortKeys {
+    keys: [SortKey; MAX_SORT_KEYS],
+    len: usize,
+}
+
+impl SortKeys {
+    fn of(keys: &[SortKey]) -> Self {
+        let mut out = SortKeys {
+            keys: [SortKey::ScoreDesc; MAX_SORT_KEYS],
+            len: 0,
+        };
+        for k in keys {
+            out.push(*k);
+        }
+        out
+    }
+
+    fn push(&mut self, k: SortKey) {
+        // Unreachable overflow (one key per dimension); dropping a key would only change ties.
+        if self.len < MAX_SORT_KEYS {
+            self.keys[self.len] = k;
+            self.len += 1;
+        }
+    }
+
+    fn as_slice(&self) -> &[SortKey] {
+        &self.keys[..self.len]
+    }
+}
+
 /// The sort keys for a policy chain (§5.4 table). Fit consumes the sorted list from its end.
-fn sort_keys(opts: &PlacementOptions) -> Vec<SortKey> {
+fn sort_keys(opts: &PlacementOptions) -> SortKeys {
     use GpuPolicyKey::*;
     let chain = &opts.gpu_policy;
     match chain.as_slice() {
-        [Binpack] if opts.selectors.numa_bind => vec![SortKey::NumaDesc, SortKey::ScoreAsc],
-        [Binpack] => vec![SortKey::ScoreAsc, SortKey::NumaAsc],
-        [Mutex] => vec![SortKey::UsedDesc, SortKey::NumaAsc],
-        [Spread] | [TopologyAware] | [] if opts.selectors.numa_bind => {
-            vec![SortKey::NumaAsc, SortKey::ScoreDesc]
+        [Binpack] if opts.selectors.numa_bind => {
+            SortKeys::of(&[SortKey::NumaDesc, SortKey::ScoreAsc])
         }
-        [Spread] | [TopologyAware] | [] => vec![SortKey::ScoreDesc, SortKey::NumaAsc],
+        [Binpack] => SortKeys::of(&[SortKey::ScoreAsc, SortKey::NumaAsc]),
+        [Mutex] => SortKeys::of(&[SortKey::UsedDesc, SortKey::NumaAsc]),
+        [Spread] | [TopologyAware] | [] if opts.selectors.numa_bind => {
+            SortKeys::of(&[SortKey::NumaAsc, SortKey::ScoreDesc])
+        }
+        [Spread] | [TopologyAware] | [] => SortKeys::of(&[SortKey::ScoreDesc, SortKey::NumaAsc]),
         _ => {
-            let mut keys = Vec::new();
+            let mut keys = SortKeys::of(&[]);
             if opts.selectors.numa_bind {
                 keys.push(SortKey::NumaAsc);
             }
@@ -327,11 +365,12 @@ fn sort_keys(opts: &PlacementOptions) -> Vec<SortKey> {
                     }
                     _ => matches!(a, SortKey::NumaAsc | SortKey::NumaDesc),
                 };
-                if !keys.iter().any(|a| same_dimension(*a)) {
+                if !keys.as_slice().iter().any(|a| same_dimension(*a)) {
                     keys.push(k);
                 }
             }
             if !keys
+                .as_slice()
                 .iter()
                 .any(|k| matches!(k, SortKey::ScoreAsc | SortKey::ScoreDesc))
             {
@@ -342,29 +381,68 @@ fn sort_keys(opts: &PlacementOptions) -> Vec<SortKey> {
     }
 }
 
-/// Indices of `gpus` in HAMi's sorted order; ties end on `Index` ascending (deterministic where
-/// Go's sort is not, Appendix B #4).
-fn sorted_order(gpus: &[GpuState], scores: &[f64], opts: &PlacementOptions) -> Vec<usize> {
-    let keys = sort_keys(opts);
-    let mut order: Vec<usize> = (0..gpus.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (ga, gb) = (&gpus[a], &gpus[b]);
-        for k in &keys {
-            let o = match k {
-                SortKey::ScoreAsc => scores[a].total_cmp(&scores[b]),
-                SortKey::ScoreDesc => scores[b].total_cmp(&scores[a]),
-                SortKey::NumaAsc => ga.numa.cmp(&gb.numa),
-                SortKey::NumaDesc => gb.numa.cmp(&ga.numa),
-                SortKey::UsedDesc => gb.used.cmp(&ga.used),
-            };
-            if o.is_ne() {
-                return o;
-            }
+/// HAMi's order of two devices (with their device scores) under `keys`; ties end on `Index`
+/// ascending (deterministic where Go's sort is not, Appendix B #4).
+fn compare_gpus(
+    keys: &[SortKey],
+    ga: &GpuState,
+    sa: f64,
+    gb: &GpuState,
+    sb: f64,
+) -> std::cmp::Ordering {
+    for k in keys {
+        let o = match k {
+            SortKey::ScoreAsc => sa.total_cmp(&sb),
+            SortKey::ScoreDesc => sb.total_cmp(&sa),
+            SortKey::NumaAsc => ga.numa.cmp(&gb.numa),
+            SortKey::NumaDesc => gb.numa.cmp(&ga.numa),
+            SortKey::UsedDesc => gb.used.cmp(&ga.used),
+        };
+        if o.is_ne() {
+            return o;
         }
-        ga.index.cmp(&gb.index)
-    });
-    order
+    }
+    ga.index.cmp(&gb.index)
 }
+
+/// Sorts `order` (indices of `gpus`) in HAMi's order. Stable, like the original pass.
+fn sort_order(order: &mut [usize], gpus: &[GpuState], scores: &[f64], opts: &PlacementOptions) {
+    let keys = sort_keys(opts);
+    let keys = keys.as_slice();
+    order.sort_by(|&a, &b| compare_gpus(keys, &gpus[a], scores[a], &gpus[b], scores[b]));
+}
+
+/// Whether a device `type` names an NVIDIA card (case-insensitive substring, as HAMi). Real
+/// types start with `NVIDIA`, so that is checked first.
+fn is_nvidia(device_type: &str) -> bool {
+    const NEEDLE: &str = "nvidia";
+    device_type
+        .get(..NEEDLE.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(NEEDLE))
+        || contains_ignore_ascii_case(device_type, NEEDLE)
+}
+
+/// Which of a node's GPUs are NVIDIA devices ([`is_nvidia`] of each `type`), for callers that
+/// keep it with the node so the filter does not read every type string on every request.
+pub fn nvidia_mask(gpus: &[GpuState]) -> Vec<bool> {
+    gpus.iter().map(|g| is_nvidia(&g.device_type)).collect()
+}
+
+/// [`is_nvidia`] of GPU `i`, from a precomputed [`nvidia_mask`] when there is one.
+#[derive(Debug, Clone, Copy, Default)]
+struct NvidiaMask<'a>(Option<&'a [bool]>);
+
+impl NvidiaMask<'_> {
+    fn is(&self, i: usize, g: &GpuState) -> bool {
+        match self.0.and_then(|m| m.get(i)) {
+            Some(b) => *b,
+            None => is_nvidia(&g.device_type),
+        }
+    }
+}
+
+/// GPUs per node handled without a heap allocation in [`fit_container`].
+const STACK_GPUS: usize = 16;
 
 fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
     haystack
@@ -382,6 +460,136 @@ pub struct Pick {
     pub cores: u32,
 }
 
+/// The per-device checks of NVIDIA `Fit` that come before the NUMA grouping, in HAMi's order.
+fn check_device_first(
+    node: &NodeState,
+    g: &GpuState,
+    opts: &PlacementOptions,
+    type_selectors: bool,
+) -> Result<(), &'static str> {
+    if !g.health {
+        return Err(reason::CARD_NOT_HEALTH);
+    }
+    if node.cordoned.contains(&g.uuid) {
+        return Err(reason::CARD_CORDONED);
+    }
+    // `type_allowed` allocates; without type selectors it is always true.
+    if !((!type_selectors || opts.selectors.type_allowed(&g.device_type))
+        && (opts.selectors.vgpu_mode.is_none() || opts.selectors.mode_allowed(&g.mode)))
+    {
+        return Err(reason::CARD_TYPE_MISMATCH);
+    }
+    Ok(())
+}
+
+/// The per-device checks after the NUMA grouping, in HAMi's order; `extra` is the quota charge
+/// of everything picked before this device.
+#[allow(clippy::too_many_arguments)]
+fn check_device_rest(
+    g: &GpuState,
+    i: usize,
+    req: &GpuRequest,
+    opts: &PlacementOptions,
+    mutex: bool,
+    quota: Option<&QuotaBudget>,
+    extra: Charge,
+    coresreq: u32,
+) -> Result<Pick, &'static str> {
+    // Without UUID selectors every card is allowed (skips a call per device).
+    let uuid_selectors =
+        !(opts.selectors.use_uuid.is_empty() && opts.selectors.nouse_uuid.is_empty());
+    if uuid_selectors && !opts.selectors.uuid_allowed(&g.uuid) {
+        return Err(reason::CARD_UUID_MISMATCH);
+    }
+    if g.count <= g.used {
+        return Err(reason::CARD_TIME_SLICING_EXHAUSTED);
+    }
+    if mutex && g.used > 0 {
+        return Err(reason::EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT);
+    }
+    let memreq = req.memory_on(g.totalmem);
+    if let Some(q) = quota
+        && !q.allows(extra.add(memreq, coresreq))
+    {
+        return Err(reason::RESOURCE_QUOTA_NOT_FIT);
+    }
+    if i64::from(g.totalmem) - i64::from(g.usedmem) < i64::from(memreq) {
+        return Err(reason::CARD_INSUFFICIENT_MEMORY);
+    }
+    if i64::from(g.totalcore) - i64::from(g.usedcores) < i64::from(coresreq) {
+        return Err(reason::CARD_INSUFFICIENT_CORE);
+    }
+    if g.totalcore == 100 && coresreq == 100 && g.used > 0 {
+        return Err(reason::EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT);
+    }
+    if g.totalcore != 0 && g.usedcores == g.totalcore && coresreq == 0 {
+        return Err(reason::CARD_COMPUTE_UNITS_EXHAUSTED);
+    }
+    if g.mode == "mig" {
+        // MIG placement is not implemented in Tessera (docs/scheduler.md): never hand out a
+        // MIG-mode card as if it were a shareable one.
+        return Err(reason::CARD_NOT_FOUND_CUSTOM_FILTER_RULE);
+    }
+    Ok(Pick {
+        gpu: i,
+        mem: memreq,
+        cores: coresreq,
+    })
+}
+
+/// [`fit_container`] for the common request of one device without NUMA binding or topology:
+/// the result is the greatest passing device in HAMi's order (Fit walks the sorted list from
+/// its end and stops at the first that passes), and on failure the reason counts do not depend
+/// on the order. So one pass without sorting gives the same answer.
+fn fit_one_device(
+    node: &NodeState,
+    nvidia: NvidiaMask<'_>,
+    gpus: &[GpuState],
+    req: &GpuRequest,
+    opts: &PlacementOptions,
+    quota: Option<&QuotaBudget>,
+    charged: Charge,
+) -> Result<Vec<Pick>, String> {
+    let keys = sort_keys(opts);
+    let keys = keys.as_slice();
+    let type_selectors =
+        !(opts.selectors.use_type.is_empty() && opts.selectors.nouse_type.is_empty());
+    let mutex = opts.has(GpuPolicyKey::Mutex);
+    let coresreq = req.coresreq.min(100);
+    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut selected = 0usize;
+    let mut best: Option<(usize, f64, Pick)> = None;
+    for (i, g) in gpus.iter().enumerate() {
+        if !nvidia.is(i, g) {
+            continue;
+        }
+        selected += 1;
+        let checked = check_device_first(node, g, opts, type_selectors)
+            .and_then(|()| check_device_rest(g, i, req, opts, mutex, quota, charged, coresreq));
+        match checked {
+            Err(r) => *counts.entry(r).or_insert(0) += 1,
+            Ok(pick) => {
+                let score = device_score(g, req, opts.weights);
+                // The stable sort keeps equal devices in list order, so of equals the later
+                // one is nearer the end.
+                let take = best
+                    .as_ref()
+                    .is_none_or(|(j, sj, _)| compare_gpus(keys, g, score, &gpus[*j], *sj).is_ge());
+                if take {
+                    best = Some((i, score, pick));
+                }
+            }
+        }
+    }
+    if selected == 0 {
+        return Err(reason::NODE_INSUFFICIENT_DEVICE.to_owned());
+    }
+    match best {
+        Some((_, _, pick)) => Ok(vec![pick]),
+        None => Err(format_reasons(&counts, selected)),
+    }
+}
+
 /// Fits one container's request onto the node's NVIDIA devices (`fitInDevices` + NVIDIA `Fit`).
 /// On failure returns HAMi's reason string.
 pub fn fit_container(
@@ -392,15 +600,74 @@ pub fn fit_container(
     quota: Option<&QuotaBudget>,
     charged: Charge,
 ) -> Result<Vec<Pick>, String> {
-    let scores: Vec<f64> = gpus
-        .iter()
-        .map(|g| device_score(g, req, opts.weights))
-        .collect();
-    let order = sorted_order(gpus, &scores, opts);
-    let selected: Vec<usize> = order
-        .into_iter()
-        .filter(|&i| contains_ignore_ascii_case(&gpus[i].device_type, "nvidia"))
-        .collect();
+    if req.nums == 1 && !opts.selectors.numa_bind && !opts.has(GpuPolicyKey::TopologyAware) {
+        return fit_one_device(node, NvidiaMask::default(), gpus, req, opts, quota, charged);
+    }
+    fit_container_sorted(node, NvidiaMask::default(), gpus, req, opts, quota, charged)
+}
+
+/// [`fit_container`] with the node's [`nvidia_mask`].
+fn fit_container_masked(
+    node: &NodeState,
+    nvidia: NvidiaMask<'_>,
+    gpus: &[GpuState],
+    req: &GpuRequest,
+    opts: &PlacementOptions,
+    quota: Option<&QuotaBudget>,
+    charged: Charge,
+) -> Result<Vec<Pick>, String> {
+    if req.nums == 1 && !opts.selectors.numa_bind && !opts.has(GpuPolicyKey::TopologyAware) {
+        return fit_one_device(node, nvidia, gpus, req, opts, quota, charged);
+    }
+    fit_container_sorted(node, nvidia, gpus, req, opts, quota, charged)
+}
+
+/// [`fit_container`] the way HAMi does it: sort, then walk the sorted list from its end.
+fn fit_container_sorted(
+    node: &NodeState,
+    nvidia: NvidiaMask<'_>,
+    gpus: &[GpuState],
+    req: &GpuRequest,
+    opts: &PlacementOptions,
+    quota: Option<&QuotaBudget>,
+    charged: Charge,
+) -> Result<Vec<Pick>, String> {
+    // Scratch space on the stack for the usual node size (this runs for every candidate node
+    // of every filter).
+    let n = gpus.len();
+    let mut score_stack = [0f64; STACK_GPUS];
+    let mut score_heap = Vec::new();
+    let scores: &mut [f64] = if n <= STACK_GPUS {
+        &mut score_stack[..n]
+    } else {
+        score_heap.resize(n, 0.0);
+        &mut score_heap
+    };
+    for (s, g) in scores.iter_mut().zip(gpus) {
+        *s = device_score(g, req, opts.weights);
+    }
+    let mut order_stack = [0usize; STACK_GPUS];
+    let mut order_heap = Vec::new();
+    let order: &mut [usize] = if n <= STACK_GPUS {
+        &mut order_stack[..n]
+    } else {
+        order_heap.resize(n, 0);
+        &mut order_heap
+    };
+    for (i, o) in order.iter_mut().enumerate() {
+        *o = i;
+    }
+    sort_order(order, gpus, scores, opts);
+    // Keep the NVIDIA devices, in order, as a prefix.
+    let mut kept = 0;
+    for k in 0..n {
+        let i = order[k];
+        if nvidia.is(i, &gpus[i]) {
+            order[kept] = i;
+            kept += 1;
+        }
+    }
+    let selected: &[usize] = &order[..kept];
     let nums = req.nums as usize;
     if nums == 0 {
         return Ok(Vec::new());
@@ -408,27 +675,22 @@ pub fn fit_container(
     if nums > selected.len() {
         return Err(reason::NODE_INSUFFICIENT_DEVICE.to_owned());
     }
+    // `type_allowed` allocates; without type selectors it is always true.
+    let type_selectors =
+        !(opts.selectors.use_type.is_empty() && opts.selectors.nouse_type.is_empty());
     let topology = opts.has(GpuPolicyKey::TopologyAware);
     let mutex = opts.has(GpuPolicyKey::Mutex);
     let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut bump = |r: &'static str, n: usize| *counts.entry(r).or_insert(0) += n;
     let mut remaining = nums;
-    let mut collected: Vec<Pick> = Vec::new();
+    let mut collected: Vec<Pick> = Vec::with_capacity(nums);
     let mut prev_numa: Option<u32> = None;
     let mut coresreq = req.coresreq;
 
     for &i in selected.iter().rev() {
         let g = &gpus[i];
-        if !g.health {
-            bump(reason::CARD_NOT_HEALTH, 1);
-            continue;
-        }
-        if node.cordoned.contains(&g.uuid) {
-            bump(reason::CARD_CORDONED, 1);
-            continue;
-        }
-        if !(opts.selectors.type_allowed(&g.device_type) && opts.selectors.mode_allowed(&g.mode)) {
-            bump(reason::CARD_TYPE_MISMATCH, 1);
+        if let Err(r) = check_device_first(node, g, opts, type_selectors) {
+            bump(r, 1);
             continue;
         }
         if opts.selectors.numa_bind && prev_numa != Some(g.numa) {
@@ -439,57 +701,21 @@ pub fn fit_container(
             collected.clear();
             prev_numa = Some(g.numa);
         }
-        if !opts.selectors.uuid_allowed(&g.uuid) {
-            bump(reason::CARD_UUID_MISMATCH, 1);
-            continue;
-        }
-        if g.count <= g.used {
-            bump(reason::CARD_TIME_SLICING_EXHAUSTED, 1);
-            continue;
-        }
-        if mutex && g.used > 0 {
-            bump(reason::EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, 1);
-            continue;
-        }
         coresreq = coresreq.min(100);
-        let memreq = req.memory_on(g.totalmem);
-        if let Some(q) = quota {
-            let mut extra = charged;
+        let mut extra = charged;
+        if quota.is_some() {
             for p in &collected {
                 extra = extra.add(p.mem, p.cores);
             }
-            if !q.allows(extra.add(memreq, coresreq)) {
-                bump(reason::RESOURCE_QUOTA_NOT_FIT, 1);
+        }
+        let pick = match check_device_rest(g, i, req, opts, mutex, quota, extra, coresreq) {
+            Ok(p) => p,
+            Err(r) => {
+                bump(r, 1);
                 continue;
             }
-        }
-        if i64::from(g.totalmem) - i64::from(g.usedmem) < i64::from(memreq) {
-            bump(reason::CARD_INSUFFICIENT_MEMORY, 1);
-            continue;
-        }
-        if i64::from(g.totalcore) - i64::from(g.usedcores) < i64::from(coresreq) {
-            bump(reason::CARD_INSUFFICIENT_CORE, 1);
-            continue;
-        }
-        if g.totalcore == 100 && coresreq == 100 && g.used > 0 {
-            bump(reason::EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, 1);
-            continue;
-        }
-        if g.totalcore != 0 && g.usedcores == g.totalcore && coresreq == 0 {
-            bump(reason::CARD_COMPUTE_UNITS_EXHAUSTED, 1);
-            continue;
-        }
-        if g.mode == "mig" {
-            // MIG placement is not implemented in Tessera (docs/scheduler.md): never hand out a
-            // MIG-mode card as if it were a shareable one.
-            bump(reason::CARD_NOT_FOUND_CUSTOM_FILTER_RULE, 1);
-            continue;
-        }
-        collected.push(Pick {
-            gpu: i,
-            mem: memreq,
-            cores: coresreq,
-        });
+        };
+        collected.push(pick);
         if !topology {
             remaining -= 1;
             if remaining == 0 {
@@ -592,6 +818,38 @@ pub struct NodeFit {
     pub charge: Charge,
 }
 
+/// What fitting one node found, before anything is copied out of the node: per container
+/// (init containers first) the picked GPU positions. [`NodePicks::into_fit`] builds the
+/// [`NodeFit`]; the filter does that only for the node it keeps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodePicks {
+    /// Node score (existing usage only, §5.2 step 1).
+    pub score: f32,
+    pub containers: Vec<Vec<Pick>>,
+    pub charge: Charge,
+}
+
+impl NodePicks {
+    /// The container device list (UUIDs of `node`'s GPUs).
+    pub fn devices(&self, node: &NodeState) -> PodDevices {
+        PodDevices(
+            self.containers
+                .iter()
+                .map(|picks| to_devices(&node.gpus, picks))
+                .collect(),
+        )
+    }
+
+    pub fn into_fit(self, node: &NodeState) -> NodeFit {
+        NodeFit {
+            node: node.name.clone(),
+            score: self.score,
+            devices: self.devices(node),
+            charge: self.charge,
+        }
+    }
+}
+
 /// Evaluates one node for one pod (`scoreNode`): init containers each on a fresh copy, app
 /// containers cumulatively. Returns the node's reason string on failure.
 pub fn evaluate_node(
@@ -600,22 +858,42 @@ pub fn evaluate_node(
     opts: &PlacementOptions,
     quota: Option<&QuotaBudget>,
 ) -> Result<NodeFit, String> {
+    evaluate_picks(node, None, ask, opts, quota).map(|p| p.into_fit(node))
+}
+
+/// [`evaluate_node`] without building the device list. `nvidia` is the node's
+/// [`nvidia_mask`] when the caller keeps one (it must match `node.gpus`), else `None`.
+pub fn evaluate_picks(
+    node: &NodeState,
+    nvidia: Option<&[bool]>,
+    ask: &PodAsk,
+    opts: &PlacementOptions,
+    quota: Option<&QuotaBudget>,
+) -> Result<NodePicks, String> {
+    let nvidia = NvidiaMask(nvidia.filter(|m| m.len() == node.gpus.len()));
     let score = node_score(&node.gpus);
-    let mut containers: Vec<Vec<ContainerDevice>> =
-        Vec::with_capacity(ask.init.len() + ask.app.len());
+    let mut containers: Vec<Vec<Pick>> = Vec::with_capacity(ask.init.len() + ask.app.len());
     let mut init_charge = Charge::default();
     for req in &ask.init {
         match req {
             None => containers.push(Vec::new()),
             Some(r) => {
-                let picks = fit_container(node, &node.gpus, r, opts, quota, Charge::default())?;
+                let picks = fit_container_masked(
+                    node,
+                    nvidia,
+                    &node.gpus,
+                    r,
+                    opts,
+                    quota,
+                    Charge::default(),
+                )?;
                 let c = picks
                     .iter()
                     .fold(Charge::default(), |c, p| c.add(p.mem, p.cores));
                 if (c.count, c.mem) > (init_charge.count, init_charge.mem) {
                     init_charge = c;
                 }
-                containers.push(to_devices(&node.gpus, &picks));
+                containers.push(picks);
             }
         }
     }
@@ -631,14 +909,14 @@ pub fn evaluate_node(
         match req {
             None => containers.push(Vec::new()),
             Some(r) => {
-                let picks = fit_container(node, &gpus, r, opts, quota, app_charge)?;
+                let picks = fit_container_masked(node, nvidia, &gpus, r, opts, quota, app_charge)?;
                 for p in &picks {
                     if multi {
                         gpus.to_mut()[p.gpu].book(p.mem, p.cores);
                     }
                     app_charge = app_charge.add(p.mem, p.cores);
                 }
-                containers.push(to_devices(&node.gpus, &picks));
+                containers.push(picks);
             }
         }
     }
@@ -647,10 +925,9 @@ pub fn evaluate_node(
         cores: init_charge.cores.max(app_charge.cores),
         count: init_charge.count.max(app_charge.count),
     };
-    Ok(NodeFit {
-        node: node.name.clone(),
+    Ok(NodePicks {
         score,
-        devices: PodDevices(containers),
+        containers,
         charge,
     })
 }
@@ -728,6 +1005,109 @@ pub fn book_pod(node: &mut NodeState, usage: &[hami_contract::usage::DeviceUsage
     for u in usage {
         if let Some(g) = node.gpus.iter_mut().find(|g| g.uuid == u.uuid) {
             g.book_usage(u.slots, u.mem, u.cores);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_gpu(i: u32) -> impl Strategy<Value = GpuState> {
+        (
+            1u32..4,
+            0u32..4,
+            prop_oneof![Just(1000u32), Just(4000), Just(8000)],
+            0u32..9000,
+            prop_oneof![Just(100u32), Just(0)],
+            0u32..120,
+            0u32..2,
+            prop_oneof![
+                Just("NVIDIA-T4"),
+                Just("NVIDIA-A100"),
+                Just("AMD-MI300"),
+                Just("x-nvidia")
+            ],
+            prop_oneof![Just("hami-core"), Just("mig")],
+            proptest::bool::weighted(0.9),
+        )
+            .prop_map(
+                move |(
+                    count,
+                    used,
+                    totalmem,
+                    usedmem,
+                    totalcore,
+                    usedcores,
+                    numa,
+                    ty,
+                    mode,
+                    health,
+                )| {
+                    GpuState {
+                        uuid: format!("GPU-{i}"),
+                        index: i % 3,
+                        count,
+                        totalmem,
+                        totalcore,
+                        device_type: ty.to_owned(),
+                        numa,
+                        mode: mode.to_owned(),
+                        health,
+                        used,
+                        usedmem,
+                        usedcores: usedcores.min(totalcore),
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        /// The single-device shortcut answers exactly what HAMi's sort-and-walk answers.
+        #[test]
+        fn one_device_shortcut_equals_the_sorted_walk(
+            gpus in (0usize..7).prop_flat_map(|n| (0..n as u32).map(arb_gpu).collect::<Vec<_>>()),
+            memreq in prop_oneof![Just(0u32), 1u32..9000],
+            pct in prop_oneof![Just(MEM_PERCENTAGE_UNSET), 0u32..101],
+            cores in 0u32..120,
+            policy in prop_oneof![
+                Just(vec![]),
+                Just(vec![GpuPolicyKey::Binpack]),
+                Just(vec![GpuPolicyKey::Spread]),
+                Just(vec![GpuPolicyKey::Mutex]),
+                Just(vec![GpuPolicyKey::Numa, GpuPolicyKey::Binpack]),
+                Just(vec![GpuPolicyKey::Binpack, GpuPolicyKey::Mutex]),
+            ],
+            cordon_first in any::<bool>(),
+            quota_mem in prop_oneof![Just(None), (0u64..10000).prop_map(Some)],
+            charged_mem in 0u64..5000,
+            use_uuid in prop_oneof![Just(vec![]), Just(vec!["GPU-1".to_owned(), "GPU-3".to_owned()])],
+            nouse_type in prop_oneof![Just(vec![]), Just(vec!["a100".to_owned()])],
+            vgpu_mode in prop_oneof![Just(None), Just(Some("hami-core".to_owned()))],
+        ) {
+            let mut node = NodeState { name: "n".to_owned(), gpus: gpus.clone(), ..Default::default() };
+            if cordon_first {
+                node.cordoned.insert("GPU-0".to_owned());
+            }
+            let req = gpu_request(1, memreq, pct, cores);
+            let mut opts = PlacementOptions { gpu_policy: policy, ..Default::default() };
+            opts.selectors.use_uuid = use_uuid;
+            opts.selectors.nouse_type = nouse_type;
+            opts.selectors.vgpu_mode = vgpu_mode;
+            let quota = quota_mem.map(|l| QuotaBudget { mem_limit: Some(l), used_mem: 100, ..Default::default() });
+            let charged = Charge { mem: charged_mem, cores: 0, count: 0 };
+            let mask = nvidia_mask(&gpus);
+            let expected =
+                fit_container_sorted(&node, NvidiaMask::default(), &gpus, &req, &opts, quota.as_ref(), charged);
+            prop_assert_eq!(
+                &fit_one_device(&node, NvidiaMask::default(), &gpus, &req, &opts, quota.as_ref(), charged),
+                &expected
+            );
+            prop_assert_eq!(
+                &fit_one_device(&node, NvidiaMask(Some(&mask)), &gpus, &req, &opts, quota.as_ref(), charged),
+                &expected
+            );
         }
     }
 }

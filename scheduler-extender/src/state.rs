@@ -307,6 +307,25 @@ pub struct Reservation {
     pub created_tick: u64,
 }
 
+/// A node's state with every effective usage applied, and why it cannot take GPU pods (copied
+/// from its record so a filter needs one lookup per candidate).
+#[derive(Debug, Clone)]
+struct CachedNode {
+    unregistered: Option<String>,
+    state: NodeState,
+    /// `fit::nvidia_mask` of `state.gpus`.
+    nvidia: Vec<bool>,
+}
+
+/// A candidate node as the filter sees it.
+#[derive(Debug)]
+pub enum Candidate<'a> {
+    /// Not registered, or registered with no usable GPUs: the reason string.
+    Unregistered(&'a str),
+    /// The node with usage, and its `fit::nvidia_mask`.
+    Usable(std::borrow::Cow<'a, NodeState>, &'a [bool]),
+}
+
 /// Nodes, GPU pods, quotas and the reservation overlay.
 #[derive(Debug, Default)]
 pub struct ClusterState {
@@ -322,7 +341,7 @@ pub struct ClusterState {
     quotas: BTreeMap<(String, String), QuotaRecord>,
     reservations: HashMap<String, Reservation>,
     /// Node states with all effective usage applied, rebuilt lazily.
-    cache: HashMap<String, NodeState>,
+    cache: HashMap<String, CachedNode>,
     dirty: HashSet<String>,
 }
 
@@ -545,8 +564,17 @@ impl ClusterState {
         let dirty: Vec<String> = self.dirty.drain().collect();
         for name in dirty {
             match self.build_node(&name, None) {
-                Some(s) => {
-                    self.cache.insert(name, s);
+                Some(state) => {
+                    let unregistered = self.nodes.get(&name).and_then(|r| r.unregistered.clone());
+                    let nvidia = crate::fit::nvidia_mask(&state.gpus);
+                    self.cache.insert(
+                        name,
+                        CachedNode {
+                            unregistered,
+                            state,
+                            nvidia,
+                        },
+                    );
                 }
                 None => {
                     self.cache.remove(&name);
@@ -558,6 +586,11 @@ impl ClusterState {
     /// Makes every node's usage current; call before [`Self::node_state`].
     pub fn prepare(&mut self) {
         self.refresh();
+        // The cache only ever holds registered nodes, so equal sizes mean nothing is missing:
+        // the per-filter cost stays independent of the cluster size when nothing changed.
+        if self.cache.len() == self.nodes.len() {
+            return;
+        }
         for name in self.nodes.keys() {
             if !self.cache.contains_key(name) {
                 self.dirty.insert(name.clone());
@@ -578,7 +611,55 @@ impl ClusterState {
         {
             return self.build_node(name, exclude).map(std::borrow::Cow::Owned);
         }
-        self.cache.get(name).map(std::borrow::Cow::Borrowed)
+        self.cache
+            .get(name)
+            .map(|c| std::borrow::Cow::Borrowed(&c.state))
+    }
+
+    /// The node `uid`'s effective usage is on (its reservation's, else its pod's), if any.
+    pub fn effective_node(&self, uid: &str) -> Option<&str> {
+        self.effective(uid).map(|(n, _)| n)
+    }
+
+    /// A filter candidate: `None` for a node the cluster does not have. `exclude_on` is
+    /// [`Self::effective_node`] of `exclude`, computed once per filter. Call [`Self::prepare`]
+    /// first.
+    pub fn candidate(
+        &self,
+        name: &str,
+        exclude: &str,
+        exclude_on: Option<&str>,
+    ) -> Option<Candidate<'_>> {
+        let cached = self.cache.get(name)?;
+        if let Some(why) = &cached.unregistered {
+            return Some(Candidate::Unregistered(why));
+        }
+        if exclude_on == Some(name) {
+            return self
+                .build_node(name, Some(exclude))
+                .map(|s| Candidate::Usable(std::borrow::Cow::Owned(s), &cached.nvidia));
+        }
+        Some(Candidate::Usable(
+            std::borrow::Cow::Borrowed(&cached.state),
+            &cached.nvidia,
+        ))
+    }
+
+    /// Nodes where some pod may be pending allocation (a superset of the nodes for which
+    /// [`Self::pending_on`] is not empty), so the filter asks only about those.
+    pub fn nodes_with_pending(&self) -> HashSet<&str> {
+        let mut out = HashSet::new();
+        for r in self.reservations.values() {
+            if r.stage != BindStage::Decided {
+                out.insert(r.node.as_str());
+            }
+        }
+        for (node, uids) in &self.pending_by_node {
+            if !uids.is_empty() {
+                out.insert(node.as_str());
+            }
+        }
+        out
     }
 
     /// Whether `usage` still fits on `node` next to every other pod's effective usage (the
