@@ -204,12 +204,7 @@ mod tests {
     use super::*;
 
     fn dev(uuid: &str, mem: u32, cores: u32) -> ContainerDevice {
-        ContainerDevice {
-            uuid: uuid.into(),
-            vendor: "NVIDIA".into(),
-            usedmem: mem,
-            usedcores: cores,
-        }
+        ContainerDevice::nvidia(uuid, mem, cores)
     }
 
     fn settings() -> ResponseSettings {

@@ -758,12 +758,7 @@ fn s3_1_keys_and_values() {
 // ---- §3.2 container device list --------------------------------------------------------------
 
 fn dev(uuid: &str, mem: u32, cores: u32) -> ContainerDevice {
-    ContainerDevice {
-        uuid: uuid.into(),
-        vendor: "NVIDIA".into(),
-        usedmem: mem,
-        usedcores: cores,
-    }
+    ContainerDevice::nvidia(uuid, mem, cores)
 }
 
 #[test]
