@@ -62,6 +62,22 @@ macro_rules! real_call {
 
 // ---------------------------------------------------------------- allocation tracking
 
+/// The pointer or handle a driver call returned through `out`, or 0 when the call failed.
+///
+/// # Safety
+/// `out` must be readable whenever `r` is `CUDA_SUCCESS` (the driver wrote it).
+unsafe fn written(r: CUresult, out: *const u64) -> (CUresult, u64) {
+    // SAFETY: the caller's contract.
+    (
+        r,
+        if r == CUDA_SUCCESS {
+            unsafe { *out }
+        } else {
+            0
+        },
+    )
+}
+
 /// A multiplicative hash for pointer and handle keys (SipHash costs ~100 ns per alloc/free
 /// pair here; keys are addresses, not attacker-chosen strings).
 #[derive(Default, Clone, Copy)]
@@ -346,15 +362,8 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> CUresult
     guarded("cuMemAlloc_v2", CUDA_ERROR_UNKNOWN, || {
         let call = || {
             let r = real_call!(cuMemAlloc_v2: unsafe extern "C" fn(*mut u64, usize) -> CUresult, dptr, bytes);
-            // SAFETY: written by the driver on success.
-            (
-                r,
-                if r == CUDA_SUCCESS {
-                    unsafe { *dptr }
-                } else {
-                    0
-                },
-            )
+            // SAFETY: the driver wrote `*dptr` if it succeeded.
+            unsafe { written(r, dptr) }
         };
         if degraded() || dptr.is_null() || bytes == 0 {
             return call().0;
@@ -372,15 +381,8 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     guarded("cuMemAllocManaged", CUDA_ERROR_UNKNOWN, || {
         let call = || {
             let r = real_call!(cuMemAllocManaged: unsafe extern "C" fn(*mut u64, usize, c_uint) -> CUresult, dptr, bytes, flags);
-            // SAFETY: written by the driver on success.
-            (
-                r,
-                if r == CUDA_SUCCESS {
-                    unsafe { *dptr }
-                } else {
-                    0
-                },
-            )
+            // SAFETY: the driver wrote `*dptr` if it succeeded.
+            unsafe { written(r, dptr) }
         };
         if degraded() || dptr.is_null() || bytes == 0 {
             return call().0;
@@ -442,8 +444,8 @@ macro_rules! alloc_async {
             guarded(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let call = || {
                     let r = real_call!($name: unsafe extern "C" fn(*mut u64, usize, Stream) -> CUresult, dptr, bytes, stream);
-                    // SAFETY: written by the driver on success.
-                    (r, if r == CUDA_SUCCESS { unsafe { *dptr } } else { 0 })
+                    // SAFETY: the driver wrote `*dptr` if it succeeded.
+                    unsafe { written(r, dptr) }
                 };
                 if degraded() || dptr.is_null() || bytes == 0 {
                     return call().0;
@@ -463,8 +465,8 @@ macro_rules! alloc_from_pool {
             guarded(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let call = || {
                     let r = real_call!($name: unsafe extern "C" fn(*mut u64, usize, *mut c_void, Stream) -> CUresult, dptr, bytes, pool, stream);
-                    // SAFETY: written by the driver on success.
-                    (r, if r == CUDA_SUCCESS { unsafe { *dptr } } else { 0 })
+                    // SAFETY: the driver wrote `*dptr` if it succeeded.
+                    unsafe { written(r, dptr) }
                 };
                 if degraded() || dptr.is_null() || bytes == 0 {
                     return call().0;
@@ -519,15 +521,8 @@ pub unsafe extern "C" fn cuMemCreate(
                 cuMemCreate: unsafe extern "C" fn(*mut u64, usize, *const MemAllocationPropHead, u64) -> CUresult,
                 handle, bytes, prop, flags
             );
-            // SAFETY: written by the driver on success.
-            (
-                r,
-                if r == CUDA_SUCCESS {
-                    unsafe { *handle }
-                } else {
-                    0
-                },
-            )
+            // SAFETY: the driver wrote `*handle` if it succeeded.
+            unsafe { written(r, handle) }
         };
         if degraded() || handle.is_null() || prop.is_null() || bytes == 0 {
             return call().0;
@@ -610,15 +605,8 @@ pub unsafe extern "C" fn cuArrayCreate_v2(arr: *mut u64, desc: *const ArrayDescr
     guarded("cuArrayCreate_v2", CUDA_ERROR_UNKNOWN, || {
         let call = || {
             let r = real_call!(cuArrayCreate_v2: unsafe extern "C" fn(*mut u64, *const ArrayDescriptor) -> CUresult, arr, desc);
-            // SAFETY: written by the driver on success.
-            (
-                r,
-                if r == CUDA_SUCCESS {
-                    unsafe { *arr }
-                } else {
-                    0
-                },
-            )
+            // SAFETY: the driver wrote `*arr` if it succeeded.
+            unsafe { written(r, arr) }
         };
         if degraded() || arr.is_null() || desc.is_null() {
             return call().0;
@@ -638,15 +626,8 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     guarded("cuArray3DCreate_v2", CUDA_ERROR_UNKNOWN, || {
         let call = || {
             let r = real_call!(cuArray3DCreate_v2: unsafe extern "C" fn(*mut u64, *const Array3dDescriptor) -> CUresult, arr, desc);
-            // SAFETY: written by the driver on success.
-            (
-                r,
-                if r == CUDA_SUCCESS {
-                    unsafe { *arr }
-                } else {
-                    0
-                },
-            )
+            // SAFETY: the driver wrote `*arr` if it succeeded.
+            unsafe { written(r, arr) }
         };
         if degraded() || arr.is_null() || desc.is_null() {
             return call().0;
@@ -678,15 +659,8 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
     guarded("cuMipmappedArrayCreate", CUDA_ERROR_UNKNOWN, || {
         let call = || {
             let r = real_call!(cuMipmappedArrayCreate: unsafe extern "C" fn(*mut u64, *const Array3dDescriptor, c_uint) -> CUresult, handle, desc, levels);
-            // SAFETY: written by the driver on success.
-            (
-                r,
-                if r == CUDA_SUCCESS {
-                    unsafe { *handle }
-                } else {
-                    0
-                },
-            )
+            // SAFETY: the driver wrote `*handle` if it succeeded.
+            unsafe { written(r, handle) }
         };
         if degraded() || handle.is_null() || desc.is_null() {
             return call().0;
