@@ -887,32 +887,53 @@ fn nvml_virtual(dev: usize, phys_total: u64, phys_used: u64, phys_free: u64) -> 
     (total, usage, total.saturating_sub(usage))
 }
 
+/// The fields both NVML memory structs share, so one wrapper serves `_v1` and `_v2`.
+trait NvmlMemoryFields {
+    fn fields(&mut self) -> (&mut u64, &mut u64, &mut u64);
+}
+
+impl NvmlMemoryFields for NvmlMemory {
+    fn fields(&mut self) -> (&mut u64, &mut u64, &mut u64) {
+        (&mut self.total, &mut self.used, &mut self.free)
+    }
+}
+
+impl NvmlMemoryFields for NvmlMemoryV2 {
+    fn fields(&mut self) -> (&mut u64, &mut u64, &mut u64) {
+        (&mut self.total, &mut self.used, &mut self.free)
+    }
+}
+
+/// Calls the real NVML memory query `f` and replaces its answer with the container's view.
+fn nvml_memory_info<M: NvmlMemoryFields>(f: F, device: *mut c_void, memory: *mut M) -> c_uint {
+    let p = real::get(f);
+    if p.is_null() {
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    }
+    // SAFETY: `p` is NVML's `f`, whose C signature takes the device and `M`.
+    let r = unsafe {
+        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void, *mut M) -> c_uint>(p)(
+            device, memory,
+        )
+    };
+    if r != NVML_SUCCESS || memory.is_null() || degraded() {
+        return r;
+    }
+    if let Some(dev) = nvml_region_device(device) {
+        // SAFETY: written by NVML, checked non-null.
+        let (total, used, free) = unsafe { &mut *memory }.fields();
+        (*total, *used, *free) = nvml_virtual(dev, *total, *used, *free);
+    }
+    r
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: *mut c_void,
     memory: *mut NvmlMemory,
 ) -> c_uint {
     guarded("nvmlDeviceGetMemoryInfo", NVML_ERROR_UNKNOWN, || {
-        let p = real::get(F::nvmlDeviceGetMemoryInfo);
-        if p.is_null() {
-            return NVML_ERROR_FUNCTION_NOT_FOUND;
-        }
-        // SAFETY: the driver's function with this signature.
-        let r = unsafe {
-            std::mem::transmute::<
-                *mut c_void,
-                unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> c_uint,
-            >(p)(device, memory)
-        };
-        if r != NVML_SUCCESS || memory.is_null() || degraded() {
-            return r;
-        }
-        if let Some(dev) = nvml_region_device(device) {
-            // SAFETY: written by NVML.
-            let m = unsafe { &mut *memory };
-            (m.total, m.used, m.free) = nvml_virtual(dev, m.total, m.used, m.free);
-        }
-        r
+        nvml_memory_info(F::nvmlDeviceGetMemoryInfo, device, memory)
     })
 }
 
@@ -922,29 +943,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     memory: *mut NvmlMemoryV2,
 ) -> c_uint {
     guarded("nvmlDeviceGetMemoryInfo_v2", NVML_ERROR_UNKNOWN, || {
-        let p = real::get(F::nvmlDeviceGetMemoryInfo_v2);
-        if p.is_null() {
-            return NVML_ERROR_FUNCTION_NOT_FOUND;
-        }
-        // SAFETY: the driver's function with this signature.
-        let r = unsafe {
-            std::mem::transmute::<
-                *mut c_void,
-                unsafe extern "C" fn(*mut c_void, *mut NvmlMemoryV2) -> c_uint,
-            >(p)(device, memory)
-        };
-        if r != NVML_SUCCESS || memory.is_null() || degraded() {
-            return r;
-        }
-        if let Some(dev) = nvml_region_device(device) {
-            // SAFETY: written by NVML.
-            let m = unsafe { &mut *memory };
-            let (t, u, f) = nvml_virtual(dev, m.total, m.used, m.free);
-            m.total = t;
-            m.used = u;
-            m.free = f;
-        }
-        r
+        nvml_memory_info(F::nvmlDeviceGetMemoryInfo_v2, device, memory)
     })
 }
 
