@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Builds the upstream control plane the e2e tests run against, from released Go modules only:
+#
+#   ${TESSERA_CACHE:-$HOME/.cache/tessera}/k8s-<v>/{kube-apiserver,kube-scheduler}
+#   ${TESSERA_CACHE:-$HOME/.cache/tessera}/etcd-<v>/etcd
+#
+# k8s.io/kubernetes cannot be `go install`ed (its go.mod replaces every staging module with a
+# local path), so a throw-away wrapper module requires it and replaces each staging module, read
+# from the release's own go.mod, by the matching published v0.N.P. etcd gets a wrapper of its own
+# so the two dependency graphs never mix. Binaries are moved into the cache only after a
+# successful build; a second run finds them and costs nothing.
+#
+# Prints `NAME=PATH` lines on stdout (eval-able); progress goes to stderr.
+set -euo pipefail
+
+K8S_VERSION="${TESSERA_K8S_VERSION:-v1.34.4}"
+ETCD_VERSION="${TESSERA_ETCD_VERSION:-v3.6.16}"
+# Bump when the build recipe below changes, so stale binaries are never reused.
+RECIPE=1
+
+CACHE="${TESSERA_CACHE:-$HOME/.cache/tessera}"
+K8S_DIR="$CACHE/k8s-$K8S_VERSION-r$RECIPE"
+ETCD_DIR="$CACHE/etcd-$ETCD_VERSION-r$RECIPE"
+
+log() { printf 'control-plane.sh: %s\n' "$*" >&2; }
+
+command -v go >/dev/null 2>&1 || { log "error: the Go toolchain is required to build kube-apiserver, kube-scheduler and etcd"; exit 1; }
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+export CGO_ENABLED=0
+export GOFLAGS="${GOFLAGS:-} -mod=mod"
+export GOWORK=off
+mkdir -p "$CACHE"
+
+build_k8s() {
+	if [[ -x "$K8S_DIR/kube-apiserver" && -x "$K8S_DIR/kube-scheduler" ]]; then
+		return 0
+	fi
+	local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+	local staging="v0.${K8S_VERSION#v1.}"
+	log "building kube-apiserver and kube-scheduler $K8S_VERSION from k8s.io/kubernetes (one-time cost, 15-30 min on 2 cores)"
+	local src
+	src="$(mktemp -d "$CACHE/.k8s-src-XXXXXX")"
+	trap 'rm -rf "$src"' RETURN
+	# Upstream's own GODEBUG defaults for this release (only the main module's line counts).
+	cat >"$src/go.mod" <<GOMOD
+module tessera.local/k8sbin
+
+go 1.24.0
+
+godebug default=go1.24
+GOMOD
+	local gomod
+	gomod="$(cd "$src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+	[[ -f "$gomod" ]] || { log "error: go.mod of k8s.io/kubernetes@$K8S_VERSION not found"; exit 1; }
+	local replaces=()
+	while read -r mod; do
+		replaces+=("-replace=$mod=$mod@$staging")
+	done < <(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/k8s\.io/[a-z0-9-]*$#\1#p' "$gomod")
+	[[ ${#replaces[@]} -gt 20 ]] || { log "error: found only ${#replaces[@]} staging modules in $gomod"; exit 1; }
+	log "replacing ${#replaces[@]} staging modules with $staging"
+	(cd "$src" && go mod edit "${replaces[@]}" "-require=k8s.io/kubernetes@$K8S_VERSION")
+	cat >"$src/tools.go" <<'GOSRC'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
+GOSRC
+	(cd "$src" && go mod tidy >&2)
+	local x=""
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		x+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+	done
+	(cd "$src" && nice -n 19 go build -trimpath -tags=notest,grpcnotrace -ldflags "-s -w$x" -o "$src/bin/" \
+		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler >&2)
+	mkdir -p "$K8S_DIR"
+	mv -f "$src/bin/kube-apiserver" "$src/bin/kube-scheduler" "$K8S_DIR/"
+}
+
+build_etcd() {
+	if [[ -x "$ETCD_DIR/etcd" ]]; then
+		return 0
+	fi
+	log "building etcd $ETCD_VERSION from go.etcd.io/etcd/server/v3 (one-time cost, a few minutes)"
+	local src
+	src="$(mktemp -d "$CACHE/.etcd-src-XXXXXX")"
+	trap 'rm -rf "$src"' RETURN
+	cat >"$src/go.mod" <<GOMOD
+module tessera.local/etcdbin
+
+go 1.24.0
+GOMOD
+	cat >"$src/tools.go" <<'GOSRC'
+//go:build tools
+
+package tools
+
+import _ "go.etcd.io/etcd/server/v3"
+GOSRC
+	(cd "$src" && go mod edit "-require=go.etcd.io/etcd/server/v3@$ETCD_VERSION" && go mod tidy >&2)
+	(cd "$src" && nice -n 19 go build -trimpath -ldflags "-s -w" -o "$src/etcd" go.etcd.io/etcd/server/v3 >&2)
+	mkdir -p "$ETCD_DIR"
+	mv -f "$src/etcd" "$ETCD_DIR/etcd"
+}
+
+build_etcd
+build_k8s
+
+echo "KUBE_APISERVER=$K8S_DIR/kube-apiserver"
+echo "KUBE_SCHEDULER=$K8S_DIR/kube-scheduler"
+echo "ETCD=$ETCD_DIR/etcd"
+echo "K8S_VERSION=$K8S_VERSION"

@@ -1,0 +1,76 @@
+//! A throw-away PKI for one test cluster: one CA signs the apiserver's and the extender's serving
+//! certificates and kube-scheduler's client certificate, so every hop is real, verified TLS.
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
+
+/// A PEM certificate and its PEM private key.
+#[derive(Debug, Clone)]
+pub struct Pem {
+    pub cert: String,
+    pub key: String,
+}
+
+pub struct Pki {
+    ca: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for Pki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pki").finish_non_exhaustive()
+    }
+}
+
+impl Pki {
+    pub fn new() -> Result<Self, rcgen::Error> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "tessera-e2e-ca");
+        Ok(Pki {
+            ca: CertifiedIssuer::self_signed(params, KeyPair::generate()?)?,
+        })
+    }
+
+    pub fn ca_pem(&self) -> String {
+        self.ca.pem()
+    }
+
+    /// A serving certificate for `sans` (IP addresses become IP SANs).
+    pub fn server(&self, common_name: &str, sans: &[&str]) -> Result<Pem, rcgen::Error> {
+        self.leaf(common_name, sans, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A client certificate whose common name is the user name.
+    pub fn client(&self, user: &str) -> Result<Pem, rcgen::Error> {
+        self.leaf(user, &[], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    fn leaf(
+        &self,
+        common_name: &str,
+        sans: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Result<Pem, rcgen::Error> {
+        let key = KeyPair::generate()?;
+        let mut params =
+            CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &self.ca)?;
+        Ok(Pem {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        })
+    }
+}
+
+/// A PKCS#8 PEM key for signing service-account tokens (ES256; the apiserver takes EC keys).
+pub fn service_account_key() -> Result<String, rcgen::Error> {
+    Ok(KeyPair::generate()?.serialize_pem())
+}

@@ -1,0 +1,747 @@
+//! A whole Tessera cluster on loopback: etcd, kube-apiserver, scheduler pods (kube-scheduler +
+//! tessera-scheduler), a stand-in for the scheduler Service, and GPU nodes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::artifacts::{Artifacts, artifacts};
+use crate::certs::{Pki, service_account_key};
+use crate::node::{AdmittedContainer, GpuNode, NodeEnv, NodeSpec};
+use crate::process::{Proc, free_port};
+use crate::{Error, Result, eventually};
+
+/// The chart's release namespace, and the service-account users its RBAC names.
+pub const NAMESPACE: &str = "tessera-system";
+pub const SCHEDULER_USER: &str = "system:serviceaccount:tessera-system:tessera-scheduler";
+pub const DEVICE_PLUGIN_USER: &str = "system:serviceaccount:tessera-system:tessera-device-plugin";
+/// The user tests create pods as: an ordinary cluster user.
+pub const USER: &str = "alice@example.com";
+
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Names the run directory (`target/e2e-runs/<name>-…`), kept when the test fails.
+    pub name: String,
+    pub nodes: Vec<NodeSpec>,
+    /// Scheduler pods, each a kube-scheduler beside a tessera-scheduler (the chart's layout).
+    pub scheduler_pods: usize,
+    /// Extra flags for every `tessera-scheduler serve`.
+    pub tessera_args: Vec<String>,
+}
+
+impl ClusterOptions {
+    pub fn new(name: &str, nodes: Vec<NodeSpec>) -> ClusterOptions {
+        ClusterOptions {
+            name: name.to_owned(),
+            nodes,
+            scheduler_pods: 1,
+            tessera_args: Vec::new(),
+        }
+    }
+}
+
+/// A scheduler pod: kube-scheduler and tessera-scheduler on one "pod" loopback, with their own
+/// hostname (kube-scheduler's lease identity starts with it, as in a real pod).
+#[derive(Debug)]
+pub struct SchedulerPod {
+    pub name: String,
+    pub extender_port: u16,
+    pub metrics_port: u16,
+    kube_scheduler: Option<Proc>,
+    tessera: Option<Proc>,
+}
+
+impl SchedulerPod {
+    pub fn is_up(&self) -> bool {
+        self.tessera.is_some()
+    }
+}
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub artifacts: &'static Artifacts,
+    pki: Pki,
+    admin: kube::Client,
+    user: kube::Client,
+    apiserver_port: u16,
+    etcd: Proc,
+    apiserver: Option<Proc>,
+    pub scheduler_pods: Vec<SchedulerPod>,
+    pub nodes: Vec<GpuNode>,
+    service: tokio::task::JoinHandle<()>,
+    opts: ClusterOptions,
+    etcd_port: u16,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.service.abort();
+        self.nodes.clear();
+        self.scheduler_pods.clear();
+        self.apiserver = None;
+        self.etcd.kill();
+        if std::thread::panicking() || std::env::var_os("TESSERA_E2E_KEEP").is_some() {
+            eprintln!("e2e: logs and state kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn token(user: &str) -> String {
+    format!("e2e-{}", user.replace([':', '@', '.'], "-"))
+}
+
+fn write_kubeconfig(path: &Path, port: u16, ca: &Path, user: &str) -> Result<()> {
+    let doc = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {
+            "server": format!("https://127.0.0.1:{port}"),
+            "certificate-authority": ca}}],
+        "users": [{"name": "u", "user": {"token": token(user)}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "u"}}],
+        "current-context": "e2e",
+    });
+    std::fs::write(path, serde_yaml::to_string(&doc)?)?;
+    Ok(())
+}
+
+async fn client_for(path: &Path) -> Result<kube::Client> {
+    let kc = Kubeconfig::read_from(path)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(kube::Client::try_from(cfg)?)
+}
+
+/// A plain-HTTP GET on loopback (etcd's /health, the daemons' /metrics).
+pub async fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect(("127.0.0.1", port)),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+/// The scheduler Service's stand-in: forwards each TCP connection to the first scheduler pod
+/// that accepts it, as a Service forwards to a ready endpoint.
+fn spawn_service(
+    port: u16,
+    backends: std::sync::Arc<std::sync::Mutex<Vec<u16>>>,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let std_listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
+    std_listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(std_listener)?;
+    Ok(tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                continue;
+            };
+            let ports = backends.lock().map(|b| b.clone()).unwrap_or_default();
+            tokio::spawn(async move {
+                for p in ports {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", p)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        return;
+                    }
+                }
+            });
+        }
+    }))
+}
+
+impl Cluster {
+    pub async fn start(opts: ClusterOptions) -> Result<Cluster> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let artifacts = artifacts()?;
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let dir = artifacts
+            .root
+            .join("target/e2e-runs")
+            .join(format!("{}-{stamp}", opts.name));
+        std::fs::create_dir_all(dir.join("logs"))?;
+        let pki = Pki::new()?;
+        let ca = dir.join("ca.crt");
+        std::fs::write(&ca, pki.ca_pem())?;
+        let api_cert = pki.server("kube-apiserver", &["127.0.0.1", "localhost"])?;
+        std::fs::write(dir.join("apiserver.crt"), &api_cert.cert)?;
+        std::fs::write(dir.join("apiserver.key"), &api_cert.key)?;
+        std::fs::write(dir.join("sa.key"), service_account_key()?)?;
+        let ext = pki.server("tessera-scheduler", &["127.0.0.1", "localhost"])?;
+        std::fs::write(dir.join("extender.crt"), &ext.cert)?;
+        std::fs::write(dir.join("extender.key"), &ext.key)?;
+        let ks_client = pki.client("kube-scheduler")?;
+        std::fs::write(dir.join("extender-client.crt"), &ks_client.cert)?;
+        std::fs::write(dir.join("extender-client.key"), &ks_client.key)?;
+        // Static tokens. Every component is in system:masters: the e2e proves the data path, the
+        // chart's RBAC is checked by the chart tests.
+        let users = [
+            ("admin", "system:masters"),
+            (USER, "system:masters"),
+            (SCHEDULER_USER, "system:masters"),
+            (DEVICE_PLUGIN_USER, "system:masters"),
+            ("system:kube-scheduler", "system:masters"),
+        ];
+        let tokens: String = users
+            .iter()
+            .map(|(u, g)| format!("{},{u},{u},\"{g}\"\n", token(u)))
+            .collect();
+        std::fs::write(dir.join("tokens.csv"), tokens)?;
+
+        let etcd_port = free_port();
+        let etcd = start_etcd(artifacts, &dir, etcd_port, free_port())?;
+        eventually(
+            "etcd /health",
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || http_get(etcd_port, "/health"),
+        )
+        .await?;
+
+        let apiserver_port = free_port();
+        for (user, _) in &users {
+            write_kubeconfig(&kubeconfig_path(&dir, user), apiserver_port, &ca, user)?;
+        }
+        let apiserver = start_apiserver(artifacts, &dir, apiserver_port, etcd_port)?;
+        let admin = client_for(&kubeconfig_path(&dir, "admin")).await?;
+        let user = client_for(&kubeconfig_path(&dir, USER)).await?;
+        wait_apiserver(&admin).await.map_err(|e| {
+            Error::msg(format!(
+                "{e}\n{}",
+                crate::process::tail(&dir.join("logs/kube-apiserver.log"), 30)
+            ))
+        })?;
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
+        let _ = Api::<Namespace>::all(admin.clone())
+            .create(&PostParams::default(), &ns)
+            .await;
+
+        let service_port = free_port();
+        let backends = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let service = spawn_service(service_port, backends.clone())?;
+        install_webhook(artifacts, &admin, &pki, service_port).await?;
+
+        let mut cluster = Cluster {
+            dir,
+            artifacts,
+            pki,
+            admin,
+            user,
+            apiserver_port,
+            etcd,
+            apiserver: Some(apiserver),
+            scheduler_pods: Vec::new(),
+            nodes: Vec::new(),
+
+            service,
+            opts: opts.clone(),
+            etcd_port,
+        };
+        for i in 0..opts.scheduler_pods {
+            let name = format!("tessera-scheduler-{i}");
+            let pod = cluster.start_scheduler_pod(&name)?;
+            if let Ok(mut b) = backends.lock() {
+                b.push(pod.extender_port);
+            }
+            cluster.scheduler_pods.push(pod);
+            // The first pod takes both leases before the next one starts (deterministic roles).
+            if i == 0 {
+                cluster.wait_leader().await?;
+            }
+        }
+        for spec in &opts.nodes {
+            cluster.add_node(spec.clone()).await?;
+        }
+        cluster.wait_leader().await?;
+        Ok(cluster)
+    }
+
+    pub fn admin(&self) -> &kube::Client {
+        &self.admin
+    }
+
+    /// The ordinary user's client (what `kubectl` of a cluster user would be).
+    pub fn user(&self) -> &kube::Client {
+        &self.user
+    }
+
+    pub fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
+    pub fn node(&self, name: &str) -> Option<&GpuNode> {
+        self.nodes.iter().find(|n| n.name() == name)
+    }
+
+    fn node_env(&self) -> NodeEnv {
+        NodeEnv {
+            client: self.admin.clone(),
+            kubeconfig: kubeconfig_path(&self.dir, DEVICE_PLUGIN_USER),
+            plugin_binary: self.artifacts.tessera_device_plugin.clone(),
+            nvml_lib: self.artifacts.driver_dir.join("libnvidia-ml.so.1"),
+            shim: self.artifacts.shim.clone(),
+            log_dir: self.dir.join("logs"),
+        }
+    }
+
+    /// Starts a GPU node and waits until its plugin has published the register annotation.
+    pub async fn add_node(&mut self, spec: NodeSpec) -> Result<()> {
+        let dir = self.dir.join("nodes").join(&spec.name);
+        let name = spec.name.clone();
+        let node = GpuNode::start(spec, &self.node_env(), &dir).await?;
+        self.nodes.push(node);
+        let nodes: Api<Node> = Api::all(self.admin.clone());
+        let found = eventually(
+            &format!("node {name} register annotation"),
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || {
+                let nodes = nodes.clone();
+                let name = name.clone();
+                async move {
+                    let n = nodes.get(&name).await.ok()?;
+                    n.metadata
+                        .annotations
+                        .as_ref()?
+                        .get(hami_contract::annotations::NODE_REGISTER)
+                        .map(|_| ())
+                }
+            },
+        )
+        .await;
+        if let Err(e) = found {
+            let log = self
+                .nodes
+                .last()
+                .map(|n| n.plugin_log())
+                .unwrap_or_default();
+            return Err(Error::msg(format!("{e}\ndevice plugin log:\n{log}")));
+        }
+        Ok(())
+    }
+
+    fn start_scheduler_pod(&self, name: &str) -> Result<SchedulerPod> {
+        let extender_port = free_port();
+        let metrics_port = free_port();
+        let tessera = self.spawn_tessera(name, extender_port, metrics_port)?;
+        let kube_scheduler = self.spawn_kube_scheduler(name, extender_port)?;
+        Ok(SchedulerPod {
+            name: name.to_owned(),
+            extender_port,
+            metrics_port,
+            kube_scheduler: Some(kube_scheduler),
+            tessera: Some(tessera),
+        })
+    }
+
+    fn spawn_tessera(&self, pod: &str, port: u16, metrics: u16) -> Result<Proc> {
+        let mut cmd = Command::new(&self.artifacts.tessera_scheduler);
+        cmd.arg("serve")
+            .arg("--http-bind")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--cert-file")
+            .arg(self.dir.join("extender.crt"))
+            .arg("--key-file")
+            .arg(self.dir.join("extender.key"))
+            .arg("--client-ca-file")
+            .arg(self.dir.join("ca.crt"))
+            .arg("--metrics-bind-address")
+            .arg(format!("127.0.0.1:{metrics}"))
+            .args(["--leader-elect-resource-namespace", NAMESPACE])
+            .args(["--identity", pod])
+            .args(&self.opts.tessera_args)
+            .env("KUBECONFIG", kubeconfig_path(&self.dir, SCHEDULER_USER))
+            .env("POD_NAME", pod)
+            .env("RUST_LOG", "info");
+        Ok(Proc::spawn(pod, &self.dir.join("logs"), &mut cmd)?)
+    }
+
+    /// kube-scheduler with the chart's rendered configuration; only the addresses and file paths
+    /// that differ on a laptop are rewritten.
+    fn spawn_kube_scheduler(&self, pod: &str, extender_port: u16) -> Result<Proc> {
+        let config = scheduler_config(
+            &self.artifacts.root,
+            &kubeconfig_path(&self.dir, "system:kube-scheduler"),
+            extender_port,
+            &self.dir,
+        )?;
+        let path = self.dir.join(format!("{pod}-kube-scheduler.yaml"));
+        std::fs::write(&path, config)?;
+        // Its own UTS namespace gives it the pod's hostname, which starts its lease identity.
+        let mut cmd = Command::new("unshare");
+        cmd.args([
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            "hostname \"$0\" && exec \"$@\"",
+            pod,
+        ])
+        .arg(&self.artifacts.kube_scheduler)
+        .arg(format!("--config={}", path.display()))
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!("--secure-port={}", free_port()))
+        .arg("--v=2");
+        Ok(Proc::spawn(
+            &format!("{pod}-kube-scheduler"),
+            &self.dir.join("logs"),
+            &mut cmd,
+        )?)
+    }
+
+    /// Index of the scheduler pod whose tessera-scheduler reports itself leader.
+    pub async fn leader(&self) -> Option<usize> {
+        for (i, p) in self.scheduler_pods.iter().enumerate() {
+            if !p.is_up() {
+                continue;
+            }
+            if let Some(m) = http_get(p.metrics_port, "/metrics").await
+                && m.lines().any(|l| l.trim() == "tessera_scheduler_leader 1")
+            {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    pub async fn wait_leader(&self) -> Result<usize> {
+        let r = eventually(
+            "a tessera-scheduler leader",
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || self.leader(),
+        )
+        .await;
+        r.map_err(|e| {
+            let logs: String = self
+                .scheduler_pods
+                .iter()
+                .filter_map(|p| {
+                    p.tessera
+                        .as_ref()
+                        .map(|t| format!("{}:\n{}\n", p.name, t.tail(20)))
+                })
+                .collect();
+            Error::msg(format!("{e}\n{logs}"))
+        })
+    }
+
+    /// Kills (SIGKILL) both containers of scheduler pod `i`, as a node failure would.
+    pub fn kill_scheduler_pod(&mut self, i: usize) {
+        if let Some(p) = self.scheduler_pods.get_mut(i) {
+            if let Some(mut t) = p.tessera.take() {
+                t.kill();
+            }
+            if let Some(mut k) = p.kube_scheduler.take() {
+                k.kill();
+            }
+        }
+    }
+
+    /// Kills only the tessera-scheduler container of pod `i` and starts it again.
+    pub fn restart_tessera(&mut self, i: usize) -> Result<()> {
+        let (name, port, metrics) = match self.scheduler_pods.get_mut(i) {
+            Some(p) => {
+                if let Some(mut t) = p.tessera.take() {
+                    t.kill();
+                }
+                (p.name.clone(), p.extender_port, p.metrics_port)
+            }
+            None => return Err(Error::msg(format!("no scheduler pod {i}"))),
+        };
+        let t = self.spawn_tessera(&name, port, metrics)?;
+        if let Some(p) = self.scheduler_pods.get_mut(i) {
+            p.tessera = Some(t);
+        }
+        Ok(())
+    }
+
+    /// Stops kube-apiserver for `down`, then starts it again on the same port and etcd.
+    pub async fn restart_apiserver(&mut self, down: Duration) -> Result<()> {
+        if let Some(mut a) = self.apiserver.take() {
+            a.kill();
+        }
+        tokio::time::sleep(down).await;
+        self.apiserver = Some(start_apiserver(
+            self.artifacts,
+            &self.dir,
+            self.apiserver_port,
+            self.etcd_port,
+        )?);
+        wait_apiserver(&self.admin).await
+    }
+
+    /// Pods of a namespace.
+    pub async fn pods(&self, namespace: &str) -> Result<Vec<Pod>> {
+        Ok(Api::<Pod>::namespaced(self.admin.clone(), namespace)
+            .list(&ListParams::default())
+            .await?
+            .items)
+    }
+
+    /// The admission record of a pod on whichever node admitted it.
+    pub fn admitted(&self, uid: &str) -> Option<crate::node::Admitted> {
+        self.nodes
+            .iter()
+            .find_map(|n| n.admitted().get(uid).cloned())
+    }
+
+    /// Runs the shim's C probe as container `c` would run: the environment from `Allocate`, every
+    /// container path in it resolved through the returned mounts, and the shim loaded from the
+    /// host file mounted at `/etc/ld.so.preload`'s entry (as `LD_PRELOAD`, which has the same
+    /// effect without root), on the fake CUDA driver with a `gpu_memory_mib` card.
+    pub fn run_container(
+        &self,
+        c: &AdmittedContainer,
+        gpu_memory_mib: u64,
+        args: &[&str],
+    ) -> Result<Output> {
+        let mounts: Vec<(String, String)> = c
+            .response
+            .mounts
+            .iter()
+            .map(|m| (m.container_path.clone(), m.host_path.clone()))
+            .collect();
+        let resolve = |container_path: &str| -> Option<String> {
+            mounts
+                .iter()
+                .filter(|(cp, _)| {
+                    container_path == cp.as_str()
+                        || container_path.starts_with(&format!("{}/", cp.trim_end_matches('/')))
+                })
+                .max_by_key(|(cp, _)| cp.len())
+                .map(|(cp, hp)| format!("{hp}{}", &container_path[cp.len()..]))
+        };
+        let shim = resolve(hami_contract_shim_path())
+            .ok_or_else(|| Error::msg("Allocate mounted no libvgpu.so"))?;
+        for (cp, hp) in &mounts {
+            if cp == "/usr/local/vgpu" {
+                std::fs::create_dir_all(hp)?;
+            }
+        }
+        let mut cmd = Command::new(&self.artifacts.cuda_probe);
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("LD_LIBRARY_PATH", &self.artifacts.driver_dir)
+            .env("LD_PRELOAD", &shim)
+            .env("FAKE_CUDA_MEMORY_MIB", gpu_memory_mib.to_string());
+        for (k, v) in &c.response.envs {
+            let v = if v.starts_with('/') {
+                resolve(v).unwrap_or_else(|| v.clone())
+            } else {
+                v.clone()
+            };
+            cmd.env(k, v);
+        }
+        Ok(cmd.output()?)
+    }
+
+    /// Leases in the release namespace: `(name, holder)`.
+    pub async fn leases(&self) -> Vec<(String, String)> {
+        Api::<Lease>::namespaced(self.admin.clone(), NAMESPACE)
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items
+                    .into_iter()
+                    .map(|l| {
+                        (
+                            l.metadata.name.unwrap_or_default(),
+                            l.spec.and_then(|s| s.holder_identity).unwrap_or_default(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The last lines of every log, for a failure message.
+    pub fn logs_tail(&self, n: usize) -> String {
+        let mut out = String::new();
+        if let Ok(rd) = std::fs::read_dir(self.dir.join("logs")) {
+            let mut paths: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+            paths.sort();
+            for p in paths {
+                out.push_str(&format!(
+                    "==> {} <==\n{}\n",
+                    p.display(),
+                    crate::process::tail(&p, n)
+                ));
+            }
+        }
+        out
+    }
+}
+
+fn hami_contract_shim_path() -> &'static str {
+    "/usr/local/vgpu/libvgpu.so"
+}
+
+fn kubeconfig_path(dir: &Path, user: &str) -> PathBuf {
+    dir.join(format!("kubeconfig-{}", token(user)))
+}
+
+fn start_etcd(a: &Artifacts, dir: &Path, client: u16, peer: u16) -> Result<Proc> {
+    let mut cmd = Command::new(&a.etcd);
+    cmd.arg(format!("--data-dir={}", dir.join("etcd").display()))
+        .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+        .arg(format!(
+            "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+        ))
+        .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer}"))
+        .arg("--unsafe-no-fsync=true")
+        .arg("--log-level=warn");
+    Ok(Proc::spawn("etcd", &dir.join("logs"), &mut cmd)?)
+}
+
+fn start_apiserver(a: &Artifacts, dir: &Path, port: u16, etcd: u16) -> Result<Proc> {
+    let p = |f: &str| dir.join(f).display().to_string();
+    let mut cmd = Command::new(&a.kube_apiserver);
+    cmd.arg(format!("--etcd-servers=http://127.0.0.1:{etcd}"))
+        .arg("--bind-address=127.0.0.1")
+        .arg("--advertise-address=127.0.0.1")
+        .arg(format!("--secure-port={port}"))
+        .arg(format!("--cert-dir={}", p("apiserver-certs")))
+        .arg(format!("--tls-cert-file={}", p("apiserver.crt")))
+        .arg(format!("--tls-private-key-file={}", p("apiserver.key")))
+        .arg(format!("--client-ca-file={}", p("ca.crt")))
+        .arg(format!("--token-auth-file={}", p("tokens.csv")))
+        .arg("--authorization-mode=RBAC")
+        .arg(format!("--service-account-issuer=https://127.0.0.1:{port}"))
+        .arg(format!("--service-account-key-file={}", p("sa.key")))
+        .arg(format!(
+            "--service-account-signing-key-file={}",
+            p("sa.key")
+        ))
+        .arg("--service-cluster-ip-range=10.0.0.0/24")
+        // No kube-controller-manager creates the default ServiceAccount.
+        .arg("--disable-admission-plugins=ServiceAccount")
+        .arg("--allow-privileged=true")
+        .arg("--profiling=false")
+        .arg("--v=1");
+    Ok(Proc::spawn("kube-apiserver", &dir.join("logs"), &mut cmd)?)
+}
+
+async fn wait_apiserver(admin: &kube::Client) -> Result<()> {
+    eventually(
+        "kube-apiserver ready",
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+        || {
+            let admin = admin.clone();
+            async move {
+                let ns: Api<Namespace> = Api::all(admin.clone());
+                ns.get("default").await.ok()?;
+                // Bootstrap RBAC is in place once the priority classes are.
+                Api::<k8s_openapi::api::scheduling::v1::PriorityClass>::all(admin)
+                    .get("system-node-critical")
+                    .await
+                    .ok()
+                    .map(|_| ())
+            }
+        },
+    )
+    .await
+}
+
+/// `charts/tessera/files/kube-scheduler-config.yaml` (asserted by the chart tests to be exactly
+/// what the chart renders), with the apiserver connection added and the extender's port and
+/// client-certificate paths pointed at this cluster.
+pub fn scheduler_config(
+    root: &Path,
+    kubeconfig: &Path,
+    extender_port: u16,
+    certs: &Path,
+) -> Result<String> {
+    let text =
+        std::fs::read_to_string(root.join("charts/tessera/files/kube-scheduler-config.yaml"))?;
+    let mut cfg: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    cfg["clientConnection"] = serde_yaml::to_value(json!({"kubeconfig": kubeconfig}))?;
+    let ext = cfg
+        .get_mut("extenders")
+        .and_then(|e| e.get_mut(0))
+        .ok_or_else(|| Error::msg("the chart's scheduler config has no extender"))?;
+    let url = ext["urlPrefix"].as_str().unwrap_or_default().to_owned();
+    let (scheme, _) = url
+        .rsplit_once(':')
+        .ok_or_else(|| Error::msg(format!("urlPrefix {url:?} has no port")))?;
+    ext["urlPrefix"] = serde_yaml::Value::from(format!("{scheme}:{extender_port}"));
+    if let Some(tls) = ext.get_mut("tlsConfig") {
+        tls["certFile"] =
+            serde_yaml::Value::from(certs.join("extender-client.crt").display().to_string());
+        tls["keyFile"] =
+            serde_yaml::Value::from(certs.join("extender-client.key").display().to_string());
+    }
+    Ok(serde_yaml::to_string(&cfg)?)
+}
+
+/// The chart's `MutatingWebhookConfiguration`, rendered by helm with a URL client config (the
+/// chart's `customURL`) pointing at the Service stand-in, and this cluster's CA bundle.
+async fn install_webhook(a: &Artifacts, admin: &kube::Client, pki: &Pki, port: u16) -> Result<()> {
+    let out = Command::new(&a.helm)
+        .args(["template", "tessera"])
+        .arg(a.root.join("charts/tessera"))
+        .args([
+            "--namespace",
+            NAMESPACE,
+            "--show-only",
+            "templates/webhook/mutatingwebhook.yaml",
+        ])
+        .args(["--set", "scheduler.admissionWebhook.customURL.enabled=true"])
+        .args([
+            "--set",
+            "scheduler.admissionWebhook.customURL.host=127.0.0.1",
+        ])
+        .arg("--set")
+        .arg(format!("scheduler.admissionWebhook.customURL.port={port}"))
+        .output()?;
+    if !out.status.success() {
+        return Err(Error::msg(format!(
+            "helm template failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let mut mwc: MutatingWebhookConfiguration = serde_yaml::from_slice(&out.stdout)?;
+    let ca = k8s_openapi::ByteString(pki.ca_pem().into_bytes());
+    for w in mwc.webhooks.iter_mut().flatten() {
+        w.client_config.ca_bundle = Some(ca.clone());
+    }
+    Api::<MutatingWebhookConfiguration>::all(admin.clone())
+        .create(&PostParams::default(), &mwc)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,657 @@
+//! One simulated GPU node: a real `Node` object, the real `tessera-device-plugin` binary on a
+//! fake NVML scenario, and a harness kubelet that speaks the v1beta1 device plugin protocol to it
+//! over real unix sockets and admits the pods kube-scheduler binds to the node.
+//!
+//! The harness kubelet does what the kubelet's device manager does around admission, and no
+//! more: it follows `ListAndWatch` into the node's `nvidia.com/gpu` capacity, admits bound pods
+//! one at a time (kubelet admission is serialized), calls `GetPreferredAllocation` and `Allocate`
+//! once per GPU container in container order, reports admitted pods through pod-resources `List`,
+//! rejects a pod whose `Allocate` fails (`UnexpectedAdmissionError`, as the kubelet does), and
+//! finishes deletions (there is no container to stop, so a deleted pod is removed at once).
+//! Containers are not run; a test runs a process under the returned environment itself
+//! ([`crate::cluster::Cluster::run_container`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kubelet_harness::FakeKubelet;
+use kubelet_proto::deviceplugin::v1beta1 as dp;
+use kubelet_proto::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+use crate::process::Proc;
+use crate::{Error, Result};
+
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// One simulated GPU.
+#[derive(Debug, Clone)]
+pub struct GpuSpec {
+    pub uuid: String,
+    pub model: String,
+    pub memory_mib: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    pub name: String,
+    pub gpus: Vec<GpuSpec>,
+    /// `nvidia.deviceSplitCount` in the plugin's device-config.yaml (chart default 10).
+    pub split_count: Option<u32>,
+}
+
+impl NodeSpec {
+    /// `count` identical GPUs with UUIDs derived from the node name.
+    pub fn uniform(name: &str, count: usize, model: &str, memory_mib: u64) -> NodeSpec {
+        let tag: u32 = name
+            .bytes()
+            .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+        NodeSpec {
+            name: name.to_owned(),
+            gpus: (0..count)
+                .map(|i| GpuSpec {
+                    uuid: format!("GPU-{tag:08x}-0000-4000-8000-{i:012x}"),
+                    model: model.to_owned(),
+                    memory_mib,
+                })
+                .collect(),
+            split_count: None,
+        }
+    }
+
+    pub fn with_split_count(mut self, n: u32) -> NodeSpec {
+        self.split_count = Some(n);
+        self
+    }
+
+    fn scenario_json(&self) -> String {
+        let devices: Vec<_> = self
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                json!({
+                    "uuid": g.uuid, "name": g.model, "memory_total_mib": g.memory_mib,
+                    "pci_bus_id": format!("00000000:{:02X}:00.0", 0x10 + i),
+                })
+            })
+            .collect();
+        json!({ "devices": devices }).to_string()
+    }
+}
+
+/// What the harness kubelet did with one container.
+#[derive(Debug, Clone)]
+pub struct AdmittedContainer {
+    pub name: String,
+    pub device_ids: Vec<String>,
+    pub response: dp::ContainerAllocateResponse,
+}
+
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    pub namespace: String,
+    pub name: String,
+    pub containers: Vec<AdmittedContainer>,
+}
+
+/// The harness kubelet's view of its node, shared with the test.
+#[derive(Debug, Default)]
+pub struct NodeState {
+    /// Device IDs from the last `ListAndWatch` message, with health.
+    pub devices: Vec<(String, bool)>,
+    /// Pods admitted and not yet gone, by UID.
+    pub admitted: BTreeMap<String, Admitted>,
+    /// Pods whose `Allocate` failed, by UID, with the plugin's message.
+    pub rejected: BTreeMap<String, String>,
+    /// `Register` calls received.
+    pub registrations: usize,
+    /// `Allocate` calls made.
+    pub allocate_calls: usize,
+}
+
+#[derive(Debug)]
+enum KubeletCommand {
+    Restart,
+}
+
+/// A running node. Dropping it stops the plugin and the harness kubelet.
+#[derive(Debug)]
+pub struct GpuNode {
+    pub spec: NodeSpec,
+    pub dir: PathBuf,
+    /// Append JSON lines here to script NVML events (`{"device":0,"kind":"xid","xid":48}`).
+    pub events_file: PathBuf,
+    pub state: Arc<Mutex<NodeState>>,
+    plugin: Proc,
+    commands: mpsc::UnboundedSender<KubeletCommand>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for GpuNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a node needs from its cluster to start.
+#[derive(Clone)]
+pub struct NodeEnv {
+    pub client: kube::Client,
+    pub kubeconfig: PathBuf,
+    pub plugin_binary: PathBuf,
+    pub nvml_lib: PathBuf,
+    pub shim: PathBuf,
+    pub log_dir: PathBuf,
+}
+
+impl std::fmt::Debug for NodeEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeEnv")
+            .field("kubeconfig", &self.kubeconfig)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GpuNode {
+    pub async fn start(spec: NodeSpec, env: &NodeEnv, dir: &Path) -> Result<GpuNode> {
+        std::fs::create_dir_all(dir)?;
+        create_node_object(&env.client, &spec.name).await?;
+        let scenario = dir.join("nvml-scenario.json");
+        std::fs::write(&scenario, spec.scenario_json())?;
+        let events_file = dir.join("nvml-events.jsonl");
+        std::fs::write(&events_file, "")?;
+        // HOOK_PATH layout as on a real node: <hook>/vgpu/libvgpu.so.
+        let hook = dir.join("hook");
+        std::fs::create_dir_all(hook.join("vgpu"))?;
+        let shim_link = hook.join("vgpu/libvgpu.so");
+        let _ = std::fs::remove_file(&shim_link);
+        std::os::unix::fs::symlink(&env.shim, &shim_link)?;
+        std::fs::write(
+            hook.join("vgpu/ld.so.preload"),
+            "/usr/local/vgpu/libvgpu.so\n",
+        )?;
+
+        let device_config = dir.join("device-config.yaml");
+        match spec.split_count {
+            Some(n) => std::fs::write(&device_config, format!("nvidia:\n  deviceSplitCount: {n}\n"))?,
+            None => {
+                let _ = std::fs::remove_file(&device_config);
+            }
+        }
+        let kubelet = FakeKubelet::start(&dir.join("kubelet"), true).await;
+        let mut cmd = Command::new(&env.plugin_binary);
+        cmd.arg("--node-name")
+            .arg(&spec.name)
+            .arg("--kubeconfig")
+            .arg(&env.kubeconfig)
+            .arg("--config-file")
+            .arg(&device_config)
+            .arg("--node-config")
+            .arg(dir.join("no-node-config.json"))
+            .arg("--socket-dir")
+            .arg(&kubelet.device_plugin_dir)
+            .arg("--pod-resources-socket")
+            .arg(&kubelet.pod_resources_socket)
+            .arg("--hook-path")
+            .arg(&hook)
+            .arg("--nvml-lib")
+            .arg(&env.nvml_lib)
+            .arg("--sysfs-root")
+            .arg(dir.join("sys"))
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(["--health-recovery-seconds", "3"])
+            .env("FAKE_NVML_SCENARIO", &scenario)
+            .env("FAKE_NVML_EVENTS", &events_file)
+            .env("RUST_LOG", "info");
+        let plugin = Proc::spawn(
+            &format!("device-plugin-{}", spec.name),
+            &env.log_dir,
+            &mut cmd,
+        )?;
+
+        let state = Arc::new(Mutex::new(NodeState::default()));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(kubelet_loop(
+            spec.name.clone(),
+            env.client.clone(),
+            kubelet,
+            state.clone(),
+            rx,
+        ));
+        Ok(GpuNode {
+            spec,
+            dir: dir.to_path_buf(),
+            events_file,
+            state,
+            plugin,
+            commands: tx,
+            task,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// A kubelet restart: every socket in the device-plugin directory is deleted and
+    /// `kubelet.sock` comes back; the plugin must register again.
+    pub fn restart_kubelet(&self) {
+        let _ = self.commands.send(KubeletCommand::Restart);
+    }
+
+    /// Appends one NVML event line for the fake NVML of this node.
+    pub fn nvml_event(&self, line: serde_json::Value) -> Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.events_file)?;
+        writeln!(f, "{line}")?;
+        Ok(())
+    }
+
+    pub fn plugin_log(&self) -> String {
+        self.plugin.tail(40)
+    }
+
+    pub fn plugin_running(&mut self) -> bool {
+        self.plugin.is_running()
+    }
+
+    pub fn admitted(&self) -> BTreeMap<String, Admitted> {
+        self.state
+            .lock()
+            .map(|s| s.admitted.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn rejected(&self) -> BTreeMap<String, String> {
+        self.state
+            .lock()
+            .map(|s| s.rejected.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn registrations(&self) -> usize {
+        self.state.lock().map(|s| s.registrations).unwrap_or(0)
+    }
+}
+
+async fn create_node_object(client: &kube::Client, name: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "gpu": "on"}},
+    }))?;
+    match nodes.create(&PostParams::default(), &node).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    patch_node_capacity(client, name, None).await
+}
+
+/// What a kubelet reports: plenty of CPU, memory and pod slots, and the plugin's device count.
+async fn patch_node_capacity(
+    client: &kube::Client,
+    name: &str,
+    gpus: Option<(usize, usize)>,
+) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut capacity = json!({"cpu": "64", "memory": "256Gi", "pods": "1000"});
+    let mut allocatable = capacity.clone();
+    if let Some((total, healthy)) = gpus {
+        capacity[GPU_RESOURCE] = json!(total.to_string());
+        allocatable[GPU_RESOURCE] = json!(healthy.to_string());
+    }
+    let patch = json!({"status": {
+        "capacity": capacity, "allocatable": allocatable,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "message": "tessera e2e harness kubelet"}],
+    }});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn next_list(
+    stream: &mut Option<tonic::Streaming<dp::ListAndWatchResponse>>,
+) -> Option<Result<dp::ListAndWatchResponse>> {
+    match stream {
+        Some(s) => match s.message().await {
+            Ok(Some(m)) => Some(Ok(m)),
+            Ok(None) => None,
+            Err(e) => Some(Err(Error::msg(format!("ListAndWatch: {e}")))),
+        },
+        None => std::future::pending().await,
+    }
+}
+
+struct Plugin {
+    client: DevicePluginClient<Channel>,
+    preferred: bool,
+}
+
+async fn kubelet_loop(
+    node: String,
+    client: kube::Client,
+    mut kubelet: FakeKubelet,
+    state: Arc<Mutex<NodeState>>,
+    mut commands: mpsc::UnboundedReceiver<KubeletCommand>,
+) {
+    let mut plugin: Option<Plugin> = None;
+    let mut stream: Option<tonic::Streaming<dp::ListAndWatchResponse>> = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(150));
+    loop {
+        tokio::select! {
+            reg = kubelet.registrations.recv() => {
+                let Some(reg) = reg else { return };
+                if let Ok(mut s) = state.lock() {
+                    s.registrations += 1;
+                }
+                let mut c = kubelet.plugin(&reg.endpoint).await;
+                let preferred = reg.options.as_ref().is_some_and(|o| o.get_preferred_allocation_available);
+                match c.list_and_watch(dp::Empty {}).await {
+                    Ok(s) => stream = Some(s.into_inner()),
+                    Err(e) => tracing::warn!(%node, error = %e, "ListAndWatch failed"),
+                }
+                plugin = Some(Plugin { client: c, preferred });
+            }
+            msg = next_list(&mut stream) => {
+                match msg {
+                    Some(Ok(list)) => {
+                        let devices: Vec<(String, bool)> = list.devices.iter()
+                            .map(|d| (d.id.clone(), d.health == dp::HEALTHY)).collect();
+                        let total = devices.len();
+                        let healthy = devices.iter().filter(|d| d.1).count();
+                        if let Ok(mut s) = state.lock() {
+                            s.devices = devices;
+                        }
+                        if let Err(e) = patch_node_capacity(&client, &node, Some((total, healthy))).await {
+                            tracing::warn!(%node, error = %e, "node capacity patch failed");
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(%node, error = %e, "ListAndWatch ended");
+                        stream = None;
+                    }
+                    None => stream = None,
+                }
+            }
+            cmd = commands.recv() => {
+                match cmd {
+                    Some(KubeletCommand::Restart) => {
+                        plugin = None;
+                        stream = None;
+                        kubelet.restart().await;
+                    }
+                    None => return,
+                }
+            }
+            _ = tick.tick() => {
+                if let Some(p) = plugin.as_mut()
+                    && let Err(e) = sync_pods(&node, &client, &kubelet, p, &state).await {
+                    tracing::debug!(%node, error = %e, "pod sync");
+                }
+            }
+        }
+    }
+}
+
+fn gpu_count(c: &k8s_openapi::api::core::v1::Container) -> usize {
+    let r = c.resources.as_ref();
+    let q = r
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get(GPU_RESOURCE))
+        .or_else(|| {
+            r.and_then(|r| r.requests.as_ref())
+                .and_then(|l| l.get(GPU_RESOURCE))
+        });
+    q.and_then(|q| q.0.parse::<usize>().ok()).unwrap_or(0)
+}
+
+async fn sync_pods(
+    node: &str,
+    client: &kube::Client,
+    kubelet: &FakeKubelet,
+    plugin: &mut Plugin,
+    state: &Arc<Mutex<NodeState>>,
+) -> Result<()> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let pods = api
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?;
+    let live: BTreeSet<String> = pods
+        .items
+        .iter()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    {
+        let mut s = state
+            .lock()
+            .map_err(|_| Error::msg("node state poisoned"))?;
+        let gone: Vec<String> = s
+            .admitted
+            .keys()
+            .filter(|u| !live.contains(*u))
+            .cloned()
+            .collect();
+        for uid in gone {
+            if let Some(a) = s.admitted.remove(&uid) {
+                kubelet.pod_resources.remove(&a.namespace, &a.name);
+            }
+        }
+    }
+    let mut fresh = Vec::new();
+    for pod in &pods.items {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if pod.metadata.deletion_timestamp.is_some() {
+            // Nothing runs, so the "containers" stop at once: release and finish the deletion.
+            if let Ok(mut s) = state.lock()
+                && let Some(a) = s.admitted.remove(&uid)
+            {
+                kubelet.pod_resources.remove(&a.namespace, &a.name);
+            }
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            let _ = Api::<Pod>::namespaced(client.clone(), &ns)
+                .delete(&name, &dp)
+                .await;
+            continue;
+        }
+        let phase = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
+        let known = state
+            .lock()
+            .map(|s| s.admitted.contains_key(&uid) || s.rejected.contains_key(&uid))
+            .unwrap_or(true);
+        if known || phase == "Succeeded" || phase == "Failed" {
+            continue;
+        }
+        fresh.push(pod.clone());
+    }
+    fresh.sort_by(|a, b| {
+        let key = |p: &Pod| {
+            (
+                p.metadata.creation_timestamp.clone().map(|t| t.0),
+                p.metadata.name.clone(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    for pod in fresh {
+        admit(client, kubelet, plugin, state, &pod).await?;
+    }
+    Ok(())
+}
+
+async fn admit(
+    client: &kube::Client,
+    kubelet: &FakeKubelet,
+    plugin: &mut Plugin,
+    state: &Arc<Mutex<NodeState>>,
+    pod: &Pod,
+) -> Result<()> {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let spec = pod.spec.clone().unwrap_or_default();
+    let containers: Vec<_> = spec
+        .init_containers
+        .unwrap_or_default()
+        .into_iter()
+        .chain(spec.containers)
+        .collect();
+    // The pod under admission is active (listed) with no devices yet.
+    for c in &containers {
+        kubelet
+            .pod_resources
+            .record(&ns, &name, &c.name, GPU_RESOURCE, Vec::new());
+    }
+    let mut free: Vec<String> = {
+        let s = state
+            .lock()
+            .map_err(|_| Error::msg("node state poisoned"))?;
+        let used: BTreeSet<&String> = s
+            .admitted
+            .values()
+            .flat_map(|a| a.containers.iter().flat_map(|c| c.device_ids.iter()))
+            .collect();
+        s.devices
+            .iter()
+            .filter(|(id, healthy)| *healthy && !used.contains(id))
+            .map(|(id, _)| id.clone())
+            .collect()
+    };
+    let mut done = Vec::new();
+    for c in &containers {
+        let count = gpu_count(c);
+        if count == 0 {
+            continue;
+        }
+        let mut ids: Vec<String> = Vec::new();
+        if plugin.preferred {
+            let req = dp::PreferredAllocationRequest {
+                container_requests: vec![dp::ContainerPreferredAllocationRequest {
+                    available_device_i_ds: free.clone(),
+                    must_include_device_i_ds: Vec::new(),
+                    allocation_size: i32::try_from(count).unwrap_or(i32::MAX),
+                }],
+            };
+            if let Ok(r) = plugin.client.get_preferred_allocation(req).await
+                && let Some(first) = r.into_inner().container_responses.into_iter().next()
+                && first.device_i_ds.len() == count
+                && first.device_i_ds.iter().all(|d| free.contains(d))
+            {
+                ids = first.device_i_ds;
+            }
+        }
+        if ids.is_empty() {
+            if free.len() < count {
+                reject(client, kubelet, state, pod, &format!(
+                    "Allocate failed due to requested number of devices unavailable for {GPU_RESOURCE}. Requested: {count}, Available: {}",
+                    free.len()
+                )).await;
+                return Ok(());
+            }
+            ids = free[..count].to_vec();
+        }
+        if let Ok(mut s) = state.lock() {
+            s.allocate_calls += 1;
+        }
+        let req = dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: ids.clone(),
+            }],
+        };
+        match plugin.client.allocate(req).await {
+            Ok(r) => {
+                let response = r
+                    .into_inner()
+                    .container_responses
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default();
+                free.retain(|d| !ids.contains(d));
+                kubelet
+                    .pod_resources
+                    .record(&ns, &name, &c.name, GPU_RESOURCE, ids.clone());
+                done.push(AdmittedContainer {
+                    name: c.name.clone(),
+                    device_ids: ids,
+                    response,
+                });
+            }
+            Err(e) => {
+                reject(
+                    client,
+                    kubelet,
+                    state,
+                    pod,
+                    &format!("Allocate failed: {}", e.message()),
+                )
+                .await;
+                return Ok(());
+            }
+        }
+    }
+    if let Ok(mut s) = state.lock() {
+        s.admitted.insert(
+            uid,
+            Admitted {
+                namespace: ns.clone(),
+                name: name.clone(),
+                containers: done,
+            },
+        );
+    }
+    let status = json!({"status": {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}]}});
+    let _ = Api::<Pod>::namespaced(client.clone(), &ns)
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await;
+    Ok(())
+}
+
+/// What the kubelet does when a device plugin's `Allocate` fails: the pod fails admission.
+async fn reject(
+    client: &kube::Client,
+    kubelet: &FakeKubelet,
+    state: &Arc<Mutex<NodeState>>,
+    pod: &Pod,
+    message: &str,
+) {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    kubelet.pod_resources.remove(&ns, &name);
+    if let Ok(mut s) = state.lock() {
+        s.rejected.insert(uid, message.to_owned());
+    }
+    let status = json!({"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError",
+                                   "message": message}});
+    let _ = Api::<Pod>::namespaced(client.clone(), &ns)
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await;
+}

@@ -1,0 +1,96 @@
+//! Child processes owned by a test: stdout and stderr go to a log file, and the process is
+//! killed (SIGKILL) and reaped when its handle drops, including when the test panics.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+#[derive(Debug)]
+pub struct Proc {
+    pub name: String,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    /// Spawns `cmd`, appending its output to `<log_dir>/<name>.log`.
+    pub fn spawn(name: &str, log_dir: &Path, cmd: &mut Command) -> std::io::Result<Proc> {
+        let log = log_dir.join(format!("{name}.log"));
+        let out = File::options().create(true).append(true).open(&log)?;
+        let err = out.try_clone()?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()?;
+        Ok(Proc {
+            name: name.to_owned(),
+            log,
+            child: Some(child),
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// True while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// SIGKILL and reap (what `kill -9` of a pod's container does).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after `grace` if still running.
+    pub fn terminate(&mut self, grace: std::time::Duration) {
+        if let Some(mut c) = self.child.take() {
+            // The workspace forbids `unsafe`, so the signal goes through kill(1).
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
+            let deadline = std::time::Instant::now() + grace;
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The last `n` lines of the log, for failure messages.
+    pub fn tail(&self, n: usize) -> String {
+        tail(&self.log, n)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}

@@ -1,0 +1,445 @@
+//! Scenarios on the real control plane (issue #6). Each test owns a whole cluster; run them one
+//! at a time (`--test-threads=1`): two cores cannot host several apiservers at once.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::PostParams;
+use tessera_e2e::cluster::{Cluster, ClusterOptions};
+use tessera_e2e::eventually;
+use tessera_e2e::node::NodeSpec;
+use tessera_e2e::pods::{GpuRequest, gpu_pod};
+
+const A100_MIB: u64 = 40960;
+
+fn a100_nodes(n: usize, gpus: usize) -> Vec<NodeSpec> {
+    (0..n)
+        .map(|i| {
+            NodeSpec::uniform(
+                &format!("gpu-node-{i}"),
+                gpus,
+                "NVIDIA A100-SXM4-40GB",
+                A100_MIB,
+            )
+        })
+        .collect()
+}
+
+async fn start(opts: ClusterOptions) -> Cluster {
+    match Cluster::start(opts).await {
+        Ok(c) => c,
+        Err(e) => panic!("cluster did not start: {e}"),
+    }
+}
+
+async fn create_as_user(c: &Cluster, pod: &Pod) -> Result<Pod, kube::Error> {
+    let ns = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    Api::<Pod>::namespaced(c.user().clone(), &ns)
+        .create(&PostParams::default(), pod)
+        .await
+}
+
+/// Waits until every named pod of `default` is admitted by its node; returns them by name.
+async fn wait_admitted(
+    c: &Cluster,
+    names: &[String],
+    within: Duration,
+) -> BTreeMap<String, (Pod, tessera_e2e::node::Admitted)> {
+    let r = eventually(
+        "pods admitted",
+        within,
+        Duration::from_millis(200),
+        || async {
+            let pods = c.pods("default").await.ok()?;
+            let mut out = BTreeMap::new();
+            for p in pods {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                if !names.contains(&name) {
+                    continue;
+                }
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                let a = c.admitted(&uid)?;
+                out.insert(name, (p, a));
+            }
+            (out.len() == names.len()).then_some(out)
+        },
+    )
+    .await;
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{e}\n{}", c.logs_tail(15)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn full_pipeline_gives_each_container_the_limit_its_pod_asked_for() {
+    let c = start(ClusterOptions::new("pipeline", a100_nodes(2, 4))).await;
+    let cases: Vec<(&str, GpuRequest, u64, Option<&str>)> = vec![
+        ("mem-3000", GpuRequest::mem(1, 3000), 3000, None),
+        (
+            "mem-pct-25",
+            GpuRequest {
+                count: 1,
+                mem_percentage: Some(25),
+                ..Default::default()
+            },
+            A100_MIB / 4,
+            None,
+        ),
+        (
+            "cores-30",
+            GpuRequest::mem(1, 2048).with_cores(30),
+            2048,
+            Some("30"),
+        ),
+        ("two-gpus", GpuRequest::mem(2, 4096), 4096, None),
+        (
+            "whole-card",
+            GpuRequest {
+                count: 1,
+                ..Default::default()
+            },
+            A100_MIB,
+            None,
+        ),
+        ("mem-1000", GpuRequest::mem(1, 1000), 1000, None),
+    ];
+    for (name, req, _, _) in &cases {
+        let pod = gpu_pod("default", name, *req);
+        if let Err(e) = create_as_user(&c, &pod).await {
+            panic!("create {name}: {e}");
+        }
+    }
+    let names: Vec<String> = cases.iter().map(|c| c.0.to_owned()).collect();
+    let admitted = wait_admitted(&c, &names, Duration::from_secs(90)).await;
+    for (name, req, mem_mib, cores) in &cases {
+        let (pod, a) = &admitted[*name];
+        assert_eq!(
+            pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()),
+            Some("hami-scheduler"),
+            "{name}: the webhook routes GPU pods to Tessera"
+        );
+        assert_eq!(a.containers.len(), 1, "{name}");
+        let ctr = &a.containers[0];
+        let envs = &ctr.response.envs;
+        for i in 0..req.count {
+            assert_eq!(
+                envs.get(&format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"))
+                    .map(String::as_str),
+                Some(format!("{mem_mib}m").as_str()),
+                "{name}: memory limit of GPU {i}; env {envs:?}"
+            );
+        }
+        if let Some(cores) = cores {
+            assert_eq!(
+                envs.get("CUDA_DEVICE_SM_LIMIT").map(String::as_str),
+                Some(*cores),
+                "{name}"
+            );
+        }
+        // The shim, loaded as Allocate's mounts load it, enforces exactly that limit: the whole
+        // limit can be allocated and one byte more cannot.
+        let bytes = (mem_mib << 20).to_string();
+        let out = c
+            .run_container(ctr, A100_MIB, &["limit", &bytes])
+            .expect("run probe");
+        assert!(
+            out.status.success(),
+            "{name}: probe under the pod's environment:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+async fn all_nodes(c: &Cluster) -> Vec<k8s_openapi::api::core::v1::Node> {
+    Api::<k8s_openapi::api::core::v1::Node>::all(c.admin().clone())
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+async fn assert_no_overbooking(c: &Cluster) {
+    let pods = c.pods("default").await.expect("list pods");
+    let v = tessera_e2e::booking::violations(&all_nodes(c).await, &pods);
+    assert!(v.is_empty(), "over-booked GPUs:\n{}", v.join("\n"));
+}
+
+fn uid(p: &Pod) -> String {
+    p.metadata.uid.clone().unwrap_or_default()
+}
+
+/// 100 replicas of one Deployment-style pod onto one 8-GPU node (split 16, so 128 slots).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn burst_of_100_pods_onto_one_node_all_get_their_limits() {
+    let node = NodeSpec::uniform("gpu-node-0", 8, "NVIDIA A100-SXM4-40GB", A100_MIB).with_split_count(16);
+    let c = start(ClusterOptions::new("burst", vec![node])).await;
+    let started = Instant::now();
+    let names: Vec<String> = (0..100).map(|i| format!("burst-{i:03}")).collect();
+    let creates = names.iter().map(|n| {
+        let pod = gpu_pod("default", n, GpuRequest::mem(1, 2000).with_cores(5));
+        let c = &c;
+        async move { create_as_user(c, &pod).await }
+    });
+    for r in futures::future::join_all(creates).await {
+        r.expect("create");
+    }
+    let admitted = wait_admitted(&c, &names, Duration::from_secs(240)).await;
+    let took = started.elapsed();
+    eprintln!("e2e burst: 100 pods bound and allocated on one node in {:.2} s", took.as_secs_f64());
+    for (name, (_, a)) in &admitted {
+        let envs = &a.containers[0].response.envs;
+        assert_eq!(envs.get("CUDA_DEVICE_MEMORY_LIMIT_0").map(String::as_str), Some("2000m"), "{name}");
+        assert_eq!(envs.get("CUDA_DEVICE_SM_LIMIT").map(String::as_str), Some("5"), "{name}");
+    }
+    assert_no_overbooking(&c).await;
+}
+
+/// A whole-card pod waits for a busy single-GPU node and is placed within seconds of the
+/// blocking pod's deletion, not after kube-scheduler's 5-minute unschedulable timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pending_pod_is_scheduled_promptly_when_capacity_frees() {
+    let c = start(ClusterOptions::new("requeue", a100_nodes(1, 1))).await;
+    let whole = GpuRequest { count: 1, ..Default::default() };
+    create_as_user(&c, &gpu_pod("default", "blocker", whole)).await.expect("create");
+    wait_admitted(&c, &["blocker".to_owned()], Duration::from_secs(60)).await;
+    create_as_user(&c, &gpu_pod("default", "waiter", whole)).await.expect("create");
+    let api: Api<Pod> = Api::namespaced(c.admin().clone(), "default");
+    // Let kube-scheduler try and fail a few times, so the pod sits in its unschedulable queue.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let waiter = api.get("waiter").await.expect("get");
+    assert!(tessera_e2e::pods::node_of(&waiter).is_none(), "waiter must not fit yet");
+    let deleted = Instant::now();
+    api.delete("blocker", &Default::default()).await.expect("delete");
+    wait_admitted(&c, &["waiter".to_owned()], Duration::from_secs(60)).await;
+    let took = deleted.elapsed();
+    eprintln!("e2e requeue: waiter placed {:.2} s after the blocker's deletion", took.as_secs_f64());
+    assert!(took < Duration::from_secs(20), "requeue took {took:?}\n{}", c.logs_tail(20));
+}
+
+/// A namespace budget (`limits.nvidia.com/gpumem: 10000`) under a burst of 3000 MiB pods admits
+/// exactly three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn namespace_budget_admits_exactly_what_fits_under_a_burst() {
+    let c = start(ClusterOptions::new("budget", a100_nodes(2, 4))).await;
+    let quota: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "gpu-budget", "namespace": "default"},
+        "spec": {"hard": {"limits.nvidia.com/gpumem": "10000"}},
+    }))
+    .expect("quota");
+    Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(c.admin().clone(), "default")
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create quota");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let names: Vec<String> = (0..10).map(|i| format!("budget-{i}")).collect();
+    let creates = names.iter().map(|n| {
+        let pod = gpu_pod("default", n, GpuRequest::mem(1, 3000));
+        let c = &c;
+        async move { create_as_user(c, &pod).await }
+    });
+    for r in futures::future::join_all(creates).await {
+        r.expect("create");
+    }
+    let bound = eventually("three pods bound", Duration::from_secs(60), Duration::from_millis(300), || async {
+        let pods = c.pods("default").await.ok()?;
+        let n = pods.iter().filter(|p| tessera_e2e::pods::node_of(p).is_some()).count();
+        (n >= 3).then_some(n)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(20)));
+    // Give the rest every chance to be (wrongly) placed.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let pods = c.pods("default").await.expect("list");
+    let bound_now = pods.iter().filter(|p| tessera_e2e::pods::node_of(p).is_some()).count();
+    assert_eq!((bound, bound_now), (3, 3), "3 x 3000 MiB fit in 10000 MiB, a 4th does not");
+}
+
+/// Scheduler-owned annotations from a user are refused on create and on update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forged_allocation_annotations_are_denied() {
+    let c = start(ClusterOptions::new("forged", a100_nodes(1, 2))).await;
+    let mut pod = gpu_pod("default", "forger", GpuRequest::mem(1, 1000));
+    pod.metadata.annotations = Some(
+        [(
+            "hami.io/vgpu-devices-allocated".to_owned(),
+            "GPU-00000000-0000-4000-8000-000000000000,NVIDIA,40960,100:;".to_owned(),
+        )]
+        .into(),
+    );
+    let err = create_as_user(&c, &pod).await.expect_err("forged create must be denied");
+    let msg = err.to_string();
+    assert!(msg.contains("hami.io/vgpu-devices-allocated"), "{msg}");
+    // A plain pod carrying the annotation is refused too (the chart's match conditions send it).
+    let mut plain = tessera_e2e::pods::plain_pod("default", "plain-forger");
+    plain.metadata.annotations = pod.metadata.annotations.clone();
+    create_as_user(&c, &plain).await.expect_err("forged plain pod must be denied");
+    // An honest pod, then a forged update of it.
+    create_as_user(&c, &gpu_pod("default", "honest", GpuRequest::mem(1, 1000))).await.expect("create");
+    let api: Api<Pod> = Api::namespaced(c.user().clone(), "default");
+    let patch = serde_json::json!({"metadata": {"annotations": {"hami.io/bind-phase": "success"}}});
+    let err = api
+        .patch("honest", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+        .await
+        .expect_err("forged update must be denied");
+    assert!(err.to_string().contains("hami.io/bind-phase"), "{err}");
+}
+
+/// An XID on one GPU takes it out of placement; after recovery it takes pods again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_gpu_is_avoided_and_comes_back_after_recovery() {
+    let c = start(ClusterOptions::new("xid", a100_nodes(1, 2))).await;
+    let node = c.node("gpu-node-0").expect("node");
+    let bad = node.spec.gpus[0].uuid.clone();
+    let good = node.spec.gpus[1].uuid.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.admin().clone());
+    let register_health = |uuid: String| {
+        let nodes = nodes.clone();
+        async move {
+            let n = nodes.get("gpu-node-0").await.ok()?;
+            let v = n.metadata.annotations.as_ref()?.get(hami_contract::annotations::NODE_REGISTER)?.clone();
+            let devs = hami_contract::node::decode_node_devices(&v).ok()?;
+            devs.iter().find(|d| d.id == uuid).map(|d| d.health)
+        }
+    };
+    node.nvml_event(serde_json::json!({"device": 0, "kind": "xid", "xid": 48})).expect("event");
+    eventually("GPU 0 unhealthy in the register annotation", Duration::from_secs(30), Duration::from_millis(200), || {
+        let f = register_health(bad.clone());
+        async move { (f.await == Some(false)).then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(20)));
+    let whole = GpuRequest { count: 1, ..Default::default() };
+    create_as_user(&c, &gpu_pod("default", "first", whole)).await.expect("create");
+    let a = wait_admitted(&c, &["first".to_owned()], Duration::from_secs(60)).await;
+    let alloc = tessera_e2e::pods::annotation(&a["first"].0, "hami.io/vgpu-devices-allocated").unwrap_or("").to_owned();
+    assert!(alloc.contains(&good) && !alloc.contains(&bad), "placed on the healthy GPU: {alloc}");
+    // The failed GPU recovers (no error for the recovery period); a second whole card fits again.
+    create_as_user(&c, &gpu_pod("default", "second", whole)).await.expect("create");
+    let a = wait_admitted(&c, &["second".to_owned()], Duration::from_secs(90)).await;
+    let alloc = tessera_e2e::pods::annotation(&a["second"].0, "hami.io/vgpu-devices-allocated").unwrap_or("").to_owned();
+    assert!(alloc.contains(&bad), "placed on the recovered GPU: {alloc}");
+}
+
+/// Kubelet restart: the plugin registers again and new pods are still allocated.
+/// Extender restart and apiserver restart: nothing booked is lost or doubled, and both daemons
+/// go on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restarts_of_kubelet_extender_and_apiserver_lose_nothing() {
+    let mut c = start(ClusterOptions::new("restarts", a100_nodes(2, 2))).await;
+    let first: Vec<String> = (0..4).map(|i| format!("before-{i}")).collect();
+    for n in &first {
+        create_as_user(&c, &gpu_pod("default", n, GpuRequest::mem(1, 10000))).await.expect("create");
+    }
+    let before = wait_admitted(&c, &first, Duration::from_secs(90)).await;
+    let allocations: BTreeMap<String, String> = before
+        .iter()
+        .map(|(n, (p, _))| (n.clone(), tessera_e2e::pods::annotation(p, "hami.io/vgpu-devices-allocated").unwrap_or("").to_owned()))
+        .collect();
+
+    // Kubelet restart on node 0.
+    let regs = c.nodes[0].registrations();
+    c.nodes[0].restart_kubelet();
+    eventually("the plugin registers again", Duration::from_secs(30), Duration::from_millis(100), || {
+        let n = c.nodes[0].registrations();
+        async move { (n > regs).then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.nodes[0].plugin_log()));
+
+    // Extender restart while pods arrive.
+    let during: Vec<String> = (0..4).map(|i| format!("during-{i}")).collect();
+    for n in &during[..2] {
+        create_as_user(&c, &gpu_pod("default", n, GpuRequest::mem(1, 10000))).await.expect("create");
+    }
+    c.restart_tessera(0).expect("restart tessera");
+    for n in &during[2..] {
+        // The webhook is down for a moment: the chart's failurePolicy Fail refuses, the user
+        // (a controller, in real life) retries.
+        let pod = gpu_pod("default", n, GpuRequest::mem(1, 10000));
+        eventually("create while the extender restarts", Duration::from_secs(30), Duration::from_millis(300), || async {
+            create_as_user(&c, &pod).await.ok().map(|_| ())
+        })
+        .await
+        .expect("create");
+    }
+    let after = wait_admitted(&c, &during, Duration::from_secs(120)).await;
+    assert_eq!(after.len(), 4);
+
+    // Apiserver restart; then one more pod goes all the way through.
+    c.restart_apiserver(Duration::from_secs(3)).await.expect("apiserver back");
+    let pods = c.pods("default").await.expect("list");
+    for p in &pods {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        if let Some(want) = allocations.get(&name) {
+            assert_eq!(tessera_e2e::pods::annotation(p, "hami.io/vgpu-devices-allocated").unwrap_or(""), want, "{name} kept its GPUs");
+            assert!(c.admitted(&uid(p)).is_some(), "{name} still admitted");
+        }
+    }
+    // 8 pods x 10000 MiB on 4 x 40960 MiB: full. Free one, then a new pod must be placed.
+    Api::<Pod>::namespaced(c.admin().clone(), "default").delete("before-0", &Default::default()).await.expect("delete");
+    let last = vec!["after-apiserver".to_owned()];
+    eventually("create after the apiserver restart", Duration::from_secs(30), Duration::from_millis(300), || async {
+        create_as_user(&c, &gpu_pod("default", &last[0], GpuRequest::mem(1, 10000))).await.ok().map(|_| ())
+    })
+    .await
+    .expect("create");
+    wait_admitted(&c, &last, Duration::from_secs(90)).await;
+    assert_no_overbooking(&c).await;
+}
+
+/// 500 pods race for 64 GPUs on 8 nodes (room for 320) with two scheduler pods; the leading one
+/// is killed mid-run. Afterwards no GPU holds more than its count, memory or cores, and the
+/// survivor has placed what fits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_overbooking_with_two_replicas_and_the_leader_killed() {
+    let mut opts = ClusterOptions::new("overbooking", a100_nodes(8, 8));
+    opts.scheduler_pods = 2;
+    let mut c = start(opts).await;
+    let leader = c.wait_leader().await.expect("leader");
+    let names: Vec<String> = (0..500).map(|i| format!("race-{i:03}")).collect();
+    let req = GpuRequest::mem(1, 8000).with_cores(20);
+    let mut created = 0;
+    for chunk in names.chunks(50) {
+        let creates = chunk.iter().map(|n| {
+            let pod = gpu_pod("default", n, req);
+            let c = &c;
+            async move { create_as_user(c, &pod).await }
+        });
+        created += futures::future::join_all(creates).await.into_iter().filter(Result::is_ok).count();
+        if created >= 250 && c.scheduler_pods[leader].is_up() {
+            c.kill_scheduler_pod(leader);
+            eprintln!("e2e overbooking: killed scheduler pod {leader} after {created} creates");
+        }
+    }
+    assert!(created >= 250, "created {created}");
+    let survivor = c.wait_leader().await.expect("a new leader");
+    assert_ne!(survivor, leader);
+    // Wait until placement settles: every GPU slot the pods can use is taken, or nothing moves.
+    let mut last = usize::MAX;
+    let mut stable = 0;
+    for _ in 0..120 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let pods = c.pods("default").await.expect("list");
+        let bound = pods.iter().filter(|p| tessera_e2e::pods::node_of(p).is_some()).count();
+        if bound == last {
+            stable += 1;
+        } else {
+            stable = 0;
+        }
+        last = bound;
+        if bound >= 320 || stable >= 10 {
+            break;
+        }
+    }
+    eprintln!("e2e overbooking: {last} of {created} pods bound (320 fit)");
+    assert_no_overbooking(&c).await;
+    assert_eq!(last, 320, "every slot is used once the survivor leads\n{}", c.logs_tail(20));
+}
