@@ -138,6 +138,12 @@ pub enum Command {
     Observe(Observation),
     /// Leadership gained (`Some(term)`) or lost (`None`).
     Leadership(Option<u64>),
+    /// Leadership given up on purpose (the Lease is about to be released): like
+    /// `Leadership(None)`, answered once done, so every command queued before it was decided
+    /// under the old term and none after it is.
+    StepDown {
+        reply: oneshot::Sender<()>,
+    },
     /// Full state from uncached Lists, for `term`.
     Rebuild {
         term: u64,
@@ -552,6 +558,10 @@ impl Engine {
             Command::BindDone { uid, ok } => self.bind_done(&uid, ok),
             Command::Observe(o) => self.observe(o),
             Command::Leadership(t) => self.set_leadership(t),
+            Command::StepDown { reply } => {
+                self.set_leadership(None);
+                let _ = reply.send(());
+            }
             Command::Rebuild {
                 term,
                 nodes,
@@ -622,6 +632,13 @@ impl EngineHandle {
         })
         .await;
         rx.await.unwrap_or(Err(Refusal::Stopped))
+    }
+
+    /// Stops deciding and returns once the loop has done so (see [`Command::StepDown`]).
+    pub async fn step_down(&self) {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::StepDown { reply }).await;
+        let _ = rx.await;
     }
 
     pub async fn metrics(&self) -> MetricsSnapshot {

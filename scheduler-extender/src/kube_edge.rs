@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use crate::edge::{ClusterEdge, EdgeError, EventType, MetadataPatch, PodEvent};
 use crate::engine::{Command, EngineHandle, Observation, ResyncKind, Unschedulable};
+use crate::lease::{self, Identity, LeaseAction, LeaseRecord, Standby};
 
 fn edge_err(e: kube::Error) -> EdgeError {
     match &e {
@@ -143,34 +144,127 @@ pub struct LeaseConfig {
     pub identity: String,
     pub lease_duration: Duration,
     pub retry_period: Duration,
+    /// Contend only while this Lease (kube-scheduler's) is held by our pod (`--follow-lease`).
+    pub follow: Option<FollowLease>,
+}
+
+/// The Lease leadership is paired with (`--follow-lease <namespace>/<name>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FollowLease {
+    pub namespace: String,
+    pub name: String,
+    /// Holders of this pod write `<host>_<uuid>` (kube-scheduler: hostname = pod name).
+    pub host: String,
 }
 
 fn now() -> MicroTime {
     MicroTime(Timestamp::now())
 }
 
+fn lease_record(lease: &Lease, default_duration_s: i32) -> LeaseRecord {
+    let spec = lease.spec.as_ref();
+    LeaseRecord {
+        holder: spec
+            .and_then(|s| s.holder_identity.clone())
+            .unwrap_or_default(),
+        renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
+        duration_s: i64::from(
+            spec.and_then(|s| s.lease_duration_seconds)
+                .unwrap_or(default_duration_s),
+        ),
+        transitions: spec
+            .and_then(|s| s.lease_transitions)
+            .and_then(|t| u64::try_from(t).ok())
+            .unwrap_or(0),
+    }
+}
+
+/// One round's outcome.
+struct Round {
+    /// The term we lead in, if any.
+    term: Option<u64>,
+    /// Why we do not lead, for the log (logged when it changes).
+    standby: Option<String>,
+    /// Our kube-scheduler leads and another replica still holds our Lease: it will hand it
+    /// over at its next round, so look again soon.
+    handover_pending: bool,
+}
+
 /// Holds (or waits for) the Lease and publishes the leadership term (`leaseTransitions` when we
-/// acquired it) or `None`. Runs forever.
-pub async fn run_leader_election(client: Client, cfg: LeaseConfig, tx: watch::Sender<Option<u64>>) {
-    let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
+/// acquired it) or `None`. With `cfg.follow`, contends only while the followed Lease is held by
+/// this pod, and releases the Lease at once when another pod's holder has it (`crate::lease`).
+/// Runs forever.
+pub async fn run_leader_election(
+    client: Client,
+    cfg: LeaseConfig,
+    tx: watch::Sender<Option<u64>>,
+    engine: EngineHandle,
+) {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
+    let followed = cfg
+        .follow
+        .as_ref()
+        .map(|f| (Api::<Lease>::namespaced(client, &f.namespace), f));
     let duration_s = i32::try_from(cfg.lease_duration.as_secs())
         .unwrap_or(15)
         .max(1);
     let mut last_renew = tokio::time::Instant::now();
+    let mut last_standby: Option<String> = None;
+    let mut last_follow_error: Option<String> = None;
     loop {
-        let term = try_acquire_or_renew(&api, &cfg, duration_s).await;
-        match term {
-            Ok(Some(t)) => {
-                last_renew = tokio::time::Instant::now();
-                if *tx.borrow() != Some(t) {
-                    tracing::info!(term = t, "acquired leadership");
-                    let _ = tx.send(Some(t));
+        let followed_lease = match &followed {
+            None => None,
+            Some((fapi, f)) => match fapi.get_opt(&f.name).await {
+                Ok(l) => {
+                    last_follow_error = None;
+                    l.map(|l| lease_record(&l, duration_s))
                 }
-            }
-            Ok(None) => {
-                if tx.borrow().is_some() {
-                    tracing::warn!("lost leadership");
-                    let _ = tx.send(None);
+                Err(e) => {
+                    let msg = e.to_string();
+                    if last_follow_error.as_deref() != Some(msg.as_str()) {
+                        tracing::warn!(lease = %format!("{}/{}", f.namespace, f.name), error = %msg,
+                            "cannot read the followed lease; contending without it");
+                    }
+                    last_follow_error = Some(msg);
+                    None
+                }
+            },
+        };
+        let round = elect_round(
+            &api,
+            &cfg,
+            duration_s,
+            followed_lease.as_ref(),
+            &tx,
+            &engine,
+        )
+        .await;
+        let mut pause = cfg.retry_period;
+        match round {
+            Ok(r) => {
+                if r.standby != last_standby {
+                    if let Some(why) = &r.standby {
+                        tracing::info!(reason = %why, "standing by");
+                    }
+                    last_standby = r.standby.clone();
+                }
+                if r.handover_pending {
+                    pause = pause.min(Duration::from_secs(1));
+                }
+                match r.term {
+                    Some(t) => {
+                        last_renew = tokio::time::Instant::now();
+                        if *tx.borrow() != Some(t) {
+                            tracing::info!(term = t, "acquired leadership");
+                            let _ = tx.send(Some(t));
+                        }
+                    }
+                    None => {
+                        if tx.borrow().is_some() {
+                            tracing::warn!("lost leadership");
+                            let _ = tx.send(None);
+                        }
+                    }
                 }
             }
             Err(e) => {
@@ -182,61 +276,118 @@ pub async fn run_leader_election(client: Client, cfg: LeaseConfig, tx: watch::Se
                 }
             }
         }
-        tokio::time::sleep(cfg.retry_period).await;
+        tokio::time::sleep(pause).await;
     }
 }
 
-async fn try_acquire_or_renew(
+async fn elect_round(
     api: &Api<Lease>,
     cfg: &LeaseConfig,
     duration_s: i32,
-) -> Result<Option<u64>, kube::Error> {
-    let Some(mut lease) = api.get_opt(&cfg.name).await? else {
-        let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(cfg.name.clone()),
-                namespace: Some(cfg.namespace.clone()),
-                ..Default::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(cfg.identity.clone()),
-                lease_duration_seconds: Some(duration_s),
-                acquire_time: Some(now()),
-                renew_time: Some(now()),
-                lease_transitions: Some(0),
-                ..Default::default()
-            }),
-        };
-        return match api.create(&PostParams::default(), &lease).await {
-            Ok(_) => Ok(Some(0)),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
-            Err(e) => Err(e),
-        };
+    followed: Option<&LeaseRecord>,
+    tx: &watch::Sender<Option<u64>>,
+    engine: &EngineHandle,
+) -> Result<Round, kube::Error> {
+    let current = api.get_opt(&cfg.name).await?;
+    let own = current.as_ref().map(|l| lease_record(l, duration_s));
+    let me = Identity {
+        own: &cfg.identity,
+        follow_host: cfg.follow.as_ref().map(|f| f.host.as_str()),
     };
-    let spec = lease.spec.get_or_insert_with(Default::default);
-    let holder = spec.holder_identity.clone().unwrap_or_default();
-    let transitions = u64::try_from(spec.lease_transitions.unwrap_or(0)).unwrap_or(0);
-    let expired = spec.renew_time.as_ref().is_none_or(|t| {
-        let dur = i64::from(spec.lease_duration_seconds.unwrap_or(duration_s));
-        t.0.as_second().saturating_add(dur) < Timestamp::now().as_second()
-    });
-    let term = if holder == cfg.identity {
-        transitions
-    } else if holder.is_empty() || expired {
-        spec.holder_identity = Some(cfg.identity.clone());
-        spec.acquire_time = Some(now());
-        spec.lease_transitions = Some(i32::try_from(transitions + 1).unwrap_or(i32::MAX));
-        transitions + 1
-    } else {
-        return Ok(None);
+    let action = lease::decide(own.as_ref(), followed, Timestamp::now(), me);
+    let idle = |standby: Option<String>, handover_pending: bool| Round {
+        term: None,
+        standby,
+        handover_pending,
     };
-    spec.renew_time = Some(now());
-    spec.lease_duration_seconds = Some(duration_s);
-    // `replace` carries the resourceVersion we read: a concurrent writer makes this fail (409).
-    match api.replace(&cfg.name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(Some(term)),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
-        Err(e) => Err(e),
+    match action {
+        LeaseAction::Standby(Standby::HeldBy(holder)) => {
+            // Our kube-scheduler leads: the holder hands over at its next round.
+            let paired =
+                cfg.follow.is_some() && followed.is_some_and(|f| me.is_own_follower(&f.holder));
+            Ok(idle(Some(format!("the lease is held by {holder}")), paired))
+        }
+        LeaseAction::Standby(Standby::FollowedElsewhere(holder)) => Ok(idle(
+            Some(format!(
+                "kube-scheduler leads elsewhere ({holder}); that pod's extender must lead"
+            )),
+            false,
+        )),
+        LeaseAction::Release { followed_holder } => {
+            tracing::info!(kube_scheduler = %followed_holder,
+                "kube-scheduler leads in another pod: releasing the extender lease to it");
+            // Stop deciding before anyone else can take the Lease: the loop has handled the
+            // step-down once this returns, so no later filter or bind is decided here.
+            if tx.borrow().is_some() {
+                let _ = tx.send(None);
+            }
+            engine.step_down().await;
+            let Some(mut lease) = current else {
+                return Ok(idle(None, false));
+            };
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            spec.holder_identity = None;
+            spec.renew_time = Some(now());
+            spec.lease_duration_seconds = Some(1);
+            let released = Some(format!("released the lease to {followed_holder}"));
+            match api.replace(&cfg.name, &PostParams::default(), &lease).await {
+                Ok(_) => Ok(idle(released, false)),
+                // Someone wrote it meanwhile; the next round reads it again.
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(idle(released, false)),
+                Err(e) => Err(e),
+            }
+        }
+        LeaseAction::Create => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(cfg.name.clone()),
+                    namespace: Some(cfg.namespace.clone()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(cfg.identity.clone()),
+                    lease_duration_seconds: Some(duration_s),
+                    acquire_time: Some(now()),
+                    renew_time: Some(now()),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            };
+            match api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(Round {
+                    term: Some(0),
+                    standby: None,
+                    handover_pending: false,
+                }),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(idle(None, false)),
+                Err(e) => Err(e),
+            }
+        }
+        LeaseAction::Renew { term } | LeaseAction::Acquire { term } => {
+            let Some(mut lease) = current else {
+                return Ok(idle(None, false));
+            };
+            let acquire = matches!(action, LeaseAction::Acquire { .. });
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            if acquire {
+                spec.holder_identity = Some(cfg.identity.clone());
+                spec.acquire_time = Some(now());
+                spec.lease_transitions = Some(i32::try_from(term).unwrap_or(i32::MAX));
+            }
+            spec.renew_time = Some(now());
+            spec.lease_duration_seconds = Some(duration_s);
+            // `replace` carries the resourceVersion we read: a concurrent writer makes this
+            // fail (409).
+            match api.replace(&cfg.name, &PostParams::default(), &lease).await {
+                Ok(_) => Ok(Round {
+                    term: Some(term),
+                    standby: None,
+                    handover_pending: false,
+                }),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(idle(None, false)),
+                Err(e) => Err(e),
+            }
+        }
     }
 }
 

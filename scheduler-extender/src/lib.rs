@@ -11,6 +11,7 @@ pub mod extender;
 pub mod fit;
 pub mod http;
 pub mod kube_edge;
+pub mod lease;
 pub mod metrics;
 pub mod podspec;
 pub mod simulate;

@@ -13,7 +13,7 @@ use tessera_scheduler::decide::DecisionConfig;
 use tessera_scheduler::engine::{Command, Engine, EngineHandle};
 use tessera_scheduler::http::{App, Auth, metrics_router, router};
 use tessera_scheduler::kube_edge::{
-    KubeEdge, LeaseConfig, run_leader_election, run_requeue, run_sync,
+    FollowLease, KubeEdge, LeaseConfig, run_leader_election, run_requeue, run_sync,
 };
 use tessera_scheduler::metrics::Metrics;
 use tessera_scheduler::tls::{self, TlsFiles};
@@ -86,6 +86,17 @@ pub struct ServeArgs {
     pub identity: Option<String>,
     #[arg(long, env = "TESSERA_LEASE_DURATION_SECONDS", default_value_t = 15)]
     pub lease_duration_seconds: u64,
+    /// Pair leadership with another Lease, `<namespace>/<name>` (or `<name>` in the
+    /// --leader-elect-resource-namespace): contend for our own Lease only while that one is held
+    /// by this pod (`<prefix>_…`), and release ours when another pod holds it. The chart
+    /// follows its kube-scheduler sidecar's Lease (docs/scheduler.md).
+    #[arg(long, env = "TESSERA_FOLLOW_LEASE")]
+    pub follow_lease: Option<String>,
+    /// The holder prefix (before `_`) that means "this pod" in the followed Lease. Default: the
+    /// pod name (POD_NAME, i.e. --identity), else the hostname: kube-scheduler writes
+    /// `<hostname>_<uuid>`, and a pod's hostname is its name.
+    #[arg(long, env = "TESSERA_FOLLOW_LEASE_HOLDER_PREFIX")]
+    pub follow_lease_holder_prefix: Option<String>,
     /// Only nodes with these labels take GPU pods (HAMi `--node-label-selector`), `k=v,k2=v2`.
     #[arg(long, env = "TESSERA_NODE_LABEL_SELECTOR", value_delimiter = ',')]
     pub node_label_selector: Vec<String>,
@@ -108,6 +119,31 @@ pub fn parse_selector(items: &[String]) -> anyhow::Result<Vec<(String, String)>>
                 .ok_or_else(|| anyhow::anyhow!("--node-label-selector item {i:?} is not key=value"))
         })
         .collect()
+}
+
+/// `--follow-lease`: `<namespace>/<name>` or `<name>` (in `default_namespace`).
+pub fn parse_follow_lease(
+    value: &str,
+    default_namespace: &str,
+    host: &str,
+) -> anyhow::Result<FollowLease> {
+    let (namespace, name) = match value.trim().split_once('/') {
+        Some((ns, name)) => (ns.trim(), name.trim()),
+        None => (default_namespace, value.trim()),
+    };
+    anyhow::ensure!(
+        !namespace.is_empty() && !name.is_empty() && !name.contains('/'),
+        "--follow-lease {value:?} is not <namespace>/<name>"
+    );
+    anyhow::ensure!(
+        !host.is_empty(),
+        "--follow-lease needs --follow-lease-holder-prefix, POD_NAME or HOSTNAME"
+    );
+    Ok(FollowLease {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        host: host.to_owned(),
+    })
 }
 
 fn read_token(path: &PathBuf) -> anyhow::Result<String> {
@@ -150,15 +186,37 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
 
     let (lead_tx, lead_rx) = tokio::sync::watch::channel(None);
     if args.leader_elect {
+        let follow = match &args.follow_lease {
+            None => None,
+            Some(v) => {
+                let host = args
+                    .follow_lease_holder_prefix
+                    .clone()
+                    .unwrap_or_else(|| identity.clone());
+                let f = parse_follow_lease(v, &args.leader_elect_resource_namespace, &host)?;
+                tracing::info!(lease = %format!("{}/{}", f.namespace, f.name), holder_prefix = %format!("{}_", f.host),
+                    "leadership follows this lease: contending only while this pod holds it");
+                Some(f)
+            }
+        };
         let lease = LeaseConfig {
             namespace: args.leader_elect_resource_namespace.clone(),
             name: args.leader_elect_resource_name.clone(),
             identity: identity.clone(),
             lease_duration: Duration::from_secs(args.lease_duration_seconds.max(2)),
             retry_period: Duration::from_secs((args.lease_duration_seconds / 5).max(1)),
+            follow,
         };
-        tokio::spawn(run_leader_election(client.clone(), lease, lead_tx));
+        tokio::spawn(run_leader_election(
+            client.clone(),
+            lease,
+            lead_tx,
+            engine.clone(),
+        ));
     } else {
+        if args.follow_lease.is_some() {
+            tracing::warn!("--follow-lease has no effect with --leader-elect=false");
+        }
         let _ = lead_tx.send(Some(0));
         // Keep the sender alive: the receiver treats a dropped sender as shutdown.
         std::mem::forget(lead_tx);
@@ -265,4 +323,28 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => tracing::info!("shutting down"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follow_lease_takes_namespace_slash_name_or_a_bare_name() {
+        let f = parse_follow_lease("gpu/tessera-kube-scheduler", "other", "pod-a").unwrap();
+        assert_eq!(
+            (f.namespace.as_str(), f.name.as_str(), f.host.as_str()),
+            ("gpu", "tessera-kube-scheduler", "pod-a")
+        );
+        let f = parse_follow_lease("kube-sched", "tessera-system", "pod-a").unwrap();
+        assert_eq!(f.namespace, "tessera-system");
+        for bad in ["", "ns/", "/name", "a/b/c"] {
+            let e = parse_follow_lease(bad, "ns", "pod-a").unwrap_err();
+            assert!(
+                e.to_string().contains("is not <namespace>/<name>"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(parse_follow_lease("ns/l", "ns", "").is_err());
+    }
 }
