@@ -144,6 +144,7 @@ fn loopback_http(nodes: usize, iterations: usize) {
             auth: Arc::new(Auth::default()),
             decision: DecisionConfig::default(),
             webhook: Default::default(),
+            facts: Default::default(),
             metrics: Metrics::default(),
             ready: Arc::new(AtomicBool::new(true)),
         });

@@ -414,7 +414,7 @@ fn sort_order(order: &mut [usize], gpus: &[GpuState], scores: &[f64], opts: &Pla
 
 /// Whether a device `type` names an NVIDIA card (case-insensitive substring, as HAMi). Real
 /// types start with `NVIDIA`, so that is checked first.
-fn is_nvidia(device_type: &str) -> bool {
+pub fn is_nvidia(device_type: &str) -> bool {
     const NEEDLE: &str = "nvidia";
     device_type
         .get(..NEEDLE.len())

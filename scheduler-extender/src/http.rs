@@ -20,6 +20,7 @@ use crate::engine::{Command, EngineHandle, Refusal, filter_patch};
 use crate::extender::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, NodeListOut,
 };
+use crate::facts::SharedFacts;
 use crate::metrics::Metrics;
 use crate::state::{ClusterState, NodeRecord};
 use crate::webhook::{self, WebhookConfig};
@@ -83,6 +84,9 @@ pub struct App<E> {
     pub auth: Arc<Auth>,
     pub decision: DecisionConfig,
     pub webhook: WebhookConfig,
+    /// What the webhook knows of the cluster (largest GPU, namespace GPU quotas); kept on every
+    /// replica by `kube_edge::run_facts`.
+    pub facts: SharedFacts,
     pub metrics: Metrics,
     /// This replica leads and has rebuilt its state for the current term.
     pub ready: Arc<std::sync::atomic::AtomicBool>,
@@ -511,7 +515,13 @@ async fn webhook_handler<E: ClusterEdge>(State(app): State<Arc<App<E>>>, body: B
         Ok(b) => b,
         Err(r) => return r,
     };
-    let answer = webhook::handle(&body, &app.webhook);
+    let answer = {
+        let facts = app
+            .facts
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        webhook::handle(&body, &app.webhook, &facts)
+    };
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
     json(status, answer.body.to_string())
 }

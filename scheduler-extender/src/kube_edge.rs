@@ -10,15 +10,19 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType as KubeEventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 
+use crate::decide::DecisionConfig;
 use crate::edge::{ClusterEdge, EdgeError, EventType, MetadataPatch, PodEvent};
 use crate::engine::{Command, EngineHandle, Observation, ResyncKind, Unschedulable};
+use crate::facts::SharedFacts;
 use crate::lease::{self, Identity, LeaseAction, LeaseRecord, Standby};
+use crate::state::{NodeRecord, QuotaKeys, QuotaRecord};
 
 fn edge_err(e: kube::Error) -> EdgeError {
     match &e {
@@ -573,6 +577,103 @@ async fn sync_term(
             for o in obs {
                 engine.send(Command::Observe(o)).await;
             }
+        }
+    }
+}
+
+enum FactChange {
+    Node(Box<watcher::Event<PartialObjectMeta<Node>>>),
+    Quota(Box<watcher::Event<ResourceQuota>>),
+}
+
+fn node_facts(meta: PartialObjectMeta<Node>, cfg: &DecisionConfig) -> Option<NodeRecord> {
+    let node = Node {
+        metadata: meta.metadata,
+        ..Default::default()
+    };
+    NodeRecord::from_node(&node, cfg)
+}
+
+/// Keeps the webhook's [`ClusterFacts`](crate::facts::ClusterFacts) on every replica, leader or
+/// not, from a light watch: node *metadata* only (the register annotation and labels; no status,
+/// whose image lists dominate a Node's size) and ResourceQuotas. Each (re-)List replaces the
+/// view at once when complete, so the webhook never sees half a List. Runs forever.
+pub async fn run_facts(client: Client, cfg: DecisionConfig, facts: SharedFacts) {
+    let keys = QuotaKeys::new(&cfg.nvidia.resources, cfg.nvidia.effective_memory_factor());
+    let write = || {
+        facts
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    // `Api<PartialObjectMeta<_>>` makes metadata-only List and Watch requests.
+    let nodes = watcher(
+        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .map_ok(|e| FactChange::Node(Box::new(e)))
+    .boxed();
+    let quotas = watcher(
+        Api::<ResourceQuota>::all(client),
+        watcher::Config::default(),
+    )
+    .map_ok(|e| FactChange::Quota(Box::new(e)))
+    .boxed();
+    let mut all = futures::stream::select_all([nodes, quotas]);
+    let mut node_list: Option<Vec<NodeRecord>> = None;
+    let mut quota_list: Option<Vec<QuotaRecord>> = None;
+    while let Some(item) = all.next().await {
+        let change = match item {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "webhook facts: watch error (retrying)");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        match change {
+            FactChange::Node(ev) => match *ev {
+                watcher::Event::Init => node_list = Some(Vec::new()),
+                watcher::Event::InitApply(m) => {
+                    if let (Some(list), Some(rec)) = (node_list.as_mut(), node_facts(m, &cfg)) {
+                        list.push(rec);
+                    }
+                }
+                watcher::Event::InitDone => {
+                    if let Some(list) = node_list.take() {
+                        write().replace_nodes(&list);
+                        tracing::debug!(nodes = list.len(), "webhook facts: nodes listed");
+                    }
+                }
+                watcher::Event::Apply(m) => {
+                    if let Some(rec) = node_facts(m, &cfg) {
+                        write().upsert_node(&rec);
+                    }
+                }
+                watcher::Event::Delete(m) => write().remove_node(&m.name_any()),
+            },
+            FactChange::Quota(ev) => match *ev {
+                watcher::Event::Init => quota_list = Some(Vec::new()),
+                watcher::Event::InitApply(q) => {
+                    if let (Some(list), Some(rec)) =
+                        (quota_list.as_mut(), QuotaRecord::from_quota(&q, &keys))
+                    {
+                        list.push(rec);
+                    }
+                }
+                watcher::Event::InitDone => {
+                    if let Some(list) = quota_list.take() {
+                        write().replace_quotas(list);
+                    }
+                }
+                watcher::Event::Apply(q) => write().upsert_quota(
+                    &q.namespace().unwrap_or_default(),
+                    &q.name_any(),
+                    QuotaRecord::from_quota(&q, &keys),
+                ),
+                watcher::Event::Delete(q) => {
+                    write().remove_quota(&q.namespace().unwrap_or_default(), &q.name_any())
+                }
+            },
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod decide;
 pub mod edge;
 pub mod engine;
 pub mod extender;
+pub mod facts;
 pub mod fit;
 pub mod http;
 pub mod kube_edge;

@@ -11,9 +11,10 @@ use std::time::Duration;
 use anyhow::Context;
 use tessera_scheduler::decide::DecisionConfig;
 use tessera_scheduler::engine::{Command, Engine, EngineHandle};
+use tessera_scheduler::facts::SharedFacts;
 use tessera_scheduler::http::{App, Auth, metrics_router, router};
 use tessera_scheduler::kube_edge::{
-    FollowLease, KubeEdge, LeaseConfig, run_leader_election, run_requeue, run_sync,
+    FollowLease, KubeEdge, LeaseConfig, run_facts, run_leader_election, run_requeue, run_sync,
 };
 use tessera_scheduler::metrics::Metrics;
 use tessera_scheduler::tls::{self, TlsFiles};
@@ -221,6 +222,9 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         // Keep the sender alive: the receiver treats a dropped sender as shutdown.
         std::mem::forget(lead_tx);
     }
+    // Every replica serves the webhook, so every replica keeps its cluster facts.
+    let facts: SharedFacts = Default::default();
+    tokio::spawn(run_facts(client.clone(), cfg.clone(), facts.clone()));
     let ready = Arc::new(AtomicBool::new(false));
     tokio::spawn(run_sync(
         client.clone(),
@@ -290,6 +294,7 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
             trusted_users: trusted,
         },
         decision: cfg,
+        facts,
         metrics: Metrics::default(),
         ready,
     });

@@ -5,15 +5,22 @@
 //! set or changed by anyone but the trusted service accounts is denied, on CREATE and UPDATE,
 //! whatever the pod's scheduler (HAMi #3076, #3041); requests HAMi would silently ignore or
 //! never fit are denied with the reason.
+//!
+//! Two denials need cluster facts, which every replica keeps ([`ClusterFacts`]): a GPU memory
+//! request above the largest GPU of any registered node, and (HAMi's quota pre-check, contract
+//! §5.7) a pod whose request alone exceeds its namespace's GPU ResourceQuota. A view that has not
+//! seen any registered GPU refuses nothing for memory: the filter still refuses such a pod and
+//! says why, per node.
 
 use std::collections::BTreeSet;
 
 use hami_contract::NvidiaConfig;
 use hami_contract::annotations::is_scheduler_owned;
-use hami_contract::request::webhook_mutation;
+use hami_contract::request::{ContainerResources, PodRequests, resolve_pod, webhook_mutation};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
+use crate::facts::{ClusterFacts, Limit};
 use crate::podspec::container_resources;
 
 /// Webhook settings.
@@ -105,8 +112,8 @@ fn forged_keys(old: Option<&Value>, new: &Value) -> Vec<String> {
     keys.into_iter().collect()
 }
 
-/// Answers one AdmissionReview request body.
-pub fn handle(body: &[u8], cfg: &WebhookConfig) -> WebhookAnswer {
+/// Answers one AdmissionReview request body, with what this replica knows of the cluster.
+pub fn handle(body: &[u8], cfg: &WebhookConfig, facts: &ClusterFacts) -> WebhookAnswer {
     let bad = |msg: String| WebhookAnswer {
         status: 400,
         body: json!({"error": msg}),
@@ -151,7 +158,14 @@ pub fn handle(body: &[u8], cfg: &WebhookConfig) -> WebhookAnswer {
         Ok(p) => p,
         Err(e) => return bad(format!("request.object is not a Pod: {e}")),
     };
-    mutate(&api_version, uid, object, &pod, cfg)
+    // `request.namespace` is always set; the object's may not be on CREATE.
+    let namespace = req["namespace"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+        .or(pod.metadata.namespace.as_deref())
+        .unwrap_or("default")
+        .to_owned();
+    mutate(&api_version, uid, object, &pod, &namespace, cfg, facts)
 }
 
 fn mutate(
@@ -159,7 +173,9 @@ fn mutate(
     uid: &str,
     original: &Value,
     pod: &Pod,
+    namespace: &str,
     cfg: &WebhookConfig,
+    facts: &ClusterFacts,
 ) -> WebhookAnswer {
     let Some(spec) = pod.spec.as_ref() else {
         return deny(api_version, uid, "pod has no containers");
@@ -185,13 +201,21 @@ fn mutate(
         ("containers", spec.containers.iter().collect()),
     ];
     let mut privileged: Option<String> = None;
-    for (field, containers) in &lists {
+    // The containers as mutated (limits added), for the checks against cluster facts.
+    let mut mutated_res: [Vec<ContainerResources>; 2] = [Vec::new(), Vec::new()];
+    for (list, (field, containers)) in lists.iter().enumerate() {
         for (i, c) in containers.iter().enumerate() {
-            let res = container_resources(c);
+            let mut res = container_resources(c);
             let m = match webhook_mutation(&res, &cfg.nvidia) {
                 Ok(m) => m,
                 Err(e) => return deny(api_version, uid, &e.to_string()),
             };
+            for (k, v) in &m.add_limits {
+                res.limits.insert(k.clone(), v.clone());
+            }
+            if let Some(out) = mutated_res.get_mut(list) {
+                out.push(res);
+            }
             let target = &mut mutated["spec"][*field][i];
             for (k, v) in &m.add_limits {
                 if !target["resources"].is_object() {
@@ -235,8 +259,121 @@ fn mutate(
             }
             mutated["spec"]["schedulerName"] = json!(cfg.scheduler_name);
         }
+        let [init, app] = &mutated_res;
+        let requests = resolve_pod(init, app, &cfg.nvidia);
+        if let Some(why) = never_fits(&requests, init, app, namespace, cfg, facts) {
+            return deny(api_version, uid, &why);
+        }
     }
     let patch = json_patch::diff(original, &mutated);
     let patch = serde_json::to_value(&patch).unwrap_or(Value::Array(Vec::new()));
     allow(api_version, uid, Some(patch), &warnings)
+}
+
+/// ` (after memoryFactor N)` when the factor changes the numbers the user wrote.
+fn factor_note(cfg: &NvidiaConfig) -> String {
+    let f = cfg.effective_memory_factor();
+    if f > 1 {
+        format!(" (after memoryFactor {f})")
+    } else {
+        String::new()
+    }
+}
+
+/// Tessera: a pod that no node or no budget could ever take, judged on cluster facts.
+fn never_fits(
+    requests: &PodRequests,
+    init: &[ContainerResources],
+    app: &[ContainerResources],
+    namespace: &str,
+    cfg: &WebhookConfig,
+    facts: &ClusterFacts,
+) -> Option<String> {
+    if requests.is_empty() {
+        return None;
+    }
+    let names = &cfg.nvidia.resources;
+    // Memory per GPU above the largest card. Only absolute requests: a percentage fits any
+    // card, and an empty view (nothing registered yet) refuses nothing.
+    if let Some(largest) = facts.largest_gpu() {
+        let containers = init.iter().chain(app);
+        for (c, r) in containers.zip(requests.in_annotation_order()) {
+            if let Some(r) = r
+                && r.memreq > largest.mem
+            {
+                return Some(format!(
+                    "container {} asks for {} MiB of GPU memory per GPU ({}){}, but the largest GPU in the cluster has {} MiB (node {}): no node can ever run this pod; lower {} or use {}",
+                    c.name,
+                    r.memreq,
+                    names.memory,
+                    factor_note(&cfg.nvidia),
+                    largest.mem,
+                    largest.node,
+                    names.memory,
+                    names.memory_percentage,
+                ));
+            }
+        }
+    }
+    // HAMi's quota pre-check: the request alone over the namespace's limit. Usage is not
+    // considered here (it changes; the filter charges it, reservations included).
+    let limits = facts.namespace_limits(namespace);
+    if limits.is_empty() {
+        return None;
+    }
+    let q = requests.quota_request();
+    let count = {
+        let (mut app_sum, mut init_max) = (0u64, 0u64);
+        for r in requests.app.iter().flatten() {
+            app_sum = app_sum.saturating_add(u64::from(r.nums));
+        }
+        for r in requests.init.iter().flatten() {
+            init_max = init_max.max(u64::from(r.nums));
+        }
+        app_sum.max(init_max)
+    };
+    fn over(asked: u64, limit: &Option<Limit>) -> Option<&Limit> {
+        limit.as_ref().filter(|l| asked > l.value)
+    }
+    let deny_quota = |asked: String, how: String, key: &str, l: &Limit, unit: &str| {
+        format!(
+            "pod asks for {asked} in total ({how}, over its containers), more than namespace {namespace} allows: ResourceQuota {} limits {key} to {}{unit}{}; the pod could never be scheduled in this namespace (exceeding resource quota)",
+            l.quota,
+            l.value,
+            if unit == " MiB" {
+                factor_note(&cfg.nvidia)
+            } else {
+                String::new()
+            },
+        )
+    };
+    let (mem_key, cores_key) = names.quota_keys();
+    if let Some(l) = over(q.memory, &limits.mem) {
+        return Some(deny_quota(
+            format!("{} MiB of GPU memory", q.memory),
+            format!("{} × {}", names.memory, names.count),
+            &mem_key,
+            l,
+            " MiB",
+        ));
+    }
+    if let Some(l) = over(q.cores, &limits.cores) {
+        return Some(deny_quota(
+            format!("{} GPU cores", q.cores),
+            format!("{} × {}", names.cores, names.count),
+            &cores_key,
+            l,
+            "",
+        ));
+    }
+    if let Some(l) = over(count, &limits.count) {
+        return Some(deny_quota(
+            format!("{count} GPUs"),
+            names.count.clone(),
+            &names.count,
+            l,
+            "",
+        ));
+    }
+    None
 }

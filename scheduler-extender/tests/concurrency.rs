@@ -28,6 +28,7 @@ fn app(engine: &EngineHandle, edge: &Arc<FakeEdge>) -> Arc<App<FakeEdge>> {
         auth: Arc::new(Auth::default()),
         decision: DecisionConfig::default(),
         webhook: Default::default(),
+        facts: Default::default(),
         metrics: Metrics::default(),
         ready: Arc::new(AtomicBool::new(true)),
     })

@@ -35,6 +35,7 @@ async fn harness_with(engine: Engine, auth: Auth) -> Harness {
         auth: Arc::new(auth),
         decision: DecisionConfig::default(),
         webhook: Default::default(),
+        facts: Default::default(),
         metrics: Metrics::default(),
         ready: Arc::new(AtomicBool::new(true)),
     });
@@ -387,5 +388,39 @@ async fn malformed_args_are_reported_in_error_with_http_200() {
     assert_eq!(
         (status, body.as_str()),
         (StatusCode::OK, r#"{"Error":"PodUID: missing"}"#)
+    );
+}
+
+/// `/webhook` answers from the replica's cluster facts, whether or not it leads.
+#[tokio::test]
+async fn the_webhook_denies_memory_above_the_largest_gpu_from_the_replicas_facts_even_as_standby() {
+    let h = harness_with(Engine::new(DecisionConfig::default()), Auth::default()).await;
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "r1", "operation": "CREATE", "namespace": "default",
+            "userInfo": {"username": "alice"},
+            "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "big"},
+                "spec": {"containers": [{"name": "main", "image": "app", "resources": {"limits":
+                    {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"}}}]}}}})
+    .to_string();
+    // Nothing seen yet: admitted (the filter would refuse it, with reasons).
+    let (status, body) = post(&h, "/webhook", review.clone(), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], true, "{body}");
+    // The replica's watch registers node1 (16000 MiB).
+    {
+        let rec = tessera_scheduler::state::NodeRecord::from_node(
+            &gpu_node("node1", 1, 16000, 10),
+            &DecisionConfig::default(),
+        )
+        .unwrap();
+        h.app.facts.write().unwrap().upsert_node(&rec);
+    }
+    let (_, body) = post(&h, "/webhook", review, None).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], false, "{body}");
+    assert_eq!(
+        v["response"]["status"]["message"],
+        "container main asks for 20000 MiB of GPU memory per GPU (nvidia.com/gpumem), but the largest GPU in the cluster has 16000 MiB (node node1): no node can ever run this pod; lower nvidia.com/gpumem or use nvidia.com/gpumem-percentage"
     );
 }

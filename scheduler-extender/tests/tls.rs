@@ -172,6 +172,7 @@ mod mtls {
             }),
             decision: DecisionConfig::default(),
             webhook: Default::default(),
+            facts: Default::default(),
             metrics: Metrics::default(),
             ready: Arc::new(AtomicBool::new(true)),
         });

@@ -2,7 +2,15 @@
 //! and update.
 
 use serde_json::{Value, json};
-use tessera_scheduler::webhook::{WebhookConfig, base64_encode, handle};
+use tessera_scheduler::facts::ClusterFacts;
+use tessera_scheduler::state::{NodeRecord, QuotaRecord};
+use tessera_scheduler::testing::gpu_node;
+use tessera_scheduler::webhook::{self, WebhookAnswer, WebhookConfig, base64_encode};
+
+/// The webhook of a replica that has not seen any node or quota yet.
+fn handle(body: &[u8], cfg: &WebhookConfig) -> WebhookAnswer {
+    webhook::handle(body, cfg, &ClusterFacts::new())
+}
 
 fn cfg() -> WebhookConfig {
     WebhookConfig {
@@ -88,7 +96,7 @@ fn pods_without_gpus_and_pods_of_other_schedulers_are_left_alone() {
     assert_eq!(a.body["response"], json!({"uid": "req-1", "allowed": true}));
 }
 
-fn denied(a: &tessera_scheduler::webhook::WebhookAnswer) -> String {
+fn denied(a: &WebhookAnswer) -> String {
     assert_eq!(a.status, 200);
     assert_eq!(a.body["response"]["allowed"], false, "{}", a.body);
     assert_eq!(a.body["response"]["status"]["code"], 403);
@@ -217,4 +225,254 @@ fn forged_scheduler_annotations_are_denied_on_update_but_trusted_writers_pass() 
 fn undecodable_reviews_are_400() {
     assert_eq!(handle(b"not json", &cfg()).status, 400);
     assert_eq!(handle(br#"{"request": {}}"#, &cfg()).status, 400);
+}
+
+// --- Denials on cluster facts (largest GPU, namespace quota) ------------------------------------
+
+fn node_facts(nodes: &[k8s_openapi::api::core::v1::Node]) -> ClusterFacts {
+    let cfg = tessera_scheduler::decide::DecisionConfig::default();
+    let mut f = ClusterFacts::new();
+    let recs: Vec<NodeRecord> = nodes
+        .iter()
+        .filter_map(|n| NodeRecord::from_node(n, &cfg))
+        .collect();
+    f.replace_nodes(&recs);
+    f
+}
+
+fn with_quotas(mut f: ClusterFacts, quotas: &[(&str, &str, Value)]) -> ClusterFacts {
+    let keys = tessera_scheduler::state::QuotaKeys::new(&Default::default(), 1);
+    let recs = quotas.iter().filter_map(|(ns, name, hard)| {
+        let q: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(
+            json!({"metadata": {"namespace": ns, "name": name}, "spec": {"hard": hard}}),
+        )
+        .unwrap();
+        QuotaRecord::from_quota(&q, &keys)
+    });
+    f.replace_quotas(recs);
+    f
+}
+
+fn review_in(namespace: &str, object: Value) -> Vec<u8> {
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "req-1", "operation": "CREATE", "namespace": namespace,
+        "userInfo": {"username": "alice"}, "object": object}})
+    .to_string()
+    .into_bytes()
+}
+
+/// A cluster of a 16 GiB T4 node and an 80 GiB node.
+fn t4_and_a100() -> ClusterFacts {
+    node_facts(&[
+        gpu_node("t4-node", 4, 15360, 10),
+        gpu_node("a100-node", 8, 81920, 10),
+    ])
+}
+
+#[test]
+fn memory_above_the_largest_gpu_is_denied_naming_the_request_and_the_largest_gpu() {
+    let facts = t4_and_a100();
+    let body = review_in(
+        "default",
+        pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "100000"})),
+    );
+    let a = webhook::handle(&body, &cfg(), &facts);
+    assert_eq!(
+        a.body,
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+            "uid": "req-1", "allowed": false, "status": {"metadata": {}, "status": "Failure",
+            "reason": "Forbidden", "code": 403, "message":
+            "container main asks for 100000 MiB of GPU memory per GPU (nvidia.com/gpumem), but the largest GPU in the cluster has 81920 MiB (node a100-node): no node can ever run this pod; lower nvidia.com/gpumem or use nvidia.com/gpumem-percentage"}}})
+    );
+    // Exactly the largest card fits (on an empty a100 the filter will place it).
+    let a = webhook::handle(
+        &review_in(
+            "default",
+            pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "81920"})),
+        ),
+        &cfg(),
+        &facts,
+    );
+    assert_eq!(a.body["response"]["allowed"], true, "{}", a.body);
+    // A percentage always fits some card; an init container is checked like the others.
+    let a = webhook::handle(
+        &review_in(
+            "default",
+            pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "100"})),
+        ),
+        &cfg(),
+        &facts,
+    );
+    assert_eq!(a.body["response"]["allowed"], true, "{}", a.body);
+    let mut init = pod(json!({"cpu": "1"}));
+    init["spec"]["initContainers"] = json!([{"name": "warmup", "image": "app",
+        "resources": {"limits": {"nvidia.com/gpumem": "90000"}}}]);
+    let m = denied(&webhook::handle(
+        &review_in("default", init),
+        &cfg(),
+        &facts,
+    ));
+    assert!(
+        m.starts_with("container warmup asks for 90000 MiB of GPU memory per GPU"),
+        "{m}"
+    );
+}
+
+#[test]
+fn memory_is_compared_after_memory_factor_as_the_filter_does() {
+    let mut c = cfg();
+    c.nvidia.memory_factor = 2;
+    // 50000 asked × factor 2 = 100000 MiB booked, more than 81920.
+    let m = denied(&webhook::handle(
+        &review_in(
+            "default",
+            pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "50000"})),
+        ),
+        &c,
+        &t4_and_a100(),
+    ));
+    assert!(
+        m.starts_with(
+            "container main asks for 100000 MiB of GPU memory per GPU (nvidia.com/gpumem) (after memoryFactor 2), but the largest GPU in the cluster has 81920 MiB"
+        ),
+        "{m}"
+    );
+}
+
+#[test]
+fn a_request_alone_over_the_namespace_quota_is_denied_naming_the_tightest_quota() {
+    let facts = with_quotas(
+        t4_and_a100(),
+        &[
+            (
+                "team-a",
+                "gpu-wide",
+                json!({"limits.nvidia.com/gpumem": "60000"}),
+            ),
+            (
+                "team-a",
+                "gpu-tight",
+                json!({"limits.nvidia.com/gpumem": "30000", "limits.nvidia.com/gpucores": "150", "limits.nvidia.com/gpu": "3"}),
+            ),
+            ("team-b", "gpu", json!({"limits.nvidia.com/gpumem": "1000"})),
+        ],
+    );
+    // 2 GPUs × 20000 MiB = 40000 MiB > the 30000 of the tighter of the two quotas.
+    let two_halves = pod(
+        json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "20000", "nvidia.com/gpucores": "50"}),
+    );
+    let a = webhook::handle(&review_in("team-a", two_halves.clone()), &cfg(), &facts);
+    assert_eq!(
+        a.body["response"],
+        json!({"uid": "req-1", "allowed": false, "status": {"metadata": {}, "status": "Failure",
+            "reason": "Forbidden", "code": 403, "message":
+            "pod asks for 40000 MiB of GPU memory in total (nvidia.com/gpumem × nvidia.com/gpu, over its containers), more than namespace team-a allows: ResourceQuota gpu-tight limits limits.nvidia.com/gpumem to 30000 MiB; the pod could never be scheduled in this namespace (exceeding resource quota)"}})
+    );
+    // Cores: 2 × 100 = 200 > 150.
+    let m = denied(&webhook::handle(
+        &review_in(
+            "team-a",
+            pod(
+                json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "100"}),
+            ),
+        ),
+        &cfg(),
+        &facts,
+    ));
+    assert!(m.contains("pod asks for 200 GPU cores in total (nvidia.com/gpucores × nvidia.com/gpu, over its containers)"), "{m}");
+    // Count: 4 GPUs > 3.
+    let m = denied(&webhook::handle(
+        &review_in(
+            "team-a",
+            pod(
+                json!({"nvidia.com/gpu": "4", "nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "10"}),
+            ),
+        ),
+        &cfg(),
+        &facts,
+    ));
+    assert!(
+        m.starts_with("pod asks for 4 GPUs in total (nvidia.com/gpu, over its containers), more than namespace team-a allows: ResourceQuota gpu-tight limits nvidia.com/gpu to 3;"),
+        "{m}"
+    );
+    // Within the budget: admitted (current usage is the filter's business). Another namespace's
+    // quota does not apply, and a namespace without a quota has no limit.
+    let within = pod(
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000", "nvidia.com/gpucores": "50"}),
+    );
+    let a = webhook::handle(&review_in("team-a", within), &cfg(), &facts);
+    assert_eq!(a.body["response"]["allowed"], true, "{}", a.body);
+    let a = webhook::handle(&review_in("team-c", two_halves), &cfg(), &facts);
+    assert_eq!(a.body["response"]["allowed"], true, "{}", a.body);
+}
+
+#[test]
+fn the_quota_counts_the_larger_of_the_app_containers_sum_and_the_largest_init_container() {
+    let facts = with_quotas(
+        t4_and_a100(),
+        &[(
+            "team-a",
+            "gpu",
+            json!({"limits.nvidia.com/gpumem": "30000"}),
+        )],
+    );
+    let mut p = pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10000"}));
+    p["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "side", "image": "app",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10000"}}}));
+    // Init containers run before the app containers, not beside them: 25000 alone, not 45000.
+    p["spec"]["initContainers"] = json!([{"name": "load", "image": "app",
+        "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "25000"}}}]);
+    let a = webhook::handle(&review_in("team-a", p.clone()), &cfg(), &facts);
+    assert_eq!(a.body["response"]["allowed"], true, "{}", a.body);
+    p["spec"]["initContainers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = json!("31000");
+    let m = denied(&webhook::handle(&review_in("team-a", p), &cfg(), &facts));
+    assert!(
+        m.starts_with("pod asks for 31000 MiB of GPU memory in total"),
+        "{m}"
+    );
+}
+
+#[test]
+fn with_no_registered_gpu_seen_yet_the_webhook_admits_and_leaves_refusal_to_the_filter() {
+    let huge = pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000000"}));
+    let expected_patch = json!([
+        {"op": "add", "path": "/spec/schedulerName", "value": "hami-scheduler"}
+    ]);
+    // A replica whose watch has not listed anything yet.
+    let a = webhook::handle(
+        &review_in("default", huge.clone()),
+        &cfg(),
+        &ClusterFacts::new(),
+    );
+    assert_eq!(a.body["response"]["allowed"], true, "{}", a.body);
+    expect_patch(&a.body, expected_patch.clone());
+    // Nodes seen, but none registered a GPU (device plugins not up yet): still no basis.
+    let unregistered: k8s_openapi::api::core::v1::Node =
+        serde_json::from_value(json!({"metadata": {"name": "cpu-node"}})).unwrap();
+    let a = webhook::handle(
+        &review_in("default", huge),
+        &cfg(),
+        &node_facts(&[unregistered]),
+    );
+    assert_eq!(a.body["response"]["allowed"], true, "{}", a.body);
+    expect_patch(&a.body, expected_patch);
+}
+
+#[test]
+fn cluster_fact_checks_leave_other_schedulers_and_updates_alone() {
+    let facts = t4_and_a100();
+    let mut other = pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "100000"}));
+    other["spec"]["schedulerName"] = json!("volcano");
+    let a = webhook::handle(&review_in("default", other), &cfg(), &facts);
+    assert_eq!(a.body["response"], json!({"uid": "req-1", "allowed": true}));
+    let big = pod(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "100000"}));
+    let a = webhook::handle(
+        &review("UPDATE", "alice", big.clone(), Some(big)),
+        &cfg(),
+        &facts,
+    );
+    assert_eq!(a.body["response"], json!({"uid": "req-1", "allowed": true}));
 }
