@@ -1,19 +1,35 @@
 # The README's two commands live here so that CI (.ci/run) and users run the same thing.
-.PHONY: demo test lint unit chart fuzz-smoke
+.PHONY: demo simulate test lint unit chart e2e build fuzz-smoke
 
-# Places the bundled example pods on the bundled example cluster, offline.
-demo:
+# A local cluster (etcd, kube-apiserver, kube-scheduler from their Go modules; Tessera; three
+# simulated GPU nodes), the pods of examples/demo/pods.yaml, and a table of where each went and
+# why the others wait. Ctrl-C cleans up. The first run builds the control plane (~17 minutes on
+# two cores, cached in ~/.cache/tessera) and helm (~5 minutes).
+demo: build
+	cargo run --locked -q -p tessera-e2e --bin tessera-demo -- -f examples/demo/pods.yaml
+
+# The same fit/score code offline: places examples/simulate/cluster.yaml's pending pods.
+simulate:
 	cargo run --locked -p tessera-scheduler -- simulate -f examples/simulate/cluster.yaml
 
 # The whole test suite, as CI runs it.
-test: lint unit chart fuzz-smoke
+test: lint unit chart e2e fuzz-smoke
 
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
 
 unit:
-	cargo test --locked --workspace
+	cargo test --locked --workspace --exclude tessera-e2e
+
+# Every daemon binary, the shim and the fake driver libraries the e2e cluster runs.
+build:
+	cargo build --locked --workspace
+
+# Scenarios on the real control plane (e2e/control-plane.sh builds it once). One cluster at a
+# time: two cores cannot host several apiservers.
+e2e: build
+	cargo test --locked -p tessera-e2e -- --test-threads=1
 
 # Helm lint/template/kubeconform on the chart; builds pinned helm and kubeconform with Go into
 # ~/.cache/tessera on first use (about 5 minutes once). Runs after `unit` so that the daemons'

@@ -21,7 +21,11 @@ pub struct Booked {
 pub fn booked(pods: &[Pod]) -> BTreeMap<String, Booked> {
     let mut out: BTreeMap<String, Booked> = BTreeMap::new();
     for p in pods {
-        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("");
+        let phase = p
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("");
         if phase == "Succeeded" || phase == "Failed" {
             continue;
         }
@@ -54,7 +58,12 @@ pub fn violations(nodes: &[Node], pods: &[Pod]) -> Vec<String> {
     let mut capacity = BTreeMap::new();
     for n in nodes {
         let name = n.metadata.name.clone().unwrap_or_default();
-        let Some(value) = n.metadata.annotations.as_ref().and_then(|a| a.get(NODE_REGISTER)) else {
+        let Some(value) = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(NODE_REGISTER))
+        else {
             continue;
         };
         if let Ok(devs) = decode_node_devices(value) {
@@ -66,11 +75,17 @@ pub fn violations(nodes: &[Node], pods: &[Pod]) -> Vec<String> {
     let mut out = Vec::new();
     for (uuid, b) in booked(pods) {
         let Some((node, d)) = capacity.get(&uuid) else {
-            out.push(format!("{uuid}: booked on {} but not registered by any node", b.node));
+            out.push(format!(
+                "{uuid}: booked on {} but not registered by any node",
+                b.node
+            ));
             continue;
         };
         if &b.node != node {
-            out.push(format!("{uuid}: booked by a pod on {} but registered by {node}", b.node));
+            out.push(format!(
+                "{uuid}: booked by a pod on {} but registered by {node}",
+                b.node
+            ));
         }
         if b.count > d.count || b.mem_mib > u64::from(d.devmem) || b.cores > u64::from(d.devcore) {
             out.push(format!(

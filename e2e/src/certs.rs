@@ -70,7 +70,12 @@ impl Pki {
     }
 }
 
-/// A PKCS#8 PEM key for signing service-account tokens (ES256; the apiserver takes EC keys).
-pub fn service_account_key() -> Result<String, rcgen::Error> {
-    Ok(KeyPair::generate()?.serialize_pem())
+/// A key for signing service-account tokens (ES256): the PKCS#8 private key and the public key,
+/// both PEM (the apiserver reads public keys only from `--service-account-key-file`).
+pub fn service_account_key() -> Result<Pem, rcgen::Error> {
+    let key = KeyPair::generate()?;
+    Ok(Pem {
+        cert: key.public_key_pem(),
+        key: key.serialize_pem(),
+    })
 }

@@ -197,7 +197,9 @@ impl Cluster {
         let api_cert = pki.server("kube-apiserver", &["127.0.0.1", "localhost"])?;
         std::fs::write(dir.join("apiserver.crt"), &api_cert.cert)?;
         std::fs::write(dir.join("apiserver.key"), &api_cert.key)?;
-        std::fs::write(dir.join("sa.key"), service_account_key()?)?;
+        let sa = service_account_key()?;
+        std::fs::write(dir.join("sa.key"), &sa.key)?;
+        std::fs::write(dir.join("sa.pub"), &sa.cert)?;
         let ext = pki.server("tessera-scheduler", &["127.0.0.1", "localhost"])?;
         std::fs::write(dir.join("extender.crt"), &ext.cert)?;
         std::fs::write(dir.join("extender.key"), &ext.key)?;
@@ -233,15 +235,10 @@ impl Cluster {
         for (user, _) in &users {
             write_kubeconfig(&kubeconfig_path(&dir, user), apiserver_port, &ca, user)?;
         }
-        let apiserver = start_apiserver(artifacts, &dir, apiserver_port, etcd_port)?;
+        let mut apiserver = start_apiserver(artifacts, &dir, apiserver_port, etcd_port)?;
         let admin = client_for(&kubeconfig_path(&dir, "admin")).await?;
         let user = client_for(&kubeconfig_path(&dir, USER)).await?;
-        wait_apiserver(&admin).await.map_err(|e| {
-            Error::msg(format!(
-                "{e}\n{}",
-                crate::process::tail(&dir.join("logs/kube-apiserver.log"), 30)
-            ))
-        })?;
+        wait_apiserver(&admin, &mut apiserver).await?;
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
         let _ = Api::<Namespace>::all(admin.clone())
             .create(&PostParams::default(), &ns)
@@ -493,13 +490,15 @@ impl Cluster {
             a.kill();
         }
         tokio::time::sleep(down).await;
-        self.apiserver = Some(start_apiserver(
+        let mut a = start_apiserver(
             self.artifacts,
             &self.dir,
             self.apiserver_port,
             self.etcd_port,
-        )?);
-        wait_apiserver(&self.admin).await
+        )?;
+        let r = wait_apiserver(&self.admin, &mut a).await;
+        self.apiserver = Some(a);
+        r
     }
 
     /// Pods of a namespace.
@@ -642,7 +641,7 @@ fn start_apiserver(a: &Artifacts, dir: &Path, port: u16, etcd: u16) -> Result<Pr
         .arg(format!("--token-auth-file={}", p("tokens.csv")))
         .arg("--authorization-mode=RBAC")
         .arg(format!("--service-account-issuer=https://127.0.0.1:{port}"))
-        .arg(format!("--service-account-key-file={}", p("sa.key")))
+        .arg(format!("--service-account-key-file={}", p("sa.pub")))
         .arg(format!(
             "--service-account-signing-key-file={}",
             p("sa.key")
@@ -656,26 +655,30 @@ fn start_apiserver(a: &Artifacts, dir: &Path, port: u16, etcd: u16) -> Result<Pr
     Ok(Proc::spawn("kube-apiserver", &dir.join("logs"), &mut cmd)?)
 }
 
-async fn wait_apiserver(admin: &kube::Client) -> Result<()> {
-    eventually(
-        "kube-apiserver ready",
-        Duration::from_secs(120),
-        Duration::from_millis(250),
-        || {
-            let admin = admin.clone();
-            async move {
-                let ns: Api<Namespace> = Api::all(admin.clone());
-                ns.get("default").await.ok()?;
-                // Bootstrap RBAC is in place once the priority classes are.
-                Api::<k8s_openapi::api::scheduling::v1::PriorityClass>::all(admin)
-                    .get("system-node-critical")
-                    .await
-                    .ok()
-                    .map(|_| ())
-            }
-        },
-    )
-    .await
+/// Waits until the apiserver serves and its bootstrap objects exist; fails at once, with its
+/// log, if the process exits.
+async fn wait_apiserver(admin: &kube::Client, proc_: &mut Proc) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let ns: Api<Namespace> = Api::all(admin.clone());
+        // The default namespace and the system priority classes are created by the apiserver's
+        // own bootstrap controllers, after which it is usable.
+        if ns.get("default").await.is_ok()
+            && Api::<k8s_openapi::api::scheduling::v1::PriorityClass>::all(admin.clone())
+                .get("system-node-critical")
+                .await
+                .is_ok()
+        {
+            return Ok(());
+        }
+        if !proc_.is_running() || tokio::time::Instant::now() >= deadline {
+            return Err(Error::msg(format!(
+                "kube-apiserver did not become ready:\n{}",
+                proc_.tail(30)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// `charts/tessera/files/kube-scheduler-config.yaml` (asserted by the chart tests to be exactly

@@ -58,16 +58,26 @@ pub async fn run(pods_file: &Path) -> Result<(Cluster, Vec<Row>)> {
     let cluster = Cluster::start(ClusterOptions::new("demo", demo_nodes())).await?;
     let mut denied: BTreeMap<String, String> = BTreeMap::new();
     for p in &pods {
-        let ns = p.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let ns = p
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
         let name = p.metadata.name.clone().unwrap_or_default();
         if let Err(e) = Api::<Pod>::namespaced(cluster.user().clone(), &ns)
             .create(&PostParams::default(), p)
             .await
         {
-            denied.insert(name, format!("refused at admission: {}", short_api_error(&e)));
+            denied.insert(
+                name,
+                format!("refused at admission: {}", short_api_error(&e)),
+            );
         }
     }
-    let names: Vec<String> = pods.iter().filter_map(|p| p.metadata.name.clone()).collect();
+    let names: Vec<String> = pods
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let rows = loop {
         let live = cluster.pods("default").await?;
@@ -88,20 +98,43 @@ fn short_api_error(e: &kube::Error) -> String {
     }
 }
 
-fn rows_of(c: &Cluster, names: &[String], live: &[Pod], denied: &BTreeMap<String, String>) -> Vec<Row> {
+fn rows_of(
+    c: &Cluster,
+    names: &[String],
+    live: &[Pod],
+    denied: &BTreeMap<String, String>,
+) -> Vec<Row> {
     let models: BTreeMap<String, String> = c
         .nodes
         .iter()
-        .flat_map(|n| n.spec.gpus.iter().map(|g| (g.uuid.clone(), g.model.clone())))
+        .flat_map(|n| {
+            n.spec
+                .gpus
+                .iter()
+                .map(|g| (g.uuid.clone(), g.model.clone()))
+        })
         .collect();
     names
         .iter()
         .map(|name| {
             if let Some(why) = denied.get(name) {
-                return Row { pod: name.clone(), node: None, slices: Vec::new(), why: why.clone() };
+                return Row {
+                    pod: name.clone(),
+                    node: None,
+                    slices: Vec::new(),
+                    why: why.clone(),
+                };
             }
-            let Some(p) = live.iter().find(|p| p.metadata.name.as_deref() == Some(name)) else {
-                return Row { pod: name.clone(), node: None, slices: Vec::new(), why: "not found".into() };
+            let Some(p) = live
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(name))
+            else {
+                return Row {
+                    pod: name.clone(),
+                    node: None,
+                    slices: Vec::new(),
+                    why: "not found".into(),
+                };
             };
             let uid = p.metadata.uid.clone().unwrap_or_default();
             let admitted = c.admitted(&uid).is_some();
@@ -112,8 +145,18 @@ fn rows_of(c: &Cluster, names: &[String], live: &[Pod], denied: &BTreeMap<String
                         .flatten()
                         .map(|d| {
                             let model = models.get(&d.uuid).cloned().unwrap_or_default();
-                            let tail = d.uuid.rsplit('-').next().unwrap_or("").trim_start_matches('0');
-                            format!("{model} (#{}): {} MiB, {}% SMs", if tail.is_empty() { "0" } else { tail }, d.usedmem, d.usedcores)
+                            let tail = d
+                                .uuid
+                                .rsplit('-')
+                                .next()
+                                .unwrap_or("")
+                                .trim_start_matches('0');
+                            format!(
+                                "{model} (#{}): {} MiB, {}% SMs",
+                                if tail.is_empty() { "0" } else { tail },
+                                d.usedmem,
+                                d.usedcores
+                            )
                         })
                         .collect()
                 })
@@ -125,11 +168,19 @@ fn rows_of(c: &Cluster, names: &[String], live: &[Pod], denied: &BTreeMap<String
                 p.status
                     .as_ref()
                     .and_then(|s| s.conditions.as_ref())
-                    .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False"))
+                    .and_then(|cs| {
+                        cs.iter()
+                            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+                    })
                     .and_then(|c| c.message.clone())
                     .unwrap_or_default()
             };
-            Row { pod: name.clone(), node, slices, why }
+            Row {
+                pod: name.clone(),
+                node,
+                slices,
+                why,
+            }
         })
         .collect()
 }
@@ -144,12 +195,20 @@ pub fn render(rows: &[Row]) -> String {
         .unwrap_or(4)
         .max(4);
     let mut out = String::new();
-    let _ = writeln!(out, "{:<w$}  {:<nw$}  GPU SLICE / WHY NOT PLACED", "POD", "NODE");
+    let _ = writeln!(
+        out,
+        "{:<w$}  {:<nw$}  GPU SLICE / WHY NOT PLACED",
+        "POD", "NODE"
+    );
     for r in rows {
         match &r.node {
             Some(n) => {
                 for (i, s) in r.slices.iter().enumerate() {
-                    let (pod, node) = if i == 0 { (r.pod.as_str(), n.as_str()) } else { ("", "") };
+                    let (pod, node) = if i == 0 {
+                        (r.pod.as_str(), n.as_str())
+                    } else {
+                        ("", "")
+                    };
                     let _ = writeln!(out, "{pod:<w$}  {node:<nw$}  {s}");
                 }
             }
@@ -163,7 +222,9 @@ pub fn render(rows: &[Row]) -> String {
 
 /// The CLI's entry: run, print, wait for Ctrl-C (or return at once with `once`).
 pub async fn main(pods_file: &Path, once: bool) -> Result<()> {
-    eprintln!("demo: starting etcd, kube-apiserver, kube-scheduler, tessera-scheduler and 3 GPU nodes …");
+    eprintln!(
+        "demo: starting etcd, kube-apiserver, kube-scheduler, tessera-scheduler and 3 GPU nodes …"
+    );
     let (cluster, rows) = run(pods_file).await?;
     println!("{}", render(&rows));
     if once {

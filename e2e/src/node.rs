@@ -182,7 +182,10 @@ impl GpuNode {
 
         let device_config = dir.join("device-config.yaml");
         match spec.split_count {
-            Some(n) => std::fs::write(&device_config, format!("nvidia:\n  deviceSplitCount: {n}\n"))?,
+            Some(n) => std::fs::write(
+                &device_config,
+                format!("nvidia:\n  deviceSplitCount: {n}\n"),
+            )?,
             None => {
                 let _ = std::fs::remove_file(&device_config);
             }
@@ -297,7 +300,14 @@ async fn create_node_object(client: &kube::Client, name: &str) -> Result<()> {
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => return Err(e.into()),
     }
-    patch_node_capacity(client, name, None).await
+    patch_node_capacity(client, name, None).await?;
+    // The API server's TaintNodesByCondition admission creates the node with the not-ready taint;
+    // kube-controller-manager's node lifecycle controller would lift it once the node reports
+    // Ready. There is no controller-manager here, so the harness does that part too.
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"taints": null}})))
+        .await?;
+    Ok(())
 }
 
 /// What a kubelet reports: plenty of CPU, memory and pod slots, and the plugin's device count.

@@ -179,7 +179,8 @@ fn uid(p: &Pod) -> String {
 /// 100 replicas of one Deployment-style pod onto one 8-GPU node (split 16, so 128 slots).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn burst_of_100_pods_onto_one_node_all_get_their_limits() {
-    let node = NodeSpec::uniform("gpu-node-0", 8, "NVIDIA A100-SXM4-40GB", A100_MIB).with_split_count(16);
+    let node =
+        NodeSpec::uniform("gpu-node-0", 8, "NVIDIA A100-SXM4-40GB", A100_MIB).with_split_count(16);
     let c = start(ClusterOptions::new("burst", vec![node])).await;
     let started = Instant::now();
     let names: Vec<String> = (0..100).map(|i| format!("burst-{i:03}")).collect();
@@ -193,11 +194,22 @@ async fn burst_of_100_pods_onto_one_node_all_get_their_limits() {
     }
     let admitted = wait_admitted(&c, &names, Duration::from_secs(240)).await;
     let took = started.elapsed();
-    eprintln!("e2e burst: 100 pods bound and allocated on one node in {:.2} s", took.as_secs_f64());
+    eprintln!(
+        "e2e burst: 100 pods bound and allocated on one node in {:.2} s",
+        took.as_secs_f64()
+    );
     for (name, (_, a)) in &admitted {
         let envs = &a.containers[0].response.envs;
-        assert_eq!(envs.get("CUDA_DEVICE_MEMORY_LIMIT_0").map(String::as_str), Some("2000m"), "{name}");
-        assert_eq!(envs.get("CUDA_DEVICE_SM_LIMIT").map(String::as_str), Some("5"), "{name}");
+        assert_eq!(
+            envs.get("CUDA_DEVICE_MEMORY_LIMIT_0").map(String::as_str),
+            Some("2000m"),
+            "{name}"
+        );
+        assert_eq!(
+            envs.get("CUDA_DEVICE_SM_LIMIT").map(String::as_str),
+            Some("5"),
+            "{name}"
+        );
     }
     assert_no_overbooking(&c).await;
 }
@@ -207,21 +219,40 @@ async fn burst_of_100_pods_onto_one_node_all_get_their_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pending_pod_is_scheduled_promptly_when_capacity_frees() {
     let c = start(ClusterOptions::new("requeue", a100_nodes(1, 1))).await;
-    let whole = GpuRequest { count: 1, ..Default::default() };
-    create_as_user(&c, &gpu_pod("default", "blocker", whole)).await.expect("create");
+    let whole = GpuRequest {
+        count: 1,
+        ..Default::default()
+    };
+    create_as_user(&c, &gpu_pod("default", "blocker", whole))
+        .await
+        .expect("create");
     wait_admitted(&c, &["blocker".to_owned()], Duration::from_secs(60)).await;
-    create_as_user(&c, &gpu_pod("default", "waiter", whole)).await.expect("create");
+    create_as_user(&c, &gpu_pod("default", "waiter", whole))
+        .await
+        .expect("create");
     let api: Api<Pod> = Api::namespaced(c.admin().clone(), "default");
     // Let kube-scheduler try and fail a few times, so the pod sits in its unschedulable queue.
     tokio::time::sleep(Duration::from_secs(8)).await;
     let waiter = api.get("waiter").await.expect("get");
-    assert!(tessera_e2e::pods::node_of(&waiter).is_none(), "waiter must not fit yet");
+    assert!(
+        tessera_e2e::pods::node_of(&waiter).is_none(),
+        "waiter must not fit yet"
+    );
     let deleted = Instant::now();
-    api.delete("blocker", &Default::default()).await.expect("delete");
+    api.delete("blocker", &Default::default())
+        .await
+        .expect("delete");
     wait_admitted(&c, &["waiter".to_owned()], Duration::from_secs(60)).await;
     let took = deleted.elapsed();
-    eprintln!("e2e requeue: waiter placed {:.2} s after the blocker's deletion", took.as_secs_f64());
-    assert!(took < Duration::from_secs(20), "requeue took {took:?}\n{}", c.logs_tail(20));
+    eprintln!(
+        "e2e requeue: waiter placed {:.2} s after the blocker's deletion",
+        took.as_secs_f64()
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "requeue took {took:?}\n{}",
+        c.logs_tail(20)
+    );
 }
 
 /// A namespace budget (`limits.nvidia.com/gpumem: 10000`) under a burst of 3000 MiB pods admits
@@ -229,11 +260,12 @@ async fn pending_pod_is_scheduled_promptly_when_capacity_frees() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn namespace_budget_admits_exactly_what_fits_under_a_burst() {
     let c = start(ClusterOptions::new("budget", a100_nodes(2, 4))).await;
-    let quota: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "gpu-budget", "namespace": "default"},
-        "spec": {"hard": {"limits.nvidia.com/gpumem": "10000"}},
-    }))
-    .expect("quota");
+    let quota: k8s_openapi::api::core::v1::ResourceQuota =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "gpu-budget", "namespace": "default"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "10000"}},
+        }))
+        .expect("quota");
     Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(c.admin().clone(), "default")
         .create(&PostParams::default(), &quota)
         .await
@@ -248,18 +280,33 @@ async fn namespace_budget_admits_exactly_what_fits_under_a_burst() {
     for r in futures::future::join_all(creates).await {
         r.expect("create");
     }
-    let bound = eventually("three pods bound", Duration::from_secs(60), Duration::from_millis(300), || async {
-        let pods = c.pods("default").await.ok()?;
-        let n = pods.iter().filter(|p| tessera_e2e::pods::node_of(p).is_some()).count();
-        (n >= 3).then_some(n)
-    })
+    let bound = eventually(
+        "three pods bound",
+        Duration::from_secs(60),
+        Duration::from_millis(300),
+        || async {
+            let pods = c.pods("default").await.ok()?;
+            let n = pods
+                .iter()
+                .filter(|p| tessera_e2e::pods::node_of(p).is_some())
+                .count();
+            (n >= 3).then_some(n)
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(20)));
     // Give the rest every chance to be (wrongly) placed.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let pods = c.pods("default").await.expect("list");
-    let bound_now = pods.iter().filter(|p| tessera_e2e::pods::node_of(p).is_some()).count();
-    assert_eq!((bound, bound_now), (3, 3), "3 x 3000 MiB fit in 10000 MiB, a 4th does not");
+    let bound_now = pods
+        .iter()
+        .filter(|p| tessera_e2e::pods::node_of(p).is_some())
+        .count();
+    assert_eq!(
+        (bound, bound_now),
+        (3, 3),
+        "3 x 3000 MiB fit in 10000 MiB, a 4th does not"
+    );
 }
 
 /// Scheduler-owned annotations from a user are refused on create and on update.
@@ -274,19 +321,29 @@ async fn forged_allocation_annotations_are_denied() {
         )]
         .into(),
     );
-    let err = create_as_user(&c, &pod).await.expect_err("forged create must be denied");
+    let err = create_as_user(&c, &pod)
+        .await
+        .expect_err("forged create must be denied");
     let msg = err.to_string();
     assert!(msg.contains("hami.io/vgpu-devices-allocated"), "{msg}");
     // A plain pod carrying the annotation is refused too (the chart's match conditions send it).
     let mut plain = tessera_e2e::pods::plain_pod("default", "plain-forger");
     plain.metadata.annotations = pod.metadata.annotations.clone();
-    create_as_user(&c, &plain).await.expect_err("forged plain pod must be denied");
+    create_as_user(&c, &plain)
+        .await
+        .expect_err("forged plain pod must be denied");
     // An honest pod, then a forged update of it.
-    create_as_user(&c, &gpu_pod("default", "honest", GpuRequest::mem(1, 1000))).await.expect("create");
+    create_as_user(&c, &gpu_pod("default", "honest", GpuRequest::mem(1, 1000)))
+        .await
+        .expect("create");
     let api: Api<Pod> = Api::namespaced(c.user().clone(), "default");
     let patch = serde_json::json!({"metadata": {"annotations": {"hami.io/bind-phase": "success"}}});
     let err = api
-        .patch("honest", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+        .patch(
+            "honest",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
         .await
         .expect_err("forged update must be denied");
     assert!(err.to_string().contains("hami.io/bind-phase"), "{err}");
@@ -304,27 +361,52 @@ async fn failed_gpu_is_avoided_and_comes_back_after_recovery() {
         let nodes = nodes.clone();
         async move {
             let n = nodes.get("gpu-node-0").await.ok()?;
-            let v = n.metadata.annotations.as_ref()?.get(hami_contract::annotations::NODE_REGISTER)?.clone();
+            let v = n
+                .metadata
+                .annotations
+                .as_ref()?
+                .get(hami_contract::annotations::NODE_REGISTER)?
+                .clone();
             let devs = hami_contract::node::decode_node_devices(&v).ok()?;
             devs.iter().find(|d| d.id == uuid).map(|d| d.health)
         }
     };
-    node.nvml_event(serde_json::json!({"device": 0, "kind": "xid", "xid": 48})).expect("event");
-    eventually("GPU 0 unhealthy in the register annotation", Duration::from_secs(30), Duration::from_millis(200), || {
-        let f = register_health(bad.clone());
-        async move { (f.await == Some(false)).then_some(()) }
-    })
+    node.nvml_event(serde_json::json!({"device": 0, "kind": "xid", "xid": 48}))
+        .expect("event");
+    eventually(
+        "GPU 0 unhealthy in the register annotation",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let f = register_health(bad.clone());
+            async move { (f.await == Some(false)).then_some(()) }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(20)));
-    let whole = GpuRequest { count: 1, ..Default::default() };
-    create_as_user(&c, &gpu_pod("default", "first", whole)).await.expect("create");
+    let whole = GpuRequest {
+        count: 1,
+        ..Default::default()
+    };
+    create_as_user(&c, &gpu_pod("default", "first", whole))
+        .await
+        .expect("create");
     let a = wait_admitted(&c, &["first".to_owned()], Duration::from_secs(60)).await;
-    let alloc = tessera_e2e::pods::annotation(&a["first"].0, "hami.io/vgpu-devices-allocated").unwrap_or("").to_owned();
-    assert!(alloc.contains(&good) && !alloc.contains(&bad), "placed on the healthy GPU: {alloc}");
+    let alloc = tessera_e2e::pods::annotation(&a["first"].0, "hami.io/vgpu-devices-allocated")
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        alloc.contains(&good) && !alloc.contains(&bad),
+        "placed on the healthy GPU: {alloc}"
+    );
     // The failed GPU recovers (no error for the recovery period); a second whole card fits again.
-    create_as_user(&c, &gpu_pod("default", "second", whole)).await.expect("create");
+    create_as_user(&c, &gpu_pod("default", "second", whole))
+        .await
+        .expect("create");
     let a = wait_admitted(&c, &["second".to_owned()], Duration::from_secs(90)).await;
-    let alloc = tessera_e2e::pods::annotation(&a["second"].0, "hami.io/vgpu-devices-allocated").unwrap_or("").to_owned();
+    let alloc = tessera_e2e::pods::annotation(&a["second"].0, "hami.io/vgpu-devices-allocated")
+        .unwrap_or("")
+        .to_owned();
     assert!(alloc.contains(&bad), "placed on the recovered GPU: {alloc}");
 }
 
@@ -336,37 +418,56 @@ async fn restarts_of_kubelet_extender_and_apiserver_lose_nothing() {
     let mut c = start(ClusterOptions::new("restarts", a100_nodes(2, 2))).await;
     let first: Vec<String> = (0..4).map(|i| format!("before-{i}")).collect();
     for n in &first {
-        create_as_user(&c, &gpu_pod("default", n, GpuRequest::mem(1, 10000))).await.expect("create");
+        create_as_user(&c, &gpu_pod("default", n, GpuRequest::mem(1, 10000)))
+            .await
+            .expect("create");
     }
     let before = wait_admitted(&c, &first, Duration::from_secs(90)).await;
     let allocations: BTreeMap<String, String> = before
         .iter()
-        .map(|(n, (p, _))| (n.clone(), tessera_e2e::pods::annotation(p, "hami.io/vgpu-devices-allocated").unwrap_or("").to_owned()))
+        .map(|(n, (p, _))| {
+            (
+                n.clone(),
+                tessera_e2e::pods::annotation(p, "hami.io/vgpu-devices-allocated")
+                    .unwrap_or("")
+                    .to_owned(),
+            )
+        })
         .collect();
 
     // Kubelet restart on node 0.
     let regs = c.nodes[0].registrations();
     c.nodes[0].restart_kubelet();
-    eventually("the plugin registers again", Duration::from_secs(30), Duration::from_millis(100), || {
-        let n = c.nodes[0].registrations();
-        async move { (n > regs).then_some(()) }
-    })
+    eventually(
+        "the plugin registers again",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            let n = c.nodes[0].registrations();
+            async move { (n > regs).then_some(()) }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", c.nodes[0].plugin_log()));
 
     // Extender restart while pods arrive.
     let during: Vec<String> = (0..4).map(|i| format!("during-{i}")).collect();
     for n in &during[..2] {
-        create_as_user(&c, &gpu_pod("default", n, GpuRequest::mem(1, 10000))).await.expect("create");
+        create_as_user(&c, &gpu_pod("default", n, GpuRequest::mem(1, 10000)))
+            .await
+            .expect("create");
     }
     c.restart_tessera(0).expect("restart tessera");
     for n in &during[2..] {
         // The webhook is down for a moment: the chart's failurePolicy Fail refuses, the user
         // (a controller, in real life) retries.
         let pod = gpu_pod("default", n, GpuRequest::mem(1, 10000));
-        eventually("create while the extender restarts", Duration::from_secs(30), Duration::from_millis(300), || async {
-            create_as_user(&c, &pod).await.ok().map(|_| ())
-        })
+        eventually(
+            "create while the extender restarts",
+            Duration::from_secs(30),
+            Duration::from_millis(300),
+            || async { create_as_user(&c, &pod).await.ok().map(|_| ()) },
+        )
         .await
         .expect("create");
     }
@@ -374,21 +475,38 @@ async fn restarts_of_kubelet_extender_and_apiserver_lose_nothing() {
     assert_eq!(after.len(), 4);
 
     // Apiserver restart; then one more pod goes all the way through.
-    c.restart_apiserver(Duration::from_secs(3)).await.expect("apiserver back");
+    c.restart_apiserver(Duration::from_secs(3))
+        .await
+        .expect("apiserver back");
     let pods = c.pods("default").await.expect("list");
     for p in &pods {
         let name = p.metadata.name.clone().unwrap_or_default();
         if let Some(want) = allocations.get(&name) {
-            assert_eq!(tessera_e2e::pods::annotation(p, "hami.io/vgpu-devices-allocated").unwrap_or(""), want, "{name} kept its GPUs");
+            assert_eq!(
+                tessera_e2e::pods::annotation(p, "hami.io/vgpu-devices-allocated").unwrap_or(""),
+                want,
+                "{name} kept its GPUs"
+            );
             assert!(c.admitted(&uid(p)).is_some(), "{name} still admitted");
         }
     }
     // 8 pods x 10000 MiB on 4 x 40960 MiB: full. Free one, then a new pod must be placed.
-    Api::<Pod>::namespaced(c.admin().clone(), "default").delete("before-0", &Default::default()).await.expect("delete");
+    Api::<Pod>::namespaced(c.admin().clone(), "default")
+        .delete("before-0", &Default::default())
+        .await
+        .expect("delete");
     let last = vec!["after-apiserver".to_owned()];
-    eventually("create after the apiserver restart", Duration::from_secs(30), Duration::from_millis(300), || async {
-        create_as_user(&c, &gpu_pod("default", &last[0], GpuRequest::mem(1, 10000))).await.ok().map(|_| ())
-    })
+    eventually(
+        "create after the apiserver restart",
+        Duration::from_secs(30),
+        Duration::from_millis(300),
+        || async {
+            create_as_user(&c, &gpu_pod("default", &last[0], GpuRequest::mem(1, 10000)))
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
     .await
     .expect("create");
     wait_admitted(&c, &last, Duration::from_secs(90)).await;
@@ -413,7 +531,11 @@ async fn no_overbooking_with_two_replicas_and_the_leader_killed() {
             let c = &c;
             async move { create_as_user(c, &pod).await }
         });
-        created += futures::future::join_all(creates).await.into_iter().filter(Result::is_ok).count();
+        created += futures::future::join_all(creates)
+            .await
+            .into_iter()
+            .filter(Result::is_ok)
+            .count();
         if created >= 250 && c.scheduler_pods[leader].is_up() {
             c.kill_scheduler_pod(leader);
             eprintln!("e2e overbooking: killed scheduler pod {leader} after {created} creates");
@@ -428,7 +550,10 @@ async fn no_overbooking_with_two_replicas_and_the_leader_killed() {
     for _ in 0..120 {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let pods = c.pods("default").await.expect("list");
-        let bound = pods.iter().filter(|p| tessera_e2e::pods::node_of(p).is_some()).count();
+        let bound = pods
+            .iter()
+            .filter(|p| tessera_e2e::pods::node_of(p).is_some())
+            .count();
         if bound == last {
             stable += 1;
         } else {
@@ -441,5 +566,10 @@ async fn no_overbooking_with_two_replicas_and_the_leader_killed() {
     }
     eprintln!("e2e overbooking: {last} of {created} pods bound (320 fit)");
     assert_no_overbooking(&c).await;
-    assert_eq!(last, 320, "every slot is used once the survivor leads\n{}", c.logs_tail(20));
+    assert_eq!(
+        last,
+        320,
+        "every slot is used once the survivor leads\n{}",
+        c.logs_tail(20)
+    );
 }

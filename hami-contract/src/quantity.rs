@@ -42,8 +42,11 @@ impl Quantity {
         }
     }
 
-    /// True when the text was a bare decimal integer (`3000`, `+5`, `-1`): no fraction, no
-    /// suffix, no exponent. HAMi documents `gpumem` as such a plain number of MiB.
+    /// True when the text is a decimal integer as the API server writes one: digits with no
+    /// fraction and no exponent, optionally with a decimal multiplier (`3000`, `+5`, `3k`, `2M`).
+    /// HAMi documents `gpumem` as a plain number of MiB, and a user's `3000` reaches every reader
+    /// (webhook, scheduler, device plugin) as `3k`: the API server stores quantities in canonical
+    /// form. Binary suffixes (`4Ki`), fractions and exponents stay as written and are not plain.
     pub fn is_plain_integer(&self) -> bool {
         self.plain
     }
@@ -116,7 +119,9 @@ pub fn parse(text: &str) -> Result<Quantity, QuantityError> {
         }
         _ => return Err(invalid()),
     };
-    let plain = frac_part.is_empty() && !number.contains('.') && suffix.is_empty();
+    let plain = frac_part.is_empty()
+        && !number.contains('.')
+        && matches!(suffix, "" | "k" | "M" | "G" | "T" | "P" | "E");
     let digits: String = format!("{int_part}{frac_part}");
     let digits = digits.trim_start_matches('0');
     scale10 -= frac_part.len() as i64;
@@ -185,6 +190,11 @@ mod tests {
     fn plain_means_bare_digits() {
         assert!(parse("3000").unwrap().is_plain_integer());
         assert!(!parse("16Gi").unwrap().is_plain_integer());
+        // The API server's canonical form of 3000 and 2000000.
+        assert!(parse("3k").unwrap().is_plain_integer());
+        assert!(parse("2M").unwrap().is_plain_integer());
+        assert!(!parse("4Ki").unwrap().is_plain_integer());
+        assert!(!parse("1500m").unwrap().is_plain_integer());
         assert!(!parse("16.0").unwrap().is_plain_integer());
         assert!(!parse("1e3").unwrap().is_plain_integer());
     }

@@ -108,6 +108,20 @@ fn r2_memory_suffix_is_read_as_mib_with_a_warning_and_denied_by_the_webhook() {
     ));
 }
 
+/// The API server stores quantities canonically, so a user's `gpumem: 3000` reaches the webhook
+/// and the scheduler as `3k`. Decimal multipliers are therefore plain MiB, never refused.
+#[test]
+fn r2_canonical_decimal_multiples_are_plain_mib() {
+    let d = NvidiaConfig::default();
+    for (text, mib) in [("3k", 3000), ("40k", 40000), ("2M", 2_000_000)] {
+        let c = container(&[("nvidia.com/gpu", "1"), ("nvidia.com/gpumem", text)]);
+        let r = resolve_container(&c, &d);
+        assert_eq!(r.request.unwrap().memreq, mib, "{text}");
+        assert!(r.warnings.is_empty(), "{text}: {:?}", r.warnings);
+        assert!(webhook_mutation(&c, &d).is_ok(), "{text}");
+    }
+}
+
 #[test]
 fn r3_cores_above_100_are_denied_by_the_webhook() {
     let c = container(&[("nvidia.com/gpu", "1"), ("nvidia.com/gpucores", "150")]);
