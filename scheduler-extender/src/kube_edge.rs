@@ -22,7 +22,7 @@ use crate::edge::{ClusterEdge, EdgeError, EventType, MetadataPatch, PodEvent};
 use crate::engine::{Command, EngineHandle, Observation, ResyncKind, Unschedulable};
 use crate::facts::SharedFacts;
 use crate::lease::{self, Identity, LeaseAction, LeaseRecord, Standby};
-use crate::state::{NodeRecord, QuotaKeys, QuotaRecord};
+use crate::state::{NodeRecord, QuotaKeys, QuotaRecord, slim_node, slim_pod};
 
 fn edge_err(e: kube::Error) -> EdgeError {
     match &e {
@@ -403,7 +403,8 @@ enum Change {
 
 /// Feeds the decision loop while this replica leads: on every new term, fresh watchers List
 /// everything (quorum reads), the loop rebuilds from that complete view, then every later change
-/// follows on the same channel, in order.
+/// follows on the same channel, in order. Objects are reduced to what the state reads
+/// (`state::slim_pod`, `slim_node`) as they arrive, so a List is never held whole.
 pub async fn run_sync(
     client: Client,
     engine: EngineHandle,
@@ -471,7 +472,7 @@ async fn sync_term(
         let mut obs = Vec::new();
         match change {
             Change::Node(ev) => match *ev {
-                watcher::Event::InitApply(n) if !rebuilt => n_buf.push(n),
+                watcher::Event::InitApply(n) if !rebuilt => n_buf.push(slim_node(n)),
                 watcher::Event::InitDone if !rebuilt => done[0] = true,
                 watcher::Event::Init => {
                     if rebuilt {
@@ -482,7 +483,7 @@ async fn sync_term(
                     if let Some(keys) = relisted[0].as_mut() {
                         keys.push(n.name_any());
                     }
-                    obs.push(Observation::NodeUpsert(Box::new(n)))
+                    obs.push(Observation::NodeUpsert(Box::new(slim_node(n))))
                 }
                 watcher::Event::InitDone => {
                     if let Some(keep) = relisted[0].take() {
@@ -492,11 +493,13 @@ async fn sync_term(
                         });
                     }
                 }
-                watcher::Event::Apply(n) => obs.push(Observation::NodeUpsert(Box::new(n))),
+                watcher::Event::Apply(n) => {
+                    obs.push(Observation::NodeUpsert(Box::new(slim_node(n))))
+                }
                 watcher::Event::Delete(n) => obs.push(Observation::NodeDelete(n.name_any())),
             },
             Change::Pod(ev) => match *ev {
-                watcher::Event::InitApply(p) if !rebuilt => p_buf.push(p),
+                watcher::Event::InitApply(p) if !rebuilt => p_buf.push(slim_pod(p)),
                 watcher::Event::InitDone if !rebuilt => done[1] = true,
                 watcher::Event::Init => {
                     if rebuilt {
@@ -507,7 +510,7 @@ async fn sync_term(
                     if let Some(keys) = relisted[1].as_mut() {
                         keys.push(p.metadata.uid.clone().unwrap_or_default());
                     }
-                    obs.push(Observation::PodUpsert(Box::new(p)))
+                    obs.push(Observation::PodUpsert(Box::new(slim_pod(p))))
                 }
                 watcher::Event::InitDone => {
                     if let Some(keep) = relisted[1].take() {
@@ -517,7 +520,7 @@ async fn sync_term(
                         });
                     }
                 }
-                watcher::Event::Apply(p) => obs.push(Observation::PodUpsert(Box::new(p))),
+                watcher::Event::Apply(p) => obs.push(Observation::PodUpsert(Box::new(slim_pod(p)))),
                 watcher::Event::Delete(p) => obs.push(Observation::PodDelete {
                     uid: p.metadata.uid.clone().unwrap_or_default(),
                 }),

@@ -210,6 +210,87 @@ impl PodRecord {
     }
 }
 
+/// Whether the state reads this annotation of a pod or node (HAMi's own `hami.io/` keys and the
+/// `nvidia.com/` placement hints); others, such as `kubectl.kubernetes.io/last-applied-configuration`,
+/// are dropped by [`slim_pod`] and [`slim_node`].
+fn annotation_read(key: &str) -> bool {
+    key.starts_with("hami.io/") || key.starts_with("nvidia.com/")
+}
+
+fn read_annotations(
+    annotations: Option<BTreeMap<String, String>>,
+) -> Option<BTreeMap<String, String>> {
+    annotations.map(|mut a| {
+        a.retain(|k, _| annotation_read(k));
+        a
+    })
+}
+
+/// A pod reduced to what [`ClusterState::upsert_pod`] reads (identity, HAMi annotations, node,
+/// deletion, phase, init containers' names and statuses), so that a full List can be held until
+/// the rebuild without holding every pod's spec, status and managed fields: at 10,000 pods that is
+/// most of the daemon's memory (docs/benchmarks.md). The record built from it is the same.
+pub fn slim_pod(pod: Pod) -> Pod {
+    use k8s_openapi::api::core::v1::{Container, PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let Pod {
+        metadata,
+        spec,
+        status,
+    } = pod;
+    Pod {
+        metadata: ObjectMeta {
+            name: metadata.name,
+            namespace: metadata.namespace,
+            uid: metadata.uid,
+            annotations: read_annotations(metadata.annotations),
+            deletion_timestamp: metadata.deletion_timestamp,
+            ..Default::default()
+        },
+        spec: spec.map(|s| PodSpec {
+            node_name: s.node_name,
+            init_containers: s.init_containers.map(|v| {
+                v.into_iter()
+                    .map(|c| Container {
+                        name: c.name,
+                        ..Default::default()
+                    })
+                    .collect()
+            }),
+            ..Default::default()
+        }),
+        status: status.map(|s| PodStatus {
+            phase: s.phase,
+            init_container_statuses: s.init_container_statuses,
+            ..Default::default()
+        }),
+    }
+}
+
+/// A node reduced to what [`NodeRecord::from_node`] reads (name, labels, HAMi annotations,
+/// allocatable), for the same reason as [`slim_pod`]: a Node's status (images, conditions) and
+/// managed fields are most of its size.
+pub fn slim_node(node: Node) -> Node {
+    use k8s_openapi::api::core::v1::NodeStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let Node {
+        metadata, status, ..
+    } = node;
+    Node {
+        metadata: ObjectMeta {
+            name: metadata.name,
+            labels: metadata.labels,
+            annotations: read_annotations(metadata.annotations),
+            ..Default::default()
+        },
+        spec: None,
+        status: status.map(|s| NodeStatus {
+            allocatable: s.allocatable,
+            ..Default::default()
+        }),
+    }
+}
+
 /// Charge of a collapsed usage against a namespace budget.
 pub fn usage_charge(usage: &[DeviceUsage]) -> Charge {
     usage.iter().fold(Charge::default(), |c, u| Charge {
