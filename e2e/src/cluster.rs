@@ -80,6 +80,10 @@ pub struct Cluster {
     service: tokio::task::JoinHandle<()>,
     opts: ClusterOptions,
     etcd_port: u16,
+    /// Keep the run directory even without a panic (a failed start).
+    keep: bool,
+    /// Unix sockets, in a short path under /tmp.
+    sockets: tempfile::TempDir,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -97,7 +101,7 @@ impl Drop for Cluster {
         self.scheduler_pods.clear();
         self.apiserver = None;
         self.etcd.kill();
-        if std::thread::panicking() || std::env::var_os("TESSERA_E2E_KEEP").is_some() {
+        if self.keep || std::thread::panicking() || std::env::var_os("TESSERA_E2E_KEEP").is_some() {
             eprintln!("e2e: logs and state kept in {}", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -264,7 +268,24 @@ impl Cluster {
             service,
             opts: opts.clone(),
             etcd_port,
+            keep: false,
+            sockets: tempfile::Builder::new().prefix("te2e-").tempdir_in("/tmp")?,
         };
+        match cluster.start_components(&opts, &backends).await {
+            Ok(()) => Ok(cluster),
+            Err(e) => {
+                cluster.keep = true;
+                Err(Error::msg(format!("{e}\n(logs: {})", cluster.dir.join("logs").display())))
+            }
+        }
+    }
+
+    async fn start_components(
+        &mut self,
+        opts: &ClusterOptions,
+        backends: &std::sync::Arc<std::sync::Mutex<Vec<u16>>>,
+    ) -> Result<()> {
+        let cluster = self;
         for i in 0..opts.scheduler_pods {
             let name = format!("tessera-scheduler-{i}");
             let pod = cluster.start_scheduler_pod(&name)?;
@@ -281,7 +302,7 @@ impl Cluster {
             cluster.add_node(spec.clone()).await?;
         }
         cluster.wait_leader().await?;
-        Ok(cluster)
+        Ok(())
     }
 
     pub fn admin(&self) -> &kube::Client {
@@ -315,37 +336,33 @@ impl Cluster {
     /// Starts a GPU node and waits until its plugin has published the register annotation.
     pub async fn add_node(&mut self, spec: NodeSpec) -> Result<()> {
         let dir = self.dir.join("nodes").join(&spec.name);
+        let sockets = self.sockets.path().join(self.nodes.len().to_string());
         let name = spec.name.clone();
-        let node = GpuNode::start(spec, &self.node_env(), &dir).await?;
+        let node = GpuNode::start(spec, &self.node_env(), &dir, &sockets).await?;
         self.nodes.push(node);
         let nodes: Api<Node> = Api::all(self.admin.clone());
-        let found = eventually(
-            &format!("node {name} register annotation"),
-            Duration::from_secs(60),
-            Duration::from_millis(200),
-            || {
-                let nodes = nodes.clone();
-                let name = name.clone();
-                async move {
-                    let n = nodes.get(&name).await.ok()?;
-                    n.metadata
-                        .annotations
-                        .as_ref()?
-                        .get(hami_contract::annotations::NODE_REGISTER)
-                        .map(|_| ())
-                }
-            },
-        )
-        .await;
-        if let Err(e) = found {
-            let log = self
-                .nodes
-                .last()
-                .map(|n| n.plugin_log())
-                .unwrap_or_default();
-            return Err(Error::msg(format!("{e}\ndevice plugin log:\n{log}")));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let registered = nodes.get(&name).await.ok().is_some_and(|n| {
+                n.metadata
+                    .annotations
+                    .is_some_and(|a| a.contains_key(hami_contract::annotations::NODE_REGISTER))
+            });
+            if registered {
+                return Ok(());
+            }
+            let Some(node) = self.nodes.last_mut() else {
+                return Err(Error::msg("node vanished"));
+            };
+            if !node.plugin_running() || tokio::time::Instant::now() >= deadline {
+                return Err(Error::msg(format!(
+                    "node {name}: the device plugin did not publish {}:\n{}",
+                    hami_contract::annotations::NODE_REGISTER,
+                    node.plugin_log()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        Ok(())
     }
 
     fn start_scheduler_pod(&self, name: &str) -> Result<SchedulerPod> {
@@ -377,6 +394,8 @@ impl Cluster {
             .arg(format!("127.0.0.1:{metrics}"))
             .args(["--leader-elect-resource-namespace", NAMESPACE])
             .args(["--identity", pod])
+            // As the chart runs it: lead only beside the leading kube-scheduler.
+            .arg(format!("--follow-lease={NAMESPACE}/tessera-kube-scheduler"))
             .args(&self.opts.tessera_args)
             .env("KUBECONFIG", kubeconfig_path(&self.dir, SCHEDULER_USER))
             .env("POD_NAME", pod)

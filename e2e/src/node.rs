@@ -162,7 +162,9 @@ impl std::fmt::Debug for NodeEnv {
 }
 
 impl GpuNode {
-    pub async fn start(spec: NodeSpec, env: &NodeEnv, dir: &Path) -> Result<GpuNode> {
+    /// `dir` holds the node's files and logs; `socket_dir` (short: unix socket paths are limited
+    /// to 107 bytes) holds the kubelet's and the plugin's sockets.
+    pub async fn start(spec: NodeSpec, env: &NodeEnv, dir: &Path, socket_dir: &Path) -> Result<GpuNode> {
         std::fs::create_dir_all(dir)?;
         create_node_object(&env.client, &spec.name).await?;
         let scenario = dir.join("nvml-scenario.json");
@@ -190,7 +192,7 @@ impl GpuNode {
                 let _ = std::fs::remove_file(&device_config);
             }
         }
-        let kubelet = FakeKubelet::start(&dir.join("kubelet"), true).await;
+        let kubelet = FakeKubelet::start(socket_dir, true).await;
         let mut cmd = Command::new(&env.plugin_binary);
         cmd.arg("--node-name")
             .arg(&spec.name)
@@ -305,7 +307,11 @@ async fn create_node_object(client: &kube::Client, name: &str) -> Result<()> {
     // kube-controller-manager's node lifecycle controller would lift it once the node reports
     // Ready. There is no controller-manager here, so the harness does that part too.
     nodes
-        .patch(name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"taints": null}})))
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"taints": null}})),
+        )
         .await?;
     Ok(())
 }
