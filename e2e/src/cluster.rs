@@ -269,13 +269,18 @@ impl Cluster {
             opts: opts.clone(),
             etcd_port,
             keep: false,
-            sockets: tempfile::Builder::new().prefix("te2e-").tempdir_in("/tmp")?,
+            sockets: tempfile::Builder::new()
+                .prefix("te2e-")
+                .tempdir_in("/tmp")?,
         };
         match cluster.start_components(&opts, &backends).await {
             Ok(()) => Ok(cluster),
             Err(e) => {
                 cluster.keep = true;
-                Err(Error::msg(format!("{e}\n(logs: {})", cluster.dir.join("logs").display())))
+                Err(Error::msg(format!(
+                    "{e}\n(logs: {})",
+                    cluster.dir.join("logs").display()
+                )))
             }
         }
     }

@@ -78,12 +78,26 @@ pub async fn run(pods_file: &Path) -> Result<(Cluster, Vec<Row>)> {
         .iter()
         .filter_map(|p| p.metadata.name.clone())
         .collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    // Settled: every pod placed or refused with a reason, and nothing changed for a few seconds
+    // (a bind that must wait for another pod's allocation is retried by kube-scheduler).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let mut last: Vec<Row> = Vec::new();
+    let mut unchanged_since = tokio::time::Instant::now();
     let rows = loop {
         let live = cluster.pods("default").await?;
         let rows = rows_of(&cluster, &names, &live, &denied);
-        let settled = rows.iter().all(|r| r.node.is_some() || !r.why.is_empty());
-        if settled || tokio::time::Instant::now() >= deadline {
+        let now = tokio::time::Instant::now();
+        if rows != last {
+            last.clone_from(&rows);
+            unchanged_since = now;
+        }
+        let decided = rows.iter().all(|r| r.node.is_some() || !r.why.is_empty());
+        let all_placed = rows
+            .iter()
+            .all(|r| r.node.is_some() || r.why.starts_with("refused"));
+        if (decided && (all_placed || now - unchanged_since >= Duration::from_secs(6)))
+            || now >= deadline
+        {
             break rows;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -164,7 +164,12 @@ impl std::fmt::Debug for NodeEnv {
 impl GpuNode {
     /// `dir` holds the node's files and logs; `socket_dir` (short: unix socket paths are limited
     /// to 107 bytes) holds the kubelet's and the plugin's sockets.
-    pub async fn start(spec: NodeSpec, env: &NodeEnv, dir: &Path, socket_dir: &Path) -> Result<GpuNode> {
+    pub async fn start(
+        spec: NodeSpec,
+        env: &NodeEnv,
+        dir: &Path,
+        socket_dir: &Path,
+    ) -> Result<GpuNode> {
         std::fs::create_dir_all(dir)?;
         create_node_object(&env.client, &spec.name).await?;
         let scenario = dir.join("nvml-scenario.json");

@@ -573,3 +573,50 @@ async fn no_overbooking_with_two_replicas_and_the_leader_killed() {
         c.logs_tail(20)
     );
 }
+
+/// The README's first command: the demo's pods land where the table says, and the two that
+/// cannot be placed say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn demo_places_the_example_pods_and_explains_the_rest() {
+    let file = tessera_e2e::artifacts::workspace_root().join("examples/demo/pods.yaml");
+    let (cluster, rows) = match tessera_e2e::demo::run(&file).await {
+        Ok(v) => v,
+        Err(e) => panic!("demo: {e}"),
+    };
+    let table = tessera_e2e::demo::render(&rows);
+    eprintln!("{table}");
+    let row = |n: &str| {
+        rows.iter()
+            .find(|r| r.pod == n)
+            .unwrap_or_else(|| panic!("{n} missing\n{table}"))
+    };
+    for placed in [
+        "notebook",
+        "inference-a",
+        "inference-b",
+        "a100-only",
+        "whole-h100",
+    ] {
+        assert!(
+            row(placed).node.is_some(),
+            "{placed} placed\n{table}\n{}",
+            cluster.logs_tail(10)
+        );
+    }
+    assert_eq!(
+        row("a100-only").node.as_deref(),
+        Some("a100-node"),
+        "{table}"
+    );
+    assert_eq!(
+        row("whole-h100").node.as_deref(),
+        Some("h100-node"),
+        "{table}"
+    );
+    assert!(row("too-big").why.contains("largest GPU"), "{table}");
+    let four = row("four-whole-cards");
+    assert!(
+        four.node.is_none() && four.why.contains("nodes are available"),
+        "{table}"
+    );
+}
