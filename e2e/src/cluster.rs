@@ -319,6 +319,30 @@ impl Cluster {
         &self.user
     }
 
+    /// The kubeconfig file of one of the cluster's users (`"admin"`, [`USER`], …).
+    pub fn kubeconfig(&self, user: &str) -> PathBuf {
+        kubeconfig_path(&self.dir, user)
+    }
+
+    /// Starts another upstream kube-scheduler with its default configuration (profile
+    /// `default-scheduler`, no extender), logging to `logs/<name>.log`.
+    pub fn spawn_plain_kube_scheduler(&self, name: &str) -> Result<Proc> {
+        let config = self.dir.join(format!("{name}.yaml"));
+        let doc = json!({
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": kubeconfig_path(&self.dir, "system:kube-scheduler")},
+            "leaderElection": {"leaderElect": false},
+        });
+        std::fs::write(&config, serde_yaml::to_string(&doc)?)?;
+        let mut cmd = Command::new(&self.artifacts.kube_scheduler);
+        cmd.arg(format!("--config={}", config.display()))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--secure-port={}", free_port()))
+            .arg("--v=1");
+        Ok(Proc::spawn(name, &self.dir.join("logs"), &mut cmd)?)
+    }
+
     pub fn pki(&self) -> &Pki {
         &self.pki
     }

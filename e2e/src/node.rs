@@ -295,6 +295,43 @@ impl GpuNode {
     }
 }
 
+/// A node without a device plugin or harness kubelet: the `Node` object, Ready and untainted,
+/// with the register annotation a plugin would publish for `spec` (chart defaults: split 10, no
+/// scaling), and `nvidia.com/gpu` capacity. Pods bound to it are never admitted. For scale runs,
+/// where hundreds of plugin processes would measure the harness rather than the scheduler.
+pub async fn register_bare_node(client: &kube::Client, spec: &NodeSpec) -> Result<()> {
+    create_node_object(client, &spec.name).await?;
+    let split = spec.split_count.unwrap_or(10);
+    let devices: Vec<hami_contract::node::NodeDevice> = spec
+        .gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| hami_contract::node::NodeDevice {
+            id: g.uuid.clone(),
+            index: u32::try_from(i).unwrap_or(0),
+            count: split,
+            devmem: u32::try_from(g.memory_mib).unwrap_or(u32::MAX),
+            devcore: 100,
+            device_type: hami_contract::node::model_type_name(&g.model),
+            mode: "hami-core".to_owned(),
+            health: true,
+            ..Default::default()
+        })
+        .collect();
+    let value = hami_contract::node::encode_node_devices(&devices);
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            &spec.name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {
+                hami_contract::annotations::NODE_REGISTER: value}}})),
+        )
+        .await?;
+    let slots = spec.gpus.len() * split as usize;
+    patch_node_capacity(client, &spec.name, Some((slots, slots))).await
+}
+
 async fn create_node_object(client: &kube::Client, name: &str) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let node: Node = serde_json::from_value(json!({
