@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
-    #[error("{script} failed ({status}); its output:\n{output}")]
+    #[error("{script} failed ({status}; its progress is above); its output:\n{output}")]
     Script {
         script: String,
         status: String,
@@ -83,7 +83,9 @@ fn script_vars(
         }
         return Ok(vars);
     }
+    // Progress (and the one-time build's output) goes straight to the terminal.
     let out = Command::new(root.join(script))
+        .stderr(std::process::Stdio::inherit())
         .output()
         .map_err(|source| ArtifactError::Io {
             what: format!("running {script}"),
@@ -93,11 +95,7 @@ fn script_vars(
         return Err(ArtifactError::Script {
             script: script.to_owned(),
             status: out.status.to_string(),
-            output: format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
+            output: String::from_utf8_lossy(&out.stdout).into_owned(),
         });
     }
     for line in String::from_utf8_lossy(&out.stdout).lines() {

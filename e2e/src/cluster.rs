@@ -445,19 +445,13 @@ impl Cluster {
         std::fs::write(&path, config)?;
         // Its own UTS namespace gives it the pod's hostname, which starts its lease identity.
         let mut cmd = Command::new("unshare");
-        cmd.args([
-            "--uts",
-            "--",
-            "sh",
-            "-c",
-            "hostname \"$0\" && exec \"$@\"",
-            pod,
-        ])
-        .arg(&self.artifacts.kube_scheduler)
-        .arg(format!("--config={}", path.display()))
-        .arg("--bind-address=127.0.0.1")
-        .arg(format!("--secure-port={}", free_port()))
-        .arg("--v=2");
+        cmd.args(uts_unshare_args())
+            .args(["--", "sh", "-c", "hostname \"$0\" && exec \"$@\"", pod])
+            .arg(&self.artifacts.kube_scheduler)
+            .arg(format!("--config={}", path.display()))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--secure-port={}", free_port()))
+            .arg("--v=2");
         Ok(Proc::spawn(
             &format!("{pod}-kube-scheduler"),
             &self.dir.join("logs"),
@@ -650,6 +644,26 @@ impl Cluster {
         }
         out
     }
+}
+
+/// `unshare` flags that give a child its own hostname: `--uts` as root, else inside a new user
+/// namespace (unprivileged users on most distributions).
+fn uts_unshare_args() -> &'static [&'static str] {
+    static ARGS: std::sync::OnceLock<&'static [&'static str]> = std::sync::OnceLock::new();
+    ARGS.get_or_init(|| {
+        let works = |args: &[&str]| {
+            Command::new("unshare")
+                .args(args)
+                .args(["--", "sh", "-c", "hostname e2e-probe"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if works(&["--uts"]) {
+            &["--uts"]
+        } else {
+            &["--user", "--map-root-user", "--uts"]
+        }
+    })
 }
 
 fn hami_contract_shim_path() -> &'static str {
