@@ -24,6 +24,8 @@ use crate::{Error, Result, eventually};
 pub const NAMESPACE: &str = "tessera-system";
 pub const SCHEDULER_USER: &str = "system:serviceaccount:tessera-system:tessera-scheduler";
 pub const DEVICE_PLUGIN_USER: &str = "system:serviceaccount:tessera-system:tessera-device-plugin";
+/// kube-scheduler's lease, as the chart's scheduler configuration names it.
+pub const KUBE_SCHEDULER_LEASE: &str = "tessera-kube-scheduler";
 /// The user tests create pods as: an ordinary cluster user.
 pub const USER: &str = "alice@example.com";
 
@@ -301,6 +303,21 @@ impl Cluster {
             // The first pod takes both leases before the next one starts (deterministic roles).
             if i == 0 {
                 cluster.wait_leader().await?;
+                let prefix = format!("{name}_");
+                eventually(
+                    "kube-scheduler's lease held by the first scheduler pod",
+                    Duration::from_secs(60),
+                    Duration::from_millis(200),
+                    || async {
+                        cluster
+                            .leases()
+                            .await
+                            .iter()
+                            .any(|(l, h)| l == KUBE_SCHEDULER_LEASE && h.starts_with(&prefix))
+                            .then_some(())
+                    },
+                )
+                .await?;
             }
         }
         for spec in &opts.nodes {
@@ -424,7 +441,7 @@ impl Cluster {
             .args(["--leader-elect-resource-namespace", NAMESPACE])
             .args(["--identity", pod])
             // As the chart runs it: lead only beside the leading kube-scheduler.
-            .arg(format!("--follow-lease={NAMESPACE}/tessera-kube-scheduler"))
+            .arg(format!("--follow-lease={NAMESPACE}/{KUBE_SCHEDULER_LEASE}"))
             .args(&self.opts.tessera_args)
             .env("KUBECONFIG", kubeconfig_path(&self.dir, SCHEDULER_USER))
             .env("POD_NAME", pod)
@@ -505,6 +522,17 @@ impl Cluster {
             if let Some(mut k) = p.kube_scheduler.take() {
                 k.kill();
             }
+        }
+    }
+
+    /// Kills (SIGKILL) only the kube-scheduler container of scheduler pod `i`.
+    pub fn kill_kube_scheduler(&mut self, i: usize) {
+        if let Some(mut k) = self
+            .scheduler_pods
+            .get_mut(i)
+            .and_then(|p| p.kube_scheduler.take())
+        {
+            k.kill();
         }
     }
 

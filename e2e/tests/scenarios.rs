@@ -620,3 +620,51 @@ async fn demo_places_the_example_pods_and_explains_the_rest() {
         "{table}"
     );
 }
+
+/// The chart runs kube-scheduler and tessera-scheduler in one pod, and kube-scheduler only calls
+/// its own pod's extender. When kube-scheduler's leadership moves to the other pod while the
+/// extender's stays, the extender hands its lease over, so pods are still placed (without that,
+/// nothing would ever be scheduled again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn extender_leadership_follows_kube_scheduler_to_the_other_pod() {
+    let mut opts = ClusterOptions::new("follow-lease", a100_nodes(1, 2));
+    opts.scheduler_pods = 2;
+    let mut c = start(opts).await;
+    assert_eq!(
+        c.wait_leader().await.expect("leader"),
+        0,
+        "pod 0 started first and leads"
+    );
+    let holder = |leases: &[(String, String)]| {
+        leases
+            .iter()
+            .find(|(l, _)| l == tessera_e2e::cluster::KUBE_SCHEDULER_LEASE)
+            .map(|(_, h)| h.clone())
+            .unwrap_or_default()
+    };
+    assert!(holder(&c.leases().await).starts_with("tessera-scheduler-0_"));
+    c.kill_kube_scheduler(0);
+    let moved = Instant::now();
+    let r = eventually(
+        "tessera leadership in pod 1",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { (c.leader().await == Some(1)).then_some(()) },
+    )
+    .await;
+    if let Err(e) = r {
+        panic!("{e}\nleases: {:?}\n{}", c.leases().await, c.logs_tail(15));
+    }
+    eprintln!(
+        "e2e follow-lease: extender leadership moved {:.1} s after kube-scheduler 0 died",
+        moved.elapsed().as_secs_f64()
+    );
+    assert!(holder(&c.leases().await).starts_with("tessera-scheduler-1_"));
+    create_as_user(
+        &c,
+        &gpu_pod("default", "after-move", GpuRequest::mem(1, 1000)),
+    )
+    .await
+    .expect("create");
+    wait_admitted(&c, &["after-move".to_owned()], Duration::from_secs(60)).await;
+}
