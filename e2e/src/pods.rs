@@ -22,6 +22,14 @@ impl GpuRequest {
         }
     }
 
+    /// `count` GPUs with no memory or cores given (whole cards, as HAMi resolves it).
+    pub fn whole(count: u32) -> GpuRequest {
+        GpuRequest {
+            count,
+            ..Default::default()
+        }
+    }
+
     pub fn with_cores(mut self, cores: u32) -> GpuRequest {
         self.cores = Some(cores);
         self

@@ -45,6 +45,20 @@ async fn create_as_user(c: &Cluster, pod: &Pod) -> Result<Pod, kube::Error> {
         .await
 }
 
+/// Creates one pod per name, all at once (as a controller scaling up would); returns how many
+/// the API server accepted.
+async fn create_concurrently(c: &Cluster, names: &[String], req: GpuRequest) -> usize {
+    let creates = names.iter().map(|n| {
+        let pod = gpu_pod("default", n, req);
+        async move { create_as_user(c, &pod).await }
+    });
+    futures::future::join_all(creates)
+        .await
+        .into_iter()
+        .filter(Result::is_ok)
+        .count()
+}
+
 /// Waits until every named pod of `default` is admitted by its node; returns them by name.
 async fn wait_admitted(
     c: &Cluster,
@@ -99,15 +113,7 @@ async fn full_pipeline_gives_each_container_the_limit_its_pod_asked_for() {
             Some("30"),
         ),
         ("two-gpus", GpuRequest::mem(2, 4096), 4096, None),
-        (
-            "whole-card",
-            GpuRequest {
-                count: 1,
-                ..Default::default()
-            },
-            A100_MIB,
-            None,
-        ),
+        ("whole-card", GpuRequest::whole(1), A100_MIB, None),
         ("mem-1000", GpuRequest::mem(1, 1000), 1000, None),
     ];
     for (name, req, _, _) in &cases {
@@ -184,14 +190,8 @@ async fn burst_of_100_pods_onto_one_node_all_get_their_limits() {
     let c = start(ClusterOptions::new("burst", vec![node])).await;
     let started = Instant::now();
     let names: Vec<String> = (0..100).map(|i| format!("burst-{i:03}")).collect();
-    let creates = names.iter().map(|n| {
-        let pod = gpu_pod("default", n, GpuRequest::mem(1, 2000).with_cores(5));
-        let c = &c;
-        async move { create_as_user(c, &pod).await }
-    });
-    for r in futures::future::join_all(creates).await {
-        r.expect("create");
-    }
+    let req = GpuRequest::mem(1, 2000).with_cores(5);
+    assert_eq!(create_concurrently(&c, &names, req).await, names.len());
     let admitted = wait_admitted(&c, &names, Duration::from_secs(240)).await;
     let took = started.elapsed();
     eprintln!(
@@ -219,10 +219,7 @@ async fn burst_of_100_pods_onto_one_node_all_get_their_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pending_pod_is_scheduled_promptly_when_capacity_frees() {
     let c = start(ClusterOptions::new("requeue", a100_nodes(1, 1))).await;
-    let whole = GpuRequest {
-        count: 1,
-        ..Default::default()
-    };
+    let whole = GpuRequest::whole(1);
     create_as_user(&c, &gpu_pod("default", "blocker", whole))
         .await
         .expect("create");
@@ -272,14 +269,10 @@ async fn namespace_budget_admits_exactly_what_fits_under_a_burst() {
         .expect("create quota");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let names: Vec<String> = (0..10).map(|i| format!("budget-{i}")).collect();
-    let creates = names.iter().map(|n| {
-        let pod = gpu_pod("default", n, GpuRequest::mem(1, 3000));
-        let c = &c;
-        async move { create_as_user(c, &pod).await }
-    });
-    for r in futures::future::join_all(creates).await {
-        r.expect("create");
-    }
+    assert_eq!(
+        create_concurrently(&c, &names, GpuRequest::mem(1, 3000)).await,
+        names.len()
+    );
     let bound = eventually(
         "three pods bound",
         Duration::from_secs(60),
@@ -384,10 +377,7 @@ async fn failed_gpu_is_avoided_and_comes_back_after_recovery() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(20)));
-    let whole = GpuRequest {
-        count: 1,
-        ..Default::default()
-    };
+    let whole = GpuRequest::whole(1);
     create_as_user(&c, &gpu_pod("default", "first", whole))
         .await
         .expect("create");
@@ -526,16 +516,7 @@ async fn no_overbooking_with_two_replicas_and_the_leader_killed() {
     let req = GpuRequest::mem(1, 8000).with_cores(20);
     let mut created = 0;
     for chunk in names.chunks(50) {
-        let creates = chunk.iter().map(|n| {
-            let pod = gpu_pod("default", n, req);
-            let c = &c;
-            async move { create_as_user(c, &pod).await }
-        });
-        created += futures::future::join_all(creates)
-            .await
-            .into_iter()
-            .filter(Result::is_ok)
-            .count();
+        created += create_concurrently(&c, chunk, req).await;
         if created >= 250 && c.scheduler_pods[leader].is_up() {
             c.kill_scheduler_pod(leader);
             eprintln!("e2e overbooking: killed scheduler pod {leader} after {created} creates");
