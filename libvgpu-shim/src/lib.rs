@@ -12,6 +12,8 @@ mod config;
 mod hooks;
 mod limiter;
 mod log;
+#[cfg(any(target_env = "musl", test))]
+mod musl_dlsym;
 mod real;
 mod region;
 mod visible;

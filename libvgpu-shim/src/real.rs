@@ -1,4 +1,4 @@
-//! Finding the real functions: the real `dlsym` (glibc before and after 2.34), the real driver
+//! Finding the real functions: the real `dlsym` (glibc before and after 2.34, musl), the real driver
 //! libraries (`dlopen` on first use, never linked), and a pointer per hooked symbol.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -106,6 +106,7 @@ pub fn is_nvml(name: &str) -> bool {
 }
 
 /// Glibc versions of `dlsym`: 2.34 moved it into libc; older ones per architecture.
+#[cfg(target_env = "gnu")]
 const DLSYM_VERSIONS: &[&CStr] = &[
     c"GLIBC_2.34",
     c"GLIBC_2.2.5",
@@ -126,6 +127,16 @@ pub fn init_real_dlsym() -> *mut c_void {
         return cur;
     }
     let ours = crate::hooks::dlsym as *mut c_void;
+    let found = find_real_dlsym(ours);
+    if !found.is_null() {
+        REAL_DLSYM.store(found, Ordering::Release);
+    }
+    found
+}
+
+/// glibc: `dlvsym` with the known versions of `dlsym`.
+#[cfg(target_env = "gnu")]
+fn find_real_dlsym(ours: *mut c_void) -> *mut c_void {
     let mut found = std::ptr::null_mut();
     for ver in DLSYM_VERSIONS {
         // SAFETY: `dlvsym` with constant NUL-terminated strings.
@@ -157,8 +168,23 @@ pub fn init_real_dlsym() -> *mut c_void {
             }
         }
     }
-    if !found.is_null() {
-        REAL_DLSYM.store(found, Ordering::Release);
+    found
+}
+
+/// musl: no `dlvsym`, one unversioned `dlsym`; read from the C library's dynamic symbol table
+/// (see `crate::musl_dlsym`). A failed search is not repeated: every `dlsym` call then returns
+/// NULL, which is said once on stderr.
+#[cfg(target_env = "musl")]
+fn find_real_dlsym(ours: *mut c_void) -> *mut c_void {
+    static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if FAILED.load(Ordering::Acquire) {
+        return std::ptr::null_mut();
+    }
+    let found = crate::musl_dlsym::find_real_dlsym(ours);
+    if found.is_null() && !FAILED.swap(true, Ordering::AcqRel) {
+        crate::log::error!(
+            "cannot find the C library's dlsym: dlsym() returns NULL in this process and the driver cannot be loaded"
+        );
     }
     found
 }
