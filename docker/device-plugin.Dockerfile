@@ -46,21 +46,27 @@ RUN --mount=type=cache,target=/opt/cargo/registry \
 # --- libvgpu.so for musl (Alpine) workloads ----------------------------------------------------
 # musl's loader ignores /etc/ld.so.preload: such workloads load the shim with
 # LD_PRELOAD=/usr/local/vgpu/musl/libvgpu.so (see docker/README.md).
-# Off by default: libvgpu-shim does not compile for musl yet (it calls glibc's dlvsym, which the
-# libc crate defines for target_env = "gnu" only). Build with --build-arg SHIM_MUSL=1 once it
-# does; the stage then fails loudly if the build fails, never ships a stale file.
+# Off by default; build with --build-arg SHIM_MUSL=1. The stage then fails loudly if the build
+# fails, never ships a stale file. libvgpu-shim/musl-build.sh is the same script CI's
+# libvgpu-shim/musl-test.sh builds with: for this machine's <arch>-unknown-linux-musl, the C
+# library linked dynamically (-crt-static: a musl cdylib must) and the unwinder statically, so the
+# library needs nothing but musl's libc (no libgcc_s: Alpine images need not have libgcc), which
+# the last step checks.
 FROM rust:${RUST_VERSION}-alpine AS shim-musl
 ARG SHIM_MUSL=0
-RUN apk add --no-cache musl-dev
+RUN apk add --no-cache musl-dev gcc binutils
 WORKDIR /src
 COPY . .
-# A cdylib on musl must link the C library dynamically (-crt-static), like any .so on Alpine.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,id=tessera-shim-musl-target \
     mkdir -p /out \
  && if [ "$SHIM_MUSL" = 1 ]; then \
-      RUSTFLAGS="-C target-feature=-crt-static" cargo build --locked --release -p libvgpu-shim \
-      && install -D -m 0644 target/release/libvgpu.so /out/libvgpu.so; \
+      set -e; \
+      TESSERA_MUSL_TARGET_DIR=/src/target/musl sh libvgpu-shim/musl-build.sh --locked --release -p libvgpu-shim; \
+      install -D -m 0644 "target/musl/$(uname -m)-unknown-linux-musl/release/libvgpu.so" /out/libvgpu.so; \
+      readelf -d /out/libvgpu.so | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' > /tmp/needed; \
+      if grep -v -e '^libc\.so$' -e '^libc\.musl-' /tmp/needed; then \
+        echo "the musl libvgpu.so needs more than musl's libc (above)" >&2; exit 1; fi; \
     fi
 
 FROM ${BUSYBOX_IMAGE} AS busybox

@@ -65,6 +65,11 @@ cuda=$out/libcuda.so
 needed=$(readelf -d "$shim" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
 [ "$needed" = "libc.so " ] || die "libvgpu.so needs [$needed], expected only libc.so"
 
+# The same symbol surface as on glibc (tests/memory.rs pins the list): the hooks and dlsym, and
+# none of the statically linked unwinder's.
+extra=$(nm -D --defined-only "$shim" | awk '{print $3}' | grep -Ev '^(cu|nvml)[A-Za-z0-9_]+$|^dlsym$' || true)
+[ -z "$extra" ] || die "libvgpu.so exports more than the hooks: $extra"
+
 dir=$target_dir/musl-probe
 mkdir -p "$dir"
 for n in libcuda.so.1 libcuda.so; do ln -sf "$cuda" "$dir/$n"; done

@@ -1,5 +1,5 @@
-//! Finding the real functions: the real `dlsym` (glibc before and after 2.34, musl), the real driver
-//! libraries (`dlopen` on first use, never linked), and a pointer per hooked symbol.
+//! Finding the real functions: the real `dlsym` (glibc before and after 2.34; musl), the real
+//! driver libraries (`dlopen` on first use, never linked), and a pointer per hooked symbol.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
@@ -172,8 +172,10 @@ fn find_real_dlsym(ours: *mut c_void) -> *mut c_void {
 }
 
 /// musl: no `dlvsym`, one unversioned `dlsym`; read from the C library's dynamic symbol table
-/// (see `crate::musl_dlsym`). A failed search is not repeated: every `dlsym` call then returns
-/// NULL, which is said once on stderr.
+/// (see `crate::musl_dlsym`). musl always defines it; should the search fail anyway, it is not
+/// repeated and is said once on stderr: every `dlsym` call then returns NULL, and so do the
+/// shim's own driver lookups (hooked calls return `CUDA_ERROR_NOT_FOUND`), as on glibc when
+/// `dlvsym` finds nothing.
 #[cfg(target_env = "musl")]
 fn find_real_dlsym(ours: *mut c_void) -> *mut c_void {
     static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -183,7 +185,8 @@ fn find_real_dlsym(ours: *mut c_void) -> *mut c_void {
     let found = crate::musl_dlsym::find_real_dlsym(ours);
     if found.is_null() && !FAILED.swap(true, Ordering::AcqRel) {
         crate::log::error!(
-            "cannot find the C library's dlsym: dlsym() returns NULL in this process and the driver cannot be loaded"
+            "cannot find the C library's dlsym: dlsym() returns NULL in this process and CUDA calls \
+             through the shim find no driver"
         );
     }
     found
