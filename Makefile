@@ -1,5 +1,5 @@
 # The README's two commands live here so that CI (.ci/run) and users run the same thing.
-.PHONY: demo simulate test lint unit chart e2e build fuzz-smoke
+.PHONY: demo simulate test lint unit chart e2e build musl fuzz-smoke
 
 # A local cluster (etcd, kube-apiserver, kube-scheduler from their Go modules; Tessera; three
 # simulated GPU nodes), the pods of examples/demo/pods.yaml, and a table of where each went and
@@ -13,7 +13,7 @@ simulate:
 	cargo run --locked -p tessera-scheduler -- simulate -f examples/simulate/cluster.yaml
 
 # The whole test suite, as CI runs it.
-test: lint unit chart e2e fuzz-smoke
+test: lint unit chart e2e musl fuzz-smoke
 
 lint:
 	cargo fmt --all -- --check
@@ -36,6 +36,11 @@ e2e: build
 # binaries exist and the chart's flags are checked against them.
 chart:
 	./e2e/chart-test.sh
+
+# The shim built for musl and run in a musl process with the fake driver; installs the rustup
+# target and Debian's musl-tools on first use (about a minute once).
+musl:
+	./libvgpu-shim/musl-test.sh
 
 fuzz-smoke:
 	./fuzz/run.sh
