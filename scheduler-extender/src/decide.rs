@@ -85,6 +85,8 @@ struct EvalInput<'a> {
     uid_on: Option<&'a str>,
     /// Nodes where a pod may be pending allocation; the gate is only consulted there.
     pending_nodes: &'a HashSet<&'a str>,
+    /// Also avoid nodes where a confusable pod was decided and is not bound yet.
+    avoid_decided: bool,
     annotations: &'a BTreeMap<String, String>,
 }
 
@@ -113,7 +115,11 @@ impl EvalInput<'_> {
                 }
                 Ok(f) => {
                     let conflict = if self.pending_nodes.contains(name.as_str()) {
-                        let pending = self.state.pending_on(name, self.uid);
+                        let pending = if self.avoid_decided {
+                            self.state.in_flight_on(name, self.uid)
+                        } else {
+                            self.state.pending_on(name, self.uid)
+                        };
                         if pending.is_empty() {
                             None
                         } else {
@@ -146,13 +152,30 @@ impl EvalInput<'_> {
 }
 
 /// Filters `pod` over `candidates` (node names). The pod's own earlier decision (`uid`) does not
-/// count against it. Nothing is reserved: the caller decides whether to.
+/// count against it. Nothing is reserved: the caller decides whether to. Nodes where a
+/// confusable pod is pending allocation are avoided; decisions not bound yet are treated as
+/// settled (what `simulate` models).
 pub fn filter_pod(
     state: &mut ClusterState,
     cfg: &DecisionConfig,
     pod: &Pod,
     uid: &str,
     candidates: &[String],
+) -> Verdict {
+    filter_pod_with(state, cfg, pod, uid, candidates, false)
+}
+
+/// [`filter_pod`] as the live decision loop runs it: with `avoid_decided`, nodes where a
+/// confusable pod was decided and is not bound yet are avoided too
+/// ([`ClusterState::in_flight_on`]), so kube-scheduler's next pod goes where its bind will be
+/// admitted instead of being refused at bind and backed off.
+pub fn filter_pod_with(
+    state: &mut ClusterState,
+    cfg: &DecisionConfig,
+    pod: &Pod,
+    uid: &str,
+    candidates: &[String],
+    avoid_decided: bool,
 ) -> Verdict {
     let (ask, _warnings) = podspec::pod_ask(pod, &cfg.nvidia);
     if ask.is_empty() {
@@ -167,7 +190,11 @@ pub fn filter_pod(
     let state = &*state;
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let quota = state.quota_budget(namespace, Some(uid));
-    let pending_nodes = state.nodes_with_pending();
+    let pending_nodes = if avoid_decided {
+        state.nodes_in_flight()
+    } else {
+        state.nodes_with_pending()
+    };
     let eval = EvalInput {
         state,
         ask: &ask,
@@ -176,6 +203,7 @@ pub fn filter_pod(
         uid,
         uid_on: state.effective_node(uid),
         pending_nodes: &pending_nodes,
+        avoid_decided,
         annotations: &annotations,
     };
     // Nodes are independent: with `--filter-threads` > 1, large candidate lists are evaluated on

@@ -321,7 +321,8 @@ impl Engine {
             )));
         }
         self.state.release(&uid);
-        let verdict = decide::filter_pod(&mut self.state, &self.cfg, pod, &uid, node_names);
+        let verdict =
+            decide::filter_pod_with(&mut self.state, &self.cfg, pod, &uid, node_names, true);
         match &verdict {
             Verdict::Placed(p) => {
                 let r = decide::reservation_for(pod, &uid, p, self.tick);

@@ -35,8 +35,17 @@ fn edge_err(e: kube::Error) -> EdgeError {
 #[derive(Clone)]
 pub struct KubeEdge {
     client: Client,
-    recorder: Recorder,
+    /// Events go to a background publisher: `/filter` and `/bind` answer without waiting for
+    /// an Event write (kube-scheduler runs the filter call inside its sequential scheduling
+    /// cycle, so every API round-trip there lowers the pods/s of the whole cluster).
+    events: tokio::sync::mpsc::Sender<PodEvent>,
 }
+
+/// Events waiting to be written; beyond this (an API server that does not keep up) new events
+/// are dropped, as events are best effort.
+const EVENT_QUEUE: usize = 4096;
+/// Events written at once.
+const EVENT_WRITERS: usize = 8;
 
 impl std::fmt::Debug for KubeEdge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -45,16 +54,50 @@ impl std::fmt::Debug for KubeEdge {
 }
 
 impl KubeEdge {
+    /// Must be called inside a Tokio runtime: it starts the event publisher.
     pub fn new(client: Client, scheduler_name: &str, instance: Option<String>) -> Self {
         let reporter = Reporter {
             controller: scheduler_name.to_owned(),
             instance,
         };
-        KubeEdge {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
-        }
+        let recorder = Recorder::new(client.clone(), reporter);
+        let (events, rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
+        tokio::spawn(publish_events(recorder, rx));
+        KubeEdge { client, events }
     }
+}
+
+async fn publish_event(recorder: &Recorder, event: PodEvent) {
+    let reference = ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        name: Some(event.name.clone()),
+        namespace: Some(event.namespace.clone()),
+        uid: Some(event.uid.clone()),
+        ..Default::default()
+    };
+    let ev = Event {
+        type_: match event.kind {
+            EventType::Normal => KubeEventType::Normal,
+            EventType::Warning => KubeEventType::Warning,
+        },
+        reason: event.reason.clone(),
+        note: Some(event.message.chars().take(1000).collect()),
+        action: "Scheduling".to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &reference).await {
+        tracing::debug!(error = %e, reason = %event.reason, "could not record event");
+    }
+}
+
+/// Writes queued events, up to [`EVENT_WRITERS`] at once, until every [`KubeEdge`] is gone.
+async fn publish_events(recorder: Recorder, rx: tokio::sync::mpsc::Receiver<PodEvent>) {
+    let stream =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) });
+    stream
+        .for_each_concurrent(EVENT_WRITERS, |e| publish_event(&recorder, e))
+        .await;
 }
 
 impl ClusterEdge for KubeEdge {
@@ -116,26 +159,8 @@ impl ClusterEdge for KubeEdge {
     }
 
     async fn event(&self, event: PodEvent) {
-        let reference = ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("Pod".to_owned()),
-            name: Some(event.name.clone()),
-            namespace: Some(event.namespace.clone()),
-            uid: Some(event.uid.clone()),
-            ..Default::default()
-        };
-        let ev = Event {
-            type_: match event.kind {
-                EventType::Normal => KubeEventType::Normal,
-                EventType::Warning => KubeEventType::Warning,
-            },
-            reason: event.reason.clone(),
-            note: Some(event.message.chars().take(1000).collect()),
-            action: "Scheduling".to_owned(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &reference).await {
-            tracing::debug!(error = %e, reason = %event.reason, "could not record event");
+        if let Err(e) = self.events.try_send(event) {
+            tracing::debug!(error = %e, "event queue full; event dropped");
         }
     }
 }

@@ -208,6 +208,16 @@ impl PodRecord {
             && !self.terminal
             && !self.deleting
     }
+
+    /// Decided for its node by a filter and not bound, with no bind begun (no bind phase yet):
+    /// kube-scheduler is about to bind it there.
+    pub fn is_decided_unbound(&self) -> bool {
+        self.node.is_some()
+            && self.bound_node.is_none()
+            && self.bind_phase.is_none()
+            && !self.terminal
+            && !self.deleting
+    }
 }
 
 /// Whether the state reads this annotation of a pod or node (HAMi's own `hami.io/` keys and the
@@ -417,6 +427,8 @@ pub struct ClusterState {
     by_node: HashMap<String, BTreeSet<String>>,
     /// Pods pending allocation (bind-phase `allocating`, alive) per node: the gate's index.
     pending_by_node: HashMap<String, BTreeSet<String>>,
+    /// Pods decided for a node and not bound yet ([`PodRecord::is_decided_unbound`]) per node.
+    decided_by_node: HashMap<String, BTreeSet<String>>,
     /// Reservation UIDs per node.
     res_by_node: HashMap<String, BTreeSet<String>>,
     quotas: BTreeMap<(String, String), QuotaRecord>,
@@ -510,6 +522,12 @@ impl ClusterState {
                         .or_default()
                         .insert(uid.clone());
                 }
+                if rec.is_decided_unbound() {
+                    self.decided_by_node
+                        .entry(n.clone())
+                        .or_default()
+                        .insert(uid.clone());
+                }
                 self.touch(Some(&n));
             }
             self.pods.insert(uid, rec);
@@ -524,6 +542,9 @@ impl ClusterState {
                 set.remove(uid);
             }
             if let Some(set) = self.pending_by_node.get_mut(&n) {
+                set.remove(uid);
+            }
+            if let Some(set) = self.decided_by_node.get_mut(&n) {
                 set.remove(uid);
             }
             self.touch(Some(&n));
@@ -743,6 +764,21 @@ impl ClusterState {
         out
     }
 
+    /// The filter's superset of [`Self::nodes_with_pending`]: also the nodes where a pod was
+    /// decided and is not bound yet (see [`Self::in_flight_on`]).
+    pub fn nodes_in_flight(&self) -> HashSet<&str> {
+        let mut out = self.nodes_with_pending();
+        for r in self.reservations.values() {
+            out.insert(r.node.as_str());
+        }
+        for (node, uids) in &self.decided_by_node {
+            if !uids.is_empty() {
+                out.insert(node.as_str());
+            }
+        }
+        out
+    }
+
     /// Whether `usage` still fits on `node` next to every other pod's effective usage (the
     /// bind-time re-check of a decision, e.g. one a previous leader made).
     pub fn usage_fits(&self, node: &str, uid: &str, usage: &[DeviceUsage]) -> bool {
@@ -838,6 +874,37 @@ impl ClusterState {
                 {
                     out.push((format!("{}/{}", p.namespace, p.name), &p.signature));
                 }
+            }
+        }
+        out
+    }
+
+    /// What the filter checks on `node` before choosing it: [`Self::pending_on`], plus the pods
+    /// a filter has already decided for `node` whose bind has not begun (reservations in
+    /// [`BindStage::Decided`], and unbound pods whose decision the informer shows). kube-scheduler
+    /// is about to bind those; a confusable pod decided for the same node now would have its
+    /// bind refused by the gate and wait out kube-scheduler's error backoff (1 s, doubling to
+    /// 10 s), while a filter answer that avoids the node costs nothing on a cluster with other
+    /// nodes, and on a single node only waits for the next pod update. The bind gate itself
+    /// ([`Self::pending_on`]) is unchanged: two decided pods must not refuse each other's bind.
+    pub fn in_flight_on(&self, node: &str, exclude: &str) -> Vec<(String, &AllocationSignature)> {
+        let mut out = self.pending_on(node, exclude);
+        for uid in self.res_by_node.get(node).into_iter().flatten() {
+            if let Some(r) = self.reservations.get(uid)
+                && r.stage == BindStage::Decided
+                && r.uid != exclude
+            {
+                out.push((format!("{}/{}", r.namespace, r.name), &r.signature));
+            }
+        }
+        for uid in self.decided_by_node.get(node).into_iter().flatten() {
+            if uid == exclude || self.reservations.contains_key(uid) {
+                continue;
+            }
+            if let Some(p) = self.pods.get(uid)
+                && p.is_decided_unbound()
+            {
+                out.push((format!("{}/{}", p.namespace, p.name), &p.signature));
             }
         }
         out

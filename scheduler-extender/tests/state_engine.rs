@@ -56,8 +56,12 @@ fn the_smallest_quota_of_a_namespace_wins_and_in_flight_reservations_count() {
     // Not yet visible to any informer, still charged.
     let second = e.filter(&gpu_pod("team", "b", 1, 4000, 0), &n);
     assert_eq!(reasons(&second), "2/2 ResourceQuotaNotFit");
-    // Other namespaces are not limited.
-    assert!(placed(&e.filter(&gpu_pod("other", "c", 1, 4000, 0), &n)).is_some());
+    // Other namespaces are not limited (on a second node: n1 has a's decision in flight).
+    e.observe(Observation::NodeUpsert(Box::new(gpu_node(
+        "n2", 2, 16000, 10,
+    ))));
+    let both = vec!["n1".to_owned(), "n2".to_owned()];
+    assert!(placed(&e.filter(&gpu_pod("other", "c", 1, 4000, 0), &both)).is_some());
     // Releasing the reservation gives the budget back.
     e.filter_abort("uid-team-a");
     assert!(placed(&e.filter(&gpu_pod("team", "b", 1, 4000, 0), &n)).is_some());
@@ -371,4 +375,90 @@ fn slimmed_pods_and_nodes_build_the_same_records() {
     assert!(rec.unregistered.is_some_and(|r| r.contains("allocatable")));
     assert_eq!(rec.cordoned.len(), 1);
     assert!(slim.status.is_some_and(|s| s.images.is_none()));
+}
+
+fn failed_reasons(v: &Result<Verdict, Refusal>) -> std::collections::BTreeMap<String, String> {
+    match v {
+        Ok(Verdict::Placed(p)) => p.failed.clone(),
+        Ok(Verdict::NoFit { failed }) => failed.clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The pod as the informer shows it once the filter's patch landed: decided, not bound.
+fn decided_pod(pod: &Pod, v: &Result<Verdict, Refusal>) -> Pod {
+    let Ok(Verdict::Placed(p)) = v else {
+        panic!("{v:?}")
+    };
+    let patch = tessera_scheduler::engine::filter_patch(p, 0);
+    let mut pod = pod.clone();
+    pod.metadata.annotations = Some(patch.annotations);
+    pod.metadata.labels = Some(patch.labels);
+    pod
+}
+
+/// kube-scheduler binds a filtered pod a moment after the filter answered; a confusable pod
+/// filtered in between is steered to another node instead of being refused at bind (and
+/// backed off by kube-scheduler for a second or more).
+#[test]
+fn a_confusable_pod_avoids_a_node_where_another_was_just_decided() {
+    let mut e = Engine::standalone(DecisionConfig::default());
+    for n in ["n1", "n2"] {
+        e.observe(Observation::NodeUpsert(Box::new(gpu_node(n, 2, 16000, 10))));
+    }
+    let nodes = vec!["n1".to_owned(), "n2".to_owned()];
+    let a = gpu_pod("d", "a", 1, 3000, 10);
+    let va = e.filter(&a, &nodes);
+    assert_eq!(placed(&va).as_deref(), Some("n1"));
+    // b asks for other limits: the device plugin could take one for the other.
+    let b = gpu_pod("d", "b", 1, 2000, 10);
+    let vb = e.filter(&b, &nodes);
+    assert_eq!(placed(&vb).as_deref(), Some("n2"), "{vb:?}");
+    assert!(
+        failed_reasons(&vb)["n1"].starts_with("PendingAllocationConflict: pod d/a "),
+        "{vb:?}"
+    );
+    // Still so once the informer shows a's decision (the reservation is then dropped).
+    e.observe(Observation::PodUpsert(Box::new(decided_pod(&a, &va))));
+    assert!(e.state().reservation("uid-d-a").is_none());
+    e.filter_abort("uid-d-b");
+    assert_eq!(placed(&e.filter(&b, &nodes)).as_deref(), Some("n2"));
+    e.filter_abort("uid-d-b");
+    // The bind gate is unchanged: a's own bind is admitted.
+    let live = decided_pod(&a, &va);
+    assert!(e.bind_begin(&live, "n1").is_ok());
+}
+
+#[test]
+fn on_one_node_a_confusable_pod_waits_for_the_decided_one_and_identical_pods_do_not() {
+    let mut e = Engine::standalone(DecisionConfig::default());
+    e.observe(Observation::NodeUpsert(Box::new(gpu_node(
+        "n1", 1, 16000, 10,
+    ))));
+    let n = vec!["n1".to_owned()];
+    let a = gpu_pod("d", "a", 1, 3000, 10);
+    let va = e.filter(&a, &n);
+    assert_eq!(placed(&va).as_deref(), Some("n1"));
+    // Identical to a, on the same (only) GPU: interchangeable, so both may be in flight.
+    let same = gpu_pod("d", "same", 1, 3000, 10);
+    assert_eq!(placed(&e.filter(&same, &n)).as_deref(), Some("n1"));
+    let b = gpu_pod("d", "b", 1, 2000, 10);
+    let vb = e.filter(&b, &n);
+    assert!(
+        reasons(&vb).starts_with("PendingAllocationConflict: pod d/"),
+        "{vb:?}"
+    );
+    // a is bound and allocated, same is gone: b fits.
+    let mut bound = decided_pod(&a, &va);
+    bound
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("hami.io/bind-phase".into(), "success".into());
+    bound.spec.get_or_insert_with(Default::default).node_name = Some("n1".into());
+    e.observe(Observation::PodUpsert(Box::new(bound)));
+    e.observe(Observation::PodDelete {
+        uid: "uid-d-same".to_owned(),
+    });
+    assert_eq!(placed(&e.filter(&b, &n)).as_deref(), Some("n1"));
 }

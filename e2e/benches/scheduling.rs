@@ -1,0 +1,973 @@
+//! Scheduling through the real kube-scheduler on the e2e control plane (issue 7, item 3).
+//!
+//! One cluster (etcd, kube-apiserver with the chart's webhook, the chart's kube-scheduler beside
+//! `tessera-scheduler`), then:
+//!
+//! * **burst**: 100 identical fractional pods onto one plugin-backed 8-GPU node (split 16; the
+//!   real device plugin behind the harness kubelet), time from the first create until the
+//!   kubelet has admitted (allocated) all of them;
+//! * **throughput**: 2,000 one-GPU pods on 500 simulated nodes, (a) by a second, plain
+//!   kube-scheduler (profile `default-scheduler`, no extender) with `nvidia.com/gpu: 1` against
+//!   8 GPUs of node extended resources, and (b) by kube-scheduler + Tessera with fractional
+//!   requests (`gpu: 1, gpumem: 4000, gpucores: 10`) on nodes registered as 8 × A100 40 GB
+//!   (split 10), in the same run, rounds interleaved (a b, b a, …). Each node set is its own
+//!   (`tessera.io/bench-set` label and pod `nodeSelector`). The nodes are bare (a `Node` object,
+//!   no kubelet): for (b) a task plays the device plugin's part and marks each pod bound to a
+//!   bare node `hami.io/bind-phase: success`, as the plugin does after `Allocate`, so
+//!   Tessera's bind gate sees allocations complete.
+//!
+//! Pods are created by 32 concurrent clients as the ordinary user. Placement rate: pods /
+//! (last bound − first create started); latency: create started → `spec.nodeName` seen on a
+//! watch. Figures: median over rounds (throughput), over all pods of all rounds (latency).
+//!
+//! Run with release daemons: `cargo build --release -p tessera-scheduler -p tessera-device-plugin
+//! -p fake-nvml -p fake-cuda -p libvgpu-shim && TESSERA_E2E_PROFILE=release cargo bench -p
+//! tessera-e2e --bench scheduling` (`bench/run.sh` does both). `TESSERA_BENCH_QUICK=1`: 50 nodes,
+//! 200 pods, one round, a 24-pod burst. Options: `--nodes N --pods N --rounds N --burst N
+//! --burst-rounds N`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tessera_e2e::cluster::{Cluster, ClusterOptions, DEVICE_PLUGIN_USER};
+use tessera_e2e::node::NodeSpec;
+
+#[path = "../../bench/results.rs"]
+mod results;
+use results::{Csv, Row, Stats};
+
+const A100: &str = "NVIDIA A100-SXM4-40GB";
+const A100_MIB: u64 = 40960;
+const SET: &str = "tessera.io/bench-set";
+const RUN: &str = "tessera.io/bench-run";
+const CREATORS: usize = 32;
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+#[derive(Debug, Clone)]
+struct Params {
+    nodes: usize,
+    pods: usize,
+    rounds: usize,
+    burst: usize,
+    burst_rounds: usize,
+}
+
+fn params() -> Params {
+    let quick = results::quick();
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str, default: usize| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    Params {
+        nodes: arg("--nodes", if quick { 50 } else { 500 }),
+        pods: arg("--pods", if quick { 200 } else { 2000 }),
+        rounds: arg("--rounds", if quick { 1 } else { 3 }),
+        burst: arg("--burst", if quick { 24 } else { 100 }),
+        burst_rounds: arg("--burst-rounds", if quick { 1 } else { 3 }),
+    }
+}
+
+async fn client_for(path: &std::path::Path) -> Res<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(path)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    Ok(kube::Client::try_from(cfg)?)
+}
+
+fn pod_object(ns: &str, name: &str, run: &str, v: Variant) -> Pod {
+    let tessera = v == Variant::Tessera;
+    let limits = if tessera {
+        json!({"cpu": "10m", "nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000",
+               "nvidia.com/gpucores": "10"})
+    } else {
+        json!({"cpu": "10m", "nvidia.com/gpu": "1"})
+    };
+    let mut labels = json!({ RUN: run });
+    if !tessera {
+        // The webhook would otherwise hand the GPU pod to Tessera.
+        labels["hami.io/webhook"] = json!("ignore");
+    }
+    let pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {"containers": [{"name": "c0", "image": "registry.example/cuda-app:1",
+                                  "resources": {"limits": limits}}],
+                 "nodeSelector": { SET: v.node_set() },
+                 "terminationGracePeriodSeconds": 0},
+    }));
+    let mut pod: Pod = pod.unwrap_or_default();
+    if v == Variant::PlainUnthrottled
+        && let Some(spec) = pod.spec.as_mut()
+    {
+        spec.scheduler_name = Some(UNTHROTTLED.to_owned());
+    }
+    pod
+}
+
+/// The second plain kube-scheduler's profile: client QPS raised from the default 50 (burst
+/// 100), which caps a plain kube-scheduler's Binding calls, to 1000.
+const UNTHROTTLED: &str = "plain-unthrottled";
+
+/// Who places the pods of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Variant {
+    /// (a) kube-scheduler alone, default configuration.
+    Plain,
+    /// (a') kube-scheduler alone with `clientConnection.qps: 1000`.
+    PlainUnthrottled,
+    /// (b) kube-scheduler + Tessera.
+    Tessera,
+}
+
+impl Variant {
+    fn node_set(self) -> &'static str {
+        match self {
+            Variant::Tessera => "b",
+            _ => "a",
+        }
+    }
+    fn short(self) -> &'static str {
+        match self {
+            Variant::Plain => "plain",
+            Variant::PlainUnthrottled => "plain-qps1000",
+            Variant::Tessera => "tessera",
+        }
+    }
+}
+
+/// A plain kube-scheduler with profile [`UNTHROTTLED`] and client QPS 1000 (burst 2000).
+fn spawn_unthrottled_kube_scheduler(c: &Cluster) -> Res<tessera_e2e::process::Proc> {
+    let config = c.dir.join("plain-unthrottled.yaml");
+    let doc = json!({
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": c.kubeconfig("system:kube-scheduler"),
+                             "qps": 1000, "burst": 2000},
+        "leaderElection": {"leaderElect": false},
+        "profiles": [{"schedulerName": UNTHROTTLED}],
+    });
+    std::fs::write(&config, serde_json::to_string(&doc)?)?;
+    let mut cmd = std::process::Command::new(&c.artifacts.kube_scheduler);
+    cmd.arg(format!("--config={}", config.display()))
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!(
+            "--secure-port={}",
+            tessera_e2e::process::free_port()
+        ))
+        .arg("--v=1");
+    Ok(tessera_e2e::process::Proc::spawn(
+        "plain-unthrottled-kube-scheduler",
+        &c.dir.join("logs"),
+        &mut cmd,
+    )?)
+}
+
+async fn ensure_namespace(admin: &kube::Client, ns: &str) -> Res<()> {
+    let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+    match Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &obj)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What one run observed, per pod name.
+#[derive(Debug, Default)]
+struct Seen {
+    created: HashMap<String, Instant>,
+    bound: HashMap<String, Instant>,
+    /// When `hami.io/bind-phase: success` (the device plugin's answer) was first seen.
+    allocated: HashMap<String, Instant>,
+}
+
+/// Watches the run's pods: records when each is first seen bound; with `plugin`, marks pods
+/// bound with `bind-phase: allocating` as allocated (the device plugin's patch).
+fn spawn_watch(
+    admin: kube::Client,
+    plugin: Option<kube::Client>,
+    ns: String,
+    run: String,
+    seen: Arc<Mutex<Seen>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let api: Api<Pod> = Api::namespaced(admin, &ns);
+        let cfg = watcher::Config::default().labels(&format!("{RUN}={run}"));
+        let mut stream = watcher(api, cfg).default_backoff().boxed();
+        let mut patched: std::collections::HashSet<String> = Default::default();
+        while let Ok(Some(ev)) = stream.try_next().await {
+            let pods = match ev {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => vec![p],
+                _ => continue,
+            };
+            let now = Instant::now();
+            for p in pods {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                if tessera_e2e::pods::node_of(&p).is_none() {
+                    continue;
+                }
+                let phase = tessera_e2e::pods::annotation(&p, "hami.io/bind-phase");
+                if let Ok(mut s) = seen.lock() {
+                    s.bound.entry(name.clone()).or_insert(now);
+                    if phase == Some("success") {
+                        s.allocated.entry(name.clone()).or_insert(now);
+                    }
+                }
+                let allocating =
+                    tessera_e2e::pods::annotation(&p, "hami.io/bind-phase") == Some("allocating");
+                if let Some(c) = &plugin
+                    && allocating
+                    && patched.insert(name.clone())
+                {
+                    let api: Api<Pod> = Api::namespaced(c.clone(), &ns);
+                    tokio::spawn(async move {
+                        let patch = json!({"metadata": {"annotations": {
+                            "hami.io/bind-phase": "success",
+                            "hami.io/vgpu-devices-to-allocate": ";"}}});
+                        let _ = api
+                            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                            .await;
+                    });
+                }
+            }
+        }
+    })
+}
+
+/// Creates `pods` pods with `CREATORS` concurrent clients, recording when each create started.
+async fn create_all(
+    user: &kube::Client,
+    ns: &str,
+    objects: Vec<Pod>,
+    seen: &Arc<Mutex<Seen>>,
+) -> usize {
+    let api: Api<Pod> = Api::namespaced(user.clone(), ns);
+    futures::stream::iter(objects)
+        .map(|pod| {
+            let api = api.clone();
+            let seen = seen.clone();
+            async move {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                if let Ok(mut s) = seen.lock() {
+                    s.created.insert(name.clone(), Instant::now());
+                }
+                // A webhook timeout under load is retried, as a controller would.
+                for _ in 0..5 {
+                    match api.create(&PostParams::default(), &pod).await {
+                        Ok(_) => return true,
+                        Err(kube::Error::Api(s)) if s.code == 409 => return true,
+                        Err(e) => {
+                            eprintln!("create {name}: {e}; retrying");
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+                false
+            }
+        })
+        .buffer_unordered(CREATORS)
+        .filter(|ok| futures::future::ready(*ok))
+        .count()
+        .await
+}
+
+/// Deletes every pod of `ns` at once (no kubelet: grace period 0) and waits until they are gone.
+async fn delete_all(admin: &kube::Client, ns: &str) -> Res<()> {
+    let api: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    api.delete_collection(&dp, &ListParams::default()).await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        if api
+            .list(&ListParams::default().limit(1))
+            .await?
+            .items
+            .is_empty()
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Err("pods not gone after 120 s".into())
+}
+
+/// One placement run's figures.
+#[derive(Debug, Clone)]
+struct RunResult {
+    placed: usize,
+    wanted: usize,
+    pods_per_s: f64,
+    /// CPU seconds per component during the run (creates to last bind).
+    cpu: BTreeMap<String, f64>,
+    /// Mean time in the extender's `/filter` and `/bind` handlers, ms (Tessera runs only).
+    handler_ms: [f64; 2],
+    create_s: f64,
+    latencies_ms: Vec<f64>,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn placement_run(
+    c: &Cluster,
+    plugin: &kube::Client,
+    ns: &str,
+    run: &str,
+    v: Variant,
+    pods: usize,
+    within: Duration,
+) -> Res<RunResult> {
+    let tessera = v == Variant::Tessera;
+    ensure_namespace(c.admin(), ns).await?;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let watch = spawn_watch(
+        c.admin().clone(),
+        tessera.then(|| plugin.clone()),
+        ns.to_owned(),
+        run.to_owned(),
+        seen.clone(),
+    );
+    // Let the watch start before the first create.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let objects: Vec<Pod> = (0..pods)
+        .map(|i| pod_object(ns, &format!("p-{i:05}"), run, v))
+        .collect();
+    let cpu_before = cpu_by_component(&c.dir);
+    let handlers_before = handler_seconds(c).await;
+    let t0 = Instant::now();
+    let created = create_all(c.user(), ns, objects, &seen).await;
+    let create_s = t0.elapsed().as_secs_f64();
+    let deadline = t0 + within;
+    loop {
+        let bound = seen.lock().map(|s| s.bound.len()).unwrap_or(0);
+        if bound >= created || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cpu = cpu_diff(&cpu_by_component(&c.dir), &cpu_before);
+    let handlers = handler_seconds(c).await;
+    let handler_ms = [0, 1].map(|i| {
+        let n = handlers[i].1 - handlers_before[i].1;
+        if n > 0.0 {
+            (handlers[i].0 - handlers_before[i].0) * 1e3 / n
+        } else {
+            0.0
+        }
+    });
+    watch.abort();
+    let s = seen.lock().map_err(|_| "poisoned")?;
+    let first = s.created.values().min().copied().unwrap_or(t0);
+    let last = s.bound.values().max().copied().unwrap_or(first);
+    let latencies_ms: Vec<f64> = s
+        .bound
+        .iter()
+        .filter_map(|(n, b)| {
+            s.created
+                .get(n)
+                .map(|c| b.saturating_duration_since(*c).as_secs_f64() * 1e3)
+        })
+        .collect();
+    let placed = s.bound.len();
+    let span = last.saturating_duration_since(first).as_secs_f64();
+    Ok(RunResult {
+        placed,
+        wanted: pods,
+        pods_per_s: if span > 0.0 {
+            placed as f64 / span
+        } else {
+            0.0
+        },
+        cpu,
+        handler_ms,
+        create_s,
+        latencies_ms,
+    })
+}
+
+/// Registers `n` bare nodes of one set; for the plain baseline, as plain extended resources
+/// (`nvidia.com/gpu: 8`, no register annotation).
+async fn register_set(admin: &kube::Client, set: &str, n: usize, plain: bool) -> Res<()> {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let results: Vec<Res<()>> = futures::stream::iter(0..n)
+        .map(|i| {
+            let admin = admin.clone();
+            let nodes = nodes.clone();
+            async move {
+                let name = format!("{set}-node-{i:04}");
+                let spec = NodeSpec::uniform(&name, 8, A100, A100_MIB);
+                tessera_e2e::node::register_bare_node(&admin, &spec)
+                    .await
+                    .map_err(|e| format!("{name}: {e}"))?;
+                let mut meta = json!({"labels": { SET: set }});
+                if plain {
+                    meta["annotations"] = json!({"hami.io/node-nvidia-register": null});
+                }
+                nodes
+                    .patch(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({ "metadata": meta })),
+                    )
+                    .await?;
+                if plain {
+                    let gpus = json!({"nvidia.com/gpu": "8"});
+                    nodes
+                        .patch_status(
+                            &name,
+                            &PatchParams::default(),
+                            &Patch::Merge(
+                                &json!({"status": {"capacity": gpus, "allocatable": gpus}}),
+                            ),
+                        )
+                        .await?;
+                }
+                Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    for r in results {
+        r?;
+    }
+    Ok(())
+}
+
+/// CPU seconds (user + system) used so far by each process of the cluster (found by the run
+/// directory in its command line), by component, and by this benchmark process (the pod
+/// creators, the watch and the device plugin stand-in).
+fn cpu_by_component(dir: &std::path::Path) -> BTreeMap<String, f64> {
+    let tick = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(100.0);
+    let cpu_of = |stat: &str| -> Option<f64> {
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // Fields 14 and 15 of /proc/<pid>/stat (utime, stime), counted after the comm field.
+        let user: f64 = f.get(11)?.parse().ok()?;
+        let sys: f64 = f.get(12)?.parse().ok()?;
+        Some((user + sys) / tick)
+    };
+    let mut out = BTreeMap::new();
+    let needle = dir.display().to_string();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let pid = e.file_name().to_string_lossy().into_owned();
+            if !pid.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let args: Vec<String> = cmd
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            if !args.iter().any(|a| a.contains(&needle)) {
+                continue;
+            }
+            let exe = args
+                .first()
+                .and_then(|a| a.rsplit('/').next())
+                .unwrap_or("?")
+                .to_owned();
+            if exe == "unshare" || exe == "sh" {
+                continue;
+            }
+            let name = if exe == "kube-scheduler" && args.iter().any(|a| a.contains("plain-")) {
+                "kube-scheduler (plain)".to_owned()
+            } else if exe == "kube-scheduler" {
+                "kube-scheduler (Tessera profile)".to_owned()
+            } else {
+                exe
+            };
+            if let Some(c) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| cpu_of(&s))
+            {
+                *out.entry(name).or_insert(0.0) += c;
+            }
+        }
+    }
+    if let Some(c) = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| cpu_of(&s))
+    {
+        out.insert("benchmark client".to_owned(), c);
+    }
+    out
+}
+
+/// `after - before`, per component.
+fn cpu_diff(
+    after: &BTreeMap<String, f64>,
+    before: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .collect()
+}
+
+/// `tessera_scheduler_decisions{verb,result}` of the leader, summed per `verb/result`.
+async fn decisions(c: &Cluster) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let Some(p) = c.scheduler_pods.first() else {
+        return out;
+    };
+    let Some(text) = tessera_e2e::cluster::http_get(p.metrics_port, "/metrics").await else {
+        return out;
+    };
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("tessera_scheduler_decisions")
+            && let Some((labels, v)) = rest.rsplit_once(' ')
+        {
+            let get = |k: &str| {
+                labels
+                    .split([',', '{', '}'])
+                    .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+                    .map(|v| v.trim_matches('"').to_owned())
+                    .unwrap_or_default()
+            };
+            let key = format!("{}/{}", get("verb"), get("result"));
+            *out.entry(key).or_insert(0.0) += v.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    out
+}
+
+/// `(sum, count)` of the extender's `/filter` and `/bind` handler-time histograms.
+async fn handler_seconds(c: &Cluster) -> [(f64, f64); 2] {
+    let mut out = [(0.0, 0.0); 2];
+    let Some(p) = c.scheduler_pods.first() else {
+        return out;
+    };
+    let Some(text) = tessera_e2e::cluster::http_get(p.metrics_port, "/metrics").await else {
+        return out;
+    };
+    for line in text.lines() {
+        let Some((k, v)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let v: f64 = v.parse().unwrap_or(0.0);
+        for (i, verb) in ["filter", "bind"].iter().enumerate() {
+            let base = format!("tessera_{verb}_duration_seconds");
+            if k == format!("{base}_sum") {
+                out[i].0 = v;
+            } else if k == format!("{base}_count") {
+                out[i].1 = v;
+            }
+        }
+    }
+    out
+}
+
+fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> String {
+    after
+        .iter()
+        .filter_map(|(k, v)| {
+            let d = v - before.get(k).copied().unwrap_or(0.0);
+            (d > 0.0).then(|| format!("{k}={d}"))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// 100 identical pods onto one plugin-backed node; seconds until all are admitted.
+async fn burst(c: &mut Cluster, p: &Params, csv: &Csv) -> Res<()> {
+    let node = "burst-node";
+    c.add_node(NodeSpec::uniform(node, 8, A100, A100_MIB).with_split_count(16))
+        .await?;
+    Api::<Node>::all(c.admin().clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": { SET: "burst" }}})),
+        )
+        .await?;
+    let mut took = Vec::new();
+    let mut latencies = Vec::new();
+    let mut to_allocated = Vec::new();
+    let mut to_next_bind = Vec::new();
+    for round in 0..p.burst_rounds {
+        let ns = format!("bench-burst-{round}");
+        let run = format!("burst-{round}");
+        ensure_namespace(c.admin(), &ns).await?;
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let watch = spawn_watch(
+            c.admin().clone(),
+            None,
+            ns.clone(),
+            run.clone(),
+            seen.clone(),
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let before = decisions(c).await;
+        let admitted_before = c.node(node).map(|n| n.admitted().len()).unwrap_or(0);
+        let objects: Vec<Pod> = (0..p.burst)
+            .map(|i| {
+                let mut pod: Pod = serde_json::from_value(json!({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": format!("burst-{i:03}"), "namespace": ns,
+                                 "labels": { RUN: run }},
+                    "spec": {"containers": [{"name": "c0", "image": "registry.example/cuda-app:1",
+                        "resources": {"limits": {"cpu": "10m", "nvidia.com/gpu": "1",
+                            "nvidia.com/gpumem": "2000", "nvidia.com/gpucores": "5"}}}],
+                        "nodeSelector": { SET: "burst" }, "terminationGracePeriodSeconds": 0},
+                }))
+                .unwrap_or_default();
+                pod.metadata.namespace = Some(ns.clone());
+                pod
+            })
+            .collect();
+        let t0 = Instant::now();
+        let created = create_all(c.user(), &ns, objects, &seen).await;
+        let deadline = t0 + Duration::from_secs(if results::quick() { 60 } else { 240 });
+        let mut all_at = None;
+        while Instant::now() < deadline {
+            let n = c.node(node).map(|n| n.admitted().len()).unwrap_or(0);
+            if n >= admitted_before + created {
+                all_at = Some(t0.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let after = decisions(c).await;
+        watch.abort();
+        let Some(all_at) = all_at else {
+            return Err(format!(
+                "burst round {round}: not all {created} pods admitted within the deadline\n{}",
+                c.logs_tail(30)
+            )
+            .into());
+        };
+        eprintln!(
+            "burst round {round}: {created} pods admitted in {:.2} s; extender decisions: {}",
+            all_at.as_secs_f64(),
+            diff(&after, &before)
+        );
+        took.push(all_at.as_secs_f64());
+        if let Ok(s) = seen.lock() {
+            // Where the time goes: each pod's bound -> allocated (harness kubelet + plugin), and
+            // the gap from one allocation to the next pod's bind (the scheduler's reaction).
+            let mut bound: Vec<(Instant, &String)> = s.bound.iter().map(|(n, t)| (*t, n)).collect();
+            bound.sort();
+            let mut allocs: Vec<Instant> = s.allocated.values().copied().collect();
+            allocs.sort();
+            for (t, n) in &bound {
+                if let Some(a) = s.allocated.get(*n) {
+                    to_allocated.push(a.saturating_duration_since(*t).as_secs_f64() * 1e3);
+                }
+                if let Some(prev) = allocs.iter().rev().find(|a| *a < t) {
+                    to_next_bind.push(t.saturating_duration_since(*prev).as_secs_f64() * 1e3);
+                }
+            }
+            latencies.extend(s.bound.iter().filter_map(|(n, b)| {
+                s.created
+                    .get(n)
+                    .map(|c| b.saturating_duration_since(*c).as_secs_f64() * 1e3)
+            }));
+        }
+        delete_all(c.admin(), &ns).await?;
+        // The harness kubelet forgets deleted pods on its next tick.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline && c.node(node).map(|n| n.admitted().len()).unwrap_or(0) > 0
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let case = format!(
+        "{} identical pods (gpumem 2000 gpucores 5) onto one 8-GPU node (split 16)",
+        p.burst
+    );
+    let s = Stats::of(&took);
+    csv.row(
+        &Row::new(case.clone(), "first create -> all allocated", "s", s)
+            .without_p99()
+            .goal("< 5 s", s.median < 5.0),
+    );
+    csv.row(&Row::new(
+        case.clone(),
+        "per pod: create -> bound",
+        "ms",
+        Stats::of(&latencies),
+    ));
+    csv.row(&Row::new(
+        case.clone(),
+        "per pod: bound -> allocated (harness kubelet poll + Allocate + patch)",
+        "ms",
+        Stats::of(&to_allocated),
+    ));
+    csv.row(&Row::new(
+        case,
+        "per pod: latest earlier allocation -> bound (scheduler's reaction)",
+        "ms",
+        Stats::of(&to_next_bind),
+    ));
+    Ok(())
+}
+
+async fn run(p: Params) -> Res<()> {
+    let csv = Csv::open("scheduling");
+    let mut c = Cluster::start(ClusterOptions::new("bench-scheduling", vec![])).await?;
+    eprintln!("cluster up: {}", c.dir.display());
+    if p.burst > 0 && p.burst_rounds > 0 {
+        burst(&mut c, &p, &csv).await?;
+    }
+    if p.pods == 0 || p.rounds == 0 {
+        return Ok(());
+    }
+    let t = Instant::now();
+    register_set(c.admin(), "a", p.nodes, true).await?;
+    register_set(c.admin(), "b", p.nodes, false).await?;
+    eprintln!(
+        "{} + {} bare nodes registered in {:.1} s",
+        p.nodes,
+        p.nodes,
+        t.elapsed().as_secs_f64()
+    );
+    let _plain = c.spawn_plain_kube_scheduler("plain-kube-scheduler")?;
+    let _unthrottled = spawn_unthrottled_kube_scheduler(&c)?;
+    let plugin = client_for(&c.kubeconfig(DEVICE_PLUGIN_USER)).await?;
+    // Every scheduler and the extender's informers have seen every node.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let within = Duration::from_secs(if results::quick() { 90 } else { 600 });
+    let mut by: BTreeMap<Variant, Vec<RunResult>> = BTreeMap::new();
+    let mut ratios: BTreeMap<Variant, Vec<f64>> = BTreeMap::new();
+    let variants = [Variant::Plain, Variant::Tessera, Variant::PlainUnthrottled];
+    for round in 0..p.rounds {
+        // Rotate the order, so no variant always runs first (or right after another).
+        let mut order = variants;
+        order.rotate_left(round % variants.len());
+        let mut this = BTreeMap::new();
+        for v in order {
+            let who = v.short();
+            let ns = format!("bench-{who}-{round}");
+            let before = decisions(&c).await;
+            let r = placement_run(
+                &c,
+                &plugin,
+                &ns,
+                &format!("{who}-{round}"),
+                v,
+                p.pods,
+                within,
+            )
+            .await?;
+            let lat = Stats::of(&r.latencies_ms);
+            eprintln!(
+                "round {round} {who}: {}/{} placed, {:.1} pods/s (creates took {:.1} s), create->bound p50 {:.0} ms p99 {:.0} ms{}",
+                r.placed,
+                r.wanted,
+                r.pods_per_s,
+                r.create_s,
+                lat.median,
+                lat.p99,
+                if v == Variant::Tessera {
+                    format!(
+                        "; extender decisions: {}",
+                        diff(&decisions(&c).await, &before)
+                    )
+                } else {
+                    String::new()
+                }
+            );
+            if r.placed < r.wanted {
+                return Err(format!(
+                    "{who} round {round}: only {} of {} pods placed\n{}",
+                    r.placed,
+                    r.wanted,
+                    c.logs_tail(20)
+                )
+                .into());
+            }
+            delete_all(c.admin(), &ns).await?;
+            this.insert(v, r.clone());
+            by.entry(v).or_default().push(r);
+        }
+        for base in [Variant::Plain, Variant::PlainUnthrottled] {
+            ratios
+                .entry(base)
+                .or_default()
+                .push(this[&Variant::Tessera].pods_per_s / this[&base].pods_per_s);
+        }
+    }
+    let case = |who: &str| format!("{} GPU pods on {} nodes x 8 GPUs: {who}", p.pods, p.nodes);
+    let rate = |v: Variant| Stats::of(&by[&v].iter().map(|r| r.pods_per_s).collect::<Vec<_>>());
+    let lat = |v: Variant| {
+        Stats::of(
+            &by[&v]
+                .iter()
+                .flat_map(|r| r.latencies_ms.iter().copied())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (ra, ru, rb) = (
+        rate(Variant::Plain),
+        rate(Variant::PlainUnthrottled),
+        rate(Variant::Tessera),
+    );
+    let ratio = Stats::of(&ratios[&Variant::Plain]).median;
+    let ratio_u = Stats::of(&ratios[&Variant::PlainUnthrottled]).median;
+    csv.row(
+        &Row::new(
+            case("(a) kube-scheduler alone (default config)  nvidia.com/gpu: 1"),
+            "pods placed per second",
+            "pods/s",
+            ra,
+        )
+        .without_p99(),
+    );
+    csv.row(
+        &Row::new(
+            case("(a') kube-scheduler alone  client QPS 1000 instead of 50"),
+            "pods placed per second",
+            "pods/s",
+            ru,
+        )
+        .without_p99(),
+    );
+    csv.row(
+        &Row::new(
+            case("(b) kube-scheduler + Tessera  gpu 1 gpumem 4000 gpucores 10 [vs (a)]"),
+            "pods placed per second",
+            "pods/s",
+            rb,
+        )
+        .without_p99()
+        .baseline(ra.median)
+        .ratio(ratio)
+        .goal("ratio (b)/(a) >= 0.5", ratio >= 0.5),
+    );
+    csv.row(
+        &Row::new(
+            case("(b) kube-scheduler + Tessera [vs (a')]"),
+            "pods placed per second",
+            "pods/s",
+            rb,
+        )
+        .without_p99()
+        .baseline(ru.median)
+        .ratio(ratio_u),
+    );
+    for (v, name) in [
+        (Variant::Plain, "(a) kube-scheduler alone"),
+        (
+            Variant::PlainUnthrottled,
+            "(a') kube-scheduler alone  QPS 1000",
+        ),
+        (Variant::Tessera, "(b) kube-scheduler + Tessera [vs (a)]"),
+    ] {
+        let mut row = Row::new(case(name), "create -> bound", "ms", lat(v));
+        if v == Variant::Tessera {
+            row = row.baseline(lat(Variant::Plain).median);
+        }
+        csv.row(&row);
+    }
+    // The extender's share of kube-scheduler's serial scheduling cycle (1 / pods per second).
+    for (i, verb) in ["/filter", "/bind"].iter().enumerate() {
+        csv.row(
+            &Row::new(
+                case("(b) kube-scheduler + Tessera"),
+                format!(
+                    "mean time in the extender's {verb} handler (run median; pod patch and API calls included)"
+                ),
+                "ms",
+                Stats::of(
+                    &by[&Variant::Tessera]
+                        .iter()
+                        .map(|r| r.handler_ms[i])
+                        .collect::<Vec<_>>(),
+                ),
+            )
+            .without_p99(),
+        );
+    }
+    // Where the time goes on a machine whose cores every component shares: CPU per placed
+    // pod by component, median over rounds, (b) against (a).
+    let per_pod = |t: Variant, comp: &str| {
+        Stats::of(
+            &by[&t]
+                .iter()
+                .map(|r| r.cpu.get(comp).copied().unwrap_or(0.0) * 1e3 / r.placed.max(1) as f64)
+                .collect::<Vec<_>>(),
+        )
+    };
+    let mut comps: Vec<String> = by
+        .values()
+        .flatten()
+        .flat_map(|r| r.cpu.keys().cloned())
+        .collect();
+    comps.sort();
+    comps.dedup();
+    let total = |t: Variant| {
+        Stats::of(
+            &by[&t]
+                .iter()
+                .map(|r| r.cpu.values().sum::<f64>() * 1e3 / r.placed.max(1) as f64)
+                .collect::<Vec<_>>(),
+        )
+    };
+    for comp in comps.iter().map(String::as_str).chain(["all processes"]) {
+        let (a, b) = if comp == "all processes" {
+            (total(Variant::Plain), total(Variant::Tessera))
+        } else {
+            (
+                per_pod(Variant::Plain, comp),
+                per_pod(Variant::Tessera, comp),
+            )
+        };
+        if a.median == 0.0 && b.median == 0.0 {
+            continue;
+        }
+        let mut row = Row::new(
+            format!("{} GPU pods on {} nodes: {comp}", p.pods, p.nodes),
+            "CPU per placed pod, (b) Tessera [baseline: (a) plain]",
+            "ms",
+            b,
+        )
+        .without_p99();
+        if a.median > 0.0 {
+            row = row.baseline(a.median);
+        }
+        csv.row(&row);
+    }
+    Ok(())
+}
+
+fn main() {
+    let p = params();
+    eprintln!("scheduling bench: {p:?}");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    if let Err(e) = rt.block_on(run(p)) {
+        eprintln!("scheduling bench failed: {e}");
+        std::process::exit(1);
+    }
+}
