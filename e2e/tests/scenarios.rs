@@ -571,29 +571,18 @@ async fn demo_places_the_example_pods_and_explains_the_rest() {
             .find(|r| r.pod == n)
             .unwrap_or_else(|| panic!("{n} missing\n{table}"))
     };
-    for placed in [
-        "notebook",
-        "inference-a",
-        "inference-b",
-        "a100-only",
-        "whole-h100",
-    ] {
-        assert!(
-            row(placed).node.is_some(),
-            "{placed} placed\n{table}\n{}",
-            cluster.logs_tail(10)
-        );
+    let node = |n: &str| {
+        row(n)
+            .node
+            .clone()
+            .unwrap_or_else(|| panic!("{n} not placed\n{table}\n{}", cluster.logs_tail(10)))
+    };
+    assert_eq!(node("whole-h100"), "h100-node", "{table}");
+    assert_eq!(node("notebook"), "t4-node", "{table}");
+    assert_eq!(node("a100-only"), "a100-node", "{table}");
+    for inference in ["inference-a", "inference-b"] {
+        assert_ne!(node(inference), "h100-node", "{table}");
     }
-    assert_eq!(
-        row("a100-only").node.as_deref(),
-        Some("a100-node"),
-        "{table}"
-    );
-    assert_eq!(
-        row("whole-h100").node.as_deref(),
-        Some("h100-node"),
-        "{table}"
-    );
     assert!(row("too-big").why.contains("largest GPU"), "{table}");
     let four = row("four-whole-cards");
     assert!(
