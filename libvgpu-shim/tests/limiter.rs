@@ -3,6 +3,9 @@
 
 mod common;
 
+#[path = "../../bench/results.rs"]
+mod results;
+
 #[allow(dead_code, clippy::all)]
 #[path = "../../test-support/fake-nvml/src/gpu_state.rs"]
 mod gpu_state;
@@ -63,8 +66,30 @@ fn utilization_converges_to_the_sm_limit() {
         "unlimited loop should saturate, got {full:.1}%"
     );
     let mut report = Vec::new();
+    // `bench/run.sh` collects these (`shim_limiter.csv` under `TESSERA_BENCH_CSV_DIR`).
+    let csv = results::Csv::open("shim_limiter");
+    csv.row(&results::Row::new(
+        "no limit",
+        "utilization over 5 s (fake GPU)",
+        "%",
+        results::Stats::single(full),
+    ));
     for h in handles {
         let (limit, util) = h.join().unwrap();
+        csv.row(
+            &results::Row::new(
+                format!("CUDA_DEVICE_SM_LIMIT={limit}"),
+                "utilization over 5 s (fake GPU; four limits at once)",
+                "%",
+                results::Stats::single(util),
+            )
+            .without_p99()
+            .baseline(f64::from(limit))
+            .goal(
+                "within 5 points of the limit",
+                (util - f64::from(limit)).abs() <= 5.0,
+            ),
+        );
         report.push(format!("limit {limit}%: measured {util:.1}%"));
         assert!(
             (util - limit as f64).abs() <= 5.0,

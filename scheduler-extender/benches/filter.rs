@@ -1,11 +1,22 @@
 //! Filter + score for one pod through the decision loop at 100 / 1,000 / 5,000 nodes × 8 GPUs
 //! with 10 running pods per node. Each iteration decides, reserves and releases (the reservation
 //! invalidates one node's cached usage, as in production).
+//!
+//! After criterion's own report, each benchmark's samples (criterion's `sample.json`: mean time
+//! per iteration of each of its samples) go to `filter.csv` when `TESSERA_BENCH_CSV_DIR` is set;
+//! `TESSERA_BENCH_QUICK=1` measures each for about a second.
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion};
 use tessera_scheduler::decide::DecisionConfig;
 use tessera_scheduler::engine::{Engine, Observation};
 use tessera_scheduler::testing::{gpu_node, gpu_pod, running_pod};
+
+#[path = "../../bench/results.rs"]
+mod results;
+use results::{Csv, Row, Stats};
 
 fn cluster(nodes: usize) -> (Engine, Vec<String>) {
     cluster_with(nodes, 1)
@@ -39,7 +50,7 @@ fn cluster_with(nodes: usize, filter_threads: usize) -> (Engine, Vec<String>) {
 
 fn filter(c: &mut Criterion) {
     let mut group = c.benchmark_group("filter_one_pod");
-    group.sample_size(20);
+    group.sample_size(if results::quick() { 10 } else { 20 });
     for nodes in [100usize, 1_000, 5_000] {
         let (mut engine, names) = cluster(nodes);
         let pod = gpu_pod("bench", "candidate", 1, 8192, 20);
@@ -54,7 +65,7 @@ fn filter(c: &mut Criterion) {
     group.finish();
     // The same at 5,000 nodes with `--filter-threads 4`, to measure on real control-plane hardware.
     let mut group = c.benchmark_group("filter_threads_4");
-    group.sample_size(20);
+    group.sample_size(if results::quick() { 10 } else { 20 });
     let (mut engine, names) = cluster_with(5_000, 4);
     let pod = gpu_pod("bench", "candidate", 1, 8192, 20);
     group.bench_function("5000", |b| {
@@ -67,5 +78,77 @@ fn filter(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, filter);
-criterion_main!(benches);
+/// Where criterion writes its results (as criterion decides it, minus `cargo metadata`).
+fn criterion_home() -> PathBuf {
+    if let Some(h) = std::env::var_os("CRITERION_HOME") {
+        return PathBuf::from(h);
+    }
+    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(t).join("criterion");
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/criterion")
+}
+
+/// Per-iteration times (µs) of each criterion sample of `group/id`.
+fn samples(group: &str, id: &str) -> Option<Vec<f64>> {
+    let path = criterion_home()
+        .join(group)
+        .join(id)
+        .join("new/sample.json");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+    let iters = v["iters"].as_array()?;
+    let times = v["times"].as_array()?;
+    Some(
+        iters
+            .iter()
+            .zip(times)
+            .filter_map(|(i, t)| Some(t.as_f64()? / i.as_f64()? / 1e3))
+            .collect(),
+    )
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    if results::quick() {
+        c = c
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_secs(1));
+    }
+    filter(&mut c);
+    c.final_summary();
+    let csv = Csv::open("filter");
+    for (group, id, case) in [
+        ("filter_one_pod", "100", "100 nodes x 8 GPUs; 10 pods/node"),
+        (
+            "filter_one_pod",
+            "1000",
+            "1000 nodes x 8 GPUs; 10 pods/node",
+        ),
+        (
+            "filter_one_pod",
+            "5000",
+            "5000 nodes x 8 GPUs; 10 pods/node",
+        ),
+        (
+            "filter_threads_4",
+            "5000",
+            "5000 nodes x 8 GPUs; 10 pods/node; --filter-threads 4",
+        ),
+    ] {
+        match samples(group, id) {
+            Some(v) => csv.row(
+                &Row::new(
+                    case,
+                    "filter+score+reserve+release (criterion sample means)",
+                    "us",
+                    Stats::of(&v),
+                )
+                .without_p99(),
+            ),
+            None => eprintln!(
+                "no criterion samples for {group}/{id} under {}",
+                criterion_home().display()
+            ),
+        }
+    }
+}

@@ -13,6 +13,9 @@
 //! cargo bench -p tessera-scheduler --bench memory -- --nodes 5000 --pods 50000 --other-pods 20000
 //! ```
 //!
+//! With `TESSERA_BENCH_CSV_DIR` set, the figures also go to `memory.csv` there (one row set per
+//! run; `bench/run.sh` runs both sizes above).
+//!
 //! `--other-pods N` adds pods without GPUs (DaemonSets, system pods): the daemon lists and
 //! buffers every pod, and remembers each one's UID. `--full-objects` buffers the objects whole,
 //! as the daemon did before it reduced them on arrival (`state::slim_pod`, `slim_node`).
@@ -26,6 +29,10 @@ use tessera_scheduler::facts::ClusterFacts;
 use tessera_scheduler::state::{NodeRecord, slim_node, slim_pod};
 use tessera_scheduler::testing::gpu_pod;
 use tessera_scheduler::webhook::{self, WebhookConfig};
+
+#[path = "../../bench/results.rs"]
+mod results;
+use results::{Csv, Row, Stats};
 
 const GPUS_PER_NODE: usize = 8;
 
@@ -214,10 +221,18 @@ fn other_pod_object(i: usize, node: usize) -> Value {
     p
 }
 
+thread_local! {
+    /// Seconds spent decoding JSON text into typed objects (the daemon's share of a List).
+    static DECODE_S: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+}
+
 fn decode<T: serde::de::DeserializeOwned + Default>(v: Value) -> T {
     // As kube's watcher does: the API server's JSON text into the typed object.
     let text = v.to_string();
-    serde_json::from_str(&text).unwrap_or_default()
+    let t = Instant::now();
+    let out = serde_json::from_str(&text).unwrap_or_default();
+    DECODE_S.with(|d| d.set(d.get() + t.elapsed().as_secs_f64()));
+    out
 }
 
 fn arg(args: &[String], name: &str, default: usize) -> usize {
@@ -279,6 +294,7 @@ fn main() {
                 "spec": {"hard": {"limits.nvidia.com/gpumem": "10000000", "limits.nvidia.com/gpu": "1000"}}}))
         })
         .collect();
+    let decode_s = DECODE_S.with(std::cell::Cell::get);
     let listed = mem();
     report(
         &format!(
@@ -381,6 +397,69 @@ fn main() {
         mib(scraped.rss_kib),
         mib(scraped.rss_kib.saturating_sub(base.rss_kib)),
         mib(scraped.hwm_kib)
+    );
+    let csv = Csv::open("memory");
+    let case = format!(
+        "{nodes_n} nodes x {GPUS_PER_NODE} GPUs; {pods_n} GPU pods; {other_n} other pods{}",
+        if full { "; whole objects buffered" } else { "" }
+    );
+    let one = |x: f64| Stats::single(x);
+    let steady = mib(scraped.rss_kib);
+    let mut row = Row::new(
+        case.clone(),
+        "extender RSS steady (state + usage cache; List buffers dropped)",
+        "MiB",
+        one(steady),
+    )
+    .without_p99();
+    if nodes_n == 1_000 && pods_n == 10_000 {
+        row = row.goal("< 200 MiB", steady < 200.0);
+    }
+    csv.row(&row);
+    csv.row(
+        &Row::new(
+            case.clone(),
+            "extender peak RSS (VmHWM; List buffers held during the rebuild)",
+            "MiB",
+            one(mib(scraped.hwm_kib)),
+        )
+        .without_p99(),
+    );
+    csv.row(
+        &Row::new(
+            case.clone(),
+            "state rebuild after a leader change: decode the Lists' JSON + rebuild (API server List time not included)",
+            "s",
+            one(decode_s + rebuild_s),
+        )
+        .without_p99(),
+    );
+    csv.row(
+        &Row::new(
+            case.clone(),
+            "  of which the loop's rebuild",
+            "s",
+            one(rebuild_s),
+        )
+        .without_p99(),
+    );
+    csv.row(
+        &Row::new(
+            case.clone(),
+            "first filter after the rebuild (builds every node's usage cache)",
+            "ms",
+            one(first_ms),
+        )
+        .without_p99(),
+    );
+    csv.row(
+        &Row::new(
+            case,
+            "webhook AdmissionReview with both cluster checks",
+            "us",
+            one(per_call),
+        )
+        .without_p99(),
     );
     // Keep the state alive until here.
     drop(engine);
