@@ -2,11 +2,12 @@
 # Runs every benchmark of issue 7 and writes one CSV per benchmark plus the tables of
 # docs/benchmarks.md (between its `<!-- bench:NAME -->` markers; the prose around them is kept).
 #
-#   bench/run.sh            full run: docs/bench/*.csv, docs/benchmarks.md updated (about 25 min
+#   bench/run.sh            full run: docs/bench/*.csv, docs/benchmarks.md updated (about 11 min
 #                           on 2 cores once built)
 #   bench/run.sh --quick    each benchmark for a few seconds, CSVs under target/bench-quick/,
 #                           docs untouched; fails only if a benchmark fails or writes no rows
-#   bench/run.sh --only filter,scheduling   a subset (names: the STEPS below)
+#   bench/run.sh --only filter,scheduling   a subset (names: the STEPS below); rewrites only
+#                           those tables
 #
 # Needs what `make e2e` needs (the control plane from e2e/control-plane.sh, helm from
 # e2e/tools.sh, both cached in ~/.cache/tessera), a C compiler, and valgrind for the shim's
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=1 ;;
     --only) only="$2"; shift ;;
     --only=*) only="${1#--only=}" ;;
-    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
     shift
@@ -37,7 +38,10 @@ logs="$root/target/bench-logs"
 mkdir -p "$out" "$logs"
 
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-if ! git diff --quiet HEAD -- 2>/dev/null; then commit="$commit+uncommitted"; fi
+# Changes to the runner's own outputs do not make the measured code "uncommitted".
+if ! git diff --quiet HEAD -- . ':!docs/benchmarks.md' ':!docs/bench' 2>/dev/null; then
+    commit="$commit+uncommitted"
+fi
 cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo 2>/dev/null || echo "?")
 mem=$(awk '/^MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo 2>/dev/null || echo "?")
 machine="$(nproc) vCPU ($cpu), $mem RAM, Linux $(uname -r)"
@@ -75,7 +79,10 @@ csv_of() {
 
 selected() {
     [ -z "$only" ] && return 0
-    case ",$only," in *",$1,"*) return 0 ;; esac
+    local n=$1
+    # Both memory sizes write memory.csv: they run together.
+    [ "$n" = memory_scale ] && n=memory
+    case ",$only," in *",$n,"*) return 0 ;; esac
     return 1
 }
 
@@ -119,10 +126,10 @@ done
 elapsed=$(($(date +%s) - started))
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-if [ "$quick" = 0 ] && [ -z "$only" ]; then
+if [ "$quick" = 0 ]; then
     gen=$(mktemp -d)
     trap 'rm -rf "$gen"' EXIT
-    {
+    [ -z "$only" ] && {
         echo "Last full run: commit \`$commit\`, $(date -u +%Y-%m-%d), $machine; load average"
         echo "$load_before at the start and $load_after at the end; $((elapsed / 60)) min $((elapsed % 60)) s."
         echo "Command: \`bench/run.sh\` (CSV per benchmark in \`docs/bench/\`, logs in \`target/bench-logs/\`)."
@@ -138,13 +145,15 @@ if [ "$quick" = 0 ] && [ -z "$only" ]; then
         cmd=${s#*|}
         csv=$(csv_of "$name")
         [ "$name" = memory_scale ] && continue
+        selected "$name" || continue
+        [ -s "$out/$csv.csv" ] || continue
         {
             if [ "$name" = memory ]; then
                 echo "Commands: $(shown "$cmd") and $(shown "${STEPS[3]#*|}")"
             else
                 echo "Command: $(shown "$cmd")"
             fi
-            echo "(rows: \`docs/bench/$csv.csv\`; took ${took[$name]:-?} s in this run)."
+            echo "(rows: \`docs/bench/$csv.csv\`; commit \`$commit\`, $(date -u +%Y-%m-%d), ${took[$name]:-?} s)."
             echo
             awk -f bench/report.awk "$out/$csv.csv"
         } >"$gen/$csv.md"

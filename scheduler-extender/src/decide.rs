@@ -46,7 +46,8 @@ pub struct Placement {
     pub devices: PodDevices,
     pub signature: AllocationSignature,
     pub charge: Charge,
-    pub fitting: Vec<(String, f32)>,
+    /// Every node that fits, with its score (names shared with the loop's cache).
+    pub fitting: Vec<(std::sync::Arc<str>, f32)>,
     pub failed: BTreeMap<String, String>,
 }
 
@@ -70,7 +71,7 @@ fn better(policy: fit::NodePolicyKey, candidate: f32, current: f32) -> bool {
 #[derive(Debug, Default)]
 struct Chunk {
     failed: BTreeMap<String, String>,
-    fitting: Vec<(String, f32)>,
+    fitting: Vec<(std::sync::Arc<str>, f32)>,
     best: Option<NodeFit>,
 }
 
@@ -104,9 +105,9 @@ impl EvalInput<'_> {
                     out.failed.insert(name.clone(), why.to_owned());
                     continue;
                 }
-                Some(Candidate::Usable(node, nvidia)) => (node, nvidia),
+                Some(Candidate::Usable(node, nvidia, shared_name)) => (node, nvidia, shared_name),
             };
-            let (node, nvidia) = node;
+            let (node, nvidia, shared_name) = node;
             // Only the kept node's device list is built (UUID strings); the others are
             // compared by score alone.
             match fit::evaluate_picks(&node, Some(nvidia), self.ask, self.opts, self.quota) {
@@ -135,7 +136,7 @@ impl EvalInput<'_> {
                             format!("{PENDING_CONFLICT}: pod {other} is still being allocated here and could be taken for this one"),
                         );
                     } else {
-                        out.fitting.push((node.name.clone(), f.score));
+                        out.fitting.push((shared_name.clone(), f.score));
                         if out
                             .best
                             .as_ref()

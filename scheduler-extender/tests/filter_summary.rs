@@ -10,6 +10,7 @@ use tessera_scheduler::decide::{Placement, success_summary};
 use tessera_scheduler::fit::Charge;
 
 fn placement(fitting: Vec<(String, f32)>, failed: usize) -> Placement {
+    let fitting = fitting.into_iter().map(|(n, s)| (n.into(), s)).collect();
     let devices = PodDevices(Vec::new());
     Placement {
         node: "n1".to_owned(),
