@@ -8,17 +8,21 @@
 //!   kubelet has admitted (allocated) all of them;
 //! * **throughput**: 2,000 one-GPU pods on 500 simulated nodes, (a) by a second, plain
 //!   kube-scheduler (profile `default-scheduler`, no extender) with `nvidia.com/gpu: 1` against
-//!   8 GPUs of node extended resources, and (b) by kube-scheduler + Tessera with fractional
+//!   8 GPUs of node extended resources, (a') the same with client QPS 1000 instead of the default
+//!   50 (which caps (a)'s Binding calls), and (b) by kube-scheduler + Tessera with fractional
 //!   requests (`gpu: 1, gpumem: 4000, gpucores: 10`) on nodes registered as 8 × A100 40 GB
-//!   (split 10), in the same run, rounds interleaved (a b, b a, …). Each node set is its own
-//!   (`tessera.io/bench-set` label and pod `nodeSelector`). The nodes are bare (a `Node` object,
+//!   (split 10), in the same run, the order rotating every round. (a) and (a') share one node
+//!   set, (b) has its own (`tessera.io/bench-set` label and pod `nodeSelector`); a run's pods are
+//!   deleted before the next run. The nodes are bare (a `Node` object,
 //!   no kubelet): for (b) a task plays the device plugin's part and marks each pod bound to a
 //!   bare node `hami.io/bind-phase: success`, as the plugin does after `Allocate`, so
 //!   Tessera's bind gate sees allocations complete.
 //!
 //! Pods are created by 32 concurrent clients as the ordinary user. Placement rate: pods /
 //! (last bound − first create started); latency: create started → `spec.nodeName` seen on a
-//! watch. Figures: median over rounds (throughput), over all pods of all rounds (latency).
+//! watch. Figures: median over rounds (throughput; the ratio is the median of per-round
+//! ratios), over all pods of all rounds (latency). Also per run: CPU seconds of every process of
+//! the cluster per placed pod, and the extender's mean `/filter` and `/bind` handler times.
 //!
 //! Run with release daemons: `cargo build --release -p tessera-scheduler -p tessera-device-plugin
 //! -p fake-nvml -p fake-cuda -p libvgpu-shim && TESSERA_E2E_PROFILE=release cargo bench -p
