@@ -1,5 +1,5 @@
 # The README's two commands live here so that CI (.ci/run) and users run the same thing.
-.PHONY: demo simulate test lint unit chart e2e build musl fuzz-smoke
+.PHONY: demo simulate test lint unit chart e2e build musl bench bench-quick fuzz-smoke
 
 # A local cluster (etcd, kube-apiserver, kube-scheduler from their Go modules; Tessera; three
 # simulated GPU nodes), the pods of examples/demo/pods.yaml, and a table of where each went and
@@ -13,7 +13,7 @@ simulate:
 	cargo run --locked -p tessera-scheduler -- simulate -f examples/simulate/cluster.yaml
 
 # The whole test suite, as CI runs it.
-test: lint unit chart e2e musl fuzz-smoke
+test: lint unit chart e2e musl bench-quick fuzz-smoke
 
 lint:
 	cargo fmt --all -- --check
@@ -41,6 +41,15 @@ chart:
 # target and Debian's musl-tools on first use (about a minute once).
 musl:
 	./libvgpu-shim/musl-test.sh
+
+# Every benchmark of docs/benchmarks.md (about 13 minutes once built): rewrites its tables and
+# docs/bench/*.csv. Release builds; needs what `make e2e` needs.
+bench:
+	bench/run.sh
+
+# Each benchmark for a few seconds: proves they all still run; the figures mean nothing.
+bench-quick:
+	bench/run.sh --quick
 
 fuzz-smoke:
 	./fuzz/run.sh
