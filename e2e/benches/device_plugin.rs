@@ -23,7 +23,7 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use kubelet_proto::deviceplugin::v1beta1 as dp;
 use serde_json::json;
-use tessera_e2e::cluster::{Cluster, ClusterOptions, DEVICE_PLUGIN_USER, SCHEDULER_USER};
+use tessera_e2e::cluster::{Cluster, ClusterOptions, SCHEDULER_USER};
 use tessera_e2e::node::NodeSpec;
 use tessera_e2e::process::Proc;
 
@@ -132,54 +132,13 @@ async fn run() -> Res<()> {
         .create(&PostParams::default(), &ns)
         .await;
 
-    // The node's files, as `GpuNode::start` lays them out.
+    // The node's files and the plugin's command line, exactly as `GpuNode::start` has them.
     let dir = c.dir.join("nodes").join(NODE);
-    let hook = dir.join("hook");
-    std::fs::create_dir_all(hook.join("vgpu"))?;
-    let _ = std::fs::remove_file(hook.join("vgpu/libvgpu.so"));
-    std::os::unix::fs::symlink(&c.artifacts.shim, hook.join("vgpu/libvgpu.so"))?;
-    std::fs::write(
-        hook.join("vgpu/ld.so.preload"),
-        "/usr/local/vgpu/libvgpu.so\n",
-    )?;
-    let devices: Vec<_> = spec
-        .gpus
-        .iter()
-        .enumerate()
-        .map(|(i, g)| {
-            json!({"uuid": g.uuid, "name": g.model, "memory_total_mib": g.memory_mib,
-                   "pci_bus_id": format!("00000000:{:02X}:00.0", 0x10 + i)})
-        })
-        .collect();
-    let scenario = dir.join("nvml-scenario.json");
-    std::fs::write(&scenario, json!({ "devices": devices }).to_string())?;
-    let events = dir.join("nvml-events.jsonl");
-    std::fs::write(&events, "")?;
     let sockets = tempfile::Builder::new().prefix("tdp-").tempdir_in("/tmp")?;
     let mut kubelet = kubelet_harness::FakeKubelet::start(sockets.path(), true).await;
-    let mut cmd = Command::new(&c.artifacts.tessera_device_plugin);
-    cmd.arg("--node-name")
-        .arg(NODE)
-        .arg("--kubeconfig")
-        .arg(c.kubeconfig(DEVICE_PLUGIN_USER))
-        .arg("--config-file")
-        .arg(dir.join("absent-device-config.yaml"))
-        .arg("--node-config")
-        .arg(dir.join("no-node-config.json"))
-        .arg("--socket-dir")
-        .arg(&kubelet.device_plugin_dir)
-        .arg("--pod-resources-socket")
-        .arg(&kubelet.pod_resources_socket)
-        .arg("--hook-path")
-        .arg(&hook)
-        .arg("--nvml-lib")
-        .arg(c.artifacts.driver_dir.join("libnvidia-ml.so.1"))
-        .arg("--sysfs-root")
-        .arg(dir.join("sys"))
-        .args(["--metrics-addr", "127.0.0.1:0"])
-        .env("FAKE_NVML_SCENARIO", &scenario)
-        .env("FAKE_NVML_EVENTS", &events)
-        .env("RUST_LOG", "warn");
+    let (mut cmd, _events) =
+        tessera_e2e::node::device_plugin_command(&spec, &c.node_env(), &dir, &kubelet)?;
+    cmd.env("RUST_LOG", "warn");
     let plugin = Proc::spawn("device-plugin-bench", &c.dir.join("logs"), &mut cmd)?;
     let pid = plugin.pid().ok_or("no pid")?;
     let reg = kubelet

@@ -368,7 +368,8 @@ impl Cluster {
         self.nodes.iter().find(|n| n.name() == name)
     }
 
-    fn node_env(&self) -> NodeEnv {
+    /// What a GPU node of this cluster needs to start (its plugin binary, kubeconfig, fakes).
+    pub fn node_env(&self) -> NodeEnv {
         NodeEnv {
             client: self.admin.clone(),
             kubeconfig: kubeconfig_path(&self.dir, DEVICE_PLUGIN_USER),

@@ -172,56 +172,9 @@ impl GpuNode {
     ) -> Result<GpuNode> {
         std::fs::create_dir_all(dir)?;
         create_node_object(&env.client, &spec.name).await?;
-        let scenario = dir.join("nvml-scenario.json");
-        std::fs::write(&scenario, spec.scenario_json())?;
-        let events_file = dir.join("nvml-events.jsonl");
-        std::fs::write(&events_file, "")?;
-        // HOOK_PATH layout as on a real node: <hook>/vgpu/libvgpu.so.
-        let hook = dir.join("hook");
-        std::fs::create_dir_all(hook.join("vgpu"))?;
-        let shim_link = hook.join("vgpu/libvgpu.so");
-        let _ = std::fs::remove_file(&shim_link);
-        std::os::unix::fs::symlink(&env.shim, &shim_link)?;
-        std::fs::write(
-            hook.join("vgpu/ld.so.preload"),
-            "/usr/local/vgpu/libvgpu.so\n",
-        )?;
-
-        let device_config = dir.join("device-config.yaml");
-        match spec.split_count {
-            Some(n) => std::fs::write(
-                &device_config,
-                format!("nvidia:\n  deviceSplitCount: {n}\n"),
-            )?,
-            None => {
-                let _ = std::fs::remove_file(&device_config);
-            }
-        }
         let kubelet = FakeKubelet::start(socket_dir, true).await;
-        let mut cmd = Command::new(&env.plugin_binary);
-        cmd.arg("--node-name")
-            .arg(&spec.name)
-            .arg("--kubeconfig")
-            .arg(&env.kubeconfig)
-            .arg("--config-file")
-            .arg(&device_config)
-            .arg("--node-config")
-            .arg(dir.join("no-node-config.json"))
-            .arg("--socket-dir")
-            .arg(&kubelet.device_plugin_dir)
-            .arg("--pod-resources-socket")
-            .arg(&kubelet.pod_resources_socket)
-            .arg("--hook-path")
-            .arg(&hook)
-            .arg("--nvml-lib")
-            .arg(&env.nvml_lib)
-            .arg("--sysfs-root")
-            .arg(dir.join("sys"))
-            .args(["--metrics-addr", "127.0.0.1:0"])
-            .args(["--health-recovery-seconds", "3"])
-            .env("FAKE_NVML_SCENARIO", &scenario)
-            .env("FAKE_NVML_EVENTS", &events_file)
-            .env("RUST_LOG", "info");
+        let (mut cmd, events_file) = device_plugin_command(&spec, env, dir, &kubelet)?;
+        cmd.args(["--health-recovery-seconds", "3"]);
         let plugin = Proc::spawn(
             &format!("device-plugin-{}", spec.name),
             &env.log_dir,
@@ -330,6 +283,68 @@ pub async fn register_bare_node(client: &kube::Client, spec: &NodeSpec) -> Resul
         .await?;
     let slots = spec.gpus.len() * split as usize;
     patch_node_capacity(client, &spec.name, Some((slots, slots))).await
+}
+
+/// Lays out a node's files as a real node has them (NVML scenario and events for the fake
+/// NVML, `<hook>/vgpu/libvgpu.so` and `ld.so.preload`, the device config) under `dir`, and returns
+/// the `tessera-device-plugin` command line over them and `kubelet`'s sockets, with the events
+/// file to append NVML events to.
+pub fn device_plugin_command(
+    spec: &NodeSpec,
+    env: &NodeEnv,
+    dir: &Path,
+    kubelet: &FakeKubelet,
+) -> Result<(Command, PathBuf)> {
+    std::fs::create_dir_all(dir)?;
+    let scenario = dir.join("nvml-scenario.json");
+    std::fs::write(&scenario, spec.scenario_json())?;
+    let events_file = dir.join("nvml-events.jsonl");
+    std::fs::write(&events_file, "")?;
+    // HOOK_PATH layout as on a real node: <hook>/vgpu/libvgpu.so.
+    let hook = dir.join("hook");
+    std::fs::create_dir_all(hook.join("vgpu"))?;
+    let shim_link = hook.join("vgpu/libvgpu.so");
+    let _ = std::fs::remove_file(&shim_link);
+    std::os::unix::fs::symlink(&env.shim, &shim_link)?;
+    std::fs::write(
+        hook.join("vgpu/ld.so.preload"),
+        "/usr/local/vgpu/libvgpu.so\n",
+    )?;
+
+    let device_config = dir.join("device-config.yaml");
+    match spec.split_count {
+        Some(n) => std::fs::write(
+            &device_config,
+            format!("nvidia:\n  deviceSplitCount: {n}\n"),
+        )?,
+        None => {
+            let _ = std::fs::remove_file(&device_config);
+        }
+    }
+    let mut cmd = Command::new(&env.plugin_binary);
+    cmd.arg("--node-name")
+        .arg(&spec.name)
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .arg("--config-file")
+        .arg(&device_config)
+        .arg("--node-config")
+        .arg(dir.join("no-node-config.json"))
+        .arg("--socket-dir")
+        .arg(&kubelet.device_plugin_dir)
+        .arg("--pod-resources-socket")
+        .arg(&kubelet.pod_resources_socket)
+        .arg("--hook-path")
+        .arg(&hook)
+        .arg("--nvml-lib")
+        .arg(&env.nvml_lib)
+        .arg("--sysfs-root")
+        .arg(dir.join("sys"))
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env("FAKE_NVML_SCENARIO", &scenario)
+        .env("FAKE_NVML_EVENTS", &events_file)
+        .env("RUST_LOG", "info");
+    Ok((cmd, events_file))
 }
 
 async fn create_node_object(client: &kube::Client, name: &str) -> Result<()> {
