@@ -14,7 +14,8 @@
 //! - [`devices`]: the container device list written into pod annotations;
 //! - [`usage`]: how a pod's device list counts against a GPU;
 //! - [`node`], [`handshake`], [`nodelock`]: the node annotations;
-//! - [`identity`]: the allocation signature used to tell pending pods apart.
+//! - [`identity`]: the allocation signature used to tell pending pods apart;
+//! - [`verbosity`]: HAMi's logging flags (klog `-v`, `--debug`) as a log filter.
 
 pub mod annotations;
 pub mod config;
@@ -28,6 +29,7 @@ pub mod quantity;
 pub mod request;
 pub mod resources;
 pub mod usage;
+pub mod verbosity;
 
 pub use config::{DeviceConfig, NodeConfig, NodeConfigFile, NvidiaConfig};
 pub use devices::{ContainerDevice, ContainerDevices, PodDevices};

@@ -4,7 +4,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use tessera_scheduler::decide::DecisionConfig;
 use tessera_scheduler::podspec::PolicyDefaults;
 
@@ -14,6 +15,29 @@ struct Cli {
     /// Log format on stderr.
     #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
+    /// klog verbosity, as HAMi's chart passes it (`-v=4`, `--v 4`): 4 or more logs Tessera's own
+    /// crates at debug, 6 at trace, 8 everything at trace. An explicit RUST_LOG wins.
+    #[arg(
+        short = 'v',
+        long = "v",
+        env = "TESSERA_VERBOSITY",
+        value_name = "LEVEL",
+        global = true
+    )]
+    verbosity: Option<u8>,
+    /// HAMi's `--debug`: the same as `-v=4` (also `--debug=true|false`).
+    #[arg(
+        long,
+        env = "TESSERA_DEBUG",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = BoolishValueParser::new(),
+        global = true
+    )]
+    debug: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -78,9 +102,22 @@ enum Command {
 
 mod serve;
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+impl Cli {
+    /// The log filter asked for by `-v`/`--debug`; `None` keeps the default. RUST_LOG wins.
+    fn log_directive(&self) -> Option<String> {
+        hami_contract::verbosity::filter_directive(
+            self.verbosity,
+            self.debug,
+            &["tessera_scheduler", "hami_contract"],
+        )
+    }
+}
+
+/// RUST_LOG wins; otherwise `-v`/`--debug` (HAMi's flags), otherwise `info`.
+fn init_logging(format: LogFormat, directive: Option<String>) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(directive.as_deref().unwrap_or("info"))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -92,7 +129,7 @@ fn init_logging(format: LogFormat) {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    init_logging(cli.log_format, cli.log_directive());
     match cli.command {
         Command::Simulate { file, policy } => {
             let cfg = policy.decision_config()?;
@@ -116,5 +153,61 @@ fn main() -> anyhow::Result<()> {
             cfg.filter_threads = args.filter_threads;
             serve::run(*args, cfg)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once(&"tessera-scheduler").chain(args.iter()))
+    }
+
+    #[test]
+    fn klog_verbosity_in_every_form_before_or_after_the_subcommand() {
+        for form in [
+            &["serve", "-v=4"][..],
+            &["serve", "--v=4"],
+            &["serve", "-v", "4"],
+            &["serve", "--v", "4"],
+            &["-v=4", "serve"],
+            &["--v", "4", "serve"],
+            &["simulate", "-f", "x.yaml", "-v", "4"],
+        ] {
+            let cli = parse(form).unwrap_or_else(|e| panic!("{form:?}: {e}"));
+            assert_eq!(cli.verbosity, Some(4), "{form:?}");
+            assert_eq!(
+                cli.log_directive().as_deref(),
+                Some("info,tessera_scheduler=debug,hami_contract=debug"),
+                "{form:?}"
+            );
+        }
+        assert!(parse(&["serve", "-v=x"]).is_err());
+        let trace = parse(&["serve", "-v=6"]).expect("v6").log_directive();
+        assert_eq!(
+            trace.as_deref(),
+            Some("debug,tessera_scheduler=trace,hami_contract=trace")
+        );
+    }
+
+    #[test]
+    fn hami_scheduler_extra_args_parse() {
+        // HAMi v2.10's default scheduler.extender.extraArgs, after the chart's own flags.
+        let cli = parse(&["serve", "--debug", "-v=4"]).expect("HAMi's defaults");
+        assert!(cli.debug);
+        assert_eq!(cli.verbosity, Some(4));
+        assert!(parse(&["serve", "--debug=true"]).expect("=true").debug);
+        assert!(!parse(&["serve", "--debug=false"]).expect("=false").debug);
+        assert!(parse(&["--debug", "serve"]).expect("before").debug);
+        let plain = parse(&["serve"]).expect("plain");
+        assert!(!plain.debug);
+        assert_eq!(plain.log_directive(), None);
+        assert!(
+            parse(&["serve", "--debug", "-v=2"])
+                .expect("debug wins")
+                .log_directive()
+                .is_some()
+        );
     }
 }
