@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Parser, ValueEnum};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -57,6 +58,41 @@ pub struct Cli {
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// klog verbosity, as HAMi's chart passes it (`-v=4`, `--v 4`): 4 or more logs Tessera's own
+    /// crates at debug, 6 at trace, 8 everything at trace. An explicit RUST_LOG wins.
+    #[arg(
+        short = 'v',
+        long = "v",
+        env = "TESSERA_VERBOSITY",
+        value_name = "LEVEL"
+    )]
+    pub verbosity: Option<u8>,
+    /// HAMi's `--debug`: the same as `-v=4` (also `--debug=true|false`).
+    #[arg(
+        long,
+        env = "TESSERA_DEBUG",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = BoolishValueParser::new()
+    )]
+    pub debug: bool,
+    /// NVIDIA's `--fail-on-init-error`: when NVML cannot be loaded or initialised, exit with an
+    /// error (true), or log the cause once and idle, serving only /healthz and /metrics, until
+    /// SIGTERM (false: no kubelet registration, no node annotation).
+    #[arg(
+        long,
+        env = "FAIL_ON_INIT_ERROR",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "true",
+        value_parser = BoolishValueParser::new()
+    )]
+    pub fail_on_init_error: bool,
     /// Seconds between rewrites of the node register annotation (also rewritten on change).
     #[arg(long, env = "ANNOTATION_PERIOD_SECONDS", default_value_t = 30)]
     pub annotation_period_seconds: u64,
@@ -85,4 +121,87 @@ pub struct Cli {
     /// annotation value again whenever it changes (a dry run of health handling).
     #[arg(long, default_value_t = 0, requires = "print_register")]
     pub watch_seconds: u64,
+}
+
+impl Cli {
+    /// The log filter asked for by `-v`/`--debug`; `None` keeps the default. RUST_LOG wins.
+    #[must_use]
+    pub fn log_directive(&self) -> Option<String> {
+        hami_contract::verbosity::filter_directive(
+            self.verbosity,
+            self.debug,
+            &["tessera_device_plugin", "hami_contract", "vgpu_region"],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(
+            ["tessera-device-plugin", "--node-name", "n"]
+                .iter()
+                .chain(args.iter()),
+        )
+    }
+
+    #[test]
+    fn klog_verbosity_in_every_form() {
+        for form in [
+            &["-v=4"][..],
+            &["--v=4"],
+            &["-v", "4"],
+            &["--v", "4"],
+            &["-v4"],
+        ] {
+            let cli = parse(form).unwrap_or_else(|e| panic!("{form:?}: {e}"));
+            assert_eq!(cli.verbosity, Some(4), "{form:?}");
+            assert!(!cli.debug);
+            assert_eq!(
+                cli.log_directive().as_deref(),
+                Some("info,tessera_device_plugin=debug,hami_contract=debug,vgpu_region=debug")
+            );
+        }
+        let cli = parse(&["-v=6"]).expect("v6");
+        assert!(cli.log_directive().is_some_and(|d| d.starts_with("debug,")));
+        assert!(parse(&["-v=lots"]).is_err());
+        assert!(parse(&["-v=-1"]).is_err());
+    }
+
+    #[test]
+    fn hami_debug_flag() {
+        let cli = parse(&["--debug"]).expect("--debug");
+        assert!(cli.debug);
+        assert!(cli.log_directive().is_some());
+        assert!(parse(&["--debug=true"]).expect("=true").debug);
+        assert!(!parse(&["--debug=false"]).expect("=false").debug);
+        let none = parse(&[]).expect("no flags");
+        assert!(!none.debug);
+        assert_eq!(none.verbosity, None);
+        assert_eq!(none.log_directive(), None);
+        assert_eq!(parse(&["-v=2"]).expect("v2").log_directive(), None);
+    }
+
+    #[test]
+    fn fail_on_init_error_defaults_true_as_nvidia() {
+        assert!(parse(&[]).expect("default").fail_on_init_error);
+        assert!(
+            parse(&["--fail-on-init-error"])
+                .expect("bare")
+                .fail_on_init_error
+        );
+        assert!(
+            parse(&["--fail-on-init-error=true"])
+                .expect("true")
+                .fail_on_init_error
+        );
+        assert!(
+            !parse(&["--fail-on-init-error=false"])
+                .expect("false")
+                .fail_on_init_error
+        );
+        assert!(parse(&["--fail-on-init-error=maybe"]).is_err());
+    }
 }

@@ -16,14 +16,16 @@ use tessera_device_plugin::kube_edges::{
 };
 use tessera_device_plugin::kubelet::{KubeletSettings, socket_name_for};
 use tessera_device_plugin::metrics::PluginMetrics;
-use tessera_device_plugin::nvml::{GpuInventory, NvmlInventory, lost_gpus};
+use tessera_device_plugin::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
 use tessera_device_plugin::pod_resources::KubeletPodResources;
 use tessera_device_plugin::service::{DevicePluginService, DeviceState};
 use tokio::sync::watch;
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// RUST_LOG wins; otherwise `-v`/`--debug` (HAMi's flags), otherwise `info`.
+fn init_logging(format: LogFormat, directive: Option<String>) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(directive.as_deref().unwrap_or("info"))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -36,7 +38,7 @@ fn init_logging(format: LogFormat) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    init_logging(cli.log_format, cli.log_directive());
 
     // Configuration: refuse bad input before touching anything.
     let device_config = match std::fs::read_to_string(&cli.config_file) {
@@ -90,7 +92,10 @@ async fn main() -> anyhow::Result<()> {
     // NVML, loaded at run time.
     let inventory = match NvmlInventory::load(&cli.nvml_lib, cli.sysfs_root.clone()) {
         Ok(i) => Arc::new(i),
-        Err(e) => bail!("no NVIDIA driver usable on this node: {e}"),
+        Err(e) if cli.fail_on_init_error || cli.print_register => {
+            bail!("no NVIDIA driver usable on this node: {e}")
+        }
+        Err(e) => return idle_without_nvml(&cli, &e).await,
     };
     let discovered = inventory.discover().context("GPU discovery failed")?;
     let (managed, skipped) = plan_gpus(&discovered, &advertise);
@@ -183,32 +188,7 @@ async fn main() -> anyhow::Result<()> {
     let allocator = Arc::new(allocator);
 
     // Metrics and health endpoint.
-    {
-        let metrics = metrics.clone();
-        let listener = tokio::net::TcpListener::bind(cli.metrics_addr)
-            .await
-            .with_context(|| format!("cannot listen on {}", cli.metrics_addr))?;
-        let app = axum::Router::new()
-            .route(
-                "/metrics",
-                axum::routing::get(move || {
-                    let m = metrics.clone();
-                    async move { m.encode() }
-                }),
-            )
-            .route("/healthz", axum::routing::get(|| async { "ok" }));
-        let mut stop = shutdown.clone();
-        tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await;
-            if let Err(e) = served {
-                tracing::warn!(error = %e, "metrics server stopped");
-            }
-        });
-    }
+    serve_metrics(&cli, &metrics, shutdown.clone()).await?;
 
     // Node annotation.
     tokio::spawn(annotation_loop(
@@ -234,10 +214,11 @@ async fn main() -> anyhow::Result<()> {
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
             loop {
-                let dir = dir.clone();
-                let scanned =
-                    tokio::task::spawn_blocking(move || tessera_device_plugin::monitor::scan(&dir))
-                        .await;
+                let scan_dir = dir.clone();
+                let scanned = tokio::task::spawn_blocking(move || {
+                    tessera_device_plugin::monitor::scan(&scan_dir)
+                })
+                .await;
                 if let Ok((samples, skipped)) = scanned {
                     for s in &skipped {
                         tracing::warn!(path = %s.path, reason = %s.reason, "region file skipped");
@@ -248,6 +229,33 @@ async fn main() -> anyhow::Result<()> {
                         .map(|p| (p.uid, (p.namespace, p.name)))
                         .collect();
                     metrics.set_vgpu(&samples, &names);
+                }
+                // A deleted pod's container directories (region files included) go with it.
+                // Only against a fresh list: an informer that has not synced yet would make
+                // every directory look orphaned.
+                if let Ok(live) = pods.fresh().await {
+                    let live: std::collections::BTreeSet<String> =
+                        live.into_iter().map(|p| p.uid).collect();
+                    let dir = dir.clone();
+                    let removed = tokio::task::spawn_blocking(move || {
+                        tessera_device_plugin::monitor::remove_stale_container_dirs(
+                            &dir,
+                            &live,
+                            Duration::from_secs(30),
+                        )
+                    })
+                    .await
+                    .unwrap_or_default();
+                    for (name, r) in removed {
+                        match r {
+                            Ok(()) => {
+                                tracing::info!(dir = %name, "removed a gone pod's container directory")
+                            }
+                            Err(e) => {
+                                tracing::warn!(dir = %name, error = %e, "cannot remove a gone pod's container directory")
+                            }
+                        }
+                    }
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(15)) => {}
@@ -323,6 +331,60 @@ async fn main() -> anyhow::Result<()> {
     tessera_device_plugin::kubelet::run(settings, make, shutdown, Some(metrics))
         .await
         .context("device plugin server failed")?;
+    Ok(())
+}
+
+/// The Prometheus /metrics and /healthz listener, until `shutdown`.
+async fn serve_metrics(
+    cli: &Cli,
+    metrics: &PluginMetrics,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let metrics = metrics.clone();
+    let listener = tokio::net::TcpListener::bind(cli.metrics_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", cli.metrics_addr))?;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let m = metrics.clone();
+                async move { m.encode() }
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    let mut stop = shutdown;
+    Ok(tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await;
+        if let Err(e) = served {
+            tracing::warn!(error = %e, "metrics server stopped");
+        }
+    }))
+}
+
+/// `--fail-on-init-error=false` and no usable NVML: say why once, keep /healthz (the
+/// DaemonSet's liveness probe) and /metrics answering, advertise nothing (no kubelet
+/// registration, no node annotation, no apiserver at all), and exit 0 on SIGTERM or SIGINT.
+async fn idle_without_nvml(cli: &Cli, cause: &InventoryError) -> anyhow::Result<()> {
+    tracing::error!(
+        error = %cause,
+        "no NVIDIA driver usable on this node; --fail-on-init-error=false, so this node advertises no GPUs and the plugin waits for SIGTERM"
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot watch SIGTERM")?;
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let metrics = PluginMetrics::with_legacy_names(cli.legacy_metric_names);
+    let server = serve_metrics(cli, &metrics, shutdown).await?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+    let _ = shutdown_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     Ok(())
 }
 
