@@ -15,6 +15,8 @@ pub mod booking;
 pub mod certs;
 pub mod cluster;
 pub mod demo;
+pub mod fake_nvidia_runtime;
+pub mod images;
 pub mod node;
 pub mod pods;
 pub mod process;
