@@ -11,7 +11,10 @@
 #      and evaluates the webhook's CEL matchConditions with the API server's matcher on sample
 #      pods (chartcheck, built by e2e/tools.sh);
 #   6. asserts what the chart must render (fail-closed webhook, extender config, security), and
-#      that charts/tessera/files/kube-scheduler-config.yaml is exactly what the chart renders.
+#      that charts/tessera/files/kube-scheduler-config.yaml is exactly what the chart renders;
+#   7. renders HAMi v2.10's own default values file, unchanged (e2e/fixtures/hami-v2.10-values.yaml),
+#      through all of the above, and checks its images and kube-scheduler arguments;
+#   8. runs the built daemons on every argument list the chart renders for them (each value set).
 #
 #   e2e/chart-test.sh            # run everything; non-zero exit on any failure
 #   e2e/chart-test.sh --update   # rewrite files/kube-scheduler-config.yaml from the chart
@@ -142,12 +145,22 @@ EOF
 if kubeconform_check "$WORK/positive.yaml" >/dev/null; then pass "validator accepts a valid Pod (quantities, int-or-string ports)"; else fail "validator rejects a valid Pod"; fi
 
 # --- 2. lint, render and validate every values set -----------------------------------------------
+# HAMi v2.10's default values file, unchanged: a HAMi user's install must render and validate.
+HAMI_VALUES="$ROOT/e2e/fixtures/hami-v2.10-values.yaml"
 value_sets=(default)
 for f in "$CHART"/ci/*-values.yaml; do value_sets+=("$(basename "$f" -values.yaml)"); done
+value_sets+=(hami-v2.10)
+values_file() { # values_file SET: the values file of a set ("" for the defaults)
+	case "$1" in
+		default) ;;
+		hami-v2.10) printf '%s' "$HAMI_VALUES" ;;
+		*) printf '%s' "$CHART/ci/$1-values.yaml" ;;
+	esac
+}
 
 for set in "${value_sets[@]}"; do
 	args=()
-	[[ "$set" == default ]] || args=(--values "$CHART/ci/$set-values.yaml")
+	[[ "$set" == default ]] || args=(--values "$(values_file "$set")")
 	out="$WORK/$set.yaml"
 	if "$HELM" lint --strict --kube-version "$K8S_SCHEMA_VERSION" "$CHART" "${args[@]}" >"$WORK/$set.lint" 2>&1; then
 		pass "[$set] helm lint --strict"
@@ -260,8 +273,11 @@ expect "extender has its own Lease" "$D" "^            - --leader-elect-resource
 expect "device-config.yaml nvidia section" "$D" '^    nvidia:$'
 expect "device-config deviceSplitCount 10" "$D" '^      deviceSplitCount: 10$'
 expect "PodDisruptionBudget" "$D" '^kind: PodDisruptionBudget$'
-expect "certgen Job creates the serving certificate" "$D" '^            - create$'
-expect "certgen Job patches the caBundle, keeping Fail" "$D" '^            - --patch-failure-policy=Fail$'
+expect "Helm issues the serving certificate Secret" "$D" "^  name: $RELEASE-scheduler-tls\$"
+expect "the webhook carries its caBundle" "$D" '^      caBundle: [A-Za-z0-9+/=]{100,}$'
+expect "scheduler pods roll when the serving certificate changes" "$D" '^        checksum/serving-cert: [0-9a-f]{64}$'
+expect "the extender reads tls.crt/tls.key of the chart's Secret" "$D" "^            secretName: $RELEASE-scheduler-tls\$"
+expect_not "no certificate Jobs (no third-party image)" "$D" '^kind: Job$|kube-webhook-certgen'
 expect_not "no wildcard RBAC" "$D" "verbs: \\[.*\\*|resources: \\[.*\\*|apiGroups: \\[.*\\*"
 expect_not "no cluster-admin" "$D" 'name: cluster-admin'
 expect_count "lease access limited to the two Leases" "$D" "^      - $RELEASE-(scheduler-extender|kube-scheduler)\$" 2
@@ -277,6 +293,18 @@ if command -v openssl >/dev/null 2>&1; then
 	else
 		fail "extender client certificate does not verify as a TLS client certificate"
 	fi
+	# The serving certificate chains to the CA in the webhook's caBundle and names the Service.
+	rm -f "$WORK/tls.crt" "$WORK/ca.crt"
+	awk '/^kind: Secret$/ {s=1} s && /^  name: / {n=$2} s && n ~ /-scheduler-tls$/ && /^  (tls\.crt|ca\.crt): / {print $1, $2} /^---/ {s=0; n=""}' "$D" |
+		while read -r key value; do printf '%s' "$value" | base64 -d >"$WORK/${key%:}"; done
+	sed -nE 's/^      caBundle: (.*)$/\1/p' "$D" | base64 -d >"$WORK/bundle.crt"
+	if [[ -s "$WORK/tls.crt" ]] && cmp -s "$WORK/ca.crt" "$WORK/bundle.crt" &&
+		openssl verify -purpose sslserver -CAfile "$WORK/bundle.crt" "$WORK/tls.crt" >/dev/null 2>&1 &&
+		openssl x509 -noout -ext subjectAltName -in "$WORK/tls.crt" 2>/dev/null | grep -q "DNS:$RELEASE-scheduler.$NAMESPACE.svc"; then
+		pass "serving certificate chains to the webhook's caBundle and names the Service"
+	else
+		fail "serving certificate does not verify against the webhook's caBundle"
+	fi
 else
 	echo "skip: openssl not installed, client certificate usage not checked"
 fi
@@ -289,14 +317,15 @@ expect_not "[http-only] no certificate Jobs or Secrets" "$H" '^kind: (Job|Secret
 
 N="$WORK/webhook-disabled.yaml"
 expect_not "[webhook-disabled] no webhook" "$N" '^kind: MutatingWebhookConfiguration$'
-expect_not "[webhook-disabled] no caBundle patch Job" "$N" '^            - patch$'
-expect "[webhook-disabled] serving certificate still created" "$N" '^            - create$'
+expect_not "[webhook-disabled] no caBundle" "$N" 'caBundle:'
+expect "[webhook-disabled] serving certificate still issued" "$N" "^  name: $RELEASE-scheduler-tls\$"
 
 C="$WORK/cert-manager.yaml"
 expect "[cert-manager] CA injected into the webhook" "$C" "cert-manager.io/inject-ca-from: $NAMESPACE/$RELEASE-scheduler-tls"
 expect_count "[cert-manager] serving and client certificates plus CA" "$C" '^kind: Certificate$' 3
 expect "[cert-manager] client certificate for kube-scheduler" "$C" '^  usages: \[client auth, digital signature, key encipherment\]$'
-expect_not "[cert-manager] no certgen Jobs" "$C" '^kind: Job$'
+expect_not "[cert-manager] no certificate Jobs" "$C" '^kind: Job$'
+expect_not "[cert-manager] no Helm-issued certificates" "$C" '^kind: Secret$|checksum/serving-cert'
 expect_count "[cert-manager] ServiceMonitors for both daemons" "$C" '^kind: ServiceMonitor$' 2
 expect "[cert-manager] Grafana dashboard" "$C" '"uid": "tessera-gpu"'
 
@@ -309,10 +338,34 @@ expect "[custom-names] device config uses the custom count name" "$R" '^      re
 expect "[custom-names] extender manages the custom names" "$R" '^          - name: example.com/vgpu-memory$'
 expect "[custom-names] custom scheduler name" "$R" '^            - --scheduler-name=gpu-share-scheduler$'
 expect "[custom-names] node label selector" "$R" '^            - --node-label-selector=gpu-pool=shared,tier=1$'
-expect_count "[custom-names] global.imageRegistry replaces every registry" "$R" '^ +image: registry.example.com/(tessera-gpu/tessera-(scheduler|device-plugin)|kube-scheduler|ingress-nginx/kube-webhook-certgen):' 6
+expect_count "[custom-names] global.imageRegistry replaces every registry" "$R" '^ +image: registry.example.com/(tessera-gpu/tessera-(scheduler|device-plugin)|kube-scheduler):' 4
+expect_count "[custom-names] every image" "$R" '^ +image: ' 4
 expect "[custom-names] hook path follows gpuHookPath" "$R" '^            path: /opt/gpu-hook/vgpu$'
 expect "[custom-names] per-node config rendered" "$R" '"name": "node-a"'
 expect_not "[custom-names] overwriteEnv sends every pod to the webhook" "$R" 'name: gpu-pod-or-hami-metadata'
+
+# HAMi v2.10's default values, unchanged (rendered with --kube-version $K8S_SCHEMA_VERSION above).
+M="$WORK/hami-v2.10.yaml"
+KUBE_TAG="v${K8S_SCHEMA_VERSION#v}"
+APP_VERSION="$(sed -nE 's/^appVersion: "?([^"]*)"?$/\1/p' "$CHART/Chart.yaml")"
+expect "[hami-v2.10] Tessera's device plugin image, not HAMi's" "$M" "^          image: ghcr.io/tessera-gpu/tessera-device-plugin:$APP_VERSION\$"
+expect "[hami-v2.10] Tessera's scheduler image, not HAMi's" "$M" "^          image: ghcr.io/tessera-gpu/tessera-scheduler:$APP_VERSION\$"
+expect "[hami-v2.10] kube-scheduler at the cluster's version" "$M" "^          image: registry.cn-hangzhou.aliyuncs.com/google_containers/kube-scheduler:$KUBE_TAG\$"
+expect_count "[hami-v2.10] only those images" "$M" "^ +image: (ghcr.io/tessera-gpu/tessera-(device-plugin|scheduler):$APP_VERSION|registry.cn-hangzhou.aliyuncs.com/google_containers/kube-scheduler:$KUBE_TAG)\$" "$(grep -Ec '^ +image: ' "$M")"
+expect_not "[hami-v2.10] no HAMi or certgen image, no HAMi release tag" "$M" 'projecthami|kube-webhook-certgen|:v2\.10\.0'
+awk '$0 ~ "^            - kube-scheduler$" {on=1; next} on && /^ *#/ {next} on && /^            - / {sub(/^            - /, ""); print; next} on {exit}' "$M" >"$WORK/hami-kube-scheduler.args"
+expect "[hami-v2.10] kube-scheduler gets extraNewArgs (-v=4)" "$WORK/hami-kube-scheduler.args" '^-v=4$'
+expect_not "[hami-v2.10] kube-scheduler never gets --policy-config-file (extraArgs, < 1.22 only)" "$WORK/hami-kube-scheduler.args" 'policy-config-file'
+expect_count "[hami-v2.10] kube-scheduler reads exactly one --config, the chart's" "$WORK/hami-kube-scheduler.args" '^--config=/config/config.yaml$' 1
+expect_count "[hami-v2.10] no other --config" "$WORK/hami-kube-scheduler.args" 'config' 1
+expect "[hami-v2.10] device plugin idles instead of crash-looping without a driver" "$M" '^            - --fail-on-init-error=false$'
+expect "[hami-v2.10] HAMi's node config text is config.json itself" "$M" '^      "nodeconfig": \[$'
+expect "[hami-v2.10] webhook caBundle from the Helm-issued CA" "$M" '^      caBundle: [A-Za-z0-9+/=]{100,}$'
+if render "$WORK/old-kube.yaml" -f "$HAMI_VALUES" --show-only templates/scheduler/deployment.yaml --kube-version v1.21.0 2>/dev/null; then
+	fail "[hami-v2.10] Kubernetes 1.21 must be refused (Chart.yaml kubeVersion)"
+else
+	pass "[hami-v2.10] Kubernetes < 1.30 is refused by Chart.yaml's kubeVersion"
+fi
 
 # Impossible combinations must fail at render time, with an explanation.
 if render "$WORK/bad.yaml" --set scheduler.enableHTTPS=false 2>"$WORK/bad.err"; then
@@ -337,7 +390,24 @@ fi
 # override the directory with TESSERA_BIN_DIR.
 BIN_DIR="${TESSERA_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/debug}"
 container_flags() { # container_flags RENDERED BINARY_PATH: the --flags of that container's command
-	awk -v bin="$2" '$0 ~ "^            - " bin "$" {on=1; next} on && /^            - --/ {sub(/^            - /, ""); sub(/=.*/, ""); print; next} on && !/^            - / {exit}' "$1" | sort -u
+	awk -v bin="$2" '$0 ~ "^            - " bin "$" {on=1; next} on && /^ *#/ {next} on && /^            - --/ {sub(/^            - /, ""); sub(/=.*/, ""); print; next} on && !/^            - / {exit}' "$1" | sort -u
+}
+container_args() { # container_args RENDERED BINARY_PATH: every argument of that container's command, one a line
+	awk -v bin="$2" '$0 ~ "^            - " bin "$" {on=1; next} on && /^ *#/ {next} on && /^            - / {sub(/^            - /, ""); gsub(/^["\x27]|["\x27]$/, ""); print; next} on {exit}' "$1"
+}
+check_args() { # check_args NAME BINARY RENDERED BINARY_PATH: the daemon parses the chart's exact argument list
+	local name="$1" bin="$2" list err
+	local -a argv=()
+	list="$(container_args "$3" "$4")"
+	[[ -n "$list" ]] || return 0
+	mapfile -t argv <<<"$list"
+	# --help last: clap rejects an unknown flag or a bad value met before it, and stops there.
+	if err="$("$bin" "${argv[@]}" --help 2>&1 >/dev/null)"; then
+		pass "$name parses the chart's ${#argv[@]} arguments"
+	else
+		printf '%s\n' "$err" | head -5 >&2
+		fail "$name refuses the chart's arguments: ${argv[*]}"
+	fi
 }
 check_flags() { # check_flags NAME BINARY HELP_ARGS... (flags read from $flags_file)
 	local name="$1" bin="$2"; shift 2
@@ -345,7 +415,7 @@ check_flags() { # check_flags NAME BINARY HELP_ARGS... (flags read from $flags_f
 	help="$("$bin" "$@" --help 2>&1)" || { fail "$name --help failed"; return; }
 	while read -r flag; do
 		[[ -n "$flag" ]] || continue
-		grep -Eq -- "^ +(-[a-zA-Z], )?$flag( |$)" <<<"$help" || missing+=("$flag")
+		grep -Eq -- "^ +(-[a-zA-Z], )?$flag( |\\[|$)" <<<"$help" || missing+=("$flag")
 	done <"$flags_file"
 	if [[ ${#missing[@]} -eq 0 ]]; then
 		pass "$name accepts every flag the chart passes ($(wc -l <"$flags_file") flags)"
@@ -357,6 +427,7 @@ if [[ -x "$BIN_DIR/tessera-scheduler" ]]; then
 	flags_file="$WORK/scheduler.flags"
 	for set in "${value_sets[@]}"; do container_flags "$WORK/$set.yaml" /usr/bin/tessera-scheduler; done | sort -u >"$flags_file"
 	check_flags tessera-scheduler "$BIN_DIR/tessera-scheduler" serve
+	for set in "${value_sets[@]}"; do check_args "[$set] tessera-scheduler" "$BIN_DIR/tessera-scheduler" "$WORK/$set.yaml" /usr/bin/tessera-scheduler; done
 	for set in "${value_sets[@]}"; do
 		awk '/^  device-config.yaml: \|/ {on=1; next} on && /^    / {print substr($0, 5); next} on {exit}' "$WORK/$set.yaml" >"$WORK/$set.device-config.yaml"
 		if err="$("$BIN_DIR/tessera-scheduler" simulate --device-config "$WORK/$set.device-config.yaml" -f "$ROOT/examples/simulate/cluster.yaml" 2>&1 >/dev/null)"; then
@@ -373,6 +444,7 @@ if [[ -x "$BIN_DIR/tessera-device-plugin" ]]; then
 	flags_file="$WORK/device-plugin.flags"
 	for set in "${value_sets[@]}"; do container_flags "$WORK/$set.yaml" /usr/bin/tessera-device-plugin; done | sort -u >"$flags_file"
 	check_flags tessera-device-plugin "$BIN_DIR/tessera-device-plugin"
+	for set in "${value_sets[@]}"; do check_args "[$set] tessera-device-plugin" "$BIN_DIR/tessera-device-plugin" "$WORK/$set.yaml" /usr/bin/tessera-device-plugin; done
 else
 	echo "skip: $BIN_DIR/tessera-device-plugin not built; device plugin flag check not run"
 fi

@@ -20,8 +20,7 @@
 {{- define "tessera.scheduler" -}}{{ include "tessera.fullname" . | trunc 53 | trimSuffix "-" }}-scheduler{{- end -}}
 {{- define "tessera.devicePlugin" -}}{{ include "tessera.fullname" . | trunc 49 | trimSuffix "-" }}-device-plugin{{- end -}}
 {{- define "tessera.webhook" -}}{{ include "tessera.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
-{{- define "tessera.certgen" -}}{{ include "tessera.fullname" . | trunc 55 | trimSuffix "-" }}-certgen{{- end -}}
-{{/* Secret with the webhook/extender serving certificate (keys tls.crt, tls.key, ca.crt after mapping). */}}
+{{/* Secret with the webhook/extender serving certificate (keys tls.crt, tls.key, ca.crt). */}}
 {{- define "tessera.servingSecret" -}}{{ include "tessera.scheduler" . }}-tls{{- end -}}
 {{/* Secret with kube-scheduler's client certificate for /filter and /bind, and its CA. */}}
 {{- define "tessera.clientSecret" -}}{{ include "tessera.scheduler" . }}-extender-client{{- end -}}
@@ -52,18 +51,134 @@ annotations:
 {{- end }}
 {{- end -}}
 
-{{/* image ROOT IMAGE: <registry>/<repository>:<tag>. global.imageRegistry replaces every image's
-     registry (mirrors); global.imageTag / appVersion apply to an empty tag. */}}
-{{- define "tessera.image" -}}
-{{- $root := index . 0 -}}
-{{- $img := index . 1 -}}
-{{- $registry := $root.Values.global.imageRegistry | default $img.registry | default "" | trimSuffix "/" -}}
-{{- $tag := $img.tag | default $root.Values.global.imageTag | default $root.Chart.AppVersion -}}
+{{/* imageRef (list REGISTRY REPOSITORY TAG): <registry>/<repository>:<tag>, or
+     <repository>:<tag> without a registry. */}}
+{{- define "tessera.imageRef" -}}
+{{- $registry := index . 0 | default "" | toString | trimSuffix "/" -}}
+{{- $repository := index . 1 | toString -}}
+{{- $tag := index . 2 | toString -}}
 {{- if $registry -}}
-{{- printf "%s/%s:%s" $registry $img.repository (toString $tag) -}}
+{{- printf "%s/%s:%s" $registry $repository $tag -}}
 {{- else -}}
-{{- printf "%s:%s" $img.repository (toString $tag) -}}
+{{- printf "%s:%s" $repository $tag -}}
 {{- end -}}
+{{- end -}}
+
+{{/* True when a tag is a HAMi release tag (`v2.10.0`): HAMi tags its releases v<x>.<y>.<z>,
+     Tessera tags its images with the bare appVersion (`0.1.0`), never with a leading `v`. */}}
+{{- define "tessera.isHamiReleaseTag" -}}
+{{- if regexMatch "^v[0-9]+\\.[0-9]+\\.[0-9]+" (toString .) }}true{{ end -}}
+{{- end -}}
+
+{{/* tesseraImage (list ROOT IMAGE DEFAULT_REPOSITORY): a Tessera daemon's image.
+     - An image naming HAMi's repository (`projecthami/hami`, as in HAMi's values file) is
+       replaced by Tessera's own: registry ghcr.io, DEFAULT_REPOSITORY, the chart's appVersion.
+     - global.imageRegistry replaces the registry (a mirror), for HAMi's images too.
+     - An empty tag takes global.imageTag, unless that is a HAMi release tag (`v2.10.0`, see
+       tessera.isHamiReleaseTag), then the chart's appVersion. */}}
+{{- define "tessera.tesseraImage" -}}
+{{- $root := index . 0 -}}
+{{- $img := index . 1 | default dict -}}
+{{- $defaultRepository := index . 2 -}}
+{{- $registry := $img.registry | default "" | toString -}}
+{{- $repository := $img.repository | default $defaultRepository | toString -}}
+{{- $tag := $img.tag | default "" | toString -}}
+{{- if regexMatch "(^|/)projecthami/hami$" $repository -}}
+{{- $registry = "ghcr.io" -}}
+{{- $repository = $defaultRepository -}}
+{{- $tag = "" -}}
+{{- end -}}
+{{- if not $tag -}}
+{{- $global := $root.Values.global.imageTag | default "" | toString -}}
+{{- if and $global (not (include "tessera.isHamiReleaseTag" $global)) -}}
+{{- $tag = $global -}}
+{{- else -}}
+{{- $tag = $root.Chart.AppVersion -}}
+{{- end -}}
+{{- end -}}
+{{- include "tessera.imageRef" (list ($root.Values.global.imageRegistry | default $registry) $repository $tag) -}}
+{{- end -}}
+
+{{/* The Kubernetes version the chart renders for, without a distribution suffix
+     (v1.31.1+k3s1 -> v1.31.1), as HAMi strips it. */}}
+{{- define "tessera.kubeVersion" -}}
+{{- regexReplaceAll "^(v[0-9]+\\.[0-9]+\\.[0-9]+)(.*)$" .Capabilities.KubeVersion.Version "${1}" -}}
+{{- end -}}
+
+{{/* True on Kubernetes >= 1.22 (HAMi's switch from extraArgs to extraNewArgs). Minor versions
+     like "22+" (GKE, EKS) are read as 22. */}}
+{{- define "tessera.kubeAtLeast122" -}}
+{{- $major := regexReplaceAll "[^0-9]" (toString .Capabilities.KubeVersion.Major) "" | int -}}
+{{- $minor := regexReplaceAll "[^0-9]" (toString .Capabilities.KubeVersion.Minor) "" | int -}}
+{{- if or (gt $major 1) (and (eq $major 1) (ge $minor 22)) }}true{{ end -}}
+{{- end -}}
+
+{{/* kube-scheduler's image: tag "" = the cluster's own version (as HAMi); global.imageTag
+     never applies (it names Tessera's or HAMi's release, not Kubernetes'). */}}
+{{- define "tessera.kubeSchedulerImage" -}}
+{{- $img := .Values.scheduler.kubeScheduler.image -}}
+{{- $tag := $img.tag | default "" | toString | trim | default (include "tessera.kubeVersion" .) -}}
+{{- include "tessera.imageRef" (list (.Values.global.imageRegistry | default $img.registry) $img.repository $tag) -}}
+{{- end -}}
+
+{{/* kube-scheduler's arguments after the chart's own --config: extraNewArgs on Kubernetes
+     >= 1.22, extraArgs before (HAMi's rule). A --config flag among them is dropped: the chart's
+     KubeSchedulerConfiguration is the one kube-scheduler must read (HAMi's default
+     extraNewArgs carry --config=/config/config.yaml, the same file). */}}
+{{- define "tessera.kubeSchedulerArgs" -}}
+{{- $args := .Values.scheduler.kubeScheduler.extraArgs -}}
+{{- if include "tessera.kubeAtLeast122" . -}}
+{{- $args = .Values.scheduler.kubeScheduler.extraNewArgs -}}
+{{- end -}}
+{{- $out := list -}}
+{{- range $args | default list -}}
+{{- if not (regexMatch "^--?config(=|$)" (toString .)) -}}
+{{- $out = append $out (toString .) -}}
+{{- end -}}
+{{- end -}}
+{{- if $out }}{{ toYaml $out }}{{ end -}}
+{{- end -}}
+
+{{/* The webhook/extender serving certificate (tls.crt, tls.key, ca.crt, base64), issued by Helm
+     when cert-manager is off: kept across upgrades (lookup) while the Secret holds all three
+     keys for the same names, generated otherwise. Memoised in .Values for the render, so the
+     Secret, the webhook's caBundle and the Deployment's checksum see the same certificate.
+     Returns JSON (fromJson at the call site). */}}
+{{- define "tessera.servingCert" -}}
+{{- $memo := "__tesseraServingCert" -}}
+{{- if not (hasKey .Values $memo) -}}
+{{- $svc := include "tessera.scheduler" . -}}
+{{- $dns := list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) -}}
+{{- $ips := list -}}
+{{- $url := .Values.scheduler.admissionWebhook.customURL -}}
+{{- if $url.enabled -}}
+{{- if regexMatch "^[0-9.]+$|:" (toString $url.host) -}}
+{{- $ips = append $ips (toString $url.host) -}}
+{{- else -}}
+{{- $dns = append $dns (toString $url.host) -}}
+{{- end -}}
+{{- end -}}
+{{- $names := concat $dns $ips | join "," -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "tessera.servingSecret" .) -}}
+{{- $data := dict -}}
+{{- $existingData := dig "data" dict ($existing | default dict) -}}
+{{- $existingNames := dig "metadata" "annotations" "tessera.io/serving-names" "" ($existing | default dict) -}}
+{{- if and (hasKey $existingData "tls.crt") (hasKey $existingData "tls.key") (hasKey $existingData "ca.crt") (eq $existingNames $names) -}}
+{{- $data = dict "tls.crt" (index $existingData "tls.crt") "tls.key" (index $existingData "tls.key") "ca.crt" (index $existingData "ca.crt") -}}
+{{- else -}}
+{{- $ca := genCA (printf "%s webhook CA" (include "tessera.fullname" .)) 3650 -}}
+{{- $cert := genSignedCert $svc $ips $dns 3650 $ca -}}
+{{- $data = dict "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) "ca.crt" ($ca.Cert | b64enc) -}}
+{{- end -}}
+{{- $_ := set $data "names" $names -}}
+{{- $_ := set .Values $memo $data -}}
+{{- end -}}
+{{- index .Values $memo | toJson -}}
+{{- end -}}
+
+{{/* True when the chart issues the serving certificate itself (HTTPS, patch on, no cert-manager). */}}
+{{- define "tessera.helmServingCert" -}}
+{{- if and .Values.scheduler.enableHTTPS .Values.scheduler.patch.enabled (not .Values.scheduler.certManager.enabled) }}true{{ end -}}
 {{- end -}}
 
 {{- define "tessera.imagePullSecrets" -}}
