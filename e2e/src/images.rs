@@ -213,6 +213,9 @@ pub struct HostInputs {
     /// `v1.34.4`: the tag of the default kube-scheduler name.
     pub k8s_version: String,
     pub cuda_probe: PathBuf,
+    /// The (fake) driver libraries the runtime mounts into GPU containers: not in any image,
+    /// but the libraries they load are (the fakes are Rust and need `libgcc_s.so.1`).
+    pub driver_libs: Vec<PathBuf>,
     /// A statically linked busybox.
     pub busybox: PathBuf,
     /// `e2e/images/pause.c`.
@@ -246,6 +249,10 @@ impl HostInputs {
             kube_scheduler: a.kube_scheduler.clone(),
             k8s_version: a.k8s_version.clone(),
             cuda_probe: a.cuda_probe.clone(),
+            driver_libs: crate::fake_nvidia_runtime::DRIVER_LIBS
+                .iter()
+                .map(|l| a.driver_dir.join(l))
+                .collect(),
             busybox,
             pause_c: a.root.join("e2e/images/pause.c"),
         })
@@ -390,7 +397,7 @@ pub fn specs_for(h: &HostInputs, extra: &ImageNames) -> Result<Vec<ImageSpec>, I
 
     // docker/device-plugin.Dockerfile, final stage (FROM gcr.io/distroless/cc-debian12: root).
     // The musl shim (/opt/tessera/lib/musl/) is optional there and left out here.
-    let mut dp_files = distroless_cc(&[&h.tessera_device_plugin])?;
+    let mut dp_files = distroless_cc(&[&h.tessera_device_plugin, &h.shim])?;
     dp_files.extend([
         ImageFile::host(
             "/usr/bin/tessera-device-plugin",
@@ -455,8 +462,12 @@ pub fn specs_for(h: &HostInputs, extra: &ImageNames) -> Result<Vec<ImageSpec>, I
         working_dir: None,
     };
 
-    // The GPU workload: the probe, glibc, a busybox shell. No driver: the runtime mounts it.
-    let mut probe_files = distroless_cc(&[&h.cuda_probe])?;
+    // The GPU workload: the probe, glibc, a busybox shell. No driver: the runtime mounts it; but
+    // what the driver and the shim (mounted by the device plugin) load must be there, as in any
+    // glibc image (libgcc_s: distroless/cc has it too).
+    let mut needs: Vec<&Path> = vec![&h.cuda_probe, &h.shim];
+    needs.extend(h.driver_libs.iter().map(PathBuf::as_path));
+    let mut probe_files = distroless_cc(&needs)?;
     probe_files.extend([
         ImageFile::host("/usr/bin/cuda_probe", &h.cuda_probe, 0o755),
         ImageFile::host("/bin/busybox", &h.busybox, 0o755),
@@ -1063,11 +1074,19 @@ fn read_index(tar_path: &Path) -> Result<(String, Vec<String>), ImageError> {
     Err(msg(format!("{}: no index.json", tar_path.display())))
 }
 
-/// Builds `spec` into `out_dir/<id>-<input key>.tar` unless that file is already there (same
-/// inputs), and removes the stale `<id>-*.tar` of earlier inputs.
+/// Builds `spec` into `out_dir/<id>-<names key>-<input key>.tar` unless that file is already
+/// there (same inputs), and removes the stale tars of earlier inputs under the same names.
 pub fn build_cached(spec: &ImageSpec, out_dir: &Path) -> Result<BuiltImage, ImageError> {
     let key = input_key(spec)?;
-    let tar = out_dir.join(format!("{}-{key}.tar", spec.id));
+    // Callers that name an image differently (extra tags) keep their own tars: neither prunes
+    // the other's.
+    let mut names_hash = Sha256::new();
+    for n in &spec.names {
+        put(&mut names_hash, n.as_bytes());
+    }
+    let names_key = hex(&names_hash.finalize())[..8].to_owned();
+    let prefix = format!("{}-{names_key}-", spec.id);
+    let tar = out_dir.join(format!("{prefix}{key}.tar"));
     if tar.is_file()
         && let Ok((manifest_digest, names)) = read_index(&tar)
         && names == spec.names
@@ -1085,7 +1104,6 @@ pub fn build_cached(spec: &ImageSpec, out_dir: &Path) -> Result<BuiltImage, Imag
         });
     }
     let built = build_image(spec, &tar)?;
-    let prefix = format!("{}-", spec.id);
     if let Ok(dir) = std::fs::read_dir(out_dir) {
         for e in dir.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();

@@ -12,6 +12,7 @@ fn stand_ins() -> HostInputs {
         kube_scheduler: exe.clone(),
         k8s_version: "v1.34.4".into(),
         cuda_probe: exe.clone(),
+        driver_libs: vec![exe.clone()],
         busybox: exe,
         pause_c: root.join("e2e/images/pause.c"),
     }
@@ -224,6 +225,11 @@ fn other_specs_name_and_place_what_the_cluster_needs() {
     for p in ["/usr/bin/cuda_probe", "/bin/busybox", "/bin/sh"] {
         assert!(paths.contains(p), "{p}");
     }
+    // The fake driver and the shim are Rust: libgcc_s must be in the image.
+    assert!(
+        paths.iter().any(|p| p.ends_with("/libgcc_s.so.1")),
+        "{paths:?}"
+    );
     assert!(
         !paths
             .iter()
@@ -366,10 +372,14 @@ fn same_inputs_same_digests_and_the_layout_containerd_imports() {
         Some(&["/usr/bin/tool".to_owned()][..])
     );
     assert_eq!(c.cmd().as_deref(), Some(&["serve".to_owned()][..]));
-    assert_eq!(
-        c.exposed_ports().as_deref(),
-        Some(&["443/tcp".to_owned(), "9395/tcp".to_owned()][..])
-    );
+    // (oci-spec reads the map back through a HashMap: any order.)
+    let ports: BTreeSet<&str> = c
+        .exposed_ports()
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(ports, BTreeSet::from(["443/tcp", "9395/tcp"]));
     // The raw JSON is Docker's shape for ports: a map.
     let raw: serde_json::Value =
         serde_json::from_slice(&ar.small_blobs[&manifest.config().digest().to_string()]).unwrap();
@@ -673,4 +683,37 @@ fn containerd_imports_the_archive_under_every_name() {
         "no unpacked snapshot:\n{}",
         String::from_utf8_lossy(&snaps.stdout)
     );
+}
+
+/// The real images from the real build outputs (needs `make build` first and a static busybox):
+/// `cargo test -p tessera-e2e --lib images::tests::build_all_from_the_workspace -- --ignored
+/// --nocapture` prints what was built, how big, and how long it took (into a temporary
+/// directory, removed afterwards), then fills [`default_out_dir`], the clusters' cache.
+#[test]
+#[ignore = "needs the workspace's build outputs and the control plane"]
+fn build_all_from_the_workspace() {
+    let a = crate::artifacts::artifacts().unwrap();
+    // A fresh directory, so the first pass builds everything.
+    let dir = tempfile::tempdir_in(crate::artifacts::workspace_root().join("target")).unwrap();
+    let out = dir.path().to_owned();
+    for pass in ["fresh", "reused"] {
+        let t = std::time::Instant::now();
+        let built = build_all(a, &ImageNames::default(), &out).unwrap();
+        eprintln!("{pass}: {:.2?}", t.elapsed());
+        for b in &built {
+            eprintln!(
+                "  {:<22} {:>6.1} MiB reused={} {} {}",
+                b.id,
+                b.size as f64 / (1 << 20) as f64,
+                b.reused,
+                b.manifest_digest,
+                b.tar.display()
+            );
+            let ar = read_archive(&b.tar).unwrap();
+            assert!(ar.blobs.values().all(|(_, ok)| *ok));
+        }
+    }
+    // And the clusters' cache, warm for the next run.
+    let built = build_all(a, &ImageNames::default(), &default_out_dir()).unwrap();
+    eprintln!("{}", built[0].tar.parent().unwrap().display());
 }
