@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the upstream control plane the e2e tests run against, from released Go modules only:
 #
-#   ${TESSERA_CACHE:-$HOME/.cache/tessera}/k8s-<v>/{kube-apiserver,kube-scheduler}
+#   ${TESSERA_CACHE:-$HOME/.cache/tessera}/k8s-<v>-r<recipe>/{kube-apiserver,kube-scheduler,
+#                                                  kube-controller-manager,kubelet}
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/etcd-<v>/etcd
 #
 # k8s.io/kubernetes cannot be `go install`ed (its go.mod replaces every staging module with a
@@ -16,11 +17,13 @@ set -euo pipefail
 K8S_VERSION="${TESSERA_K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${TESSERA_ETCD_VERSION:-v3.6.16}"
 # Bump when the build recipe below changes, so stale binaries are never reused.
-RECIPE=1
+RECIPE=2
 
 CACHE="${TESSERA_CACHE:-$HOME/.cache/tessera}"
 K8S_DIR="$CACHE/k8s-$K8S_VERSION-r$RECIPE"
-ETCD_DIR="$CACHE/etcd-$ETCD_VERSION-r$RECIPE"
+ETCD_DIR="$CACHE/etcd-$ETCD_VERSION-r1"
+# The control plane and the node agent, one `go build` (they share most packages).
+K8S_BINARIES="kube-apiserver kube-scheduler kube-controller-manager kubelet"
 
 log() { printf 'control-plane.sh: %s\n' "$*" >&2; }
 
@@ -32,12 +35,12 @@ export GOWORK=off
 mkdir -p "$CACHE"
 
 build_k8s() {
-	if [[ -x "$K8S_DIR/kube-apiserver" && -x "$K8S_DIR/kube-scheduler" ]]; then
-		return 0
-	fi
+	local b missing=0
+	for b in $K8S_BINARIES; do [[ -x "$K8S_DIR/$b" ]] || missing=1; done
+	[[ $missing == 1 ]] || return 0
 	local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
 	local staging="v0.${K8S_VERSION#v1.}"
-	log "building kube-apiserver and kube-scheduler $K8S_VERSION from k8s.io/kubernetes (one-time cost, 15-30 min on 2 cores)"
+	log "building $K8S_BINARIES $K8S_VERSION from k8s.io/kubernetes (one-time cost, 20-30 min on 2 cores)"
 	local src
 	src="$(mktemp -d "$CACHE/.k8s-src-XXXXXX")"
 	trap 'rm -rf "$src"' RETURN
@@ -66,7 +69,9 @@ package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GOSRC
 	(cd "$src" && go mod tidy >&2)
@@ -75,9 +80,9 @@ GOSRC
 		x+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 	done
 	(cd "$src" && nice -n 19 go build -trimpath -tags=notest,grpcnotrace -ldflags "-s -w$x" -o "$src/bin/" \
-		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler >&2)
+		$(for b in $K8S_BINARIES; do printf 'k8s.io/kubernetes/cmd/%s ' "$b"; done) >&2)
 	mkdir -p "$K8S_DIR"
-	mv -f "$src/bin/kube-apiserver" "$src/bin/kube-scheduler" "$K8S_DIR/"
+	for b in $K8S_BINARIES; do mv -f "$src/bin/$b" "$K8S_DIR/"; done
 }
 
 build_etcd() {
@@ -111,5 +116,7 @@ build_k8s
 
 echo "KUBE_APISERVER=$K8S_DIR/kube-apiserver"
 echo "KUBE_SCHEDULER=$K8S_DIR/kube-scheduler"
+echo "KUBE_CONTROLLER_MANAGER=$K8S_DIR/kube-controller-manager"
+echo "KUBELET=$K8S_DIR/kubelet"
 echo "ETCD=$ETCD_DIR/etcd"
 echo "K8S_VERSION=$K8S_VERSION"

@@ -46,12 +46,28 @@ impl Pki {
 
     /// A client certificate whose common name is the user name.
     pub fn client(&self, user: &str) -> Result<Pem, rcgen::Error> {
-        self.leaf(user, &[], ExtendedKeyUsagePurpose::ClientAuth)
+        self.client_in(user, &[])
+    }
+
+    /// A client certificate for `user` in `groups` (the API server reads the organizations as
+    /// groups: `system:nodes` for a kubelet, `system:masters` for an administrator).
+    pub fn client_in(&self, user: &str, groups: &[&str]) -> Result<Pem, rcgen::Error> {
+        self.leaf_with(user, groups, &[], ExtendedKeyUsagePurpose::ClientAuth)
     }
 
     fn leaf(
         &self,
         common_name: &str,
+        sans: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Result<Pem, rcgen::Error> {
+        self.leaf_with(common_name, &[], sans, usage)
+    }
+
+    fn leaf_with(
+        &self,
+        common_name: &str,
+        organizations: &[&str],
         sans: &[&str],
         usage: ExtendedKeyUsagePurpose,
     ) -> Result<Pem, rcgen::Error> {
@@ -61,6 +77,9 @@ impl Pki {
         params
             .distinguished_name
             .push(DnType::CommonName, common_name);
+        for o in organizations {
+            params.distinguished_name.push(DnType::OrganizationName, *o);
+        }
         params.extended_key_usages = vec![usage];
         let cert = params.signed_by(&key, &self.ca)?;
         Ok(Pem {

@@ -1,0 +1,1129 @@
+//! A cluster whose nodes are real: etcd, kube-apiserver, kube-controller-manager and the control
+//! plane's kube-scheduler on the test's own network, and nodes that each run a kubelet v1.34 with
+//! its own containerd, in their own mount, UTS and PID namespaces (`e2e/node/node.sh`). Tessera
+//! is installed with `helm install` of `charts/tessera`, from images built from the workspace's
+//! outputs and imported into every node's containerd; its components run as the pods the chart
+//! describes, with the chart's ServiceAccounts and RBAC. Nodes join with node credentials (a
+//! `system:node:<name>` client certificate, authorised by the Node authorizer and
+//! NodeRestriction), the way kubeadm joins them.
+//!
+//! What stands in for the world outside one machine (docs/e2e.md): the fake NVML and CUDA
+//! libraries, delivered into containers by a fake NVIDIA container runtime as the NVIDIA
+//! container toolkit delivers the driver; the network (one namespace made by the test, no
+//! kube-proxy: see [`crate::netns`]); no registry (images are imported).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
+use serde_json::json;
+
+use crate::artifacts::{Artifacts, artifacts};
+use crate::certs::{Pki, service_account_key};
+use crate::cluster::{client_for, start_etcd, token, wait_apiserver};
+use crate::netns::{self, ClusterNetwork};
+use crate::node::NodeSpec;
+use crate::process::{Proc, free_port};
+use crate::{Error, Result, eventually};
+
+/// The chart's release name and namespace in every real-node test.
+pub const RELEASE: &str = "tessera";
+pub const NAMESPACE: &str = "tessera-system";
+/// The ordinary user tests act as; [`RealCluster::tenant_namespace`] gives it `edit` there.
+pub const USER: &str = "alice@example.com";
+/// The image the GPU workloads run: the CUDA probe and busybox.
+pub const PROBE_IMAGE: &str = "tessera.local/cuda-probe:e2e";
+/// The chart's hook path (`global.gpuHookPath`) and the host directory under it.
+const HOOK_DIR: &str = "/usr/local/vgpu";
+
+/// One real node.
+#[derive(Debug, Clone)]
+pub struct RealNodeSpec {
+    pub node: NodeSpec,
+    /// Whether the node has a (fake) NVIDIA driver. Without one, NVML cannot be loaded in the
+    /// device plugin's container, as on a node the DaemonSet reached by mistake.
+    pub driver: bool,
+    /// Node labels besides `gpu=on` (HAMi's device-plugin node selector).
+    pub labels: Vec<(String, String)>,
+}
+
+impl RealNodeSpec {
+    pub fn gpu(node: NodeSpec) -> RealNodeSpec {
+        RealNodeSpec {
+            node,
+            driver: true,
+            labels: Vec::new(),
+        }
+    }
+}
+
+/// How the chart is installed.
+#[derive(Debug, Clone)]
+pub enum ChartValues {
+    /// The install docs/helm.md recommends, with `--set` pairs on top.
+    Recommended(Vec<(String, String)>),
+    /// A values file given unchanged (`-f`), e.g. HAMi v2.10's defaults.
+    File(PathBuf),
+    /// Do not install the chart.
+    None,
+}
+
+#[derive(Debug, Clone)]
+pub struct RealClusterOptions {
+    pub name: String,
+    pub nodes: Vec<RealNodeSpec>,
+    pub chart: ChartValues,
+}
+
+/// A running node: `unshare` → `node.sh` → containerd, kubelet and the node's containers.
+#[derive(Debug)]
+pub struct RealNode {
+    pub spec: RealNodeSpec,
+    pub ip: std::net::Ipv4Addr,
+    pub dir: PathBuf,
+    proc_: Proc,
+}
+
+impl RealNode {
+    pub fn name(&self) -> &str {
+        &self.spec.node.name
+    }
+
+    /// The node's `node.sh` (PID 1 of its PID namespace), seen from the test.
+    fn init_pid(&self) -> Option<u32> {
+        let unshare = self.proc_.pid()?;
+        let children =
+            std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).ok()?;
+        children.split_whitespace().next()?.parse().ok()
+    }
+
+    fn signal(&self, sig: &str) -> Result<()> {
+        let pid = self
+            .init_pid()
+            .ok_or_else(|| Error::msg(format!("node {} is not running", self.name())))?;
+        let st = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string())
+            .status()?;
+        st.success()
+            .then_some(())
+            .ok_or_else(|| Error::msg(format!("kill -{sig} {pid} failed")))
+    }
+
+    /// SIGKILLs the kubelet; the node's supervisor starts it again a second later.
+    pub fn restart_kubelet(&self) -> Result<()> {
+        self.signal("USR1")
+    }
+
+    /// SIGKILLs containerd (containers keep running under their shims); it comes back.
+    pub fn restart_containerd(&self) -> Result<()> {
+        self.signal("USR2")
+    }
+
+    /// Kills every process of the node and waits until its namespaces are gone.
+    fn stop(&mut self) {
+        let init = self.init_pid();
+        self.proc_.kill();
+        if let Some(pid) = init {
+            let gone = Path::new("/proc").join(pid.to_string());
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while gone.exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub struct RealCluster {
+    pub dir: PathBuf,
+    pub artifacts: &'static Artifacts,
+    pub nodes: Vec<RealNode>,
+    admin: kube::Client,
+    user: kube::Client,
+    etcd: Proc,
+    apiserver: Option<Proc>,
+    controller_manager: Option<Proc>,
+    kube_scheduler: Option<Proc>,
+    keep: bool,
+    _net: ClusterNetwork,
+}
+
+impl std::fmt::Debug for RealCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealCluster")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RealCluster {
+    fn drop(&mut self) {
+        // Nodes first: their kubelets would otherwise spin on a dead API server.
+        self.nodes.clear();
+        remove_container_cgroups();
+        self.kube_scheduler = None;
+        self.controller_manager = None;
+        self.apiserver = None;
+        self.etcd.kill();
+        if self.keep || std::thread::panicking() || std::env::var_os("TESSERA_E2E_KEEP").is_some() {
+            eprintln!("e2e: logs and state kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Runs `body` as a real-node test: on a thread of its own in a fresh network namespace, with a
+/// current-thread runtime (every socket and child process is made in that namespace).
+pub fn run<F, Fut>(nodes: usize, body: F) -> Result<()>
+where
+    F: FnOnce(ClusterNetwork) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    std::thread::spawn(move || {
+        let net = ClusterNetwork::enter(nodes)?;
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(body(net))
+    })
+    .join()
+    .map_err(|_| Error::msg("the test thread panicked"))?
+}
+
+/// Paths of the node tools Debian provides (`e2e/node-tools.sh`, which installs them once).
+#[derive(Debug, Clone)]
+pub struct NodeTools {
+    pub containerd: PathBuf,
+    pub ctr: PathBuf,
+    pub runc: PathBuf,
+    pub cni_bin_dir: PathBuf,
+}
+
+pub fn node_tools() -> Result<&'static NodeTools> {
+    static T: OnceLock<std::result::Result<NodeTools, String>> = OnceLock::new();
+    T.get_or_init(|| {
+        let root = crate::artifacts::workspace_root();
+        let out = Command::new(root.join("e2e/node-tools.sh"))
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .map_err(|e| format!("running e2e/node-tools.sh: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("e2e/node-tools.sh failed ({})", out.status));
+        }
+        let vars: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let get = |k: &str| {
+            vars.get(k)
+                .map(PathBuf::from)
+                .ok_or_else(|| format!("e2e/node-tools.sh printed no {k}"))
+        };
+        Ok(NodeTools {
+            containerd: get("CONTAINERD")?,
+            ctr: get("CTR")?,
+            runc: get("RUNC")?,
+            cni_bin_dir: get("CNI_BIN_DIR")?,
+        })
+    })
+    .as_ref()
+    .map_err(|e| Error::msg(e.clone()))
+}
+
+fn write(path: &Path, content: impl AsRef<[u8]>) -> Result<()> {
+    if let Some(p) = path.parent() {
+        std::fs::create_dir_all(p)?;
+    }
+    std::fs::write(path, content)?;
+    Ok(())
+}
+
+/// A kubeconfig for the API server at its cluster address, authenticating with a client
+/// certificate (`cert`, `key` paths) or a bearer token.
+fn kubeconfig(ca: &Path, user: KubeconfigUser<'_>) -> serde_json::Value {
+    let user = match user {
+        KubeconfigUser::Cert { cert, key } => {
+            json!({"client-certificate": cert, "client-key": key})
+        }
+        KubeconfigUser::Token(t) => json!({"token": t}),
+    };
+    json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {
+            "server": format!("https://{}:443", netns::APISERVER_IP),
+            "certificate-authority": ca}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "u"}}],
+        "current-context": "e2e",
+    })
+}
+
+enum KubeconfigUser<'a> {
+    Cert { cert: &'a Path, key: &'a Path },
+    Token(String),
+}
+
+/// Issues a client certificate for `user` in `groups` and writes it, with a kubeconfig that uses
+/// it and trusts the cluster CA `ca`, into `dir`.
+fn cert_kubeconfig(
+    dir: &Path,
+    ca: &Path,
+    pki: &Pki,
+    name: &str,
+    user: &str,
+    groups: &[&str],
+) -> Result<PathBuf> {
+    let pem = pki.client_in(user, groups)?;
+    let cert = dir.join(format!("{name}.crt"));
+    let key = dir.join(format!("{name}.key"));
+    write(&cert, &pem.cert)?;
+    write(&key, &pem.key)?;
+    let path = dir.join(format!("{name}.kubeconfig"));
+    let doc = kubeconfig(
+        ca,
+        KubeconfigUser::Cert {
+            cert: &cert,
+            key: &key,
+        },
+    );
+    write(&path, serde_yaml::to_string(&doc)?)?;
+    Ok(path)
+}
+
+fn token_kubeconfig(dir: &Path, user: &str) -> Result<PathBuf> {
+    let path = dir.join(format!("{}.kubeconfig", token(user)));
+    let doc = kubeconfig(&dir.join("ca.crt"), KubeconfigUser::Token(token(user)));
+    write(&path, serde_yaml::to_string(&doc)?)?;
+    Ok(path)
+}
+
+impl RealCluster {
+    /// Starts the control plane and the nodes, and installs the chart as `opts.chart` says.
+    /// Call it from [`run`].
+    pub async fn start(net: ClusterNetwork, opts: RealClusterOptions) -> Result<RealCluster> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let artifacts = artifacts()?;
+        let tools = node_tools()?;
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let dir = artifacts
+            .root
+            .join("target/e2e-runs")
+            .join(format!("{}-{stamp}", opts.name));
+        std::fs::create_dir_all(dir.join("logs"))?;
+
+        let pki = Pki::new()?;
+        write(&dir.join("ca.crt"), pki.ca_pem())?;
+        let api_ip = netns::APISERVER_IP.to_string();
+        let svc_ip = netns::KUBERNETES_SERVICE_IP.to_string();
+        let api_cert = pki.server(
+            "kube-apiserver",
+            &[
+                "127.0.0.1",
+                &api_ip,
+                &svc_ip,
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
+        )?;
+        write(&dir.join("apiserver.crt"), &api_cert.cert)?;
+        write(&dir.join("apiserver.key"), &api_cert.key)?;
+        let kubelet_client = pki.client_in("kube-apiserver-kubelet-client", &["system:masters"])?;
+        write(
+            &dir.join("apiserver-kubelet-client.crt"),
+            &kubelet_client.cert,
+        )?;
+        write(
+            &dir.join("apiserver-kubelet-client.key"),
+            &kubelet_client.key,
+        )?;
+        let sa = service_account_key()?;
+        write(&dir.join("sa.key"), &sa.key)?;
+        write(&dir.join("sa.pub"), &sa.cert)?;
+        // The administrator and the tenant authenticate with tokens (as a cluster's OIDC users
+        // would); the control plane's components and the nodes with client certificates.
+        let tokens = format!(
+            "{},admin,admin,\"system:masters\"\n{},{USER},{USER},\"tenants\"\n",
+            token("admin"),
+            token(USER)
+        );
+        write(&dir.join("tokens.csv"), tokens)?;
+        let admin_kc = token_kubeconfig(&dir, "admin")?;
+        let user_kc = token_kubeconfig(&dir, USER)?;
+        let ca = dir.join("ca.crt");
+        let kcm_kc = cert_kubeconfig(
+            &dir,
+            &ca,
+            &pki,
+            "kube-controller-manager",
+            "system:kube-controller-manager",
+            &[],
+        )?;
+        let sched_kc = cert_kubeconfig(
+            &dir,
+            &ca,
+            &pki,
+            "kube-scheduler",
+            "system:kube-scheduler",
+            &[],
+        )?;
+
+        let etcd_port = free_port();
+        let etcd = start_etcd(artifacts, &dir, etcd_port, free_port())?;
+        eventually(
+            "etcd /health",
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || crate::cluster::http_get(etcd_port, "/health"),
+        )
+        .await?;
+        let mut apiserver = start_apiserver(artifacts, &dir, etcd_port)?;
+        let admin = client_for(&admin_kc).await?;
+        let user = client_for(&user_kc).await?;
+        wait_apiserver(&admin, &mut apiserver).await?;
+
+        let mut cluster = RealCluster {
+            dir: dir.clone(),
+            artifacts,
+            nodes: Vec::new(),
+            admin,
+            user,
+            etcd,
+            apiserver: Some(apiserver),
+            controller_manager: None,
+            kube_scheduler: None,
+            keep: false,
+            _net: net,
+        };
+        let started = async {
+            cluster.controller_manager = Some(start_controller_manager(artifacts, &dir, &kcm_kc)?);
+            cluster.kube_scheduler = Some(start_kube_scheduler(artifacts, &dir, &sched_kc)?);
+            // The ServiceAccount admission plugin needs each namespace's `default` account, which
+            // kube-controller-manager creates: it is working once that exists.
+            let sas: Api<ServiceAccount> = Api::namespaced(cluster.admin.clone(), "default");
+            eventually(
+                "kube-controller-manager to create default/default",
+                Duration::from_secs(60),
+                Duration::from_millis(250),
+                || async { sas.get_opt("default").await.ok().flatten() },
+            )
+            .await?;
+            let images = node_images(artifacts)?;
+            for (i, spec) in opts.nodes.iter().enumerate() {
+                let node = cluster.start_node(i, spec.clone(), &pki, tools, &images)?;
+                cluster.nodes.push(node);
+            }
+            for n in &opts.nodes {
+                cluster.wait_node_ready(&n.node.name).await?;
+            }
+            match &opts.chart {
+                ChartValues::None => {}
+                values => cluster.helm_install(values).await?,
+            }
+            Ok::<(), Error>(())
+        };
+        match started.await {
+            Ok(()) => Ok(cluster),
+            Err(e) => {
+                cluster.keep = true;
+                Err(Error::msg(format!(
+                    "{e}\n(logs: {})\n{}",
+                    cluster.dir.join("logs").display(),
+                    cluster.logs_tail(15)
+                )))
+            }
+        }
+    }
+
+    pub fn admin(&self) -> &kube::Client {
+        &self.admin
+    }
+
+    pub fn user(&self) -> &kube::Client {
+        &self.user
+    }
+
+    pub fn kubeconfig_admin(&self) -> PathBuf {
+        self.dir.join(format!("{}.kubeconfig", token("admin")))
+    }
+
+    pub fn node(&self, name: &str) -> Option<&RealNode> {
+        self.nodes.iter().find(|n| n.name() == name)
+    }
+
+    fn start_node(
+        &self,
+        index: usize,
+        spec: RealNodeSpec,
+        pki: &Pki,
+        tools: &NodeTools,
+        images: &[PathBuf],
+    ) -> Result<RealNode> {
+        let name = spec.node.name.clone();
+        let dir = self.dir.join("nodes").join(&name);
+        std::fs::create_dir_all(&dir)?;
+        let ip = netns::node_ip(index);
+        // Joined as kubeadm joins a node: a client certificate in system:nodes.
+        let node_user = format!("system:node:{name}");
+        let kc = cert_kubeconfig(
+            &dir,
+            &self.dir.join("ca.crt"),
+            pki,
+            "node",
+            &node_user,
+            &["system:nodes"],
+        )?;
+        std::fs::rename(&kc, dir.join("kubeconfig"))?;
+        write(
+            &dir.join("images.list"),
+            images
+                .iter()
+                .map(|p| format!("{}\n", p.display()))
+                .collect::<String>(),
+        )?;
+
+        // Pod networking: one bridge per node, its own subnet.
+        let cni_conf = dir.join("cni");
+        write(
+            &cni_conf.join("10-te2e.conflist"),
+            serde_json::to_string_pretty(&json!({
+                "cniVersion": "0.4.0",
+                "name": format!("te2e-{index}"),
+                "plugins": [{
+                    "type": "bridge",
+                    "bridge": format!("te2ebr{index}"),
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": netns::pod_subnet(index)}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": dir.join("cni-ipam"),
+                    }
+                }]
+            }))?,
+        )?;
+
+        // The NVIDIA container toolkit's stand-in: containerd runs every container through the
+        // fake runtime, which mounts the (fake) driver into containers that ask for GPUs.
+        let scenario = dir.join("gpu-scenario.json");
+        write(&scenario, spec.node.scenario_json())?;
+        let driver_dir = &self.artifacts.driver_dir;
+        let mut mounts =
+            vec![json!({"host": scenario, "container": "/etc/tessera-fake-gpu/scenario.json"})];
+        if spec.driver {
+            for lib in ["libcuda.so.1", "libnvidia-ml.so.1"] {
+                mounts.push(json!({
+                    "host": driver_dir.join(lib),
+                    "container": format!("/usr/lib/x86_64-linux-gnu/{lib}"),
+                }));
+            }
+        }
+        let memory_mib = spec.node.gpus.first().map_or(0, |g| g.memory_mib);
+        write(
+            &dir.join("driver.json"),
+            serde_json::to_string_pretty(&json!({
+                "runc": tools.runc,
+                "mounts": mounts,
+                "env": [
+                    "FAKE_NVML_SCENARIO=/etc/tessera-fake-gpu/scenario.json",
+                    format!("FAKE_CUDA_MEMORY_MIB={memory_mib}"),
+                ],
+                "log": self.dir.join("logs").join(format!("{name}-nvidia-runtime.log")),
+            }))?,
+        )?;
+        let runtime = dir.join("nvidia-container-runtime");
+        write(
+            &runtime,
+            format!(
+                "#!/bin/sh\nexec {} --driver-config {} \"$@\"\n",
+                fake_runtime(self.artifacts)?.display(),
+                dir.join("driver.json").display()
+            ),
+        )?;
+        set_mode(&runtime, 0o755)?;
+
+        write(
+            &dir.join("containerd.toml"),
+            containerd_config(&dir, &cni_conf, &runtime, tools),
+        )?;
+        write(
+            &dir.join("kubelet.yaml"),
+            serde_json::to_string_pretty(&kubelet_config(&self.dir, ip))?,
+        )?;
+        let mut labels = vec![("gpu".to_owned(), "on".to_owned())];
+        labels.extend(spec.labels.iter().cloned());
+        let labels = labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+
+        let mut cmd = Command::new("unshare");
+        cmd.args([
+            "--mount",
+            "--uts",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "--",
+        ])
+        .arg(self.artifacts.root.join("e2e/node/node.sh"))
+        .env("NODE_NAME", &name)
+        .env("NODE_IP", ip.to_string())
+        .env("NODE_DIR", &dir)
+        .env("NODE_LABELS", labels)
+        .env("LOG_DIR", self.dir.join("logs"))
+        .env("KUBELET", &self.artifacts.kubelet)
+        .env("CONTAINERD", &tools.containerd)
+        .env("CTR", &tools.ctr)
+        .env("HOOK_DIR", HOOK_DIR);
+        let proc_ = Proc::spawn(&format!("{name}-node"), &self.dir.join("logs"), &mut cmd)?;
+        Ok(RealNode {
+            spec,
+            ip,
+            dir,
+            proc_,
+        })
+    }
+
+    async fn wait_node_ready(&mut self, name: &str) -> Result<()> {
+        let nodes: Api<Node> = Api::all(self.admin.clone());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+        loop {
+            let ready = nodes.get_opt(name).await.ok().flatten().is_some_and(|n| {
+                n.status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            });
+            if ready {
+                return Ok(());
+            }
+            let running = self
+                .nodes
+                .iter_mut()
+                .find(|n| n.name() == name)
+                .is_some_and(|n| n.proc_.is_running());
+            if !running || tokio::time::Instant::now() >= deadline {
+                return Err(Error::msg(format!("node {name} did not become Ready")));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// `helm install` of `charts/tessera` into the release namespace, waiting (helm's `--wait`)
+    /// until every Deployment and DaemonSet pod is Ready.
+    pub async fn helm_install(&mut self, values: &ChartValues) -> Result<()> {
+        let mut cmd = Command::new(&self.artifacts.helm);
+        cmd.args(["install", RELEASE])
+            .arg(self.artifacts.root.join("charts/tessera"))
+            .args(["--namespace", NAMESPACE, "--create-namespace"])
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig_admin())
+            .args(["--wait", "--timeout", "240s"]);
+        match values {
+            ChartValues::Recommended(sets) => {
+                // docs/helm.md's install, with the kube-scheduler image of the cluster's version.
+                cmd.args([
+                    "--set",
+                    &format!(
+                        "scheduler.kubeScheduler.image.tag={}",
+                        self.artifacts.k8s_version
+                    ),
+                ]);
+                for (k, v) in sets {
+                    cmd.args(["--set", &format!("{k}={v}")]);
+                }
+            }
+            ChartValues::File(f) => {
+                cmd.arg("-f").arg(f);
+            }
+            ChartValues::None => return Ok(()),
+        }
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .map_err(|e| Error::msg(format!("helm: {e}")))??;
+        std::fs::write(
+            self.dir.join("logs/helm-install.log"),
+            [&out.stdout[..], &out.stderr[..]].concat(),
+        )?;
+        if !out.status.success() {
+            return Err(Error::msg(format!(
+                "helm install failed: {}\n{}",
+                String::from_utf8_lossy(&out.stderr).trim(),
+                self.describe_pods(NAMESPACE).await
+            )));
+        }
+        Ok(())
+    }
+
+    /// `helm upgrade` of the release with the values file it was installed with plus `sets`
+    /// (no `--wait`: a test that upgrades watches what it expects).
+    pub async fn helm_upgrade(&mut self, values: &Path, sets: &[(&str, &str)]) -> Result<()> {
+        let mut cmd = Command::new(&self.artifacts.helm);
+        cmd.args(["upgrade", RELEASE])
+            .arg(self.artifacts.root.join("charts/tessera"))
+            .args(["--namespace", NAMESPACE])
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig_admin())
+            .arg("-f")
+            .arg(values);
+        for (k, v) in sets {
+            cmd.args(["--set", &format!("{k}={v}")]);
+        }
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .map_err(|e| Error::msg(format!("helm: {e}")))??;
+        if !out.status.success() {
+            return Err(Error::msg(format!(
+                "helm upgrade failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every pod of a namespace with its phase, readiness, restarts and last termination, for
+    /// failure messages.
+    pub async fn describe_pods(&self, namespace: &str) -> String {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), namespace);
+        let Ok(list) = pods.list(&ListParams::default()).await else {
+            return "(pods could not be listed)".to_owned();
+        };
+        let mut out = String::new();
+        for p in list.items {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let st = p.status.clone().unwrap_or_default();
+            out.push_str(&format!(
+                "pod {name} on {:?}: {:?} {:?}\n",
+                p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                st.phase,
+                st.conditions
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|c| format!(
+                        "{}={} {}",
+                        c.type_,
+                        c.status,
+                        c.message.clone().unwrap_or_default()
+                    ))
+                    .collect::<Vec<_>>()
+            ));
+            for cs in st
+                .init_container_statuses
+                .unwrap_or_default()
+                .into_iter()
+                .chain(st.container_statuses.unwrap_or_default())
+            {
+                out.push_str(&format!(
+                    "  {} ready={} restarts={} state={:?} last={:?}\n",
+                    cs.name, cs.ready, cs.restart_count, cs.state, cs.last_state
+                ));
+            }
+        }
+        out
+    }
+
+    /// Creates `namespace` and lets [`USER`] edit it (an ordinary tenant's rights).
+    pub async fn tenant_namespace(&self, namespace: &str) -> Result<()> {
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}}))?;
+        Api::<Namespace>::all(self.admin.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        let rb: RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": "tenant-edit", "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": USER}],
+        }))?;
+        Api::<RoleBinding>::namespaced(self.admin.clone(), namespace)
+            .create(&PostParams::default(), &rb)
+            .await?;
+        // The namespace's default ServiceAccount, which pods need, comes from the controller.
+        let sas: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), namespace);
+        eventually(
+            "the namespace's default ServiceAccount",
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || async { sas.get_opt("default").await.ok().flatten() },
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Waits until pod `name` has finished (Succeeded or Failed) and returns it.
+    pub async fn wait_finished(
+        &self,
+        namespace: &str,
+        name: &str,
+        within: Duration,
+    ) -> Result<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), namespace);
+        let r = eventually(
+            &format!("pod {namespace}/{name} to finish"),
+            within,
+            Duration::from_millis(250),
+            || async {
+                pods.get_opt(name).await.ok().flatten().filter(|p| {
+                    matches!(
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    )
+                })
+            },
+        )
+        .await;
+        match r {
+            Ok(p) => Ok(p),
+            Err(e) => Err(Error::msg(format!(
+                "{e}\n{}",
+                self.describe_pods(namespace).await
+            ))),
+        }
+    }
+
+    /// What `kubectl logs POD -c CONTAINER` prints (through the API server and the kubelet).
+    pub async fn logs(&self, namespace: &str, pod: &str, container: &str) -> Result<String> {
+        let pods: Api<Pod> = Api::namespaced(self.user.clone(), namespace);
+        Ok(pods
+            .logs(
+                pod,
+                &LogParams {
+                    container: Some(container.to_owned()),
+                    ..LogParams::default()
+                },
+            )
+            .await?)
+    }
+
+    /// Deletes a pod and waits until it is gone.
+    pub async fn delete_pod(&self, namespace: &str, name: &str) -> Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), namespace);
+        let _ = pods.delete(name, &DeleteParams::default()).await;
+        eventually(
+            &format!("pod {namespace}/{name} to be gone"),
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async {
+                pods.get_opt(name)
+                    .await
+                    .ok()
+                    .and_then(|p| p.is_none().then_some(()))
+            },
+        )
+        .await
+    }
+
+    /// The leading tessera-scheduler's `/metrics` (scraped at its pod's address, as Prometheus
+    /// scrapes it), or `None` while no scheduler pod answers.
+    pub async fn scheduler_metrics(&self) -> Option<String> {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NAMESPACE);
+        let lp = ListParams::default().labels("app.kubernetes.io/component=scheduler");
+        for p in pods.list(&lp).await.ok()?.items {
+            let Some(ip) = p.status.and_then(|s| s.pod_ip) else {
+                continue;
+            };
+            if let Some(m) = http_get_at(&ip, 9395, "/metrics").await
+                && m.lines().any(|l| l.trim() == "tessera_scheduler_leader 1")
+            {
+                return Some(m);
+            }
+        }
+        None
+    }
+
+    /// The last lines of every log, for a failure message.
+    pub fn logs_tail(&self, n: usize) -> String {
+        let mut out = String::new();
+        if let Ok(rd) = std::fs::read_dir(self.dir.join("logs")) {
+            let mut paths: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+            paths.sort();
+            for p in paths {
+                out.push_str(&format!(
+                    "==> {} <==\n{}\n",
+                    p.display(),
+                    crate::process::tail(&p, n)
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// A plain-HTTP GET (metrics endpoints); `None` unless it answers 200.
+pub async fn http_get_at(host: &str, port: u16, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect((host, port)),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+/// The images every node imports, built (or reused) from the workspace's outputs: the pause
+/// image, Tessera's two images, kube-scheduler under the names the chart's values produce
+/// (Tessera's recommended values: `registry.k8s.io/kube-scheduler:<cluster version>`; HAMi's
+/// defaults: HAMi's mirror, tag = the cluster's version), and the CUDA probe.
+fn node_images(a: &Artifacts) -> Result<Vec<PathBuf>> {
+    let names = crate::images::ImageNames {
+        kube_scheduler: vec![format!(
+            "registry.cn-hangzhou.aliyuncs.com/google_containers/kube-scheduler:{}",
+            a.k8s_version
+        )],
+        ..Default::default()
+    };
+    let built = crate::images::build_all(a, &names, &crate::images::default_out_dir())
+        .map_err(|e| Error::msg(format!("building the node images: {e}")))?;
+    Ok(built.into_iter().map(|b| b.tar).collect())
+}
+
+/// The fake NVIDIA container runtime (`e2e/src/bin/fake-nvidia-container-runtime.rs`), built
+/// beside the daemons.
+fn fake_runtime(a: &Artifacts) -> Result<PathBuf> {
+    let p = a
+        .tessera_scheduler
+        .with_file_name("fake-nvidia-container-runtime");
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(Error::msg(format!(
+            "{} not found: run `make build` first",
+            p.display()
+        )))
+    }
+}
+
+/// Removes the cgroups containerd made for containers (`/sys/fs/cgroup/<controller>/k8s.io/…`,
+/// cgroup v1, as on this kind of machine) once the nodes' processes are gone: a killed node
+/// leaves them behind, empty. Only empty cgroups can be removed, so a live container's never is.
+fn remove_container_cgroups() {
+    fn remove_tree(dir: &Path) -> bool {
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove_tree(&e.path());
+                }
+            }
+        }
+        std::fs::remove_dir(dir).is_ok()
+    }
+    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    let roots: Vec<PathBuf> = controllers
+        .flatten()
+        .map(|c| c.path().join("k8s.io"))
+        .filter(|p| p.is_dir())
+        .collect();
+    // The killed processes may take a moment to leave their cgroups.
+    for _ in 0..20 {
+        if roots.iter().all(|r| !r.exists() || remove_tree(r)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+fn start_apiserver(a: &Artifacts, dir: &Path, etcd: u16) -> Result<Proc> {
+    let p = |f: &str| dir.join(f).display().to_string();
+    let mut cmd = Command::new(&a.kube_apiserver);
+    cmd.arg(format!("--etcd-servers=http://127.0.0.1:{etcd}"))
+        // 443 on every address of the cluster's namespace: the `kubernetes` Service's ClusterIP
+        // is one of them, so pods reach the API server where their in-cluster config says.
+        .arg("--bind-address=0.0.0.0")
+        .arg("--secure-port=443")
+        .arg(format!("--advertise-address={}", netns::APISERVER_IP))
+        .arg(format!("--cert-dir={}", p("apiserver-certs")))
+        .arg(format!("--tls-cert-file={}", p("apiserver.crt")))
+        .arg(format!("--tls-private-key-file={}", p("apiserver.key")))
+        .arg(format!("--client-ca-file={}", p("ca.crt")))
+        .arg(format!("--token-auth-file={}", p("tokens.csv")))
+        .arg("--authorization-mode=Node,RBAC")
+        .arg("--enable-admission-plugins=NodeRestriction")
+        // Webhook Services are reached at their endpoints (no kube-proxy in this network).
+        .arg("--enable-aggregator-routing=true")
+        .arg(format!(
+            "--kubelet-client-certificate={}",
+            p("apiserver-kubelet-client.crt")
+        ))
+        .arg(format!(
+            "--kubelet-client-key={}",
+            p("apiserver-kubelet-client.key")
+        ))
+        .arg("--kubelet-preferred-address-types=InternalIP")
+        .arg("--service-account-issuer=https://kubernetes.default.svc")
+        .arg(format!("--service-account-key-file={}", p("sa.pub")))
+        .arg(format!(
+            "--service-account-signing-key-file={}",
+            p("sa.key")
+        ))
+        .arg(format!(
+            "--service-cluster-ip-range={}",
+            netns::SERVICE_CIDR
+        ))
+        .arg("--allow-privileged=true")
+        .arg("--profiling=false")
+        .arg("--v=1");
+    Ok(Proc::spawn("kube-apiserver", &dir.join("logs"), &mut cmd)?)
+}
+
+fn start_controller_manager(a: &Artifacts, dir: &Path, kubeconfig: &Path) -> Result<Proc> {
+    let mut cmd = Command::new(&a.kube_controller_manager);
+    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!(
+            "--authentication-kubeconfig={}",
+            kubeconfig.display()
+        ))
+        .arg(format!(
+            "--authorization-kubeconfig={}",
+            kubeconfig.display()
+        ))
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!("--secure-port={}", free_port()))
+        .arg("--use-service-account-credentials=true")
+        .arg(format!(
+            "--service-account-private-key-file={}",
+            dir.join("sa.key").display()
+        ))
+        .arg(format!("--root-ca-file={}", dir.join("ca.crt").display()))
+        .arg("--cluster-name=tessera-e2e")
+        .arg("--leader-elect=false")
+        .arg("--v=1");
+    Ok(Proc::spawn(
+        "kube-controller-manager",
+        &dir.join("logs"),
+        &mut cmd,
+    )?)
+}
+
+/// The control plane's own scheduler (profile `default-scheduler`): it places the chart's pods
+/// and every pod that asks for no GPU.
+fn start_kube_scheduler(a: &Artifacts, dir: &Path, kubeconfig: &Path) -> Result<Proc> {
+    let config = dir.join("kube-scheduler.yaml");
+    let doc = json!({
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": kubeconfig},
+        "leaderElection": {"leaderElect": false},
+    });
+    write(&config, serde_yaml::to_string(&doc)?)?;
+    let mut cmd = Command::new(&a.kube_scheduler);
+    cmd.arg(format!("--config={}", config.display()))
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!("--secure-port={}", free_port()))
+        .arg("--v=1");
+    Ok(Proc::spawn("kube-scheduler", &dir.join("logs"), &mut cmd)?)
+}
+
+/// containerd's configuration for one node: its own root; state, socket and runc state under
+/// the node's private /run; CRI with the local pause image, the node's CNI config, and the fake
+/// NVIDIA runtime in front of runc.
+fn containerd_config(
+    node_dir: &Path,
+    cni_conf: &Path,
+    runtime: &Path,
+    tools: &NodeTools,
+) -> String {
+    format!(
+        r#"version = 2
+root = "{root}"
+state = "/run/containerd"
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  # Root cannot lower oom_score_adj on these machines; without this runc fails every sandbox.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{runtime}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni_bin}"
+    conf_dir = "{cni_conf}"
+"#,
+        root = node_dir.join("containerd").display(),
+        pause = crate::images::PAUSE_IMAGE,
+        runtime = runtime.display(),
+        cni_bin = tools.cni_bin_dir.display(),
+        cni_conf = cni_conf.display(),
+    )
+}
+
+/// The kubelet's configuration: webhook authentication and authorisation against the API
+/// server, the cluster CA for client certificates, its own address, and the settings this kind
+/// of machine needs (cgroupfs without QoS cgroups, no swap check, no eviction thresholds).
+fn kubelet_config(cluster_dir: &Path, ip: std::net::Ipv4Addr) -> serde_json::Value {
+    json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": ip.to_string(),
+        "port": 10250,
+        "readOnlyPort": 0,
+        "healthzPort": 0,
+        "authentication": {
+            "anonymous": {"enabled": false},
+            "webhook": {"enabled": true},
+            "x509": {"clientCAFile": cluster_dir.join("ca.crt")},
+        },
+        "authorization": {"mode": "Webhook"},
+        "cgroupDriver": "cgroupfs",
+        "cgroupsPerQOS": false,
+        "enforceNodeAllocatable": [],
+        "failSwapOn": false,
+        "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
+        "localStorageCapacityIsolation": false,
+        "evictionHard": {},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "resolvConf": "",
+        "serializeImagePulls": false,
+        "clusterDomain": "cluster.local",
+    })
+}

@@ -1,0 +1,521 @@
+//! Scenarios on real nodes: kubelet v1.34 and containerd run every pod, Tessera is installed with
+//! `helm install`, and results are what a user sees: pod phases, exit codes and `kubectl logs`.
+//! Each test builds its own cluster in its own network namespace (root needed, as CI has).
+//! docs/e2e.md lists what is real here and what is still played.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tessera_e2e::node::NodeSpec;
+use tessera_e2e::real::{
+    self, ChartValues, NAMESPACE, PROBE_IMAGE, RealCluster, RealClusterOptions, RealNodeSpec,
+};
+use tessera_e2e::{Result, eventually};
+
+const MIB: u64 = 1024 * 1024;
+const A100_MIB: u64 = 40960;
+const T4_MIB: u64 = 15360;
+const TENANT: &str = "team-a";
+
+/// One GPU container: the resources it asks for and the shell it runs (`$LIMIT` is the memory
+/// limit in bytes the test expects it to get).
+struct GpuContainer {
+    name: &'static str,
+    resources: serde_json::Value,
+    script: String,
+}
+
+/// The check every GPU container makes from inside: what CUDA and NVML report, exactly its
+/// limit allocatable, one byte more refused (`cuda_probe limit`), and NVML showing the limit.
+fn limit_check(limit_bytes: u64) -> String {
+    format!(
+        "LIMIT={limit_bytes}; cuda_probe info && cuda_probe limit $LIMIT && cuda_probe nvml $LIMIT \
+         && echo \"SM_LIMIT=${{CUDA_DEVICE_SM_LIMIT:-none}} MEM_LIMIT_0=${{CUDA_DEVICE_MEMORY_LIMIT_0:-none}} MEM_LIMIT_1=${{CUDA_DEVICE_MEMORY_LIMIT_1:-none}}\""
+    )
+}
+
+fn gpu_pod(name: &str, node: Option<&str>, containers: &[GpuContainer]) -> Pod {
+    let containers: Vec<_> = containers
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "image": PROBE_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", c.script],
+                "resources": {"limits": c.resources},
+            })
+        })
+        .collect();
+    let mut spec = json!({"restartPolicy": "Never", "containers": containers});
+    if let Some(n) = node {
+        spec["nodeSelector"] = json!({"kubernetes.io/hostname": n});
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": TENANT},
+        "spec": spec,
+    }))
+    .expect("pod")
+}
+
+async fn create_as_user(c: &RealCluster, pod: &Pod) -> Result<()> {
+    Api::<Pod>::namespaced(c.user().clone(), TENANT)
+        .create(&PostParams::default(), pod)
+        .await?;
+    Ok(())
+}
+
+/// Waits for the pod to finish and returns (exit codes by container, logs by container).
+async fn outcome(
+    c: &RealCluster,
+    name: &str,
+) -> Result<(BTreeMap<String, i32>, BTreeMap<String, String>)> {
+    let pod = c
+        .wait_finished(TENANT, name, Duration::from_secs(120))
+        .await?;
+    let mut codes = BTreeMap::new();
+    let mut logs = BTreeMap::new();
+    for cs in pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .unwrap_or_default()
+    {
+        let code = cs
+            .state
+            .and_then(|s| s.terminated)
+            .map_or(-1, |t| t.exit_code);
+        logs.insert(cs.name.clone(), c.logs(TENANT, name, &cs.name).await?);
+        codes.insert(cs.name, code);
+    }
+    Ok((codes, logs))
+}
+
+fn two_nodes() -> Vec<RealNodeSpec> {
+    vec![
+        RealNodeSpec::gpu(NodeSpec::uniform(
+            "a100-node",
+            2,
+            "NVIDIA A100-SXM4-40GB",
+            A100_MIB,
+        )),
+        RealNodeSpec::gpu(NodeSpec::uniform("t4-node", 1, "Tesla T4", T4_MIB)),
+    ]
+}
+
+/// Every pod of the release namespace Ready, none restarted.
+async fn assert_release_healthy(c: &RealCluster) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), NAMESPACE);
+    for p in pods.list(&ListParams::default()).await?.items {
+        let st = p.status.clone().unwrap_or_default();
+        if st.phase.as_deref() == Some("Succeeded") {
+            continue;
+        }
+        for cs in st.container_statuses.unwrap_or_default() {
+            assert!(
+                cs.ready && cs.restart_count == 0,
+                "{} / {}: ready={} restarts={}\n{}",
+                p.metadata.name.clone().unwrap_or_default(),
+                cs.name,
+                cs.ready,
+                cs.restart_count,
+                c.describe_pods(NAMESPACE).await
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The full pipeline with mixed requests, as real containers, then a Deployment of GPU pods
+/// scaled 0 → 20 → 0, with the chart installed as docs/helm.md recommends.
+#[test]
+fn real_nodes_chart_install_pipeline_and_scaling() -> Result<()> {
+    real::run(2, |net| async move {
+        let c = RealCluster::start(
+            net,
+            RealClusterOptions {
+                name: "real-pipeline".into(),
+                nodes: two_nodes(),
+                chart: ChartValues::Recommended(Vec::new()),
+            },
+        )
+        .await?;
+        assert_release_healthy(&c).await?;
+        c.tenant_namespace(TENANT).await?;
+
+        // Each pod: its containers, and what each must see.
+        let pods = vec![
+            gpu_pod(
+                "mem-3000",
+                None,
+                &[GpuContainer {
+                    name: "main",
+                    resources: json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}),
+                    script: limit_check(3000 * MIB),
+                }],
+            ),
+            gpu_pod(
+                "pct-25",
+                Some("t4-node"),
+                &[GpuContainer {
+                    name: "main",
+                    resources: json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25}),
+                    script: limit_check(T4_MIB / 4 * MIB),
+                }],
+            ),
+            gpu_pod(
+                "cores-30",
+                None,
+                &[GpuContainer {
+                    name: "main",
+                    resources: json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 30}),
+                    script: format!("{} && test \"$CUDA_DEVICE_SM_LIMIT\" = 30", limit_check(2000 * MIB)),
+                }],
+            ),
+            gpu_pod(
+                "two-gpus",
+                Some("a100-node"),
+                &[GpuContainer {
+                    name: "main",
+                    resources: json!({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000}),
+                    script: format!(
+                        "{} && test \"$CUDA_DEVICE_MEMORY_LIMIT_1\" = 1000m",
+                        limit_check(1000 * MIB)
+                    ),
+                }],
+            ),
+            gpu_pod(
+                "whole-t4",
+                Some("t4-node"),
+                &[GpuContainer {
+                    name: "main",
+                    resources: json!({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 100}),
+                    script: limit_check(T4_MIB * MIB),
+                }],
+            ),
+            // Two processes of one container share its limit: 64 MiB chunks, 16 in all.
+            gpu_pod(
+                "shared-1024",
+                None,
+                &[GpuContainer {
+                    name: "main",
+                    resources: json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024}),
+                    script: "cuda_probe hold 67108864 /tmp/go /tmp/a & cuda_probe hold 67108864 /tmp/go /tmp/b & \
+                             sleep 0.5; touch /tmp/go; \
+                             for i in $(seq 100); do [ -s /tmp/a ] && [ -s /tmp/b ] && break; sleep 0.1; done; \
+                             echo chunks=$(( $(cat /tmp/a) + $(cat /tmp/b) )); \
+                             test $(( $(cat /tmp/a) + $(cat /tmp/b) )) = 16"
+                        .to_owned(),
+                }],
+            ),
+            // Two GPU containers of one pod: each gets its own slice.
+            gpu_pod(
+                "two-containers",
+                None,
+                &[
+                    GpuContainer {
+                        name: "first",
+                        resources: json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1500}),
+                        script: limit_check(1500 * MIB),
+                    },
+                    GpuContainer {
+                        name: "second",
+                        resources: json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2500}),
+                        script: limit_check(2500 * MIB),
+                    },
+                ],
+            ),
+        ];
+        for p in &pods {
+            create_as_user(&c, p).await?;
+        }
+        for p in &pods {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let (codes, logs) = outcome(&c, &name).await?;
+            for (ctr, code) in &codes {
+                assert_eq!(
+                    *code, 0,
+                    "{name}/{ctr} exited {code}; its logs:\n{}",
+                    logs[ctr]
+                );
+                // The shim was loaded from the /etc/ld.so.preload mount (nothing set LD_PRELOAD):
+                // without it cuMemGetInfo would report the whole card.
+                assert!(
+                    logs[ctr].contains("OK") || logs[ctr].contains("chunks=16"),
+                    "{name}/{ctr}: {}",
+                    logs[ctr]
+                );
+            }
+            println!("{name}: {logs:?}");
+        }
+
+        scale_deployment_up_and_down(&c).await?;
+        Ok(())
+    })
+}
+
+/// A Deployment of GPU pods scaled 0 → 20 → 0: all 20 run, and afterwards every GPU is free in
+/// the extender's books, the register annotations list every GPU, and no container directory
+/// (region files) is left on any node.
+async fn scale_deployment_up_and_down(c: &RealCluster) -> Result<()> {
+    let deploys: Api<Deployment> = Api::namespaced(c.user().clone(), TENANT);
+    let d: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "holders", "namespace": TENANT},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "holders"}},
+            "template": {
+                "metadata": {"labels": {"app": "holders"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "main",
+                        "image": PROBE_IMAGE,
+                        "imagePullPolicy": "Never",
+                        // Fills its slice in 1 MiB pieces, then holds it.
+                        "command": ["cuda_probe", "hold", "1048576", "/", "/tmp/held"],
+                        "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}},
+                    }]
+                }
+            }
+        }
+    }))?;
+    deploys.create(&PostParams::default(), &d).await?;
+    let scale = |n: i32| {
+        let deploys = deploys.clone();
+        async move {
+            deploys
+                .patch(
+                    "holders",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replicas": n}})),
+                )
+                .await
+        }
+    };
+    scale(20).await?;
+    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    let lp = ListParams::default().labels("app=holders");
+    let running = eventually(
+        "20 holder pods Running",
+        Duration::from_secs(240),
+        Duration::from_millis(500),
+        || async {
+            let items = pods.list(&lp).await.ok()?.items;
+            let n = items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count();
+            (n == 20).then_some(items)
+        },
+    )
+    .await;
+    if let Err(e) = running {
+        panic!("{e}\n{}", c.describe_pods(TENANT).await);
+    }
+    scale(0).await?;
+    eventually(
+        "every holder pod gone",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async { pods.list(&lp).await.ok()?.items.is_empty().then_some(()) },
+    )
+    .await?;
+
+    // The register annotation still lists every GPU, healthy.
+    let nodes: Api<Node> = Api::all(c.admin().clone());
+    for n in &c.nodes {
+        let node = nodes.get(n.name()).await?;
+        let reg = node
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get(hami_contract::annotations::NODE_REGISTER)
+            .cloned()
+            .unwrap_or_default();
+        for g in &n.spec.node.gpus {
+            assert!(reg.contains(&g.uuid), "{}: {reg}", n.name());
+        }
+    }
+    // The extender's books: nothing allocated on any GPU.
+    let books = eventually(
+        "the extender's books to show every GPU free",
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        || async {
+            let m = c.scheduler_metrics().await?;
+            let used: Vec<&str> = m
+                .lines()
+                .filter(|l| {
+                    (l.starts_with("hami_gpu_shared_count")
+                        || l.starts_with("hami_gpu_memory_allocated_bytes"))
+                        && !l.ends_with(" 0")
+                })
+                .collect();
+            used.is_empty().then(|| m.clone())
+        },
+    )
+    .await?;
+    let gpus: usize = c.nodes.iter().map(|n| n.spec.node.gpus.len()).sum();
+    assert_eq!(
+        books
+            .lines()
+            .filter(|l| l.starts_with("hami_gpu_shared_count"))
+            .count(),
+        gpus,
+        "{books}"
+    );
+    // No container directory left behind on any node.
+    for n in &c.nodes {
+        let dir = n.dir.join("fs/usr/local/vgpu/containers");
+        eventually(
+            &format!("{}: no container directory left", n.name()),
+            Duration::from_secs(90),
+            Duration::from_secs(1),
+            || async { std::fs::read_dir(&dir).ok()?.next().is_none().then_some(()) },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// HAMi v2.10's own default values file, unchanged: every Tessera pod becomes Ready and none
+/// restarts, a GPU pod gets its slice, and a node without a usable driver does not crash-loop
+/// its device plugin (`devicePlugin.failOnInitError`, default false) until the operator asks for
+/// NVIDIA's behaviour (true), which then fails the container with NVML's error.
+#[test]
+fn real_nodes_hami_default_values_and_a_node_without_driver() -> Result<()> {
+    real::run(2, |net| async move {
+        let fixture =
+            tessera_e2e::artifacts::workspace_root().join("e2e/fixtures/hami-v2.10-values.yaml");
+        let mut no_driver = RealNodeSpec::gpu(NodeSpec::uniform("cpu-node", 1, "none", 0));
+        no_driver.driver = false;
+        let mut c = RealCluster::start(
+            net,
+            RealClusterOptions {
+                name: "real-hami-values".into(),
+                nodes: vec![
+                    RealNodeSpec::gpu(NodeSpec::uniform("t4-node", 1, "Tesla T4", T4_MIB)),
+                    no_driver,
+                ],
+                chart: ChartValues::File(fixture.clone()),
+            },
+        )
+        .await?;
+        // Restarts show up late: give every container time to fail if it would.
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        assert_release_healthy(&c).await?;
+        c.tenant_namespace(TENANT).await?;
+        let pod = gpu_pod(
+            "mem-2000",
+            Some("t4-node"),
+            &[GpuContainer {
+                name: "main",
+                resources: json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000}),
+                script: limit_check(2000 * MIB),
+            }],
+        );
+        create_as_user(&c, &pod).await?;
+        let (codes, logs) = outcome(&c, "mem-2000").await?;
+        assert_eq!(codes.get("main"), Some(&0), "{logs:?}");
+
+        // The driverless node: its plugin runs, registers nothing, and says why.
+        let nodes: Api<Node> = Api::all(c.admin().clone());
+        let cpu = nodes.get("cpu-node").await?;
+        assert!(
+            !cpu.metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key(hami_contract::annotations::NODE_REGISTER),
+            "a node without a driver published GPUs"
+        );
+        let plugin_pod = |c: &RealCluster| {
+            let pods: Api<Pod> = Api::namespaced(c.admin().clone(), NAMESPACE);
+            async move {
+                pods.list(
+                    &ListParams::default().labels("app.kubernetes.io/component=device-plugin"),
+                )
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("cpu-node"))
+            }
+        };
+        let p = plugin_pod(&c).await.expect("a plugin pod on cpu-node");
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let log = c.logs(NAMESPACE, &name, "tessera-device-plugin").await?;
+        assert!(log.to_lowercase().contains("nvml"), "{log}");
+
+        // NVIDIA's behaviour on request: the container fails with the error, and restarts.
+        c.helm_upgrade(&fixture, &[("devicePlugin.failOnInitError", "true")])
+            .await?;
+        let failed = eventually(
+            "the plugin on cpu-node to fail and restart",
+            Duration::from_secs(120),
+            Duration::from_secs(1),
+            || async {
+                let p = plugin_pod(&c).await?;
+                let cs = p.status?.container_statuses?.into_iter().next()?;
+                let t = cs.last_state?.terminated?;
+                (cs.restart_count >= 1 && t.exit_code != 0).then_some(t)
+            },
+        )
+        .await?;
+        println!("failOnInitError=true: {failed:?}");
+        Ok(())
+    })
+}
+
+/// The bare real-node cluster: two nodes join with node credentials and become Ready, a plain
+/// pod runs on each through containerd, its exit code and `kubectl logs` come back through the
+/// API server from that node's kubelet, and pods reach each other and the API server's
+/// ClusterIP over the pod network.
+#[test]
+fn real_nodes_run_plain_pods_and_serve_their_logs() -> Result<()> {
+    real::run(2, |net| async move {
+        let c = RealCluster::start(
+            net,
+            RealClusterOptions {
+                name: "real-plain".into(),
+                nodes: two_nodes(),
+                chart: ChartValues::None,
+            },
+        )
+        .await?;
+        c.tenant_namespace(TENANT).await?;
+        for n in ["a100-node", "t4-node"] {
+            let pod: Pod = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("hello-{n}"), "namespace": TENANT},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {"kubernetes.io/hostname": n},
+                    "containers": [{
+                        "name": "main", "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+                        // The API server's ClusterIP answers TLS on 443 from inside the pod.
+                        "command": ["/bin/sh", "-c",
+                            "echo hello from $(hostname) on $NODE; \
+                             nc -w 3 $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT </dev/null && echo apiserver reachable"],
+                        "env": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                    }]
+                }
+            }))?;
+            create_as_user(&c, &pod).await?;
+        }
+        for n in ["a100-node", "t4-node"] {
+            let (codes, logs) = outcome(&c, &format!("hello-{n}")).await?;
+            assert_eq!(codes.get("main"), Some(&0), "{logs:?}");
+            let log = &logs["main"];
+            assert!(log.contains(&format!("on {n}")), "{log}");
+            assert!(log.contains("apiserver reachable"), "{log}");
+        }
+        Ok(())
+    })
+}
