@@ -125,9 +125,103 @@ pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
 /// Pod UID → (namespace, name), from the pod cache.
 pub type PodNames = BTreeMap<String, (String, String)>;
 
+/// The container directories to remove (pure): `<podUID>_<container>` entries, each with its
+/// age, whose pod is not among `live_uids` (the node's pods, fresh from the API server) and that
+/// are older than `grace` (a directory is made at `Allocate`, before its pod could be missing).
+/// Names that are not container directories are never chosen.
+pub fn stale_container_dirs(
+    entries: &[(String, std::time::Duration)],
+    live_uids: &std::collections::BTreeSet<String>,
+    grace: std::time::Duration,
+) -> Vec<String> {
+    entries
+        .iter()
+        .filter(|(name, age)| {
+            *age >= grace
+                && parse_container_dir(name).is_some_and(|(uid, _)| !live_uids.contains(uid))
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Removes the directories of containers whose pod is gone (region files, and the directory the
+/// container had mounted), so nothing of a deleted pod stays on the node. Symlinks are removed,
+/// never followed (`remove_dir_all` does not follow them). Returns what was removed and what
+/// could not be, with the reason.
+pub fn remove_stale_container_dirs(
+    containers_dir: &Path,
+    live_uids: &std::collections::BTreeSet<String>,
+    grace: std::time::Duration,
+) -> Vec<(String, std::io::Result<()>)> {
+    let Ok(entries) = std::fs::read_dir(containers_dir) else {
+        return Vec::new();
+    };
+    let now = std::time::SystemTime::now();
+    let aged: Vec<(String, std::time::Duration)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let meta = e.path().symlink_metadata().ok()?;
+            let age = now
+                .duration_since(meta.modified().ok()?)
+                .unwrap_or_default();
+            Some((e.file_name().to_string_lossy().into_owned(), age))
+        })
+        .collect();
+    stale_container_dirs(&aged, live_uids, grace)
+        .into_iter()
+        .map(|name| {
+            let path = containers_dir.join(&name);
+            let r = match path.symlink_metadata() {
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path),
+                Ok(_) => std::fs::remove_file(&path),
+                Err(e) => Err(e),
+            };
+            (name, r)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_directories_of_gone_pods_past_the_grace_are_stale() {
+        use std::time::Duration;
+        let live: std::collections::BTreeSet<String> = ["uid-live".to_owned()].into();
+        let entries = vec![
+            ("uid-live_main".to_owned(), Duration::from_secs(600)),
+            ("uid-gone_main".to_owned(), Duration::from_secs(600)),
+            ("uid-gone_side".to_owned(), Duration::from_secs(600)),
+            ("uid-new_main".to_owned(), Duration::from_secs(5)),
+            ("not-a-container-dir".to_owned(), Duration::from_secs(600)),
+        ];
+        let stale = stale_container_dirs(&entries, &live, Duration::from_secs(30));
+        assert_eq!(stale, vec!["uid-gone_main", "uid-gone_side"]);
+    }
+
+    #[test]
+    fn removal_takes_the_gone_pods_directories_and_never_follows_links() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"x").unwrap();
+        let containers = root.path();
+        std::fs::create_dir(containers.join("gone_main")).unwrap();
+        std::fs::write(containers.join("gone_main/a.cache"), b"r").unwrap();
+        std::os::unix::fs::symlink(outside.path(), containers.join("gone_main/link")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), containers.join("gone2_main")).unwrap();
+        std::fs::create_dir(containers.join("live_main")).unwrap();
+        let live: std::collections::BTreeSet<String> = ["live".to_owned()].into();
+        let removed = remove_stale_container_dirs(containers, &live, std::time::Duration::ZERO);
+        assert!(removed.iter().all(|(_, r)| r.is_ok()), "{removed:?}");
+        assert!(!containers.join("gone_main").exists());
+        assert!(containers.join("gone2_main").symlink_metadata().is_err());
+        assert!(containers.join("live_main").is_dir());
+        assert!(
+            outside.path().join("keep").is_file(),
+            "a link target was touched"
+        );
+    }
 
     #[test]
     fn dir_names() {

@@ -41,6 +41,8 @@ pub struct Artifacts {
     pub root: PathBuf,
     pub kube_apiserver: PathBuf,
     pub kube_scheduler: PathBuf,
+    pub kube_controller_manager: PathBuf,
+    pub kubelet: PathBuf,
     pub etcd: PathBuf,
     pub k8s_version: String,
     pub helm: PathBuf,
@@ -133,7 +135,14 @@ fn discover() -> Result<Artifacts, ArtifactError> {
     let cp = script_vars(
         &root,
         "e2e/control-plane.sh",
-        &["KUBE_APISERVER", "KUBE_SCHEDULER", "ETCD", "K8S_VERSION"],
+        &[
+            "KUBE_APISERVER",
+            "KUBE_SCHEDULER",
+            "KUBE_CONTROLLER_MANAGER",
+            "KUBELET",
+            "ETCD",
+            "K8S_VERSION",
+        ],
     )?;
     let tools = script_vars(&root, "e2e/tools.sh", &["HELM"])?;
     let target = target_profile_dir(&root);
@@ -162,6 +171,8 @@ fn discover() -> Result<Artifacts, ArtifactError> {
     Ok(Artifacts {
         kube_apiserver: var_path(&cp, "KUBE_APISERVER")?,
         kube_scheduler: var_path(&cp, "KUBE_SCHEDULER")?,
+        kube_controller_manager: var_path(&cp, "KUBE_CONTROLLER_MANAGER")?,
+        kubelet: var_path(&cp, "KUBELET")?,
         etcd: var_path(&cp, "ETCD")?,
         k8s_version: cp.get("K8S_VERSION").cloned().unwrap_or_default(),
         helm: var_path(&tools, "HELM")?,

@@ -111,7 +111,7 @@ impl Drop for Cluster {
     }
 }
 
-fn token(user: &str) -> String {
+pub(crate) fn token(user: &str) -> String {
     format!("e2e-{}", user.replace([':', '@', '.'], "-"))
 }
 
@@ -129,7 +129,7 @@ fn write_kubeconfig(path: &Path, port: u16, ca: &Path, user: &str) -> Result<()>
     Ok(())
 }
 
-async fn client_for(path: &Path) -> Result<kube::Client> {
+pub(crate) async fn client_for(path: &Path) -> Result<kube::Client> {
     let kc = Kubeconfig::read_from(path)?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     Ok(kube::Client::try_from(cfg)?)
@@ -699,11 +699,11 @@ fn hami_contract_shim_path() -> &'static str {
     "/usr/local/vgpu/libvgpu.so"
 }
 
-fn kubeconfig_path(dir: &Path, user: &str) -> PathBuf {
+pub(crate) fn kubeconfig_path(dir: &Path, user: &str) -> PathBuf {
     dir.join(format!("kubeconfig-{}", token(user)))
 }
 
-fn start_etcd(a: &Artifacts, dir: &Path, client: u16, peer: u16) -> Result<Proc> {
+pub(crate) fn start_etcd(a: &Artifacts, dir: &Path, client: u16, peer: u16) -> Result<Proc> {
     let mut cmd = Command::new(&a.etcd);
     cmd.arg(format!("--data-dir={}", dir.join("etcd").display()))
         .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
@@ -748,7 +748,7 @@ fn start_apiserver(a: &Artifacts, dir: &Path, port: u16, etcd: u16) -> Result<Pr
 
 /// Waits until the apiserver serves and its bootstrap objects exist; fails at once, with its
 /// log, if the process exits.
-async fn wait_apiserver(admin: &kube::Client, proc_: &mut Proc) -> Result<()> {
+pub(crate) async fn wait_apiserver(admin: &kube::Client, proc_: &mut Proc) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let ns: Api<Namespace> = Api::all(admin.clone());

@@ -17,9 +17,11 @@ pub mod cluster;
 pub mod demo;
 pub mod fake_nvidia_runtime;
 pub mod images;
+pub mod netns;
 pub mod node;
 pub mod pods;
 pub mod process;
+pub mod real;
 
 /// Errors of the harness; a failed test prints them with the logs' location.
 #[derive(Debug, thiserror::Error)]

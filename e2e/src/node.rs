@@ -72,7 +72,8 @@ impl NodeSpec {
         self
     }
 
-    fn scenario_json(&self) -> String {
+    /// The fake NVML scenario file's content for this node's GPUs.
+    pub fn scenario_json(&self) -> String {
         let devices: Vec<_> = self
             .gpus
             .iter()

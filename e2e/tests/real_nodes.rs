@@ -145,7 +145,16 @@ fn real_nodes_chart_install_pipeline_and_scaling() -> Result<()> {
             },
         )
         .await?;
-        assert_release_healthy(&c).await?;
+        if let Err(e) = pipeline_and_scaling(&c).await {
+            panic!("{e}\n{}", c.describe_pods(TENANT).await);
+        }
+        Ok(())
+    })
+}
+
+async fn pipeline_and_scaling(c: &RealCluster) -> Result<()> {
+    {
+        assert_release_healthy(c).await?;
         c.tenant_namespace(TENANT).await?;
 
         // Each pod: its containers, and what each must see.
@@ -232,11 +241,11 @@ fn real_nodes_chart_install_pipeline_and_scaling() -> Result<()> {
             ),
         ];
         for p in &pods {
-            create_as_user(&c, p).await?;
+            create_as_user(c, p).await?;
         }
         for p in &pods {
             let name = p.metadata.name.clone().unwrap_or_default();
-            let (codes, logs) = outcome(&c, &name).await?;
+            let (codes, logs) = outcome(c, &name).await?;
             for (ctr, code) in &codes {
                 assert_eq!(
                     *code, 0,
@@ -253,10 +262,15 @@ fn real_nodes_chart_install_pipeline_and_scaling() -> Result<()> {
             }
             println!("{name}: {logs:?}");
         }
+        // Finished pods are deleted, as a user cleans up: their directories must go too.
+        for p in &pods {
+            c.delete_pod(TENANT, p.metadata.name.as_deref().unwrap_or_default())
+                .await?;
+        }
 
-        scale_deployment_up_and_down(&c).await?;
+        scale_deployment_up_and_down(c).await?;
         Ok(())
-    })
+    }
 }
 
 /// A Deployment of GPU pods scaled 0 → 20 → 0: all 20 run, and afterwards every GPU is free in
@@ -355,7 +369,7 @@ async fn scale_deployment_up_and_down(c: &RealCluster) -> Result<()> {
                 .filter(|l| {
                     (l.starts_with("hami_gpu_shared_count")
                         || l.starts_with("hami_gpu_memory_allocated_bytes"))
-                        && !l.ends_with(" 0")
+                        && l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) != Some(0.0)
                 })
                 .collect();
             used.is_empty().then(|| m.clone())
