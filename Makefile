@@ -26,9 +26,12 @@ unit:
 build:
 	cargo build --locked --workspace
 
-# Scenarios on the real control plane (e2e/control-plane.sh builds it once). One cluster at a
-# time: two cores cannot host several apiservers.
+# Scenarios on the real control plane (e2e/control-plane.sh builds it once, kubelet and
+# kube-controller-manager included), on harness nodes and on real nodes (kubelet + containerd,
+# which e2e/node-tools.sh installs from Debian's packages once; root). One cluster at a time:
+# two cores cannot host several apiservers.
 e2e: build
+	./e2e/node-tools.sh >/dev/null
 	cargo test --locked -p tessera-e2e -- --test-threads=1
 
 # Helm lint/template/kubeconform on the chart; builds pinned helm and kubeconform with Go into

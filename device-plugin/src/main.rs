@@ -28,6 +28,8 @@ fn init_logging(format: LogFormat, directive: Option<String>) {
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour only on a terminal: container logs (`kubectl logs`) must stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),

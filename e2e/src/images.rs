@@ -222,6 +222,58 @@ pub struct HostInputs {
     pub pause_c: PathBuf,
 }
 
+/// A copy of `binary` without its debug sections (`objcopy --strip-debug`), kept beside the
+/// images and reused while the binary is the same file: debug builds are ~250 MB, mostly DWARF,
+/// and every node imports every image, so this is most of a cluster's start-up time. Symbols
+/// stay, so backtraces still name functions.
+fn without_debug_info(binary: &Path) -> Result<PathBuf, ImageError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(binary).map_err(io(format!("reading {}", binary.display())))?;
+    let name = binary
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let dir = default_out_dir().join("stripped");
+    std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+    let out = dir.join(format!(
+        "{name}-{}-{}-{}",
+        meta.ino(),
+        meta.size(),
+        meta.mtime_nsec() + meta.mtime() * 1_000_000_000
+    ));
+    if out.is_file() {
+        return Ok(out);
+    }
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let status = std::process::Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg(binary)
+        .arg(&tmp)
+        .status()
+        .map_err(io("running objcopy (binutils)"))?;
+    if !status.success() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(msg(format!(
+            "objcopy --strip-debug {} failed",
+            binary.display()
+        )));
+    }
+    // Older copies of the same binary are of no further use.
+    if let Ok(rd) = std::fs::read_dir(&dir) {
+        for e in rd.flatten() {
+            if e.file_name()
+                .to_string_lossy()
+                .strip_prefix(&format!("{name}-"))
+                .is_some_and(|rest| rest.bytes().all(|b| b.is_ascii_digit() || b == b'-'))
+            {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    std::fs::rename(&tmp, &out).map_err(io(format!("renaming to {}", out.display())))?;
+    Ok(out)
+}
+
 impl HostInputs {
     /// The workspace's build outputs, the workspace's pause source, and the host's busybox
     /// (`TESSERA_BUSYBOX` or [`DEFAULT_BUSYBOX`], which must be static).
@@ -243,8 +295,8 @@ impl HostInputs {
             )));
         }
         Ok(HostInputs {
-            tessera_scheduler: a.tessera_scheduler.clone(),
-            tessera_device_plugin: a.tessera_device_plugin.clone(),
+            tessera_scheduler: without_debug_info(&a.tessera_scheduler)?,
+            tessera_device_plugin: without_debug_info(&a.tessera_device_plugin)?,
             shim: a.shim.clone(),
             kube_scheduler: a.kube_scheduler.clone(),
             k8s_version: a.k8s_version.clone(),

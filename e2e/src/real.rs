@@ -805,9 +805,15 @@ impl RealCluster {
         }
     }
 
-    /// What `kubectl logs POD -c CONTAINER` prints (through the API server and the kubelet).
+    /// What `kubectl logs POD -c CONTAINER` prints (through the API server and the kubelet), as
+    /// the tenant in its namespaces and as the administrator in the release namespace.
     pub async fn logs(&self, namespace: &str, pod: &str, container: &str) -> Result<String> {
-        let pods: Api<Pod> = Api::namespaced(self.user.clone(), namespace);
+        let client = if namespace == NAMESPACE {
+            &self.admin
+        } else {
+            &self.user
+        };
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         Ok(pods
             .logs(
                 pod,
