@@ -647,14 +647,7 @@ impl RealCluster {
             .args(["--wait", "--timeout", "240s"]);
         match values {
             ChartValues::Recommended(sets) => {
-                // docs/helm.md's install, with the kube-scheduler image of the cluster's version.
-                cmd.args([
-                    "--set",
-                    &format!(
-                        "scheduler.kubeScheduler.image.tag={}",
-                        self.artifacts.k8s_version
-                    ),
-                ]);
+                // docs/helm.md's install.
                 for (k, v) in sets {
                     cmd.args(["--set", &format!("{k}={v}")]);
                 }
