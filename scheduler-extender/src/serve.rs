@@ -71,6 +71,15 @@ pub struct ServeArgs {
     /// the pod's namespace.
     #[arg(long, env = "TESSERA_WEBHOOK_TRUSTED_USERS", value_delimiter = ',')]
     pub webhook_trusted_user: Vec<String>,
+    /// Namespaces whose GPU pods may set the shim's control variables (`CUDA_DISABLE_CONTROL`,
+    /// `CUDA_DEVICE_MEMORY_LIMIT[_<n>]`, `CUDA_DEVICE_SM_LIMIT[_<n>]`, …); repeat, or
+    /// comma-separate in the env var. Default: none.
+    #[arg(
+        long,
+        env = "TESSERA_WEBHOOK_ALLOW_CONTROL_ENV_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub webhook_allow_control_env_namespaces: Vec<String>,
     /// Elect a leader with a Lease (disable only for a single replica).
     #[arg(long, env = "TESSERA_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -292,6 +301,12 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
             scheduler_name: args.scheduler_name.clone(),
             force_overwrite_default_scheduler: args.force_overwrite_default_scheduler,
             trusted_users: trusted,
+            allow_control_env_namespaces: args
+                .webhook_allow_control_env_namespaces
+                .iter()
+                .map(|n| n.trim().to_owned())
+                .filter(|n| !n.is_empty())
+                .collect(),
         },
         decision: cfg,
         facts,

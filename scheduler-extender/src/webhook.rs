@@ -4,7 +4,10 @@
 //! Tessera additions: any scheduler-owned annotation (`hami.io/vgpu-*`, `hami.io/bind-phase`, …)
 //! set or changed by anyone but the trusted service accounts is denied, on CREATE and UPDATE,
 //! whatever the pod's scheduler (HAMi #3076, #3041); requests HAMi would silently ignore or
-//! never fit are denied with the reason.
+//! never fit are denied with the reason; so are GPU pods that set the shim's control variables
+//! ([`is_control_env`]) outside the namespaces allowed to. Denials say nothing about objects
+//! outside the pod's namespace (node names, GPU sizes, other namespaces' quotas): `/webhook` may
+//! be called by anyone who reaches the port.
 //!
 //! Two denials need cluster facts, which every replica keeps ([`ClusterFacts`]): a GPU memory
 //! request above the largest GPU of any registered node, and (HAMi's quota pre-check, contract
@@ -34,6 +37,34 @@ pub struct WebhookConfig {
     /// Users allowed to write scheduler-owned annotations (the extender's and the device
     /// plugin's service accounts).
     pub trusted_users: BTreeSet<String>,
+    /// Namespaces whose GPU pods may set the shim's control variables ([`is_control_env`]);
+    /// `--webhook-allow-control-env-namespaces`. Empty: no namespace may.
+    pub allow_control_env_namespaces: BTreeSet<String>,
+}
+
+/// Environment variables that switch the shim off or set its limits: `CUDA_DISABLE_CONTROL`
+/// (the device plugin then skips the preload mount), the limits Allocate writes
+/// (`CUDA_DEVICE_MEMORY_LIMIT_<n>`, `CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`,
+/// `CUDA_OVERSUBSCRIBE`) and the ones the shim also reads (`CUDA_DEVICE_MEMORY_LIMIT`,
+/// `CUDA_DEVICE_SM_LIMIT_<n>`). Set in a pod spec they would override or disable what the
+/// scheduler granted.
+const CONTROL_ENV: [&str; 5] = [
+    "CUDA_DISABLE_CONTROL",
+    "CUDA_DEVICE_MEMORY_LIMIT",
+    "CUDA_DEVICE_SM_LIMIT",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    "CUDA_OVERSUBSCRIBE",
+];
+
+/// Whether a pod may not set `name` (see [`CONTROL_ENV`]); the indexed forms are `_<digits>`.
+pub fn is_control_env(name: &str) -> bool {
+    if CONTROL_ENV.contains(&name) {
+        return true;
+    }
+    ["CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"]
+        .iter()
+        .filter_map(|p| name.strip_prefix(p))
+        .any(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// HTTP status and JSON body of the answer.
@@ -183,6 +214,11 @@ fn mutate(
     if spec.containers.is_empty() {
         return deny(api_version, uid, "pod has no containers");
     }
+    if !cfg.allow_control_env_namespaces.contains(namespace)
+        && let Some(why) = control_env_denial(spec, namespace, cfg)
+    {
+        return deny(api_version, uid, &why);
+    }
     let current_scheduler = spec.scheduler_name.as_deref().unwrap_or("");
     if !current_scheduler.is_empty()
         && (current_scheduler != "default-scheduler" || !cfg.force_overwrite_default_scheduler)
@@ -270,6 +306,47 @@ fn mutate(
     allow(api_version, uid, Some(patch), &warnings)
 }
 
+/// Tessera: a GPU pod (one of its containers names a GPU resource) that sets a control
+/// variable in `env` (literal or `valueFrom`) of a container or init container. `envFrom` of a
+/// ConfigMap or Secret cannot be seen at admission (docs/scheduler.md).
+fn control_env_denial(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    namespace: &str,
+    cfg: &WebhookConfig,
+) -> Option<String> {
+    let names = &cfg.nvidia.resources;
+    let gpu_names = [
+        &names.count,
+        &names.memory,
+        &names.memory_percentage,
+        &names.cores,
+    ];
+    let containers = || {
+        spec.init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+    };
+    let asks_gpu = containers().any(|c| {
+        let res = container_resources(c);
+        gpu_names.iter().any(|n| res.quantity(n).is_some())
+    });
+    if !asks_gpu {
+        return None;
+    }
+    containers().find_map(|c| {
+        let var = c
+            .env
+            .iter()
+            .flatten()
+            .find(|e| is_control_env(&e.name))?;
+        Some(format!(
+            "container {} sets {}: it switches off or overrides the GPU limits the device plugin gives the container; remove it (only namespaces listed in the scheduler's --webhook-allow-control-env-namespaces may set it, and {namespace} is not one)",
+            c.name, var.name
+        ))
+    })
+}
+
 /// ` (after memoryFactor N)` when the factor changes the numbers the user wrote.
 fn factor_note(cfg: &NvidiaConfig) -> String {
     let f = cfg.effective_memory_factor();
@@ -301,14 +378,14 @@ fn never_fits(
             if let Some(r) = r
                 && r.memreq > largest.mem
             {
+                // Nothing about other objects (which node, how large): the webhook answers
+                // callers that may not see nodes (docs/scheduler.md, "Webhook").
                 return Some(format!(
-                    "container {} asks for {} MiB of GPU memory per GPU ({}){}, but the largest GPU in the cluster has {} MiB (node {}): no node can ever run this pod; lower {} or use {}",
+                    "container {} asks for {} MiB of GPU memory per GPU ({}){}; no GPU in the cluster has that much: no node can ever run this pod; lower {} or use {}",
                     c.name,
                     r.memreq,
                     names.memory,
                     factor_note(&cfg.nvidia),
-                    largest.mem,
-                    largest.node,
                     names.memory,
                     names.memory_percentage,
                 ));
@@ -335,11 +412,11 @@ fn never_fits(
     fn over(asked: u64, limit: &Option<Limit>) -> Option<&Limit> {
         limit.as_ref().filter(|l| asked > l.value)
     }
-    let deny_quota = |asked: String, how: String, key: &str, l: &Limit, unit: &str| {
+    // Neither the quota's name nor its value: the namespace is the one the AdmissionReview
+    // claims, and an unauthenticated caller can claim any (docs/scheduler.md, "Webhook").
+    let deny_quota = |asked: String, how: String, key: &str, _l: &Limit, unit: &str| {
         format!(
-            "pod asks for {asked} in total ({how}, over its containers), more than namespace {namespace} allows: ResourceQuota {} limits {key} to {}{unit}{}; the pod could never be scheduled in this namespace (exceeding resource quota)",
-            l.quota,
-            l.value,
+            "pod asks for {asked}{} in total ({how}, over its containers), more than the GPU ResourceQuota of namespace {namespace} allows for {key}; the pod could never be scheduled in this namespace (exceeding resource quota; `kubectl describe resourcequota -n {namespace}` shows the limits)",
             if unit == " MiB" {
                 factor_note(&cfg.nvidia)
             } else {

@@ -270,7 +270,7 @@ fn t4_and_a100() -> ClusterFacts {
 }
 
 #[test]
-fn memory_above_the_largest_gpu_is_denied_naming_the_request_and_the_largest_gpu() {
+fn memory_above_the_largest_gpu_is_denied_naming_the_request_but_no_node() {
     let facts = t4_and_a100();
     let body = review_in(
         "default",
@@ -282,7 +282,7 @@ fn memory_above_the_largest_gpu_is_denied_naming_the_request_and_the_largest_gpu
         json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
             "uid": "req-1", "allowed": false, "status": {"metadata": {}, "status": "Failure",
             "reason": "Forbidden", "code": 403, "message":
-            "container main asks for 100000 MiB of GPU memory per GPU (nvidia.com/gpumem), but the largest GPU in the cluster has 81920 MiB (node a100-node): no node can ever run this pod; lower nvidia.com/gpumem or use nvidia.com/gpumem-percentage"}}})
+            "container main asks for 100000 MiB of GPU memory per GPU (nvidia.com/gpumem); no GPU in the cluster has that much: no node can ever run this pod; lower nvidia.com/gpumem or use nvidia.com/gpumem-percentage"}}})
     );
     // Exactly the largest card fits (on an empty a100 the filter will place it).
     let a = webhook::handle(
@@ -333,14 +333,14 @@ fn memory_is_compared_after_memory_factor_as_the_filter_does() {
     ));
     assert!(
         m.starts_with(
-            "container main asks for 100000 MiB of GPU memory per GPU (nvidia.com/gpumem) (after memoryFactor 2), but the largest GPU in the cluster has 81920 MiB"
+            "container main asks for 100000 MiB of GPU memory per GPU (nvidia.com/gpumem) (after memoryFactor 2); no GPU in the cluster has that much"
         ),
         "{m}"
     );
 }
 
 #[test]
-fn a_request_alone_over_the_namespace_quota_is_denied_naming_the_tightest_quota() {
+fn a_request_alone_over_the_namespace_quota_is_denied_naming_the_key_only() {
     let facts = with_quotas(
         t4_and_a100(),
         &[
@@ -366,7 +366,7 @@ fn a_request_alone_over_the_namespace_quota_is_denied_naming_the_tightest_quota(
         a.body["response"],
         json!({"uid": "req-1", "allowed": false, "status": {"metadata": {}, "status": "Failure",
             "reason": "Forbidden", "code": 403, "message":
-            "pod asks for 40000 MiB of GPU memory in total (nvidia.com/gpumem × nvidia.com/gpu, over its containers), more than namespace team-a allows: ResourceQuota gpu-tight limits limits.nvidia.com/gpumem to 30000 MiB; the pod could never be scheduled in this namespace (exceeding resource quota)"}})
+            "pod asks for 40000 MiB of GPU memory in total (nvidia.com/gpumem × nvidia.com/gpu, over its containers), more than the GPU ResourceQuota of namespace team-a allows for limits.nvidia.com/gpumem; the pod could never be scheduled in this namespace (exceeding resource quota; `kubectl describe resourcequota -n team-a` shows the limits)"}})
     );
     // Cores: 2 × 100 = 200 > 150.
     let m = denied(&webhook::handle(
@@ -392,7 +392,7 @@ fn a_request_alone_over_the_namespace_quota_is_denied_naming_the_tightest_quota(
         &facts,
     ));
     assert!(
-        m.starts_with("pod asks for 4 GPUs in total (nvidia.com/gpu, over its containers), more than namespace team-a allows: ResourceQuota gpu-tight limits nvidia.com/gpu to 3;"),
+        m.starts_with("pod asks for 4 GPUs in total (nvidia.com/gpu, over its containers), more than the GPU ResourceQuota of namespace team-a allows for nvidia.com/gpu;"),
         "{m}"
     );
     // Within the budget: admitted (current usage is the filter's business). Another namespace's
@@ -475,4 +475,158 @@ fn cluster_fact_checks_leave_other_schedulers_and_updates_alone() {
         &facts,
     );
     assert_eq!(a.body["response"], json!({"uid": "req-1", "allowed": true}));
+}
+
+/// Every denial over cluster facts, whatever namespace the (possibly forged) review claims: no
+/// node name, no GPU size, no quota name or value.
+#[test]
+fn denials_reveal_nothing_outside_the_pods_namespace() {
+    let facts = with_quotas(
+        t4_and_a100(),
+        &[(
+            "team-secret",
+            "secret-quota-name",
+            json!({"limits.nvidia.com/gpumem": "12345", "limits.nvidia.com/gpu": "3"}),
+        )],
+    );
+    let probes = [
+        (
+            "default",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "90000"}),
+        ),
+        (
+            "team-secret",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"}),
+        ),
+        (
+            "team-secret",
+            json!({"nvidia.com/gpu": "4", "nvidia.com/gpumem": "100"}),
+        ),
+    ];
+    for (ns, limits) in probes {
+        let m = denied(&webhook::handle(
+            &review_in(ns, pod(limits)),
+            &cfg(),
+            &facts,
+        ));
+        for secret in [
+            "a100-node",
+            "t4-node",
+            "81920",
+            "15360",
+            "secret-quota-name",
+            "12345",
+            " 3",
+        ] {
+            assert!(!m.contains(secret), "{ns}: {secret:?} leaked in {m}");
+        }
+    }
+}
+
+fn pod_with_env(limits: Value, env: Value) -> Value {
+    let mut p = pod(limits);
+    p["spec"]["containers"][0]["env"] = env;
+    p
+}
+
+#[test]
+fn gpu_pods_may_not_set_the_shims_control_variables() {
+    let gpu = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"});
+    for name in [
+        "CUDA_DISABLE_CONTROL",
+        "CUDA_DEVICE_MEMORY_LIMIT",
+        "CUDA_DEVICE_MEMORY_LIMIT_0",
+        "CUDA_DEVICE_MEMORY_LIMIT_15",
+        "CUDA_DEVICE_SM_LIMIT",
+        "CUDA_DEVICE_SM_LIMIT_1",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+        "CUDA_OVERSUBSCRIBE",
+    ] {
+        let a = handle(
+            &review_in(
+                "team-a",
+                pod_with_env(gpu.clone(), json!([{"name": name, "value": "true"}])),
+            ),
+            &cfg(),
+        );
+        assert_eq!(
+            denied(&a),
+            format!(
+                "container main sets {name}: it switches off or overrides the GPU limits the device plugin gives the container; remove it (only namespaces listed in the scheduler's --webhook-allow-control-env-namespaces may set it, and team-a is not one)"
+            )
+        );
+    }
+    // valueFrom is denied by name too; so is an init container's.
+    let from = pod_with_env(
+        gpu.clone(),
+        json!([{"name": "CUDA_DISABLE_CONTROL", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]),
+    );
+    assert!(
+        denied(&handle(&review_in("team-a", from), &cfg()))
+            .starts_with("container main sets CUDA_DISABLE_CONTROL")
+    );
+    let mut init = pod(gpu.clone());
+    init["spec"]["initContainers"] = json!([{"name": "prep", "image": "app",
+        "env": [{"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"}]}]);
+    assert!(
+        denied(&handle(&review_in("team-a", init), &cfg()))
+            .starts_with("container prep sets CUDA_DEVICE_SM_LIMIT:")
+    );
+    // Even when the pod names another scheduler: the device plugin would still serve it.
+    let mut other = pod_with_env(
+        gpu.clone(),
+        json!([{"name": "CUDA_DISABLE_CONTROL", "value": "1"}]),
+    );
+    other["spec"]["schedulerName"] = json!("my-scheduler");
+    assert_eq!(
+        handle(&review_in("team-a", other), &cfg()).body["response"]["allowed"],
+        false
+    );
+
+    // Not control variables, GPU-less pods and allowed namespaces pass.
+    for name in [
+        "CUDA_DEVICE_MEMORY_LIMIT_X",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_TASK_PRIORITY",
+        "GPU_CORE_UTILIZATION_POLICY",
+    ] {
+        let a = handle(
+            &review_in(
+                "team-a",
+                pod_with_env(gpu.clone(), json!([{"name": name, "value": "1"}])),
+            ),
+            &cfg(),
+        );
+        assert_eq!(a.body["response"]["allowed"], true, "{name}: {}", a.body);
+    }
+    let plain = pod_with_env(
+        json!({"cpu": "1"}),
+        json!([{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]),
+    );
+    assert_eq!(
+        handle(&review_in("team-a", plain), &cfg()).body["response"]["allowed"],
+        true
+    );
+    let mut allowing = cfg();
+    allowing.allow_control_env_namespaces = ["ml-admin".to_owned()].into_iter().collect();
+    let p = pod_with_env(
+        gpu.clone(),
+        json!([{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]),
+    );
+    assert_eq!(
+        handle(&review_in("ml-admin", p.clone()), &allowing).body["response"]["allowed"],
+        true
+    );
+    assert_eq!(
+        handle(&review_in("team-a", p), &allowing).body["response"]["allowed"],
+        false
+    );
+}
+
+#[test]
+fn control_variable_names() {
+    assert!(webhook::is_control_env("CUDA_DEVICE_MEMORY_LIMIT_7"));
+    assert!(!webhook::is_control_env("CUDA_DEVICE_MEMORY_LIMIT_"));
+    assert!(!webhook::is_control_env("cuda_disable_control"));
+    assert!(!webhook::is_control_env("CUDA_DEVICE_SM_LIMIT_1a"));
 }
