@@ -43,6 +43,7 @@ impl PodPatcher for MemoryApi {
         &self,
         ns: &str,
         name: &str,
+        _uid: &str,
         a: BTreeMap<String, String>,
     ) -> BoxFuture<'_, Result<(), EdgeError>> {
         if let Ok(mut pods) = self.pods.lock()
@@ -72,6 +73,7 @@ fn pod(i: usize, phase: &str) -> PodSnapshot {
         name: format!("pod-{i}"),
         uid: format!("uid-{i}"),
         node_name: Some("node-a".into()),
+        scheduler_name: Some("hami-scheduler".into()),
         annotations,
         terminal: false,
         deleting: false,

@@ -17,7 +17,8 @@ use crate::container_env::{
 };
 use crate::gpu::physical_uuid;
 use crate::identity::{
-    CallFacts, Choice, IdentityError, Ledger, PodResourcesView, PodSnapshot, pending_pods, select,
+    BookingPolicy, CallFacts, Choice, IdentityError, Ledger, PodResourcesView, PodSnapshot,
+    pending_pods_checked, select,
 };
 use crate::metrics::PluginMetrics;
 
@@ -34,12 +35,15 @@ pub trait PodSource: Send + Sync + 'static {
     fn hami_lock(&self) -> Option<String>;
 }
 
-/// Writes pod annotations (JSON merge patch) and releases HAMi's node lock.
+/// Writes pod annotations and releases HAMi's node lock.
 pub trait PodPatcher: Send + Sync + 'static {
+    /// Patches the annotations of pod `namespace/name` only if its UID is still `uid` (a
+    /// recreated pod of the same name is never patched).
     fn patch_pod_annotations(
         &self,
         namespace: &str,
         name: &str,
+        uid: &str,
         annotations: BTreeMap<String, String>,
     ) -> BoxFuture<'_, Result<(), EdgeError>>;
     /// Removes `hami.io/mutex.lock` if (and only if) it still names this pod.
@@ -90,6 +94,9 @@ pub enum AllocateError {
     Empty,
 }
 
+/// HAMi's GPU scheduler name (`schedulerName` in its chart).
+pub const DEFAULT_SCHEDULER_NAME: &str = "hami-scheduler";
+
 /// Everything `Allocate` needs.
 pub struct Allocator {
     pub node: String,
@@ -104,6 +111,9 @@ pub struct Allocator {
     /// Budget for one pod-resources `List`.
     pub pod_resources_budget: Duration,
     pub metrics: Option<PluginMetrics>,
+    /// `spec.schedulerName` values whose bookings are believed (HAMi's `hami-scheduler` by
+    /// default; the chart passes its `schedulerName`).
+    pub scheduler_names: BTreeSet<String>,
     ledger: Mutex<Ledger>,
 }
 
@@ -135,8 +145,19 @@ impl Allocator {
             budget: Duration::from_secs(2),
             pod_resources_budget: Duration::from_millis(500),
             metrics: None,
+            scheduler_names: BTreeSet::from([DEFAULT_SCHEDULER_NAME.to_owned()]),
             ledger: Mutex::new(Ledger::default()),
         }
+    }
+
+    /// Which bookings are believed: the GPU scheduler's pods, on this node, naming this node's GPUs.
+    fn booking_policy(&self) -> BookingPolicy {
+        let managed = self
+            .managed_uuids
+            .read()
+            .map(|m| m.clone())
+            .unwrap_or_default();
+        BookingPolicy::strict(self.scheduler_names.clone(), managed)
     }
 
     async fn pod_resources_view(&self) -> Option<PodResourcesView> {
@@ -170,8 +191,9 @@ impl Allocator {
             pod_resources: view.as_ref(),
         };
         let cached = self.pods.cached();
+        let policy = self.booking_policy();
         let first = {
-            let (pending, rejected) = pending_pods(&self.node, &cached, ledger);
+            let (pending, rejected) = pending_pods_checked(&self.node, &policy, &cached, ledger);
             log_rejections(&rejected);
             select(facts, &pending, ledger)
         };
@@ -188,7 +210,7 @@ impl Allocator {
             }
             Err(_) => return Err(first_err),
         };
-        let (pending, rejected) = pending_pods(&self.node, &fresh, ledger);
+        let (pending, rejected) = pending_pods_checked(&self.node, &policy, &fresh, ledger);
         log_rejections(&rejected);
         let chosen = select(facts, &pending, ledger)?;
         Ok((chosen, fresh))
@@ -265,8 +287,13 @@ impl Allocator {
         if let Err(e) = &result {
             tracing::warn!(pod = %pod_key, error = %e, "Allocate failed; marking bind-phase failed");
             let patcher = self.patcher.clone();
-            let (ns, name) = (choice.namespace.clone(), choice.name.clone());
-            // Best effort and off the kubelet's path: the call already fails closed.
+            let (ns, name, uid) = (
+                choice.namespace.clone(),
+                choice.name.clone(),
+                choice.uid.clone(),
+            );
+            // Best effort and off the kubelet's path: the call already fails closed. The UID
+            // precondition keeps this delayed patch off a recreated pod of the same name.
             tokio::spawn(async move {
                 let mut ann = BTreeMap::new();
                 ann.insert(
@@ -275,7 +302,7 @@ impl Allocator {
                 );
                 let patch = tokio::time::timeout(
                     Duration::from_secs(10),
-                    patcher.patch_pod_annotations(&ns, &name, ann),
+                    patcher.patch_pod_annotations(&ns, &name, &uid, ann),
                 )
                 .await;
                 if !matches!(patch, Ok(Ok(()))) {
@@ -365,7 +392,7 @@ impl Allocator {
         match tokio::time::timeout(
             remaining,
             self.patcher
-                .patch_pod_annotations(&choice.namespace, &choice.name, ann),
+                .patch_pod_annotations(&choice.namespace, &choice.name, &choice.uid, ann),
         )
         .await
         {
@@ -455,7 +482,7 @@ impl Allocator {
     pub async fn gc_ledger(&self) {
         let pods = self.pods.cached();
         let mut ledger = self.ledger.lock().await;
-        let (pending, _) = pending_pods(&self.node, &pods, &ledger);
+        let (pending, _) = pending_pods_checked(&self.node, &self.booking_policy(), &pods, &ledger);
         let uids: BTreeSet<&str> = pending.iter().map(|p| p.pod.uid.as_str()).collect();
         ledger.retain(&uids);
     }
@@ -582,6 +609,7 @@ mod tests {
     impl PodPatcher for Hanging {
         fn patch_pod_annotations(
             &self,
+            _: &str,
             _: &str,
             _: &str,
             _: BTreeMap<String, String>,

@@ -111,6 +111,15 @@ pub struct Cli {
     /// #2839). With them in allocatable the kubelet admits those requests against the totals.
     #[arg(long, env = "PUBLISH_CAPACITY")]
     pub publish_capacity: bool,
+    /// The GPU scheduler's name: `Allocate` believes a pod's booking annotations only when its
+    /// `spec.schedulerName` is one of these (repeatable; HAMi's `hami-scheduler` by default).
+    #[arg(
+        long = "scheduler-name",
+        env = "SCHEDULER_NAME",
+        value_delimiter = ',',
+        default_value = "hami-scheduler"
+    )]
+    pub scheduler_names: Vec<String>,
     /// Also export HAMi's pre-v2.9 metric names (HostGPUMemoryUsage, vGPU_device_memory_usage_in_bytes, …).
     #[arg(long, env = "LEGACY_METRIC_NAMES")]
     pub legacy_metric_names: bool,

@@ -33,6 +33,8 @@ pub struct PodSnapshot {
     pub name: String,
     pub uid: String,
     pub node_name: Option<String>,
+    /// `spec.schedulerName`.
+    pub scheduler_name: Option<String>,
     pub annotations: BTreeMap<String, String>,
     /// Phase `Succeeded` / `Failed`.
     pub terminal: bool,
@@ -123,6 +125,109 @@ pub enum PodRejection {
         annotated: String,
         node: String,
     },
+    #[error(
+        "pod {pod}: spec.schedulerName is {scheduler:?}, not the GPU scheduler's ({expected}); its booking annotations are not trusted"
+    )]
+    ForeignScheduler {
+        pod: String,
+        scheduler: String,
+        expected: String,
+    },
+    #[error("pod {pod}: booking without {annotation} naming this node {node:?}")]
+    MissingNode {
+        pod: String,
+        annotation: &'static str,
+        node: String,
+    },
+    #[error("pod {pod}: booked for node {node:?}, but bound to node {bound:?}")]
+    BoundElsewhere {
+        pod: String,
+        node: String,
+        bound: String,
+    },
+    #[error("pod {pod}: booked GPU {uuid} does not exist on this node")]
+    UnknownDevice { pod: String, uuid: String },
+}
+
+/// What a booking must satisfy before the plugin believes it (docs/design/allocation-identity.md,
+/// "Who may book"): the pod is the GPU scheduler's, its `hami.io/vgpu-node` names this node (and
+/// its `spec.nodeName`, when set, too), and every GPU it books is one this plugin manages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BookingPolicy {
+    /// Accepted `spec.schedulerName` values; empty accepts any (tests of the identity logic).
+    pub scheduler_names: BTreeSet<String>,
+    /// The GPUs of this node; `None` skips the check (tests of the identity logic).
+    pub managed_uuids: Option<BTreeSet<String>>,
+    /// Require `hami.io/vgpu-node` (HAMi's scheduler always writes it) instead of falling back
+    /// to `spec.nodeName`.
+    pub require_node_annotation: bool,
+}
+
+impl BookingPolicy {
+    /// The plugin's policy: only `scheduler_names`, only this node's `managed_uuids`.
+    pub fn strict(scheduler_names: BTreeSet<String>, managed_uuids: BTreeSet<String>) -> Self {
+        BookingPolicy {
+            scheduler_names,
+            managed_uuids: Some(managed_uuids),
+            require_node_annotation: true,
+        }
+    }
+
+    /// Checks a pod that claims a pending booking (bind-phase `allocating`) on `node`.
+    pub fn check(&self, node: &str, pod: &PodSnapshot) -> Result<(), PodRejection> {
+        if !self.scheduler_names.is_empty() {
+            let scheduler = pod.scheduler_name.as_deref().unwrap_or("default-scheduler");
+            if !self.scheduler_names.contains(scheduler) {
+                return Err(PodRejection::ForeignScheduler {
+                    pod: pod.key(),
+                    scheduler: scheduler.to_owned(),
+                    expected: self
+                        .scheduler_names
+                        .iter()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+        if self.require_node_annotation {
+            if pod.annotation(keys::VGPU_NODE) != Some(node) {
+                return Err(PodRejection::MissingNode {
+                    pod: pod.key(),
+                    annotation: keys::VGPU_NODE,
+                    node: node.to_owned(),
+                });
+            }
+            if let Some(bound) = pod.node_name.as_deref()
+                && bound != node
+            {
+                return Err(PodRejection::BoundElsewhere {
+                    pod: pod.key(),
+                    node: node.to_owned(),
+                    bound: bound.to_owned(),
+                });
+            }
+        }
+        if let Some(managed) = &self.managed_uuids {
+            for key in [keys::DEVICES_TO_ALLOCATE, keys::DEVICES_ALLOCATED] {
+                let Some(devices) = decode(pod, key)? else {
+                    continue;
+                };
+                if let Some(d) = devices
+                    .0
+                    .iter()
+                    .flat_map(|c| c.iter())
+                    .find(|d| !managed.contains(&d.uuid))
+                {
+                    return Err(PodRejection::UnknownDevice {
+                        pod: pod.key(),
+                        uuid: d.uuid.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The plugin's own memory of what it served: the informer cache may lag its own patches.
@@ -164,9 +269,21 @@ impl Ledger {
     }
 }
 
-/// Derives the pending allocations of this node from a snapshot.
+/// Derives the pending allocations of this node from a snapshot, believing every booking
+/// (no [`BookingPolicy`]; the identity logic's tests).
 pub fn pending_pods<'a>(
     node: &str,
+    pods: &'a [PodSnapshot],
+    ledger: &Ledger,
+) -> (Vec<PendingPod<'a>>, Vec<PodRejection>) {
+    pending_pods_checked(node, &BookingPolicy::default(), pods, ledger)
+}
+
+/// Derives the pending allocations of this node from a snapshot; a pod whose booking fails
+/// `policy` is never a candidate (it is reported, so the caller logs why).
+pub fn pending_pods_checked<'a>(
+    node: &str,
+    policy: &BookingPolicy,
     pods: &'a [PodSnapshot],
     ledger: &Ledger,
 ) -> (Vec<PendingPod<'a>>, Vec<PodRejection>) {
@@ -190,8 +307,12 @@ pub fn pending_pods<'a>(
                 continue;
             }
             (None, Some(n)) if n != node => continue,
-            (None, None) => continue,
+            (None, None) if !policy.require_node_annotation => continue,
             _ => {}
+        }
+        if let Err(e) = policy.check(node, pod) {
+            rejected.push(e);
+            continue;
         }
         match pending_pod(pod, ledger) {
             Ok(Some(p)) => pending.push(p),

@@ -30,6 +30,29 @@ pub fn annotations_patch(annotations: &BTreeMap<String, Option<String>>) -> Valu
     json!({"metadata": {"annotations": map}})
 }
 
+/// A merge patch of pod annotations with the pod's UID as a precondition: the API server
+/// refuses it (409 Conflict) when `namespace/name` is now another pod (deleted and recreated).
+pub fn pod_annotations_patch(uid: &str, annotations: &BTreeMap<String, Option<String>>) -> Value {
+    let mut body = annotations_patch(annotations);
+    body["metadata"]["uid"] = Value::String(uid.to_owned());
+    body
+}
+
+/// HAMi's node lock expiry: a lock older than this is stale (HAMi releases it, and so does not
+/// honour it; `nodelock` in HAMi v2.10).
+pub const HAMI_LOCK_EXPIRY: Duration = Duration::from_secs(300);
+
+/// `<ns>/<name>` from a lock value, only while the lock is live: its time parses (RFC 3339) and
+/// lies within [`HAMI_LOCK_EXPIRY`] of `now` (either way, so a clock skewed into the future
+/// cannot pin a lock). Expired, unparsable and legacy holder-less locks name nobody.
+pub fn live_lock_holder(value: &str, now: k8s_openapi::jiff::Timestamp) -> Option<String> {
+    let holder = lock_holder(value)?;
+    let time = hami_contract::nodelock::NodeLock::parse(value)?.time;
+    let at: k8s_openapi::jiff::Timestamp = time.trim().parse().ok()?;
+    let age = now.as_second().abs_diff(at.as_second());
+    (age <= HAMI_LOCK_EXPIRY.as_secs()).then_some(holder)
+}
+
 /// The lock release patch: conditional on the node's resourceVersion, so a lock taken by
 /// another bind in between is never removed.
 pub fn lock_release_patch(resource_version: &str) -> Value {
@@ -162,7 +185,13 @@ impl PodSource for KubePodSource {
                     .get(keys::NODE_LOCK)
                     .cloned()
             })
-            .and_then(|v| lock_holder(&v))
+            .and_then(|v| {
+                let holder = live_lock_holder(&v, k8s_openapi::jiff::Timestamp::now());
+                if holder.is_none() {
+                    tracing::debug!(lock = %v, "HAMi node lock expired or unreadable; not honoured");
+                }
+                holder
+            })
     }
 }
 
@@ -226,11 +255,15 @@ impl PodPatcher for KubePatcher {
         &self,
         namespace: &str,
         name: &str,
+        uid: &str,
         annotations: BTreeMap<String, String>,
     ) -> BoxFuture<'_, Result<(), EdgeError>> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let name = name.to_owned();
-        let body = annotations_patch(&annotations.into_iter().map(|(k, v)| (k, Some(v))).collect());
+        let body = pod_annotations_patch(
+            uid,
+            &annotations.into_iter().map(|(k, v)| (k, Some(v))).collect(),
+        );
         Box::pin(async move {
             pods.patch(&name, &PatchParams::default(), &Patch::Merge(body))
                 .await
@@ -334,6 +367,39 @@ mod tests {
         assert!(!lock_names(v, "default", "pod-1"));
         assert_eq!(lock_holder(v).as_deref(), Some("default/gpu-pod-1"));
         assert_eq!(lock_holder("2025-06-13T09:07:40+08:00"), None);
+    }
+
+    #[test]
+    fn only_live_hami_locks_name_a_holder() {
+        let at = |s: &str| -> k8s_openapi::jiff::Timestamp { s.parse().expect("timestamp") };
+        let v = "2025-06-13T09:07:40+08:00,default,gpu-pod-1";
+        // 4 min 59 s later: live.
+        assert_eq!(
+            live_lock_holder(v, at("2025-06-13T01:12:39Z")).as_deref(),
+            Some("default/gpu-pod-1")
+        );
+        // 5 min 1 s later: expired, not honoured.
+        assert_eq!(live_lock_holder(v, at("2025-06-13T01:12:41Z")), None);
+        // Far in the future (skewed clock): not honoured either.
+        assert_eq!(live_lock_holder(v, at("2025-06-13T00:57:00Z")), None);
+        assert_eq!(
+            live_lock_holder("garbage,default,p", at("2025-06-13T01:08:00Z")),
+            None
+        );
+        assert_eq!(
+            live_lock_holder("2025-06-13T01:08:00Z", at("2025-06-13T01:08:00Z")),
+            None
+        );
+    }
+
+    #[test]
+    fn pod_patches_carry_the_uid_precondition() {
+        let mut a = BTreeMap::new();
+        a.insert("hami.io/bind-phase".to_owned(), Some("failed".to_owned()));
+        assert_eq!(
+            pod_annotations_patch("uid-1", &a).to_string(),
+            r#"{"metadata":{"annotations":{"hami.io/bind-phase":"failed"},"uid":"uid-1"}}"#
+        );
     }
 
     #[test]

@@ -187,6 +187,15 @@ async fn main() -> anyhow::Result<()> {
         }),
     );
     allocator.metrics = Some(metrics.clone());
+    allocator.scheduler_names = cli
+        .scheduler_names
+        .iter()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if allocator.scheduler_names.is_empty() {
+        anyhow::bail!("--scheduler-name: at least one scheduler name is needed");
+    }
     let allocator = Arc::new(allocator);
 
     // Metrics and health endpoint.

@@ -8,8 +8,53 @@ use std::path::Path;
 
 use vgpu_region::{MAX_DEVICES, RegionSnapshot};
 
-/// Largest file the monitor reads: a HAMi-core region is ~1.3 MiB; anything far larger is not one.
-const MAX_REGION_FILE: u64 = 64 * 1024 * 1024;
+/// Largest file the monitor reads: the shim's region file (`vgpu_region::FILE_SIZE`); a larger
+/// file is not one, and nothing past this size is ever read.
+const MAX_REGION_FILE: u64 = vgpu_region::FILE_SIZE as u64;
+
+/// Entries of one container directory the scan looks at (the shim writes one or two files).
+const MAX_ENTRIES_PER_CONTAINER: usize = 256;
+
+/// Opens and reads one region file written by a container (the directory is the container's:
+/// anything in it may be hostile). `O_NOFOLLOW` refuses a symlink (to `/dev/zero`, into
+/// `/proc/1/root`, …), `O_NONBLOCK` keeps a FIFO from blocking the open, `fstat` on the opened
+/// descriptor requires a regular file with a single link (no hard link to a file elsewhere) of at
+/// most [`MAX_REGION_FILE`] bytes, and the read is bounded by that size whatever the file does
+/// afterwards. Ownership is not checked: the shim runs as the container's user, which the plugin
+/// does not know (any UID, in a user namespace too); these checks do not depend on it.
+pub fn read_region_file(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => "a symlink (not followed)".to_owned(),
+            _ => format!("cannot open: {e}"),
+        })?;
+    let meta = file.metadata().map_err(|e| format!("fstat: {e}"))?;
+    if !meta.file_type().is_file() {
+        return Err(format!(
+            "not a regular file (mode {:o})",
+            meta.mode() & libc::S_IFMT
+        ));
+    }
+    if meta.nlink() != 1 {
+        return Err(format!("{} hard links (expected 1)", meta.nlink()));
+    }
+    if meta.len() > MAX_REGION_FILE {
+        return Err(format!(
+            "{} bytes is too large for a region file",
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(MAX_REGION_FILE)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("read: {e}"))?;
+    Ok(bytes)
+}
 
 /// One (container, virtual device) usage sample.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,38 +129,35 @@ pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
         let Some((uid, container)) = parse_container_dir(&name) else {
             continue;
         };
+        // `file_type` does not follow symlinks: only real directories are entered.
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            skipped.push(SkippedFile {
+                path: entry.path().display().to_string(),
+                reason: "not a directory (not followed)".to_owned(),
+            });
+            continue;
+        }
         let Ok(files) = std::fs::read_dir(entry.path()) else {
             continue;
         };
-        for file in files.flatten() {
+        // A container can fill its directory with entries; only so many are looked at.
+        for file in files.flatten().take(MAX_ENTRIES_PER_CONTAINER) {
             let path = file.path();
             if path.extension().is_none_or(|e| e != "cache") {
                 continue;
             }
-            let skip = |reason: String| SkippedFile {
-                path: path.display().to_string(),
-                reason,
-            };
-            match file.metadata() {
-                Ok(m) if m.len() > MAX_REGION_FILE => {
-                    skipped.push(skip(format!(
-                        "{} bytes is too large for a region file",
-                        m.len()
-                    )));
-                    continue;
-                }
-                Err(e) => {
-                    skipped.push(skip(e.to_string()));
-                    continue;
-                }
-                Ok(_) => {}
-            }
-            match std::fs::read(&path) {
+            match read_region_file(&path) {
                 Ok(bytes) => match RegionSnapshot::parse(&bytes) {
                     Ok(region) => out.extend(samples(uid, container, &region)),
-                    Err(e) => skipped.push(skip(e.to_string())),
+                    Err(e) => skipped.push(SkippedFile {
+                        path: path.display().to_string(),
+                        reason: e.to_string(),
+                    }),
                 },
-                Err(e) => skipped.push(skip(e.to_string())),
+                Err(reason) => skipped.push(SkippedFile {
+                    path: path.display().to_string(),
+                    reason,
+                }),
             }
         }
     }
@@ -304,5 +346,55 @@ mod tests {
         assert_eq!(skipped.len(), 2, "{skipped:?}");
         assert!(skipped.iter().any(|s| s.reason.contains("shorter")));
         assert!(skipped.iter().any(|s| s.reason.contains("not initialised")));
+    }
+
+    /// Attacks from a container's own directory: none may hang the scan, grow it, or make it
+    /// read a file outside the directory. Each is skipped with a reason.
+    #[test]
+    fn hostile_entries_are_skipped_without_following_blocking_or_growing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = dir.path().join("uid1_main");
+        std::fs::create_dir_all(&c).expect("mkdir");
+        std::os::unix::fs::symlink("/dev/zero", c.join("zero.cache")).expect("symlink");
+        std::os::unix::fs::symlink("/proc/1/root/etc/hostname", c.join("proc.cache"))
+            .expect("symlink");
+        let made = std::process::Command::new("mkfifo")
+            .arg(c.join("fifo.cache"))
+            .status()
+            .expect("mkfifo");
+        assert!(made.success(), "mkfifo");
+        // A sparse file far larger than a region: never read.
+        let big = std::fs::File::create(c.join("big.cache")).expect("create");
+        big.set_len(8 << 30).expect("set_len");
+        // A hard link to a file outside the container's directory.
+        let outside = dir.path().join("secret");
+        std::fs::write(&outside, b"secret").expect("write");
+        std::fs::hard_link(&outside, c.join("link.cache")).expect("hard link");
+        // A container directory that is a symlink (to the host's root).
+        std::os::unix::fs::symlink("/", dir.path().join("uid2_main")).expect("symlink");
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let root = dir.path().to_owned();
+        std::thread::spawn(move || {
+            let _ = tx.send(scan(&root));
+        });
+        let (samples, skipped) = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the scan finished (a FIFO did not block it)");
+        assert!(samples.is_empty());
+        let reason = |name: &str| {
+            skipped
+                .iter()
+                .find(|s| s.path.ends_with(name))
+                .map(|s| s.reason.clone())
+                .unwrap_or_else(|| panic!("{name} not skipped: {skipped:?}"))
+        };
+        assert!(reason("zero.cache").contains("symlink"));
+        assert!(reason("proc.cache").contains("symlink"));
+        assert!(reason("fifo.cache").contains("not a regular file"));
+        assert!(reason("big.cache").contains("too large"));
+        assert!(reason("link.cache").contains("hard links"));
+        assert!(reason("uid2_main").contains("not a directory"));
+        assert_eq!(skipped.len(), 6, "{skipped:?}");
     }
 }

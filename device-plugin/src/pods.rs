@@ -38,6 +38,7 @@ pub fn snapshot(pod: &Pod, resource: &str) -> PodSnapshot {
         name: pod.metadata.name.clone().unwrap_or_default(),
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         node_name: spec.and_then(|s| s.node_name.clone()),
+        scheduler_name: spec.and_then(|s| s.scheduler_name.clone()),
         annotations: pod.metadata.annotations.clone().unwrap_or_default(),
         terminal: matches!(phase, Some("Succeeded" | "Failed")),
         deleting: pod.metadata.deletion_timestamp.is_some(),

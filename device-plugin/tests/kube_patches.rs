@@ -56,7 +56,7 @@ fn node(annotations: Value) -> Value {
 }
 
 #[tokio::test]
-async fn pod_patch_is_a_merge_patch_of_exactly_the_annotations() {
+async fn pod_patch_is_a_merge_patch_of_exactly_the_annotations_with_the_uid_precondition() {
     let (client, mut handle) = client();
     let patcher = KubePatcher::new(client, "node-a");
     let task = tokio::spawn(async move {
@@ -66,12 +66,14 @@ async fn pod_patch_is_a_merge_patch_of_exactly_the_annotations() {
             ";".to_owned(),
         );
         a.insert("hami.io/bind-phase".to_owned(), "success".to_owned());
-        patcher.patch_pod_annotations("ns", "web", a).await
+        patcher
+            .patch_pod_annotations("ns", "web", "uid-web", a)
+            .await
     });
     let (body, send) = expect_patch(&mut handle, "/api/v1/namespaces/ns/pods/web").await;
     assert_eq!(
         body,
-        json!({"metadata": {"annotations": {"hami.io/bind-phase": "success", "hami.io/vgpu-devices-to-allocate": ";"}}})
+        json!({"metadata": {"uid": "uid-web", "annotations": {"hami.io/bind-phase": "success", "hami.io/vgpu-devices-to-allocate": ";"}}})
     );
     send.send_response(ok(pod("web")));
     task.await.expect("no panic").expect("patched");

@@ -56,12 +56,21 @@ impl PodPatcher for MemoryApi {
         &self,
         namespace: &str,
         name: &str,
+        uid: &str,
         annotations: BTreeMap<String, String>,
     ) -> BoxFuture<'_, Result<(), EdgeError>> {
         let key = format!("{namespace}/{name}");
         {
             let mut pods = self.pods.lock().expect("lock");
             if let Some(p) = pods.iter_mut().find(|p| p.key() == key) {
+                // The API server's UID precondition.
+                if p.uid != uid {
+                    let msg = format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                        p.uid
+                    );
+                    return Box::pin(async move { Err(EdgeError(msg)) });
+                }
                 p.annotations.extend(annotations.clone());
             }
         }
@@ -112,6 +121,7 @@ fn bound_pod(name: &str, entries: &[&[(&str, u32, u32)]], bind_time: u64) -> Pod
         name: name.into(),
         uid: format!("uid-{name}"),
         node_name: Some(NODE.into()),
+        scheduler_name: Some("hami-scheduler".into()),
         annotations,
         terminal: false,
         deleting: false,
@@ -570,7 +580,7 @@ async fn twenty_four_bound_pods_get_their_own_limits_in_any_admission_order() {
 }
 
 #[tokio::test]
-async fn unknown_gpu_fails_that_pod_only() {
+async fn a_booking_of_a_gpu_this_node_lacks_is_never_served() {
     let mut p = start_plugin(false).await;
     let reg = p
         .kubelet
@@ -590,22 +600,60 @@ async fn unknown_gpu_fails_that_pod_only() {
         .push(bound_pod("good", &[&[("GPU-0", 2000, 20)]], 2));
     let err = allocate(&mut client, &["GPU-0-0", "GPU-0-1"])
         .await
-        .expect_err("unknown GPU");
-    assert!(err.message().contains("GPU-9"), "{}", err.message());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let phase = |n: &str| {
-        p.api
-            .pods
-            .lock()
-            .expect("lock")
-            .iter()
-            .find(|x| x.name == n)
-            .map(|x| x.annotations[keys::BIND_PHASE].clone())
-    };
-    assert_eq!(phase("bad").as_deref(), Some(keys::BIND_PHASE_FAILED));
+        .expect_err("no believable pod asks for two GPUs");
+    assert!(err.message().contains("tessera"), "{}", err.message());
     let ok = allocate(&mut client, &["GPU-0-2"])
         .await
         .expect("good pod unaffected");
     assert_eq!(ok.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "2000m");
+    let _ = p.shutdown.send(true);
+}
+
+/// The attack of the security review: a user creates a pod that skips the GPU scheduler and
+/// carries forged booking annotations naming the GPU another pod booked. The plugin must not
+/// serve it (foreign scheduler, or a booking for another node), and must serve the real pod.
+#[tokio::test]
+async fn forged_bookings_are_not_served() {
+    let mut p = start_plugin(false).await;
+    let reg = p
+        .kubelet
+        .next_registration(Duration::from_secs(5))
+        .await
+        .expect("registered");
+    let mut client = p.kubelet.plugin(&reg.endpoint).await;
+    let mut forged = bound_pod("forged", &[&[("GPU-0", 9000, 100)]], 1);
+    forged.scheduler_name = Some("default-scheduler".into());
+    let mut elsewhere = bound_pod("elsewhere", &[&[("GPU-0", 8000, 100)]], 1);
+    elsewhere
+        .annotations
+        .insert(keys::VGPU_NODE.to_owned(), "node-b".to_owned());
+    let mut unbooked_node = bound_pod("no-node", &[&[("GPU-0", 7000, 100)]], 1);
+    unbooked_node.annotations.remove(keys::VGPU_NODE);
+    for pod in [forged, elsewhere, unbooked_node] {
+        p.api.pods.lock().expect("lock").push(pod);
+        let err = allocate(&mut client, &["GPU-0-0"])
+            .await
+            .expect_err("a forged booking is not served");
+        assert!(err.message().contains("tessera"), "{}", err.message());
+    }
+    // The real pod, booked by the GPU scheduler, is served its own limits; no forged one is.
+    p.api
+        .pods
+        .lock()
+        .expect("lock")
+        .push(bound_pod("real", &[&[("GPU-0", 2000, 20)]], 5));
+    let ok = allocate(&mut client, &["GPU-0-1"])
+        .await
+        .expect("the real pod is served");
+    assert_eq!(ok.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "2000m");
+    let patched: Vec<String> = p
+        .api
+        .patches
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert_eq!(patched, ["default/real"], "only the real pod was patched");
     let _ = p.shutdown.send(true);
 }
