@@ -1,6 +1,8 @@
 //! The environment HAMi-core reads, parsed the way HAMi-core parses it (pure functions; the
 //! caller passes a lookup so tests need no process environment).
 
+use std::collections::HashMap;
+
 use vgpu_region::{MAX_DEVICES, parse_hami_size};
 
 /// Policy from `GPU_CORE_UTILIZATION_POLICY` (exact strings, as HAMi-core compares them).
@@ -14,6 +16,109 @@ pub enum UtilizationPolicy {
     Disable,
 }
 
+/// Where the device plugin's `Allocate` mounts the container's limits, read-only (a root-owned
+/// 0444 file on the host, in the container's directory under the hook path). When it is there
+/// and trustworthy ([`read_limits_file`]), the limits, the region path and the utilization
+/// policy come from it and the environment's values are ignored.
+pub const LIMITS_FILE: &str = "/usr/local/vgpu/vgpu-limits";
+
+/// The variables the device plugin decides: a container must not change them.
+pub fn plugin_owned(name: &str) -> bool {
+    name.starts_with("CUDA_DEVICE_MEMORY_LIMIT")
+        || name.starts_with("CUDA_DEVICE_SM_LIMIT")
+        || name == "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+        || name == "GPU_CORE_UTILIZATION_POLICY"
+}
+
+/// Every plugin-owned name the shim reads.
+fn plugin_owned_names() -> Vec<String> {
+    let mut v = vec![
+        "CUDA_DEVICE_MEMORY_LIMIT".to_owned(),
+        "CUDA_DEVICE_SM_LIMIT".to_owned(),
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE".to_owned(),
+        "GPU_CORE_UTILIZATION_POLICY".to_owned(),
+    ];
+    for i in 0..MAX_DEVICES {
+        v.push(format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"));
+        v.push(format!("CUDA_DEVICE_SM_LIMIT_{i}"));
+    }
+    v
+}
+
+/// The limits file's text: `NAME=value` lines (the same names and values as the environment
+/// `Allocate` sets); blank lines and `#` comments are skipped, names the plugin does not own are
+/// ignored.
+pub fn parse_limits_file(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| plugin_owned(k))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// Largest limits file read (the plugin writes a few hundred bytes).
+const MAX_LIMITS_FILE: u64 = 64 * 1024;
+
+/// The kernel's overflow uid: how an unmapped owner (the host's root, seen from a user
+/// namespace) appears.
+fn overflow_uid() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/overflowuid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(65534)
+}
+
+/// Reads the limits file at `path` if it is the device plugin's: opened without following a
+/// symlink (and without blocking on a FIFO), a regular file of at most 64 KiB, owned by root
+/// (or by the overflow uid, i.e. the host's root from inside a user namespace), writable by
+/// nobody but its owner, on a read-only mount. `Ok(None)`: no file (HAMi's plugin is in
+/// charge). `Err`: a file is there but is not trustworthy (the caller ignores it, says so).
+pub fn read_limits_file(path: &str) -> Result<Option<String>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot open it without following links: {e}")),
+    };
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.file_type().is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.uid() != 0 && meta.uid() != overflow_uid() {
+        return Err(format!("owned by uid {}, not root", meta.uid()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "mode {:o} is writable by others",
+            meta.mode() & 0o7777
+        ));
+    }
+    if meta.len() > MAX_LIMITS_FILE {
+        return Err(format!("{} bytes is too large", meta.len()));
+    }
+    // SAFETY: fstatvfs on an open fd into a zeroed struct.
+    let read_only = unsafe {
+        use std::os::fd::AsRawFd;
+        let mut vfs: libc::statvfs = std::mem::zeroed();
+        libc::fstatvfs(file.as_raw_fd(), &mut vfs) == 0 && vfs.f_flag & libc::ST_RDONLY != 0
+    };
+    if !read_only {
+        return Err("not on a read-only mount".into());
+    }
+    let mut text = String::new();
+    file.take(MAX_LIMITS_FILE)
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    Ok(Some(text))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Bytes per region device; 0 = no limit.
@@ -24,6 +129,9 @@ pub struct Config {
     pub priority: i32,
     pub cache_path: String,
     pub log_level: i32,
+    /// The plugin-owned values came from the device plugin's limits file: they are enforced as
+    /// read, whatever the region file says.
+    pub from_limits_file: bool,
     /// Warnings about suspicious values, printed once by the caller.
     pub warnings: Vec<String>,
 }
@@ -97,12 +205,56 @@ impl Config {
             priority,
             cache_path,
             log_level,
+            from_limits_file: false,
             warnings,
         }
     }
 
+    /// The configuration from the limits file's values (`file`, when there is a trusted one)
+    /// and the environment (`env`): with a file, every plugin-owned name is read from it only
+    /// (one warning lists the environment's values that differ); without one, as HAMi-core.
+    pub fn from_sources(
+        file: Option<&HashMap<String, String>>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Self {
+        let Some(file) = file else {
+            return Self::from_lookup(env);
+        };
+        let get = |name: &str| {
+            if plugin_owned(name) {
+                file.get(name).cloned()
+            } else {
+                env(name)
+            }
+        };
+        let mut c = Self::from_lookup(&get);
+        c.from_limits_file = true;
+        let differ: Vec<String> = plugin_owned_names()
+            .into_iter()
+            .filter(|n| env(n).is_some_and(|v| file.get(n) != Some(&v)))
+            .collect();
+        if !differ.is_empty() {
+            c.warnings.push(format!(
+                "ignoring {} from the environment: the device plugin's {LIMITS_FILE} says otherwise, and it wins",
+                differ.join(", ")
+            ));
+        }
+        c
+    }
+
     pub fn from_env() -> Self {
-        Self::from_lookup(&|name| std::env::var(name).ok())
+        let env = |name: &str| std::env::var(name).ok();
+        match read_limits_file(LIMITS_FILE) {
+            Ok(Some(text)) => Self::from_sources(Some(&parse_limits_file(&text)), &env),
+            Ok(None) => Self::from_lookup(&env),
+            Err(why) => {
+                let mut c = Self::from_lookup(&env);
+                c.warnings.push(format!(
+                    "{LIMITS_FILE} is not the device plugin's ({why}); ignored, limits come from the environment"
+                ));
+                c
+            }
+        }
     }
 }
 
@@ -114,7 +266,6 @@ pub fn sm_limited(percent: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn cfg(vars: &[(&str, &str)]) -> Config {
         let map: HashMap<String, String> = vars
@@ -183,6 +334,82 @@ mod tests {
             UtilizationPolicy::Disable
         );
         assert!(sm_limited(30) && !sm_limited(100) && !sm_limited(0) && !sm_limited(150));
+    }
+
+    #[test]
+    fn the_limits_file_wins_over_the_environment() {
+        let file = parse_limits_file(
+            "# written by tessera-device-plugin\nCUDA_DEVICE_MEMORY_LIMIT_0=1024m\nCUDA_DEVICE_SM_LIMIT=30\n\
+             CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/a.cache\nLD_PRELOAD=/evil.so\n",
+        );
+        assert!(!file.contains_key("LD_PRELOAD"), "only plugin-owned names");
+        let env: HashMap<String, String> = [
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "16384m"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "16g"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/new.cache"),
+            ("GPU_CORE_UTILIZATION_POLICY", "disable"),
+            ("CUDA_TASK_PRIORITY", "0"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let c = Config::from_sources(Some(&file), &|k| env.get(k).cloned());
+        assert!(c.from_limits_file);
+        assert_eq!(c.memory_limit[0], G);
+        assert_eq!(
+            c.memory_limit[1], 0,
+            "the environment's fallback is ignored too"
+        );
+        assert_eq!(c.sm_limit[0], 30);
+        assert_eq!(c.cache_path, "/usr/local/vgpu/a.cache");
+        assert_eq!(c.policy, UtilizationPolicy::Default);
+        assert_eq!(
+            c.priority, 0,
+            "not plugin-owned: still from the environment"
+        );
+        let w = c.warnings.join("\n");
+        for n in [
+            "CUDA_DEVICE_MEMORY_LIMIT_0",
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+            "GPU_CORE_UTILIZATION_POLICY",
+        ] {
+            assert!(w.contains(n), "{w}");
+        }
+        // Without a file: HAMi-core's behaviour.
+        let c = Config::from_sources(None, &|k| env.get(k).cloned());
+        assert_eq!(c.memory_limit[0], 16 * G);
+        assert!(!c.from_limits_file);
+    }
+
+    #[test]
+    fn untrusted_limits_files_are_refused() {
+        let dir = std::env::temp_dir().join(format!("vgpu-limits-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("limits");
+        assert_eq!(read_limits_file(p.to_str().unwrap()), Ok(None));
+        // A symlink is not followed.
+        std::fs::write(dir.join("real"), "CUDA_DEVICE_MEMORY_LIMIT_0=1g\n").unwrap();
+        std::os::unix::fs::symlink(dir.join("real"), &p).unwrap();
+        assert!(read_limits_file(p.to_str().unwrap()).is_err());
+        std::fs::remove_file(&p).unwrap();
+        // A directory, a writable file (and, below, one on a writable mount) are refused.
+        std::fs::create_dir(&p).unwrap();
+        assert!(read_limits_file(p.to_str().unwrap()).is_err());
+        std::fs::remove_dir(&p).unwrap();
+        std::fs::write(&p, "CUDA_DEVICE_MEMORY_LIMIT_0=1g\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(read_limits_file(p.to_str().unwrap()).is_err());
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o444)).unwrap();
+        // The temp dir is not a read-only mount.
+        let r = read_limits_file(p.to_str().unwrap());
+        assert!(
+            r.as_ref()
+                .is_err_and(|e| e.contains("read-only") || e.contains("uid")),
+            "{r:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -19,9 +19,31 @@ mod region;
 mod visible;
 mod watcher;
 
+// `pthread_atfork` handlers (fork safety): prepare takes the shim's locks in one order (region
+// attach, region mutex, allocation tracker), so no child inherits one held by a thread that does
+// not exist in it; the parent releases them; the child releases them, forgets the parent's slot
+// and allocations (it registers its own slot on first use) and has no watcher thread until its
+// first region use starts one. None of them can unwind: every body is under `catch_unwind`.
+extern "C" fn atfork_prepare() {
+    let _ = std::panic::catch_unwind(|| {
+        region::fork_prepare();
+        hooks::fork_prepare();
+    });
+}
+
+extern "C" fn atfork_parent() {
+    let _ = std::panic::catch_unwind(|| {
+        hooks::fork_parent();
+        region::fork_parent();
+    });
+}
+
 extern "C" fn atfork_child() {
-    region::after_fork_in_child();
-    watcher::after_fork_in_child();
+    let _ = std::panic::catch_unwind(|| {
+        hooks::fork_child();
+        region::after_fork_in_child();
+        watcher::after_fork_in_child();
+    });
 }
 
 /// Load-time constructor: find the real `dlsym` (so `dlsym(RTLD_NEXT, …)` can be forwarded with
@@ -32,7 +54,11 @@ extern "C" fn on_load() {
         real::init_real_dlsym();
         // SAFETY: registering plain extern "C" handlers.
         unsafe {
-            libc::pthread_atfork(None, None, Some(atfork_child));
+            libc::pthread_atfork(
+                Some(atfork_prepare),
+                Some(atfork_parent),
+                Some(atfork_child),
+            );
             libc::atexit(region::on_exit);
         }
     });

@@ -32,6 +32,9 @@ pub struct Region {
     my_slot: AtomicUsize,
     /// Whether the region is a private anonymous mapping (the file was unusable).
     pub private: bool,
+    /// Limits from the device plugin's limits file, enforced whatever the (container-writable)
+    /// region file says. `None`: HAMi semantics, the region's limits.
+    fixed: Option<([u64; MAX_DEVICES], [u64; MAX_DEVICES])>,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics; the raw pointer is valid
@@ -57,6 +60,34 @@ pub fn my_pid() -> i32 {
 
 static REGION: OnceLock<Region> = OnceLock::new();
 static CONFIG: OnceLock<Config> = OnceLock::new();
+/// Held while the region is being attached, and by `fork`'s prepare handler: a child never
+/// inherits a half-attached region (a `OnceLock` mid-initialisation would block it forever).
+static INIT: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// The locks the forking thread holds from the prepare handler to the parent/child ones.
+    static FORK_GUARDS: std::cell::RefCell<Vec<std::sync::MutexGuard<'static, ()>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `pthread_atfork` prepare: no attach in flight and no thread inside the region lock (so the
+/// cross-process spin lock is not held by this process either) while the address space is
+/// copied.
+pub fn fork_prepare() {
+    let mut guards = vec![INIT.lock().unwrap_or_else(|e| e.into_inner())];
+    if let Some(r) = REGION.get() {
+        guards.push(r.mutex.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+    let _ = FORK_GUARDS.try_with(|g| *g.borrow_mut() = guards);
+}
+
+/// `pthread_atfork` parent: release what prepare took (in reverse order).
+pub fn fork_parent() {
+    let _ = FORK_GUARDS.try_with(|g| {
+        let mut g = g.borrow_mut();
+        while g.pop().is_some() {}
+    });
+}
 
 pub fn config() -> &'static Config {
     CONFIG.get_or_init(|| {
@@ -70,7 +101,13 @@ pub fn config() -> &'static Config {
 
 /// The region, attached on first use.
 pub fn get() -> &'static Region {
-    let r = REGION.get_or_init(|| Region::attach(config()));
+    let r = match REGION.get() {
+        Some(r) => r,
+        None => {
+            let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
+            REGION.get_or_init(|| Region::attach(config()))
+        }
+    };
     crate::watcher::start();
     r
 }
@@ -82,9 +119,17 @@ pub fn try_get() -> Option<&'static Region> {
 
 /// After `fork`: the child must register its own slot (called from the atfork child handler).
 pub fn after_fork_in_child() {
+    fork_parent(); // the same locks, released in the child's copy
     MY_PID.store(0, Ordering::Relaxed);
     if let Some(r) = REGION.get() {
         r.my_slot.store(NO_SLOT, Ordering::Release);
+        if r.private {
+            // Process-local accounting: the copy of the parent's counters is the parent's.
+            for i in 0..MAX_PROCS {
+                r.zero_slot(i);
+            }
+            r.i32(offset::PROC_NUM).store(0, Ordering::Release);
+        }
     }
 }
 
@@ -109,6 +154,88 @@ pub fn alive(pid: i32, start_time: u64) -> bool {
     match process_start_time(pid) {
         Some(t) => start_time == 0 || t == start_time,
         None => false,
+    }
+}
+
+fn fixed_limits(cfg: &Config) -> Option<([u64; MAX_DEVICES], [u64; MAX_DEVICES])> {
+    cfg.from_limits_file
+        .then_some((cfg.memory_limit, cfg.sm_limit))
+}
+
+/// The last OS error as text.
+fn os_err() -> String {
+    std::io::Error::last_os_error().to_string()
+}
+
+/// Opens the region file without ever following a symlink or touching anything but a regular
+/// file of ours: an existing file is opened `O_NOFOLLOW` and must be a regular file with one
+/// link, owned by this process's effective uid or by root; a missing one is created with
+/// `O_CREAT | O_EXCL` (so a link planted in between fails instead of being followed) and only
+/// that new file is given its mode. Returns the fd (the caller owns it) and whether it was
+/// created.
+///
+/// Mode of a created file: 0666 when created by root (the container's other users share the
+/// file; root's is the only owner they accept besides their own), 0600 otherwise (no other
+/// user would accept a file owned by this uid, so nobody else needs to write it).
+pub fn open_region_file(path: &std::ffi::CStr) -> Result<(i32, bool), String> {
+    const FLAGS: i32 =
+        libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
+    // SAFETY: plain syscalls on a NUL-terminated path and fds we own; results checked.
+    unsafe {
+        let euid = libc::geteuid();
+        for _ in 0..8 {
+            let mut created = false;
+            let mut fd = libc::open(path.as_ptr(), FLAGS);
+            if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
+                let mode = if euid == 0 { 0o666 } else { 0o600 };
+                fd = libc::open(path.as_ptr(), FLAGS | libc::O_CREAT | libc::O_EXCL, mode);
+                if fd < 0 {
+                    if std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
+                        continue; // another process created it first: open theirs
+                    }
+                    return Err(os_err());
+                }
+                created = true;
+            }
+            if fd < 0 {
+                let e = std::io::Error::last_os_error();
+                return Err(if e.raw_os_error() == Some(libc::ELOOP) {
+                    "is a symbolic link; not followed".to_owned()
+                } else {
+                    e.to_string()
+                });
+            }
+            let mut st: libc::stat = std::mem::zeroed();
+            let why = if libc::fstat(fd, &mut st) != 0 {
+                Some(os_err())
+            } else if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+                Some("is not a regular file".to_owned())
+            } else if st.st_nlink != 1 {
+                Some(format!("has {} hard links", st.st_nlink))
+            } else if st.st_uid != euid && st.st_uid != 0 {
+                Some(format!(
+                    "is owned by uid {}, neither this process's ({euid}) nor root",
+                    st.st_uid
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                libc::close(fd);
+                return Err(why);
+            }
+            // Back to blocking mode (O_NONBLOCK only guarded the open against a FIFO).
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            if fl >= 0 {
+                libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+            }
+            if created {
+                // Exactly the mode above, whatever the umask; only on the file just created.
+                libc::fchmod(fd, if euid == 0 { 0o666 } else { 0o600 });
+            }
+            return Ok((fd, created));
+        }
+        Err("keeps appearing and disappearing".to_owned())
     }
 }
 
@@ -152,6 +279,7 @@ impl Region {
             mutex: Mutex::new(()),
             my_slot: AtomicUsize::new(NO_SLOT),
             private: true,
+            fixed: fixed_limits(cfg),
         };
         r.initialize(cfg);
         r
@@ -160,24 +288,16 @@ impl Region {
     fn open_file(cfg: &Config) -> Result<Region, String> {
         let path =
             CString::new(cfg.cache_path.clone()).map_err(|_| "path contains NUL".to_owned())?;
+        let (fd, _created) = open_region_file(&path)?;
         // SAFETY: libc calls with checked results; the fd is kept for the life of the process.
         unsafe {
-            let fd = libc::open(
-                path.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
-                0o666,
-            );
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error().to_string());
-            }
-            // Other containers' users must open it too; avoids HAMi-core's process-wide umask(0).
-            libc::fchmod(fd, 0o666);
             let r = Region {
                 base: std::ptr::null_mut(),
                 fd,
                 mutex: Mutex::new(()),
                 my_slot: AtomicUsize::new(NO_SLOT),
                 private: false,
+                fixed: fixed_limits(cfg),
             };
             r.file_lock();
             let result = (|| {
@@ -271,8 +391,31 @@ impl Region {
             .store(MAGIC, Ordering::Release);
     }
 
-    /// HAMi semantics: the region's limits win; a different environment only warns.
+    /// HAMi semantics: the region's limits win; a different environment only warns. With the
+    /// device plugin's limits file the file wins: the region's copy (what the monitor reads) is
+    /// rewritten if something changed it. Caller holds the file lock.
     fn check_limits(&self, cfg: &Config) {
+        if cfg.from_limits_file {
+            let mut changed = false;
+            for d in 0..MAX_DEVICES {
+                for (off, want) in [
+                    (offset::LIMIT + 8 * d, cfg.memory_limit[d]),
+                    (offset::SM_LIMIT + 8 * d, cfg.sm_limit[d]),
+                ] {
+                    if self.u64(off).swap(want, Ordering::Relaxed) != want {
+                        changed = true;
+                    }
+                }
+            }
+            if changed {
+                log::warning!(
+                    "shared region {} held other limits than the device plugin's {}; restored",
+                    cfg.cache_path,
+                    crate::config::LIMITS_FILE
+                );
+            }
+            return;
+        }
         for d in 0..MAX_DEVICES {
             let have = self.limit(d);
             if have != cfg.memory_limit[d] && cfg.memory_limit[d] != 0 {
@@ -364,12 +507,18 @@ impl Region {
         if dev >= MAX_DEVICES {
             return 0;
         }
+        if let Some((mem, _)) = &self.fixed {
+            return mem[dev];
+        }
         self.u64(offset::LIMIT + 8 * dev).load(Ordering::Relaxed)
     }
 
     pub fn sm_limit(&self, dev: usize) -> u64 {
         if dev >= MAX_DEVICES {
             return 100;
+        }
+        if let Some((_, sm)) = &self.fixed {
+            return sm[dev];
         }
         self.u64(offset::SM_LIMIT + 8 * dev).load(Ordering::Relaxed)
     }

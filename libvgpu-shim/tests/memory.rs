@@ -214,6 +214,13 @@ fn exports_only_the_hooks() {
     let mut expected = vec![
         "cuArray3DCreate_v2",
         "cuArrayCreate_v2",
+        "cuArray3DCreate",
+        "cuArrayCreate",
+        "cuDeviceTotalMem",
+        "cuMemAlloc",
+        "cuMemAllocPitch",
+        "cuMemFree",
+        "cuMemGetInfo",
         "cuArrayDestroy",
         "cuMipmappedArrayCreate",
         "cuMipmappedArrayDestroy",

@@ -43,6 +43,16 @@ CUresult cuMemHostAlloc(void **, size_t, unsigned);
 CUresult cuMemFreeHost(void *);
 CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
 CUresult cuCtxSynchronize(void);
+/* The legacy (CUDA 3.1 ABI) entry points: 32-bit pointers and sizes. */
+typedef struct { unsigned Width, Height; int Format; unsigned NumChannels; } CUDA_ARRAY_DESCRIPTOR_v1;
+typedef struct { unsigned Width, Height, Depth; int Format; unsigned NumChannels, Flags; } CUDA_ARRAY3D_DESCRIPTOR_v1;
+CUresult cuMemAlloc(unsigned *, unsigned);
+CUresult cuMemAllocPitch(unsigned *, unsigned *, unsigned, unsigned, unsigned);
+CUresult cuMemFree(unsigned);
+CUresult cuMemGetInfo(unsigned *, unsigned *);
+CUresult cuDeviceTotalMem(unsigned *, CUdevice);
+CUresult cuArrayCreate(unsigned long long *, const CUDA_ARRAY_DESCRIPTOR_v1 *);
+CUresult cuArray3DCreate(unsigned long long *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *);
 
 #define OOM 2
 static int failures = 0;
@@ -341,6 +351,167 @@ static int mode_fork(size_t limit) {
     return done();
 }
 
+/* The legacy entry points, reached directly, through dlsym and through cuGetProcAddress with a
+ * pre-3.2 version, are counted like the _v2 ones (the review's attack: 7 x 1536 MiB through
+ * cuMemAlloc under a 1024 MiB limit). LIMIT must fit in 32 bits. */
+typedef CUresult (*Alloc1)(unsigned *, unsigned);
+typedef CUresult (*Free1)(unsigned);
+typedef CUresult (*Pitch1)(unsigned *, unsigned *, unsigned, unsigned, unsigned);
+static void legacy_round(const char *how, Alloc1 alloc, Free1 freep, Pitch1 pitchf, size_t limit) {
+    unsigned p = 0, q = 0, pitch = 0;
+    CUresult r = alloc(&p, (unsigned)limit);
+    CHECK(r == 0, "%s: cuMemAlloc(limit) returned %d", how, r);
+    r = alloc(&q, 1);
+    CHECK(r == OOM, "%s: cuMemAlloc(1) past the limit returned %d", how, r);
+    CUdeviceptr wide = 0;
+    EXPECT(cuMemAlloc_v2(&wide, 1), OOM);
+    if (p) EXPECT(freep(p), 0);
+    /* Freed: the whole limit is available again. */
+    EXPECT(cuMemAlloc_v2(&wide, limit), 0);
+    EXPECT(cuMemFree_v2(wide), 0);
+    /* Pitch: the real pitch x height is charged. */
+    r = pitchf(&p, &pitch, 1000, (unsigned)(limit / 1024), 4);
+    CHECK(r == 0 && pitch == 1024, "%s: cuMemAllocPitch returned %d pitch %u", how, r, pitch);
+    EXPECT(cuMemAlloc_v2(&wide, 1 + limit % 1024), OOM);
+    if (r == 0) EXPECT(freep(p), 0);
+    r = pitchf(&p, &pitch, 1000, (unsigned)(limit / 1024 + 1), 4);
+    CHECK(r == OOM, "%s: cuMemAllocPitch past the limit returned %d", how, r);
+    /* The review's attack: 7 x 1536 MiB. Every one is refused under a smaller limit. */
+    int got = 0;
+    for (int i = 0; i < 7; i++) if (alloc(&q, 1536u << 20) == 0) got++;
+    CHECK(limit >= (1536u << 20) || got == 0, "%s: %d x 1536 MiB allocated under a %zu-byte limit", how, got, limit);
+}
+
+static int mode_legacy(size_t limit) {
+    setup();
+    unsigned f = 0, t = 0, tm = 0;
+    EXPECT(cuMemGetInfo(&f, &t), 0);
+    CHECK(t == limit && f == limit, "cuMemGetInfo (v1): free %u total %u, limit %zu", f, t, limit);
+    EXPECT(cuDeviceTotalMem(&tm, 0), 0);
+    CHECK(tm == limit, "cuDeviceTotalMem (v1) %u, limit %zu", tm, limit);
+    legacy_round("direct", cuMemAlloc, cuMemFree, cuMemAllocPitch, limit);
+    /* A v1 pointer freed through cuMemFree_v2 is uncounted too. */
+    unsigned p = 0; CUdeviceptr wide = 0;
+    EXPECT(cuMemAlloc(&p, (unsigned)limit), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+    EXPECT(cuMemAlloc_v2(&wide, limit), 0);
+    EXPECT(cuMemFree_v2(wide), 0);
+    /* v1 arrays. */
+    CUDA_ARRAY_DESCRIPTOR_v1 d = { 1024, (unsigned)(limit / 4096), 0x03, 1 };
+    unsigned long long arr = 0;
+    EXPECT(cuArrayCreate(&arr, &d), 0);
+    EXPECT(cuMemAlloc_v2(&wide, 1), OOM);
+    EXPECT(cuArrayDestroy(arr), 0);
+    CUDA_ARRAY3D_DESCRIPTOR_v1 d3 = { 1024, (unsigned)(limit / 4096), 1, 0x03, 1, 0 };
+    EXPECT(cuArray3DCreate(&arr, &d3), 0);
+    EXPECT(cuMemAlloc_v2(&wide, 1), OOM);
+    EXPECT(cuArrayDestroy(arr), 0);
+    /* Through dlsym on the driver's handle. */
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    CHECK(lib, "dlopen libcuda.so.1");
+    if (!lib) return done();
+    Alloc1 a = (Alloc1)dlsym(lib, "cuMemAlloc");
+    Free1 fr = (Free1)dlsym(lib, "cuMemFree");
+    Pitch1 pi = (Pitch1)dlsym(lib, "cuMemAllocPitch");
+    Dl_info info;
+    CHECK(a && dladdr((void *)a, &info) && strstr(info.dli_fname, "libvgpu"), "dlsym(cuMemAlloc) is not the shim's");
+    if (a && fr && pi) legacy_round("dlsym", a, fr, pi, limit);
+    /* Through cuGetProcAddress with a version before 3.2 (what a CUDA 3.1 program asks for). */
+    GetProc2 gpa = (GetProc2)dlsym(lib, "cuGetProcAddress_v2");
+    void *ga = 0, *gf = 0, *gp = 0; int st = 0;
+    EXPECT(gpa("cuMemAlloc", &ga, 3010, 0, &st), 0);
+    EXPECT(gpa("cuMemFree", &gf, 3010, 0, &st), 0);
+    EXPECT(gpa("cuMemAllocPitch", &gp, 3010, 0, &st), 0);
+    CHECK(ga && dladdr(ga, &info) && strstr(info.dli_fname, "libvgpu") && !strcmp(info.dli_sname, "cuMemAlloc"),
+          "cuGetProcAddress(cuMemAlloc, 3010) is not the shim's cuMemAlloc");
+    if (ga && gf && gp) legacy_round("cuGetProcAddress", (Alloc1)ga, (Free1)gf, (Pitch1)gp, limit);
+    EXPECT(cuMemGetInfo(&f, &t), 0);
+    CHECK(f == limit, "everything freed: free %u of %zu", f, limit);
+    return done();
+}
+
+/* fork, then the parent exits: the child is counted in its own slot, is not charged for the
+ * parent's allocations, gets the parent's share back when the parent is gone, and its own
+ * allocations count for the rest of the container (a grandchild sees them). The child reports on
+ * stdout ("child OK" / FAIL lines); the parent's exit status is its own. */
+static int mode_forkexit(size_t limit) {
+    setup();
+    CUdeviceptr a, b, c;
+    EXPECT(cuMemAlloc_v2(&a, limit / 2), 0);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) { CHECK(0, "fork"); return done(); }
+    if (pid > 0) return done(); /* the parent exits at once, holding limit/2 */
+    alarm(20);
+    double t0 = now_s();
+    while (getppid() == parent && now_s() - t0 < 10) usleep(1000);
+    CHECK(getppid() != parent, "parent did not exit");
+    /* Freeing the parent's pointer in the child must not uncount anything from the child. */
+    EXPECT(cuMemAlloc_v2(&b, limit / 2), 0);
+    cuMemFree_v2(a);
+    size_t f = 0, t = 0;
+    EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+    CHECK(f == limit - limit / 2, "child after parent exit: free %zu, expected %zu", f, limit - limit / 2);
+    EXPECT(cuMemAlloc_v2(&c, limit - limit / 2), 0);
+    EXPECT(cuMemAlloc_v2(&a, 1), OOM);
+    pid_t g = fork();
+    if (g == 0) {
+        CUdeviceptr x;
+        CUresult r = cuMemAlloc_v2(&x, 1);
+        if (r != OOM) printf("FAIL: grandchild allocated past the child's usage (%d)\n", r);
+        exit(r == OOM ? 0 : 1);
+    }
+    int st = 0;
+    waitpid(g, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "grandchild status %d", st);
+    EXPECT(cuMemFree_v2(b), 0);
+    EXPECT(cuMemFree_v2(c), 0);
+    if (failures) { printf("child: %d failure(s)\n", failures); return 1; }
+    printf("child OK\n");
+    return 0;
+}
+
+/* Threads allocate and free without pause while the main thread forks: no child may inherit a
+ * lock held by a thread that does not exist in it (each child allocates, frees and exits through
+ * the shim's exit handler within 10 s, or SIGALRM kills it). */
+static volatile int g_stop;
+static void *churn(void *arg) {
+    (void)arg; CUdeviceptr p;
+    cuCtxSetCurrent(g_ctx);
+    while (!g_stop) if (cuMemAlloc_v2(&p, g_chunk) == 0) cuMemFree_v2(p);
+    return 0;
+}
+static int mode_forkstorm(size_t limit) {
+    CUdevice dev;
+    EXPECT(cuInit(0), 0);
+    EXPECT(cuDeviceGet(&dev, 0), 0);
+    EXPECT(cuCtxCreate_v2(&g_ctx, 0, dev), 0);
+    g_chunk = limit / 64;
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) pthread_create(&t[i], 0, churn, 0);
+    for (int i = 0; i < 40; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(10);
+            CUdeviceptr p;
+            cuCtxSetCurrent(g_ctx);
+            CUresult r = cuMemAlloc_v2(&p, g_chunk);
+            if (r == 0) cuMemFree_v2(p);
+            exit(r == 0 || r == OOM ? 0 : 3);
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d: status %#x (a deadlock ends in SIGALRM)", i, st);
+        usleep(2000);
+    }
+    g_stop = 1;
+    for (int i = 0; i < 4; i++) pthread_join(t[i], 0);
+    size_t f = 0, tot = 0;
+    EXPECT(cuMemGetInfo_v2(&f, &tot), 0);
+    CHECK(f == limit, "after the storm: free %zu of %zu", f, limit);
+    return done();
+}
+
 /* Print what cuMemGetInfo and cuDeviceTotalMem report. */
 static int mode_info(void) {
     setup();
@@ -373,6 +544,9 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "threads")) return mode_threads(strtoull(argv[2], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "fork")) return mode_fork(strtoull(argv[2], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "nvml")) return mode_nvml(strtoull(argv[2], 0, 10));
+    if (argc >= 3 && !strcmp(argv[1], "legacy")) return mode_legacy(strtoull(argv[2], 0, 10));
+    if (argc >= 3 && !strcmp(argv[1], "forkexit")) return mode_forkexit(strtoull(argv[2], 0, 10));
+    if (argc >= 3 && !strcmp(argv[1], "forkstorm")) return mode_forkstorm(strtoull(argv[2], 0, 10));
     if (argc >= 4 && !strcmp(argv[1], "busy")) return mode_busy(atof(argv[2]), (unsigned)atoi(argv[3]));
     fprintf(stderr, "usage: cuda_probe limit|procaddr|dlsym|hold|grab|busy ...\n");
     return 2;

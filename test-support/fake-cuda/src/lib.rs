@@ -95,6 +95,8 @@ struct Alloc {
 #[derive(Default)]
 struct Memory {
     next_addr: u64,
+    /// Lowest address for the legacy (CUDA 3.1 ABI) entry points, whose pointers are 32-bit.
+    next_low_addr: u64,
     allocs: HashMap<u64, Alloc>,
     /// VMM handles: handle → (device, size).
     handles: HashMap<u64, (usize, u64)>,
@@ -110,6 +112,38 @@ static MEMORY: Mutex<Option<Memory>> = Mutex::new(None);
 fn memory() -> MutexGuard<'static, Option<Memory>> {
     MEMORY.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+type ForkGuards = (
+    MutexGuard<'static, Option<HashMap<&'static str, u64>>>,
+    MutexGuard<'static, Option<Memory>>,
+);
+
+thread_local! {
+    static FORK_GUARDS: std::cell::RefCell<Option<ForkGuards>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Fork safety of the fake itself (so the shim's fork tests test the shim): the forking thread
+/// holds the fake's locks across `fork`, and both sides release them.
+extern "C" fn fork_prepare() {
+    let calls = CALLS.lock().unwrap_or_else(|e| e.into_inner());
+    let mem = memory();
+    let _ = FORK_GUARDS.try_with(|g| *g.borrow_mut() = Some((calls, mem)));
+}
+
+extern "C" fn fork_release() {
+    let _ = FORK_GUARDS.try_with(|g| g.borrow_mut().take());
+}
+
+extern "C" fn on_load() {
+    // SAFETY: registering plain extern "C" handlers.
+    unsafe {
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_release), Some(fork_release));
+    }
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;
 
 thread_local! {
     /// The current context's device (+1; 0 = no current context).
@@ -536,6 +570,7 @@ fn with_memory<R>(f: impl FnOnce(&mut Memory) -> R) -> R {
     let mut m = memory();
     f(m.get_or_insert_with(|| Memory {
         next_addr: 0x7f00_0000_0000,
+        next_low_addr: 0x1000_0000,
         next_handle: 1,
         ..Memory::default()
     }))
@@ -579,6 +614,13 @@ fn uncharge(m: &mut Memory, dev: usize, size: u64) {
 }
 
 unsafe fn alloc(dptr: *mut CUdeviceptr, size: usize, kind: Kind) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { alloc_in(dptr, size, kind, false) }
+}
+
+/// `low`: a 32-bit address (the legacy entry points); the low 4 GiB of addresses run out like a
+/// 32-bit address space would.
+unsafe fn alloc_in(dptr: *mut CUdeviceptr, size: usize, kind: Kind, low: bool) -> CUresult {
     require_init!();
     if dptr.is_null() || size == 0 {
         return CUDA_ERROR_INVALID_VALUE;
@@ -590,8 +632,32 @@ unsafe fn alloc(dptr: *mut CUdeviceptr, size: usize, kind: Kind) -> CUresult {
         if let Err(e) = charge(m, dev, size as u64) {
             return e;
         }
-        let addr = m.next_addr;
-        m.next_addr += (size as u64).div_ceil(512) * 512;
+        let step = (size as u64).div_ceil(512) * 512;
+        let addr = if low {
+            // First fit below 4 GiB (addresses are reused, as a 32-bit space must).
+            let mut used: Vec<(u64, u64)> = m
+                .allocs
+                .iter()
+                .filter(|(a, _)| **a <= u32::MAX as u64)
+                .map(|(a, x)| (*a, x.size.div_ceil(512) * 512))
+                .collect();
+            used.sort_unstable();
+            let mut at = m.next_low_addr;
+            for (a, len) in used {
+                if at.saturating_add(step) <= a {
+                    break;
+                }
+                at = at.max(a + len);
+            }
+            if at.saturating_add(step) > u32::MAX as u64 {
+                uncharge(m, dev, size as u64);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            at
+        } else {
+            m.next_addr += step;
+            m.next_addr - step
+        };
         m.allocs.insert(
             addr,
             Alloc {
@@ -631,12 +697,93 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc(dptr: *mut c_uint, size: c_uint) -> CUresult {
     count("cuMemAlloc");
+    if dptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     let mut wide: CUdeviceptr = 0;
     // SAFETY: local out-pointer.
-    let r = unsafe { alloc(&mut wide, size as usize, Kind::Device) };
-    if r == CUDA_SUCCESS && !dptr.is_null() {
+    let r = unsafe { alloc_in(&mut wide, size as usize, Kind::Device, true) };
+    if r == CUDA_SUCCESS {
         // SAFETY: checked non-null.
         unsafe { *dptr = wide as c_uint };
+    }
+    r
+}
+
+/// The CUDA 3.1 ABI of `cuMemAllocPitch` (32-bit pointer, pitch and sizes).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch(
+    dptr: *mut c_uint,
+    pitch: *mut c_uint,
+    width: c_uint,
+    height: c_uint,
+    element_size: c_uint,
+) -> CUresult {
+    count("cuMemAllocPitch");
+    if dptr.is_null() || pitch.is_null() || !matches!(element_size, 4 | 8 | 16) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let p = (width as usize).div_ceil(512).saturating_mul(512);
+    let mut wide: CUdeviceptr = 0;
+    // SAFETY: local out-pointer.
+    let r = unsafe {
+        alloc_in(
+            &mut wide,
+            p.saturating_mul(height as usize),
+            Kind::Device,
+            true,
+        )
+    };
+    if r == CUDA_SUCCESS {
+        // SAFETY: checked non-null.
+        unsafe {
+            *dptr = wide as c_uint;
+            *pitch = p as c_uint;
+        }
+    }
+    r
+}
+
+/// The CUDA 3.1 ABI of `cuMemFree` (32-bit pointer).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree(dptr: c_uint) -> CUresult {
+    count("cuMemFree");
+    free(dptr as CUdeviceptr)
+}
+
+/// The CUDA 3.1 ABI of `cuMemGetInfo` (32-bit sizes, saturated).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo(free_bytes: *mut c_uint, total: *mut c_uint) -> CUresult {
+    count("cuMemGetInfo");
+    let (mut f, mut t) = (0usize, 0usize);
+    // SAFETY: local out-pointers.
+    let r = unsafe { cuMemGetInfo_v2(&mut f, &mut t) };
+    if r == CUDA_SUCCESS {
+        if free_bytes.is_null() || total.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: checked non-null.
+        unsafe {
+            *free_bytes = f.min(u32::MAX as usize) as c_uint;
+            *total = t.min(u32::MAX as usize) as c_uint;
+        }
+    }
+    r
+}
+
+/// The CUDA 3.1 ABI of `cuDeviceTotalMem` (32-bit size, saturated).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
+    count("cuDeviceTotalMem");
+    if bytes.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let mut b = 0usize;
+    // SAFETY: local out-pointer.
+    let r = unsafe { cuDeviceTotalMem_v2(&mut b, dev) };
+    if r == CUDA_SUCCESS {
+        // SAFETY: checked non-null.
+        unsafe { *bytes = b.min(u32::MAX as usize) as c_uint };
     }
     r
 }
@@ -1018,6 +1165,69 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     create_array(arr, d.width, d.height, d.depth, d.format, d.num_channels, 1)
 }
 
+/// `CUDA_ARRAY_DESCRIPTOR_v1` (32-bit sizes).
+#[repr(C)]
+pub struct ArrayDescriptorV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub format: c_int,
+    pub num_channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1` (32-bit sizes).
+#[repr(C)]
+pub struct Array3dDescriptorV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub depth: c_uint,
+    pub format: c_int,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// The CUDA 3.1 ABI of `cuArrayCreate`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate(arr: *mut u64, desc: *const ArrayDescriptorV1) -> CUresult {
+    count("cuArrayCreate");
+    if desc.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let d = unsafe { &*desc };
+    create_array(
+        arr,
+        d.width as usize,
+        d.height as usize,
+        1,
+        d.format,
+        d.num_channels,
+        1,
+    )
+}
+
+/// The CUDA 3.1 ABI of `cuArray3DCreate`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate(
+    arr: *mut u64,
+    desc: *const Array3dDescriptorV1,
+) -> CUresult {
+    count("cuArray3DCreate");
+    if desc.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let d = unsafe { &*desc };
+    create_array(
+        arr,
+        d.width as usize,
+        d.height as usize,
+        d.depth as usize,
+        d.format,
+        d.num_channels,
+        1,
+    )
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMipmappedArrayCreate(
     handle: *mut u64,
@@ -1314,6 +1524,7 @@ fn proc_table() -> &'static [ProcEntry] {
             entry!("cuDeviceGetUuid", 9020, false, cuDeviceGetUuid),
             entry!("cuDeviceGetUuid", 11040, false, cuDeviceGetUuid_v2),
             entry!("cuDeviceGetAttribute", 2000, false, cuDeviceGetAttribute),
+            entry!("cuDeviceTotalMem", 2000, false, cuDeviceTotalMem),
             entry!("cuDeviceTotalMem", 3020, false, cuDeviceTotalMem_v2),
             entry!(
                 "cuDevicePrimaryCtxRetain",
@@ -1337,11 +1548,14 @@ fn proc_table() -> &'static [ProcEntry] {
             entry!("cuCtxSynchronize", 2000, false, cuCtxSynchronize),
             entry!("cuStreamSynchronize", 2000, false, cuStreamSynchronize),
             entry!("cuStreamSynchronize", 7000, true, cuStreamSynchronize_ptsz),
+            entry!("cuMemGetInfo", 2000, false, cuMemGetInfo),
             entry!("cuMemGetInfo", 3020, false, cuMemGetInfo_v2),
             entry!("cuMemAlloc", 2000, false, cuMemAlloc),
             entry!("cuMemAlloc", 3020, false, cuMemAlloc_v2),
             entry!("cuMemAllocManaged", 6000, false, cuMemAllocManaged),
+            entry!("cuMemAllocPitch", 2000, false, cuMemAllocPitch),
             entry!("cuMemAllocPitch", 3020, false, cuMemAllocPitch_v2),
+            entry!("cuMemFree", 2000, false, cuMemFree),
             entry!("cuMemFree", 3020, false, cuMemFree_v2),
             entry!("cuMemAllocAsync", 11020, false, cuMemAllocAsync),
             entry!("cuMemAllocAsync", 11020, true, cuMemAllocAsync_ptsz),
@@ -1373,7 +1587,9 @@ fn proc_table() -> &'static [ProcEntry] {
             ),
             entry!("cuMemHostAlloc", 2020, false, cuMemHostAlloc),
             entry!("cuMemFreeHost", 2000, false, cuMemFreeHost),
+            entry!("cuArrayCreate", 2000, false, cuArrayCreate),
             entry!("cuArrayCreate", 3020, false, cuArrayCreate_v2),
+            entry!("cuArray3DCreate", 2000, false, cuArray3DCreate),
             entry!("cuArray3DCreate", 3020, false, cuArray3DCreate_v2),
             entry!("cuArrayDestroy", 2000, false, cuArrayDestroy),
             entry!(
