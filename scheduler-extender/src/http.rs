@@ -21,12 +21,16 @@ use crate::extender::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, NodeListOut,
 };
 use crate::facts::SharedFacts;
+use crate::listen::BodyTimeout;
 use crate::metrics::Metrics;
 use crate::state::{ClusterState, NodeRecord};
 use crate::webhook::{self, WebhookConfig};
 
 /// HAMi's request body limit.
 pub const MAX_BODY: usize = 1 << 20;
+
+/// Body deadline when the listener set none.
+pub const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Set on each request by the TLS acceptor: the peer presented a client certificate that the
 /// configured client CA verified.
@@ -96,10 +100,26 @@ fn json(status: StatusCode, body: String) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// Reads the body with HAMi's limit. Empty ⇒ HAMi's 400 text; oversized ⇒ a clear 400.
-async fn read_body(body: Body) -> Result<axum::body::Bytes, Response> {
-    match Limited::new(body, MAX_BODY).collect().await {
-        Ok(c) => {
+/// Reads the body with HAMi's limit, within the listener's body deadline ([`BodyTimeout`];
+/// [`DEFAULT_BODY_TIMEOUT`] without one). Empty ⇒ HAMi's 400 text; oversized ⇒ a clear 400;
+/// too slow ⇒ 408.
+async fn read_body(
+    body: Body,
+    ext: &axum::http::Extensions,
+) -> Result<axum::body::Bytes, Response> {
+    let deadline = ext
+        .get::<BodyTimeout>()
+        .map_or(DEFAULT_BODY_TIMEOUT, |t| t.0);
+    match tokio::time::timeout(deadline, Limited::new(body, MAX_BODY).collect()).await {
+        Err(_) => Err((
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "request body not received within {} s",
+                deadline.as_secs_f64()
+            ),
+        )
+            .into_response()),
+        Ok(Ok(c)) => {
             let b = c.to_bytes();
             if b.is_empty() {
                 Err((StatusCode::BAD_REQUEST, "Please send a request body").into_response())
@@ -107,7 +127,7 @@ async fn read_body(body: Body) -> Result<axum::body::Bytes, Response> {
                 Ok(b)
             }
         }
-        Err(_) => Err((
+        Ok(Err(_)) => Err((
             StatusCode::BAD_REQUEST,
             format!("request body larger than {MAX_BODY} bytes (1 MiB)"),
         )
@@ -180,7 +200,7 @@ async fn filter<E: ClusterEdge>(
             ExtenderFilterResult::error(e).to_json(),
         );
     }
-    let body = match read_body(body).await {
+    let body = match read_body(body, &parts.extensions).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -346,7 +366,7 @@ async fn bind<E: ClusterEdge>(
             ExtenderBindingResult { error: e }.to_json(),
         );
     }
-    let body = match read_body(body).await {
+    let body = match read_body(body, &parts.extensions).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -510,8 +530,12 @@ async fn bind_failed<E: ClusterEdge>(
     Err(msg)
 }
 
-async fn webhook_handler<E: ClusterEdge>(State(app): State<Arc<App<E>>>, body: Body) -> Response {
-    let body = match read_body(body).await {
+async fn webhook_handler<E: ClusterEdge>(
+    State(app): State<Arc<App<E>>>,
+    req: axum::extract::Request,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = match read_body(body, &parts.extensions).await {
         Ok(b) => b,
         Err(r) => return r,
     };

@@ -13,6 +13,7 @@ pub mod fit;
 pub mod http;
 pub mod kube_edge;
 pub mod lease;
+pub mod listen;
 pub mod metrics;
 pub mod podspec;
 pub mod simulate;

@@ -16,6 +16,7 @@ use tessera_scheduler::http::{App, Auth, metrics_router, router};
 use tessera_scheduler::kube_edge::{
     FollowLease, KubeEdge, LeaseConfig, run_facts, run_leader_election, run_requeue, run_sync,
 };
+use tessera_scheduler::listen::ServeLimits;
 use tessera_scheduler::metrics::Metrics;
 use tessera_scheduler::tls::{self, TlsFiles};
 use tessera_scheduler::webhook::WebhookConfig;
@@ -114,6 +115,34 @@ pub struct ServeArgs {
     /// per thread). 1 = sequential; measure before raising it (docs/scheduler.md).
     #[arg(long, env = "TESSERA_FILTER_THREADS", default_value_t = 1)]
     pub filter_threads: usize,
+    /// Open connections per listener at most; at the limit a new connection closes the oldest
+    /// one with no request in flight. Lowered to fit the open-files limit.
+    #[arg(long, env = "TESSERA_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Seconds a client has to finish the TLS handshake.
+    #[arg(
+        long,
+        env = "TESSERA_TLS_HANDSHAKE_TIMEOUT_SECONDS",
+        default_value_t = 10
+    )]
+    pub tls_handshake_timeout_seconds: u64,
+    /// Seconds a client has to send a request's headers (HTTP/1).
+    #[arg(
+        long,
+        env = "TESSERA_HEADER_READ_TIMEOUT_SECONDS",
+        default_value_t = 10
+    )]
+    pub header_read_timeout_seconds: u64,
+    /// Seconds a client has to send a request's body.
+    #[arg(long, env = "TESSERA_BODY_READ_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub body_read_timeout_seconds: u64,
+    /// Seconds a connection may stay open with no request in flight.
+    #[arg(
+        long,
+        env = "TESSERA_IDLE_CONNECTION_TIMEOUT_SECONDS",
+        default_value_t = 90
+    )]
+    pub idle_connection_timeout_seconds: u64,
     #[command(flatten)]
     pub policy: PolicyArgs,
 }
@@ -331,12 +360,26 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    let metrics = tokio::spawn(tls::serve(
+    let secs = |s: u64| Duration::from_secs(s.max(1));
+    let limits = ServeLimits {
+        handshake_timeout: secs(args.tls_handshake_timeout_seconds),
+        header_timeout: secs(args.header_read_timeout_seconds),
+        body_timeout: secs(args.body_read_timeout_seconds),
+        idle_timeout: secs(args.idle_connection_timeout_seconds),
+        max_connections: args.max_connections.max(1),
+    };
+    let metrics = tokio::spawn(tls::serve_with(
         args.metrics_bind_address,
         metrics_router(app.clone()),
         None,
+        limits,
     ));
-    let main = tokio::spawn(tls::serve(args.http_bind, router(app), tls_cfg));
+    let main = tokio::spawn(tls::serve_with(
+        args.http_bind,
+        router(app),
+        tls_cfg,
+        limits,
+    ));
     tokio::select! {
         r = main => r.context("extender server task")?.context("extender server")?,
         r = metrics => r.context("metrics server task")?.context("metrics server")?,

@@ -1,6 +1,5 @@
 //! TLS with rustls: server certificate (reloaded when its files change), optional client CA for
-//! mTLS callers, and the accept loop that tells handlers whether the peer presented a verified
-//! client certificate.
+//! mTLS callers; the listener itself (limits, timeouts, the accept loop) is [`crate::listen`].
 
 use std::io::BufReader;
 use std::net::SocketAddr;
@@ -9,14 +8,11 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 
-use crate::http::VerifiedClientCert;
+use crate::listen::ServeLimits;
 
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -156,60 +152,24 @@ pub async fn watch_reload(
     }
 }
 
-/// Serves `router` on `addr`, over TLS when `tls` is set.
+/// Serves `router` on `addr`, over TLS when `tls` is set, with the default limits.
 pub async fn serve(
     addr: SocketAddr,
     router: Router,
     tls: Option<Arc<RwLock<Arc<ServerConfig>>>>,
 ) -> std::io::Result<()> {
+    serve_with(addr, router, tls, ServeLimits::default()).await
+}
+
+/// Serves `router` on `addr` with `limits` (timeouts, connection limit: [`crate::listen`]).
+pub async fn serve_with(
+    addr: SocketAddr,
+    router: Router,
+    tls: Option<Arc<RwLock<Arc<ServerConfig>>>>,
+    limits: ServeLimits,
+) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
-    tracing::info!(%addr, tls = tls.is_some(), "listening");
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                continue;
-            }
-        };
-        let router = router.clone();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            match tls {
-                None => {
-                    let svc = TowerToHyperService::new(
-                        router.layer(axum::Extension(VerifiedClientCert(false))),
-                    );
-                    let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
-                }
-                Some(cfg) => {
-                    let cfg = match cfg.read() {
-                        Ok(c) => c.clone(),
-                        Err(_) => return,
-                    };
-                    let tls_stream = match TlsAcceptor::from(cfg).accept(stream).await {
-                        Ok(s) => s,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "TLS handshake failed");
-                            return;
-                        }
-                    };
-                    // With a client CA configured, rustls only completes the handshake with a
-                    // certificate it verified (or none at all).
-                    let verified = tls_stream
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .is_some_and(|c| !c.is_empty());
-                    let svc = TowerToHyperService::new(
-                        router.layer(axum::Extension(VerifiedClientCert(verified))),
-                    );
-                    let _ = builder
-                        .serve_connection(TokioIo::new(tls_stream), svc)
-                        .await;
-                }
-            }
-        });
-    }
+    tracing::info!(%addr, tls = tls.is_some(), ?limits, "listening");
+    crate::listen::serve_listener(listener, router, tls, limits).await;
+    Ok(())
 }
