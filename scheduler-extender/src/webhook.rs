@@ -45,15 +45,17 @@ pub struct WebhookConfig {
 /// Environment variables that switch the shim off or set its limits: `CUDA_DISABLE_CONTROL`
 /// (the device plugin then skips the preload mount), the limits Allocate writes
 /// (`CUDA_DEVICE_MEMORY_LIMIT_<n>`, `CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`,
-/// `CUDA_OVERSUBSCRIBE`) and the ones the shim also reads (`CUDA_DEVICE_MEMORY_LIMIT`,
-/// `CUDA_DEVICE_SM_LIMIT_<n>`). Set in a pod spec they would override or disable what the
-/// scheduler granted.
-const CONTROL_ENV: [&str; 5] = [
+/// `CUDA_OVERSUBSCRIBE`, `GPU_CORE_UTILIZATION_POLICY`) and the ones the shim also reads
+/// (`CUDA_DEVICE_MEMORY_LIMIT`, `CUDA_DEVICE_SM_LIMIT_<n>`): the shim's own list of limit
+/// variables (`libvgpu-shim/src/config.rs`). Set in a pod spec they would override or disable
+/// what the scheduler granted (`GPU_CORE_UTILIZATION_POLICY=disable` lifts the SM limit).
+const CONTROL_ENV: [&str; 6] = [
     "CUDA_DISABLE_CONTROL",
     "CUDA_DEVICE_MEMORY_LIMIT",
     "CUDA_DEVICE_SM_LIMIT",
     "CUDA_DEVICE_MEMORY_SHARED_CACHE",
     "CUDA_OVERSUBSCRIBE",
+    "GPU_CORE_UTILIZATION_POLICY",
 ];
 
 /// Whether a pod may not set `name` (see [`CONTROL_ENV`]); the indexed forms are `_<digits>`.

@@ -541,6 +541,7 @@ fn gpu_pods_may_not_set_the_shims_control_variables() {
         "CUDA_DEVICE_SM_LIMIT_1",
         "CUDA_DEVICE_MEMORY_SHARED_CACHE",
         "CUDA_OVERSUBSCRIBE",
+        "GPU_CORE_UTILIZATION_POLICY",
     ] {
         let a = handle(
             &review_in(
@@ -588,7 +589,7 @@ fn gpu_pods_may_not_set_the_shims_control_variables() {
         "CUDA_DEVICE_MEMORY_LIMIT_X",
         "CUDA_VISIBLE_DEVICES",
         "CUDA_TASK_PRIORITY",
-        "GPU_CORE_UTILIZATION_POLICY",
+        "LIBCUDA_LOG_LEVEL",
     ] {
         let a = handle(
             &review_in(
