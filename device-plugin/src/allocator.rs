@@ -367,6 +367,13 @@ impl Allocator {
                 }
             })?;
         prepare_cache_dir(&response.cache_dir)?;
+        // The limits the shim trusts over the container's environment (container_env.rs).
+        crate::container_env::write_limits_file(&response.limits_file).map_err(|e| {
+            AllocateError::CacheDir {
+                dir: response.limits_file.host_path.clone(),
+                reason: e.to_string(),
+            }
+        })?;
 
         // Record: the to-allocate annotation with this entry (and earlier served ones) emptied.
         let pod = pods.iter().find(|p| p.uid == choice.uid);

@@ -13,6 +13,12 @@ pub const CONTAINER_SHIM_PATH: &str = "/usr/local/vgpu/libvgpu.so";
 pub const CONTAINER_PRELOAD_PATH: &str = "/etc/ld.so.preload";
 /// Lock directory shared by all shim instances on the node.
 pub const VGPU_LOCK_DIR: &str = "/tmp/vgpulock";
+/// Where the container sees its limits file (read-only). The shim reads its limits, region path
+/// and utilization policy from here in preference to its environment, which the container
+/// controls (libvgpu-shim/README.md, "Attacks the shim resists"; docs/contract-deviations.md V1).
+pub const CONTAINER_LIMITS_PATH: &str = "/usr/local/vgpu/vgpu-limits";
+/// The limits file's name in the container's host directory (`<cache_dir>/vgpu-limits`).
+pub const LIMITS_FILE_NAME: &str = "vgpu-limits";
 /// The container env variable that turns the shim off for a container.
 pub const DISABLE_CONTROL_ENV: &str = "CUDA_DISABLE_CONTROL";
 
@@ -76,6 +82,42 @@ pub struct ContainerResponse {
     /// Fully qualified CDI device names (empty unless enabled).
     pub cdi_devices: Vec<String>,
     pub cache_dir: String,
+    /// The limits file the plugin writes (root-owned, 0444) into `cache_dir` after preparing
+    /// it, mounted read-only at [`CONTAINER_LIMITS_PATH`]: see [`write_limits_file`].
+    pub limits_file: LimitsFile,
+}
+
+/// The host path and text of a container's limits file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsFile {
+    pub host_path: String,
+    /// `NAME=value` lines: the plugin-owned variables exactly as in the environment.
+    pub content: String,
+}
+
+/// The environment variables the shim takes from the limits file instead of the environment.
+fn limits_owned(name: &str) -> bool {
+    name.starts_with("CUDA_DEVICE_MEMORY_LIMIT")
+        || name.starts_with("CUDA_DEVICE_SM_LIMIT")
+        || name == "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+        || name == "GPU_CORE_UTILIZATION_POLICY"
+}
+
+/// Writes `file` as a new root-owned (the plugin's user) 0444 file: never through a symlink or
+/// over an existing file (`O_CREAT | O_EXCL | O_NOFOLLOW`), mode set on the new file whatever the
+/// umask. The directory is the one `Allocate` has just emptied and created.
+pub fn write_limits_file(file: &LimitsFile) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&file.host_path)?;
+    f.write_all(file.content.as_bytes())?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o444))?;
+    f.sync_all()
 }
 
 /// Why a container's response cannot be built.
@@ -164,6 +206,23 @@ pub fn container_response(
             read_only: false,
         },
     ];
+    let limits_file = LimitsFile {
+        host_path: format!("{cache_dir}/{LIMITS_FILE_NAME}"),
+        content: std::iter::once(
+            "# written by tessera-device-plugin at Allocate; read by libvgpu.so\n".to_owned(),
+        )
+        .chain(
+            envs.iter()
+                .filter(|(k, _)| limits_owned(k))
+                .map(|(k, v)| format!("{k}={v}\n")),
+        )
+        .collect(),
+    };
+    mounts.push(MountSpec {
+        container_path: CONTAINER_LIMITS_PATH.to_owned(),
+        host_path: limits_file.host_path.clone(),
+        read_only: true,
+    });
     if !target.disable_control {
         mounts.push(MountSpec {
             container_path: CONTAINER_PRELOAD_PATH.to_owned(),
@@ -196,6 +255,7 @@ pub fn container_response(
         mounts,
         cdi_devices,
         cache_dir,
+        limits_file,
     })
 }
 
@@ -263,7 +323,17 @@ env NVIDIA_VISIBLE_DEVICES=GPU-aaa,GPU-bbb
 mount /usr/local/vgpu/libvgpu.so <- /usr/local/vgpu/libvgpu.so ro
 mount /usr/local/vgpu <- /usr/local/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer rw
 mount /tmp/vgpulock <- /tmp/vgpulock rw
+mount /usr/local/vgpu/vgpu-limits <- /usr/local/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer/vgpu-limits ro
 mount /etc/ld.so.preload <- /usr/local/vgpu/ld.so.preload ro
+"
+        );
+        assert_eq!(
+            r.limits_file.content,
+            "# written by tessera-device-plugin at Allocate; read by libvgpu.so
+CUDA_DEVICE_MEMORY_LIMIT_0=3000m
+CUDA_DEVICE_MEMORY_LIMIT_1=4000m
+CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/4f1c0000-0000-4000-8000-000000000000.cache
+CUDA_DEVICE_SM_LIMIT=30
 "
         );
         assert_eq!(
@@ -295,11 +365,53 @@ env NVIDIA_VISIBLE_DEVICES=GPU-aaa
 mount /usr/local/vgpu/libvgpu.so <- /opt/hook/vgpu/libvgpu.so.v0.1.0 ro
 mount /usr/local/vgpu <- /opt/hook/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer rw
 mount /tmp/vgpulock <- /tmp/vgpulock rw
+mount /usr/local/vgpu/vgpu-limits <- /opt/hook/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer/vgpu-limits ro
 mount /tmp/license <- /opt/hook/vgpu/license ro
 mount /usr/bin/vgpuvalidator <- /opt/hook/vgpu/vgpuvalidator ro
 "
         );
         assert_eq!(r.cdi_devices, ["nvidia.com/gpu=GPU-aaa"]);
+        assert!(
+            r.limits_file
+                .content
+                .contains("\nGPU_CORE_UTILIZATION_POLICY=disable\n"),
+            "{}",
+            r.limits_file.content
+        );
+        assert!(!r.limits_file.content.contains("OVERSUBSCRIBE"));
+    }
+
+    #[test]
+    fn the_limits_file_is_written_new_read_only_and_never_through_a_link() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = settings();
+        s.hook_path = dir.path().to_str().unwrap().to_owned();
+        let r = container_response(&[dev("GPU-aaa", 1024, 30)], &target(false), &s).unwrap();
+        std::fs::create_dir_all(&r.cache_dir).unwrap();
+        write_limits_file(&r.limits_file).unwrap();
+        let m = std::fs::metadata(&r.limits_file.host_path).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o444);
+        // Owned by the plugin's user (root in the DaemonSet), like the directory it created.
+        assert_eq!(m.uid(), std::fs::metadata(dir.path()).unwrap().uid());
+        assert_eq!(
+            std::fs::read_to_string(&r.limits_file.host_path).unwrap(),
+            r.limits_file.content
+        );
+        assert!(
+            r.limits_file
+                .content
+                .contains("CUDA_DEVICE_MEMORY_LIMIT_0=1024m\n")
+        );
+        // An existing file or a planted symlink is an error, never followed or overwritten.
+        assert!(write_limits_file(&r.limits_file).is_err());
+        std::fs::remove_file(&r.limits_file.host_path).unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&victim, &r.limits_file.host_path).unwrap();
+        assert!(write_limits_file(&r.limits_file).is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
     }
 
     #[test]
