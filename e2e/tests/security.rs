@@ -1,0 +1,418 @@
+//! The chart's identities and a tenant attack the cluster; the API server must refuse every
+//! attempt (the admission policies of `charts/tessera/templates/admission/policies.yaml` and
+//! the chart's RBAC). Real nodes, the chart installed as docs/helm.md recommends. Writes that
+//! would disturb the cluster if they went through are server-side dry runs (admission policies
+//! run on dry runs too).
+
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tessera_e2e::node::NodeSpec;
+use tessera_e2e::real::{
+    self, ChartValues, NAMESPACE, PROBE_IMAGE, RealCluster, RealClusterOptions, RealNodeSpec,
+};
+use tessera_e2e::{Error, Result, eventually};
+
+const TENANT: &str = "team-a";
+const OTHER: &str = "team-b";
+const POLICY: &str = "Tessera admission policy";
+const GPU_NODE: &str = "a100-node";
+const OTHER_NODE: &str = "t4-node";
+
+fn dry() -> PatchParams {
+    PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    }
+}
+
+/// The chart's webhook refusing a forged annotation (it runs before the policies).
+const WEBHOOK: &str = "admission webhook \"vgpu.hami.io\" denied";
+
+/// The outcome must be a refusal by the API server (403 or 422) whose message names one of `by`
+/// (the chart's admission policies, its webhook); with `by` empty, RBAC's refusal too.
+fn refused<T>(what: &str, r: std::result::Result<T, kube::Error>, by: &[&str]) -> Result<()> {
+    match r {
+        Ok(_) => Err(Error::msg(format!("{what}: ALLOWED"))),
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {
+            if !by.is_empty() && !by.iter().any(|m| e.message.contains(m)) {
+                return Err(Error::msg(format!(
+                    "{what}: refused, but not by the policy: {} {}",
+                    e.code, e.message
+                )));
+            }
+            eprintln!("refused as expected: {what}: {} {}", e.code, e.message);
+            Ok(())
+        }
+        Err(e) => Err(Error::msg(format!("{what}: unexpected error {e}"))),
+    }
+}
+
+/// A kube client that authenticates with `token` (a copy of the admin kubeconfig with the
+/// token replaced).
+async fn client_with_token(c: &RealCluster, token: &str) -> Result<kube::Client> {
+    let text = std::fs::read_to_string(c.kubeconfig_admin())?;
+    let mut doc: Value = serde_yaml::from_str(&text)?;
+    let users = doc["users"]
+        .as_array_mut()
+        .ok_or_else(|| Error::msg("kubeconfig without users"))?;
+    for u in users {
+        u["user"] = json!({ "token": token });
+    }
+    let kc = kube::config::Kubeconfig::from_yaml(&serde_yaml::to_string(&doc)?)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await?;
+    Ok(kube::Client::try_from(cfg)?)
+}
+
+/// A token of the chart's service account `sa` from the TokenRequest API, bound to `pod` when
+/// given (then it carries the pod's node in its node claim).
+async fn sa_token(c: &RealCluster, sa: &str, pod: Option<&Pod>) -> Result<String> {
+    let mut spec = json!({"audiences": [], "expirationSeconds": 600});
+    if let Some(p) = pod {
+        spec["boundObjectRef"] = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "name": p.metadata.name, "uid": p.metadata.uid,
+        });
+    }
+    let req: TokenRequest = serde_json::from_value(json!({"spec": spec}))?;
+    let sas: Api<ServiceAccount> = Api::namespaced(c.admin().clone(), NAMESPACE);
+    let out: TokenRequest = sas
+        .create_subresource("token", sa, &PostParams::default(), &req)
+        .await?;
+    Ok(out.status.map(|s| s.token).unwrap_or_default())
+}
+
+#[test]
+fn real_nodes_chart_identities_and_tenants_cannot_forge_or_escalate() -> Result<()> {
+    real::run(2, |net| async move {
+        let c = RealCluster::start(
+            net,
+            RealClusterOptions {
+                name: "real-security".into(),
+                nodes: vec![
+                    RealNodeSpec::gpu(NodeSpec::uniform(
+                        GPU_NODE,
+                        2,
+                        "NVIDIA A100-SXM4-40GB",
+                        40960,
+                    )),
+                    RealNodeSpec::gpu(NodeSpec::uniform(OTHER_NODE, 1, "Tesla T4", 15360)),
+                ],
+                chart: ChartValues::Recommended(Vec::new()),
+            },
+        )
+        .await?;
+        if let Err(e) = attacks(&c).await {
+            panic!(
+                "{e}\n{}\n{}",
+                c.describe_pods(TENANT).await,
+                c.describe_pods(NAMESPACE).await
+            );
+        }
+        Ok(())
+    })
+}
+
+async fn attacks(c: &RealCluster) -> Result<()> {
+    c.tenant_namespace(TENANT).await?;
+    c.tenant_namespace(OTHER).await?;
+
+    // A running GPU pod with its booking: the victim of every attack.
+    let victim: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "victim", "namespace": TENANT},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {"kubernetes.io/hostname": GPU_NODE},
+            "containers": [{
+                "name": "main", "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "sleep 3600"],
+                "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}},
+            }],
+        },
+    }))?;
+    let user_pods: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
+    user_pods.create(&PostParams::default(), &victim).await?;
+    let admin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    let victim = eventually(
+        "the victim pod to run with its booking",
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+        || async {
+            admin_pods
+                .get_opt("victim")
+                .await
+                .ok()
+                .flatten()
+                .filter(|p| {
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                        && p.metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get("hami.io/bind-phase"))
+                            .is_some_and(|v| v == "success")
+                })
+        },
+    )
+    .await?;
+    let booked = victim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("hami.io/vgpu-devices-allocated"))
+        .cloned()
+        .ok_or_else(|| Error::msg("victim has no vgpu-devices-allocated"))?;
+
+    // The chart's identities, with tokens from the TokenRequest API.
+    let plugin_sa = "tessera-device-plugin";
+    let scheduler_sa = "tessera-scheduler";
+    let plugin_pod = Api::<Pod>::namespaced(c.admin().clone(), NAMESPACE)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=device-plugin"))
+        .await?
+        .items
+        .into_iter()
+        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(GPU_NODE))
+        .ok_or_else(|| Error::msg("no device plugin pod on the GPU node"))?;
+    let plugin = client_with_token(c, &sa_token(c, plugin_sa, Some(&plugin_pod)).await?).await?;
+    let plugin_unbound = client_with_token(c, &sa_token(c, plugin_sa, None).await?).await?;
+    let scheduler = client_with_token(c, &sa_token(c, scheduler_sa, None).await?).await?;
+
+    let image_patch = Patch::Strategic(
+        json!({"spec": {"containers": [{"name": "main", "image": "evil:latest"}]}}),
+    );
+    let taint = Patch::Merge(json!({"spec": {"taints": [{"key": "evil", "effect": "NoExecute"}]}}));
+
+    // Positive control: the plugin may still annotate its own node (dry run).
+    Api::<Node>::all(plugin.clone())
+        .patch(
+            GPU_NODE,
+            &dry(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"hami.io/node-nvidia-register": "[]"}}}),
+            ),
+        )
+        .await
+        .map_err(|e| Error::msg(format!("the plugin cannot annotate its own node: {e}")))?;
+
+    // 1. The plugin's identity.
+    refused(
+        "plugin: patch a tenant pod's image",
+        Api::<Pod>::namespaced(plugin.clone(), TENANT)
+            .patch("victim", &dry(), &image_patch)
+            .await,
+        &[POLICY],
+    )?;
+    refused(
+        "plugin: taint its own node NoExecute",
+        Api::<Node>::all(plugin.clone())
+            .patch(GPU_NODE, &dry(), &taint)
+            .await,
+        &[POLICY],
+    )?;
+    refused(
+        "plugin: annotate a node that is not its own",
+        Api::<Node>::all(plugin.clone())
+            .patch(
+                OTHER_NODE,
+                &dry(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"hami.io/node-nvidia-register": "[]"}}}),
+                ),
+            )
+            .await,
+        &[POLICY],
+    )?;
+    refused(
+        "plugin: relabel its own node",
+        Api::<Node>::all(plugin.clone())
+            .patch(
+                GPU_NODE,
+                &dry(),
+                &Patch::Merge(json!({"metadata": {"labels": {"gpu": "off"}}})),
+            )
+            .await,
+        &[POLICY],
+    )?;
+    refused(
+        "plugin, token without a node claim: annotate its node",
+        Api::<Node>::all(plugin_unbound.clone())
+            .patch(
+                GPU_NODE,
+                &dry(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"hami.io/node-nvidia-register": "[]"}}}),
+                ),
+            )
+            .await,
+        &[POLICY],
+    )?;
+
+    // 2. The scheduler's identity (kube-scheduler shares it).
+    refused(
+        "scheduler: patch a tenant pod's image",
+        Api::<Pod>::namespaced(scheduler.clone(), TENANT)
+            .patch("victim", &dry(), &image_patch)
+            .await,
+        &[POLICY],
+    )?;
+    refused(
+        "scheduler: relabel a tenant pod",
+        Api::<Pod>::namespaced(scheduler.clone(), TENANT)
+            .patch(
+                "victim",
+                &dry(),
+                &Patch::Merge(json!({"metadata": {"labels": {"app": "evil"}}})),
+            )
+            .await,
+        &[POLICY],
+    )?;
+    // RBAC: the scheduler has no node writes at all.
+    refused(
+        "scheduler: taint a node NoExecute",
+        Api::<Node>::all(scheduler.clone())
+            .patch(GPU_NODE, &dry(), &taint)
+            .await,
+        &[],
+    )?;
+
+    // 3. The tenant, skipping the webhook with its label.
+    let forged: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": "forged", "namespace": TENANT,
+            "labels": {"hami.io/webhook": "ignore"},
+            "annotations": {
+                "hami.io/bind-phase": "allocating",
+                "hami.io/vgpu-node": GPU_NODE,
+                "hami.io/vgpu-devices-to-allocate": booked,
+                "hami.io/vgpu-devices-allocated": booked,
+            },
+        },
+        "spec": {
+            "nodeName": GPU_NODE,
+            "schedulerName": "hami-scheduler",
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "main", "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "sleep 3600"],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            }],
+        },
+    }))?;
+    refused(
+        "tenant: create a pod with hami.io/webhook=ignore and a forged booking",
+        user_pods
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..PostParams::default()
+                },
+                &forged,
+            )
+            .await,
+        &[POLICY],
+    )?;
+    let strip = Patch::Merge(
+        json!({"metadata": {"annotations": {"hami.io/vgpu-devices-allocated": null}}}),
+    );
+    refused(
+        "tenant: remove vgpu-devices-allocated from a running pod",
+        user_pods.patch("victim", &dry(), &strip).await,
+        &[POLICY, WEBHOOK],
+    )?;
+    user_pods
+        .patch(
+            "victim",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"hami.io/webhook": "ignore"}}})),
+        )
+        .await?;
+    refused(
+        "tenant: remove vgpu-devices-allocated from a running pod labelled hami.io/webhook=ignore",
+        user_pods.patch("victim", &dry(), &strip).await,
+        &[POLICY],
+    )?;
+    refused(
+        "tenant: rewrite bind-phase on a labelled pod",
+        user_pods
+            .patch(
+                "victim",
+                &dry(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"hami.io/bind-phase": "allocating"}}}),
+                ),
+            )
+            .await,
+        &[POLICY],
+    )?;
+
+    // pods/status: give the tenant the right to write it, so the refusal is the policy's.
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "pod-status-writer", "namespace": TENANT},
+        "rules": [{"apiGroups": [""], "resources": ["pods/status"], "verbs": ["get", "patch", "update"]}],
+    }))?;
+    Api::<Role>::namespaced(c.admin().clone(), TENANT)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let rb: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "pod-status-writer", "namespace": TENANT},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-status-writer"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": real::USER}],
+    }))?;
+    Api::<RoleBinding>::namespaced(c.admin().clone(), TENANT)
+        .create(&PostParams::default(), &rb)
+        .await?;
+    let status_strip = Patch::Merge(json!({"metadata": {"annotations": {
+        "hami.io/vgpu-devices-allocated": null,
+        "hami.io/vgpu-devices-to-allocate": booked,
+        "hami.io/bind-phase": "allocating",
+    }}}));
+    let status_result = eventually(
+        "the tenant's pods/status right to take effect",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            match user_pods
+                .patch_status("victim", &dry(), &status_strip)
+                .await
+            {
+                Err(kube::Error::Api(e)) if e.code == 403 && !e.message.contains(POLICY) => None,
+                r => Some(r),
+            }
+        },
+    )
+    .await?;
+    refused(
+        "tenant with pods/status rights: rewrite the booking through pods/status",
+        status_result,
+        &[POLICY],
+    )?;
+
+    // Nothing changed on the victim.
+    let after = admin_pods.get("victim").await?;
+    let ann = after.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        ann.get("hami.io/vgpu-devices-allocated"),
+        Some(&booked),
+        "booking intact"
+    );
+    assert_eq!(
+        ann.get("hami.io/bind-phase").map(String::as_str),
+        Some("success")
+    );
+    assert_eq!(
+        after
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.as_deref()),
+        Some(PROBE_IMAGE)
+    );
+    Ok(())
+}
