@@ -282,6 +282,30 @@ expect_not "no wildcard RBAC" "$D" "verbs: \\[.*\\*|resources: \\[.*\\*|apiGroup
 expect_not "no cluster-admin" "$D" 'name: cluster-admin'
 expect_count "lease access limited to the two Leases" "$D" "^      - $RELEASE-(scheduler-extender|kube-scheduler)\$" 2
 
+# Admission policies (templates/admission/policies.yaml): enforced by the API server, no selector.
+expect_count "three ValidatingAdmissionPolicies" "$D" '^kind: ValidatingAdmissionPolicy$' 3
+expect_count "each bound with Deny" "$D" '^  validationActions: \[Deny\]$' 3
+expect_count "policies fail closed" "$D" '^  failurePolicy: Fail$' 3
+expect "booking policy covers pods and pods/status" "$D" '^        resources: \[pods, pods/status\]$'
+expect "booking policy trusts only the chart's two identities" "$D" "^        !\\(request.userInfo.username in \\['system:serviceaccount:$NAMESPACE:$RELEASE-scheduler', 'system:serviceaccount:$NAMESPACE:$RELEASE-device-plugin'\\]\\)\$"
+expect "plugin policy reads the token's node claim" "$D" "authentication.kubernetes.io/node-name"
+# Every key hami-contract lists as scheduler-owned is protected by the booking policy.
+owned_names=$(awk '/^pub const SCHEDULER_OWNED/ {on=1; next} on && /^\];/ {exit} on {gsub(/[ ,]/, ""); print}' "$ROOT/hami-contract/src/annotations.rs")
+for name in $owned_names; do
+	key=$(sed -nE "s/^pub const $name: &str = \"([^\"]+)\";$/\1/p" "$ROOT/hami-contract/src/annotations.rs")
+	expect "booking policy protects $key" "$D" "k in \\[[^]]*'$key'"
+done
+expect_not "no /tmp/vgpulock mount" "$D" 'vgpulock'
+expect_not "hook containers directory is not world-writable" "$D" 'chmod 0?777'
+expect "device plugin serves the GPU scheduler's pods only" "$D" '^            - --scheduler-name=hami-scheduler$'
+if awk '/^kind: ClusterRole$/ {r=1} r && /^  name: / {n=$2} /^---/ {r=0; n=""} r && n ~ /-scheduler$/ && /resources: \[nodes\]/ {getline; print}' "$D" | grep -q patch; then
+	fail "the scheduler's ClusterRole must not patch nodes"
+else
+	pass "the scheduler's ClusterRole cannot patch nodes"
+fi
+render "$WORK/trusted.yaml" --set 'admissionPolicy.additionalTrustedUsers[0]=system:serviceaccount:kube-system:hami-device-plugin'
+expect "additionalTrustedUsers extend the booking policy" "$WORK/trusted.yaml" "'system:serviceaccount:kube-system:hami-device-plugin'\\]\\)\$"
+
 # kube-scheduler's Helm-generated client certificate must chain to the CA the extender trusts and
 # carry the clientAuth usage (rustls/webpki refuses a client certificate without it).
 if command -v openssl >/dev/null 2>&1; then
