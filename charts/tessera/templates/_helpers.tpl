@@ -227,4 +227,9 @@ imagePullSecrets:
 {{/* The service account usernames of the chart's own components (trusted by the webhook). */}}
 {{- define "tessera.trustedUsers" -}}
 {{- printf "system:serviceaccount:%s:%s,system:serviceaccount:%s:%s" .Release.Namespace (include "tessera.scheduler" .) .Release.Namespace (include "tessera.devicePlugin" .) -}}
+{{- /* The admission policy's extra identities are trusted by the webhook too, so the two
+       never disagree (a mixed cluster's HAMi plugin must pass both). */ -}}
+{{- range (.Values.admissionPolicy | default dict).additionalTrustedUsers | default list -}}
+{{- printf ",%s" . -}}
+{{- end -}}
 {{- end -}}
