@@ -415,6 +415,22 @@ impl RealCluster {
             _net: net,
         };
         let started = async {
+            // kube-controller-manager exits at once if it cannot read the authentication
+            // ConfigMap; the RoleBinding that lets it is among the API server's bootstrap RBAC,
+            // created a moment after it serves (a real control plane's kubelet would restart it).
+            let rbs: Api<RoleBinding> = Api::namespaced(cluster.admin.clone(), "kube-system");
+            eventually(
+                "the API server's bootstrap RBAC",
+                Duration::from_secs(60),
+                Duration::from_millis(200),
+                || async {
+                    rbs.get_opt("system::extension-apiserver-authentication-reader")
+                        .await
+                        .ok()
+                        .flatten()
+                },
+            )
+            .await?;
             cluster.controller_manager = Some(start_controller_manager(artifacts, &dir, &kcm_kc)?);
             cluster.kube_scheduler = Some(start_kube_scheduler(artifacts, &dir, &sched_kc)?);
             // The ServiceAccount admission plugin needs each namespace's `default` account, which
