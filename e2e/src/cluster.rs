@@ -137,14 +137,19 @@ pub(crate) async fn client_for(path: &Path) -> Result<kube::Client> {
 
 /// A plain-HTTP GET on loopback (etcd's /health, the daemons' /metrics).
 pub async fn http_get(port: u16, path: &str) -> Option<String> {
+    http_get_at("127.0.0.1", port, path).await
+}
+
+/// A plain-HTTP GET (health and metrics endpoints); `None` unless it answers 200.
+pub async fn http_get_at(host: &str, port: u16, path: &str) -> Option<String> {
     let mut s = tokio::time::timeout(
         Duration::from_secs(2),
-        tokio::net::TcpStream::connect(("127.0.0.1", port)),
+        tokio::net::TcpStream::connect((host, port)),
     )
     .await
     .ok()?
     .ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.ok()?;
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
@@ -659,19 +664,7 @@ impl Cluster {
 
     /// The last lines of every log, for a failure message.
     pub fn logs_tail(&self, n: usize) -> String {
-        let mut out = String::new();
-        if let Ok(rd) = std::fs::read_dir(self.dir.join("logs")) {
-            let mut paths: Vec<_> = rd.flatten().map(|e| e.path()).collect();
-            paths.sort();
-            for p in paths {
-                out.push_str(&format!(
-                    "==> {} <==\n{}\n",
-                    p.display(),
-                    crate::process::tail(&p, n)
-                ));
-            }
-        }
-        out
+        crate::process::tail_all(&self.dir.join("logs"), n)
     }
 }
 

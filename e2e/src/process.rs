@@ -81,6 +81,19 @@ impl Drop for Proc {
     }
 }
 
+/// The last `n` lines of every log file in `dir`, each under its name, for failure messages.
+pub fn tail_all(dir: &Path, n: usize) -> String {
+    let mut out = String::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        let mut paths: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for p in paths {
+            out.push_str(&format!("==> {} <==\n{}\n", p.display(), tail(&p, n)));
+        }
+    }
+    out
+}
+
 pub fn tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();

@@ -26,7 +26,7 @@ use serde_json::json;
 
 use crate::artifacts::{Artifacts, artifacts};
 use crate::certs::{Pki, service_account_key};
-use crate::cluster::{client_for, start_etcd, token, wait_apiserver};
+use crate::cluster::{client_for, http_get_at, start_etcd, token, wait_apiserver};
 use crate::netns::{self, ClusterNetwork};
 use crate::node::NodeSpec;
 use crate::process::{Proc, free_port};
@@ -872,42 +872,8 @@ impl RealCluster {
 
     /// The last lines of every log, for a failure message.
     pub fn logs_tail(&self, n: usize) -> String {
-        let mut out = String::new();
-        if let Ok(rd) = std::fs::read_dir(self.dir.join("logs")) {
-            let mut paths: Vec<_> = rd.flatten().map(|e| e.path()).collect();
-            paths.sort();
-            for p in paths {
-                out.push_str(&format!(
-                    "==> {} <==\n{}\n",
-                    p.display(),
-                    crate::process::tail(&p, n)
-                ));
-            }
-        }
-        out
+        crate::process::tail_all(&self.dir.join("logs"), n)
     }
-}
-
-/// A plain-HTTP GET (metrics endpoints); `None` unless it answers 200.
-pub async fn http_get_at(host: &str, port: u16, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::time::timeout(
-        Duration::from_secs(2),
-        tokio::net::TcpStream::connect((host, port)),
-    )
-    .await
-    .ok()?
-    .ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.ok()?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
-        .await
-        .ok()?
-        .ok()?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
 }
 
 /// The images every node imports, built (or reused) from the workspace's outputs: the pause
