@@ -103,11 +103,7 @@ impl Drop for Cluster {
         self.scheduler_pods.clear();
         self.apiserver = None;
         self.etcd.kill();
-        if self.keep || std::thread::panicking() || std::env::var_os("TESSERA_E2E_KEEP").is_some() {
-            eprintln!("e2e: logs and state kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        crate::process::keep_or_remove_run_dir(&self.dir, self.keep);
     }
 }
 

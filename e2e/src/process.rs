@@ -81,6 +81,16 @@ impl Drop for Proc {
     }
 }
 
+/// At a cluster's end: keeps its run directory when asked (`keep`, a panicking test, or
+/// `TESSERA_E2E_KEEP`) and says where, else removes it.
+pub fn keep_or_remove_run_dir(dir: &Path, keep: bool) {
+    if keep || std::thread::panicking() || std::env::var_os("TESSERA_E2E_KEEP").is_some() {
+        eprintln!("e2e: logs and state kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 /// The last `n` lines of every log file in `dir`, each under its name, for failure messages.
 pub fn tail_all(dir: &Path, n: usize) -> String {
     let mut out = String::new();
