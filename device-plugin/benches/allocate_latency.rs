@@ -16,9 +16,8 @@ use tessera_device_plugin::allocator::{
 use tessera_device_plugin::container_env::ResponseSettings;
 use tessera_device_plugin::identity::{ContainerSpec, PodSnapshot};
 
-#[path = "../../bench/results.rs"]
-mod results;
 use results::{Csv, Row, Stats};
+use tessera_bench_results as results;
 
 #[derive(Clone, Default)]
 struct MemoryApi {

@@ -27,9 +27,8 @@ use tessera_e2e::cluster::{Cluster, ClusterOptions, SCHEDULER_USER};
 use tessera_e2e::node::NodeSpec;
 use tessera_e2e::process::Proc;
 
-#[path = "../../bench/results.rs"]
-mod results;
 use results::{Csv, Row, Stats};
+use tessera_bench_results as results;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 

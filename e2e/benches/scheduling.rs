@@ -43,9 +43,8 @@ use serde_json::json;
 use tessera_e2e::cluster::{Cluster, ClusterOptions, DEVICE_PLUGIN_USER};
 use tessera_e2e::node::NodeSpec;
 
-#[path = "../../bench/results.rs"]
-mod results;
 use results::{Csv, Row, Stats};
+use tessera_bench_results as results;
 
 const A100: &str = "NVIDIA A100-SXM4-40GB";
 const A100_MIB: u64 = 40960;

@@ -18,9 +18,8 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Instant;
 
-#[path = "../../bench/results.rs"]
-mod results;
 use results::{Csv, Row, Stats};
+use tessera_bench_results as results;
 
 fn bench_binary() -> std::path::PathBuf {
     let a = common::artifacts();

@@ -3,8 +3,7 @@
 
 mod common;
 
-#[path = "../../bench/results.rs"]
-mod results;
+use tessera_bench_results as results;
 
 #[allow(dead_code, clippy::all)]
 #[path = "../../test-support/fake-nvml/src/gpu_state.rs"]

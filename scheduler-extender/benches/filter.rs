@@ -14,9 +14,8 @@ use tessera_scheduler::decide::DecisionConfig;
 use tessera_scheduler::engine::{Engine, Observation};
 use tessera_scheduler::testing::{gpu_node, gpu_pod, running_pod};
 
-#[path = "../../bench/results.rs"]
-mod results;
 use results::{Csv, Row, Stats};
+use tessera_bench_results as results;
 
 fn cluster(nodes: usize) -> (Engine, Vec<String>) {
     cluster_with(nodes, 1)

@@ -30,9 +30,8 @@ use tessera_scheduler::http::{App, Auth, router};
 use tessera_scheduler::metrics::Metrics;
 use tessera_scheduler::testing::{FakeEdge, gpu_node, gpu_pod, running_pod};
 
-#[path = "../../bench/results.rs"]
-mod results;
 use results::{Csv, Row, Stats};
+use tessera_bench_results as results;
 
 fn observations(nodes: usize, pods_per_node: usize) -> (Vec<Observation>, Vec<String>) {
     let mut obs = Vec::with_capacity(nodes * (pods_per_node + 1));

@@ -30,9 +30,8 @@ use tessera_scheduler::state::{NodeRecord, slim_node, slim_pod};
 use tessera_scheduler::testing::gpu_pod;
 use tessera_scheduler::webhook::{self, WebhookConfig};
 
-#[path = "../../bench/results.rs"]
-mod results;
 use results::{Csv, Row, Stats};
+use tessera_bench_results as results;
 
 const GPUS_PER_NODE: usize = 8;
 

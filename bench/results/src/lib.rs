@@ -1,5 +1,5 @@
-//! Machine-readable results, shared by every benchmark that `bench/run.sh` runs (included with
-//! `#[path = ".../bench/results.rs"] mod results;`, so no crate depends on another for it).
+//! Machine-readable results, shared by every benchmark that `bench/run.sh` runs (a
+//! dev-dependency of each crate with benchmarks; never shipped).
 //!
 //! When `TESSERA_BENCH_CSV_DIR` is set, [`Csv::open`] appends rows to `<dir>/<bench>.csv` (the
 //! header is written when the file is new), with the commit and machine the runner puts in
@@ -11,8 +11,6 @@
 //! `median`/`p99`/`min`/`max` are over `n` samples (or over `n` rounds where a round gives one
 //! figure); `baseline` is the same measure without the component under test, taken in the same
 //! run, and `ratio` is `median / baseline`.
-
-#![allow(dead_code)]
 
 use std::io::Write;
 use std::path::PathBuf;

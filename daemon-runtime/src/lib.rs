@@ -1,0 +1,1 @@
+//! What both Tessera daemons share at run time.

@@ -1,0 +1,1 @@
+//! The scheduler extender's decision logic, with no I/O.
