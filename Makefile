@@ -1,12 +1,18 @@
 # The README's two commands live here so that CI (.ci/run) and users run the same thing.
 .PHONY: demo simulate test lint unit chart e2e build musl bench bench-quick fuzz-smoke
 
-# A local cluster (etcd, kube-apiserver, kube-scheduler from their Go modules; Tessera; three
-# simulated GPU nodes), the pods of examples/demo/pods.yaml, and a table of where each went and
-# why the others wait. Ctrl-C cleans up. The first run builds the control plane (~17 minutes on
-# two cores, cached in ~/.cache/tessera) and helm (~5 minutes).
+# A local cluster on real nodes (root): etcd, kube-apiserver, kube-controller-manager and
+# kube-scheduler built from their Go modules, three nodes with simulated GPUs of three models, each
+# a kubelet with its own containerd (e2e/node-tools.sh installs Debian's containerd, runc and CNI
+# plugins once), Tessera installed with `helm install`; then the pods of examples/demo/pods.yaml in
+# file order, a table of where each went and why the others wait, and what each placed pod sees
+# inside. Ctrl-C stops and removes everything. It runs the tessera-demo that `build` made (a
+# `cargo run -p tessera-e2e` would compile the workspace a second time, with that package's
+# features). On a fresh machine the first run also builds the control plane (~18 minutes on two
+# cores), helm (~5 minutes) and the node images, all cached; later runs take about a minute.
 demo: build
-	cargo run --locked -q -p tessera-e2e --bin tessera-demo -- -f examples/demo/pods.yaml
+	./e2e/node-tools.sh >/dev/null
+	"$${CARGO_TARGET_DIR:-target}/debug/tessera-demo" -f examples/demo/pods.yaml
 
 # The same fit/score code offline: places examples/simulate/cluster.yaml's pending pods.
 simulate:

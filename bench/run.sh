@@ -68,6 +68,7 @@ STEPS=(
     "shim_overhead|cargo bench --locked -q -p libvgpu-shim --bench overhead"
     "shim_limiter|cargo test --locked -q --release -p libvgpu-shim --test limiter -- --nocapture"
     "scheduling|cargo bench --locked -q -p tessera-e2e --bench scheduling"
+    "real_burst|cargo bench --locked -q -p tessera-e2e --bench real_burst"
 )
 # The CSV each step writes (memory_scale appends to memory.csv).
 csv_of() {

@@ -1,1 +1,21 @@
-//! What both Tessera daemons share at run time.
+//! What both Tessera daemons share at run time:
+//!
+//! - [`logging`]: the `--log-format` and klog verbosity flags (`-v N`, `--v N`, `--debug`) as a
+//!   `clap::Args` struct to flatten, and the `tracing` subscriber they configure;
+//! - [`shutdown`]: SIGTERM / SIGINT as a [`CancellationToken`];
+//! - [`task`]: named background and periodic tasks, each in a `tracing` span named after it,
+//!   stopping on shutdown and logging failures with their whole error chain;
+//! - [`DisplayChain`]: an error and its causes on one line, for logs.
+
+pub mod chain;
+pub mod logging;
+pub mod shutdown;
+pub mod task;
+
+pub use chain::DisplayChain;
+pub use logging::{LogArgs, LogFormat, LoggingError, Verbosity};
+pub use shutdown::{
+    ShutdownSignal, cancel_on_signals, shutdown_on_signals, wait_for_shutdown_signal,
+};
+pub use task::{Schedule, TaskOutcome, spawn_periodic, spawn_task, task_span};
+pub use tokio_util::sync::CancellationToken;

@@ -4,16 +4,19 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use hami_contract::annotations as keys;
-use hami_contract::devices::PodDevices;
+use hami_contract::devices::{DeviceListError, PodDevices};
 use kubelet_proto::deviceplugin::v1beta1 as dp;
+use tessera_runtime::{DisplayChain, spawn_task};
 use tokio::sync::Mutex;
+// Deadlines on tokio's clock: the budget follows `tokio::time` (paused in tests), not the wall.
+use tokio::time::Instant;
 
 use crate::container_env::{
-    ContainerResponse, ContainerTarget, ResponseSettings, container_response,
+    ContainerResponse, ContainerTarget, ResponseError, ResponseSettings, container_response,
 };
 use crate::gpu::physical_uuid;
 use crate::identity::{
@@ -22,10 +25,32 @@ use crate::identity::{
 };
 use crate::metrics::PluginMetrics;
 
-/// An error from an I/O edge (apiserver, kubelet socket).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct EdgeError(pub String);
+/// Why a call to an I/O edge (the apiserver, the kubelet's pod-resources socket) failed. The
+/// cause stays the error's source: log it with [`DisplayChain`].
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    /// An apiserver request failed; `what` says which (`cannot patch pod ns/name`).
+    #[error("{what}")]
+    Kube {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The kubelet's socket could not be reached.
+    #[error(transparent)]
+    Kubelet(#[from] crate::kubelet::KubeletError),
+    /// The kubelet answered pod-resources `List` with an error.
+    #[error("pod-resources List failed")]
+    PodResourcesList(#[source] tonic::Status),
+}
+
+impl EdgeError {
+    /// For `map_err`: an apiserver error while doing `what`.
+    pub fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> EdgeError {
+        let what = what.into();
+        move |source| EdgeError::Kube { what, source }
+    }
+}
 
 /// The node's pods, as the informer has them and (bounded) fresh from the apiserver.
 pub trait PodSource: Send + Sync + 'static {
@@ -55,7 +80,7 @@ pub trait PodPatcher: Send + Sync + 'static {
 }
 
 /// The kubelet's pod-resources `List`; `Ok(None)` when the kubelet does not serve it.
-pub trait PodResourcesSource: Send + Sync + 'static {
+pub trait PodResourcesSource: Send + Sync + std::fmt::Debug + 'static {
     fn list(&self) -> BoxFuture<'_, Result<Option<PodResourcesView>, EdgeError>>;
 }
 
@@ -69,23 +94,42 @@ impl PodResourcesSource for NoPodResources {
     }
 }
 
-/// Why an `Allocate` failed; the message reaches the pod's events through the kubelet.
+/// Why an `Allocate` failed. The kubelet puts the message in the pod's events: the gRPC status
+/// carries the whole chain ([`DisplayChain`]), e.g. `tessera: cannot create the container cache
+/// directory /x: Permission denied (os error 13)`.
 #[derive(Debug, thiserror::Error)]
 pub enum AllocateError {
     #[error("tessera: {0}")]
     Identity(#[from] IdentityError),
     #[error("tessera: pod {pod} asks for GPU {uuid}, which this node does not manage")]
     UnknownGpu { pod: String, uuid: String },
-    #[error("tessera: pod {pod} container {container}: {reason}")]
+    #[error("tessera: pod {pod} container {container}")]
     Response {
         pod: String,
         container: String,
-        reason: String,
+        #[source]
+        source: ResponseError,
     },
-    #[error("tessera: cannot create the container cache directory {dir}: {reason}")]
-    CacheDir { dir: String, reason: String },
-    #[error("tessera: cannot record the allocation of pod {pod}: {reason}")]
-    Patch { pod: String, reason: String },
+    #[error("tessera: cannot create the container cache directory {dir}")]
+    CacheDir {
+        dir: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "tessera: cannot record the allocation of pod {pod}: its hami.io/vgpu-devices-to-allocate is unreadable"
+    )]
+    Entries {
+        pod: String,
+        #[source]
+        source: DeviceListError,
+    },
+    #[error("tessera: cannot record the allocation of pod {pod}")]
+    Patch {
+        pod: String,
+        #[source]
+        source: EdgeError,
+    },
     #[error(
         "tessera: allocation did not finish within {0:?}; refusing rather than stalling the kubelet"
     )]
@@ -164,7 +208,7 @@ impl Allocator {
         match tokio::time::timeout(self.pod_resources_budget, self.pod_resources.list()).await {
             Ok(Ok(view)) => view,
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "pod-resources List failed; identifying without it");
+                tracing::warn!(error = %DisplayChain(&e), "pod-resources List failed; identifying without it");
                 None
             }
             Err(_) => {
@@ -205,7 +249,7 @@ impl Allocator {
         let fresh = match tokio::time::timeout(remaining, self.pods.fresh()).await {
             Ok(Ok(pods)) => pods,
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "fresh pod list failed; answering from the cache");
+                tracing::warn!(error = %DisplayChain(&e), "fresh pod list failed; answering from the cache");
                 return Err(first_err);
             }
             Err(_) => return Err(first_err),
@@ -285,7 +329,7 @@ impl Allocator {
             .build_and_record(ledger, creq, &choice, &pods, deadline)
             .await;
         if let Err(e) = &result {
-            tracing::warn!(pod = %pod_key, error = %e, "Allocate failed; marking bind-phase failed");
+            tracing::warn!(pod = %pod_key, error = %DisplayChain(e), "Allocate failed; marking bind-phase failed");
             let patcher = self.patcher.clone();
             let (ns, name, uid) = (
                 choice.namespace.clone(),
@@ -294,25 +338,27 @@ impl Allocator {
             );
             // Best effort and off the kubelet's path: the call already fails closed. The UID
             // precondition keeps this delayed patch off a recreated pod of the same name.
-            tokio::spawn(async move {
+            spawn_task("mark-bind-phase-failed", async move {
                 let mut ann = BTreeMap::new();
                 ann.insert(
                     keys::BIND_PHASE.to_owned(),
                     keys::BIND_PHASE_FAILED.to_owned(),
                 );
                 let patch = tokio::time::timeout(
-                    Duration::from_secs(10),
+                    BACKGROUND_PATCH_TIMEOUT,
                     patcher.patch_pod_annotations(&ns, &name, &uid, ann),
                 )
                 .await;
-                if !matches!(patch, Ok(Ok(()))) {
-                    tracing::warn!(pod = %format!("{ns}/{name}"), "could not mark bind-phase failed");
+                match patch {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(pod = %format!("{ns}/{name}"), error = %DisplayChain(&e), "could not mark bind-phase failed")
+                    }
+                    Err(_) => {
+                        tracing::warn!(pod = %format!("{ns}/{name}"), "could not mark bind-phase failed: timed out")
+                    }
                 }
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(10),
-                    patcher.release_hami_lock(&ns, &name),
-                )
-                .await;
+                release_lock(patcher.as_ref(), &ns, &name).await;
             });
         }
         result
@@ -359,19 +405,19 @@ impl Allocator {
             cache_id: uuid::Uuid::new_v4().to_string(),
         };
         let response =
-            container_response(&choice.devices, &target, &self.settings).map_err(|e| {
+            container_response(&choice.devices, &target, &self.settings).map_err(|source| {
                 AllocateError::Response {
                     pod: pod_key.clone(),
                     container: choice.container.name.clone(),
-                    reason: e.to_string(),
+                    source,
                 }
             })?;
         prepare_cache_dir(&response.cache_dir)?;
         // The limits the shim trusts over the container's environment (container_env.rs).
-        crate::container_env::write_limits_file(&response.limits_file).map_err(|e| {
+        crate::container_env::write_limits_file(&response.limits_file).map_err(|source| {
             AllocateError::CacheDir {
                 dir: response.limits_file.host_path.clone(),
-                reason: e.to_string(),
+                source,
             }
         })?;
 
@@ -383,9 +429,9 @@ impl Allocator {
             .unwrap_or_default();
         let mut served: BTreeSet<usize> = ledger.served(&choice.uid).cloned().unwrap_or_default();
         served.insert(choice.entry_index);
-        let emptied = empty_entries(current, &served).map_err(|reason| AllocateError::Patch {
+        let emptied = empty_entries(current, &served).map_err(|source| AllocateError::Entries {
             pod: pod_key.clone(),
-            reason,
+            source,
         })?;
         let mut ann = BTreeMap::new();
         ann.insert(keys::DEVICES_TO_ALLOCATE.to_owned(), emptied);
@@ -404,10 +450,10 @@ impl Allocator {
         .await
         {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => {
+            Ok(Err(source)) => {
                 return Err(AllocateError::Patch {
                     pod: pod_key,
-                    reason: e.0,
+                    source,
                 });
             }
             Err(_) => return Err(AllocateError::Timeout(self.budget)),
@@ -416,15 +462,8 @@ impl Allocator {
         if choice.entries_left == 0 {
             let patcher = self.patcher.clone();
             let (ns, name) = (choice.namespace.clone(), choice.name.clone());
-            tokio::spawn(async move {
-                if let Ok(Err(e)) = tokio::time::timeout(
-                    Duration::from_secs(10),
-                    patcher.release_hami_lock(&ns, &name),
-                )
-                .await
-                {
-                    tracing::debug!(error = %e, "HAMi node lock not released");
-                }
+            spawn_task("release-hami-lock", async move {
+                release_lock(patcher.as_ref(), &ns, &name).await;
             });
         }
         Ok(to_proto(response))
@@ -495,9 +534,26 @@ impl Allocator {
     }
 }
 
+/// How long a best-effort patch off the kubelet's path (bind-phase failed, lock release) may take.
+const BACKGROUND_PATCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Releases HAMi's node lock if it still names `ns/name`; best effort (HAMi's lock expires).
+async fn release_lock(patcher: &dyn PodPatcher, ns: &str, name: &str) {
+    match tokio::time::timeout(
+        BACKGROUND_PATCH_TIMEOUT,
+        patcher.release_hami_lock(ns, name),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %DisplayChain(&e), "HAMi node lock not released"),
+        Err(_) => tracing::debug!("HAMi node lock not released: timed out"),
+    }
+}
+
 fn log_rejections(rejected: &[crate::identity::PodRejection]) {
     for r in rejected {
-        tracing::warn!(reason = %r, "pod ignored by Allocate");
+        tracing::warn!(reason = %DisplayChain(r), "pod ignored by Allocate");
     }
 }
 
@@ -539,8 +595,8 @@ pub fn prefer_replicas(
 }
 
 /// Re-encodes a to-allocate value with the NVIDIA devices of `served` entries removed.
-pub fn empty_entries(current: &str, served: &BTreeSet<usize>) -> Result<String, String> {
-    let mut devices = PodDevices::decode(current).map_err(|e| e.to_string())?;
+pub fn empty_entries(current: &str, served: &BTreeSet<usize>) -> Result<String, DeviceListError> {
+    let mut devices = PodDevices::decode(current)?;
     for (i, entry) in devices.0.iter_mut().enumerate() {
         if served.contains(&i) {
             entry.retain(|d| d.vendor != hami_contract::NVIDIA_VENDOR);
@@ -550,9 +606,9 @@ pub fn empty_entries(current: &str, served: &BTreeSet<usize>) -> Result<String, 
 }
 
 fn prepare_cache_dir(dir: &str) -> Result<(), AllocateError> {
-    let err = |e: std::io::Error| AllocateError::CacheDir {
+    let err = |source: std::io::Error| AllocateError::CacheDir {
         dir: dir.to_owned(),
-        reason: e.to_string(),
+        source,
     };
     match std::fs::remove_dir_all(dir) {
         Ok(()) => {}
@@ -593,6 +649,7 @@ mod tests {
     use super::*;
 
     /// An apiserver that never answers and a cache that knows nothing.
+    #[derive(Debug)]
     struct Hanging;
 
     impl PodSource for Hanging {
@@ -628,24 +685,20 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn allocate_fails_within_its_budget_when_everything_hangs() {
-        let allocator = Allocator::new(
+    fn hanging_allocator() -> Allocator {
+        Allocator::new(
             "node-a".into(),
-            ResponseSettings {
-                hook_path: "/nonexistent".into(),
-                memory_scaling: 1.0,
-                lib_cuda_log_level: String::new(),
-                disable_core_limit: false,
-                shim_host_path: String::new(),
-                license_present: false,
-                cdi_devices: false,
-            },
+            crate::testing::response_settings(std::path::Path::new("/nonexistent")),
             Arc::default(),
             Arc::new(Hanging),
             Arc::new(Hanging),
             Arc::new(Hanging),
-        );
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn allocate_fails_within_its_budget_when_everything_hangs() {
+        let allocator = hanging_allocator();
         let started = tokio::time::Instant::now();
         let req = dp::AllocateRequest {
             container_requests: vec![dp::ContainerAllocateRequest {
@@ -676,6 +729,61 @@ mod tests {
             })
             .await;
         assert_eq!(pref.container_responses[0].device_i_ds.len(), 1);
+    }
+
+    /// The deadline is on tokio's clock: with the apiserver hanging, identification gives up on
+    /// the fresh read exactly at the deadline (after the 500 ms pod-resources budget) and
+    /// answers from the cache.
+    #[tokio::test(start_paused = true)]
+    async fn identify_gives_up_on_the_fresh_read_at_its_deadline() {
+        let allocator = hanging_allocator();
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(1200);
+        let err = allocator
+            .identify(&Ledger::default(), 1, false, deadline)
+            .await
+            .expect_err("nothing can be known");
+        assert_eq!(started.elapsed(), Duration::from_millis(1200));
+        assert_eq!(err, IdentityError::NoCandidate { count: 1 });
+    }
+
+    /// The same through `Allocate`: the call's own deadline (its budget) ends the fresh read, so
+    /// the kubelet gets the identity error, not the catch-all timeout, at exactly the budget.
+    #[tokio::test(start_paused = true)]
+    async fn allocate_answers_from_the_cache_at_its_deadline() {
+        let mut allocator = hanging_allocator();
+        allocator.budget = Duration::from_secs(1);
+        let started = Instant::now();
+        let err = allocator
+            .allocate(dp::AllocateRequest {
+                container_requests: vec![dp::ContainerAllocateRequest {
+                    devices_ids: vec!["GPU-a-0".into()],
+                }],
+            })
+            .await
+            .expect_err("nothing can be known");
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        assert!(
+            matches!(
+                err,
+                AllocateError::Identity(IdentityError::NoCandidate { count: 1 })
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn grpc_status_message_carries_the_cause() {
+        let e = AllocateError::CacheDir {
+            dir: "/x".into(),
+            source: std::io::Error::from_raw_os_error(libc::EACCES),
+        };
+        assert_eq!(
+            DisplayChain(&e).to_string(),
+            "tessera: cannot create the container cache directory /x: Permission denied (os error 13)"
+        );
+        let e = AllocateError::Identity(IdentityError::NoContinuingPod);
+        assert_eq!(DisplayChain(&e).to_string(), e.to_string(), "said once");
     }
 
     #[test]

@@ -2,20 +2,23 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
-use clap::{ArgAction, Parser, ValueEnum};
+use clap::{ArgAction, Parser};
+use tessera_runtime::LogArgs;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+use crate::daemon::Periods;
+
+/// The crates whose logs `-v`/`--debug` raise first.
+pub const OWN_CRATES: &[&str] = &["tessera_device_plugin", "hami_contract", "vgpu_region"];
 
 /// Tessera device plugin: advertises GPUs to the kubelet and HAMi's scheduler, and gives each
 /// container its scheduler-decided share through the HAMi-core shim.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "tessera-device-plugin", version)]
+// The plugin has always read `LOG_FORMAT` (not the runtime's `TESSERA_LOG_FORMAT`).
+#[command(mut_arg("log_format", |a| a.env("LOG_FORMAT")))]
 pub struct Cli {
     /// This node's name (the DaemonSet sets it from the downward API).
     #[arg(long, env = "NODE_NAME")]
@@ -55,30 +58,9 @@ pub struct Cli {
     /// sysfs root (NUMA nodes are read from `<root>/bus/pci/devices/<bus id>/numa_node`).
     #[arg(long, env = "SYSFS_ROOT", default_value = "/sys")]
     pub sysfs_root: PathBuf,
-    /// Log format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: LogFormat,
-    /// klog verbosity, as HAMi's chart passes it (`-v=4`, `--v 4`): 4 or more logs Tessera's own
-    /// crates at debug, 6 at trace, 8 everything at trace. An explicit RUST_LOG wins.
-    #[arg(
-        short = 'v',
-        long = "v",
-        env = "TESSERA_VERBOSITY",
-        value_name = "LEVEL"
-    )]
-    pub verbosity: Option<u8>,
-    /// HAMi's `--debug`: the same as `-v=4` (also `--debug=true|false`).
-    #[arg(
-        long,
-        env = "TESSERA_DEBUG",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        default_value = "false",
-        value_parser = BoolishValueParser::new()
-    )]
-    pub debug: bool,
+    /// `--log-format`, `-v`/`--v` (klog verbosity) and HAMi's `--debug`.
+    #[command(flatten)]
+    pub logging: LogArgs,
     /// NVIDIA's `--fail-on-init-error`: when NVML cannot be loaded or initialised, exit with an
     /// error (true), or log the cause once and idle, serving only /healthz and /metrics, until
     /// SIGTERM (false: no kubelet registration, no node annotation).
@@ -136,11 +118,16 @@ impl Cli {
     /// The log filter asked for by `-v`/`--debug`; `None` keeps the default. RUST_LOG wins.
     #[must_use]
     pub fn log_directive(&self) -> Option<String> {
-        hami_contract::verbosity::filter_directive(
-            self.verbosity,
-            self.debug,
-            &["tessera_device_plugin", "hami_contract", "vgpu_region"],
-        )
+        self.logging.directive(OWN_CRATES)
+    }
+
+    /// The daemon's periods: the defaults, with the node annotation's from the command line.
+    #[must_use]
+    pub fn periods(&self) -> Periods {
+        Periods {
+            annotation: Duration::from_secs(self.annotation_period_seconds.max(1)),
+            ..Periods::default()
+        }
     }
 }
 
@@ -166,8 +153,8 @@ mod tests {
             &["-v4"],
         ] {
             let cli = parse(form).unwrap_or_else(|e| panic!("{form:?}: {e}"));
-            assert_eq!(cli.verbosity, Some(4), "{form:?}");
-            assert!(!cli.debug);
+            assert_eq!(cli.logging.verbosity.verbosity, Some(4), "{form:?}");
+            assert!(!cli.logging.verbosity.debug);
             assert_eq!(
                 cli.log_directive().as_deref(),
                 Some("info,tessera_device_plugin=debug,hami_contract=debug,vgpu_region=debug")
@@ -182,15 +169,60 @@ mod tests {
     #[test]
     fn hami_debug_flag() {
         let cli = parse(&["--debug"]).expect("--debug");
-        assert!(cli.debug);
+        assert!(cli.logging.verbosity.debug);
         assert!(cli.log_directive().is_some());
-        assert!(parse(&["--debug=true"]).expect("=true").debug);
-        assert!(!parse(&["--debug=false"]).expect("=false").debug);
+        assert!(
+            parse(&["--debug=true"])
+                .expect("=true")
+                .logging
+                .verbosity
+                .debug
+        );
+        assert!(
+            !parse(&["--debug=false"])
+                .expect("=false")
+                .logging
+                .verbosity
+                .debug
+        );
         let none = parse(&[]).expect("no flags");
-        assert!(!none.debug);
-        assert_eq!(none.verbosity, None);
+        assert!(!none.logging.verbosity.debug);
+        assert_eq!(none.logging.verbosity.verbosity, None);
         assert_eq!(none.log_directive(), None);
         assert_eq!(parse(&["-v=2"]).expect("v2").log_directive(), None);
+    }
+
+    #[test]
+    fn env_names_the_chart_and_scripts_use() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let env_of = |id: &str| {
+            Cli::command()
+                .get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+        };
+        assert_eq!(env_of("log_format").as_deref(), Some("LOG_FORMAT"));
+        assert_eq!(env_of("verbosity").as_deref(), Some("TESSERA_VERBOSITY"));
+        assert_eq!(env_of("debug").as_deref(), Some("TESSERA_DEBUG"));
+        assert_eq!(env_of("node_name").as_deref(), Some("NODE_NAME"));
+        let json = parse(&["--log-format=json"]).expect("json");
+        assert_eq!(json.logging.log_format, tessera_runtime::LogFormat::Json);
+    }
+
+    #[test]
+    fn periods_are_todays_and_the_annotation_period_has_a_floor() {
+        let p = parse(&[]).expect("defaults").periods();
+        assert_eq!(p.annotation, Duration::from_secs(30));
+        assert_eq!(
+            p,
+            Periods {
+                annotation: Duration::from_secs(30),
+                ..Periods::default()
+            }
+        );
+        let zero = parse(&["--annotation-period-seconds", "0"]).expect("0");
+        assert_eq!(zero.periods().annotation, Duration::from_secs(1));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! caller supplies the clock and the probe result.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// XIDs that are application errors, not GPU faults (NVIDIA device plugin's default list).
 pub const DEFAULT_IGNORED_XIDS: &[u64] = &[13, 31, 43, 45, 68, 109];
@@ -37,16 +38,26 @@ impl Default for HealthPolicy {
     }
 }
 
+/// A `DP_DISABLE_HEALTHCHECKS` item that is neither `all`, `xids` nor an XID.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("DP_DISABLE_HEALTHCHECKS: {item:?} is not all, xids or an XID number")]
+pub struct DisableSpecError {
+    pub item: String,
+    #[source]
+    pub source: std::num::ParseIntError,
+}
+
 impl HealthPolicy {
     /// Parses NVIDIA's `DP_DISABLE_HEALTHCHECKS`: `all`, `xids`, or a comma list of extra XIDs
     /// to ignore.
-    pub fn with_disable_spec(mut self, spec: &str) -> Result<Self, String> {
+    pub fn with_disable_spec(mut self, spec: &str) -> Result<Self, DisableSpecError> {
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             match item {
                 "all" | "xids" => self.disabled = true,
                 n => {
-                    let xid = n.parse().map_err(|_| {
-                        format!("DP_DISABLE_HEALTHCHECKS: {n:?} is not all, xids or an XID number")
+                    let xid = n.parse().map_err(|source| DisableSpecError {
+                        item: n.to_owned(),
+                        source,
                     })?;
                     self.ignored_xids.insert(xid);
                 }

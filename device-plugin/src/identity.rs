@@ -105,11 +105,12 @@ impl PendingPod<'_> {
 /// Why a pod on the node is not a pending allocation at all (logged, never fatal).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PodRejection {
-    #[error("pod {pod}: {annotation} is unreadable: {reason}")]
+    #[error("pod {pod}: {annotation} is unreadable")]
     BadAnnotation {
         pod: String,
         annotation: &'static str,
-        reason: String,
+        #[source]
+        source: hami_contract::devices::DeviceListError,
     },
     #[error(
         "pod {pod}: {entries} non-empty device entries but {containers} containers request the resource"
@@ -328,10 +329,10 @@ fn decode(pod: &PodSnapshot, key: &'static str) -> Result<Option<PodDevices>, Po
         None => Ok(None),
         Some(v) => PodDevices::decode(v)
             .map(|d| Some(d.of_vendor(hami_contract::NVIDIA_VENDOR)))
-            .map_err(|e| PodRejection::BadAnnotation {
+            .map_err(|source| PodRejection::BadAnnotation {
                 pod: pod.key(),
                 annotation: key,
-                reason: e.to_string(),
+                source,
             }),
     }
 }

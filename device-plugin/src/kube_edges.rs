@@ -8,14 +8,16 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use hami_contract::annotations as keys;
+use hami_contract::nodelock::{NodeLock, is_held_by};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
-use tokio::sync::watch;
+use tessera_runtime::{DisplayChain, spawn_task};
+use tokio_util::sync::CancellationToken;
 
-use crate::allocator::{EdgeError, PodPatcher, PodSource};
+use crate::allocator::{EdgeError, PodPatcher, PodResourcesSource, PodSource};
 use crate::identity::PodSnapshot;
 use crate::metrics::PluginMetrics;
 use crate::pods::snapshot;
@@ -42,15 +44,20 @@ pub fn pod_annotations_patch(uid: &str, annotations: &BTreeMap<String, Option<St
 /// honour it; `nodelock` in HAMi v2.10).
 pub const HAMI_LOCK_EXPIRY: Duration = Duration::from_secs(300);
 
-/// `<ns>/<name>` from a lock value, only while the lock is live: its time parses (RFC 3339) and
-/// lies within [`HAMI_LOCK_EXPIRY`] of `now` (either way, so a clock skewed into the future
-/// cannot pin a lock). Expired, unparsable and legacy holder-less locks name nobody.
+/// `<ns>/<name>` from a lock value ([`NodeLock::parse`], HAMi's rule), only while the lock is
+/// live: its time parses (RFC 3339) and lies within [`HAMI_LOCK_EXPIRY`] of `now` (either way,
+/// so a clock skewed into the future cannot pin a lock). Expired, malformed (`t,ns,a,b`) and
+/// legacy holder-less locks name nobody; nor does an empty namespace or name (HAMi's own
+/// dangling-lock check skips those too).
 pub fn live_lock_holder(value: &str, now: k8s_openapi::jiff::Timestamp) -> Option<String> {
-    let holder = lock_holder(value)?;
-    let time = hami_contract::nodelock::NodeLock::parse(value)?.time;
-    let at: k8s_openapi::jiff::Timestamp = time.trim().parse().ok()?;
+    let lock = NodeLock::parse(value)?;
+    let (ns, name) = lock
+        .holder
+        .as_ref()
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())?;
+    let at: k8s_openapi::jiff::Timestamp = lock.time.parse().ok()?;
     let age = now.as_second().abs_diff(at.as_second());
-    (age <= HAMI_LOCK_EXPIRY.as_secs()).then_some(holder)
+    (age <= HAMI_LOCK_EXPIRY.as_secs()).then(|| format!("{ns}/{name}"))
 }
 
 /// The lock release patch: conditional on the node's resourceVersion, so a lock taken by
@@ -76,20 +83,6 @@ pub fn capacity_patch(names: &CapacityNames, devices: &[hami_contract::node::Nod
     json!({"status": {"capacity": {names.memory.clone(): memory.to_string(), names.cores.clone(): cores.to_string()}}})
 }
 
-/// True when HAMi's lock value (`<time>,<ns>,<name>`) names this pod.
-pub fn lock_names(value: &str, namespace: &str, name: &str) -> bool {
-    value.ends_with(&format!(",{namespace},{name}"))
-}
-
-/// `<ns>/<name>` from a lock value; `None` for the legacy timestamp-only form.
-pub fn lock_holder(value: &str) -> Option<String> {
-    let mut parts = value.splitn(3, ',');
-    let _time = parts.next()?;
-    let ns = parts.next()?;
-    let name = parts.next()?;
-    (!ns.is_empty() && !name.is_empty()).then(|| format!("{ns}/{name}"))
-}
-
 /// Pods on this node from an informer, plus bounded LISTs.
 #[derive(Clone)]
 pub struct KubePodSource {
@@ -108,9 +101,33 @@ impl std::fmt::Debug for KubePodSource {
     }
 }
 
+/// Drains an informer's event stream (the reflector fills its store as a side effect) until
+/// shutdown; errors are logged and retried with the stream's backoff.
+async fn drain_watch<S, K>(stream: S, what: &'static str, shutdown: CancellationToken)
+where
+    S: futures::Stream<Item = Result<K, watcher::Error>>,
+{
+    futures::pin_mut!(stream);
+    shutdown
+        .run_until_cancelled(async {
+            while let Some(ev) = stream.next().await {
+                if let Err(e) = ev {
+                    tracing::warn!(error = %DisplayChain(&e), "{what} watch error; retrying");
+                }
+            }
+        })
+        .await;
+}
+
 impl KubePodSource {
-    /// Starts the pod and node informers (background tasks that retry with backoff).
-    pub fn start(client: kube::Client, node_name: &str, resource: &str) -> Self {
+    /// Starts the pod and node informers (tasks `pod-watch` and `node-watch`, retrying with
+    /// backoff until `shutdown`).
+    pub fn start(
+        client: kube::Client,
+        node_name: &str,
+        resource: &str,
+        shutdown: &CancellationToken,
+    ) -> Self {
         let pods: Api<Pod> = Api::all(client.clone());
         let nodes: Api<Node> = Api::all(client);
         let (pod_store, pod_writer) = reflector::store();
@@ -120,25 +137,17 @@ impl KubePodSource {
         let pod_stream = reflector::reflector(pod_writer, watcher(pods.clone(), pod_cfg))
             .default_backoff()
             .touched_objects();
-        tokio::spawn(async move {
-            futures::pin_mut!(pod_stream);
-            while let Some(ev) = pod_stream.next().await {
-                if let Err(e) = ev {
-                    tracing::warn!(error = %e, "pod watch error; retrying");
-                }
-            }
-        });
+        spawn_task(
+            "pod-watch",
+            drain_watch(pod_stream, "pod", shutdown.clone()),
+        );
         let node_stream = reflector::reflector(node_writer, watcher(nodes, node_cfg))
             .default_backoff()
             .touched_objects();
-        tokio::spawn(async move {
-            futures::pin_mut!(node_stream);
-            while let Some(ev) = node_stream.next().await {
-                if let Err(e) = ev {
-                    tracing::warn!(error = %e, "node watch error; retrying");
-                }
-            }
-        });
+        spawn_task(
+            "node-watch",
+            drain_watch(node_stream, "node", shutdown.clone()),
+        );
         KubePodSource {
             pods,
             node_name: node_name.to_owned(),
@@ -161,11 +170,10 @@ impl PodSource for KubePodSource {
     fn fresh(&self) -> BoxFuture<'_, Result<Vec<PodSnapshot>, EdgeError>> {
         Box::pin(async move {
             let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node_name));
-            let list = self
-                .pods
-                .list(&lp)
-                .await
-                .map_err(|e| EdgeError(e.to_string()))?;
+            let list = self.pods.list(&lp).await.map_err(EdgeError::kube(format!(
+                "cannot list the pods of node {}",
+                self.node_name
+            )))?;
             Ok(list
                 .items
                 .iter()
@@ -229,7 +237,10 @@ impl KubePatcher {
             )
             .await
             .map(|_| ())
-            .map_err(|e| EdgeError(e.to_string()))
+            .map_err(EdgeError::kube(format!(
+                "cannot patch the capacity of node {}",
+                self.node_name
+            )))
     }
 
     /// Merge-patches node annotations.
@@ -246,7 +257,10 @@ impl KubePatcher {
             )
             .await
             .map(|_| ())
-            .map_err(|e| EdgeError(e.to_string()))
+            .map_err(EdgeError::kube(format!(
+                "cannot patch the annotations of node {}",
+                self.node_name
+            )))
     }
 }
 
@@ -260,6 +274,7 @@ impl PodPatcher for KubePatcher {
     ) -> BoxFuture<'_, Result<(), EdgeError>> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let name = name.to_owned();
+        let what = format!("cannot patch pod {namespace}/{name}");
         let body = pod_annotations_patch(
             uid,
             &annotations.into_iter().map(|(k, v)| (k, Some(v))).collect(),
@@ -268,7 +283,7 @@ impl PodPatcher for KubePatcher {
             pods.patch(&name, &PatchParams::default(), &Patch::Merge(body))
                 .await
                 .map(|_| ())
-                .map_err(|e| EdgeError(e.to_string()))
+                .map_err(EdgeError::kube(what))
         })
     }
 
@@ -283,7 +298,10 @@ impl PodPatcher for KubePatcher {
             let node = nodes
                 .get(&self.node_name)
                 .await
-                .map_err(|e| EdgeError(e.to_string()))?;
+                .map_err(EdgeError::kube(format!(
+                    "cannot get node {}",
+                    self.node_name
+                )))?;
             let Some(value) = node
                 .metadata
                 .annotations
@@ -292,7 +310,8 @@ impl PodPatcher for KubePatcher {
             else {
                 return Ok(());
             };
-            if !lock_names(value, &namespace, &name) {
+            // HAMi's release rule: only a lock naming this pod.
+            if !is_held_by(value, &namespace, &name) {
                 return Ok(());
             }
             let rv = node.metadata.resource_version.clone().unwrap_or_default();
@@ -304,7 +323,10 @@ impl PodPatcher for KubePatcher {
                 )
                 .await
                 .map(|_| ())
-                .map_err(|e| EdgeError(e.to_string()))
+                .map_err(EdgeError::kube(format!(
+                    "cannot release the HAMi node lock on {}",
+                    self.node_name
+                )))
         })
     }
 }
@@ -312,46 +334,74 @@ impl PodPatcher for KubePatcher {
 /// Keeps `hami.io/node-nvidia-register` current: on every device change and every `period`.
 /// The value comes from the device state, which only changes on successful discovery and on
 /// health events, so a transient NVML error never wipes it. Apiserver errors are logged and
-/// retried after 5 s (HAMi's pace).
-pub async fn annotation_loop(
-    patcher: KubePatcher,
-    state: Arc<DeviceState>,
-    period: Duration,
-    metrics: Option<PluginMetrics>,
-    capacity: Option<CapacityNames>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut changes = state.subscribe();
-    loop {
-        let value = state.register_annotation();
+/// retried after `retry` (HAMi's pace: 5 s).
+#[derive(Debug, Clone)]
+pub struct NodeAnnotator {
+    pub patcher: KubePatcher,
+    pub state: Arc<DeviceState>,
+    pub period: Duration,
+    pub retry: Duration,
+    pub metrics: Option<PluginMetrics>,
+    /// Also patch the node's capacity (opt-in, HAMi #2839).
+    pub capacity: Option<CapacityNames>,
+    /// Probed on every write for `tessera.io/allocation-identity` (whether the kubelet's
+    /// pod-resources `List` answers); `None` writes nothing.
+    pub pod_resources: Option<Arc<dyn PodResourcesSource>>,
+}
+
+impl NodeAnnotator {
+    /// Writes the annotation (and capacity) once.
+    async fn write(&self) -> Result<(), EdgeError> {
         let mut ann = BTreeMap::new();
-        ann.insert(keys::NODE_REGISTER.to_owned(), Some(value));
-        let mut result = patcher.patch_node_annotations(&ann).await;
-        if let (Ok(()), Some(names)) = (&result, &capacity) {
-            result = patcher
-                .patch_node_capacity(capacity_patch(names, &state.register_devices()))
-                .await;
+        ann.insert(
+            keys::NODE_REGISTER.to_owned(),
+            Some(self.state.register_annotation()),
+        );
+        if let Some(source) = &self.pod_resources {
+            let mode = match source.list().await {
+                Ok(Some(_)) => keys::IDENTITY_POD_RESOURCES,
+                Ok(None) => keys::IDENTITY_SIGNATURE,
+                Err(e) => {
+                    tracing::debug!(error = %DisplayChain(&e), "pod-resources List failed");
+                    keys::IDENTITY_SIGNATURE
+                }
+            };
+            ann.insert(keys::ALLOCATION_IDENTITY.to_owned(), Some(mode.to_owned()));
         }
-        let wait = match result {
-            Ok(()) => {
-                tracing::debug!("node register annotation written");
-                if let Some(m) = &metrics {
-                    m.annotation_patch(true);
+        self.patcher.patch_node_annotations(&ann).await?;
+        if let Some(names) = &self.capacity {
+            self.patcher
+                .patch_node_capacity(capacity_patch(names, &self.state.register_devices()))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Runs until `shutdown` is cancelled (or the device state is dropped).
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut changes = self.state.subscribe();
+        loop {
+            let wait = match self.write().await {
+                Ok(()) => {
+                    tracing::debug!("node register annotation written");
+                    if let Some(m) = &self.metrics {
+                        m.annotation_patch(true);
+                    }
+                    self.period
                 }
-                period
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot write the node register annotation; retrying in 5 s");
-                if let Some(m) = &metrics {
-                    m.annotation_patch(false);
+                Err(e) => {
+                    tracing::warn!(error = %DisplayChain(&e), retry = ?self.retry, "cannot write the node register annotation; retrying");
+                    if let Some(m) = &self.metrics {
+                        m.annotation_patch(false);
+                    }
+                    self.retry
                 }
-                Duration::from_secs(5)
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                r = changes.changed() => { if r.is_err() { return; } }
+                _ = shutdown.cancelled() => return,
             }
-        };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            r = changes.changed() => { if r.is_err() { return; } }
-            _ = shutdown.wait_for(|s| *s) => return,
         }
     }
 }
@@ -362,11 +412,24 @@ mod tests {
 
     #[test]
     fn lock_helpers_follow_hami_format() {
-        let v = "2025-06-13T09:07:40+08:00,default,gpu-pod-1";
-        assert!(lock_names(v, "default", "gpu-pod-1"));
-        assert!(!lock_names(v, "default", "pod-1"));
-        assert_eq!(lock_holder(v).as_deref(), Some("default/gpu-pod-1"));
-        assert_eq!(lock_holder("2025-06-13T09:07:40+08:00"), None);
+        let at = |s: &str| -> k8s_openapi::jiff::Timestamp { s.parse().expect("timestamp") };
+        let now = at("2025-06-13T01:08:00Z");
+        let v = NodeLock::for_pod("2025-06-13T09:07:40+08:00", "default", "gpu-pod-1").encode();
+        assert_eq!(v, "2025-06-13T09:07:40+08:00,default,gpu-pod-1");
+        assert!(is_held_by(&v, "default", "gpu-pod-1"));
+        assert!(!is_held_by(&v, "default", "pod-1"));
+        assert_eq!(
+            live_lock_holder(&v, now).as_deref(),
+            Some("default/gpu-pod-1")
+        );
+        assert_eq!(live_lock_holder("2025-06-13T09:07:40+08:00", now), None);
+        // HAMi v2.10 refuses four fields ("expected 3 parts"): the lock names nobody, neither
+        // `ns/a,b` (the old splitn reading) nor `ns,a/b`.
+        assert_eq!(
+            live_lock_holder("2025-06-13T09:07:40+08:00,ns,a,b", now),
+            None
+        );
+        assert_eq!(live_lock_holder("2025-06-13T09:07:40+08:00,,", now), None);
     }
 
     #[test]

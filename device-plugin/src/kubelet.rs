@@ -3,16 +3,18 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kubelet_proto::deviceplugin::v1beta1 as dp;
 use kubelet_proto::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer;
 use kubelet_proto::deviceplugin::v1beta1::registration_client::RegistrationClient;
-use std::sync::Arc;
+use tessera_runtime::{DisplayChain, task_span};
 use tokio::net::UnixListener;
-
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
+use tracing::Instrument;
 
 use crate::metrics::PluginMetrics;
 use crate::service::DevicePluginService;
@@ -27,10 +29,41 @@ pub struct KubeletSettings {
     /// `nvidia.com/gpu`.
     pub resource_name: String,
     pub preferred_allocation: bool,
-    /// How often the sockets are checked for a kubelet restart.
+    /// How often the sockets are checked for a kubelet restart: the kubelet admits pods as soon
+    /// as it is back, and rejects GPU pods until the plugin has registered again.
     pub poll_interval: Duration,
+    /// Pause between registration attempts while the kubelet does not answer.
+    pub register_retry: Duration,
+    /// How long a stopping gRPC server may take to end its streams before it is abandoned.
+    pub stop_grace: Duration,
     /// Notified (e.g. on SIGHUP, as HAMi's plugin does) to restart serving and re-register.
     pub restart: Arc<Notify>,
+    /// Set while the plugin is registered with the current kubelet (`/readyz`).
+    pub readiness: Readiness,
+}
+
+/// Whether the plugin serves the kubelet now: `/readyz`, the DaemonSet's readiness probe. A
+/// pod the kubelet admits while the plugin is not registered (after a kubelet restart, or while
+/// a new plugin pod starts) is rejected with `UnexpectedAdmissionError`, so a rollout must wait
+/// for this, not for the process to run.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<std::sync::atomic::AtomicBool>);
+
+impl Readiness {
+    /// Ready from the start: a plugin with nothing to serve (no usable driver) is not waited for.
+    pub fn always() -> Readiness {
+        let r = Readiness::default();
+        r.set(true);
+        r
+    }
+
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// HAMi's socket name: `nvidia-` + the resource name's suffix.
@@ -39,23 +72,38 @@ pub fn socket_name_for(resource: &str) -> String {
     format!("nvidia-{suffix}.sock")
 }
 
+/// Why serving or registering failed; the socket or gRPC cause is the source.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletError {
-    #[error("cannot serve on {path}: {reason}")]
-    Listen { path: String, reason: String },
-    #[error("cannot reach the kubelet at {path}: {reason}")]
-    Connect { path: String, reason: String },
-    #[error("the kubelet refused the registration: {0}")]
-    Register(String),
+    #[error("cannot serve on {}", path.display())]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot reach the kubelet at {}", path.display())]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("the kubelet refused the registration")]
+    Register(#[source] tonic::Status),
 }
+
+/// How long connecting to a kubelet socket may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Pause before serving again after a kubelet restart, so the kubelet has created its socket.
+const RESTART_PAUSE: Duration = Duration::from_millis(100);
 
 /// A tonic channel over a unix socket.
 pub async fn unix_channel(path: &Path) -> Result<Channel, KubeletError> {
-    kubelet_proto::transport::unix_channel(path, Duration::from_secs(5))
+    kubelet_proto::transport::unix_channel(path, CONNECT_TIMEOUT)
         .await
-        .map_err(|e| KubeletError::Connect {
-            path: path.display().to_string(),
-            reason: e.to_string(),
+        .map_err(|source| KubeletError::Connect {
+            path: path.to_path_buf(),
+            source,
         })
 }
 
@@ -75,7 +123,7 @@ pub async fn register(settings: &KubeletSettings) -> Result<(), KubeletError> {
             }),
         })
         .await
-        .map_err(|s| KubeletError::Register(s.message().to_owned()))?;
+        .map_err(KubeletError::Register)?;
     Ok(())
 }
 
@@ -86,51 +134,55 @@ fn file_identity(path: &Path) -> Option<(u64, u64, i64, i64)> {
         .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
-/// Serves, registers and re-registers until `shutdown` becomes true; removes the socket at the
-/// end. Errors only when the socket cannot be created at all.
+/// Serves, registers and re-registers until `shutdown` is cancelled; removes the socket at the
+/// end. Errors only when the socket cannot be created at all. Each server instance gets a child
+/// of `shutdown` as its `stop`, cancelled when that instance ends (restart or shutdown).
 pub async fn run(
     settings: KubeletSettings,
-    make_service: impl Fn(watch::Receiver<bool>) -> DevicePluginService,
-    mut shutdown: watch::Receiver<bool>,
+    make_service: impl Fn(CancellationToken) -> DevicePluginService,
+    shutdown: CancellationToken,
     metrics: Option<PluginMetrics>,
 ) -> Result<(), KubeletError> {
     let own_socket = settings.socket_dir.join(&settings.socket_name);
     let kubelet_socket = settings.socket_dir.join(dp::KUBELET_SOCKET_NAME);
     loop {
-        if *shutdown.borrow() {
+        if shutdown.is_cancelled() {
             break;
         }
         match std::fs::remove_file(&own_socket) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
-                tracing::warn!(path = %own_socket.display(), error = %e, "cannot remove stale socket")
+                tracing::warn!(path = %own_socket.display(), error = %DisplayChain(&e), "cannot remove stale socket")
             }
         }
-        let listener = UnixListener::bind(&own_socket).map_err(|e| KubeletError::Listen {
-            path: own_socket.display().to_string(),
-            reason: e.to_string(),
+        let listener = UnixListener::bind(&own_socket).map_err(|source| KubeletError::Listen {
+            path: own_socket.clone(),
+            source,
         })?;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let service = make_service(stop_rx.clone());
-        let mut server_stop = stop_rx.clone();
-        let server = tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-            tonic::transport::Server::builder()
-                .add_service(DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(incoming, async move {
-                    let _ = server_stop.wait_for(|s| *s).await;
-                })
-                .await
-        });
+        let stop = shutdown.child_token();
+        let service = make_service(stop.clone());
+        let server_stop = stop.clone();
+        // Not `spawn_task`: the server's result is awaited (and logged) below.
+        let server = tokio::spawn(
+            async move {
+                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                tonic::transport::Server::builder()
+                    .add_service(DevicePluginServer::new(service))
+                    .serve_with_incoming_shutdown(incoming, server_stop.cancelled_owned())
+                    .await
+            }
+            .instrument(task_span("device-plugin-server")),
+        );
         tracing::info!(socket = %own_socket.display(), "device plugin serving");
 
         // Register (retrying while the kubelet is not there yet).
         let mut kubelet_identity = None;
-        while !*shutdown.borrow() {
+        while !shutdown.is_cancelled() {
             match register(&settings).await {
                 Ok(()) => {
                     kubelet_identity = file_identity(&kubelet_socket);
+                    settings.readiness.set(true);
                     tracing::info!(resource = %settings.resource_name, "registered with the kubelet");
                     if let Some(m) = &metrics {
                         m.registered();
@@ -138,10 +190,10 @@ pub async fn run(
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "registration failed; retrying");
+                    tracing::warn!(error = %DisplayChain(&e), "registration failed; retrying");
                     tokio::select! {
-                        _ = tokio::time::sleep(settings.poll_interval) => {}
-                        _ = shutdown.changed() => {}
+                        _ = tokio::time::sleep(settings.register_retry) => {}
+                        _ = shutdown.cancelled() => {}
                     }
                     // The kubelet may have deleted our socket while we waited.
                     if file_identity(&own_socket).is_none() {
@@ -152,10 +204,10 @@ pub async fn run(
         }
 
         // Watch for a kubelet restart.
-        while !*shutdown.borrow() && kubelet_identity.is_some() {
+        while !shutdown.is_cancelled() && kubelet_identity.is_some() {
             tokio::select! {
                 _ = tokio::time::sleep(settings.poll_interval) => {}
-                _ = shutdown.changed() => {}
+                _ = shutdown.cancelled() => {}
                 _ = settings.restart.notified() => {
                     tracing::info!("restart requested; serving and registering again");
                     break;
@@ -172,19 +224,21 @@ pub async fn run(
             }
         }
 
-        let _ = stop_tx.send(true);
-        match tokio::time::timeout(Duration::from_secs(5), server).await {
+        settings.readiness.set(false);
+        stop.cancel();
+        match tokio::time::timeout(settings.stop_grace, server).await {
             Ok(Ok(Err(e))) => {
-                tracing::warn!(error = %e, "device plugin server ended with an error")
+                tracing::warn!(error = %DisplayChain(&e), "device plugin server ended with an error")
             }
             Ok(_) => {}
-            Err(_) => tracing::warn!("device plugin server did not stop within 5 s"),
+            Err(_) => {
+                tracing::warn!(grace = ?settings.stop_grace, "device plugin server did not stop in time")
+            }
         }
-        if *shutdown.borrow() {
+        if shutdown.is_cancelled() {
             break;
         }
-        // Give a restarting kubelet a moment to create its socket before the next attempt.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(RESTART_PAUSE).await;
     }
     let _ = std::fs::remove_file(&own_socket);
     tracing::info!(socket = %own_socket.display(), "device plugin stopped; socket removed");

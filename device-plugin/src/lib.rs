@@ -3,11 +3,13 @@
 //!
 //! Pure logic lives in [`gpu`], [`container_env`], [`identity`], [`health`] and [`pods`]; the
 //! I/O edges ([`nvml`], [`kubelet`], [`kube_edges`], [`pod_resources`]) sit behind small traits
-//! so tests drive the real gRPC service with in-memory fakes.
+//! so tests drive the real gRPC service with in-memory fakes ([`testing`], feature `testing`).
+//! [`daemon`] wires it all together for the binary.
 
 pub mod allocator;
 pub mod cli;
 pub mod container_env;
+pub mod daemon;
 pub mod gpu;
 pub mod health;
 pub mod identity;
@@ -19,3 +21,5 @@ pub mod nvml;
 pub mod pod_resources;
 pub mod pods;
 pub mod service;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

@@ -3,10 +3,16 @@
 //! (contract §8.2). Truncated, foreign or corrupt files are logged and skipped; they never
 //! affect other containers.
 
-use std::collections::BTreeMap;
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
+use tessera_runtime::DisplayChain;
 use vgpu_region::{MAX_DEVICES, RegionSnapshot};
+
+use crate::allocator::{EdgeError, PodSource};
+use crate::metrics::PluginMetrics;
 
 /// Largest file the monitor reads: the shim's region file (`vgpu_region::FILE_SIZE`); a larger
 /// file is not one, and nothing past this size is ever read.
@@ -22,7 +28,7 @@ const MAX_ENTRIES_PER_CONTAINER: usize = 256;
 /// most [`MAX_REGION_FILE`] bytes, and the read is bounded by that size whatever the file does
 /// afterwards. Ownership is not checked: the shim runs as the container's user, which the plugin
 /// does not know (any UID, in a user namespace too); these checks do not depend on it.
-pub fn read_region_file(path: &Path) -> Result<Vec<u8>, String> {
+pub fn read_region_file(path: &Path) -> Result<Vec<u8>, SkipReason> {
     use std::io::Read;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let file = std::fs::OpenOptions::new()
@@ -30,29 +36,25 @@ pub fn read_region_file(path: &Path) -> Result<Vec<u8>, String> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => "a symlink (not followed)".to_owned(),
-            _ => format!("cannot open: {e}"),
+            Some(libc::ELOOP) => SkipReason::Symlink,
+            _ => SkipReason::Open(e),
         })?;
-    let meta = file.metadata().map_err(|e| format!("fstat: {e}"))?;
+    let meta = file.metadata().map_err(SkipReason::Stat)?;
     if !meta.file_type().is_file() {
-        return Err(format!(
-            "not a regular file (mode {:o})",
-            meta.mode() & libc::S_IFMT
-        ));
+        return Err(SkipReason::NotRegularFile {
+            mode: meta.mode() & libc::S_IFMT,
+        });
     }
     if meta.nlink() != 1 {
-        return Err(format!("{} hard links (expected 1)", meta.nlink()));
+        return Err(SkipReason::HardLinks(meta.nlink()));
     }
     if meta.len() > MAX_REGION_FILE {
-        return Err(format!(
-            "{} bytes is too large for a region file",
-            meta.len()
-        ));
+        return Err(SkipReason::TooLarge(meta.len()));
     }
     let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
     file.take(MAX_REGION_FILE)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("read: {e}"))?;
+        .map_err(SkipReason::Read)?;
     Ok(bytes)
 }
 
@@ -110,11 +112,34 @@ pub fn samples(pod_uid: &str, container: &str, region: &RegionSnapshot) -> Vec<V
         .collect()
 }
 
-/// Why a file was skipped (logged by the caller).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why an entry of the containers directory was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum SkipReason {
+    #[error("a symlink (not followed)")]
+    Symlink,
+    #[error("not a directory (not followed)")]
+    NotADirectory,
+    #[error("cannot open")]
+    Open(#[source] std::io::Error),
+    #[error("fstat")]
+    Stat(#[source] std::io::Error),
+    #[error("not a regular file (mode {mode:o})")]
+    NotRegularFile { mode: u32 },
+    #[error("{0} hard links (expected 1)")]
+    HardLinks(u64),
+    #[error("{0} bytes is too large for a region file")]
+    TooLarge(u64),
+    #[error("read")]
+    Read(#[source] std::io::Error),
+    #[error("not a HAMi-core region")]
+    Region(#[source] vgpu_region::RegionError),
+}
+
+/// A skipped entry (logged by the caller).
+#[derive(Debug)]
 pub struct SkippedFile {
     pub path: String,
-    pub reason: String,
+    pub reason: SkipReason,
 }
 
 /// Reads every region file under `containers_dir`. Never fails as a whole.
@@ -133,7 +158,7 @@ pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
         if !entry.file_type().is_ok_and(|t| t.is_dir()) {
             skipped.push(SkippedFile {
                 path: entry.path().display().to_string(),
-                reason: "not a directory (not followed)".to_owned(),
+                reason: SkipReason::NotADirectory,
             });
             continue;
         }
@@ -151,7 +176,7 @@ pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
                     Ok(region) => out.extend(samples(uid, container, &region)),
                     Err(e) => skipped.push(SkippedFile {
                         path: path.display().to_string(),
-                        reason: e.to_string(),
+                        reason: SkipReason::Region(e),
                     }),
                 },
                 Err(reason) => skipped.push(SkippedFile {
@@ -223,6 +248,88 @@ pub fn remove_stale_container_dirs(
         .collect()
 }
 
+/// The vGPU monitor's periodic pass: per-container usage from the region files into the
+/// metrics, and removal of the container directories of pods that are gone.
+#[derive(Clone)]
+pub struct VgpuMonitor {
+    /// `<hook>/vgpu/containers`.
+    pub containers_dir: PathBuf,
+    pub pods: Arc<dyn PodSource>,
+    pub metrics: PluginMetrics,
+    /// Age a container directory must have before it counts as orphaned.
+    pub orphan_grace: Duration,
+}
+
+impl std::fmt::Debug for VgpuMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VgpuMonitor")
+            .field("containers_dir", &self.containers_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a monitor pass could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum MonitorError {
+    #[error("the region file scan did not finish")]
+    Scan(#[source] tokio::task::JoinError),
+    #[error("cannot list the node's pods; gone pods' directories are kept for now")]
+    LivePods(#[source] EdgeError),
+    #[error("the removal of gone pods' directories did not finish")]
+    Removal(#[source] tokio::task::JoinError),
+}
+
+impl VgpuMonitor {
+    /// One pass. Files and directories that cannot be read or removed are logged and skipped.
+    pub async fn pass(&self) -> Result<(), MonitorError> {
+        // Blocking threads do not inherit the task's span; carry it over.
+        let span = tracing::Span::current();
+        let dir = self.containers_dir.clone();
+        let (samples, skipped) = tokio::task::spawn_blocking(move || span.in_scope(|| scan(&dir)))
+            .await
+            .map_err(MonitorError::Scan)?;
+        for s in &skipped {
+            tracing::warn!(path = %s.path, reason = %DisplayChain(&s.reason), "region file skipped");
+        }
+        let names = self
+            .pods
+            .cached()
+            .into_iter()
+            .map(|p| (p.uid, (p.namespace, p.name)))
+            .collect();
+        self.metrics.set_vgpu(&samples, &names);
+
+        // A deleted pod's container directories (region files included) go with it. Only
+        // against a fresh list: an informer that has not synced yet would make every directory
+        // look orphaned.
+        let live: BTreeSet<String> = self
+            .pods
+            .fresh()
+            .await
+            .map_err(MonitorError::LivePods)?
+            .into_iter()
+            .map(|p| p.uid)
+            .collect();
+        let dir = self.containers_dir.clone();
+        let grace = self.orphan_grace;
+        let span = tracing::Span::current();
+        let removed = tokio::task::spawn_blocking(move || {
+            span.in_scope(|| remove_stale_container_dirs(&dir, &live, grace))
+        })
+        .await
+        .map_err(MonitorError::Removal)?;
+        for (name, r) in removed {
+            match r {
+                Ok(()) => tracing::info!(dir = %name, "removed a gone pod's container directory"),
+                Err(e) => {
+                    tracing::warn!(dir = %name, error = %DisplayChain(&e), "cannot remove a gone pod's container directory")
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,6 +370,30 @@ mod tests {
             outside.path().join("keep").is_file(),
             "a link target was touched"
         );
+    }
+
+    #[tokio::test]
+    async fn a_pass_removes_only_gone_pods_directories() {
+        let root = tempfile::tempdir().unwrap();
+        for dir in ["uid-live_c0", "uid-gone_c0"] {
+            std::fs::create_dir(root.path().join(dir)).unwrap();
+        }
+        let api = crate::testing::MemoryApi::default();
+        api.add_pod(crate::testing::bound_pod(
+            crate::testing::NODE,
+            "live",
+            &[&[("GPU-0", 1000, 10)]],
+            1,
+        ));
+        let monitor = VgpuMonitor {
+            containers_dir: root.path().to_path_buf(),
+            pods: Arc::new(api),
+            metrics: PluginMetrics::with_legacy_names(false),
+            orphan_grace: Duration::ZERO,
+        };
+        monitor.pass().await.expect("a pass");
+        assert!(root.path().join("uid-live_c0").is_dir());
+        assert!(!root.path().join("uid-gone_c0").exists());
     }
 
     #[test]
@@ -344,8 +475,16 @@ mod tests {
         let (samples, skipped) = scan(dir.path());
         assert!(samples.is_empty());
         assert_eq!(skipped.len(), 2, "{skipped:?}");
-        assert!(skipped.iter().any(|s| s.reason.contains("shorter")));
-        assert!(skipped.iter().any(|s| s.reason.contains("not initialised")));
+        assert!(
+            skipped
+                .iter()
+                .any(|s| DisplayChain(&s.reason).to_string().contains("shorter"))
+        );
+        assert!(skipped.iter().any(|s| {
+            DisplayChain(&s.reason)
+                .to_string()
+                .contains("not initialised")
+        }));
     }
 
     /// Attacks from a container's own directory: none may hang the scan, grow it, or make it
@@ -386,7 +525,7 @@ mod tests {
             skipped
                 .iter()
                 .find(|s| s.path.ends_with(name))
-                .map(|s| s.reason.clone())
+                .map(|s| DisplayChain(&s.reason).to_string())
                 .unwrap_or_else(|| panic!("{name} not skipped: {skipped:?}"))
         };
         assert!(reason("zero.cache").contains("symlink"));

@@ -13,15 +13,27 @@ use nvml_wrapper::{EventSet, Nvml};
 use crate::gpu::GpuInfo;
 use crate::health::HealthEvent;
 
-/// Why NVML could not be used.
+/// Why NVML could not be used; NVML's own error is the source.
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
     #[error(
-        "cannot load NVML from {path}: {reason} (is the NVIDIA driver installed and its library mounted? see --nvml-lib)"
+        "cannot load NVML from {} (is the NVIDIA driver installed and its library mounted? see --nvml-lib)",
+        path.display()
     )]
-    Load { path: String, reason: String },
-    #[error("NVML {call} failed: {reason}")]
-    Call { call: &'static str, reason: String },
+    Load {
+        path: PathBuf,
+        #[source]
+        source: NvmlError,
+    },
+    #[error("NVML {call} failed")]
+    Call {
+        call: &'static str,
+        #[source]
+        source: NvmlError,
+    },
+    /// A thread panicked while waiting for NVML events; events are no longer watched.
+    #[error("the NVML event set lock is poisoned")]
+    EventSetPoisoned,
 }
 
 /// Usage figures for metrics.
@@ -59,10 +71,7 @@ impl std::fmt::Debug for NvmlInventory {
 }
 
 fn call_err(call: &'static str) -> impl Fn(NvmlError) -> InventoryError {
-    move |e| InventoryError::Call {
-        call,
-        reason: e.to_string(),
-    }
+    move |source| InventoryError::Call { call, source }
 }
 
 impl NvmlInventory {
@@ -71,9 +80,9 @@ impl NvmlInventory {
         let nvml = Nvml::builder()
             .lib_path(lib_path.as_os_str())
             .init()
-            .map_err(|e| InventoryError::Load {
-                path: lib_path.display().to_string(),
-                reason: e.to_string(),
+            .map_err(|source| InventoryError::Load {
+                path: lib_path.to_path_buf(),
+                source,
             })?;
         // An event set borrows NVML for its whole life. The plugin keeps one NVML handle for
         // the life of the process, so leaking it gives the event set the lifetime it needs.
@@ -90,7 +99,7 @@ impl NvmlInventory {
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "NVML events unavailable; GPU health is not watched")
+                tracing::warn!(error = %tessera_runtime::DisplayChain(&e), "NVML events unavailable; GPU health is not watched")
             }
         }
         Ok(inventory)
@@ -114,7 +123,7 @@ impl NvmlInventory {
                 .register_events(EventTypes::CRITICAL_XID_ERROR, set)
                 .map_err(|e| InventoryError::Call {
                     call: "nvmlDeviceRegisterEvents",
-                    reason: e.to_string(),
+                    source: e.error,
                 })?;
         }
         Ok(set)
@@ -204,10 +213,10 @@ impl GpuInventory for NvmlInventory {
     }
 
     fn wait_event(&self, timeout: Duration) -> Result<Option<HealthEvent>, InventoryError> {
-        let guard = self.events.lock().map_err(|_| InventoryError::Call {
-            call: "nvmlEventSetWait",
-            reason: "event set lock poisoned".into(),
-        })?;
+        let guard = self
+            .events
+            .lock()
+            .map_err(|_| InventoryError::EventSetPoisoned)?;
         let Some(set) = guard.as_ref() else {
             drop(guard);
             std::thread::sleep(timeout);

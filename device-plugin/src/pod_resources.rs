@@ -44,14 +44,12 @@ impl PodResourcesSource for KubeletPodResources {
             if !self.socket.exists() {
                 return Ok(None);
             }
-            let channel = unix_channel(&self.socket)
-                .await
-                .map_err(|e| EdgeError(e.to_string()))?;
+            let channel = unix_channel(&self.socket).await?;
             let mut client = PodResourcesListerClient::new(channel);
             let response = client
                 .list(pr::ListPodResourcesRequest {})
                 .await
-                .map_err(|s| EdgeError(format!("pod-resources List: {}", s.message())))?;
+                .map_err(EdgeError::PodResourcesList)?;
             Ok(Some(view_of(response.get_ref(), &self.resource)))
         })
     }

@@ -3,13 +3,15 @@
 use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use futures::{Stream, StreamExt};
 use hami_contract::node::{NodeDevice, encode_node_devices};
 use kubelet_proto::deviceplugin::v1beta1 as dp;
 use kubelet_proto::deviceplugin::v1beta1::device_plugin_server::DevicePlugin;
+use tessera_runtime::DisplayChain;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::allocator::Allocator;
@@ -183,8 +185,8 @@ pub struct DevicePluginService {
     pub state: Arc<DeviceState>,
     pub allocator: Arc<Allocator>,
     pub preferred_allocation: bool,
-    /// Flips to true when this server instance stops (restart or shutdown): streams end.
-    pub stop: watch::Receiver<bool>,
+    /// Cancelled when this server instance stops (restart or shutdown): streams end.
+    pub stop: CancellationToken,
 }
 
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
@@ -209,13 +211,9 @@ impl DevicePlugin for DevicePluginService {
         _: Request<dp::Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let devices = tokio_stream::wrappers::WatchStream::new(self.state.subscribe());
-        let mut stop = self.stop.clone();
-        let stopped = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
         let stream = devices
             .map(|devices| Ok(dp::ListAndWatchResponse { devices }))
-            .take_until(stopped);
+            .take_until(self.stop.clone().cancelled_owned());
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -236,7 +234,8 @@ impl DevicePlugin for DevicePluginService {
             .allocate(request.into_inner())
             .await
             .map(Response::new)
-            .map_err(|e| Status::failed_precondition(e.to_string()))
+            // The whole chain: the kubelet shows it in the pod's events.
+            .map_err(|e| Status::failed_precondition(DisplayChain(&e).to_string()))
     }
 
     async fn pre_start_container(

@@ -67,7 +67,7 @@ async fn binary_registers_streams_and_cleans_up_on_sigterm() {
     let list = stream.message().await.expect("ok").expect("list");
     assert_eq!(list.devices.len(), 20, "2 GPUs x deviceSplitCount 10");
     // No pod can be identified (no apiserver): a clear, bounded refusal.
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let err = client
         .allocate(dp::AllocateRequest {
             container_requests: vec![dp::ContainerAllocateRequest {

@@ -5,7 +5,8 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tessera-device-plugin");
 

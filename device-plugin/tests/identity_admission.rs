@@ -458,34 +458,13 @@ fn without_rule_or_pod_resources_it_fails_closed_but_never_swaps() {
     }
 }
 
+/// A pod in namespace `ns` with one container `main` booked on GPU-0 (`mem` MiB, 10 cores).
 fn one_gpu_pod(name: &str, mem: u32, bind_time: u64) -> PodSnapshot {
-    let value = format!("GPU-0,NVIDIA,{mem},10:;");
-    let mut annotations = BTreeMap::new();
-    annotations.insert(keys::VGPU_NODE.to_owned(), NODE.to_owned());
-    annotations.insert(keys::DEVICES_TO_ALLOCATE.to_owned(), value.clone());
-    annotations.insert(keys::DEVICES_ALLOCATED.to_owned(), value);
-    annotations.insert(
-        keys::BIND_PHASE.to_owned(),
-        keys::BIND_PHASE_ALLOCATING.to_owned(),
-    );
-    annotations.insert(keys::BIND_TIME.to_owned(), bind_time.to_string());
-    PodSnapshot {
-        namespace: "ns".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        node_name: Some(NODE.into()),
-        scheduler_name: Some("hami-scheduler".into()),
-        annotations,
-        terminal: false,
-        deleting: false,
-        init_containers: Vec::new(),
-        containers: vec![ContainerSpec {
-            name: "main".into(),
-            requests_resource: true,
-            restartable_init: false,
-            disable_control: false,
-        }],
-    }
+    let mut pod =
+        tessera_device_plugin::testing::bound_pod(NODE, name, &[&[("GPU-0", mem, 10)]], bind_time);
+    pod.namespace = "ns".into();
+    pod.containers[0].name = "main".into();
+    pod
 }
 
 fn facts(count: usize) -> CallFacts<'static> {

@@ -5,144 +5,45 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 
-use futures::future::BoxFuture;
 use hami_contract::annotations as keys;
 use kubelet_proto::deviceplugin::v1beta1 as dp;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use support::kubelet_harness::FakeKubelet;
-use tessera_device_plugin::allocator::{
-    Allocator, EdgeError, NoPodResources, PodPatcher, PodResourcesSource, PodSource,
-};
-use tessera_device_plugin::container_env::ResponseSettings;
+use tessera_device_plugin::allocator::{Allocator, NoPodResources, PodResourcesSource};
 use tessera_device_plugin::gpu::{AdvertiseSettings, GpuInfo, plan_gpus};
 use tessera_device_plugin::health::{HealthEvent, HealthPolicy, HealthTracker};
-use tessera_device_plugin::identity::{ContainerSpec, PodSnapshot};
-use tessera_device_plugin::kubelet::{KubeletSettings, run};
+use tessera_device_plugin::identity::PodSnapshot;
+use tessera_device_plugin::kubelet::{KubeletSettings, Readiness, run};
 use tessera_device_plugin::pod_resources::KubeletPodResources;
 use tessera_device_plugin::service::{DevicePluginService, DeviceState};
-use tokio::sync::watch;
-
-const NODE: &str = "node-a";
-const RESOURCE: &str = "nvidia.com/gpu";
-
-type PatchLog = Arc<Mutex<Vec<(String, BTreeMap<String, String>)>>>;
-
-/// Pods in memory; patches apply to them (the "apiserver").
-#[derive(Clone, Default)]
-struct MemoryApi {
-    pods: Arc<Mutex<Vec<PodSnapshot>>>,
-    patches: PatchLog,
-}
-
-impl PodSource for MemoryApi {
-    fn cached(&self) -> Vec<PodSnapshot> {
-        self.pods.lock().expect("lock").clone()
-    }
-    fn fresh(&self) -> BoxFuture<'_, Result<Vec<PodSnapshot>, EdgeError>> {
-        let pods = self.cached();
-        Box::pin(async move { Ok(pods) })
-    }
-    fn hami_lock(&self) -> Option<String> {
-        None
-    }
-}
-
-impl PodPatcher for MemoryApi {
-    fn patch_pod_annotations(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-        annotations: BTreeMap<String, String>,
-    ) -> BoxFuture<'_, Result<(), EdgeError>> {
-        let key = format!("{namespace}/{name}");
-        {
-            let mut pods = self.pods.lock().expect("lock");
-            if let Some(p) = pods.iter_mut().find(|p| p.key() == key) {
-                // The API server's UID precondition.
-                if p.uid != uid {
-                    let msg = format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                        p.uid
-                    );
-                    return Box::pin(async move { Err(EdgeError(msg)) });
-                }
-                p.annotations.extend(annotations.clone());
-            }
-        }
-        self.patches.lock().expect("lock").push((key, annotations));
-        Box::pin(async { Ok(()) })
-    }
-    fn release_hami_lock(&self, _: &str, _: &str) -> BoxFuture<'_, Result<(), EdgeError>> {
-        Box::pin(async { Ok(()) })
-    }
-}
+use tessera_device_plugin::testing::{self, MemoryApi, NODE, RESOURCE, response_settings, t4};
+use tokio_util::sync::CancellationToken;
 
 fn gpus() -> Vec<GpuInfo> {
     (0..2)
         .map(|i| GpuInfo {
-            uuid: format!("GPU-{i}"),
-            index: i,
-            name: "Tesla T4".into(),
-            memory_total_mib: Some(15360),
-            pci_bus_id: String::new(),
             numa_node: Some(i),
-            mig_enabled: false,
+            ..t4(&format!("GPU-{i}"), i)
         })
         .collect()
 }
 
 fn bound_pod(name: &str, entries: &[&[(&str, u32, u32)]], bind_time: u64) -> PodSnapshot {
-    let value: String = entries
-        .iter()
-        .map(|c| {
-            let devs: String = c
-                .iter()
-                .map(|(u, m, k)| format!("{u},NVIDIA,{m},{k}:"))
-                .collect();
-            format!("{devs};")
-        })
-        .collect();
-    let mut annotations = BTreeMap::new();
-    annotations.insert(keys::VGPU_NODE.to_owned(), NODE.to_owned());
-    annotations.insert(keys::DEVICES_TO_ALLOCATE.to_owned(), value.clone());
-    annotations.insert(keys::DEVICES_ALLOCATED.to_owned(), value);
-    annotations.insert(
-        keys::BIND_PHASE.to_owned(),
-        keys::BIND_PHASE_ALLOCATING.to_owned(),
-    );
-    annotations.insert(keys::BIND_TIME.to_owned(), bind_time.to_string());
-    PodSnapshot {
-        namespace: "default".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        node_name: Some(NODE.into()),
-        scheduler_name: Some("hami-scheduler".into()),
-        annotations,
-        terminal: false,
-        deleting: false,
-        init_containers: Vec::new(),
-        containers: (0..entries.len())
-            .map(|i| ContainerSpec {
-                name: format!("c{i}"),
-                requests_resource: true,
-                restartable_init: false,
-                disable_control: false,
-            })
-            .collect(),
-    }
+    testing::bound_pod(NODE, name, entries, bind_time)
 }
 
 struct Plugin {
     kubelet: FakeKubelet,
     restart: Arc<tokio::sync::Notify>,
+    readiness: Readiness,
     api: MemoryApi,
     state: Arc<DeviceState>,
-    shutdown: watch::Sender<bool>,
+    shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     _root: tempfile::TempDir,
     hook: tempfile::TempDir,
@@ -178,30 +79,27 @@ async fn start_plugin_split(with_pod_resources: bool, split: u32) -> Plugin {
     };
     let allocator = Arc::new(Allocator::new(
         NODE.into(),
-        ResponseSettings {
-            hook_path: hook.path().display().to_string(),
-            memory_scaling: 1.0,
-            lib_cuda_log_level: "1".into(),
-            disable_core_limit: false,
-            shim_host_path: format!("{}/vgpu/libvgpu.so", hook.path().display()),
-            license_present: false,
-            cdi_devices: false,
-        },
+        response_settings(hook.path()),
         state.managed_uuids.clone(),
         Arc::new(api.clone()),
         Arc::new(api.clone()),
         pod_resources,
     ));
     let restart = Arc::new(tokio::sync::Notify::new());
+    let readiness = Readiness::default();
     let ks = KubeletSettings {
         socket_dir: kubelet.device_plugin_dir.clone(),
         socket_name: "nvidia-gpu.sock".into(),
         resource_name: RESOURCE.into(),
         preferred_allocation: true,
         poll_interval: Duration::from_millis(200),
+        register_retry: Duration::from_millis(200),
+        stop_grace: Duration::from_secs(5),
         restart: restart.clone(),
+        readiness: readiness.clone(),
     };
-    let (shutdown, shutdown_rx) = watch::channel(false);
+    let shutdown = CancellationToken::new();
+    let shutdown_rx = shutdown.clone();
     let st = state.clone();
     let task = tokio::spawn(async move {
         let make = move |stop| DevicePluginService {
@@ -215,6 +113,7 @@ async fn start_plugin_split(with_pod_resources: bool, split: u32) -> Plugin {
     Plugin {
         kubelet,
         restart,
+        readiness,
         api,
         state,
         shutdown,
@@ -240,6 +139,18 @@ async fn allocate(
     Ok(resp.into_inner().container_responses.remove(0))
 }
 
+/// Waits (bounded) until `cond` holds.
+async fn wait_until(cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "condition not reached within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test]
 async fn registers_streams_allocates_and_reregisters_after_kubelet_restart() {
     let mut p = start_plugin(false).await;
@@ -250,6 +161,8 @@ async fn registers_streams_allocates_and_reregisters_after_kubelet_restart() {
         .expect("registered");
     assert_eq!(reg.version, "v1beta1");
     assert_eq!(reg.endpoint, "nvidia-gpu.sock");
+    // Ready (the DaemonSet's readiness probe) only once registered.
+    wait_until(|| p.readiness.is_ready()).await;
     assert_eq!(reg.resource_name, RESOURCE);
     assert!(
         reg.options
@@ -280,10 +193,7 @@ async fn registers_streams_allocates_and_reregisters_after_kubelet_restart() {
 
     // A bound pod with one container on GPU-1.
     p.api
-        .pods
-        .lock()
-        .expect("lock")
-        .push(bound_pod("web", &[&[("GPU-1", 3000, 30)]], 1));
+        .add_pod(bound_pod("web", &[&[("GPU-1", 3000, 30)]], 1));
     let available: Vec<String> = first.devices.iter().map(|d| d.id.clone()).collect();
     let pref = client
         .get_preferred_allocation(dp::PreferredAllocationRequest {
@@ -311,7 +221,7 @@ async fn registers_streams_allocates_and_reregisters_after_kubelet_restart() {
             .any(|m| m.container_path == "/etc/ld.so.preload")
     );
     {
-        let patches = p.api.patches.lock().expect("lock");
+        let patches = p.api.patches();
         assert_eq!(patches.len(), 1);
         assert_eq!(patches[0].1[keys::DEVICES_TO_ALLOCATE], ";");
         assert_eq!(patches[0].1[keys::BIND_PHASE], keys::BIND_PHASE_SUCCESS);
@@ -329,6 +239,8 @@ async fn registers_streams_allocates_and_reregisters_after_kubelet_restart() {
     // Kubelet restart: re-registration within 5 s, old stream ends.
     let restarted = Instant::now();
     p.kubelet.restart().await;
+    // Not ready while the restarted kubelet does not know the plugin.
+    wait_until(|| !p.readiness.is_ready()).await;
     let reg2 = p
         .kubelet
         .next_registration(Duration::from_secs(5))
@@ -336,6 +248,7 @@ async fn registers_streams_allocates_and_reregisters_after_kubelet_restart() {
         .expect("re-registered");
     assert!(restarted.elapsed() < Duration::from_secs(5));
     assert_eq!(reg2.endpoint, "nvidia-gpu.sock");
+    wait_until(|| p.readiness.is_ready()).await;
     let ended = tokio::time::timeout(Duration::from_secs(5), async {
         while let Ok(Some(_)) = stream.message().await {}
     })
@@ -373,7 +286,7 @@ async fn registers_streams_allocates_and_reregisters_after_kubelet_restart() {
     // Shutdown removes the socket.
     let socket = p.kubelet.device_plugin_dir.join("nvidia-gpu.sock");
     assert!(socket.exists());
-    p.shutdown.send(true).expect("send");
+    p.shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(6), &mut p.task)
         .await
         .expect("stops")
@@ -435,7 +348,7 @@ async fn health_event_streams_unhealthy_replicas_and_recovers() {
             .count()
             == 2
     );
-    let _ = p.shutdown.send(true);
+    p.shutdown.cancel();
 }
 
 /// 24 pods with different limits, all bound at once; the fake kubelet admits them one by one
@@ -491,7 +404,7 @@ async fn twenty_four_bound_pods_get_their_own_limits_in_any_admission_order() {
                     })
                     .collect::<Vec<_>>(),
             );
-            p.api.pods.lock().expect("lock").push(pod);
+            p.api.add_pod(pod);
         }
         let mut names: Vec<String> = expected.keys().cloned().collect();
         match order {
@@ -569,13 +482,13 @@ async fn twenty_four_bound_pods_get_their_own_limits_in_any_admission_order() {
                     .record("default", &name, &cname, RESOURCE, ids);
             }
         }
-        let pods = p.api.pods.lock().expect("lock").clone();
+        let pods = p.api.pods();
         assert!(
             pods.iter()
                 .all(|p| p.annotations[keys::BIND_PHASE] == keys::BIND_PHASE_SUCCESS),
             "{order}"
         );
-        let _ = p.shutdown.send(true);
+        p.shutdown.cancel();
     }
 }
 
@@ -588,16 +501,13 @@ async fn a_booking_of_a_gpu_this_node_lacks_is_never_served() {
         .await
         .expect("registered");
     let mut client = p.kubelet.plugin(&reg.endpoint).await;
-    p.api.pods.lock().expect("lock").push(bound_pod(
+    p.api.add_pod(bound_pod(
         "bad",
         &[&[("GPU-9", 1000, 10), ("GPU-0", 1000, 10)]],
         1,
     ));
     p.api
-        .pods
-        .lock()
-        .expect("lock")
-        .push(bound_pod("good", &[&[("GPU-0", 2000, 20)]], 2));
+        .add_pod(bound_pod("good", &[&[("GPU-0", 2000, 20)]], 2));
     let err = allocate(&mut client, &["GPU-0-0", "GPU-0-1"])
         .await
         .expect_err("no believable pod asks for two GPUs");
@@ -606,7 +516,7 @@ async fn a_booking_of_a_gpu_this_node_lacks_is_never_served() {
         .await
         .expect("good pod unaffected");
     assert_eq!(ok.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "2000m");
-    let _ = p.shutdown.send(true);
+    p.shutdown.cancel();
 }
 
 /// The attack of the security review: a user creates a pod that skips the GPU scheduler and
@@ -630,7 +540,7 @@ async fn forged_bookings_are_not_served() {
     let mut unbooked_node = bound_pod("no-node", &[&[("GPU-0", 7000, 100)]], 1);
     unbooked_node.annotations.remove(keys::VGPU_NODE);
     for pod in [forged, elsewhere, unbooked_node] {
-        p.api.pods.lock().expect("lock").push(pod);
+        p.api.add_pod(pod);
         let err = allocate(&mut client, &["GPU-0-0"])
             .await
             .expect_err("a forged booking is not served");
@@ -638,22 +548,12 @@ async fn forged_bookings_are_not_served() {
     }
     // The real pod, booked by the GPU scheduler, is served its own limits; no forged one is.
     p.api
-        .pods
-        .lock()
-        .expect("lock")
-        .push(bound_pod("real", &[&[("GPU-0", 2000, 20)]], 5));
+        .add_pod(bound_pod("real", &[&[("GPU-0", 2000, 20)]], 5));
     let ok = allocate(&mut client, &["GPU-0-1"])
         .await
         .expect("the real pod is served");
     assert_eq!(ok.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "2000m");
-    let patched: Vec<String> = p
-        .api
-        .patches
-        .lock()
-        .expect("lock")
-        .iter()
-        .map(|(k, _)| k.clone())
-        .collect();
+    let patched = p.api.patched();
     assert_eq!(patched, ["default/real"], "only the real pod was patched");
-    let _ = p.shutdown.send(true);
+    p.shutdown.cancel();
 }

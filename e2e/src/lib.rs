@@ -20,6 +20,7 @@ pub mod images;
 pub mod netns;
 pub mod node;
 pub mod pods;
+pub mod probe;
 pub mod process;
 pub mod real;
 

@@ -18,6 +18,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Api;
@@ -39,6 +40,10 @@ pub const NAMESPACE: &str = "tessera-system";
 pub const USER: &str = "alice@example.com";
 /// The image the GPU workloads run: the CUDA probe and busybox.
 pub const PROBE_IMAGE: &str = "tessera.local/cuda-probe:e2e";
+/// The device plugin's image under a later tag: `devicePlugin.image.tag` = [`UPGRADE_PLUGIN_TAG`]
+/// rolls the DaemonSet to it.
+pub const UPGRADE_PLUGIN_TAG: &str = "0.1.1-e2e";
+const UPGRADE_PLUGIN_IMAGE: &str = "ghcr.io/tessera-gpu/tessera-device-plugin:0.1.1-e2e";
 /// The chart's hook path (`global.gpuHookPath`) and the host directory under it.
 const HOOK_DIR: &str = "/usr/local/vgpu";
 
@@ -153,6 +158,7 @@ pub struct RealCluster {
     admin: kube::Client,
     user: kube::Client,
     etcd: Proc,
+    etcd_port: u16,
     apiserver: Option<Proc>,
     controller_manager: Option<Proc>,
     kube_scheduler: Option<Proc>,
@@ -404,6 +410,7 @@ impl RealCluster {
             admin,
             user,
             etcd,
+            etcd_port,
             apiserver: Some(apiserver),
             controller_manager: None,
             kube_scheduler: None,
@@ -464,6 +471,18 @@ impl RealCluster {
                 )))
             }
         }
+    }
+
+    /// Stops kube-apiserver for `down`, then starts it again on the same address and etcd.
+    pub async fn restart_apiserver(&mut self, down: Duration) -> Result<()> {
+        if let Some(mut a) = self.apiserver.take() {
+            a.kill();
+        }
+        tokio::time::sleep(down).await;
+        let mut a = start_apiserver(self.artifacts, &self.dir, self.etcd_port)?;
+        let r = wait_apiserver(&self.admin, &mut a).await;
+        self.apiserver = Some(a);
+        r
     }
 
     pub fn admin(&self) -> &kube::Client {
@@ -689,17 +708,26 @@ impl RealCluster {
     /// `helm upgrade` of the release with the values file it was installed with plus `sets`
     /// (no `--wait`: a test that upgrades watches what it expects).
     pub async fn helm_upgrade(&mut self, values: &Path, sets: &[(&str, &str)]) -> Result<()> {
+        let mut args = vec!["-f".to_owned(), values.display().to_string()];
+        args.extend(sets.iter().map(|(k, v)| format!("--set={k}={v}")));
+        self.helm_upgrade_with(args).await
+    }
+
+    /// `helm upgrade --reuse-values` with `sets` on top (no `--wait`).
+    pub async fn helm_upgrade_set(&mut self, sets: &[(&str, &str)]) -> Result<()> {
+        let mut args = vec!["--reuse-values".to_owned()];
+        args.extend(sets.iter().map(|(k, v)| format!("--set={k}={v}")));
+        self.helm_upgrade_with(args).await
+    }
+
+    async fn helm_upgrade_with(&mut self, args: Vec<String>) -> Result<()> {
         let mut cmd = Command::new(&self.artifacts.helm);
         cmd.args(["upgrade", RELEASE])
             .arg(self.artifacts.root.join("charts/tessera"))
             .args(["--namespace", NAMESPACE])
             .arg("--kubeconfig")
             .arg(self.kubeconfig_admin())
-            .arg("-f")
-            .arg(values);
-        for (k, v) in sets {
-            cmd.args(["--set", &format!("{k}={v}")]);
-        }
+            .args(args);
         let out = tokio::task::spawn_blocking(move || cmd.output())
             .await
             .map_err(|e| Error::msg(format!("helm: {e}")))??;
@@ -710,6 +738,32 @@ impl RealCluster {
             )));
         }
         Ok(())
+    }
+
+    /// Waits until the device-plugin DaemonSet has every pod updated, Ready and available (after
+    /// a `helm upgrade` that changed it).
+    pub async fn wait_plugin_rolled_out(&self) -> Result<()> {
+        let ds: Api<DaemonSet> = Api::namespaced(self.admin.clone(), NAMESPACE);
+        eventually(
+            "the device-plugin DaemonSet rolled out",
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            || async {
+                let list = ds.list(&ListParams::default()).await.ok()?;
+                list.items
+                    .iter()
+                    .all(|d| {
+                        let st = d.status.clone().unwrap_or_default();
+                        st.observed_generation == d.metadata.generation
+                            && st.updated_number_scheduled.unwrap_or(0)
+                                == st.desired_number_scheduled
+                            && st.number_ready == st.desired_number_scheduled
+                            && st.number_unavailable.unwrap_or(0) == 0
+                    })
+                    .then_some(())
+            },
+        )
+        .await
     }
 
     /// Every pod of a namespace with its phase, readiness, restarts and last termination, for
@@ -882,6 +936,8 @@ fn node_images(a: &Artifacts) -> Result<Vec<PathBuf>> {
             "registry.cn-hangzhou.aliyuncs.com/google_containers/kube-scheduler:{}",
             a.k8s_version
         )],
+        // The same plugin under a newer tag, for the `helm upgrade` of the plugin's image.
+        device_plugin: vec![UPGRADE_PLUGIN_IMAGE.to_owned()],
         ..Default::default()
     };
     let built = crate::images::build_all(a, &names, &crate::images::default_out_dir())

@@ -555,12 +555,13 @@ async fn no_overbooking_with_two_replicas_and_the_leader_killed() {
     );
 }
 
-/// The README's first command: the demo's pods land where the table says, and the two that
-/// cannot be placed say why.
+/// The README's first command's pods on harness nodes, submitted in file order as `make demo`
+/// submits them to its real nodes (`e2e/tests/demo.rs`): they land where the table says, and the
+/// two that cannot be placed say why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn demo_places_the_example_pods_and_explains_the_rest() {
     let file = tessera_e2e::artifacts::workspace_root().join("examples/demo/pods.yaml");
-    let (cluster, rows) = match tessera_e2e::demo::run(&file).await {
+    let (cluster, rows) = match tessera_e2e::demo::run_harness(&file).await {
         Ok(v) => v,
         Err(e) => panic!("demo: {e}"),
     };

@@ -4,9 +4,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tessera_scheduler::decide::{self, DecisionConfig};
-use tessera_scheduler::extender::{ExtenderArgs, ExtenderBindingArgs};
-use tessera_scheduler::state::{ClusterState, NodeRecord};
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::decide;
+use tessera_scheduler_core::extender::{ExtenderArgs, ExtenderBindingArgs};
 
 fuzz_target!(|data: &[u8]| {
     if let Err(e) = ExtenderBindingArgs::decode(data) {
@@ -22,14 +22,6 @@ fuzz_target!(|data: &[u8]| {
     let (Some(pod), Some(nodes)) = (args.pod, args.nodes) else {
         return;
     };
-    let cfg = DecisionConfig::default();
-    let mut state = ClusterState::new();
-    let mut names = Vec::new();
-    for (node, _) in &nodes {
-        if let Some(rec) = NodeRecord::from_node(node, &cfg) {
-            names.push(rec.name.clone());
-            state.upsert_node(rec);
-        }
-    }
-    let _ = decide::filter_pod(&mut state, &cfg, &pod, "fuzz-uid", &names);
+    let nodes: Vec<_> = nodes.into_iter().map(|(node, _)| node).collect();
+    let _ = decide::filter_given_nodes(&DecisionConfig::default(), &pod, &nodes);
 });

@@ -1,4 +1,4 @@
-//! The admission webhook (`tessera_scheduler::webhook::handle`, the pure function behind
+//! The admission webhook (`tessera_scheduler_core::webhook::handle`, the pure function behind
 //! `POST /webhook`): any body gets an answer, never a panic, and a denial never names the
 //! cluster's nodes, GPU sizes or any quota (the caller may be anyone who reaches the port).
 #![no_main]
@@ -6,11 +6,12 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use tessera_scheduler::decide::DecisionConfig;
-use tessera_scheduler::facts::ClusterFacts;
-use tessera_scheduler::state::{NodeRecord, QuotaKeys, QuotaRecord};
-use tessera_scheduler::testing::gpu_node;
-use tessera_scheduler::webhook::{WebhookConfig, handle};
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::facts::ClusterFacts;
+use tessera_scheduler_core::fixtures::gpu_node;
+use tessera_scheduler_core::quota::{QuotaKeys, QuotaRecord};
+use tessera_scheduler_core::state::NodeRecord;
+use tessera_scheduler_core::webhook::{WebhookConfig, handle};
 
 /// Strings of the cluster that no denial may contain (unless the input itself does).
 const SECRETS: [&str; 4] = ["secretnode", "secretquota", "81920", "123457"];

@@ -59,6 +59,19 @@ pub const WEBHOOK_IGNORE_LABEL: &str = "hami.io/webhook";
 /// Scheduler pods' role label.
 pub const SCHEDULER_ROLE_LABEL: &str = "hami.io/scheduler-role";
 
+/// Node, Tessera's extension (HAMi neither writes nor reads it): how the node's device plugin
+/// tells which pod an `Allocate` serves. [`IDENTITY_POD_RESOURCES`]: the kubelet's pod-resources
+/// `List` identifies the pod under admission exactly, so the extender may let several pods that
+/// could be confused with each other be in flight on the node at once. Anything else (or no
+/// annotation, as on nodes run by HAMi's plugin): the extender's bind rule keeps one such pod in
+/// flight (`docs/design/allocation-identity.md`). The plugin fails closed whatever this says, so a
+/// wrong value costs refused pods, never another pod's limits.
+pub const ALLOCATION_IDENTITY: &str = "tessera.io/allocation-identity";
+/// [`ALLOCATION_IDENTITY`]: identification through pod-resources.
+pub const IDENTITY_POD_RESOURCES: &str = "pod-resources";
+/// [`ALLOCATION_IDENTITY`]: the allocation signature and the bind rule only.
+pub const IDENTITY_SIGNATURE: &str = "signature";
+
 /// Annotations only the scheduler and the device plugin may write. The webhook denies any user
 /// attempt to set them (HAMi #3076, #3041: a forged annotation books or steals devices).
 pub const SCHEDULER_OWNED: &[&str] = &[

@@ -1,5 +1,5 @@
 //! Allocation identity (see `docs/design/allocation-identity.md` and
-//! `shared/docs/allocation-identity-facts.md` §(b)).
+//! `docs/design/kubelet-device-manager-facts.md` §10 (b)).
 //!
 //! Nothing in a kubelet `Allocate` call names the pod: the device plugin sees only the device
 //! count of each container, one call at a time. The *signature* σ(p) of a pod is that sequence of

@@ -1,7 +1,7 @@
 //! HAMi's wire vocabulary, shared by Tessera's device plugin and scheduler extender.
 //!
 //! Everything here is pure: strings in, typed values out (and back). No I/O, no clocks, no async.
-//! The contract is HAMi v2.10 (`shared/docs/hami-contract.md`); where Tessera deliberately
+//! The contract is HAMi v2.10 (`docs/contract/hami.md`); where Tessera deliberately
 //! differs, the item's documentation says so and why (collected in `docs/contract-deviations.md`).
 //!
 //! Modules, in the order a pod meets them:

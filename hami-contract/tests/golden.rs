@@ -1,5 +1,6 @@
-//! Golden tests: every example string and table row of `shared/docs/hami-contract.md` §1–§3.
-//! Each test names the section it pins.
+//! Golden tests: every example string and table row of the HAMi contract,
+//! `docs/contract/hami.md` (contract §1–§3, plus the webhook of contract §7 and the quota request
+//! of contract §5.7). Each test names the section it pins.
 
 use std::collections::BTreeMap;
 
@@ -49,7 +50,7 @@ const PCT: &str = "nvidia.com/gpumem-percentage";
 const CORES: &str = "nvidia.com/gpucores";
 const PRIO: &str = "nvidia.com/priority";
 
-// ---- §1.1 resource names --------------------------------------------------------------------
+// ---- contract §1.1 resource names ---------------------------------------------------------------
 
 #[test]
 fn s1_1_default_resource_names() {
@@ -134,7 +135,7 @@ fn s1_1_cores_above_100_are_clamped_in_fit() {
     assert_eq!((r.coresreq, r.cores_on()), (150, 100));
 }
 
-// ---- §1.2 request resolution table -----------------------------------------------------------
+// ---- contract §1.2 request resolution table -----------------------------------------------------
 
 #[test]
 fn s1_2_request_table() {
@@ -216,7 +217,7 @@ fn s1_2_no_count_means_no_request() {
     assert_eq!(r, Default::default());
 }
 
-// ---- §1.3 defaults when only the count is given (webhook) ------------------------------------
+// ---- contract §1.3 defaults when only the count is given (webhook) ------------------------------
 
 fn limits_after(c: &ContainerResources, cfg: &NvidiaConfig) -> (bool, Vec<(String, String)>) {
     let m = webhook_mutation(c, cfg).unwrap();
@@ -315,7 +316,7 @@ fn s1_3_scheduler_defaults() {
     );
 }
 
-// ---- §1.4 device-config.yaml -----------------------------------------------------------------
+// ---- contract §1.4 device-config.yaml -----------------------------------------------------------
 
 #[test]
 fn s1_4_chart_defaults_for_absent_keys() {
@@ -480,7 +481,7 @@ fn s1_4_gpu_core_policy_env_and_overwrite_env() {
     );
 }
 
-// ---- §1.5 per-node config.json ---------------------------------------------------------------
+// ---- contract §1.5 per-node config.json ---------------------------------------------------------
 
 const NODE_CONFIG_EXAMPLE: &str = r#"{"nodeconfig":[{"name":"node-a","operatingmode":"hami-core","devicememoryscaling":1,
   "devicesplitcount":10,"devicecorescaling":1,"preconfigureddevicememory":0,
@@ -547,7 +548,7 @@ fn s1_5_keys_are_case_insensitive_and_errors_name_the_path() {
     assert!(err.starts_with("config.json: "), "{err}");
 }
 
-// ---- §2.1 node register annotation -----------------------------------------------------------
+// ---- contract §2.1 node register annotation -----------------------------------------------------
 
 const REGISTER_EXAMPLE: &str = concat!(
     r#"[{"id":"GPU-0c8e3b5a-1111-2222-3333-444455556666","count":10,"devmem":15360,"devcore":100,"type":"NVIDIA-Tesla T4","mode":"hami-core","health":true},"#,
@@ -639,7 +640,7 @@ fn s2_1_legacy_examples() {
     );
 }
 
-// ---- §2.2 pair scores ------------------------------------------------------------------------
+// ---- contract §2.2 pair scores ------------------------------------------------------------------
 
 #[test]
 fn s2_2_pair_score_example_and_link_table() {
@@ -670,7 +671,7 @@ fn s2_2_pair_score_example_and_link_table() {
     assert_eq!(P2pLink::NvLink(3).score(), 300);
 }
 
-// ---- §2.3 handshake --------------------------------------------------------------------------
+// ---- contract §2.3 handshake --------------------------------------------------------------------
 
 #[test]
 fn s2_3_handshake_values() {
@@ -696,7 +697,7 @@ fn s2_3_handshake_values() {
     assert_eq!(Handshake::parse(""), Handshake::Other(String::new()));
 }
 
-// ---- §2.4 node lock --------------------------------------------------------------------------
+// ---- contract §2.4 node lock --------------------------------------------------------------------
 
 #[test]
 fn s2_4_node_lock_values() {
@@ -715,7 +716,7 @@ fn s2_4_node_lock_values() {
     assert_eq!(legacy.encode(), "2025-06-13T09:07:40+08:00");
 }
 
-// ---- §2.5 device cordon ----------------------------------------------------------------------
+// ---- contract §2.5 device cordon ----------------------------------------------------------------
 
 #[test]
 fn s2_5_device_cordon() {
@@ -727,7 +728,7 @@ fn s2_5_device_cordon() {
     assert!(parse_device_cordon("").is_empty());
 }
 
-// ---- §3.1 keys written by the scheduler and the plugin ----------------------------------------
+// ---- contract §3.1 keys written by the scheduler and the plugin ---------------------------------
 
 #[test]
 fn s3_1_keys_and_values() {
@@ -755,7 +756,7 @@ fn s3_1_keys_and_values() {
     assert!(!keys::is_scheduler_owned(keys::GPU_SCHEDULER_POLICY));
 }
 
-// ---- §3.2 container device list --------------------------------------------------------------
+// ---- contract §3.2 container device list --------------------------------------------------------
 
 fn dev(uuid: &str, mem: u32, cores: u32) -> ContainerDevice {
     ContainerDevice::nvidia(uuid, mem, cores)
@@ -825,7 +826,7 @@ fn s3_2_decoding_rules() {
     assert_eq!(req(1, 0, 100, 100).memory_on(15360), 15360);
 }
 
-// ---- §3.3 user annotations -------------------------------------------------------------------
+// ---- contract §3.3 user annotations -------------------------------------------------------------
 
 fn annos(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
@@ -1012,7 +1013,7 @@ fn s3_3_labels_and_env() {
     assert_eq!(keys::SCHEDULER_ROLE_LABEL, "hami.io/scheduler-role");
 }
 
-// ---- §7 webhook denials and env --------------------------------------------------------------
+// ---- contract §7 webhook denials and env --------------------------------------------------------
 
 #[test]
 fn s7_webhook_errors() {
@@ -1074,7 +1075,7 @@ fn s7_count_only_in_requests_with_gpumem_is_not_detected() {
     assert_eq!(m.add_limits, vec![(CORES.to_owned(), "100".to_owned())]);
 }
 
-// ---- §5.7 quota request at admission ---------------------------------------------------------
+// ---- contract §5.7 quota request at admission ---------------------------------------------------
 
 #[test]
 fn s5_7_pod_quota_request_is_max_of_app_sum_and_largest_init() {

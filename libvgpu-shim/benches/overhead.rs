@@ -11,9 +11,6 @@
 //! Rows go to `shim_overhead.csv` under `TESSERA_BENCH_CSV_DIR`; `TESSERA_BENCH_QUICK=1` runs two
 //! rounds, short loops, and callgrind on 1,000 calls.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Instant;
@@ -22,7 +19,7 @@ use results::{Csv, Row, Stats};
 use tessera_bench_results as results;
 
 fn bench_binary() -> std::path::PathBuf {
-    let a = common::artifacts();
+    let a = shim_harness::artifacts();
     let out = a.dir.join("bench");
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/bench.c");
     let status = Command::new("cc")
@@ -43,7 +40,7 @@ fn run(
     vars: &[(&str, &str)],
     args: &[&str],
 ) -> BTreeMap<String, f64> {
-    let a = common::artifacts();
+    let a = shim_harness::artifacts();
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(bin);
     cmd.args(args)
@@ -79,7 +76,7 @@ fn run(
 
 /// Wall time (ms) of one `probe info` (spawn, cuInit, context, one query, exit).
 fn startup_once(preload: bool, dir: &std::path::Path) -> f64 {
-    let a = common::artifacts();
+    let a = shim_harness::artifacts();
     let mut cmd = Command::new(&a.probe);
     cmd.arg("info")
         .env_clear()
@@ -96,7 +93,7 @@ fn startup_once(preload: bool, dir: &std::path::Path) -> f64 {
 }
 
 fn callgrind_binary() -> std::path::PathBuf {
-    let a = common::artifacts();
+    let a = shim_harness::artifacts();
     let out = a.dir.join("callgrind_bench");
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/callgrind_bench.c");
     let status = Command::new("cc")
@@ -120,7 +117,7 @@ fn callgrind(
     toggle: Option<&str>,
     cache: Option<&std::path::Path>,
 ) -> Option<f64> {
-    let a = common::artifacts();
+    let a = shim_harness::artifacts();
     let dir = tempfile::tempdir().ok()?;
     let out_file = dir.path().join("callgrind.out");
     let cache = cache.map_or_else(|| dir.path().join("r.cache"), std::path::Path::to_path_buf);
@@ -346,7 +343,7 @@ fn main() {
     }
     // Start-up: the container's first process creates and zeroes the 2 MB shared region (a
     // `memset` that callgrind counts per byte-string iteration); later ones attach to it.
-    let a = common::artifacts();
+    let a = shim_harness::artifacts();
     let shared = tempfile::tempdir().unwrap();
     let cache = shared.path().join("r.cache");
     let start = |preload: bool| {

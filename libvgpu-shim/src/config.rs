@@ -1,5 +1,5 @@
-//! The environment HAMi-core reads, parsed the way HAMi-core parses it (pure functions; the
-//! caller passes a lookup so tests need no process environment).
+//! The environment HAMi-core reads (core contract §1.2), parsed the way HAMi-core parses it (pure
+//! functions; the caller passes a lookup so tests need no process environment).
 
 use std::collections::HashMap;
 

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::real::{self, F};
-use crate::{limiter, log, region};
+use crate::{limiter, log, region, watcher};
 
 pub type CUresult = c_int;
 pub const CUDA_SUCCESS: CUresult = 0;
@@ -58,6 +58,19 @@ macro_rules! real_call {
             unsafe { std::mem::transmute::<*mut c_void, $ty>(p)($($arg),*) }
         }
     }};
+}
+
+// ---------------------------------------------------------------- the region
+
+/// The shared region, attached on first use, with this process's watcher thread running. The
+/// entry points start the watcher, not `region`: the watcher reads the region, so the region
+/// starting it would make the two modules depend on each other. Every use of the region by a
+/// hook goes through here, so the watcher starts with the first one, as the region is attached,
+/// and a forked child (which has no watcher thread) starts its own on its first such call.
+fn region_with_watcher() -> &'static region::Region {
+    let r = region::get();
+    watcher::start();
+    r
 }
 
 // ---------------------------------------------------------------- allocation tracking
@@ -189,7 +202,7 @@ fn counted(
         // No current context: the driver will fail or allocate nothing we can attribute.
         return alloc().0;
     };
-    let region = region::get();
+    let region = region_with_watcher();
     if region.reserve(dev, bytes).is_err() {
         log::info!(
             "device {dev}: OOM, {bytes} bytes requested, {} of {} in use",
@@ -209,7 +222,7 @@ fn counted(
 
 fn uncount(kind: Kind, key: u64) {
     if let Some((dev, bytes)) = untrack(kind, key) {
-        region::get().release(dev, bytes);
+        region_with_watcher().release(dev, bytes);
     }
 }
 
@@ -220,7 +233,7 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
     guarded("cuInit", CUDA_ERROR_UNKNOWN, || {
         let r = real_call!(cuInit: unsafe extern "C" fn(c_uint) -> CUresult, flags);
         if r == CUDA_SUCCESS && !degraded() {
-            let region = region::get();
+            let region = region_with_watcher();
             region.register();
             let p = real::aux(real::Aux::cuDeviceGetCount);
             if !p.is_null() {
@@ -452,7 +465,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         // SAFETY: written by the driver on success.
         let (ptr, p) = unsafe { (*dptr, *pitch) };
         let bytes = (p as u64).saturating_mul(height as u64);
-        if region::get().reserve(dev, bytes).is_err() {
+        if region_with_watcher().reserve(dev, bytes).is_err() {
             real_call!(cuMemFree_v2: unsafe extern "C" fn(u64) -> CUresult, ptr);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -771,7 +784,7 @@ pub unsafe extern "C" fn cuMemAllocPitch(
         // SAFETY: written by the driver on success.
         let (ptr, p) = unsafe { (*dptr, *pitch) };
         let bytes = (p as u64).saturating_mul(height as u64);
-        if region::get().reserve(dev, bytes).is_err() {
+        if region_with_watcher().reserve(dev, bytes).is_err() {
             real_call!(cuMemFree: unsafe extern "C" fn(c_uint) -> CUresult, ptr);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -872,7 +885,7 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
         let Some(dev) = real::current_device() else {
             return r;
         };
-        let region = region::get();
+        let region = region_with_watcher();
         // SAFETY: written by the driver.
         let (pt, pf) = unsafe { (*total as u64, *free as u64) };
         // Both results are at most the driver's own 32-bit values.
@@ -893,7 +906,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: c_int) -> CUr
         if r != CUDA_SUCCESS || degraded() || bytes.is_null() || dev < 0 {
             return r;
         }
-        let limit = region::get().limit(dev as usize);
+        let limit = region_with_watcher().limit(dev as usize);
         if limit != 0 {
             // SAFETY: written by the driver.
             unsafe { *bytes = (*bytes as u64).min(limit) as c_uint };
@@ -924,7 +937,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         let Some(dev) = real::current_device() else {
             return r;
         };
-        let region = region::get();
+        let region = region_with_watcher();
         // SAFETY: written by the driver.
         let (pt, pf) = unsafe { (*total as u64, *free as u64) };
         let (t, f) = virtual_mem(region.limit(dev), region.usage(dev), pt, pf);
@@ -946,7 +959,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> C
         if r != CUDA_SUCCESS || degraded() || bytes.is_null() || dev < 0 {
             return r;
         }
-        let limit = region::get().limit(dev as usize);
+        let limit = region_with_watcher().limit(dev as usize);
         if limit != 0 {
             // SAFETY: written by the driver.
             unsafe { *bytes = (*bytes as u64).min(limit) as usize };
@@ -1097,7 +1110,7 @@ fn nvml_region_device(device: *mut c_void) -> Option<usize> {
 /// (total, used, free) for nvidia-smi: total = limit (≤ physical), used = container usage,
 /// free = total − used, saturating (HAMi-core wrapped to ~18 EB).
 fn nvml_virtual(dev: usize, phys_total: u64, phys_used: u64, phys_free: u64) -> (u64, u64, u64) {
-    let region = region::get();
+    let region = region_with_watcher();
     let limit = region.limit(dev);
     let usage = region.usage(dev);
     if limit == 0 {

@@ -23,7 +23,8 @@ mod watcher;
 // attach, region mutex, allocation tracker), so no child inherits one held by a thread that does
 // not exist in it; the parent releases them; the child releases them, forgets the parent's slot
 // and allocations (it registers its own slot on first use) and has no watcher thread until its
-// first region use starts one. None of them can unwind: every body is under `catch_unwind`.
+// first hook that uses the region starts one. None of them can unwind: every body is under
+// `catch_unwind`.
 extern "C" fn atfork_prepare() {
     let _ = std::panic::catch_unwind(|| {
         region::fork_prepare();

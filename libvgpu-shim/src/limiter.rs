@@ -1,5 +1,6 @@
 //! The SM limiter: a GCRA launch pacer per device whose rate is set by a feedback controller on
-//! measured utilization. The math is in `docs/design/sm-limiter.md`.
+//! measured utilization. The math is in `docs/design/sm-limiter.md`; HAMi-core's token bucket,
+//! which it replaces, is core contract §5.1–§5.4.
 //!
 //! Launch path (hot): one relaxed load when no limit is active; with a limit, `cuCtxGetDevice`,
 //! a clock read (vDSO, no syscall) and one CAS on the device's theoretical arrival time, plus a

@@ -363,7 +363,8 @@ mod tests {
         // It is a working dlsym.
         // SAFETY: the real dlsym with a constant name.
         let getpid = unsafe {
-            let f: crate::real::DlsymFn = std::mem::transmute(found);
+            let f: unsafe extern "C" fn(*mut c_void, *const std::ffi::c_char) -> *mut c_void =
+                std::mem::transmute(found);
             f(libc::RTLD_DEFAULT, c"getpid".as_ptr())
         };
         assert_eq!(getpid, libc::getpid as *mut c_void);

@@ -101,15 +101,13 @@ pub fn config() -> &'static Config {
 
 /// The region, attached on first use.
 pub fn get() -> &'static Region {
-    let r = match REGION.get() {
+    match REGION.get() {
         Some(r) => r,
         None => {
             let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
             REGION.get_or_init(|| Region::attach(config()))
         }
-    };
-    crate::watcher::start();
-    r
+    }
 }
 
 /// The region if already attached (never attaches; for the launch path).

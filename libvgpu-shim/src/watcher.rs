@@ -1,6 +1,6 @@
-//! One background thread per process (started when the region is attached, restarted after a
-//! fork): sweeps dead processes' slots, records `last_kernel_time`, and runs the SM limiter's
-//! controller on NVML utilization.
+//! One background thread per process (started by the hooks with their first use of the region,
+//! and again in a forked child): sweeps dead processes' slots, records `last_kernel_time`, and
+//! runs the SM limiter's controller on NVML utilization.
 
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

@@ -1,13 +1,11 @@
 //! The attacks a security review demonstrated against the shim, performed again: each test does
 //! what the attack did and shows it now does no harm (README, "Attacks the shim resists").
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::*;
+use shim_harness::*;
 
 const LIMIT_64M: &[(&str, &str)] = &[("CUDA_DEVICE_MEMORY_LIMIT", "64m")];
 
@@ -128,7 +126,7 @@ fn created_region_files_have_exactly_the_documented_mode() {
     }
     // The other user must be able to reach the probe, the shim and the fakes: a checkout under
     // a root-only directory (e.g. /root) hides them from uid 65534.
-    let a = common::artifacts();
+    let a = shim_harness::artifacts();
     let reachable = [&a.probe, &a.shim, &a.dir].iter().all(|p| {
         p.ancestors().skip(1).all(|d| {
             std::fs::metadata(d).is_ok_and(|m| d.as_os_str().is_empty() || m.mode() & 0o001 != 0)

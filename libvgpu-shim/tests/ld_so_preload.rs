@@ -2,11 +2,9 @@
 //! than `LD_PRELOAD`. The file is written inside a private mount namespace (an overlay on `/etc`
 //! that only the probe sees), so the test never touches the host's `/etc`.
 
-mod common;
-
 use std::process::Command;
 
-use common::*;
+use shim_harness::*;
 
 #[test]
 fn limit_is_enforced_when_loaded_from_etc_ld_so_preload() {

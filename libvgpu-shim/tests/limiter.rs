@@ -1,17 +1,10 @@
 //! The SM limiter against the simulated GPU: a launch loop under `CUDA_DEVICE_SM_LIMIT=L`
 //! keeps the device's measured utilization within ±5 points of L over a 5-second window.
 
-mod common;
-
-use tessera_bench_results as results;
-
-#[allow(dead_code, clippy::all)]
-#[path = "../../test-support/fake-nvml/src/gpu_state.rs"]
-mod gpu_state;
-
 use std::time::Duration;
 
-use common::*;
+use shim_harness::*;
+use tessera_bench_results as results;
 
 const SCENARIO: &str = r#"{"devices": [{"uuid": "GPU-00000000-0000-0000-0000-000000000001", "memory_total_mib": 16384}]}"#;
 
@@ -22,7 +15,7 @@ fn measure(dir: &std::path::Path, limit: u32) -> f64 {
     let scenario = dir.join(format!("scenario-{limit}.json"));
     std::fs::write(&scenario, SCENARIO).unwrap();
     let cache = dir.join(format!("region-{limit}.cache"));
-    let gpu = gpu_state::open_path(Some(state.clone().into_os_string())).expect("state");
+    let gpu = fake_gpu_state::open_path(Some(state.clone().into_os_string())).expect("state");
     let limit_s = limit.to_string();
     let mut child = probe(
         &cache,
@@ -40,9 +33,9 @@ fn measure(dir: &std::path::Path, limit: u32) -> f64 {
     .spawn()
     .expect("busy");
     std::thread::sleep(Duration::from_millis(3500));
-    let (t1, b1) = (gpu_state::now_ns(), gpu.devices[0].busy_done_ns());
+    let (t1, b1) = (fake_gpu_state::now_ns(), gpu.devices[0].busy_done_ns());
     std::thread::sleep(Duration::from_secs(5));
-    let (t2, b2) = (gpu_state::now_ns(), gpu.devices[0].busy_done_ns());
+    let (t2, b2) = (fake_gpu_state::now_ns(), gpu.devices[0].busy_done_ns());
     let status = child.wait().expect("wait");
     assert!(status.success());
     (b2 - b1) as f64 * 100.0 / (t2 - t1) as f64

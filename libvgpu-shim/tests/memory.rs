@@ -1,9 +1,7 @@
 //! Memory limits under `LD_PRELOAD` against the fake driver: direct calls, `cuGetProcAddress`,
 //! `dlsym`, the environment's edge cases and the symbol surface.
 
-mod common;
-
-use common::*;
+use shim_harness::*;
 
 fn cache(dir: &tempfile::TempDir) -> std::path::PathBuf {
     dir.path().join("region.cache")

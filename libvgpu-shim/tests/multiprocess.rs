@@ -1,13 +1,11 @@
 //! Container-wide accounting: four processes racing against one limit, `kill -9` cleanup, and
 //! the region file as the device plugin's monitor reads it.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use shim_harness::*;
 use vgpu_region::RegionSnapshot;
 
 fn snapshot(cache: &Path) -> RegionSnapshot {

@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
-use tessera_scheduler::decide::DecisionConfig;
 use tessera_scheduler::engine::{Engine, Observation};
-use tessera_scheduler::testing::{gpu_node, gpu_pod, running_pod};
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::fixtures::{gpu_node, gpu_pod, running_pod};
 
 use results::{Csv, Row, Stats};
 use tessera_bench_results as results;

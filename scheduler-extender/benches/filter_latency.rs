@@ -24,11 +24,12 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use tessera_scheduler::decide::DecisionConfig;
 use tessera_scheduler::engine::{Command, Engine, EngineHandle, Observation};
 use tessera_scheduler::http::{App, Auth, router};
 use tessera_scheduler::metrics::Metrics;
-use tessera_scheduler::testing::{FakeEdge, gpu_node, gpu_pod, running_pod};
+use tessera_scheduler::testing::FakeEdge;
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::fixtures::{gpu_node, gpu_pod, running_pod};
 
 use results::{Csv, Row, Stats};
 use tessera_bench_results as results;
@@ -109,7 +110,7 @@ impl InProcess {
         self.engine.filter_abort("uid-bench-candidate");
         let d = t.elapsed();
         assert!(
-            matches!(v, Ok(tessera_scheduler::decide::Verdict::Placed(_))),
+            matches!(v, Ok(tessera_scheduler_core::decide::Verdict::Placed(_))),
             "the bench pod must be placed"
         );
         d.as_secs_f64() * 1e6

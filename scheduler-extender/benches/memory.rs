@@ -23,12 +23,12 @@
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use tessera_scheduler::decide::DecisionConfig;
 use tessera_scheduler::engine::Engine;
-use tessera_scheduler::facts::ClusterFacts;
-use tessera_scheduler::state::{NodeRecord, slim_node, slim_pod};
-use tessera_scheduler::testing::gpu_pod;
-use tessera_scheduler::webhook::{self, WebhookConfig};
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::facts::ClusterFacts;
+use tessera_scheduler_core::fixtures::gpu_pod;
+use tessera_scheduler_core::state::{NodeRecord, slim_node, slim_pod};
+use tessera_scheduler_core::webhook::{self, WebhookConfig};
 
 use results::{Csv, Row, Stats};
 use tessera_bench_results as results;
@@ -339,7 +339,10 @@ fn main() {
     let verdict = engine.filter(&pod, &names);
     let first_ms = t.elapsed().as_secs_f64() * 1e3;
     engine.filter_abort("uid-team-00-candidate");
-    let placed = matches!(verdict, Ok(tessera_scheduler::decide::Verdict::Placed(_)));
+    let placed = matches!(
+        verdict,
+        Ok(tessera_scheduler_core::decide::Verdict::Placed(_))
+    );
     let steady = mem();
     report(
         &format!("first filter (usage cache built, {first_ms:.0} ms, placed: {placed})"),

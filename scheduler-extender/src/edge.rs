@@ -1,10 +1,10 @@
 //! The daemon's side effects on the cluster, behind one small trait so the HTTP layer and the
 //! decision loop can be tested against an in-process fake.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 
 use k8s_openapi::api::core::v1::Pod;
+use tessera_scheduler_core::patch::MetadataPatch;
 
 /// A failed API call. `retryable` is true for conflicts, timeouts and server errors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,13 +28,6 @@ impl EdgeError {
             not_found: true,
         }
     }
-}
-
-/// Metadata to merge into a pod (JSON merge patch on `metadata.annotations` / `labels`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MetadataPatch {
-    pub annotations: BTreeMap<String, String>,
-    pub labels: BTreeMap<String, String>,
 }
 
 /// Event severity.

@@ -7,14 +7,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use hami_contract::annotations as ann;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
-use tokio::sync::{mpsc, oneshot};
-
-use crate::decide::{self, DecisionConfig, Placement, Verdict};
-use crate::state::{
-    BindStage, ClusterState, NodeRecord, QuotaKeys, Reservation, confusable_pending,
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::decide::{self, Verdict};
+use tessera_scheduler_core::fit::Charge;
+use tessera_scheduler_core::podspec;
+use tessera_scheduler_core::quota::QuotaKeys;
+use tessera_scheduler_core::state::{
+    BindStage, ClusterState, NodeRecord, Reservation, ResyncKind, confusable_pending,
 };
+use tokio::sync::{mpsc, oneshot};
 
 /// Why the loop will not decide now. Always retryable by kube-scheduler.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,14 +51,6 @@ pub enum Observation {
         kind: ResyncKind,
         keep: Vec<String>,
     },
-}
-
-/// Object kind of an [`Observation::Resync`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResyncKind {
-    Nodes,
-    Pods,
-    Quotas,
 }
 
 /// What the bind caller must do after the loop admitted the bind.
@@ -317,7 +311,7 @@ impl Engine {
         {
             return Err(Refusal::Rejected(format!(
                 "pod {} is being bound; retry",
-                crate::podspec::pod_key(pod)
+                podspec::pod_key(pod)
             )));
         }
         self.state.release(&uid);
@@ -356,7 +350,7 @@ impl Engine {
         self.ready()?;
         self.tick += 1;
         let uid = live.metadata.uid.clone().unwrap_or_default();
-        let (ask, _) = crate::podspec::pod_ask(live, &self.cfg.nvidia);
+        let (ask, _) = podspec::pod_ask(live, &self.cfg.nvidia);
         if ask.is_empty() {
             return Ok(BindPlan { gpu: false });
         }
@@ -385,27 +379,27 @@ impl Engine {
         let Some((decided_node, mut reservation)) = decided else {
             return Err(Refusal::Rejected(format!(
                 "pod {} has no GPU decision; it must pass the extender's filter first",
-                crate::podspec::pod_key(live)
+                podspec::pod_key(live)
             )));
         };
         if decided_node != node {
             return Err(Refusal::Rejected(format!(
                 "pod {} was filtered to node {decided_node}, not {node}; retry scheduling",
-                crate::podspec::pod_key(live)
+                podspec::pod_key(live)
             )));
         }
         if !self.state.usage_fits(node, &uid, &reservation.usage) {
             self.state.release(&uid);
             return Err(Refusal::Rejected(format!(
                 "the GPU decision of pod {} no longer fits node {node} (another placement took the capacity); it will be filtered again",
-                crate::podspec::pod_key(live)
+                podspec::pod_key(live)
             )));
         }
         let pending = self.state.pending_on(node, &uid);
         if let Some(other) = confusable_pending(&reservation.signature, &pending) {
             return Err(Refusal::Rejected(format!(
                 "pod {other} is still being allocated on node {node} and the device plugin could take it for {}; retry when it has started",
-                crate::podspec::pod_key(live)
+                podspec::pod_key(live)
             )));
         }
         reservation.stage = BindStage::Binding;
@@ -491,7 +485,7 @@ impl Engine {
         }
         let gpus = self.bookings();
         let mut quotas = Vec::new();
-        let mut usage_by_ns: HashMap<String, crate::fit::Charge> = HashMap::new();
+        let mut usage_by_ns: HashMap<String, Charge> = HashMap::new();
         let records: Vec<_> = self.state.quotas().cloned().collect();
         for q in records {
             let used = *usage_by_ns
@@ -653,26 +647,4 @@ impl EngineHandle {
         self.send(Command::Bookings { reply }).await;
         rx.await.unwrap_or_default()
     }
-}
-
-/// The annotations and label Filter writes for a placement (contract §3.1).
-pub fn filter_patch(p: &Placement, unix_now: u64) -> crate::edge::MetadataPatch {
-    let devices = p.devices.encode();
-    let mut patch = crate::edge::MetadataPatch::default();
-    patch
-        .annotations
-        .insert(ann::VGPU_NODE.to_owned(), p.node.clone());
-    patch
-        .annotations
-        .insert(ann::VGPU_TIME.to_owned(), unix_now.to_string());
-    patch
-        .annotations
-        .insert(ann::DEVICES_TO_ALLOCATE.to_owned(), devices.clone());
-    patch
-        .annotations
-        .insert(ann::DEVICES_ALLOCATED.to_owned(), devices);
-    patch
-        .labels
-        .insert(ann::VGPU_NODE.to_owned(), p.node.clone());
-    patch
 }

@@ -13,18 +13,21 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hami_contract::annotations as ann;
 use http_body_util::{BodyExt, Limited};
-
-use crate::decide::{self, DecisionConfig, Verdict};
-use crate::edge::{ClusterEdge, EventType, MetadataPatch, PodEvent};
-use crate::engine::{Command, EngineHandle, Refusal, filter_patch};
-use crate::extender::{
+use prometheus_client::metrics::histogram::Histogram;
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::decide::{self, Verdict};
+use tessera_scheduler_core::extender::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, NodeListOut,
 };
-use crate::facts::SharedFacts;
+use tessera_scheduler_core::facts::SharedFacts;
+use tessera_scheduler_core::patch::{bind_allocating_patch, bind_phase_patch, filter_patch};
+use tessera_scheduler_core::podspec;
+use tessera_scheduler_core::webhook::{self, WebhookConfig};
+
+use crate::edge::{ClusterEdge, EventType, PodEvent};
+use crate::engine::{Command, EngineHandle, Refusal};
 use crate::listen::BodyTimeout;
 use crate::metrics::Metrics;
-use crate::state::{ClusterState, NodeRecord};
-use crate::webhook::{self, WebhookConfig};
 
 /// HAMi's request body limit.
 pub const MAX_BODY: usize = 1 << 20;
@@ -145,8 +148,14 @@ fn unix_now() -> u64 {
 /// The router for the extender and webhook listener.
 pub fn router<E: ClusterEdge>(app: Arc<App<E>>) -> Router {
     Router::new()
-        .route("/filter", post(filter::<E>))
-        .route("/bind", post(bind::<E>))
+        .route(
+            "/filter",
+            post(|State(app), req| extender_call::<E>(app, req, ExtenderCall::Filter)),
+        )
+        .route(
+            "/bind",
+            post(|State(app), req| extender_call::<E>(app, req, ExtenderCall::Bind)),
+        )
         .route("/webhook", post(webhook_handler::<E>))
         .route("/healthz", get(|| async { StatusCode::OK }))
         .route(
@@ -187,28 +196,72 @@ fn cert_of(req_ext: &axum::http::Extensions) -> Option<VerifiedClientCert> {
     req_ext.get::<VerifiedClientCert>().copied()
 }
 
-async fn filter<E: ClusterEdge>(
-    State(app): State<Arc<App<E>>>,
+/// The two calls kube-scheduler makes. They differ only in their names, their latency histogram,
+/// the form of their answer and what they decide.
+#[derive(Debug, Clone, Copy)]
+enum ExtenderCall {
+    Filter,
+    Bind,
+}
+
+impl ExtenderCall {
+    /// The `verb` label of the decision counter.
+    fn verb(self) -> &'static str {
+        match self {
+            ExtenderCall::Filter => "filter",
+            ExtenderCall::Bind => "bind",
+        }
+    }
+
+    fn seconds(self, metrics: &Metrics) -> &Histogram {
+        match self {
+            ExtenderCall::Filter => &metrics.filter_seconds,
+            ExtenderCall::Bind => &metrics.bind_seconds,
+        }
+    }
+
+    /// The answer of a call refused before it is read.
+    fn refusal(self, error: String) -> String {
+        match self {
+            ExtenderCall::Filter => ExtenderFilterResult::error(error).to_json(),
+            ExtenderCall::Bind => ExtenderBindingResult { error }.to_json(),
+        }
+    }
+
+    /// Decides on `body` and answers (the body of a 200).
+    async fn answer<E: ClusterEdge>(self, app: &App<E>, body: &[u8]) -> String {
+        match self {
+            ExtenderCall::Filter => filter_body(app, body).await.to_json(),
+            ExtenderCall::Bind => ExtenderBindingResult {
+                error: bind_body(app, body).await.err().unwrap_or_default(),
+            }
+            .to_json(),
+        }
+    }
+}
+
+/// `POST /filter` and `/bind`: only kube-scheduler may call (401 and an `Unauthenticated`
+/// decision otherwise); the body is read within the limits of [`read_body`]; the latency of a
+/// call that was read and answered goes to the call's histogram.
+async fn extender_call<E: ClusterEdge>(
+    app: Arc<App<E>>,
     req: axum::extract::Request,
+    call: ExtenderCall,
 ) -> Response {
     let started = Instant::now();
     let (parts, body) = req.into_parts();
     if let Err(e) = app.auth.check(&parts.headers, cert_of(&parts.extensions)) {
-        app.metrics.decision("filter", "Unauthenticated");
-        return json(
-            StatusCode::UNAUTHORIZED,
-            ExtenderFilterResult::error(e).to_json(),
-        );
+        app.metrics.decision(call.verb(), "Unauthenticated");
+        return json(StatusCode::UNAUTHORIZED, call.refusal(e));
     }
     let body = match read_body(body, &parts.extensions).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let result = filter_body(&app, &body).await;
-    app.metrics
-        .filter_seconds
+    let answer = call.answer(&app, &body).await;
+    call.seconds(&app.metrics)
         .observe(started.elapsed().as_secs_f64());
-    json(StatusCode::OK, result.to_json())
+    json(StatusCode::OK, answer)
 }
 
 async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilterResult {
@@ -236,7 +289,7 @@ async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilte
             return ExtenderFilterResult::error(r.to_string());
         }
     };
-    let key = crate::podspec::pod_key(&pod);
+    let key = podspec::pod_key(&pod);
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let event = |kind, reason: &str, message: String| PodEvent {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
@@ -302,25 +355,21 @@ async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilte
     }
 }
 
-/// `Nodes` form (not node-cache-capable): devices from the given node objects only, no usage,
-/// no side effects (contract §4.4).
+/// `Nodes` form (not node-cache-capable): [`decide::filter_given_nodes`], no side effects; the
+/// answer echoes the node objects as they came.
 fn filter_full_nodes<E: ClusterEdge>(
     app: &App<E>,
     pod: &k8s_openapi::api::core::v1::Pod,
     nodes: Vec<(k8s_openapi::api::core::v1::Node, serde_json::Value)>,
 ) -> ExtenderFilterResult {
-    let mut state = ClusterState::new();
-    let mut names = Vec::new();
-    let mut raw = BTreeMap::new();
-    for (node, value) in nodes {
-        if let Some(rec) = NodeRecord::from_node(&node, &app.decision) {
-            names.push(rec.name.clone());
-            raw.insert(rec.name.clone(), value.clone());
-            state.upsert_node(rec);
-        }
-    }
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    match decide::filter_pod(&mut state, &app.decision, pod, &uid, &names) {
+    let (nodes, values): (Vec<_>, Vec<_>) = nodes.into_iter().unzip();
+    // By name, as the decision names them (a node without a name takes no part).
+    let mut raw: BTreeMap<String, serde_json::Value> = nodes
+        .iter()
+        .zip(values)
+        .filter_map(|(n, v)| Some((n.metadata.name.clone()?, v)))
+        .collect();
+    match decide::filter_given_nodes(&app.decision, pod, &nodes) {
         Verdict::NotGpu => ExtenderFilterResult {
             nodes: Some(NodeListOut {
                 metadata: BTreeMap::new(),
@@ -351,33 +400,6 @@ fn refusal_code(r: &Refusal) -> &'static str {
         Refusal::Rejected(_) => "Rejected",
         Refusal::Stopped => "Stopped",
     }
-}
-
-async fn bind<E: ClusterEdge>(
-    State(app): State<Arc<App<E>>>,
-    req: axum::extract::Request,
-) -> Response {
-    let started = Instant::now();
-    let (parts, body) = req.into_parts();
-    if let Err(e) = app.auth.check(&parts.headers, cert_of(&parts.extensions)) {
-        app.metrics.decision("bind", "Unauthenticated");
-        return json(
-            StatusCode::UNAUTHORIZED,
-            ExtenderBindingResult { error: e }.to_json(),
-        );
-    }
-    let body = match read_body(body, &parts.extensions).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let error = match bind_body(&app, &body).await {
-        Ok(()) => String::new(),
-        Err(e) => e,
-    };
-    app.metrics
-        .bind_seconds
-        .observe(started.elapsed().as_secs_f64());
-    json(StatusCode::OK, ExtenderBindingResult { error }.to_json())
 }
 
 async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), String> {
@@ -424,14 +446,7 @@ async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), Stri
         }
     };
     if plan.gpu {
-        let mut allocating = MetadataPatch::default();
-        allocating.annotations.insert(
-            ann::BIND_PHASE.to_owned(),
-            ann::BIND_PHASE_ALLOCATING.to_owned(),
-        );
-        allocating
-            .annotations
-            .insert(ann::BIND_TIME.to_owned(), unix_now().to_string());
+        let allocating = bind_allocating_patch(unix_now());
         if let Err(e) = app
             .edge
             .patch_pod(
@@ -497,11 +512,7 @@ async fn bind_failed<E: ClusterEdge>(
     msg: String,
 ) -> Result<(), String> {
     if gpu {
-        let mut failed = MetadataPatch::default();
-        failed.annotations.insert(
-            ann::BIND_PHASE.to_owned(),
-            ann::BIND_PHASE_FAILED.to_owned(),
-        );
+        let failed = bind_phase_patch(ann::BIND_PHASE_FAILED);
         if let Err(e) = app
             .edge
             .patch_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, failed)

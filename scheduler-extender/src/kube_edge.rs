@@ -15,14 +15,16 @@ use kube::runtime::events::{Event, EventType as KubeEventType, Recorder, Reporte
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::facts::SharedFacts;
+use tessera_scheduler_core::lease::{self, Identity, LeaseAction, LeaseRecord, Standby};
+use tessera_scheduler_core::patch::MetadataPatch;
+use tessera_scheduler_core::quota::{QuotaKeys, QuotaRecord};
+use tessera_scheduler_core::state::{NodeRecord, ResyncKind, slim_node, slim_pod};
 use tokio::sync::watch;
 
-use crate::decide::DecisionConfig;
-use crate::edge::{ClusterEdge, EdgeError, EventType, MetadataPatch, PodEvent};
-use crate::engine::{Command, EngineHandle, Observation, ResyncKind, Unschedulable};
-use crate::facts::SharedFacts;
-use crate::lease::{self, Identity, LeaseAction, LeaseRecord, Standby};
-use crate::state::{NodeRecord, QuotaKeys, QuotaRecord, slim_node, slim_pod};
+use crate::edge::{ClusterEdge, EdgeError, EventType, PodEvent};
+use crate::engine::{Command, EngineHandle, Observation, Unschedulable};
 
 fn edge_err(e: kube::Error) -> EdgeError {
     match &e {
@@ -221,8 +223,8 @@ struct Round {
 
 /// Holds (or waits for) the Lease and publishes the leadership term (`leaseTransitions` when we
 /// acquired it) or `None`. With `cfg.follow`, contends only while the followed Lease is held by
-/// this pod, and releases the Lease at once when another pod's holder has it (`crate::lease`).
-/// Runs forever.
+/// this pod, and releases the Lease at once when another pod's holder has it
+/// (`tessera_scheduler_core::lease`). Runs forever.
 pub async fn run_leader_election(
     client: Client,
     cfg: LeaseConfig,
@@ -622,10 +624,11 @@ fn node_facts(meta: PartialObjectMeta<Node>, cfg: &DecisionConfig) -> Option<Nod
     NodeRecord::from_node(&node, cfg)
 }
 
-/// Keeps the webhook's [`ClusterFacts`](crate::facts::ClusterFacts) on every replica, leader or
-/// not, from a light watch: node *metadata* only (the register annotation and labels; no status,
-/// whose image lists dominate a Node's size) and ResourceQuotas. Each (re-)List replaces the
-/// view at once when complete, so the webhook never sees half a List. Runs forever.
+/// Keeps the webhook's [`ClusterFacts`](tessera_scheduler_core::facts::ClusterFacts) on every
+/// replica, leader or not, from a light watch: node *metadata* only (the register annotation and
+/// labels; no status, whose image lists dominate a Node's size) and ResourceQuotas. Each
+/// (re-)List replaces the view at once when complete, so the webhook never sees half a List.
+/// Runs forever.
 pub async fn run_facts(client: Client, cfg: DecisionConfig, facts: SharedFacts) {
     let keys = QuotaKeys::new(&cfg.nvidia.resources, cfg.nvidia.effective_memory_factor());
     let write = || {

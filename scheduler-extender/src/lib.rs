@@ -1,23 +1,21 @@
 //! Tessera's control-plane daemon: a kube-scheduler extender (filter, bind), the admission
 //! webhook, per-namespace GPU budgets and the offline `simulate` tool.
 //!
-//! Layout: pure logic in [`fit`] (placement rules), [`state`] (cluster model and reservation
-//! overlay), [`decide`] (one filter decision) and [`simulate`]; the daemon's edges around them.
+//! This crate is the I/O shell around `tessera_scheduler_core`, which holds every decision as pure
+//! data and functions (fit and score, cluster state, budgets, the webhook and extender rules,
+//! leader election, `simulate`). Here: [`engine`] (the one decision loop that owns the cluster
+//! state, and its handle), [`edge`] (the side effects on the cluster, behind a trait),
+//! [`kube_edge`] (that trait and the watches on the Kubernetes API), [`http`] (the extender,
+//! webhook and metrics routes), [`listen`] and [`tls`] (the listener), [`metrics`], and the
+//! binary (`serve`, `simulate`). `testing` (feature `testing`) is an in-process fake of the edge
+//! for tests and benchmarks.
 
-pub mod decide;
 pub mod edge;
 pub mod engine;
-pub mod extender;
-pub mod facts;
-pub mod fit;
 pub mod http;
 pub mod kube_edge;
-pub mod lease;
 pub mod listen;
 pub mod metrics;
-pub mod podspec;
-pub mod simulate;
-pub mod state;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;
-pub mod webhook;

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
-use tessera_scheduler::decide::DecisionConfig;
-use tessera_scheduler::podspec::PolicyDefaults;
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::podspec::PolicyDefaults;
 
 #[derive(Debug, Parser)]
 #[command(name = "tessera-scheduler", version, about)]
@@ -137,13 +137,13 @@ fn main() -> anyhow::Result<()> {
             let cfg = policy.decision_config()?;
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
-            let input = tessera_scheduler::simulate::Input::parse(&text)
+            let input = tessera_scheduler_core::simulate::Input::parse(&text)
                 .with_context(|| format!("parsing {}", file.display()))?;
             for skipped in &input.ignored {
                 tracing::warn!(object = %skipped, "ignoring object of a kind simulate does not use");
             }
             let mut out = std::io::stdout().lock();
-            for line in tessera_scheduler::simulate::run(&input, &cfg) {
+            for line in tessera_scheduler_core::simulate::run(&input, &cfg) {
                 serde_json::to_writer(&mut out, &line)?;
                 writeln!(out)?;
             }

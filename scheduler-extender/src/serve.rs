@@ -9,9 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
-use tessera_scheduler::decide::DecisionConfig;
 use tessera_scheduler::engine::{Command, Engine, EngineHandle};
-use tessera_scheduler::facts::SharedFacts;
 use tessera_scheduler::http::{App, Auth, metrics_router, router};
 use tessera_scheduler::kube_edge::{
     FollowLease, KubeEdge, LeaseConfig, run_facts, run_leader_election, run_requeue, run_sync,
@@ -19,7 +17,9 @@ use tessera_scheduler::kube_edge::{
 use tessera_scheduler::listen::ServeLimits;
 use tessera_scheduler::metrics::Metrics;
 use tessera_scheduler::tls::{self, TlsFiles};
-use tessera_scheduler::webhook::WebhookConfig;
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::facts::SharedFacts;
+use tessera_scheduler_core::webhook::WebhookConfig;
 
 use crate::PolicyArgs;
 

@@ -1,14 +1,15 @@
-//! An in-process fake of the cluster edge for tests and benchmarks: pods live in a map, patches
-//! merge into them, bindings set `spec.nodeName`, and every change can be fed back to a decision
-//! loop as an informer would (optionally late).
+//! An in-process fake of the cluster edge for tests and benchmarks (feature `testing`): pods live
+//! in a map, patches merge into them, bindings set `spec.nodeName`, and every change can be fed
+//! back to a decision loop as an informer would (optionally late). The Kubernetes objects to feed
+//! it are `tessera_scheduler_core::fixtures`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use serde_json::json;
+use k8s_openapi::api::core::v1::Pod;
+use tessera_scheduler_core::patch::{MetadataPatch, bind_phase_patch};
 
-use crate::edge::{ClusterEdge, EdgeError, MetadataPatch, PodEvent};
+use crate::edge::{ClusterEdge, EdgeError, PodEvent};
 use crate::engine::{Command, EngineHandle, Observation};
 
 /// The fake API server.
@@ -65,14 +66,27 @@ impl FakeEdge {
         }
     }
 
+    /// The kubelet's status update: sets the pod's phase (e.g. `Failed` when admission rejected
+    /// it) and publishes.
+    pub async fn set_phase(&self, namespace: &str, name: &str, phase: &str) {
+        let updated = {
+            let mut pods = lock(&self.pods);
+            pods.get_mut(&(namespace.to_owned(), name.to_owned()))
+                .map(|pod| {
+                    pod.status.get_or_insert_with(Default::default).phase = Some(phase.to_owned());
+                    pod.clone()
+                })
+        };
+        if let Some(pod) = updated {
+            self.publish(pod).await;
+        }
+    }
+
     /// The device plugin's answer: sets `hami.io/bind-phase` and publishes.
     pub async fn set_bind_phase(&self, namespace: &str, name: &str, phase: &str) {
-        let mut patch = MetadataPatch::default();
-        patch.annotations.insert(
-            hami_contract::annotations::BIND_PHASE.to_owned(),
-            phase.to_owned(),
-        );
-        let _ = self.patch_pod(namespace, name, "", patch).await;
+        let _ = self
+            .patch_pod(namespace, name, "", bind_phase_patch(phase))
+            .await;
     }
 }
 
@@ -154,45 +168,4 @@ impl ClusterEdge for FakeEdge {
     async fn event(&self, event: PodEvent) {
         lock(&self.events).push(event);
     }
-}
-
-/// A node registering `gpus` cards of `mem` MiB, `count` replicas each.
-pub fn gpu_node(name: &str, gpus: u32, mem: u32, count: u32) -> Node {
-    let devices: Vec<serde_json::Value> = (0..gpus)
-        .map(|i| {
-            json!({"id": format!("GPU-{name}-{i}"), "index": i, "count": count, "devmem": mem,
-                   "devcore": 100, "type": "NVIDIA-Tesla T4", "mode": "hami-core", "health": true})
-        })
-        .collect();
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "annotations": {
-            "hami.io/node-nvidia-register": serde_json::to_string(&devices).unwrap_or_default()}},
-    }))
-    .unwrap_or_default()
-}
-
-/// A pending pod asking one container for `nums` GPUs of `mem` MiB and `cores` percent.
-pub fn gpu_pod(namespace: &str, name: &str, nums: u32, mem: u32, cores: u32) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{namespace}-{name}")},
-        "spec": {"containers": [{"name": "main", "image": "app", "resources": {"limits": {
-            "nvidia.com/gpu": nums.to_string(), "nvidia.com/gpumem": mem.to_string(),
-            "nvidia.com/gpucores": cores.to_string()}}}]},
-    }))
-    .unwrap_or_default()
-}
-
-/// A pod already running on `node` with the given allocation annotation.
-pub fn running_pod(namespace: &str, name: &str, node: &str, allocated: &str) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{namespace}-{name}"),
-            "annotations": {"hami.io/vgpu-node": node, "hami.io/vgpu-devices-allocated": allocated,
-                            "hami.io/bind-phase": "success"}},
-        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "app"}]},
-        "status": {"phase": "Running"},
-    }))
-    .unwrap_or_default()
 }

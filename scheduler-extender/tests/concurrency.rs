@@ -10,11 +10,12 @@ use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
 use serde_json::json;
-use tessera_scheduler::decide::DecisionConfig;
 use tessera_scheduler::engine::{Command, Engine, EngineHandle, Observation};
 use tessera_scheduler::http::{App, Auth, router};
 use tessera_scheduler::metrics::Metrics;
-use tessera_scheduler::testing::{FakeEdge, gpu_node, gpu_pod};
+use tessera_scheduler::testing::FakeEdge;
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::fixtures::{gpu_node, gpu_pod};
 use tower::ServiceExt;
 
 const GPUS: u32 = 2;

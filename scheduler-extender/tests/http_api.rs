@@ -7,11 +7,12 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use tessera_scheduler::decide::DecisionConfig;
 use tessera_scheduler::engine::{Command, Engine, EngineHandle, Observation};
 use tessera_scheduler::http::{App, Auth, router};
 use tessera_scheduler::metrics::Metrics;
-use tessera_scheduler::testing::{FakeEdge, gpu_node, gpu_pod};
+use tessera_scheduler::testing::FakeEdge;
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::fixtures::{gpu_node, gpu_pod};
 use tower::ServiceExt;
 
 struct Harness {
@@ -277,6 +278,68 @@ async fn bind_refuses_a_pod_confusable_with_one_still_pending_on_the_node() {
     );
 }
 
+/// Found on a real kubelet: a pod rejected at admission (its plugin was restarting) whose first
+/// update the informer saw was already `Failed` kept its bind reservation, so every confusable
+/// pod waited on that node for good.
+#[tokio::test]
+async fn a_pod_rejected_at_admission_no_longer_holds_its_node() {
+    let h = harness().await;
+    let a = gpu_pod("default", "a", 1, 3000, 30);
+    let b = gpu_pod("default", "b", 1, 2000, 30);
+    for p in [&a, &b] {
+        h.edge.add_pod(p.clone());
+    }
+    post(&h, "/filter", filter_args(&a, &["node1"]), None).await;
+    // The informer misses the bind's own patch (it is slower than the kubelet)…
+    h.edge.stop_watching();
+    assert_eq!(
+        post(&h, "/bind", bind_args("default", "a", "node1"), None)
+            .await
+            .1,
+        r#"{"Error":""}"#
+    );
+    let (_, out) = post(&h, "/filter", filter_args(&b, &["node1"]), None).await;
+    assert!(out.contains("PendingAllocationConflict"), "{out}");
+    // …and its first update is the kubelet's rejection.
+    h.edge.watch(h.engine.clone());
+    h.edge.set_phase("default", "a", "Failed").await;
+    let (_, out) = post(&h, "/filter", filter_args(&b, &["node1"]), None).await;
+    assert!(out.contains(r#""NodeNames":["node1"]"#), "{out}");
+}
+
+/// A node whose plugin identifies pods through pod-resources takes confusable pods at once.
+#[tokio::test]
+async fn a_node_with_exact_identity_takes_confusable_pods_at_once() {
+    let h = harness().await;
+    let mut node = gpu_node("node1", 1, 16000, 10);
+    node.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            "tessera.io/allocation-identity".into(),
+            "pod-resources".into(),
+        );
+    h.engine
+        .send(Command::Observe(Observation::NodeUpsert(Box::new(node))))
+        .await;
+    let a = gpu_pod("default", "a", 1, 3000, 30);
+    let b = gpu_pod("default", "b", 1, 2000, 30);
+    for p in [&a, &b] {
+        h.edge.add_pod(p.clone());
+    }
+    for (p, name) in [(&a, "a"), (&b, "b")] {
+        let (_, out) = post(&h, "/filter", filter_args(p, &["node1"]), None).await;
+        assert!(out.contains(r#""NodeNames":["node1"]"#), "{name}: {out}");
+        assert_eq!(
+            post(&h, "/bind", bind_args("default", name, "node1"), None)
+                .await
+                .1,
+            r#"{"Error":""}"#,
+            "{name}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_failed_binding_releases_the_reservation_at_once() {
     let h = harness().await;
@@ -409,7 +472,7 @@ async fn the_webhook_denies_memory_above_the_largest_gpu_from_the_replicas_facts
     assert_eq!(v["response"]["allowed"], true, "{body}");
     // The replica's watch registers node1 (16000 MiB).
     {
-        let rec = tessera_scheduler::state::NodeRecord::from_node(
+        let rec = tessera_scheduler_core::state::NodeRecord::from_node(
             &gpu_node("node1", 1, 16000, 10),
             &DecisionConfig::default(),
         )

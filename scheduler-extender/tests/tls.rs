@@ -73,12 +73,12 @@ mod mtls {
         KeyPair,
     };
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
-    use tessera_scheduler::decide::DecisionConfig;
     use tessera_scheduler::engine::{Engine, EngineHandle};
     use tessera_scheduler::http::{App, Auth, router};
     use tessera_scheduler::metrics::Metrics;
     use tessera_scheduler::testing::FakeEdge;
     use tessera_scheduler::tls::{TlsFiles, load, serve};
+    use tessera_scheduler_core::config::DecisionConfig;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     struct Pki {

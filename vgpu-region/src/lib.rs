@@ -2,10 +2,10 @@
 //! a safe reader.
 //!
 //! The layout is `shared_region_t` of HAMi-core 1.2 on x86_64/aarch64 glibc (`sem_t` = 32
-//! bytes). It is frozen by HAMi's Go monitor (`pkg/monitor/nvidia/v1/spec.go`), so every offset
-//! here is pinned by a test. The shim (`libvgpu-shim`) writes the file through these offsets;
-//! the device plugin's monitor reads it with [`RegionSnapshot::parse`], which never panics on
-//! any input.
+//! bytes; core contract §4.2). It is frozen by HAMi's Go monitor
+//! (`pkg/monitor/nvidia/v1/spec.go`), so every offset here is pinned by a test. The shim
+//! (`libvgpu-shim`) writes the file through these offsets; the device plugin's monitor reads it
+//! with [`RegionSnapshot::parse`], which never panics on any input.
 
 use thiserror::Error;
 
@@ -269,7 +269,7 @@ impl RegionSnapshot {
     }
 }
 
-/// Parses HAMi-core's size syntax exactly as `get_limit_from_env` does (see
+/// Parses HAMi-core's size syntax exactly as `get_limit_from_env` does (core contract §1.2; see
 /// `docs/design/sm-limiter.md` and the shim's README for the quirks): the **last character**
 /// picks the scale (`g`/`G` 2^30, `m`/`M` 2^20, `k`/`K` 2^10, else 1) and the digits are read
 /// like `strtoul(s, NULL, 0)` (leading spaces, optional sign, `0x` hex, leading `0` octal; parsing

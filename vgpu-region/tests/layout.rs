@@ -1,5 +1,6 @@
-//! Pins every offset of HAMi-core's `shared_region_t` (computed with `offsetof` on x86_64
-//! glibc, and checked by HAMi's Go test `TestSharedRegionTLayoutMatchesCABI`).
+//! Pins every offset of HAMi-core's `shared_region_t` (core contract §4.2: computed with
+//! `offsetof` on x86_64 glibc, and checked by HAMi's Go test
+//! `TestSharedRegionTLayoutMatchesCABI`).
 
 use proptest::prelude::*;
 use vgpu_region::*;

@@ -1,24 +1,26 @@
 //! `tessera-demo`: the README's first command (`make demo`). See `tessera_e2e::demo`.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::Parser;
 
-/// Start a local cluster with three simulated GPU nodes and Tessera, submit the example pods and
-/// show where each one went and why the others wait. Ctrl-C stops everything.
+/// Start a local cluster of three real nodes with simulated GPUs (kubelet + containerd each) and
+/// Tessera installed by helm, submit the example pods and show where each one went, why the
+/// others wait, and what each placed pod sees inside. Ctrl-C stops and removes everything.
+/// Needs root.
 #[derive(Debug, Parser)]
 #[command(name = "tessera-demo", version)]
 struct Cli {
-    /// Multi-document YAML of the pods to submit.
+    /// Multi-document YAML of the pods to submit, in order.
     #[arg(short = 'f', long, default_value = "examples/demo/pods.yaml")]
     file: PathBuf,
-    /// Print the table and exit instead of waiting for Ctrl-C.
+    /// Print the table and exit (removing everything) instead of waiting for Ctrl-C.
     #[arg(long)]
     once: bool,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -27,6 +29,11 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    tessera_e2e::demo::main(&cli.file, cli.once).await?;
-    Ok(())
+    match tessera_e2e::demo::main(&cli.file, cli.once) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tessera-demo: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

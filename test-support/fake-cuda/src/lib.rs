@@ -17,9 +17,6 @@
 
 #![allow(non_snake_case, non_camel_case_types, clippy::missing_safety_doc)]
 
-#[path = "../../fake-nvml/src/gpu_state.rs"]
-mod gpu_state;
-
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -71,9 +68,9 @@ fn config() -> &'static Config {
     })
 }
 
-fn gpu() -> Option<&'static gpu_state::GpuState> {
-    static STATE: OnceLock<Option<&'static gpu_state::GpuState>> = OnceLock::new();
-    *STATE.get_or_init(gpu_state::open)
+fn gpu() -> Option<&'static fake_gpu_state::GpuState> {
+    static STATE: OnceLock<Option<&'static fake_gpu_state::GpuState>> = OnceLock::new();
+    *STATE.get_or_init(fake_gpu_state::open)
 }
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
@@ -103,7 +100,7 @@ struct Memory {
     /// Arrays: handle → (device, size).
     arrays: HashMap<u64, (usize, u64)>,
     next_handle: u64,
-    /// Per-device bytes allocated by this process (the GPU-wide view is in `gpu_state`).
+    /// Per-device bytes allocated by this process (the GPU-wide view is in `fake_gpu_state`).
     local_used: [u64; 16],
 }
 
@@ -532,7 +529,7 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(ctx: *mut *mut c_void) -> CUresult {
 fn sync_device(dev: usize) {
     if let Some(state) = gpu() {
         let until = state.devices[dev].busy_until_ns.load(Ordering::Acquire);
-        let now = gpu_state::now_ns();
+        let now = fake_gpu_state::now_ns();
         if until > now {
             std::thread::sleep(std::time::Duration::from_nanos(until - now));
         }
@@ -578,7 +575,7 @@ fn with_memory<R>(f: impl FnOnce(&mut Memory) -> R) -> R {
 
 /// The simulated GPU shared with other processes (and the fake NVML), if `FAKE_GPU_STATE` is
 /// set; without it memory is tracked per process only.
-fn shared_gpu() -> Option<&'static gpu_state::GpuState> {
+fn shared_gpu() -> Option<&'static fake_gpu_state::GpuState> {
     static SHARED: OnceLock<bool> = OnceLock::new();
     if *SHARED.get_or_init(|| std::env::var_os("FAKE_GPU_STATE").is_some_and(|p| !p.is_empty())) {
         gpu()
@@ -1291,7 +1288,7 @@ fn launch(blocks: u64) -> CUresult {
         // A full launch queue blocks the launching thread, as on a real GPU.
         loop {
             let until = d.busy_until_ns.load(Ordering::Acquire);
-            let now = gpu_state::now_ns();
+            let now = fake_gpu_state::now_ns();
             if until <= now + cfg.queue_ns {
                 break;
             }

@@ -7,7 +7,6 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-pub mod gpu_state;
 pub mod scenario;
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
@@ -147,13 +146,13 @@ fn guard(f: impl FnOnce() -> NvmlReturn) -> NvmlReturn {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(NVML_ERROR_UNKNOWN)
 }
 
-fn gpu() -> Option<&'static gpu_state::GpuState> {
-    static STATE: std::sync::OnceLock<Option<&'static gpu_state::GpuState>> =
+fn gpu() -> Option<&'static fake_gpu_state::GpuState> {
+    static STATE: std::sync::OnceLock<Option<&'static fake_gpu_state::GpuState>> =
         std::sync::OnceLock::new();
     *STATE.get_or_init(|| {
         std::env::var_os("FAKE_GPU_STATE")
             .filter(|p| !p.is_empty())
-            .and_then(|_| gpu_state::open())
+            .and_then(|_| fake_gpu_state::open())
     })
 }
 
@@ -622,7 +621,7 @@ fn memory_of(g: &Global, idx: usize) -> Result<(u64, u64), NvmlReturn> {
     let mib = 1u64 << 20;
     let total = dev.memory_total_mib.saturating_mul(mib);
     let simulated = gpu().map_or(0, |s| {
-        s.devices[idx.min(gpu_state::MAX_DEVICES - 1)].used_bytes()
+        s.devices[idx.min(fake_gpu_state::MAX_DEVICES - 1)].used_bytes()
     });
     let used = dev
         .memory_used_mib
@@ -712,8 +711,8 @@ const UTIL_WINDOW_NS: u64 = 1_000_000_000;
 
 fn simulated_percent(idx: usize, pid: Option<u64>, window_ns: u64) -> Option<u32> {
     let state = gpu()?;
-    let dev = &state.devices[idx.min(gpu_state::MAX_DEVICES - 1)];
-    let now = gpu_state::now_ns();
+    let dev = &state.devices[idx.min(fake_gpu_state::MAX_DEVICES - 1)];
+    let now = fake_gpu_state::now_ns();
     let from = now.saturating_sub(window_ns);
     let busy = dev.busy_ns(pid, from, now);
     Some(((busy.saturating_mul(100) + window_ns / 2) / window_ns.max(1)).min(100) as u32)
@@ -759,7 +758,7 @@ fn process_list(g: &Global, idx: usize) -> Vec<(u32, u64)> {
         })
         .unwrap_or_default();
     if let Some(state) = gpu() {
-        for (pid, bytes) in state.devices[idx.min(gpu_state::MAX_DEVICES - 1)].processes() {
+        for (pid, bytes) in state.devices[idx.min(fake_gpu_state::MAX_DEVICES - 1)].processes() {
             let host_pid = (pid as u32).wrapping_add(offset);
             if !list.iter().any(|&(p, _)| p == host_pid) {
                 list.push((host_pid, bytes));
@@ -856,7 +855,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         if count.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        let now_us = gpu_state::realtime_us();
+        let now_us = fake_gpu_state::realtime_us();
         let window_ns = if last_seen_us == 0 || last_seen_us >= now_us {
             UTIL_WINDOW_NS
         } else {
@@ -865,8 +864,8 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         let offset = g.scenario.as_ref().map_or(0, |s| s.pid_offset);
         let mut list: Vec<(u32, u32)> = Vec::new();
         if let Some(state) = gpu() {
-            let dev = &state.devices[idx.min(gpu_state::MAX_DEVICES - 1)];
-            let now = gpu_state::now_ns();
+            let dev = &state.devices[idx.min(fake_gpu_state::MAX_DEVICES - 1)];
+            let now = fake_gpu_state::now_ns();
             for pid in dev.active_pids(now.saturating_sub(window_ns), now) {
                 let util = simulated_percent(idx, Some(pid), window_ns).unwrap_or(0);
                 list.push(((pid as u32).wrapping_add(offset), util));

@@ -1,6 +1,6 @@
 //! Leader election as a pure decision: given the extender's own Lease, the Lease it follows
 //! (kube-scheduler's, `--follow-lease`), the time and who we are, what to do next. The I/O (read
-//! both Leases, write ours) lives in `kube_edge::run_leader_election`.
+//! both Leases, write ours) lives in the daemon's `kube_edge::run_leader_election`.
 //!
 //! Why a followed Lease: in the chart each scheduler pod runs a stock kube-scheduler next to the
 //! extender, and kube-scheduler only ever calls the extender of its own pod (127.0.0.1). Both

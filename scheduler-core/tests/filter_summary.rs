@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use hami_contract::PodDevices;
 use hami_contract::identity::AllocationSignature;
-use tessera_scheduler::decide::{Placement, success_summary};
-use tessera_scheduler::fit::Charge;
+use tessera_scheduler_core::decide::{Placement, success_summary};
+use tessera_scheduler_core::fit::Charge;
 
 fn placement(fitting: Vec<(String, f32)>, failed: usize) -> Placement {
     let fitting = fitting.into_iter().map(|(n, s)| (n.into(), s)).collect();

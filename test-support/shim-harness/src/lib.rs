@@ -1,13 +1,21 @@
-//! Test harness: finds the built `libvgpu.so` and the fake driver libraries, exposes the fakes
-//! under their real names in a temp dir, compiles the C probe with `cc`, and runs it under
-//! `LD_PRELOAD` with a clean environment.
-
-#![allow(dead_code)]
+//! Harness of `libvgpu-shim`'s integration tests and overhead bench: builds `libvgpu.so` and
+//! the fake driver libraries, exposes the fakes under their real names in a temp dir, compiles
+//! the C probe (`libvgpu-shim/tests/c/cuda_probe.c`) with `cc`, and runs it under `LD_PRELOAD`
+//! with a clean environment.
+//!
+//! A crate rather than a module of the shim's tests so that the bench, a separate target, uses
+//! the same code.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+/// The shim's package directory: the harness builds that package and compiles its C probe.
+const SHIM_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../libvgpu-shim");
+
+/// What [`artifacts`] built: a directory with the fakes under their real names (the
+/// `LD_LIBRARY_PATH` of a probe), the shim to preload, and the compiled probe.
+#[derive(Debug)]
 pub struct Artifacts {
     pub dir: PathBuf,
     pub shim: PathBuf,
@@ -44,7 +52,7 @@ fn build_dir() -> PathBuf {
             "fake-nvml",
         ])
         .arg("--manifest-path")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .arg(Path::new(SHIM_DIR).join("Cargo.toml"))
         .env("CARGO_TARGET_DIR", &target);
         if release {
             cmd.arg("--release");
@@ -81,7 +89,7 @@ pub fn artifacts() -> &'static Artifacts {
             }
         }
         let probe = dir.join("cuda_probe");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cuda_probe.c");
+        let src = Path::new(SHIM_DIR).join("tests/c/cuda_probe.c");
         let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
             .args(["-O1", "-Wall", "-o"])
             .arg(&probe)
@@ -117,10 +125,12 @@ pub fn probe(cache: &Path, vars: &[(&str, &str)], args: &[&str]) -> Command {
     cmd
 }
 
+/// Runs a probe to completion, collecting its output.
 pub fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("run probe")
 }
 
+/// A probe's status, stdout and stderr, for assertion messages.
 pub fn text(out: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
@@ -130,6 +140,7 @@ pub fn text(out: &Output) -> String {
     )
 }
 
+/// Fails the test with the probe's output unless it exited successfully.
 pub fn assert_ok(out: &Output) {
     assert!(out.status.success(), "{}", text(out));
 }

@@ -23,8 +23,9 @@ use hami_contract::request::{ContainerResources, PodRequests, resolve_pod, webho
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
-use crate::facts::{ClusterFacts, Limit};
+use crate::facts::ClusterFacts;
 use crate::podspec::container_resources;
+use crate::quota::Limit;
 
 /// Webhook settings.
 #[derive(Debug, Clone, Default)]
@@ -58,7 +59,7 @@ const CONTROL_ENV: [&str; 6] = [
     "GPU_CORE_UTILIZATION_POLICY",
 ];
 
-/// Whether a pod may not set `name` (see [`CONTROL_ENV`]); the indexed forms are `_<digits>`.
+/// Whether a pod may not set `name` (see `CONTROL_ENV`); the indexed forms are `_<digits>`.
 pub fn is_control_env(name: &str) -> bool {
     if CONTROL_ENV.contains(&name) {
         return true;
@@ -411,12 +412,12 @@ fn never_fits(
         }
         app_sum.max(init_max)
     };
-    fn over(asked: u64, limit: &Option<Limit>) -> Option<&Limit> {
-        limit.as_ref().filter(|l| asked > l.value)
+    fn over(asked: u64, limit: Option<Limit<'_>>) -> Option<Limit<'_>> {
+        limit.filter(|l| asked > l.value)
     }
     // Neither the quota's name nor its value: the namespace is the one the AdmissionReview
     // claims, and an unauthenticated caller can claim any (docs/scheduler.md, "Webhook").
-    let deny_quota = |asked: String, how: String, key: &str, _l: &Limit, unit: &str| {
+    let deny_quota = |asked: String, how: String, key: &str, _l: Limit<'_>, unit: &str| {
         format!(
             "pod asks for {asked}{} in total ({how}, over its containers), more than the GPU ResourceQuota of namespace {namespace} allows for {key}; the pod could never be scheduled in this namespace (exceeding resource quota; `kubectl describe resourcequota -n {namespace}` shows the limits)",
             if unit == " MiB" {
@@ -427,7 +428,7 @@ fn never_fits(
         )
     };
     let (mem_key, cores_key) = names.quota_keys();
-    if let Some(l) = over(q.memory, &limits.mem) {
+    if let Some(l) = over(q.memory, limits.mem) {
         return Some(deny_quota(
             format!("{} MiB of GPU memory", q.memory),
             format!("{} × {}", names.memory, names.count),
@@ -436,7 +437,7 @@ fn never_fits(
             " MiB",
         ));
     }
-    if let Some(l) = over(q.cores, &limits.cores) {
+    if let Some(l) = over(q.cores, limits.cores) {
         return Some(deny_quota(
             format!("{} GPU cores", q.cores),
             format!("{} × {}", names.cores, names.count),
@@ -445,7 +446,7 @@ fn never_fits(
             "",
         ));
     }
-    if let Some(l) = over(count, &limits.count) {
+    if let Some(l) = over(count, limits.count) {
         return Some(deny_quota(
             format!("{count} GPUs"),
             names.count.clone(),

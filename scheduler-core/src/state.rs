@@ -12,7 +12,9 @@ use hami_contract::usage::{DeviceUsage, collapse_pod_usage};
 use hami_contract::{NodeDevice, PodDevices};
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 
-use crate::fit::{Charge, GpuState, NodeState, QuotaBudget, TopologyScores};
+use crate::config::DecisionConfig;
+use crate::fit::{self, Charge, GpuState, NodeState, QuotaBudget, TopologyScores};
+use crate::quota::{QuotaKeys, QuotaRecord, Quotas};
 
 /// A node as registered by the device plugin.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +25,9 @@ pub struct NodeRecord {
     pub topology: Option<TopologyScores>,
     /// Why the node cannot take GPU pods (no or bad register annotation, no allocatable GPUs).
     pub unregistered: Option<String>,
+    /// The node's device plugin identifies the pod under admission exactly
+    /// (`tessera.io/allocation-identity: pod-resources`): the bind rule does not apply there.
+    pub exact_identity: bool,
 }
 
 /// The topology scores of `hami.io/node-nvidia-score`, as fit wants them. An undecodable value
@@ -38,7 +43,7 @@ fn topology_scores(value: &str) -> Option<TopologyScores> {
 }
 
 impl NodeRecord {
-    pub fn from_node(node: &Node, cfg: &crate::decide::DecisionConfig) -> Option<Self> {
+    pub fn from_node(node: &Node, cfg: &DecisionConfig) -> Option<Self> {
         let count_resource = cfg.nvidia.resources.count.as_str();
         let name = node.metadata.name.clone()?;
         let annotations = node.metadata.annotations.clone().unwrap_or_default();
@@ -81,12 +86,17 @@ impl NodeRecord {
                 "node unregistered: allocatable {count_resource} is 0"
             ));
         }
+        let exact_identity = annotations
+            .get(ann::ALLOCATION_IDENTITY)
+            .map(String::as_str)
+            == Some(ann::IDENTITY_POD_RESOURCES);
         Some(NodeRecord {
             name,
             devices,
             cordoned,
             topology,
             unregistered,
+            exact_identity,
         })
     }
 
@@ -224,7 +234,7 @@ impl PodRecord {
 /// `nvidia.com/` placement hints); others, such as `kubectl.kubernetes.io/last-applied-configuration`,
 /// are dropped by [`slim_pod`] and [`slim_node`].
 fn annotation_read(key: &str) -> bool {
-    key.starts_with("hami.io/") || key.starts_with("nvidia.com/")
+    key.starts_with("hami.io/") || key.starts_with("nvidia.com/") || key == ann::ALLOCATION_IDENTITY
 }
 
 fn read_annotations(
@@ -310,68 +320,6 @@ pub fn usage_charge(usage: &[DeviceUsage]) -> Charge {
     })
 }
 
-/// GPU limits of one ResourceQuota object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuotaRecord {
-    pub namespace: String,
-    pub name: String,
-    /// MiB, already × `memoryFactor`.
-    pub mem_limit: Option<u64>,
-    pub cores_limit: Option<u64>,
-    pub count_limit: Option<u64>,
-}
-
-/// The resource names and factor the quota keys depend on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuotaKeys {
-    pub memory: String,
-    pub cores: String,
-    pub count: Vec<String>,
-    pub memory_factor: u32,
-}
-
-impl QuotaKeys {
-    pub fn new(names: &hami_contract::ResourceNames, memory_factor: u32) -> Self {
-        let (memory, cores) = names.quota_keys();
-        QuotaKeys {
-            memory,
-            cores,
-            count: vec![
-                format!("limits.{}", names.count),
-                format!("requests.{}", names.count),
-                names.count.clone(),
-            ],
-            memory_factor: memory_factor.max(1),
-        }
-    }
-}
-
-fn quantity_value(text: &str) -> Option<u64> {
-    let q = hami_contract::quantity::parse(text).ok()?;
-    u64::try_from(q.ceil().max(0)).ok()
-}
-
-impl QuotaRecord {
-    /// `None` when the object names no GPU key.
-    pub fn from_quota(q: &ResourceQuota, keys: &QuotaKeys) -> Option<Self> {
-        let hard = q.spec.as_ref()?.hard.as_ref()?;
-        let get = |k: &str| hard.get(k).and_then(|v| quantity_value(&v.0));
-        let mem_limit = get(&keys.memory).map(|m| m.saturating_mul(u64::from(keys.memory_factor)));
-        let cores_limit = get(&keys.cores);
-        let count_limit = keys.count.iter().filter_map(|k| get(k)).min();
-        if mem_limit.is_none() && cores_limit.is_none() && count_limit.is_none() {
-            return None;
-        }
-        Some(QuotaRecord {
-            namespace: q.metadata.namespace.clone().unwrap_or_default(),
-            name: q.metadata.name.clone().unwrap_or_default(),
-            mem_limit,
-            cores_limit,
-            count_limit,
-        })
-    }
-}
-
 /// How far a reservation's pod has got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BindStage {
@@ -425,6 +373,15 @@ pub enum Candidate<'a> {
     ),
 }
 
+/// A kind of object a watcher lists, for [`ClusterState::missing`]: its keys are node names, pod
+/// UIDs, and `namespace/name` of quotas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResyncKind {
+    Nodes,
+    Pods,
+    Quotas,
+}
+
 /// Nodes, GPU pods, quotas and the reservation overlay.
 #[derive(Debug, Default)]
 pub struct ClusterState {
@@ -439,7 +396,7 @@ pub struct ClusterState {
     decided_by_node: HashMap<String, BTreeSet<String>>,
     /// Reservation UIDs per node.
     res_by_node: HashMap<String, BTreeSet<String>>,
-    quotas: BTreeMap<(String, String), QuotaRecord>,
+    quotas: Quotas,
     reservations: HashMap<String, Reservation>,
     /// Node states with all effective usage applied, rebuilt lazily.
     cache: HashMap<String, CachedNode>,
@@ -472,7 +429,7 @@ impl ClusterState {
     }
 
     pub fn quotas(&self) -> impl Iterator<Item = &QuotaRecord> {
-        self.quotas.values()
+        self.quotas.iter()
     }
 
     pub fn is_live(&self, uid: &str) -> bool {
@@ -516,6 +473,17 @@ impl ClusterState {
                     BindStage::Binding => false,
                     BindStage::Bound => rec.bind_phase.is_some(),
                 }
+            {
+                self.release(&uid);
+            }
+            // A pod that ended (the kubelet rejected it at admission, say, before the informer
+            // ever showed it allocating) will never allocate: its reservation must not keep it
+            // pending on the node, or every confusable pod waits there for good.
+            if rec.terminal
+                && self
+                    .reservations
+                    .get(&uid)
+                    .is_some_and(|r| r.stage != BindStage::Binding)
             {
                 self.release(&uid);
             }
@@ -567,22 +535,15 @@ impl ClusterState {
     }
 
     pub fn upsert_quota(&mut self, q: &ResourceQuota, keys: &QuotaKeys) {
-        let key = (
-            q.metadata.namespace.clone().unwrap_or_default(),
-            q.metadata.name.clone().unwrap_or_default(),
+        self.quotas.upsert(
+            q.metadata.namespace.as_deref().unwrap_or_default(),
+            q.metadata.name.as_deref().unwrap_or_default(),
+            QuotaRecord::from_quota(q, keys),
         );
-        match QuotaRecord::from_quota(q, keys) {
-            Some(r) => {
-                self.quotas.insert(key, r);
-            }
-            None => {
-                self.quotas.remove(&key);
-            }
-        }
     }
 
     pub fn remove_quota(&mut self, namespace: &str, name: &str) {
-        self.quotas.remove(&(namespace.to_owned(), name.to_owned()));
+        self.quotas.remove(namespace, name);
     }
 
     /// Adds (or replaces) a reservation; it supersedes the informer's view of that pod.
@@ -613,6 +574,10 @@ impl ClusterState {
     pub fn set_stage(&mut self, uid: &str, stage: BindStage) {
         if let Some(r) = self.reservations.get_mut(uid) {
             r.stage = stage;
+        }
+        // The pod ended while its Binding was in flight: no later update will release it.
+        if stage == BindStage::Bound && self.pods.get(uid).is_some_and(|p| p.terminal) {
+            self.release(uid);
         }
     }
 
@@ -664,7 +629,7 @@ impl ClusterState {
             if let Some((n, usage)) = self.effective(uid)
                 && n == name
             {
-                crate::fit::book_pod(&mut state, usage);
+                fit::book_pod(&mut state, usage);
             }
         }
         Some(state)
@@ -676,7 +641,7 @@ impl ClusterState {
             match self.build_node(&name, None) {
                 Some(state) => {
                     let unregistered = self.nodes.get(&name).and_then(|r| r.unregistered.clone());
-                    let nvidia = crate::fit::nvidia_mask(&state.gpus);
+                    let nvidia = fit::nvidia_mask(&state.gpus);
                     self.cache.insert(
                         name,
                         CachedNode {
@@ -811,24 +776,19 @@ impl ClusterState {
     /// The namespace's budget: the minimum of every quota object's limits, and the usage of
     /// every pod and reservation of the namespace except `exclude`. `None` when unlimited.
     pub fn quota_budget(&self, namespace: &str, exclude: Option<&str>) -> Option<QuotaBudget> {
-        let mut budget = QuotaBudget::default();
-        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
-            (Some(x), Some(y)) => Some(x.min(y)),
-            (x, y) => x.or(y),
-        };
-        for q in self.quotas.values().filter(|q| q.namespace == namespace) {
-            budget.mem_limit = min(budget.mem_limit, q.mem_limit);
-            budget.cores_limit = min(budget.cores_limit, q.cores_limit);
-            budget.count_limit = min(budget.count_limit, q.count_limit);
-        }
-        if budget.is_unlimited() {
+        let limits = self.quotas.namespace_limits(namespace);
+        if limits.is_empty() {
             return None;
         }
         let used = self.namespace_usage(namespace, exclude);
-        budget.used_mem = used.mem;
-        budget.used_cores = used.cores;
-        budget.used_count = used.count;
-        Some(budget)
+        Some(QuotaBudget {
+            mem_limit: limits.mem.map(|l| l.value),
+            cores_limit: limits.cores.map(|l| l.value),
+            count_limit: limits.count.map(|l| l.value),
+            used_mem: used.mem,
+            used_cores: used.cores,
+            used_count: used.count,
+        })
     }
 
     /// GPU usage charged to a namespace (placed pods plus in-flight reservations).
@@ -864,6 +824,10 @@ impl ClusterState {
     /// except `exclude`: `(namespace/name, signature)`.
     pub fn pending_on(&self, node: &str, exclude: &str) -> Vec<(String, &AllocationSignature)> {
         let mut out = Vec::new();
+        // The node's plugin tells admitted pods apart by pod-resources: nothing to wait for.
+        if self.nodes.get(node).is_some_and(|n| n.exact_identity) {
+            return out;
+        }
         let mut seen = HashSet::new();
         for uid in self.res_by_node.get(node).into_iter().flatten() {
             if let Some(r) = self.reservations.get(uid)
@@ -899,6 +863,9 @@ impl ClusterState {
     /// ([`Self::pending_on`]) is unchanged: two decided pods must not refuse each other's bind.
     pub fn in_flight_on(&self, node: &str, exclude: &str) -> Vec<(String, &AllocationSignature)> {
         let mut out = self.pending_on(node, exclude);
+        if self.nodes.get(node).is_some_and(|n| n.exact_identity) {
+            return out;
+        }
         for uid in self.res_by_node.get(node).into_iter().flatten() {
             if let Some(r) = self.reservations.get(uid)
                 && r.stage == BindStage::Decided
@@ -943,9 +910,8 @@ impl ClusterState {
         out
     }
 
-    /// Keys of known objects of `kind` that are not in `keep` (see `Observation::Resync`).
-    pub fn missing(&self, kind: crate::engine::ResyncKind, keep: &HashSet<String>) -> Vec<String> {
-        use crate::engine::ResyncKind;
+    /// Keys of known objects of `kind` that are not in `keep` (a watcher re-listed them all).
+    pub fn missing(&self, kind: ResyncKind, keep: &HashSet<String>) -> Vec<String> {
         match kind {
             ResyncKind::Nodes => self
                 .nodes

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use hami_contract::policy::PodSchedulingOptions;
 use proptest::prelude::*;
-use tessera_scheduler::fit::{
+use tessera_scheduler_core::fit::{
     self, Charge, GpuPolicyKey, GpuState, NodePolicyKey, NodeState, PlacementOptions, PodAsk,
     QuotaBudget, gpu_request,
 };

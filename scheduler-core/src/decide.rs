@@ -3,27 +3,19 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use hami_contract::PodDevices;
 use hami_contract::identity::AllocationSignature;
-use hami_contract::{NvidiaConfig, PodDevices};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 
+use crate::config::DecisionConfig;
 use crate::fit::{self, Charge, NodeFit};
-use crate::podspec::{self, PolicyDefaults};
-use crate::state::{BindStage, Candidate, ClusterState, Reservation, confusable_pending};
+use crate::podspec;
+use crate::state::{
+    BindStage, Candidate, ClusterState, NodeRecord, Reservation, confusable_pending,
+};
 
 /// Reason for a node skipped because a pending pod there could be confused with this one.
 pub const PENDING_CONFLICT: &str = "PendingAllocationConflict";
-
-/// Configuration every decision needs.
-#[derive(Debug, Clone, Default)]
-pub struct DecisionConfig {
-    pub nvidia: NvidiaConfig,
-    pub defaults: PolicyDefaults,
-    /// HAMi `--node-label-selector`: only nodes with all these labels take GPU pods.
-    pub node_selector: Vec<(String, String)>,
-    /// Threads evaluating candidates of one filter (`--filter-threads`); 0 or 1 = sequential.
-    pub filter_threads: usize,
-}
 
 /// What filtering one pod concluded.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,15 +49,6 @@ fn annotations(pod: &Pod) -> BTreeMap<String, String> {
 
 /// Below this many candidates per thread, evaluation stays on the loop's thread.
 const PARALLEL_CHUNK_MIN: usize = 256;
-
-/// Node selection order (§5.5): binpack prefers the higher node score, spread the lower; ties
-/// keep the earlier candidate.
-fn better(policy: fit::NodePolicyKey, candidate: f32, current: f32) -> bool {
-    match policy {
-        fit::NodePolicyKey::Binpack => candidate > current,
-        fit::NodePolicyKey::Spread => candidate < current,
-    }
-}
 
 /// What one slice of the candidates concluded.
 #[derive(Debug, Default)]
@@ -140,7 +123,7 @@ impl EvalInput<'_> {
                         if out
                             .best
                             .as_ref()
-                            .is_none_or(|b| better(self.opts.node_policy, f.score, b.score))
+                            .is_none_or(|b| self.opts.node_policy.prefers(f.score, b.score))
                         {
                             out.best = Some(f.into_fit(&node));
                         }
@@ -164,6 +147,21 @@ pub fn filter_pod(
     candidates: &[String],
 ) -> Verdict {
     filter_pod_with(state, cfg, pod, uid, candidates, false)
+}
+
+/// The filter of the `Nodes` form (not node-cache-capable, contract §4.4): the devices of the
+/// given node objects only, with no usage, no reservation and nothing reserved.
+pub fn filter_given_nodes(cfg: &DecisionConfig, pod: &Pod, nodes: &[Node]) -> Verdict {
+    let mut state = ClusterState::new();
+    let mut names = Vec::new();
+    for node in nodes {
+        if let Some(rec) = NodeRecord::from_node(node, cfg) {
+            names.push(rec.name.clone());
+            state.upsert_node(rec);
+        }
+    }
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    filter_pod(&mut state, cfg, pod, &uid, &names)
 }
 
 /// [`filter_pod`] as the live decision loop runs it: with `avoid_decided`, nodes where a
@@ -239,7 +237,7 @@ pub fn filter_pod_with(
         if let Some(f) = c.best
             && best
                 .as_ref()
-                .is_none_or(|b| better(opts.node_policy, f.score, b.score))
+                .is_none_or(|b| opts.node_policy.prefers(f.score, b.score))
         {
             best = Some(f);
         }

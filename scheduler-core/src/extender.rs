@@ -40,6 +40,11 @@ fn object(body: &[u8]) -> Result<serde_json::Map<String, Value>, WireError> {
     }
 }
 
+/// An answer as kube-scheduler reads it; `Error` alone if it cannot be encoded.
+fn answer_json(answer: &impl Serialize) -> String {
+    serde_json::to_string(answer).unwrap_or_else(|_| r#"{"Error":"encoding failed"}"#.to_owned())
+}
+
 /// `ExtenderArgs`.
 #[derive(Debug, Clone)]
 pub struct ExtenderArgs {
@@ -140,7 +145,7 @@ impl ExtenderFilterResult {
     }
 
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|_| r#"{"Error":"encoding failed"}"#.to_owned())
+        answer_json(self)
     }
 }
 
@@ -191,6 +196,6 @@ pub struct ExtenderBindingResult {
 
 impl ExtenderBindingResult {
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|_| r#"{"Error":"encoding failed"}"#.to_owned())
+        answer_json(self)
     }
 }

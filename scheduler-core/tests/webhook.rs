@@ -2,10 +2,11 @@
 //! and update.
 
 use serde_json::{Value, json};
-use tessera_scheduler::facts::ClusterFacts;
-use tessera_scheduler::state::{NodeRecord, QuotaRecord};
-use tessera_scheduler::testing::gpu_node;
-use tessera_scheduler::webhook::{self, WebhookAnswer, WebhookConfig, base64_encode};
+use tessera_scheduler_core::facts::ClusterFacts;
+use tessera_scheduler_core::fixtures::gpu_node;
+use tessera_scheduler_core::quota::{QuotaKeys, QuotaRecord};
+use tessera_scheduler_core::state::NodeRecord;
+use tessera_scheduler_core::webhook::{self, WebhookAnswer, WebhookConfig, base64_encode};
 
 /// The webhook of a replica that has not seen any node or quota yet.
 fn handle(body: &[u8], cfg: &WebhookConfig) -> WebhookAnswer {
@@ -230,7 +231,7 @@ fn undecodable_reviews_are_400() {
 // --- Denials on cluster facts (largest GPU, namespace quota) ------------------------------------
 
 fn node_facts(nodes: &[k8s_openapi::api::core::v1::Node]) -> ClusterFacts {
-    let cfg = tessera_scheduler::decide::DecisionConfig::default();
+    let cfg = tessera_scheduler_core::config::DecisionConfig::default();
     let mut f = ClusterFacts::new();
     let recs: Vec<NodeRecord> = nodes
         .iter()
@@ -241,7 +242,7 @@ fn node_facts(nodes: &[k8s_openapi::api::core::v1::Node]) -> ClusterFacts {
 }
 
 fn with_quotas(mut f: ClusterFacts, quotas: &[(&str, &str, Value)]) -> ClusterFacts {
-    let keys = tessera_scheduler::state::QuotaKeys::new(&Default::default(), 1);
+    let keys = QuotaKeys::new(&Default::default(), 1);
     let recs = quotas.iter().filter_map(|(ns, name, hard)| {
         let q: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(
             json!({"metadata": {"namespace": ns, "name": name}, "spec": {"hard": hard}}),

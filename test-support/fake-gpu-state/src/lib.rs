@@ -1,6 +1,6 @@
 //! The simulated GPU shared by the fake `libcuda.so.1` and the fake `libnvidia-ml.so.1`.
 //!
-//! Both fakes include this file (`#[path]`), so the layout is defined once. When env
+//! Both fakes depend on this crate, so the layout is defined once. When env
 //! `FAKE_GPU_STATE` names a file, the state is an mmap of that file (`MAP_SHARED`), so every
 //! process of a test, and both fake libraries inside one process, see the same GPU. Without the
 //! variable the state is an anonymous private mapping: per library, per process.
@@ -13,8 +13,6 @@
 //!   the memory of a dead process is released the way a real driver does.
 //!
 //! Times are `CLOCK_MONOTONIC` nanoseconds (the same clock in every process of one host).
-
-#![allow(dead_code)] // Each fake uses a different part of this shared file.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -57,6 +55,9 @@ pub struct GpuState {
     pub devices: [DeviceState; MAX_DEVICES],
 }
 
+// `#[inline]`: the fakes read the clocks on every simulated launch and query, as cheaply as when
+// this code was compiled into each of them.
+#[inline]
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -68,6 +69,7 @@ pub fn now_ns() -> u64 {
 }
 
 /// Wall-clock microseconds, the unit NVML uses for sample time stamps.
+#[inline]
 pub fn realtime_us() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -1,7 +1,8 @@
 //! The few cluster facts the admission webhook needs, kept on every replica (the webhook is
 //! served by all of them, leader or not): the largest GPU any registered node offers and the GPU
-//! limits of each namespace's ResourceQuotas. Fed by a light watch (`kube_edge::run_facts`: node
-//! metadata and quotas), read under a lock for one webhook answer. Pure data, no I/O.
+//! limits of each namespace's ResourceQuotas. Fed by a light watch (the daemon's
+//! `kube_edge::run_facts`: node metadata and quotas), read under a lock for one webhook answer.
+//! Pure data, no I/O.
 //!
 //! These facts only ever let the webhook refuse a pod that could never be placed; the filter
 //! remains the check that counts (usage, in-flight reservations). So a view that has seen no
@@ -10,7 +11,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use crate::state::{NodeRecord, QuotaRecord};
+use crate::fit;
+use crate::quota::{NamespaceLimits, QuotaRecord, Quotas};
+use crate::state::NodeRecord;
 
 /// The view, shared between the watch that writes it and the webhook that reads it.
 pub type SharedFacts = Arc<RwLock<ClusterFacts>>;
@@ -20,8 +23,8 @@ pub type SharedFacts = Arc<RwLock<ClusterFacts>>;
 pub struct ClusterFacts {
     /// Registered nodes with at least one usable GPU: the largest one's MiB.
     largest_by_node: BTreeMap<String, u32>,
-    /// `(namespace, name)` → GPU limits of that ResourceQuota.
-    quotas: BTreeMap<(String, String), QuotaRecord>,
+    /// GPU limits of each ResourceQuota.
+    quotas: Quotas,
 }
 
 /// The largest GPU of the cluster.
@@ -33,28 +36,6 @@ pub struct LargestGpu {
     pub node: String,
 }
 
-/// One GPU limit of a namespace: the smallest across its ResourceQuotas, and which one sets it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Limit {
-    pub value: u64,
-    pub quota: String,
-}
-
-/// The GPU limits of a namespace (`None`: no quota limits that resource).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NamespaceLimits {
-    /// MiB, already × `memoryFactor` (as requests are).
-    pub mem: Option<Limit>,
-    pub cores: Option<Limit>,
-    pub count: Option<Limit>,
-}
-
-impl NamespaceLimits {
-    pub fn is_empty(&self) -> bool {
-        self.mem.is_none() && self.cores.is_none() && self.count.is_none()
-    }
-}
-
 /// The largest GPU on a registered node that the filter could ever hand out: NVIDIA, not in MIG
 /// mode (never placed, docs/scheduler.md), with at least one replica. Health and cordons are
 /// ignored: they change, the card stays.
@@ -64,20 +45,9 @@ fn largest_usable(rec: &NodeRecord) -> Option<u32> {
     }
     rec.devices
         .iter()
-        .filter(|d| d.count > 0 && d.mode != "mig" && crate::fit::is_nvidia(&d.device_type))
+        .filter(|d| d.count > 0 && d.mode != "mig" && fit::is_nvidia(&d.device_type))
         .map(|d| d.devmem)
         .max()
-}
-
-fn min_limit(current: &mut Option<Limit>, value: Option<u64>, quota: &str) {
-    if let Some(v) = value
-        && current.as_ref().is_none_or(|c| v < c.value)
-    {
-        *current = Some(Limit {
-            value: v,
-            quota: quota.to_owned(),
-        });
-    }
 }
 
 impl ClusterFacts {
@@ -112,27 +82,16 @@ impl ClusterFacts {
 
     /// Records a quota's GPU limits; `None` (the quota names no GPU key) forgets it.
     pub fn upsert_quota(&mut self, namespace: &str, name: &str, rec: Option<QuotaRecord>) {
-        let key = (namespace.to_owned(), name.to_owned());
-        match rec {
-            Some(r) => {
-                self.quotas.insert(key, r);
-            }
-            None => {
-                self.quotas.remove(&key);
-            }
-        }
+        self.quotas.upsert(namespace, name, rec);
     }
 
     pub fn remove_quota(&mut self, namespace: &str, name: &str) {
-        self.quotas.remove(&(namespace.to_owned(), name.to_owned()));
+        self.quotas.remove(namespace, name);
     }
 
     /// Replaces every quota (a watcher's complete List).
     pub fn replace_quotas(&mut self, recs: impl IntoIterator<Item = QuotaRecord>) {
-        self.quotas.clear();
-        for r in recs {
-            self.quotas.insert((r.namespace.clone(), r.name.clone()), r);
-        }
+        self.quotas.replace(recs);
     }
 
     /// The largest usable GPU, `None` while no registered node with one is known.
@@ -150,25 +109,16 @@ impl ClusterFacts {
     }
 
     /// The namespace's GPU limits: per resource, the minimum across its quotas (HAMi #2997).
-    pub fn namespace_limits(&self, namespace: &str) -> NamespaceLimits {
-        let mut out = NamespaceLimits::default();
-        let from = (namespace.to_owned(), String::new());
-        for ((ns, name), q) in self.quotas.range(from..) {
-            if ns != namespace {
-                break;
-            }
-            min_limit(&mut out.mem, q.mem_limit, name);
-            min_limit(&mut out.cores, q.cores_limit, name);
-            min_limit(&mut out.count, q.count_limit, name);
-        }
-        out
+    pub fn namespace_limits(&self, namespace: &str) -> NamespaceLimits<'_> {
+        self.quotas.namespace_limits(namespace)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::DecisionConfig;
+    use crate::config::DecisionConfig;
+    use crate::quota::Limit;
     use serde_json::json;
 
     fn node(name: &str, devices: serde_json::Value) -> NodeRecord {
@@ -236,14 +186,14 @@ mod tests {
             l.mem,
             Some(Limit {
                 value: 20000,
-                quota: "small".into()
+                quota: "small"
             })
         );
         assert_eq!(
             l.count,
             Some(Limit {
                 value: 2,
-                quota: "big".into()
+                quota: "big"
             })
         );
         assert_eq!(l.cores, None);

@@ -6,9 +6,11 @@ use hami_contract::annotations as ann;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use serde::Deserialize;
 
-use crate::decide::{self, DecisionConfig, Verdict};
-use crate::podspec::pod_key;
-use crate::state::{ClusterState, NodeRecord, QuotaKeys};
+use crate::config::DecisionConfig;
+use crate::decide::{self, Verdict};
+use crate::podspec::{self, pod_key};
+use crate::quota::QuotaKeys;
+use crate::state::{ClusterState, NodeRecord};
 
 /// Why a simulate input could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -159,7 +161,7 @@ fn admitted(pod: &Pod, cfg: &DecisionConfig) -> Result<Pod, String> {
         .flatten()
         .chain(spec.containers.iter_mut());
     for c in containers {
-        let res = crate::podspec::container_resources(c);
+        let res = podspec::container_resources(c);
         let m = hami_contract::request::webhook_mutation(&res, &cfg.nvidia).map_err(|e| {
             format!(
                 "the admission webhook would deny this pod: container {}: {e}",

@@ -1,0 +1,632 @@
+//! The daemon: configuration, NVML, the kubelet server and the background tasks, wired
+//! together. `main` parses the command line, installs logging and calls [`run`].
+//!
+//! Background work, each a named task (its logs carry `task{name=…}`):
+//!
+//! | task | what | when |
+//! |---|---|---|
+//! | `gpu-health` (thread) | NVML events, lost GPUs, recovery, host metrics, rediscovery | [`Periods::health_poll`], [`Periods::rediscovery`] |
+//! | `node-annotation` | `hami.io/node-nvidia-register` (and opt-in capacity) | on change and [`Periods::annotation`] |
+//! | `vgpu-monitor` | container usage metrics, gone pods' directories | [`Periods::vgpu_monitor`] |
+//! | `ledger-gc` | drops ledger entries of pods no longer pending | [`Periods::ledger_gc`] |
+//! | `pod-watch`, `node-watch` | informers | continuously |
+//! | `metrics-server` | `/metrics`, `/healthz` | continuously |
+//! | `sighup`, `signals` | restart on SIGHUP; shutdown on SIGTERM / SIGINT | on signal |
+//! | `device-plugin-server` | the kubelet-facing gRPC server | per registration |
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use hami_contract::config::{ConfigError, DeviceConfig, NodeConfigFile};
+use tessera_runtime::{CancellationToken, DisplayChain, Schedule, spawn_periodic, spawn_task};
+
+use crate::allocator::{Allocator, PodResourcesSource, PodSource};
+use crate::cli::Cli;
+use crate::container_env::ResponseSettings;
+use crate::gpu::{AdvertiseSettings, SettingsError, merge_rediscovered, plan_gpus};
+use crate::health::{DisableSpecError, HealthPolicy, HealthTracker};
+use crate::kube_edges::{CapacityNames, KubePatcher, KubePodSource, NodeAnnotator};
+use crate::kubelet::{KubeletError, KubeletSettings, Readiness, socket_name_for};
+use crate::metrics::PluginMetrics;
+use crate::monitor::VgpuMonitor;
+use crate::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
+use crate::pod_resources::KubeletPodResources;
+use crate::service::{DevicePluginService, DeviceState};
+
+/// Every period and time limit of the daemon's background work, in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Periods {
+    /// Rewrite of the node register annotation (`--annotation-period-seconds`).
+    pub annotation: Duration,
+    /// Retry of a failed node annotation write (HAMi's pace).
+    pub annotation_retry: Duration,
+    /// vGPU monitor pass: container usage metrics, gone pods' directories.
+    pub vgpu_monitor: Duration,
+    /// Age a container directory must reach before it may be removed as a gone pod's (it is
+    /// made at `Allocate`, before its pod could be missing from a list).
+    pub orphan_dir_grace: Duration,
+    /// Allocation ledger garbage collection (first run one period after start).
+    pub ledger_gc: Duration,
+    /// Kubelet socket check (restart detection).
+    pub kubelet_poll: Duration,
+    /// Registration retry while the kubelet does not answer.
+    pub register_retry: Duration,
+    /// Longest blocking wait for one NVML event (also the health thread's shutdown latency).
+    pub nvml_event_wait: Duration,
+    /// Lost-GPU poll, recovery probes and host GPU metrics.
+    pub health_poll: Duration,
+    /// NVML rediscovery (GPUs appearing or vanishing).
+    pub rediscovery: Duration,
+    /// How long a stopping server may take before it is abandoned.
+    pub stop_grace: Duration,
+}
+
+impl Default for Periods {
+    fn default() -> Self {
+        Periods {
+            annotation: Duration::from_secs(30),
+            annotation_retry: Duration::from_secs(5),
+            vgpu_monitor: Duration::from_secs(15),
+            orphan_dir_grace: Duration::from_secs(30),
+            ledger_gc: Duration::from_secs(30),
+            kubelet_poll: Duration::from_millis(100),
+            register_retry: Duration::from_secs(1),
+            nvml_event_wait: Duration::from_secs(1),
+            health_poll: Duration::from_secs(1),
+            rediscovery: Duration::from_secs(60),
+            stop_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why the daemon could not start (or its kubelet server could not run). `main` prints it with
+/// its whole chain on one line.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot read {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid device config {}", path.display())]
+    DeviceConfig {
+        path: PathBuf,
+        #[source]
+        source: ConfigError,
+    },
+    #[error("invalid node config {}", path.display())]
+    NodeConfig {
+        path: PathBuf,
+        #[source]
+        source: ConfigError,
+    },
+    #[error("invalid configuration")]
+    Settings(#[source] SettingsError),
+    #[error(transparent)]
+    DisableHealthchecks(#[from] DisableSpecError),
+    #[error("--scheduler-name: at least one scheduler name is needed")]
+    NoSchedulerName,
+    #[error("no NVIDIA driver usable on this node")]
+    NoDriver(#[source] InventoryError),
+    #[error("GPU discovery failed")]
+    Discovery(#[source] InventoryError),
+    #[error("cannot start the health thread")]
+    HealthThread(#[source] std::io::Error),
+    #[error("cannot read kubeconfig {}", path.display())]
+    ReadKubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("invalid kubeconfig")]
+    Kubeconfig(#[source] kube::config::KubeconfigError),
+    #[error("cannot build the Kubernetes client")]
+    Client(#[source] kube::Error),
+    #[error("no Kubernetes configuration (in-cluster or KUBECONFIG)")]
+    NoKubernetesConfig(#[source] kube::Error),
+    #[error("cannot listen on {addr}")]
+    MetricsListen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot watch SIGTERM and SIGINT")]
+    Signals(#[source] std::io::Error),
+    #[error("device plugin server failed")]
+    Kubelet(#[source] KubeletError),
+}
+
+/// A file's text; `None` when it does not exist.
+fn read_optional(path: &Path) -> Result<Option<String>, StartError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(StartError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// What the configuration files and flags decide, checked before anything is touched.
+struct Config {
+    nvidia: hami_contract::config::NvidiaConfig,
+    advertise: AdvertiseSettings,
+    preferred_allocation: bool,
+    health: HealthPolicy,
+}
+
+fn load_config(cli: &Cli) -> Result<Config, StartError> {
+    let device_config = match read_optional(&cli.config_file)? {
+        Some(text) => {
+            DeviceConfig::from_yaml(&text).map_err(|source| StartError::DeviceConfig {
+                path: cli.config_file.clone(),
+                source,
+            })?
+        }
+        None => {
+            tracing::warn!(path = %cli.config_file.display(), "device config not found; using HAMi chart defaults");
+            DeviceConfig::default()
+        }
+    };
+    let node_entry = match read_optional(&cli.node_config)? {
+        Some(text) => NodeConfigFile::from_json(&text)
+            .map_err(|source| StartError::NodeConfig {
+                path: cli.node_config.clone(),
+                source,
+            })?
+            .for_node(&cli.node_name)
+            .cloned(),
+        None => None,
+    };
+    let nvidia = match &node_entry {
+        Some(n) => device_config.nvidia.with_node_override(n),
+        None => device_config.nvidia.clone(),
+    };
+    let advertise = AdvertiseSettings::new(
+        &nvidia,
+        node_entry
+            .as_ref()
+            .map(|n| n.filterdevices.clone())
+            .unwrap_or_default(),
+        node_entry
+            .as_ref()
+            .map(|n| n.operatingmode.as_str())
+            .unwrap_or(""),
+    );
+    advertise.validate().map_err(StartError::Settings)?;
+    let preferred_allocation = node_entry
+        .as_ref()
+        .and_then(|n| n.enablegetpreferredallocation)
+        .unwrap_or(false);
+    let health = HealthPolicy {
+        recovery_quiet: Duration::from_secs(cli.health_recovery_seconds),
+        ..HealthPolicy::default()
+    }
+    .with_disable_spec(&cli.disable_healthchecks)?;
+    Ok(Config {
+        nvidia,
+        advertise,
+        preferred_allocation,
+        health,
+    })
+}
+
+/// Runs the device plugin until SIGTERM or SIGINT (or, with `--print-register`, prints and
+/// exits).
+pub async fn run(cli: Cli) -> Result<(), StartError> {
+    let periods = cli.periods();
+    let config = load_config(&cli)?;
+
+    // NVML, loaded at run time.
+    let inventory = match NvmlInventory::load(&cli.nvml_lib, cli.sysfs_root.clone()) {
+        Ok(i) => Arc::new(i),
+        Err(e) if cli.fail_on_init_error || cli.print_register => {
+            return Err(StartError::NoDriver(e));
+        }
+        Err(e) => return idle_without_nvml(&cli, &periods, &e).await,
+    };
+    let discovered = inventory.discover().map_err(StartError::Discovery)?;
+    let (managed, skipped) = plan_gpus(&discovered, &config.advertise);
+    for s in &skipped {
+        tracing::warn!(reason = %s, "GPU not advertised");
+    }
+    tracing::info!(
+        gpus = managed.len(),
+        split = config.advertise.split_count,
+        "GPUs discovered"
+    );
+
+    let metrics = PluginMetrics::with_legacy_names(cli.legacy_metric_names);
+    let tracker = HealthTracker::new(
+        config.health.clone(),
+        managed.iter().map(|g| g.uuid.clone()),
+    );
+    let state = DeviceState::new(
+        managed,
+        tracker,
+        config.advertise.enable_numa_topology,
+        Some(metrics.clone()),
+    );
+    let shutdown = CancellationToken::new();
+    spawn_health_thread(
+        HealthThread {
+            node: cli.node_name.clone(),
+            state: state.clone(),
+            inventory: inventory.clone(),
+            metrics: metrics.clone(),
+            advertise: config.advertise.clone(),
+            periods,
+        },
+        shutdown.clone(),
+    )?;
+    if cli.print_register {
+        print_register(&state, Duration::from_secs(cli.watch_seconds)).await;
+        shutdown.cancel();
+        return Ok(());
+    }
+    tessera_runtime::shutdown::cancel_on_signals(&shutdown).map_err(StartError::Signals)?;
+
+    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let resource = config.nvidia.resources.count.clone();
+    let pods: Arc<KubePodSource> = Arc::new(KubePodSource::start(
+        client.clone(),
+        &cli.node_name,
+        &resource,
+        &shutdown,
+    ));
+    let patcher = KubePatcher::new(client, &cli.node_name);
+    let allocator = Arc::new(allocator(
+        &cli,
+        &config,
+        &state,
+        pods.clone(),
+        &patcher,
+        &metrics,
+    )?);
+
+    let readiness = Readiness::default();
+    serve_metrics(
+        cli.metrics_addr,
+        &metrics,
+        readiness.clone(),
+        shutdown.clone(),
+    )
+    .await?;
+    spawn_task(
+        "node-annotation",
+        NodeAnnotator {
+            patcher,
+            state: state.clone(),
+            period: periods.annotation,
+            retry: periods.annotation_retry,
+            metrics: Some(metrics.clone()),
+            capacity: cli.publish_capacity.then(|| CapacityNames {
+                memory: config.nvidia.resources.memory.clone(),
+                cores: config.nvidia.resources.cores.clone(),
+            }),
+            pod_resources: Some(pod_resources_source(&cli, &config)),
+        }
+        .run(shutdown.clone()),
+    );
+    let monitor = VgpuMonitor {
+        containers_dir: PathBuf::from(format!(
+            "{}/vgpu/containers",
+            cli.hook_path.trim_end_matches('/')
+        )),
+        pods,
+        metrics: metrics.clone(),
+        orphan_grace: periods.orphan_dir_grace,
+    };
+    spawn_periodic(
+        "vgpu-monitor",
+        periods.vgpu_monitor,
+        shutdown.clone(),
+        move || {
+            let monitor = monitor.clone();
+            async move { monitor.pass().await }
+        },
+    );
+    {
+        let allocator = allocator.clone();
+        spawn_periodic(
+            "ledger-gc",
+            Schedule::every(periods.ledger_gc).first_after(periods.ledger_gc),
+            shutdown.clone(),
+            move || {
+                let allocator = allocator.clone();
+                async move { allocator.gc_ledger().await }
+            },
+        );
+    }
+    let restart = restart_on_sighup();
+
+    let settings = KubeletSettings {
+        socket_dir: cli.socket_dir.clone(),
+        socket_name: socket_name_for(&resource),
+        resource_name: resource,
+        preferred_allocation: config.preferred_allocation,
+        poll_interval: periods.kubelet_poll,
+        register_retry: periods.register_retry,
+        stop_grace: periods.stop_grace,
+        restart,
+        readiness,
+    };
+    let preferred_allocation = config.preferred_allocation;
+    let make = move |stop| DevicePluginService {
+        state: state.clone(),
+        allocator: allocator.clone(),
+        preferred_allocation,
+        stop,
+    };
+    crate::kubelet::run(settings, make, shutdown, Some(metrics))
+        .await
+        .map_err(StartError::Kubelet)
+}
+
+/// The kubelet's pod-resources `List`, for `Allocate` and for the node's
+/// `tessera.io/allocation-identity`.
+fn pod_resources_source(cli: &Cli, config: &Config) -> Arc<dyn PodResourcesSource> {
+    Arc::new(KubeletPodResources {
+        socket: cli.pod_resources_socket.clone(),
+        resource: config.nvidia.resources.count.clone(),
+    })
+}
+
+/// `--print-register`: the register annotation value now, and again on every change for `watch`.
+async fn print_register(state: &DeviceState, watch: Duration) {
+    println!("{}", state.register_annotation());
+    let mut changes = state.subscribe();
+    changes.mark_unchanged();
+    let until = tokio::time::Instant::now() + watch;
+    while let Ok(Ok(())) = tokio::time::timeout_at(until, changes.changed()).await {
+        println!("{}", state.register_annotation());
+    }
+}
+
+/// The Kubernetes client: `--kubeconfig` when given, otherwise the inferred configuration.
+async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, StartError> {
+    match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+                StartError::ReadKubeconfig {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(StartError::Kubeconfig)?;
+            kube::Client::try_from(cfg).map_err(StartError::Client)
+        }
+        None => kube::Client::try_default()
+            .await
+            .map_err(StartError::NoKubernetesConfig),
+    }
+}
+
+fn allocator(
+    cli: &Cli,
+    config: &Config,
+    state: &DeviceState,
+    pods: Arc<dyn PodSource>,
+    patcher: &KubePatcher,
+    metrics: &PluginMetrics,
+) -> Result<Allocator, StartError> {
+    let vgpu_dir = format!("{}/vgpu", cli.hook_path.trim_end_matches('/'));
+    let versioned = format!("{vgpu_dir}/libvgpu.so.{}", env!("CARGO_PKG_VERSION"));
+    let shim_host_path = if Path::new(&versioned).exists() {
+        versioned
+    } else {
+        format!("{vgpu_dir}/libvgpu.so")
+    };
+    let mut allocator = Allocator::new(
+        cli.node_name.clone(),
+        ResponseSettings {
+            hook_path: cli.hook_path.clone(),
+            memory_scaling: config.nvidia.device_memory_scaling,
+            lib_cuda_log_level: config.nvidia.lib_cuda_log_level.clone(),
+            disable_core_limit: config.nvidia.disable_core_limit,
+            shim_host_path,
+            license_present: Path::new(&format!("{vgpu_dir}/license")).exists(),
+            cdi_devices: cli.cdi_devices,
+        },
+        state.managed_uuids.clone(),
+        pods,
+        Arc::new(patcher.clone()),
+        pod_resources_source(cli, config),
+    );
+    allocator.metrics = Some(metrics.clone());
+    allocator.scheduler_names = cli
+        .scheduler_names
+        .iter()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if allocator.scheduler_names.is_empty() {
+        return Err(StartError::NoSchedulerName);
+    }
+    Ok(allocator)
+}
+
+/// SIGHUP restarts the kubelet server and re-registers (as HAMi's plugin does).
+fn restart_on_sighup() -> Arc<tokio::sync::Notify> {
+    let restart = Arc::new(tokio::sync::Notify::new());
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(mut hup) => {
+            let restart = restart.clone();
+            spawn_task("sighup", async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP: restarting the device plugin server");
+                    restart.notify_one();
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %DisplayChain(&e), "cannot watch SIGHUP"),
+    }
+    restart
+}
+
+/// The Prometheus /metrics, /healthz and /readyz listener (task `metrics-server`), until
+/// `shutdown`. /readyz answers 503 while the plugin is not registered with the kubelet.
+async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: &PluginMetrics,
+    readiness: Readiness,
+    shutdown: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, StartError> {
+    let metrics = metrics.clone();
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::MetricsListen { addr, source })?;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let m = metrics.clone();
+                async move { m.encode() }
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let ready = readiness.is_ready();
+                async move {
+                    if ready {
+                        (axum::http::StatusCode::OK, "ok")
+                    } else {
+                        (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            "not registered with the kubelet",
+                        )
+                    }
+                }
+            }),
+        );
+    Ok(spawn_task(
+        "metrics-server",
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .into_future(),
+    ))
+}
+
+/// `--fail-on-init-error=false` and no usable NVML: say why once, keep /healthz (the
+/// DaemonSet's liveness probe) and /metrics answering, advertise nothing (no kubelet
+/// registration, no node annotation, no apiserver at all), and exit 0 on SIGTERM or SIGINT.
+async fn idle_without_nvml(
+    cli: &Cli,
+    periods: &Periods,
+    cause: &InventoryError,
+) -> Result<(), StartError> {
+    tracing::error!(
+        error = %DisplayChain(cause),
+        "no NVIDIA driver usable on this node; --fail-on-init-error=false, so this node advertises no GPUs and the plugin waits for SIGTERM"
+    );
+    let shutdown = tessera_runtime::shutdown_on_signals().map_err(StartError::Signals)?;
+    let metrics = PluginMetrics::with_legacy_names(cli.legacy_metric_names);
+    let server = serve_metrics(
+        cli.metrics_addr,
+        &metrics,
+        Readiness::always(),
+        shutdown.clone(),
+    )
+    .await?;
+    shutdown.cancelled().await;
+    let _ = tokio::time::timeout(periods.stop_grace, server).await;
+    Ok(())
+}
+
+/// What the health thread works with.
+struct HealthThread {
+    node: String,
+    state: Arc<DeviceState>,
+    inventory: Arc<NvmlInventory>,
+    metrics: PluginMetrics,
+    advertise: AdvertiseSettings,
+    periods: Periods,
+}
+
+/// NVML events, lost-GPU polling, recovery, host metrics and rediscovery, on one blocking
+/// thread (NVML's event wait blocks) in the span of task `gpu-health`, until `shutdown`.
+fn spawn_health_thread(work: HealthThread, shutdown: CancellationToken) -> Result<(), StartError> {
+    let span = tessera_runtime::task_span("gpu-health");
+    std::thread::Builder::new()
+        .name("gpu-health".into())
+        .spawn(move || {
+            let _entered = span.enter();
+            work.run(&shutdown);
+        })
+        .map_err(StartError::HealthThread)?;
+    Ok(())
+}
+
+impl HealthThread {
+    // The health tracker's clock is `std`'s: this is a blocking thread, not async code.
+    fn run(&self, shutdown: &CancellationToken) {
+        let HealthThread {
+            node,
+            state,
+            inventory,
+            metrics,
+            advertise,
+            periods,
+        } = self;
+        let mut last_poll = Instant::now();
+        let mut last_discovery = Instant::now();
+        while !shutdown.is_cancelled() {
+            match inventory.wait_event(periods.nvml_event_wait) {
+                Ok(Some(ev)) => state.health_event(&ev, Instant::now()),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %DisplayChain(&e), "NVML event wait failed");
+                    std::thread::sleep(periods.nvml_event_wait);
+                }
+            }
+            if last_discovery.elapsed() >= periods.rediscovery {
+                last_discovery = Instant::now();
+                match inventory.discover() {
+                    Ok(found) => {
+                        let (fresh, _) = plan_gpus(&found, advertise);
+                        if let Some(merged) = merge_rediscovered(&state.gpus(), &fresh) {
+                            tracing::info!(gpus = merged.len(), "GPU list changed");
+                            state.set_gpus(merged);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %DisplayChain(&e), "GPU rediscovery failed; keeping the current list")
+                    }
+                }
+            }
+            if last_poll.elapsed() >= periods.health_poll {
+                last_poll = Instant::now();
+                for ev in lost_gpus(inventory.as_ref(), &state.healthy_uuids()) {
+                    state.health_event(&ev, Instant::now());
+                }
+                state.recover(&|u| inventory.answers(u), Instant::now());
+                let gpus = state.gpus();
+                for s in inventory.sample() {
+                    let model = gpus
+                        .iter()
+                        .find(|g| g.uuid == s.uuid)
+                        .map(|g| g.model_type.as_str())
+                        .unwrap_or("");
+                    metrics.host_gpu(
+                        node,
+                        s.index,
+                        &s.uuid,
+                        model,
+                        s.memory_used_bytes as f64,
+                        f64::from(s.utilization_gpu),
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! Test doubles shared by this crate's tests and benchmarks (feature `testing`, never in the
+//! shipped binary): an in-memory apiserver for the allocator ([`MemoryApi`]), pod and GPU
+//! builders, and a `tower-test` mock of the apiserver's HTTP for the kube edge ([`apiserver`]).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::future::BoxFuture;
+use hami_contract::annotations as keys;
+
+use crate::allocator::{EdgeError, PodPatcher, PodSource};
+use crate::container_env::ResponseSettings;
+use crate::gpu::GpuInfo;
+use crate::identity::{ContainerSpec, PodSnapshot};
+
+/// The node the builders book pods on.
+pub const NODE: &str = "node-a";
+/// The plugin's resource.
+pub const RESOURCE: &str = "nvidia.com/gpu";
+
+/// A pod patch the fake apiserver accepted: `namespace/name` and the annotations written.
+pub type Patch = (String, BTreeMap<String, String>);
+
+/// The node's pods in memory, standing in for both the informer cache and the apiserver:
+/// `cached` and `fresh` both answer the current list, and accepted patches apply to it (with the
+/// apiserver's UID precondition).
+#[derive(Debug, Clone, Default)]
+pub struct MemoryApi {
+    pub pods: Arc<Mutex<Vec<PodSnapshot>>>,
+    /// Every accepted pod patch, in order.
+    pub patches: Arc<Mutex<Vec<Patch>>>,
+    /// `namespace/name` of every `release_hami_lock` call, in order.
+    pub lock_releases: Arc<Mutex<Vec<String>>>,
+    /// What `hami_lock` answers (`namespace/name` of a live lock).
+    pub hami_lock: Arc<Mutex<Option<String>>>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A test that panicked while holding the lock has failed already; keep the data readable.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl MemoryApi {
+    pub fn add_pod(&self, pod: PodSnapshot) {
+        locked(&self.pods).push(pod);
+    }
+
+    /// The pods as they are now (patches applied).
+    pub fn pods(&self) -> Vec<PodSnapshot> {
+        locked(&self.pods).clone()
+    }
+
+    /// `namespace/name` of every accepted patch, in order.
+    pub fn patched(&self) -> Vec<String> {
+        locked(&self.patches)
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// The accepted patches, in order.
+    pub fn patches(&self) -> Vec<Patch> {
+        locked(&self.patches).clone()
+    }
+
+    /// Drops pod `namespace/name`.
+    pub fn remove_pod(&self, key: &str) {
+        locked(&self.pods).retain(|p| p.key() != key);
+    }
+}
+
+/// The apiserver's answer to a patch whose UID precondition does not hold (409 Conflict).
+fn uid_conflict(uid: &str, actual: &str, key: &str) -> EdgeError {
+    let status = kube::core::Status::failure(
+        &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"),
+        "Conflict",
+    )
+    .with_code(409);
+    EdgeError::Kube {
+        what: format!("cannot patch pod {key}"),
+        source: kube::Error::Api(status.boxed()),
+    }
+}
+
+impl PodSource for MemoryApi {
+    fn cached(&self) -> Vec<PodSnapshot> {
+        self.pods()
+    }
+    fn fresh(&self) -> BoxFuture<'_, Result<Vec<PodSnapshot>, EdgeError>> {
+        let pods = self.pods();
+        Box::pin(async move { Ok(pods) })
+    }
+    fn hami_lock(&self) -> Option<String> {
+        locked(&self.hami_lock).clone()
+    }
+}
+
+impl PodPatcher for MemoryApi {
+    fn patch_pod_annotations(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        annotations: BTreeMap<String, String>,
+    ) -> BoxFuture<'_, Result<(), EdgeError>> {
+        let key = format!("{namespace}/{name}");
+        let result = {
+            let mut pods = locked(&self.pods);
+            match pods.iter_mut().find(|p| p.key() == key) {
+                Some(p) if p.uid != uid => Err(uid_conflict(uid, &p.uid, &key)),
+                Some(p) => {
+                    p.annotations.extend(annotations.clone());
+                    Ok(())
+                }
+                // A merge patch of a missing pod is a 404 in a real apiserver; the allocator
+                // tests never need it, so it is accepted and only logged.
+                None => Ok(()),
+            }
+        };
+        if result.is_ok() {
+            locked(&self.patches).push((key, annotations));
+        }
+        Box::pin(async move { result })
+    }
+
+    fn release_hami_lock(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> BoxFuture<'_, Result<(), EdgeError>> {
+        locked(&self.lock_releases).push(format!("{namespace}/{name}"));
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A pod the GPU scheduler (`hami-scheduler`) booked on and bound to `node`, in namespace
+/// `default` with UID `uid-<name>`: one container `c<i>` per entry of `entries`, each entry the
+/// container's devices as `(GPU UUID, MiB, cores)`; bind-phase `allocating` at `bind_time`.
+pub fn bound_pod(
+    node: &str,
+    name: &str,
+    entries: &[&[(&str, u32, u32)]],
+    bind_time: u64,
+) -> PodSnapshot {
+    let value: String = entries
+        .iter()
+        .map(|c| {
+            let devs: String = c
+                .iter()
+                .map(|(u, m, k)| format!("{u},NVIDIA,{m},{k}:"))
+                .collect();
+            format!("{devs};")
+        })
+        .collect();
+    let annotations = BTreeMap::from([
+        (keys::VGPU_NODE.to_owned(), node.to_owned()),
+        (keys::DEVICES_TO_ALLOCATE.to_owned(), value.clone()),
+        (keys::DEVICES_ALLOCATED.to_owned(), value),
+        (
+            keys::BIND_PHASE.to_owned(),
+            keys::BIND_PHASE_ALLOCATING.to_owned(),
+        ),
+        (keys::BIND_TIME.to_owned(), bind_time.to_string()),
+    ]);
+    PodSnapshot {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        node_name: Some(node.into()),
+        scheduler_name: Some(crate::allocator::DEFAULT_SCHEDULER_NAME.into()),
+        annotations,
+        terminal: false,
+        deleting: false,
+        init_containers: Vec::new(),
+        containers: (0..entries.len())
+            .map(|i| ContainerSpec {
+                name: format!("c{i}"),
+                requests_resource: true,
+                restartable_init: false,
+                disable_control: false,
+            })
+            .collect(),
+    }
+}
+
+/// A Tesla T4 (15360 MiB) as NVML reports it, with no NUMA node and no PCI bus ID.
+pub fn t4(uuid: &str, index: u32) -> GpuInfo {
+    GpuInfo {
+        uuid: uuid.into(),
+        index,
+        name: "Tesla T4".into(),
+        memory_total_mib: Some(15360),
+        pci_bus_id: String::new(),
+        numa_node: None,
+        mig_enabled: false,
+    }
+}
+
+/// Response settings with `hook` as HAMi's HOOK_PATH (the shim at `<hook>/vgpu/libvgpu.so`).
+pub fn response_settings(hook: &Path) -> ResponseSettings {
+    ResponseSettings {
+        hook_path: hook.display().to_string(),
+        memory_scaling: 1.0,
+        lib_cuda_log_level: "1".into(),
+        disable_core_limit: false,
+        shim_host_path: format!("{}/vgpu/libvgpu.so", hook.display()),
+        license_present: false,
+        cdi_devices: false,
+    }
+}
+
+/// The apiserver's HTTP, mocked with `tower-test`: a [`kube::Client`] whose every request the
+/// test receives, checks and answers.
+pub mod apiserver {
+    use std::time::Duration;
+
+    use http::{Method, Request, Response, StatusCode};
+    use kube::client::Body;
+    use serde_json::{Value, json};
+    use tower_test::mock::{self, Handle, SendResponse};
+
+    /// The test's end of the mock.
+    pub struct MockApiserver(Handle<Request<Body>, Response<Body>>);
+
+    impl std::fmt::Debug for MockApiserver {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("MockApiserver").finish_non_exhaustive()
+        }
+    }
+
+    /// A client talking to a fresh mock.
+    pub fn mock_client() -> (kube::Client, MockApiserver) {
+        let (svc, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        (kube::Client::new(svc, "default"), MockApiserver(handle))
+    }
+
+    impl MockApiserver {
+        /// The next request, which must be `method path` (60 s at most: paused-clock tests
+        /// advance through it at once).
+        pub async fn expect(
+            &mut self,
+            method: Method,
+            path: &str,
+        ) -> (Request<Body>, SendResponse<Response<Body>>) {
+            let (req, send) = tokio::time::timeout(Duration::from_secs(60), self.0.next_request())
+                .await
+                .expect("a request in time")
+                .expect("a request");
+            assert_eq!((req.method(), req.uri().path()), (&method, path));
+            (req, send)
+        }
+
+        /// The next request, which must be a JSON merge patch of `path`; its body as JSON.
+        pub async fn expect_patch(&mut self, path: &str) -> (Value, SendResponse<Response<Body>>) {
+            let (req, send) = self.expect(Method::PATCH, path).await;
+            assert_eq!(
+                req.headers()["content-type"],
+                "application/merge-patch+json"
+            );
+            let body = req.into_body().collect_bytes().await.expect("body");
+            (serde_json::from_slice(&body).expect("json body"), send)
+        }
+    }
+
+    /// 200 with `object` as the body.
+    pub fn ok(object: Value) -> Response<Body> {
+        Response::builder()
+            .body(Body::from(serde_json::to_vec(&object).expect("json")))
+            .expect("response")
+    }
+
+    /// 503 with a Kubernetes `Status` body (an apiserver outage).
+    pub fn unavailable() -> Response<Body> {
+        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "message": "unavailable", "code": 503});
+        Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .body(Body::from(serde_json::to_vec(&status).expect("json")))
+            .expect("response")
+    }
+
+    /// A pod object `namespace/name`.
+    pub fn pod(namespace: &str, name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}})
+    }
+
+    /// Node `name` at `resource_version` with `annotations`.
+    pub fn node(name: &str, resource_version: &str, annotations: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": name, "resourceVersion": resource_version, "annotations": annotations}})
+    }
+}

@@ -1,0 +1,147 @@
+//! GPU workloads that report, from inside their container, the limits they got: the real-node
+//! scenarios compare each report with what the container's own pod asked for.
+//!
+//! A report is one line, `SEEN mem0=<CUDA_DEVICE_MEMORY_LIMIT_0> mem1=<…_1 or none>
+//! sm=<CUDA_DEVICE_SM_LIMIT> total=<bytes cuMemGetInfo reports through the shim>`, followed by
+//! `cuda_probe limit`'s `OK` (exactly the limit allocatable, one byte more refused).
+
+use serde_json::json;
+
+use crate::real::PROBE_IMAGE;
+
+/// One GPU container's request: GPUs, memory per GPU in MiB, SM percent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slice {
+    pub gpus: u32,
+    pub mem_mib: u64,
+    /// Asked as `nvidia.com/gpumem-percentage` of a card of this many MiB (`mem_mib` is then
+    /// the share it resolves to).
+    pub percent_of: Option<u64>,
+    pub cores: u32,
+}
+
+impl Slice {
+    pub const fn mib(gpus: u32, mem_mib: u64) -> Slice {
+        Slice {
+            gpus,
+            mem_mib,
+            percent_of: None,
+            cores: 0,
+        }
+    }
+
+    pub const fn with_cores(self, cores: u32) -> Slice {
+        Slice { cores, ..self }
+    }
+
+    /// `percent` % of a card of `card_mib`.
+    pub const fn percent(gpus: u32, percent: u64, card_mib: u64) -> Slice {
+        Slice {
+            gpus,
+            mem_mib: card_mib * percent / 100,
+            percent_of: Some(card_mib),
+            cores: 0,
+        }
+    }
+
+    /// The container's `resources.limits`.
+    pub fn resources(&self) -> serde_json::Value {
+        let mut r = json!({"nvidia.com/gpu": self.gpus});
+        match self.percent_of {
+            Some(card) => r["nvidia.com/gpumem-percentage"] = json!(self.mem_mib * 100 / card),
+            None => r["nvidia.com/gpumem"] = json!(self.mem_mib),
+        }
+        if self.cores > 0 {
+            r["nvidia.com/gpucores"] = json!(self.cores);
+        }
+        r
+    }
+
+    /// The report a container with exactly this slice prints.
+    pub fn expected_report(&self) -> String {
+        let mem1 = if self.gpus > 1 {
+            format!("{}m", self.mem_mib)
+        } else {
+            "none".to_owned()
+        };
+        format!(
+            "SEEN mem0={}m mem1={mem1} sm={} total={}",
+            self.mem_mib,
+            self.cores,
+            self.mem_mib * 1024 * 1024
+        )
+    }
+}
+
+/// Prints the report once, then proves the limit (`OK`).
+const REPORT_ONCE: &str = "T=$(cuda_probe info | sed -n 's/^total=\\([0-9]*\\).*/\\1/p'); \
+    echo \"SEEN mem0=${CUDA_DEVICE_MEMORY_LIMIT_0:-none} mem1=${CUDA_DEVICE_MEMORY_LIMIT_1:-none} \
+    sm=${CUDA_DEVICE_SM_LIMIT:-none} total=$T\"; cuda_probe limit $T";
+
+/// Proves the limit, then keeps reporting every two seconds until killed (a long-running job).
+const REPORT_FOREVER: &str = "while true; do T=$(cuda_probe info | sed -n 's/^total=\\([0-9]*\\).*/\\1/p'); \
+    echo \"SEEN mem0=${CUDA_DEVICE_MEMORY_LIMIT_0:-none} mem1=${CUDA_DEVICE_MEMORY_LIMIT_1:-none} \
+    sm=${CUDA_DEVICE_SM_LIMIT:-none} total=$T\"; sleep 2; done";
+
+/// A GPU container that reports once (`forever = false`) or keeps reporting.
+pub fn container(name: &str, slice: &Slice, forever: bool) -> serde_json::Value {
+    json!({
+        "name": name,
+        "image": PROBE_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["/bin/sh", "-c", if forever { REPORT_FOREVER } else { REPORT_ONCE }],
+        "resources": {"limits": slice.resources()},
+    })
+}
+
+/// What a container's logs say about its limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    /// The last report matches the slice (and the one-shot probe passed).
+    Own,
+    /// The container reported other limits: another pod's, or none.
+    Other(String),
+    /// Its own limits, but the probe failed.
+    ProbeFailed,
+    /// Nothing reported (the container did not get to run its script).
+    Silent,
+}
+
+/// Judges `logs` against `slice`. `forever` containers are judged by their last report.
+pub fn judge(logs: &str, slice: &Slice, forever: bool) -> Report {
+    let want = slice.expected_report();
+    let seen = logs.lines().rfind(|l| l.starts_with("SEEN "));
+    match seen {
+        None => Report::Silent,
+        Some(s) if s != want => Report::Other(s.to_owned()),
+        Some(_) if !forever && !logs.lines().any(|l| l == "OK") => Report::ProbeFailed,
+        Some(_) => Report::Own,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_are_judged_against_the_containers_own_slice() {
+        let s = Slice::mib(2, 1500).with_cores(20);
+        let own = "SEEN mem0=1500m mem1=1500m sm=20 total=1572864000\nOK\n";
+        assert_eq!(judge(own, &s, false), Report::Own);
+        let other = "SEEN mem0=1000m mem1=none sm=0 total=1048576000\nOK\n";
+        assert!(matches!(judge(other, &s, false), Report::Other(_)));
+        assert_eq!(
+            judge(
+                "SEEN mem0=1500m mem1=1500m sm=20 total=1572864000\nFAIL x\n",
+                &s,
+                false
+            ),
+            Report::ProbeFailed
+        );
+        assert_eq!(judge("", &s, false), Report::Silent);
+        assert_eq!(
+            Slice::percent(1, 25, 40960).resources(),
+            json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25})
+        );
+    }
+}

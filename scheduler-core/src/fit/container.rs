@@ -1,0 +1,398 @@
+//! One container's request onto one node's NVIDIA devices (`fitInDevices` + NVIDIA `Fit`), every
+//! check and reason in HAMi's order (§5.3).
+
+use std::collections::BTreeMap;
+
+use super::capacity::{Charge, GpuState, NodeState, QuotaBudget, is_nvidia};
+use super::input::{GpuPolicyKey, GpuRequest, PlacementOptions};
+use super::reason::{self, format_reasons};
+use super::score::{compare_gpus, device_score, sort_keys, sort_order};
+use super::topology::pick_by_topology;
+
+/// GPUs per node handled without a heap allocation in [`ContainerFit::picks`].
+const STACK_GPUS: usize = 16;
+
+/// One accepted device for one container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pick {
+    /// Position in [`NodeState::gpus`].
+    pub gpu: usize,
+    pub mem: u32,
+    pub cores: u32,
+}
+
+/// One container's request against one node: what every step of fitting it reads.
+#[derive(Debug, Clone, Copy)]
+pub struct ContainerFit<'a> {
+    pub node: &'a NodeState,
+    /// The node's GPUs with the usage to fit against: `node.gpus`, or a copy on which the pod's
+    /// earlier app containers are booked.
+    pub gpus: &'a [GpuState],
+    pub req: &'a GpuRequest,
+    pub opts: &'a PlacementOptions,
+    pub quota: Option<&'a QuotaBudget>,
+    /// Quota charge of the pod's containers fitted before this one.
+    pub charged: Charge,
+    /// The node's [`nvidia_mask`](super::nvidia_mask) when the caller keeps one (it must match
+    /// `gpus`), so that the type strings are not read again; `None`: read them.
+    pub nvidia: Option<&'a [bool]>,
+}
+
+impl ContainerFit<'_> {
+    /// Fits the request onto the node's NVIDIA devices. On failure returns HAMi's reason string.
+    pub fn picks(&self) -> Result<Vec<Pick>, String> {
+        if self.req.nums == 1
+            && !self.opts.selectors.numa_bind
+            && !self.opts.has(GpuPolicyKey::TopologyAware)
+        {
+            return self.one_device();
+        }
+        self.sorted()
+    }
+
+    /// [`is_nvidia`] of GPU `i`, from the precomputed mask when there is one.
+    fn is_nvidia_at(&self, i: usize, g: &GpuState) -> bool {
+        match self.nvidia.and_then(|m| m.get(i)) {
+            Some(b) => *b,
+            None => is_nvidia(&g.device_type),
+        }
+    }
+
+    /// Whether the pod restricts device types: `type_allowed` allocates, and without type
+    /// selectors it is always true.
+    fn has_type_selectors(&self) -> bool {
+        !(self.opts.selectors.use_type.is_empty() && self.opts.selectors.nouse_type.is_empty())
+    }
+
+    /// The per-device checks of NVIDIA `Fit` that come before the NUMA grouping, in HAMi's order.
+    fn check_device_first(&self, g: &GpuState, type_selectors: bool) -> Result<(), &'static str> {
+        let opts = self.opts;
+        if !g.health {
+            return Err(reason::CARD_NOT_HEALTH);
+        }
+        if self.node.cordoned.contains(&g.uuid) {
+            return Err(reason::CARD_CORDONED);
+        }
+        if !((!type_selectors || opts.selectors.type_allowed(&g.device_type))
+            && (opts.selectors.vgpu_mode.is_none() || opts.selectors.mode_allowed(&g.mode)))
+        {
+            return Err(reason::CARD_TYPE_MISMATCH);
+        }
+        Ok(())
+    }
+
+    /// The per-device checks after the NUMA grouping, in HAMi's order; `extra` is the quota
+    /// charge of everything picked before this device.
+    fn check_device_rest(
+        &self,
+        g: &GpuState,
+        i: usize,
+        mutex: bool,
+        extra: Charge,
+        coresreq: u32,
+    ) -> Result<Pick, &'static str> {
+        let opts = self.opts;
+        // Without UUID selectors every card is allowed (skips a call per device).
+        let uuid_selectors =
+            !(opts.selectors.use_uuid.is_empty() && opts.selectors.nouse_uuid.is_empty());
+        if uuid_selectors && !opts.selectors.uuid_allowed(&g.uuid) {
+            return Err(reason::CARD_UUID_MISMATCH);
+        }
+        if g.count <= g.used {
+            return Err(reason::CARD_TIME_SLICING_EXHAUSTED);
+        }
+        if mutex && g.used > 0 {
+            return Err(reason::EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT);
+        }
+        let memreq = self.req.memory_on(g.totalmem);
+        if let Some(q) = self.quota
+            && !q.allows(extra.add(memreq, coresreq))
+        {
+            return Err(reason::RESOURCE_QUOTA_NOT_FIT);
+        }
+        if i64::from(g.totalmem) - i64::from(g.usedmem) < i64::from(memreq) {
+            return Err(reason::CARD_INSUFFICIENT_MEMORY);
+        }
+        if i64::from(g.totalcore) - i64::from(g.usedcores) < i64::from(coresreq) {
+            return Err(reason::CARD_INSUFFICIENT_CORE);
+        }
+        if g.totalcore == 100 && coresreq == 100 && g.used > 0 {
+            return Err(reason::EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT);
+        }
+        if g.totalcore != 0 && g.usedcores == g.totalcore && coresreq == 0 {
+            return Err(reason::CARD_COMPUTE_UNITS_EXHAUSTED);
+        }
+        if g.mode == "mig" {
+            // MIG placement is not implemented in Tessera (docs/scheduler.md): never hand out a
+            // MIG-mode card as if it were a shareable one.
+            return Err(reason::CARD_NOT_FOUND_CUSTOM_FILTER_RULE);
+        }
+        Ok(Pick {
+            gpu: i,
+            mem: memreq,
+            cores: coresreq,
+        })
+    }
+
+    /// [`Self::picks`] for the common request of one device without NUMA binding or topology:
+    /// the result is the greatest passing device in HAMi's order (Fit walks the sorted list from
+    /// its end and stops at the first that passes), and on failure the reason counts do not
+    /// depend on the order. So one pass without sorting gives the same answer.
+    fn one_device(&self) -> Result<Vec<Pick>, String> {
+        let (gpus, req, opts) = (self.gpus, self.req, self.opts);
+        let keys = sort_keys(opts);
+        let keys = keys.as_slice();
+        let type_selectors = self.has_type_selectors();
+        let mutex = opts.has(GpuPolicyKey::Mutex);
+        let coresreq = req.coresreq.min(100);
+        let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+        let mut selected = 0usize;
+        let mut best: Option<(usize, f64, Pick)> = None;
+        for (i, g) in gpus.iter().enumerate() {
+            if !self.is_nvidia_at(i, g) {
+                continue;
+            }
+            selected += 1;
+            let checked = self
+                .check_device_first(g, type_selectors)
+                .and_then(|()| self.check_device_rest(g, i, mutex, self.charged, coresreq));
+            match checked {
+                Err(r) => *counts.entry(r).or_insert(0) += 1,
+                Ok(pick) => {
+                    let score = device_score(g, req, opts.weights);
+                    // The stable sort keeps equal devices in list order, so of equals the later
+                    // one is nearer the end.
+                    let take = best.as_ref().is_none_or(|(j, sj, _)| {
+                        compare_gpus(keys, g, score, &gpus[*j], *sj).is_ge()
+                    });
+                    if take {
+                        best = Some((i, score, pick));
+                    }
+                }
+            }
+        }
+        if selected == 0 {
+            return Err(reason::NODE_INSUFFICIENT_DEVICE.to_owned());
+        }
+        match best {
+            Some((_, _, pick)) => Ok(vec![pick]),
+            None => Err(format_reasons(&counts, selected)),
+        }
+    }
+
+    /// [`Self::picks`] the way HAMi does it: sort, then walk the sorted list from its end.
+    fn sorted(&self) -> Result<Vec<Pick>, String> {
+        let (gpus, req, opts) = (self.gpus, self.req, self.opts);
+        // Scratch space on the stack for the usual node size (this runs for every candidate node
+        // of every filter).
+        let n = gpus.len();
+        let mut score_stack = [0f64; STACK_GPUS];
+        let mut score_heap = Vec::new();
+        let scores: &mut [f64] = if n <= STACK_GPUS {
+            &mut score_stack[..n]
+        } else {
+            score_heap.resize(n, 0.0);
+            &mut score_heap
+        };
+        for (s, g) in scores.iter_mut().zip(gpus) {
+            *s = device_score(g, req, opts.weights);
+        }
+        let mut order_stack = [0usize; STACK_GPUS];
+        let mut order_heap = Vec::new();
+        let order: &mut [usize] = if n <= STACK_GPUS {
+            &mut order_stack[..n]
+        } else {
+            order_heap.resize(n, 0);
+            &mut order_heap
+        };
+        for (i, o) in order.iter_mut().enumerate() {
+            *o = i;
+        }
+        sort_order(order, gpus, scores, opts);
+        // Keep the NVIDIA devices, in order, as a prefix.
+        let mut kept = 0;
+        for k in 0..n {
+            let i = order[k];
+            if self.is_nvidia_at(i, &gpus[i]) {
+                order[kept] = i;
+                kept += 1;
+            }
+        }
+        let selected: &[usize] = &order[..kept];
+        let nums = req.nums as usize;
+        if nums == 0 {
+            return Ok(Vec::new());
+        }
+        if nums > selected.len() {
+            return Err(reason::NODE_INSUFFICIENT_DEVICE.to_owned());
+        }
+        let type_selectors = self.has_type_selectors();
+        let topology = opts.has(GpuPolicyKey::TopologyAware);
+        let mutex = opts.has(GpuPolicyKey::Mutex);
+        let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+        let mut bump = |r: &'static str, n: usize| *counts.entry(r).or_insert(0) += n;
+        let mut remaining = nums;
+        let mut collected: Vec<Pick> = Vec::with_capacity(nums);
+        let mut prev_numa: Option<u32> = None;
+        let mut coresreq = req.coresreq;
+
+        for &i in selected.iter().rev() {
+            let g = &gpus[i];
+            if let Err(r) = self.check_device_first(g, type_selectors) {
+                bump(r, 1);
+                continue;
+            }
+            if opts.selectors.numa_bind && prev_numa != Some(g.numa) {
+                if !collected.is_empty() {
+                    bump(reason::NUMA_NOT_FIT, collected.len());
+                }
+                remaining = nums;
+                collected.clear();
+                prev_numa = Some(g.numa);
+            }
+            coresreq = coresreq.min(100);
+            let mut extra = self.charged;
+            if self.quota.is_some() {
+                for p in &collected {
+                    extra = extra.add(p.mem, p.cores);
+                }
+            }
+            let pick = match self.check_device_rest(g, i, mutex, extra, coresreq) {
+                Ok(p) => p,
+                Err(r) => {
+                    bump(r, 1);
+                    continue;
+                }
+            };
+            collected.push(pick);
+            if !topology {
+                remaining -= 1;
+                if remaining == 0 {
+                    return Ok(collected);
+                }
+            }
+        }
+
+        if topology {
+            if collected.len() == nums {
+                return Ok(collected);
+            }
+            if collected.len() > nums {
+                return Ok(pick_by_topology(self.node, gpus, collected, nums));
+            }
+        }
+        if !collected.is_empty() {
+            bump(
+                reason::ALLOCATED_CARDS_INSUFFICIENT_REQUEST,
+                collected.len(),
+            );
+        }
+        Err(format_reasons(&counts, selected.len()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fit::{MEM_PERCENTAGE_UNSET, gpu_request, nvidia_mask};
+    use proptest::prelude::*;
+
+    fn arb_gpu(i: u32) -> impl Strategy<Value = GpuState> {
+        (
+            1u32..4,
+            0u32..4,
+            prop_oneof![Just(1000u32), Just(4000), Just(8000)],
+            0u32..9000,
+            prop_oneof![Just(100u32), Just(0)],
+            0u32..120,
+            0u32..2,
+            prop_oneof![
+                Just("NVIDIA-T4"),
+                Just("NVIDIA-A100"),
+                Just("AMD-MI300"),
+                Just("x-nvidia")
+            ],
+            prop_oneof![Just("hami-core"), Just("mig")],
+            proptest::bool::weighted(0.9),
+        )
+            .prop_map(
+                move |(
+                    count,
+                    used,
+                    totalmem,
+                    usedmem,
+                    totalcore,
+                    usedcores,
+                    numa,
+                    ty,
+                    mode,
+                    health,
+                )| {
+                    GpuState {
+                        uuid: format!("GPU-{i}"),
+                        index: i % 3,
+                        count,
+                        totalmem,
+                        totalcore,
+                        device_type: ty.to_owned(),
+                        numa,
+                        mode: mode.to_owned(),
+                        health,
+                        used,
+                        usedmem,
+                        usedcores: usedcores.min(totalcore),
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        /// The single-device shortcut answers exactly what HAMi's sort-and-walk answers.
+        #[test]
+        fn one_device_shortcut_equals_the_sorted_walk(
+            gpus in (0usize..7).prop_flat_map(|n| (0..n as u32).map(arb_gpu).collect::<Vec<_>>()),
+            memreq in prop_oneof![Just(0u32), 1u32..9000],
+            pct in prop_oneof![Just(MEM_PERCENTAGE_UNSET), 0u32..101],
+            cores in 0u32..120,
+            policy in prop_oneof![
+                Just(vec![]),
+                Just(vec![GpuPolicyKey::Binpack]),
+                Just(vec![GpuPolicyKey::Spread]),
+                Just(vec![GpuPolicyKey::Mutex]),
+                Just(vec![GpuPolicyKey::Numa, GpuPolicyKey::Binpack]),
+                Just(vec![GpuPolicyKey::Binpack, GpuPolicyKey::Mutex]),
+            ],
+            cordon_first in any::<bool>(),
+            quota_mem in prop_oneof![Just(None), (0u64..10000).prop_map(Some)],
+            charged_mem in 0u64..5000,
+            use_uuid in prop_oneof![Just(vec![]), Just(vec!["GPU-1".to_owned(), "GPU-3".to_owned()])],
+            nouse_type in prop_oneof![Just(vec![]), Just(vec!["a100".to_owned()])],
+            vgpu_mode in prop_oneof![Just(None), Just(Some("hami-core".to_owned()))],
+        ) {
+            let mut node = NodeState { name: "n".to_owned(), gpus: gpus.clone(), ..Default::default() };
+            if cordon_first {
+                node.cordoned.insert("GPU-0".to_owned());
+            }
+            let req = gpu_request(1, memreq, pct, cores);
+            let mut opts = PlacementOptions { gpu_policy: policy, ..Default::default() };
+            opts.selectors.use_uuid = use_uuid;
+            opts.selectors.nouse_type = nouse_type;
+            opts.selectors.vgpu_mode = vgpu_mode;
+            let quota = quota_mem.map(|l| QuotaBudget { mem_limit: Some(l), used_mem: 100, ..Default::default() });
+            let charged = Charge { mem: charged_mem, cores: 0, count: 0 };
+            let mask = nvidia_mask(&gpus);
+            let fit = ContainerFit {
+                node: &node,
+                gpus: &gpus,
+                req: &req,
+                opts: &opts,
+                quota: quota.as_ref(),
+                charged,
+                nvidia: None,
+            };
+            let expected = fit.sorted();
+            prop_assert_eq!(&fit.one_device(), &expected);
+            prop_assert_eq!(&ContainerFit { nvidia: Some(&mask), ..fit }.one_device(), &expected);
+        }
+    }
+}

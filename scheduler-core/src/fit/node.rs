@@ -1,0 +1,213 @@
+//! A whole pod onto one node (`scoreNode`: init containers each on a fresh copy, app containers
+//! cumulatively), and the choice among the nodes that fit (§5.5).
+
+use std::collections::BTreeMap;
+
+use hami_contract::{ContainerDevice, NVIDIA_VENDOR, PodDevices};
+
+use super::capacity::{Charge, GpuState, NodeState, QuotaBudget};
+use super::container::{ContainerFit, Pick};
+use super::input::{NodePolicyKey, PlacementOptions, PodAsk};
+use super::score::node_score;
+
+/// A node that can take the pod: its score and the per-container devices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeFit {
+    pub node: String,
+    /// Node score (existing usage only, §5.2 step 1).
+    pub score: f32,
+    /// One entry per container, init containers first.
+    pub devices: PodDevices,
+    /// Quota charge of the pod as placed (collapsed: max over init, sum over app).
+    pub charge: Charge,
+}
+
+/// What fitting one node found, before anything is copied out of the node: per container
+/// (init containers first) the picked GPU positions. [`NodePicks::into_fit`] builds the
+/// [`NodeFit`]; the filter does that only for the node it keeps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodePicks {
+    /// Node score (existing usage only, §5.2 step 1).
+    pub score: f32,
+    pub containers: Vec<Vec<Pick>>,
+    pub charge: Charge,
+}
+
+impl NodePicks {
+    /// The container device list (UUIDs of `node`'s GPUs).
+    pub fn devices(&self, node: &NodeState) -> PodDevices {
+        PodDevices(
+            self.containers
+                .iter()
+                .map(|picks| to_devices(&node.gpus, picks))
+                .collect(),
+        )
+    }
+
+    pub fn into_fit(self, node: &NodeState) -> NodeFit {
+        NodeFit {
+            node: node.name.clone(),
+            score: self.score,
+            devices: self.devices(node),
+            charge: self.charge,
+        }
+    }
+}
+
+/// Evaluates one node for one pod (`scoreNode`): init containers each on a fresh copy, app
+/// containers cumulatively. Returns the node's reason string on failure.
+pub fn evaluate_node(
+    node: &NodeState,
+    ask: &PodAsk,
+    opts: &PlacementOptions,
+    quota: Option<&QuotaBudget>,
+) -> Result<NodeFit, String> {
+    evaluate_picks(node, None, ask, opts, quota).map(|p| p.into_fit(node))
+}
+
+/// [`evaluate_node`] without building the device list. `nvidia` is the node's
+/// [`nvidia_mask`](super::nvidia_mask) when the caller keeps one (it must match `node.gpus`),
+/// else `None`.
+pub fn evaluate_picks(
+    node: &NodeState,
+    nvidia: Option<&[bool]>,
+    ask: &PodAsk,
+    opts: &PlacementOptions,
+    quota: Option<&QuotaBudget>,
+) -> Result<NodePicks, String> {
+    let nvidia = nvidia.filter(|m| m.len() == node.gpus.len());
+    let score = node_score(&node.gpus);
+    let mut containers: Vec<Vec<Pick>> = Vec::with_capacity(ask.init.len() + ask.app.len());
+    let mut init_charge = Charge::default();
+    for req in &ask.init {
+        match req {
+            None => containers.push(Vec::new()),
+            Some(r) => {
+                let picks = ContainerFit {
+                    node,
+                    gpus: &node.gpus,
+                    req: r,
+                    opts,
+                    quota,
+                    charged: Charge::default(),
+                    nvidia,
+                }
+                .picks()?;
+                let c = picks
+                    .iter()
+                    .fold(Charge::default(), |c, p| c.add(p.mem, p.cores));
+                if (c.count, c.mem) > (init_charge.count, init_charge.mem) {
+                    init_charge = c;
+                }
+                containers.push(picks);
+            }
+        }
+    }
+    // Only pods with several GPU app containers need a scratch copy of the usage.
+    let multi = ask.app.iter().filter(|r| r.is_some()).count() > 1;
+    let mut gpus = if multi {
+        std::borrow::Cow::Owned(node.gpus.clone())
+    } else {
+        std::borrow::Cow::Borrowed(node.gpus.as_slice())
+    };
+    let mut app_charge = Charge::default();
+    for req in &ask.app {
+        match req {
+            None => containers.push(Vec::new()),
+            Some(r) => {
+                let picks = ContainerFit {
+                    node,
+                    gpus: &gpus,
+                    req: r,
+                    opts,
+                    quota,
+                    charged: app_charge,
+                    nvidia,
+                }
+                .picks()?;
+                for p in &picks {
+                    if multi {
+                        gpus.to_mut()[p.gpu].book(p.mem, p.cores);
+                    }
+                    app_charge = app_charge.add(p.mem, p.cores);
+                }
+                containers.push(picks);
+            }
+        }
+    }
+    let charge = Charge {
+        mem: init_charge.mem.max(app_charge.mem),
+        cores: init_charge.cores.max(app_charge.cores),
+        count: init_charge.count.max(app_charge.count),
+    };
+    Ok(NodePicks {
+        score,
+        containers,
+        charge,
+    })
+}
+
+fn to_devices(gpus: &[GpuState], picks: &[Pick]) -> Vec<ContainerDevice> {
+    picks
+        .iter()
+        .map(|p| ContainerDevice {
+            uuid: gpus[p.gpu].uuid.clone(),
+            vendor: NVIDIA_VENDOR.to_owned(),
+            usedmem: p.mem,
+            usedcores: p.cores,
+        })
+        .collect()
+}
+
+/// Picks the node (§5.5): binpack ⇒ the highest node score, spread ⇒ the lowest. Ties go to
+/// the earliest candidate (HAMi: Go map order, i.e. random).
+pub fn select_node(fits: &[NodeFit], policy: NodePolicyKey) -> Option<&NodeFit> {
+    let mut best: Option<&NodeFit> = None;
+    for f in fits {
+        best = match best {
+            None => Some(f),
+            Some(b) => Some(if policy.prefers(f.score, b.score) {
+                f
+            } else {
+                b
+            }),
+        };
+    }
+    best
+}
+
+/// The outcome of filtering one pod over a set of candidate nodes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FilterOutcome {
+    pub chosen: Option<NodeFit>,
+    /// All fitting nodes with their scores (for the `FilteringSucceed` event).
+    pub fitting: Vec<(String, f32)>,
+    /// Reason per failed node.
+    pub failed: BTreeMap<String, String>,
+}
+
+/// Evaluates every candidate and selects one.
+pub fn filter<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeState>,
+    ask: &PodAsk,
+    opts: &PlacementOptions,
+    quota: Option<&QuotaBudget>,
+) -> FilterOutcome {
+    let mut fits = Vec::new();
+    let mut failed = BTreeMap::new();
+    for n in nodes {
+        match evaluate_node(n, ask, opts, quota) {
+            Ok(f) => fits.push(f),
+            Err(r) => {
+                failed.insert(n.name.clone(), r);
+            }
+        }
+    }
+    let fitting = fits.iter().map(|f| (f.node.clone(), f.score)).collect();
+    let chosen = select_node(&fits, opts.node_policy).cloned();
+    FilterOutcome {
+        chosen,
+        fitting,
+        failed,
+    }
+}

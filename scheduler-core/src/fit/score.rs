@@ -1,0 +1,174 @@
+//! HAMi's scores and device order: the node score that picks among nodes, the device score and
+//! the per-policy sort keys that order a node's devices for Fit (§5.2, §5.4).
+
+use super::capacity::GpuState;
+use super::input::{GpuPolicyKey, GpuRequest, MEM_PERCENTAGE_UNSET, PlacementOptions, Weights};
+
+/// Node score (`ComputeDefaultScore`): existing usage only, computed in `f32` like HAMi.
+pub fn node_score(gpus: &[GpuState]) -> f32 {
+    let (mut used, mut count, mut ucores, mut tcores, mut umem, mut tmem) =
+        (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    for g in gpus {
+        used += u64::from(g.used);
+        count += u64::from(g.count);
+        ucores += u64::from(g.usedcores);
+        tcores += u64::from(g.totalcore);
+        umem += u64::from(g.usedmem);
+        tmem += u64::from(g.totalmem);
+    }
+    if count == 0 || tcores == 0 || tmem == 0 {
+        return 0.0;
+    }
+    10.0 * (used as f32 / count as f32 + ucores as f32 / tcores as f32 + umem as f32 / tmem as f32)
+}
+
+/// Device score (`ComputeScore`) for one container's request.
+///
+/// HAMi v2.10 counts the request only when the device `type` equals the request type (`NVIDIA`)
+/// exactly, which real devices (`NVIDIA-Tesla T4`) never do (Appendix B #3). Tessera always counts
+/// the request on NVIDIA devices, as HAMi's own unit tests expect; see docs/scheduler.md.
+pub fn device_score(g: &GpuState, req: &GpuRequest, w: Weights) -> f64 {
+    if g.count == 0 || g.totalcore == 0 || g.totalmem == 0 {
+        return 0.0;
+    }
+    let r = 1.0;
+    let c = f64::from(req.coresreq);
+    let pct = req.mem_percentage_req;
+    let m = if pct != 0 && pct != MEM_PERCENTAGE_UNSET {
+        (f64::from(g.totalmem) * f64::from(pct) / 100.0).floor()
+    } else {
+        f64::from(req.memreq)
+    };
+    10.0 * (f64::from(w.slot) * (r + f64::from(g.used)) / f64::from(g.count)
+        + f64::from(w.core) * (c + f64::from(g.usedcores)) / f64::from(g.totalcore)
+        + f64::from(w.memory) * (m + f64::from(g.usedmem)) / f64::from(g.totalmem))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SortKey {
+    ScoreAsc,
+    ScoreDesc,
+    NumaAsc,
+    NumaDesc,
+    UsedDesc,
+}
+
+/// At most one key per dimension (score, NUMA) and the `UsedDesc` of mutex: never more than
+/// [`MAX_SORT_KEYS`] keys, so they live on the stack.
+const MAX_SORT_KEYS: usize = 4;
+
+/// The sort keys of one policy chain, in priority order.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SortKeys {
+    keys: [SortKey; MAX_SORT_KEYS],
+    len: usize,
+}
+
+impl SortKeys {
+    fn of(keys: &[SortKey]) -> Self {
+        let mut out = SortKeys {
+            keys: [SortKey::ScoreDesc; MAX_SORT_KEYS],
+            len: 0,
+        };
+        for k in keys {
+            out.push(*k);
+        }
+        out
+    }
+
+    fn push(&mut self, k: SortKey) {
+        // Unreachable overflow (one key per dimension); dropping a key would only change ties.
+        if self.len < MAX_SORT_KEYS {
+            self.keys[self.len] = k;
+            self.len += 1;
+        }
+    }
+
+    pub(super) fn as_slice(&self) -> &[SortKey] {
+        &self.keys[..self.len]
+    }
+}
+
+/// The sort keys for a policy chain (§5.4 table). Fit consumes the sorted list from its end.
+pub(super) fn sort_keys(opts: &PlacementOptions) -> SortKeys {
+    use GpuPolicyKey::*;
+    let chain = &opts.gpu_policy;
+    match chain.as_slice() {
+        [Binpack] if opts.selectors.numa_bind => {
+            SortKeys::of(&[SortKey::NumaDesc, SortKey::ScoreAsc])
+        }
+        [Binpack] => SortKeys::of(&[SortKey::ScoreAsc, SortKey::NumaAsc]),
+        [Mutex] => SortKeys::of(&[SortKey::UsedDesc, SortKey::NumaAsc]),
+        [Spread] | [TopologyAware] | [] if opts.selectors.numa_bind => {
+            SortKeys::of(&[SortKey::NumaAsc, SortKey::ScoreDesc])
+        }
+        [Spread] | [TopologyAware] | [] => SortKeys::of(&[SortKey::ScoreDesc, SortKey::NumaAsc]),
+        _ => {
+            let mut keys = SortKeys::of(&[]);
+            if opts.selectors.numa_bind {
+                keys.push(SortKey::NumaAsc);
+            }
+            for p in chain {
+                let k = match p {
+                    Binpack => SortKey::ScoreAsc,
+                    Spread => SortKey::ScoreDesc,
+                    Numa => SortKey::NumaAsc,
+                    Mutex | TopologyAware => continue,
+                };
+                let same_dimension = |a: SortKey| match k {
+                    SortKey::ScoreAsc | SortKey::ScoreDesc => {
+                        matches!(a, SortKey::ScoreAsc | SortKey::ScoreDesc)
+                    }
+                    _ => matches!(a, SortKey::NumaAsc | SortKey::NumaDesc),
+                };
+                if !keys.as_slice().iter().any(|a| same_dimension(*a)) {
+                    keys.push(k);
+                }
+            }
+            if !keys
+                .as_slice()
+                .iter()
+                .any(|k| matches!(k, SortKey::ScoreAsc | SortKey::ScoreDesc))
+            {
+                keys.push(SortKey::ScoreDesc);
+            }
+            keys
+        }
+    }
+}
+
+/// HAMi's order of two devices (with their device scores) under `keys`; ties end on `Index`
+/// ascending (deterministic where Go's sort is not, Appendix B #4).
+pub(super) fn compare_gpus(
+    keys: &[SortKey],
+    ga: &GpuState,
+    sa: f64,
+    gb: &GpuState,
+    sb: f64,
+) -> std::cmp::Ordering {
+    for k in keys {
+        let o = match k {
+            SortKey::ScoreAsc => sa.total_cmp(&sb),
+            SortKey::ScoreDesc => sb.total_cmp(&sa),
+            SortKey::NumaAsc => ga.numa.cmp(&gb.numa),
+            SortKey::NumaDesc => gb.numa.cmp(&ga.numa),
+            SortKey::UsedDesc => gb.used.cmp(&ga.used),
+        };
+        if o.is_ne() {
+            return o;
+        }
+    }
+    ga.index.cmp(&gb.index)
+}
+
+/// Sorts `order` (indices of `gpus`) in HAMi's order. Stable, like the original pass.
+pub(super) fn sort_order(
+    order: &mut [usize],
+    gpus: &[GpuState],
+    scores: &[f64],
+    opts: &PlacementOptions,
+) {
+    let keys = sort_keys(opts);
+    let keys = keys.as_slice();
+    order.sort_by(|&a, &b| compare_gpus(keys, &gpus[a], scores[a], &gpus[b], scores[b]));
+}

@@ -1,0 +1,46 @@
+//! Kubernetes objects for tests, benchmarks and fuzz targets (feature `testing`): a registered GPU
+//! node, a pending GPU pod, a pod already running with an allocation.
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::json;
+
+/// A node registering `gpus` cards of `mem` MiB, `count` replicas each.
+pub fn gpu_node(name: &str, gpus: u32, mem: u32, count: u32) -> Node {
+    let devices: Vec<serde_json::Value> = (0..gpus)
+        .map(|i| {
+            json!({"id": format!("GPU-{name}-{i}"), "index": i, "count": count, "devmem": mem,
+                   "devcore": 100, "type": "NVIDIA-Tesla T4", "mode": "hami-core", "health": true})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "annotations": {
+            "hami.io/node-nvidia-register": serde_json::to_string(&devices).unwrap_or_default()}},
+    }))
+    .unwrap_or_default()
+}
+
+/// A pending pod asking one container for `nums` GPUs of `mem` MiB and `cores` percent.
+pub fn gpu_pod(namespace: &str, name: &str, nums: u32, mem: u32, cores: u32) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{namespace}-{name}")},
+        "spec": {"containers": [{"name": "main", "image": "app", "resources": {"limits": {
+            "nvidia.com/gpu": nums.to_string(), "nvidia.com/gpumem": mem.to_string(),
+            "nvidia.com/gpucores": cores.to_string()}}}]},
+    }))
+    .unwrap_or_default()
+}
+
+/// A pod already running on `node` with the given allocation annotation.
+pub fn running_pod(namespace: &str, name: &str, node: &str, allocated: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{namespace}-{name}"),
+            "annotations": {"hami.io/vgpu-node": node, "hami.io/vgpu-devices-allocated": allocated,
+                            "hami.io/bind-phase": "success"}},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "app"}]},
+        "status": {"phase": "Running"},
+    }))
+    .unwrap_or_default()
+}
