@@ -21,9 +21,17 @@ simulate:
 # The whole test suite, as CI runs it.
 test: lint unit chart e2e musl bench-quick fuzz-smoke
 
+# Formatting, clippy (the daemons' clippy.toml bans std::time::Instant: tokio's clock, so paused
+# test clocks reach every deadline), the pure crates' dependency trees (no I/O crate in
+# tessera-scheduler-core or hami-contract), and cargo-deny's licence, ban and source checks
+# (installs a pinned cargo-deny once, about 8 minutes; advisories need GitHub, unreachable here).
+# Module circles and the contract citations are checked by tests in `make unit`
+# (hami-contract/tests/module_cycles.rs, contract_refs.rs).
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
+	./scripts/check-core-deps.sh
+	./scripts/deny.sh
 
 unit:
 	cargo test --locked --workspace --exclude tessera-e2e

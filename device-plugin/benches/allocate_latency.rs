@@ -9,7 +9,8 @@ use tokio::time::Instant;
 
 use hami_contract::annotations as keys;
 use kubelet_proto::deviceplugin::v1beta1 as dp;
-use tessera_device_plugin::allocator::{Allocator, NoPodResources};
+use tessera_device_plugin::allocator::Allocator;
+use tessera_device_plugin::edges::NoPodResources;
 use tessera_device_plugin::identity::PodSnapshot;
 use tessera_device_plugin::testing::{MemoryApi, NODE, bound_pod, response_settings};
 

@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use hami_contract::annotations as keys;
 use hami_contract::devices::{DeviceListError, PodDevices};
 use kubelet_proto::deviceplugin::v1beta1 as dp;
@@ -18,81 +17,13 @@ use tokio::time::Instant;
 use crate::container_env::{
     ContainerResponse, ContainerTarget, ResponseError, ResponseSettings, container_response,
 };
+use crate::edges::{EdgeError, PodPatcher, PodResourcesSource, PodSource};
 use crate::gpu::physical_uuid;
 use crate::identity::{
     BookingPolicy, CallFacts, Choice, IdentityError, Ledger, PodResourcesView, PodSnapshot,
     pending_pods_checked, select,
 };
 use crate::metrics::PluginMetrics;
-
-/// Why a call to an I/O edge (the apiserver, the kubelet's pod-resources socket) failed. The
-/// cause stays the error's source: log it with [`DisplayChain`].
-#[derive(Debug, thiserror::Error)]
-pub enum EdgeError {
-    /// An apiserver request failed; `what` says which (`cannot patch pod ns/name`).
-    #[error("{what}")]
-    Kube {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-    /// The kubelet's socket could not be reached.
-    #[error(transparent)]
-    Kubelet(#[from] crate::kubelet::KubeletError),
-    /// The kubelet answered pod-resources `List` with an error.
-    #[error("pod-resources List failed")]
-    PodResourcesList(#[source] tonic::Status),
-}
-
-impl EdgeError {
-    /// For `map_err`: an apiserver error while doing `what`.
-    pub fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> EdgeError {
-        let what = what.into();
-        move |source| EdgeError::Kube { what, source }
-    }
-}
-
-/// The node's pods, as the informer has them and (bounded) fresh from the apiserver.
-pub trait PodSource: Send + Sync + 'static {
-    fn cached(&self) -> Vec<PodSnapshot>;
-    fn fresh(&self) -> BoxFuture<'_, Result<Vec<PodSnapshot>, EdgeError>>;
-    /// `<namespace>/<name>` from HAMi's `hami.io/mutex.lock` on this node, if any.
-    fn hami_lock(&self) -> Option<String>;
-}
-
-/// Writes pod annotations and releases HAMi's node lock.
-pub trait PodPatcher: Send + Sync + 'static {
-    /// Patches the annotations of pod `namespace/name` only if its UID is still `uid` (a
-    /// recreated pod of the same name is never patched).
-    fn patch_pod_annotations(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-        annotations: BTreeMap<String, String>,
-    ) -> BoxFuture<'_, Result<(), EdgeError>>;
-    /// Removes `hami.io/mutex.lock` if (and only if) it still names this pod.
-    fn release_hami_lock(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> BoxFuture<'_, Result<(), EdgeError>>;
-}
-
-/// The kubelet's pod-resources `List`; `Ok(None)` when the kubelet does not serve it.
-pub trait PodResourcesSource: Send + Sync + std::fmt::Debug + 'static {
-    fn list(&self) -> BoxFuture<'_, Result<Option<PodResourcesView>, EdgeError>>;
-}
-
-/// A source that never has pod-resources (old kubelets, tests of the fallback).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoPodResources;
-
-impl PodResourcesSource for NoPodResources {
-    fn list(&self) -> BoxFuture<'_, Result<Option<PodResourcesView>, EdgeError>> {
-        Box::pin(async { Ok(None) })
-    }
-}
 
 /// Why an `Allocate` failed. The kubelet puts the message in the pod's events: the gRPC status
 /// carries the whole chain ([`DisplayChain`]), e.g. `tessera: cannot create the container cache
@@ -647,6 +578,7 @@ fn to_proto(r: ContainerResponse) -> dp::ContainerAllocateResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::future::BoxFuture;
 
     /// An apiserver that never answers and a cache that knows nothing.
     #[derive(Debug)]

@@ -8,8 +8,6 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 use tessera_runtime::LogArgs;
 
-use crate::daemon::Periods;
-
 /// The crates whose logs `-v`/`--debug` raise first.
 pub const OWN_CRATES: &[&str] = &["tessera_device_plugin", "hami_contract", "vgpu_region"];
 
@@ -127,6 +125,52 @@ impl Cli {
         Periods {
             annotation: Duration::from_secs(self.annotation_period_seconds.max(1)),
             ..Periods::default()
+        }
+    }
+}
+
+/// Every period and time limit of the daemon's background work, in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Periods {
+    /// Rewrite of the node register annotation (`--annotation-period-seconds`).
+    pub annotation: Duration,
+    /// Retry of a failed node annotation write (HAMi's pace).
+    pub annotation_retry: Duration,
+    /// vGPU monitor pass: container usage metrics, gone pods' directories.
+    pub vgpu_monitor: Duration,
+    /// Age a container directory must reach before it may be removed as a gone pod's (it is
+    /// made at `Allocate`, before its pod could be missing from a list).
+    pub orphan_dir_grace: Duration,
+    /// Allocation ledger garbage collection (first run one period after start).
+    pub ledger_gc: Duration,
+    /// Kubelet socket check (restart detection).
+    pub kubelet_poll: Duration,
+    /// Registration retry while the kubelet does not answer.
+    pub register_retry: Duration,
+    /// Longest blocking wait for one NVML event (also the health thread's shutdown latency).
+    pub nvml_event_wait: Duration,
+    /// Lost-GPU poll, recovery probes and host GPU metrics.
+    pub health_poll: Duration,
+    /// NVML rediscovery (GPUs appearing or vanishing).
+    pub rediscovery: Duration,
+    /// How long a stopping server may take before it is abandoned.
+    pub stop_grace: Duration,
+}
+
+impl Default for Periods {
+    fn default() -> Self {
+        Periods {
+            annotation: Duration::from_secs(30),
+            annotation_retry: Duration::from_secs(5),
+            vgpu_monitor: Duration::from_secs(15),
+            orphan_dir_grace: Duration::from_secs(30),
+            ledger_gc: Duration::from_secs(30),
+            kubelet_poll: Duration::from_millis(100),
+            register_retry: Duration::from_secs(1),
+            nvml_event_wait: Duration::from_secs(1),
+            health_poll: Duration::from_secs(1),
+            rediscovery: Duration::from_secs(60),
+            stop_grace: Duration::from_secs(5),
         }
     }
 }

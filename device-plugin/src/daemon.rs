@@ -24,9 +24,10 @@ use tokio::time::Instant;
 use hami_contract::config::{ConfigError, DeviceConfig, NodeConfigFile};
 use tessera_runtime::{CancellationToken, DisplayChain, Schedule, spawn_periodic, spawn_task};
 
-use crate::allocator::{Allocator, PodResourcesSource, PodSource};
-use crate::cli::Cli;
+use crate::allocator::Allocator;
+use crate::cli::{Cli, Periods};
 use crate::container_env::ResponseSettings;
+use crate::edges::{PodResourcesSource, PodSource};
 use crate::gpu::{AdvertiseSettings, SettingsError, merge_rediscovered, plan_gpus};
 use crate::health::{DisableSpecError, HealthPolicy, HealthTracker};
 use crate::kube_edges::{CapacityNames, KubePatcher, KubePodSource, NodeAnnotator};
@@ -36,52 +37,6 @@ use crate::monitor::VgpuMonitor;
 use crate::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
 use crate::pod_resources::KubeletPodResources;
 use crate::service::{DevicePluginService, DeviceState};
-
-/// Every period and time limit of the daemon's background work, in one place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Periods {
-    /// Rewrite of the node register annotation (`--annotation-period-seconds`).
-    pub annotation: Duration,
-    /// Retry of a failed node annotation write (HAMi's pace).
-    pub annotation_retry: Duration,
-    /// vGPU monitor pass: container usage metrics, gone pods' directories.
-    pub vgpu_monitor: Duration,
-    /// Age a container directory must reach before it may be removed as a gone pod's (it is
-    /// made at `Allocate`, before its pod could be missing from a list).
-    pub orphan_dir_grace: Duration,
-    /// Allocation ledger garbage collection (first run one period after start).
-    pub ledger_gc: Duration,
-    /// Kubelet socket check (restart detection).
-    pub kubelet_poll: Duration,
-    /// Registration retry while the kubelet does not answer.
-    pub register_retry: Duration,
-    /// Longest blocking wait for one NVML event (also the health thread's shutdown latency).
-    pub nvml_event_wait: Duration,
-    /// Lost-GPU poll, recovery probes and host GPU metrics.
-    pub health_poll: Duration,
-    /// NVML rediscovery (GPUs appearing or vanishing).
-    pub rediscovery: Duration,
-    /// How long a stopping server may take before it is abandoned.
-    pub stop_grace: Duration,
-}
-
-impl Default for Periods {
-    fn default() -> Self {
-        Periods {
-            annotation: Duration::from_secs(30),
-            annotation_retry: Duration::from_secs(5),
-            vgpu_monitor: Duration::from_secs(15),
-            orphan_dir_grace: Duration::from_secs(30),
-            ledger_gc: Duration::from_secs(30),
-            kubelet_poll: Duration::from_millis(100),
-            register_retry: Duration::from_secs(1),
-            nvml_event_wait: Duration::from_secs(1),
-            health_poll: Duration::from_secs(1),
-            rediscovery: Duration::from_secs(60),
-            stop_grace: Duration::from_secs(5),
-        }
-    }
-}
 
 /// Why the daemon could not start (or its kubelet server could not run). `main` prints it with
 /// its whole chain on one line.

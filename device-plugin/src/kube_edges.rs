@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tessera_runtime::{DisplayChain, spawn_task};
 use tokio_util::sync::CancellationToken;
 
-use crate::allocator::{EdgeError, PodPatcher, PodResourcesSource, PodSource};
+use crate::edges::{EdgeError, PodPatcher, PodResourcesSource, PodSource};
 use crate::identity::PodSnapshot;
 use crate::metrics::PluginMetrics;
 use crate::pods::snapshot;

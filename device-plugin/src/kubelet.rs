@@ -13,11 +13,11 @@ use tessera_runtime::{DisplayChain, task_span};
 use tokio::net::UnixListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 use tracing::Instrument;
 
 use crate::metrics::PluginMetrics;
 use crate::service::DevicePluginService;
+use crate::uds::{ConnectError, unix_channel};
 
 /// Where and as what the plugin registers.
 #[derive(Debug, Clone)]
@@ -81,31 +81,14 @@ pub enum KubeletError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot reach the kubelet at {}", path.display())]
-    Connect {
-        path: PathBuf,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error("the kubelet refused the registration")]
     Register(#[source] tonic::Status),
 }
 
-/// How long connecting to a kubelet socket may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Pause before serving again after a kubelet restart, so the kubelet has created its socket.
 const RESTART_PAUSE: Duration = Duration::from_millis(100);
-
-/// A tonic channel over a unix socket.
-pub async fn unix_channel(path: &Path) -> Result<Channel, KubeletError> {
-    kubelet_proto::transport::unix_channel(path, CONNECT_TIMEOUT)
-        .await
-        .map_err(|source| KubeletError::Connect {
-            path: path.to_path_buf(),
-            source,
-        })
-}
 
 /// One `Register` call.
 pub async fn register(settings: &KubeletSettings) -> Result<(), KubeletError> {

@@ -10,6 +10,7 @@ pub mod allocator;
 pub mod cli;
 pub mod container_env;
 pub mod daemon;
+pub mod edges;
 pub mod gpu;
 pub mod health;
 pub mod identity;
@@ -23,3 +24,4 @@ pub mod pods;
 pub mod service;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod uds;

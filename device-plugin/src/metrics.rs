@@ -233,11 +233,7 @@ impl PluginMetrics {
 
     /// Replaces all per-container series with `samples` (containers that went away disappear).
     /// Samples of pods not in `names` are labelled with the pod UID as name and an empty namespace.
-    pub fn set_vgpu(
-        &self,
-        samples: &[crate::monitor::VgpuSample],
-        names: &crate::monitor::PodNames,
-    ) {
+    pub fn set_vgpu(&self, samples: &[VgpuSample], names: &PodNames) {
         for f in [
             &self.vgpu_used,
             &self.vgpu_limit,
@@ -312,6 +308,24 @@ impl PluginMetrics {
     }
 }
 
+/// One (container, virtual device) usage sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VgpuSample {
+    pub pod_uid: String,
+    pub container: String,
+    pub vdevice_index: usize,
+    pub device_uuid: String,
+    pub memory_used_bytes: u64,
+    pub memory_limit_bytes: u64,
+    pub context_bytes: u64,
+    pub module_bytes: u64,
+    pub buffer_bytes: u64,
+    pub sm_limit: u64,
+}
+
+/// Pod UID → (namespace, name), from the pod cache.
+pub type PodNames = std::collections::BTreeMap<String, (String, String)>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,7 +337,7 @@ mod tests {
         m.identity_choice("unique");
         m.gpu_health("GPU-a", false);
         m.host_gpu("node-a", 1, "GPU-a", "NVIDIA-Tesla T4", 1048576.0, 42.0);
-        let sample = crate::monitor::VgpuSample {
+        let sample = VgpuSample {
             pod_uid: "u1".into(),
             container: "main".into(),
             vdevice_index: 0,

@@ -3,7 +3,7 @@
 //! (contract §8.2). Truncated, foreign or corrupt files are logged and skipped; they never
 //! affect other containers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,8 +11,9 @@ use std::time::Duration;
 use tessera_runtime::DisplayChain;
 use vgpu_region::{MAX_DEVICES, RegionSnapshot};
 
-use crate::allocator::{EdgeError, PodSource};
+use crate::edges::{EdgeError, PodSource};
 use crate::metrics::PluginMetrics;
+pub use crate::metrics::{PodNames, VgpuSample};
 
 /// Largest file the monitor reads: the shim's region file (`vgpu_region::FILE_SIZE`); a larger
 /// file is not one, and nothing past this size is ever read.
@@ -56,21 +57,6 @@ pub fn read_region_file(path: &Path) -> Result<Vec<u8>, SkipReason> {
         .read_to_end(&mut bytes)
         .map_err(SkipReason::Read)?;
     Ok(bytes)
-}
-
-/// One (container, virtual device) usage sample.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VgpuSample {
-    pub pod_uid: String,
-    pub container: String,
-    pub vdevice_index: usize,
-    pub device_uuid: String,
-    pub memory_used_bytes: u64,
-    pub memory_limit_bytes: u64,
-    pub context_bytes: u64,
-    pub module_bytes: u64,
-    pub buffer_bytes: u64,
-    pub sm_limit: u64,
 }
 
 /// `<podUID>_<container>`: pod UIDs contain no `_`, container names (DNS labels) neither.
@@ -188,9 +174,6 @@ pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
     }
     (out, skipped)
 }
-
-/// Pod UID → (namespace, name), from the pod cache.
-pub type PodNames = BTreeMap<String, (String, String)>;
 
 /// The container directories to remove (pure): `<podUID>_<container>` entries, each with its
 /// age, whose pod is not among `live_uids` (the node's pods, fresh from the API server) and that

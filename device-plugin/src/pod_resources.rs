@@ -7,9 +7,9 @@ use futures::future::BoxFuture;
 use kubelet_proto::podresources::v1 as pr;
 use kubelet_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 
-use crate::allocator::{EdgeError, PodResourcesSource};
+use crate::edges::{EdgeError, PodResourcesSource};
 use crate::identity::PodResourcesView;
-use crate::kubelet::unix_channel;
+use crate::uds::unix_channel;
 
 /// Reduces a `List` response to `namespace/name → container → device IDs of resource`.
 pub fn view_of(response: &pr::ListPodResourcesResponse, resource: &str) -> PodResourcesView {

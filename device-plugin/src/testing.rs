@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::future::BoxFuture;
 use hami_contract::annotations as keys;
 
-use crate::allocator::{EdgeError, PodPatcher, PodSource};
 use crate::container_env::ResponseSettings;
+use crate::edges::{EdgeError, PodPatcher, PodSource};
 use crate::gpu::GpuInfo;
 use crate::identity::{ContainerSpec, PodSnapshot};
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use hami_contract::nodelock::NodeLock;
 use http::Method;
 use serde_json::json;
-use tessera_device_plugin::allocator::{EdgeError, NoPodResources, PodPatcher, PodResourcesSource};
+use tessera_device_plugin::edges::{EdgeError, NoPodResources, PodPatcher, PodResourcesSource};
 use tessera_device_plugin::gpu::{AdvertiseSettings, plan_gpus};
 use tessera_device_plugin::health::{HealthPolicy, HealthTracker};
 use tessera_device_plugin::kube_edges::{KubePatcher, NodeAnnotator};

@@ -1,4 +1,4 @@
-//! User annotations (contract §3.3, §2.5) and the node lock (§2.4): never panic; the policy
+//! User annotations (contract §3.3, §2.5) and the node lock (contract §2.4): never panic; the policy
 //! chain and scoring weights re-encode to themselves.
 #![no_main]
 

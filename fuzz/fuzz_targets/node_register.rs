@@ -1,5 +1,5 @@
 //! `hami.io/node-nvidia-register` (contract §2.1) in both formats, and the pair-score
-//! annotation (§2.2): never panic; decoded values re-encode and decode to themselves.
+//! annotation (contract §2.2): never panic; decoded values re-encode and decode to themselves.
 #![no_main]
 
 use hami_contract::node::{

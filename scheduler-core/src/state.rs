@@ -65,7 +65,7 @@ impl NodeRecord {
                 Err(e) => (Vec::new(), Some(format!("node unregistered: {e}"))),
             },
         };
-        // HAMi drops a node whose kubelet reports no allocatable GPUs (handshake, §2.3).
+        // HAMi drops a node whose kubelet reports no allocatable GPUs (handshake, contract §2.3).
         let allocatable_zero = node
             .status
             .as_ref()
@@ -203,7 +203,7 @@ impl PodRecord {
         })
     }
 
-    /// Whether the pod books GPU capacity (§5.1), with one Tessera deviation: a pod that was
+    /// Whether the pod books GPU capacity (contract §5.1), with one Tessera deviation: a pod that was
     /// never bound and whose bind failed books nothing (HAMi keeps it until rescheduled).
     pub fn books_capacity(&self) -> bool {
         !self.terminal

@@ -21,7 +21,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use tessera_scheduler::engine::{Command, Engine, EngineHandle, Observation};

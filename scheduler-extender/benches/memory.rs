@@ -20,7 +20,7 @@
 //! buffers every pod, and remembers each one's UID. `--full-objects` buffers the objects whole,
 //! as the daemon did before it reduced them on arrival (`state::slim_pod`, `slim_node`).
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use serde_json::{Value, json};
 use tessera_scheduler::engine::Engine;

@@ -599,7 +599,7 @@ impl EngineHandle {
     /// Starts the loop on the current runtime.
     pub fn spawn(engine: Engine) -> Self {
         let (tx, rx) = mpsc::channel(1024);
-        tokio::spawn(engine.run(rx));
+        tessera_runtime::spawn_task("decision-loop", engine.run(rx));
         EngineHandle { tx }
     }
 

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
@@ -26,7 +27,7 @@ use tessera_scheduler_core::webhook::{self, WebhookConfig};
 
 use crate::edge::{ClusterEdge, EventType, PodEvent};
 use crate::engine::{Command, EngineHandle, Refusal};
-use crate::listen::BodyTimeout;
+use crate::listen::{BodyTimeout, VerifiedClientCert};
 use crate::metrics::Metrics;
 
 /// HAMi's request body limit.
@@ -34,11 +35,6 @@ pub const MAX_BODY: usize = 1 << 20;
 
 /// Body deadline when the listener set none.
 pub const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Set on each request by the TLS acceptor: the peer presented a client certificate that the
-/// configured client CA verified.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VerifiedClientCert(pub bool);
 
 /// Who may call `/filter` and `/bind`.
 #[derive(Debug, Default)]

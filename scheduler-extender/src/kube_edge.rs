@@ -64,7 +64,7 @@ impl KubeEdge {
         };
         let recorder = Recorder::new(client.clone(), reporter);
         let (events, rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
-        tokio::spawn(publish_events(recorder, rx));
+        tessera_runtime::spawn_task("events", publish_events(recorder, rx));
         KubeEdge { client, events }
     }
 }

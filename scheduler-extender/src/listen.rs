@@ -16,7 +16,9 @@ use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::Instrument;
 
 use axum::Router;
 use hyper::service::Service as _;
@@ -28,7 +30,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_rustls::TlsAcceptor;
 
-use crate::http::VerifiedClientCert;
+/// Set on each request by the TLS acceptor: the peer presented a client certificate that the
+/// configured client CA verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerifiedClientCert(pub bool);
 
 /// Limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -477,7 +482,11 @@ pub async fn serve_listener(
                 Err(_) => return,
             },
         };
-        tokio::spawn(serve_conn(stream, slot, router.clone(), cfg, limits));
+        // One task per connection, in the listener's span.
+        tokio::spawn(
+            serve_conn(stream, slot, router.clone(), cfg, limits)
+                .instrument(tracing::Span::current()),
+        );
     })
     .await;
 }

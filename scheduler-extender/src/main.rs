@@ -4,48 +4,20 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::builder::BoolishValueParser;
-use clap::{ArgAction, Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use tessera_runtime::LogArgs;
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::podspec::PolicyDefaults;
 
 #[derive(Debug, Parser)]
 #[command(name = "tessera-scheduler", version, about)]
 struct Cli {
-    /// Log format on stderr.
-    #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
-    log_format: LogFormat,
-    /// klog verbosity, as HAMi's chart passes it (`-v=4`, `--v 4`): 4 or more logs Tessera's own
-    /// crates at debug, 6 at trace, 8 everything at trace. An explicit RUST_LOG wins.
-    #[arg(
-        short = 'v',
-        long = "v",
-        env = "TESSERA_VERBOSITY",
-        value_name = "LEVEL",
-        global = true
-    )]
-    verbosity: Option<u8>,
-    /// HAMi's `--debug`: the same as `-v=4` (also `--debug=true|false`).
-    #[arg(
-        long,
-        env = "TESSERA_DEBUG",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        default_value = "false",
-        value_parser = BoolishValueParser::new(),
-        global = true
-    )]
-    debug: bool,
+    /// `--log-format`, and klog's `-v`/`--v` and HAMi's `--debug` (global: before or after the
+    /// subcommand, as HAMi's chart passes them).
+    #[command(flatten)]
+    logging: LogArgs,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 /// Policies and device config shared by `serve` and `simulate`.
@@ -102,36 +74,16 @@ enum Command {
 
 mod serve;
 
-impl Cli {
-    /// The log filter asked for by `-v`/`--debug`; `None` keeps the default. RUST_LOG wins.
-    fn log_directive(&self) -> Option<String> {
-        hami_contract::verbosity::filter_directive(
-            self.verbosity,
-            self.debug,
-            &["tessera_scheduler", "hami_contract"],
-        )
-    }
-}
-
-/// RUST_LOG wins; otherwise `-v`/`--debug` (HAMi's flags), otherwise `info`.
-fn init_logging(format: LogFormat, directive: Option<String>) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(directive.as_deref().unwrap_or("info"))
-    });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        // Colour only on a terminal: container logs (`kubectl logs`) must stay plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
+/// The crates whose logs `-v`/`--debug` raise.
+const OWN_CRATES: &[&str] = &[
+    "tessera_scheduler",
+    "tessera_scheduler_core",
+    "hami_contract",
+];
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format, cli.log_directive());
+    cli.logging.init(OWN_CRATES)?;
     match cli.command {
         Command::Simulate { file, policy } => {
             let cfg = policy.decision_config()?;
@@ -178,18 +130,23 @@ mod tests {
             &["simulate", "-f", "x.yaml", "-v", "4"],
         ] {
             let cli = parse(form).unwrap_or_else(|e| panic!("{form:?}: {e}"));
-            assert_eq!(cli.verbosity, Some(4), "{form:?}");
+            assert_eq!(cli.logging.verbosity.verbosity, Some(4), "{form:?}");
             assert_eq!(
-                cli.log_directive().as_deref(),
-                Some("info,tessera_scheduler=debug,hami_contract=debug"),
+                cli.logging.directive(OWN_CRATES).as_deref(),
+                Some(
+                    "info,tessera_scheduler=debug,tessera_scheduler_core=debug,hami_contract=debug"
+                ),
                 "{form:?}"
             );
         }
         assert!(parse(&["serve", "-v=x"]).is_err());
-        let trace = parse(&["serve", "-v=6"]).expect("v6").log_directive();
+        let trace = parse(&["serve", "-v=6"])
+            .expect("v6")
+            .logging
+            .directive(OWN_CRATES);
         assert_eq!(
             trace.as_deref(),
-            Some("debug,tessera_scheduler=trace,hami_contract=trace")
+            Some("debug,tessera_scheduler=trace,tessera_scheduler_core=trace,hami_contract=trace")
         );
     }
 
@@ -197,18 +154,37 @@ mod tests {
     fn hami_scheduler_extra_args_parse() {
         // HAMi v2.10's default scheduler.extender.extraArgs, after the chart's own flags.
         let cli = parse(&["serve", "--debug", "-v=4"]).expect("HAMi's defaults");
-        assert!(cli.debug);
-        assert_eq!(cli.verbosity, Some(4));
-        assert!(parse(&["serve", "--debug=true"]).expect("=true").debug);
-        assert!(!parse(&["serve", "--debug=false"]).expect("=false").debug);
-        assert!(parse(&["--debug", "serve"]).expect("before").debug);
+        assert!(cli.logging.verbosity.debug);
+        assert_eq!(cli.logging.verbosity.verbosity, Some(4));
+        assert!(
+            parse(&["serve", "--debug=true"])
+                .expect("=true")
+                .logging
+                .verbosity
+                .debug
+        );
+        assert!(
+            !parse(&["serve", "--debug=false"])
+                .expect("=false")
+                .logging
+                .verbosity
+                .debug
+        );
+        assert!(
+            parse(&["--debug", "serve"])
+                .expect("before")
+                .logging
+                .verbosity
+                .debug
+        );
         let plain = parse(&["serve"]).expect("plain");
-        assert!(!plain.debug);
-        assert_eq!(plain.log_directive(), None);
+        assert!(!plain.logging.verbosity.debug);
+        assert_eq!(plain.logging.directive(OWN_CRATES), None);
         assert!(
             parse(&["serve", "--debug", "-v=2"])
                 .expect("debug wins")
-                .log_directive()
+                .logging
+                .directive(OWN_CRATES)
                 .is_some()
         );
     }

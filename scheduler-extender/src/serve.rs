@@ -7,6 +7,10 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+use tessera_runtime::{
+    CancellationToken, Schedule, spawn_periodic, spawn_task, task_span, wait_for_shutdown_signal,
+};
+use tracing::Instrument;
 
 use anyhow::Context;
 use tessera_scheduler::engine::{Command, Engine, EngineHandle};
@@ -221,7 +225,7 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
 
     let (requeue_tx, requeue_rx) = tokio::sync::mpsc::unbounded_channel();
     let engine = EngineHandle::spawn(Engine::new(cfg.clone()).with_requeue(requeue_tx));
-    tokio::spawn(run_requeue((*edge).clone(), requeue_rx));
+    spawn_task("requeue", run_requeue((*edge).clone(), requeue_rx));
 
     let (lead_tx, lead_rx) = tokio::sync::watch::channel(None);
     if args.leader_elect {
@@ -246,12 +250,10 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
             retry_period: Duration::from_secs((args.lease_duration_seconds / 5).max(1)),
             follow,
         };
-        tokio::spawn(run_leader_election(
-            client.clone(),
-            lease,
-            lead_tx,
-            engine.clone(),
-        ));
+        spawn_task(
+            "leader-election",
+            run_leader_election(client.clone(), lease, lead_tx, engine.clone()),
+        );
     } else {
         if args.follow_lease.is_some() {
             tracing::warn!("--follow-lease has no effect with --leader-elect=false");
@@ -262,22 +264,27 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
     }
     // Every replica serves the webhook, so every replica keeps its cluster facts.
     let facts: SharedFacts = Default::default();
-    tokio::spawn(run_facts(client.clone(), cfg.clone(), facts.clone()));
+    spawn_task(
+        "cluster-facts",
+        run_facts(client.clone(), cfg.clone(), facts.clone()),
+    );
     let ready = Arc::new(AtomicBool::new(false));
-    tokio::spawn(run_sync(
-        client.clone(),
-        engine.clone(),
-        lead_rx,
-        ready.clone(),
-    ));
+    spawn_task(
+        "cluster-sync",
+        run_sync(client.clone(), engine.clone(), lead_rx, ready.clone()),
+    );
+    let shutdown = CancellationToken::new();
     {
         let engine = engine.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(10)).await;
-                engine.send(Command::Sweep).await;
-            }
-        });
+        spawn_periodic(
+            "reservation-sweep",
+            Schedule::every(PERIOD).first_after(PERIOD),
+            shutdown.clone(),
+            move || {
+                let engine = engine.clone();
+                async move { engine.send(Command::Sweep).await }
+            },
+        );
     }
 
     let token = match &args.token_file {
@@ -295,19 +302,24 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
     }
     if let Some(path) = args.token_file.clone() {
         let auth = auth.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(10)).await;
+        spawn_periodic(
+            "token-reload",
+            Schedule::every(PERIOD).first_after(PERIOD),
+            shutdown.clone(),
+            move || {
                 match read_token(&path) {
                     Ok(t) => {
                         if let Ok(mut w) = auth.token.write() {
                             *w = Some(t);
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "keeping the previous token"),
+                    Err(e) => {
+                        tracing::warn!(error = %format!("{e:#}"), "keeping the previous token")
+                    }
                 }
-            }
-        });
+                std::future::ready(())
+            },
+        );
     }
 
     let trusted: BTreeSet<String> = if args.webhook_trusted_user.is_empty() {
@@ -351,11 +363,10 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
                 client_ca: args.client_ca_file.clone(),
             };
             let current = Arc::new(RwLock::new(tls::load(&files)?));
-            tokio::spawn(tls::watch_reload(
-                files,
-                current.clone(),
-                Duration::from_secs(10),
-            ));
+            spawn_task(
+                "tls-reload",
+                tls::watch_reload(files, current.clone(), PERIOD),
+            );
             Some(current)
         }
         _ => None,
@@ -368,25 +379,35 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         idle_timeout: secs(args.idle_connection_timeout_seconds),
         max_connections: args.max_connections.max(1),
     };
-    let metrics = tokio::spawn(tls::serve_with(
-        args.metrics_bind_address,
-        metrics_router(app.clone()),
-        None,
-        limits,
-    ));
-    let main = tokio::spawn(tls::serve_with(
-        args.http_bind,
-        router(app),
-        tls_cfg,
-        limits,
-    ));
-    tokio::select! {
-        r = main => r.context("extender server task")?.context("extender server")?,
-        r = metrics => r.context("metrics server task")?.context("metrics server")?,
-        _ = tokio::signal::ctrl_c() => tracing::info!("shutting down"),
-    }
-    Ok(())
+    // Not `spawn_task`: the servers' results end the daemon.
+    let metrics = tokio::spawn(
+        tls::serve_with(
+            args.metrics_bind_address,
+            metrics_router(app.clone()),
+            None,
+            limits,
+        )
+        .instrument(task_span("metrics-server")),
+    );
+    let main = tokio::spawn(
+        tls::serve_with(args.http_bind, router(app), tls_cfg, limits)
+            .instrument(task_span("extender-server")),
+    );
+    let result = tokio::select! {
+        r = main => r.context("extender server task")?.context("extender server"),
+        r = metrics => r.context("metrics server task")?.context("metrics server"),
+        s = wait_for_shutdown_signal() => {
+            let s = s.context("installing the signal handlers")?;
+            tracing::info!(signal = %s, "shutting down");
+            Ok(())
+        }
+    };
+    shutdown.cancel();
+    result
 }
+
+/// The pace of the reservation sweep and of the token and certificate reloads.
+const PERIOD: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

@@ -48,7 +48,7 @@ impl GpuState {
         self.usedcores = self.usedcores.saturating_add(cores);
     }
 
-    /// Books a collapsed pod usage entry (§5.1: `Used += max(Slots, 1)`).
+    /// Books a collapsed pod usage entry (contract §5.1: `Used += max(Slots, 1)`).
     pub fn book_usage(&mut self, slots: u32, mem: u32, cores: u32) {
         self.used = self.used.saturating_add(slots.max(1));
         self.usedmem = self.usedmem.saturating_add(mem);
@@ -56,7 +56,7 @@ impl GpuState {
     }
 }
 
-/// Pairwise GPU topology scores from `hami.io/node-nvidia-score` (§2.2).
+/// Pairwise GPU topology scores from `hami.io/node-nvidia-score` (contract §2.2).
 pub type TopologyScores = HashMap<String, HashMap<String, i64>>;
 
 /// A candidate node: its GPUs with usage, and the node-level inputs of Fit.
@@ -69,7 +69,7 @@ pub struct NodeState {
     pub topology: Option<TopologyScores>,
 }
 
-/// The namespace's GPU budget (§5.7): limits are the minimum over all ResourceQuota objects of the
+/// The namespace's GPU budget (contract §5.7): limits are the minimum over all ResourceQuota objects of the
 /// namespace, memory already multiplied by `memoryFactor`; `used_*` include in-flight
 /// reservations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

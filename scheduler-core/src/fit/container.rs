@@ -1,5 +1,5 @@
 //! One container's request onto one node's NVIDIA devices (`fitInDevices` + NVIDIA `Fit`), every
-//! check and reason in HAMi's order (§5.3).
+//! check and reason in HAMi's order (contract §5.3).
 
 use std::collections::BTreeMap;
 

@@ -31,7 +31,7 @@ impl PodAsk {
     }
 }
 
-/// One key of a GPU scheduler policy chain (`hami.io/gpu-scheduler-policy`, §3.3).
+/// One key of a GPU scheduler policy chain (`hami.io/gpu-scheduler-policy`, contract §3.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GpuPolicyKey {
     Binpack,
@@ -54,7 +54,7 @@ impl From<&hami_contract::policy::GpuPolicy> for GpuPolicyKey {
     }
 }
 
-/// Node-level policy (§5.5).
+/// Node-level policy (contract §5.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NodePolicyKey {
     #[default]
@@ -63,7 +63,7 @@ pub enum NodePolicyKey {
 }
 
 impl NodePolicyKey {
-    /// Node selection order (§5.5): binpack prefers the higher node score, spread the lower.
+    /// Node selection order (contract §5.5): binpack prefers the higher node score, spread the lower.
     /// Equal scores are not preferred, so ties keep the earlier candidate.
     pub fn prefers(self, candidate: f32, current: f32) -> bool {
         match self {
@@ -73,7 +73,7 @@ impl NodePolicyKey {
     }
 }
 
-/// `hami.io/device-scoring-weights` (§3.3).
+/// `hami.io/device-scoring-weights` (contract §3.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Weights {
     pub slot: u32,

@@ -1,5 +1,5 @@
 //! A whole pod onto one node (`scoreNode`: init containers each on a fresh copy, app containers
-//! cumulatively), and the choice among the nodes that fit (§5.5).
+//! cumulatively), and the choice among the nodes that fit (contract §5.5).
 
 use std::collections::BTreeMap;
 
@@ -14,7 +14,7 @@ use super::score::node_score;
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeFit {
     pub node: String,
-    /// Node score (existing usage only, §5.2 step 1).
+    /// Node score (existing usage only, contract §5.2 step 1).
     pub score: f32,
     /// One entry per container, init containers first.
     pub devices: PodDevices,
@@ -27,7 +27,7 @@ pub struct NodeFit {
 /// [`NodeFit`]; the filter does that only for the node it keeps.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodePicks {
-    /// Node score (existing usage only, §5.2 step 1).
+    /// Node score (existing usage only, contract §5.2 step 1).
     pub score: f32,
     pub containers: Vec<Vec<Pick>>,
     pub charge: Charge,
@@ -159,7 +159,7 @@ fn to_devices(gpus: &[GpuState], picks: &[Pick]) -> Vec<ContainerDevice> {
         .collect()
 }
 
-/// Picks the node (§5.5): binpack ⇒ the highest node score, spread ⇒ the lowest. Ties go to
+/// Picks the node (contract §5.5): binpack ⇒ the highest node score, spread ⇒ the lowest. Ties go to
 /// the earliest candidate (HAMi: Go map order, i.e. random).
 pub fn select_node(fits: &[NodeFit], policy: NodePolicyKey) -> Option<&NodeFit> {
     let mut best: Option<&NodeFit> = None;

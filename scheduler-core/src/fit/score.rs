@@ -1,5 +1,5 @@
 //! HAMi's scores and device order: the node score that picks among nodes, the device score and
-//! the per-policy sort keys that order a node's devices for Fit (§5.2, §5.4).
+//! the per-policy sort keys that order a node's devices for Fit (contract §5.2, §5.4).
 
 use super::capacity::GpuState;
 use super::input::{GpuPolicyKey, GpuRequest, MEM_PERCENTAGE_UNSET, PlacementOptions, Weights};
@@ -89,7 +89,7 @@ impl SortKeys {
     }
 }
 
-/// The sort keys for a policy chain (§5.4 table). Fit consumes the sorted list from its end.
+/// The sort keys for a policy chain (contract §5.4 table). Fit consumes the sorted list from its end.
 pub(super) fn sort_keys(opts: &PlacementOptions) -> SortKeys {
     use GpuPolicyKey::*;
     let chain = &opts.gpu_policy;

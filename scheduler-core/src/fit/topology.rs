@@ -1,4 +1,4 @@
-//! The topology-aware choice (§5.3): when more devices passed Fit than the container needs, the
+//! The topology-aware choice (contract §5.3): when more devices passed Fit than the container needs, the
 //! set whose pairwise scores from `hami.io/node-nvidia-score` are best.
 
 use super::capacity::{GpuState, NodeState};
@@ -14,7 +14,7 @@ fn pair_score(node: &NodeState, gpus: &[GpuState], a: usize, b: usize) -> i64 {
         .unwrap_or(0)
 }
 
-/// The topology-aware choice among more candidates than needed (§5.3, after the loop).
+/// The topology-aware choice among more candidates than needed (contract §5.3, after the loop).
 pub(super) fn pick_by_topology(
     node: &NodeState,
     gpus: &[GpuState],
