@@ -106,31 +106,15 @@ impl InProcess {
     }
 
     fn once(&mut self) -> f64 {
-        for attempt in 0..2 {
-            let t = Instant::now();
-            let out = post(&mut self.stream, self.addr, "/filter", self.body.as_bytes());
-            let d = t.elapsed();
-            match out {
-                Ok(out) if !out.is_empty() => {
-                    assert!(
-                        out.contains("\"NodeNames\":[\"node-"),
-                        "the bench pod must be placed: {out:.300}"
-                    );
-                    return d.as_secs_f64() * 1e6;
-                }
-                // The server closes a keep-alive connection left idle past its header timeout
-                // (10 s; building the other clusters can take longer on a loaded machine):
-                // reconnect, as kube-scheduler's client does, and do not count that attempt.
-                other if attempt == 0 => {
-                    eprintln!("filter_latency: reconnecting after {other:?}");
-                    let fresh = TcpStream::connect(self.addr).expect("reconnect");
-                    fresh.set_nodelay(true).expect("nodelay");
-                    self.stream = BufReader::new(fresh);
-                }
-                other => panic!("filter call: {other:?}"),
-            }
-        }
-        unreachable!("the loop returns or panics")
+        let t = Instant::now();
+        let v = self.engine.filter(&self.pod, &self.names);
+        self.engine.filter_abort("uid-bench-candidate");
+        let d = t.elapsed();
+        assert!(
+            matches!(v, Ok(tessera_scheduler_core::decide::Verdict::Placed(_))),
+            "the bench pod must be placed"
+        );
+        d.as_secs_f64() * 1e6
     }
 
     fn run(&mut self, iterations: usize, record: bool) {
@@ -241,23 +225,31 @@ impl Http {
     }
 
     fn once(&mut self) -> f64 {
-        // The server closes a keep-alive connection that stays idle past its header timeout
-        // (10 s; building the other clusters can take longer on a loaded machine): reconnect
-        // untimed, as kube-scheduler's client does.
-        if post(&mut self.stream, self.addr, "/healthz", b"").is_err() {
-            let fresh = TcpStream::connect(self.addr).expect("reconnect");
-            fresh.set_nodelay(true).expect("nodelay");
-            self.stream = BufReader::new(fresh);
+        for attempt in 0..2 {
+            let t = Instant::now();
+            let out = post(&mut self.stream, self.addr, "/filter", self.body.as_bytes());
+            let d = t.elapsed();
+            match out {
+                Ok(out) if !out.is_empty() => {
+                    assert!(
+                        out.contains("\"NodeNames\":[\"node-"),
+                        "the bench pod must be placed: {out:.300}"
+                    );
+                    return d.as_secs_f64() * 1e6;
+                }
+                // The server closes a keep-alive connection left idle past its header timeout
+                // (10 s; building the other clusters can take longer on a loaded machine):
+                // reconnect, as kube-scheduler's client does, and do not count that attempt.
+                other if attempt == 0 => {
+                    eprintln!("filter_latency: reconnecting after {other:?}");
+                    let fresh = TcpStream::connect(self.addr).expect("reconnect");
+                    fresh.set_nodelay(true).expect("nodelay");
+                    self.stream = BufReader::new(fresh);
+                }
+                other => panic!("filter call: {other:?}"),
+            }
         }
-        let t = Instant::now();
-        let out = post(&mut self.stream, self.addr, "/filter", self.body.as_bytes())
-            .expect("filter call");
-        let d = t.elapsed();
-        assert!(
-            out.contains("\"NodeNames\":[\"node-"),
-            "the bench pod must be placed: {out:.300}"
-        );
-        d.as_secs_f64() * 1e6
+        unreachable!("the loop returns or panics")
     }
 
     fn run(&mut self, iterations: usize, record: bool) {
