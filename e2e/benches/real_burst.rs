@@ -42,6 +42,7 @@ struct Seen {
     bound: Option<Instant>,
     allocated: Option<Instant>,
     running: Option<Instant>,
+    failed: bool,
 }
 
 fn burst_pod(i: usize) -> Pod {
@@ -98,14 +99,23 @@ async fn round(c: &RealCluster, pods: usize) -> Result<Round> {
                 if s.allocated.is_none() && phase.map(String::as_str) == Some("success") {
                     s.allocated = Some(now);
                 }
-                if s.running.is_none()
-                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                if s.running.is_none() && phase == Some("Running") {
                     s.running = Some(now);
+                }
+                if phase == Some("Failed") && !s.failed {
+                    // Rejected at admission or evicted: it will never run. Say why at once
+                    // instead of waiting for the deadline.
+                    s.failed = true;
+                    eprintln!(
+                        "burst: pod {name} failed: {:?}",
+                        p.status.as_ref().map(|s| (&s.reason, &s.message))
+                    );
                 }
                 if before.bound != s.bound
                     || before.allocated != s.allocated
                     || before.running != s.running
+                    || before.failed != s.failed
                 {
                     let _ = tx.send((name, *s));
                 }
@@ -134,6 +144,13 @@ async fn round(c: &RealCluster, pods: usize) -> Result<Round> {
     while all_running.is_none() {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, rx.recv()).await {
+            Ok(Some((name, s))) if s.failed => {
+                watch.abort();
+                return Err(Error::msg(format!(
+                    "burst: pod {name} failed; every pod must run\n{}",
+                    c.describe_pods(NS).await
+                )));
+            }
             Ok(Some((name, s))) => {
                 seen.insert(name, s);
             }

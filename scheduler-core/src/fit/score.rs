@@ -27,6 +27,7 @@ pub fn node_score(gpus: &[GpuState]) -> f32 {
 /// HAMi v2.10 counts the request only when the device `type` equals the request type (`NVIDIA`)
 /// exactly, which real devices (`NVIDIA-Tesla T4`) never do (Appendix B #3). Tessera always counts
 /// the request on NVIDIA devices, as HAMi's own unit tests expect; see docs/scheduler.md.
+#[inline]
 pub fn device_score(g: &GpuState, req: &GpuRequest, w: Weights) -> f64 {
     if g.count == 0 || g.totalcore == 0 || g.totalmem == 0 {
         return 0.0;
@@ -84,12 +85,14 @@ impl SortKeys {
         }
     }
 
+    #[inline]
     pub(super) fn as_slice(&self) -> &[SortKey] {
         &self.keys[..self.len]
     }
 }
 
 /// The sort keys for a policy chain (contract §5.4 table). Fit consumes the sorted list from its end.
+#[inline]
 pub(super) fn sort_keys(opts: &PlacementOptions) -> SortKeys {
     use GpuPolicyKey::*;
     let chain = &opts.gpu_policy;
@@ -139,6 +142,7 @@ pub(super) fn sort_keys(opts: &PlacementOptions) -> SortKeys {
 
 /// HAMi's order of two devices (with their device scores) under `keys`; ties end on `Index`
 /// ascending (deterministic where Go's sort is not, Appendix B #4).
+#[inline]
 pub(super) fn compare_gpus(
     keys: &[SortKey],
     ga: &GpuState,
