@@ -32,8 +32,20 @@ bind_own() { # bind_own HOST_PATH: NODE_DIR/fs/HOST_PATH over HOST_PATH
 bind_own /var/lib/kubelet
 bind_own /var/lib/cni
 bind_own /var/log
+# The node gets its own /tmp, but a checkout under /tmp (the run directory, the images and the
+# binaries live in it) must stay visible at the same path: keep each such top-level entry.
+keep_tmp=()
+for p in "$NODE_DIR" "$LOG_DIR" "$KUBELET" "$CONTAINERD" "$CTR"; do
+	case "$p" in /tmp/?*) rest=${p#/tmp/}; keep_tmp+=("/tmp/${rest%%/*}") ;; esac
+done
+if [[ ${#keep_tmp[@]} -gt 0 ]]; then
+	mkdir -p /run/host-tmp && mount --bind /tmp /run/host-tmp || die "bind /tmp to /run/host-tmp"
+fi
 bind_own /tmp
 chmod 1777 /tmp
+for top in $(printf '%s\n' "${keep_tmp[@]}" | sort -u); do
+	mkdir -p "$top" && mount --bind "/run/host-tmp/${top#/tmp/}" "$top" || die "keep $top visible"
+done
 bind_own "$HOOK_DIR"
 
 CONTAINERD_PID=0

@@ -42,7 +42,6 @@ impl GpuState {
     }
 
     /// Books one container's share (`AddResourceUsage`).
-    #[inline]
     pub fn book(&mut self, mem: u32, cores: u32) {
         self.used = self.used.saturating_add(1);
         self.usedmem = self.usedmem.saturating_add(mem);
@@ -93,7 +92,6 @@ pub struct Charge {
 
 impl Charge {
     /// The charge with one more device of `mem` MiB and `cores` percent.
-    #[inline]
     pub(super) fn add(self, mem: u32, cores: u32) -> Charge {
         Charge {
             mem: self.mem + u64::from(mem),
@@ -110,7 +108,6 @@ impl QuotaBudget {
     }
 
     /// Whether `extra` more fits under every limit (a limit of 0 blocks any GPU use).
-    #[inline]
     pub fn allows(&self, extra: Charge) -> bool {
         let within = |limit: Option<u64>, used: u64, add: u64| match limit {
             None => true,
@@ -124,7 +121,6 @@ impl QuotaBudget {
 
 /// Whether a device `type` names an NVIDIA card (case-insensitive substring, as HAMi). Real
 /// types start with `NVIDIA`, so that is checked first.
-#[inline]
 pub fn is_nvidia(device_type: &str) -> bool {
     const NEEDLE: &str = "nvidia";
     device_type
@@ -139,7 +135,6 @@ pub fn nvidia_mask(gpus: &[GpuState]) -> Vec<bool> {
     gpus.iter().map(|g| is_nvidia(&g.device_type)).collect()
 }
 
-#[inline]
 fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
     haystack
         .as_bytes()

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::capacity::{Charge, GpuState, NodeState, QuotaBudget, is_nvidia};
 use super::input::{GpuPolicyKey, GpuRequest, PlacementOptions};
 use super::reason::{self, format_reasons};
-use super::score::{compare_gpus, device_score, sort_keys, sort_order};
+use super::score::{DeviceScorer, compare_gpus, sort_keys, sort_order};
 use super::topology::pick_by_topology;
 
 /// GPUs per node handled without a heap allocation in [`ContainerFit::picks`].
@@ -145,6 +145,7 @@ impl ContainerFit<'_> {
         let type_selectors = self.has_type_selectors();
         let mutex = opts.has(GpuPolicyKey::Mutex);
         let coresreq = req.coresreq.min(100);
+        let scorer = DeviceScorer::new(req, opts.weights);
         let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
         let mut selected = 0usize;
         let mut best: Option<(usize, f64, Pick)> = None;
@@ -159,7 +160,7 @@ impl ContainerFit<'_> {
             match checked {
                 Err(r) => *counts.entry(r).or_insert(0) += 1,
                 Ok(pick) => {
-                    let score = device_score(g, req, opts.weights);
+                    let score = scorer.score(g);
                     // The stable sort keeps equal devices in list order, so of equals the later
                     // one is nearer the end.
                     let take = best.as_ref().is_none_or(|(j, sj, _)| {
@@ -194,8 +195,9 @@ impl ContainerFit<'_> {
             score_heap.resize(n, 0.0);
             &mut score_heap
         };
+        let scorer = DeviceScorer::new(req, opts.weights);
         for (s, g) in scores.iter_mut().zip(gpus) {
-            *s = device_score(g, req, opts.weights);
+            *s = scorer.score(g);
         }
         let mut order_stack = [0usize; STACK_GPUS];
         let mut order_heap = Vec::new();

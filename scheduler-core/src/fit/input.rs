@@ -65,7 +65,6 @@ pub enum NodePolicyKey {
 impl NodePolicyKey {
     /// Node selection order (contract §5.5): binpack prefers the higher node score, spread the lower.
     /// Equal scores are not preferred, so ties keep the earlier candidate.
-    #[inline]
     pub fn prefers(self, candidate: f32, current: f32) -> bool {
         match self {
             NodePolicyKey::Binpack => candidate > current,
@@ -104,7 +103,6 @@ pub struct PlacementOptions {
 }
 
 impl PlacementOptions {
-    #[inline]
     pub(super) fn has(&self, key: GpuPolicyKey) -> bool {
         self.gpu_policy.contains(&key)
     }

@@ -9,11 +9,6 @@
 //! [`score`] (HAMi's scores and device order), [`container`] (one container onto one node's
 //! devices, with `topology` for the topology-aware choice), [`node`] (a whole pod onto a node,
 //! and the choice among nodes), [`reason`] (the reason strings of a refusal).
-//!
-//! The small helpers that the per-device loop of [`container`] calls from other modules (scores,
-//! the device order, NVIDIA detection, quota checks) are `#[inline]`: each module is compiled in
-//! its own codegen unit, and without the hint those calls, made for every device of every
-//! candidate node, would not be inlined.
 
 pub mod capacity;
 pub mod container;
