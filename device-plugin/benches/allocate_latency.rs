@@ -24,6 +24,10 @@ fn pod(i: usize, phase: &str) -> PodSnapshot {
     let mut pod = bound_pod(NODE, &format!("pod-{i}"), &[&[(&gpu, mem, 30)]], i as u64);
     pod.annotations
         .insert(keys::BIND_PHASE.to_owned(), phase.to_owned());
+    if phase == keys::BIND_PHASE_SUCCESS {
+        // Served and running: no restarted kubelet asks for it again.
+        pod.started_containers = pod.containers.iter().map(|c| c.name.clone()).collect();
+    }
     pod
 }
 

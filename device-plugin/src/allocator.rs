@@ -3,6 +3,7 @@
 //! time budget so a slow apiserver or kubelet never stalls the node's admissions.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -20,8 +21,8 @@ use crate::container_env::{
 use crate::edges::{EdgeError, PodPatcher, PodResourcesSource, PodSource};
 use crate::gpu::physical_uuid;
 use crate::identity::{
-    BookingPolicy, CallFacts, Choice, IdentityError, Ledger, PodResourcesView, PodSnapshot,
-    pending_pods_checked, select,
+    BookingPolicy, CallFacts, Choice, ChoiceReason, IdentityError, Ledger, PodResourcesView,
+    PodSnapshot, pending_pods_checked, select,
 };
 use crate::metrics::PluginMetrics;
 
@@ -90,6 +91,8 @@ pub struct Allocator {
     /// default; the chart passes its `schedulerName`).
     pub scheduler_names: BTreeSet<String>,
     ledger: Mutex<Ledger>,
+    /// Which kubelet instance the plugin serves: bumped each time it serves a new one.
+    kubelet_generation: AtomicU64,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -122,7 +125,21 @@ impl Allocator {
             metrics: None,
             scheduler_names: BTreeSet::from([DEFAULT_SCHEDULER_NAME.to_owned()]),
             ledger: Mutex::new(Ledger::default()),
+            kubelet_generation: AtomicU64::new(0),
         }
+    }
+
+    /// The plugin serves a new kubelet instance (it registered again after a kubelet restart):
+    /// the new kubelet may ask again for pods the previous one was served.
+    pub fn kubelet_restarted(&self) {
+        self.kubelet_generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The ledger, told which kubelet it serves now.
+    async fn ledger(&self) -> tokio::sync::MutexGuard<'_, Ledger> {
+        let mut ledger = self.ledger.lock().await;
+        ledger.set_kubelet(self.kubelet_generation.load(Ordering::Relaxed));
+        ledger
     }
 
     /// Which bookings are believed: the GPU scheduler's pods, on this node, naming this node's GPUs.
@@ -172,8 +189,15 @@ impl Allocator {
             log_rejections(&rejected);
             select(facts, &pending, ledger)
         };
+        // A re-ask is served only if no other pod could be meant, which a lagging cache cannot
+        // tell (the extender's rule does not hold back pods confusable with a re-asked one):
+        // confirmed on a fresh read, like a failed answer.
         let first_err = match first {
-            Ok(c) => return Ok((c, cached)),
+            Ok(c) if c.reason != ChoiceReason::Reask => return Ok((c, cached)),
+            Ok(c) => IdentityError::AmbiguousReask {
+                pod: format!("{}/{}", c.namespace, c.name),
+                count,
+            },
             Err(e) => e,
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -220,7 +244,7 @@ impl Allocator {
             return Err(AllocateError::Empty);
         }
         let deadline = started + self.budget;
-        let mut ledger = self.ledger.lock().await;
+        let mut ledger = self.ledger().await;
         let mut responses = Vec::new();
         for creq in &req.container_requests {
             match self.serve_one(&mut ledger, creq, deadline).await {
@@ -389,7 +413,7 @@ impl Allocator {
             }
             Err(_) => return Err(AllocateError::Timeout(self.budget)),
         }
-        ledger.record_served(&choice.uid, choice.entry_index, choice.entries_left);
+        ledger.record(choice);
         if choice.entries_left == 0 {
             let patcher = self.patcher.clone();
             let (ns, name) = (choice.namespace.clone(), choice.name.clone());
@@ -411,7 +435,7 @@ impl Allocator {
         let deadline = started + self.budget;
         let mut out = Vec::new();
         let answer = tokio::time::timeout(self.budget, async {
-            let ledger = self.ledger.lock().await;
+            let ledger = self.ledger().await;
             for creq in &req.container_requests {
                 let size = usize::try_from(creq.allocation_size).unwrap_or(0);
                 let planned = match self
@@ -455,13 +479,15 @@ impl Allocator {
         }
     }
 
-    /// Drops ledger entries of pods that are no longer pending.
+    /// Drops ledger entries of pods that are gone or terminal.
     pub async fn gc_ledger(&self) {
         let pods = self.pods.cached();
-        let mut ledger = self.ledger.lock().await;
-        let (pending, _) = pending_pods_checked(&self.node, &self.booking_policy(), &pods, &ledger);
-        let uids: BTreeSet<&str> = pending.iter().map(|p| p.pod.uid.as_str()).collect();
-        ledger.retain(&uids);
+        let live: BTreeSet<&str> = pods
+            .iter()
+            .filter(|p| !p.terminal)
+            .map(|p| p.uid.as_str())
+            .collect();
+        self.ledger.lock().await.retain(&live);
     }
 }
 

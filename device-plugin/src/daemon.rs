@@ -313,11 +313,15 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         readiness,
     };
     let preferred_allocation = config.preferred_allocation;
-    let make = move |stop| DevicePluginService {
-        state: state.clone(),
-        allocator: allocator.clone(),
-        preferred_allocation,
-        stop,
+    // One service per kubelet instance the plugin registers with.
+    let make = move |stop| {
+        allocator.kubelet_restarted();
+        DevicePluginService {
+            state: state.clone(),
+            allocator: allocator.clone(),
+            preferred_allocation,
+            stop,
+        }
     };
     crate::kubelet::run(settings, make, shutdown, Some(metrics))
         .await

@@ -42,6 +42,8 @@ pub struct PodSnapshot {
     pub deleting: bool,
     pub init_containers: Vec<ContainerSpec>,
     pub containers: Vec<ContainerSpec>,
+    /// Containers (init or app) the kubelet has started: their status is running or terminated.
+    pub started_containers: BTreeSet<String>,
 }
 
 impl PodSnapshot {
@@ -68,6 +70,14 @@ impl PodSnapshot {
             .filter(|c| c.requests_resource)
             .collect()
     }
+
+    /// Every container that requests the resource has started: the kubelet's allocation for the
+    /// pod is complete and checkpointed, so no restarted kubelet asks for it again.
+    fn gpu_containers_started(&self) -> bool {
+        self.gpu_containers()
+            .iter()
+            .all(|c| self.started_containers.contains(&c.name))
+    }
 }
 
 /// One pending allocation derived from a pod: its non-empty entries in kubelet order, each paired
@@ -80,16 +90,13 @@ pub struct PendingPod<'a> {
     /// Entry indexes already served (annotation emptied them, or the ledger recorded them).
     pub served: BTreeSet<usize>,
     pub signature: AllocationSignature,
+    /// Served (in part or whole) by an earlier kubelet instance, or before this plugin process
+    /// started, and not yet running: a restarted kubelet that had not checkpointed the pod's
+    /// allocation admits it again and asks again for containers already served.
+    pub reaskable: bool,
 }
 
 impl PendingPod<'_> {
-    /// The next entry to serve, if any.
-    pub fn next_entry(&self) -> Option<&(usize, ContainerDevices, ContainerSpec)> {
-        self.entries
-            .iter()
-            .find(|(i, _, _)| !self.served.contains(i))
-    }
-
     fn started(&self) -> bool {
         !self.served.is_empty()
     }
@@ -235,14 +242,28 @@ impl BookingPolicy {
 #[derive(Debug, Clone, Default)]
 pub struct Ledger {
     served: HashMap<String, BTreeSet<usize>>,
-    /// The pod the previous call served, when it still has entries left.
-    continuing: Option<String>,
+    /// The pod the previous call served and the position (in its entries) the next call of its
+    /// run must be, while the pod has entries after the one served.
+    continuing: Option<(String, usize)>,
+    /// The kubelet instance the plugin serves now (bumped when the plugin registers with a
+    /// restarted kubelet).
+    kubelet: u64,
+    /// The kubelet instance that last had each pod served.
+    served_by: HashMap<String, u64>,
 }
 
 impl Ledger {
-    pub fn record_served(&mut self, uid: &str, entry: usize, entries_left: usize) {
+    /// Records a served call: the entry is served, the pod's run continues at `choice.next`.
+    pub fn record(&mut self, choice: &Choice) {
+        self.record_served(&choice.uid, choice.entry_index, choice.next);
+    }
+
+    /// Records that entry `entry` of pod `uid` was served by the current kubelet; the pod's run
+    /// continues with the entry at position `next` (none: the run is over).
+    pub fn record_served(&mut self, uid: &str, entry: usize, next: Option<usize>) {
         self.served.entry(uid.to_owned()).or_default().insert(entry);
-        self.continuing = (entries_left > 0).then(|| uid.to_owned());
+        self.served_by.insert(uid.to_owned(), self.kubelet);
+        self.continuing = next.map(|pos| (uid.to_owned(), pos));
     }
 
     /// A call failed or was refused: no pod continues.
@@ -250,16 +271,32 @@ impl Ledger {
         self.continuing = None;
     }
 
-    pub fn continuing(&self) -> Option<&str> {
-        self.continuing.as_deref()
+    /// The plugin now serves kubelet instance `generation`. A new instance starts no run where
+    /// the old one stopped, and may ask again for pods the old one was served.
+    pub fn set_kubelet(&mut self, generation: u64) {
+        if generation != self.kubelet {
+            self.kubelet = generation;
+            self.continuing = None;
+        }
     }
 
-    /// Forget pods that are no longer pending (served, terminal or gone).
-    pub fn retain(&mut self, pending_uids: &BTreeSet<&str>) {
-        self.served
-            .retain(|uid, _| pending_uids.contains(uid.as_str()));
-        if let Some(uid) = &self.continuing
-            && !pending_uids.contains(uid.as_str())
+    /// `(pod UID, position of its next entry)` of the run in progress.
+    pub fn continuing(&self) -> Option<(&str, usize)> {
+        self.continuing
+            .as_ref()
+            .map(|(uid, pos)| (uid.as_str(), *pos))
+    }
+
+    fn served_by_this_kubelet(&self, uid: &str) -> bool {
+        self.served_by.get(uid) == Some(&self.kubelet)
+    }
+
+    /// Forgets pods that are gone or terminal (`live`: the UIDs of the node's other pods).
+    pub fn retain(&mut self, live: &BTreeSet<&str>) {
+        self.served.retain(|uid, _| live.contains(uid.as_str()));
+        self.served_by.retain(|uid, _| live.contains(uid.as_str()));
+        if let Some((uid, _)) = &self.continuing
+            && !live.contains(uid.as_str())
         {
             self.continuing = None;
         }
@@ -294,13 +331,22 @@ pub fn pending_pods_checked<'a>(
         if pod.terminal || pod.deleting {
             continue;
         }
-        if pod.annotation(keys::BIND_PHASE) != Some(keys::BIND_PHASE_ALLOCATING) {
-            continue;
-        }
+        // A served pod (`success`) matters only while a restarted kubelet may ask for it again;
+        // what is wrong with its booking was reported while it was allocating.
+        let served_pod = match pod.annotation(keys::BIND_PHASE) {
+            Some(keys::BIND_PHASE_ALLOCATING) => false,
+            Some(keys::BIND_PHASE_SUCCESS) if !pod.gpu_containers_started() => true,
+            _ => continue,
+        };
+        let mut report = |e: PodRejection| {
+            if !served_pod {
+                rejected.push(e);
+            }
+        };
         let annotated = pod.annotation(keys::VGPU_NODE);
         match (annotated, pod.node_name.as_deref()) {
             (Some(a), _) if a != node => {
-                rejected.push(PodRejection::OtherNode {
+                report(PodRejection::OtherNode {
                     pod: pod.key(),
                     annotated: a.to_owned(),
                     node: node.to_owned(),
@@ -312,13 +358,13 @@ pub fn pending_pods_checked<'a>(
             _ => {}
         }
         if let Err(e) = policy.check(node, pod) {
-            rejected.push(e);
+            report(e);
             continue;
         }
         match pending_pod(pod, ledger) {
             Ok(Some(p)) => pending.push(p),
             Ok(None) => {}
-            Err(e) => rejected.push(e),
+            Err(e) => report(e),
         }
     }
     (pending, rejected)
@@ -370,7 +416,12 @@ fn pending_pod<'a>(
         }
         entries.push((index, devices.clone(), container.clone()));
     }
-    if entries.iter().all(|(i, _, _)| served.contains(i)) {
+    let started = !served.is_empty();
+    let reaskable =
+        started && !pod.gpu_containers_started() && !ledger.served_by_this_kubelet(&pod.uid);
+    let continuing = ledger.continuing().is_some_and(|(uid, _)| uid == pod.uid);
+    let unserved = entries.iter().any(|(i, _, _)| !served.contains(i));
+    if !(unserved || reaskable || continuing) {
         return Ok(None);
     }
     let signature = AllocationSignature::new(&allocated, &pod.annotations);
@@ -379,6 +430,7 @@ fn pending_pod<'a>(
         entries,
         served,
         signature,
+        reaskable,
     }))
 }
 
@@ -408,11 +460,19 @@ impl PodResourcesView {
             .chain(pod.containers.iter())
             .filter(|c| c.requests_resource)
             .any(|c| containers.get(&c.name).is_none_or(Vec::is_empty));
+        // A regular init container is allocated before every app container: once all reported
+        // containers have devices, the unreported ones have them too.
+        let reported_any = pod
+            .init_containers
+            .iter()
+            .filter(|c| c.restartable_init)
+            .chain(pod.containers.iter())
+            .any(|c| c.requests_resource);
         let unreported = pod
             .init_containers
             .iter()
             .any(|c| c.requests_resource && !c.restartable_init);
-        reported_unallocated || unreported
+        reported_unallocated || (unreported && !reported_any)
     }
 }
 
@@ -443,6 +503,9 @@ pub enum ChoiceReason {
     Unique,
     /// The oldest of a class of interchangeable pods.
     OldestOfClass,
+    /// A restarted kubelet asks again for a pod served before its restart, and nothing else
+    /// could be meant.
+    Reask,
 }
 
 impl ChoiceReason {
@@ -453,6 +516,7 @@ impl ChoiceReason {
             ChoiceReason::HamiLock => "hami_lock",
             ChoiceReason::Unique => "unique",
             ChoiceReason::OldestOfClass => "oldest_of_class",
+            ChoiceReason::Reask => "reask",
         }
     }
 }
@@ -468,6 +532,8 @@ pub struct Choice {
     pub container: ContainerSpec,
     /// Entries of this pod still unserved after this one.
     pub entries_left: usize,
+    /// Position (in the pod's entries) of the container the pod's next call must be, if any.
+    pub next: Option<usize>,
     pub reason: ChoiceReason,
 }
 
@@ -496,6 +562,10 @@ pub enum IdentityError {
         "the kubelet is admitting pod {pod} (pod-resources), but it has no pending allocation for {count} device(s)"
     )]
     AdmittedPodNotPending { pod: String, count: usize },
+    #[error(
+        "refusing to guess: the restarted kubelet may be asking again for pod {pod}, whose containers with {count} device(s) have different limits or GPUs"
+    )]
+    AmbiguousReask { pod: String, count: usize },
 }
 
 /// `(mem, cores)` per device of an entry: what the container's limits are made of.
@@ -505,8 +575,9 @@ fn payload(entry: Option<&(usize, ContainerDevices, ContainerSpec)>) -> Vec<(u32
         .unwrap_or_default()
 }
 
-fn choice(p: &PendingPod<'_>, reason: ChoiceReason) -> Option<Choice> {
-    let (index, devices, container) = p.next_entry()?;
+/// Serves the entry at `position` of `p`.
+fn choice(p: &PendingPod<'_>, position: usize, reason: ChoiceReason) -> Option<Choice> {
+    let (index, devices, container) = p.entries.get(position)?;
     Some(Choice {
         namespace: p.pod.namespace.clone(),
         name: p.pod.name.clone(),
@@ -515,8 +586,30 @@ fn choice(p: &PendingPod<'_>, reason: ChoiceReason) -> Option<Choice> {
         devices: devices.clone(),
         container: container.clone(),
         entries_left: p.remaining_after(*index),
+        next: (position + 1 < p.entries.len()).then_some(position + 1),
         reason,
     })
+}
+
+/// Serves a fresh pod's first entry.
+fn first(p: &PendingPod<'_>, reason: ChoiceReason) -> Option<Choice> {
+    choice(p, 0, reason)
+}
+
+/// A re-asked pod: the call can be any of its containers with the call's count whose allocation
+/// the restarted kubelet did not keep, so it is served only if all of them carry the same GPUs
+/// and limits.
+fn reask(p: &PendingPod<'_>, positions: &[usize], count: usize) -> Result<Choice, IdentityError> {
+    let entry = |pos: &usize| p.entries.get(*pos).map(|(_, d, _)| d);
+    let identical = positions.windows(2).all(|w| entry(&w[0]) == entry(&w[1]));
+    positions
+        .first()
+        .filter(|_| identical)
+        .and_then(|pos| choice(p, *pos, ChoiceReason::Reask))
+        .ok_or_else(|| IdentityError::AmbiguousReask {
+            pod: p.pod.key(),
+            count,
+        })
 }
 
 /// Decides which pod a call serves. See the module documentation and the design document.
@@ -525,108 +618,150 @@ pub fn select(
     pending: &[PendingPod<'_>],
     ledger: &Ledger,
 ) -> Result<Choice, IdentityError> {
-    let matches_count = |p: &PendingPod<'_>| {
-        p.next_entry()
+    let count_at = |p: &PendingPod<'_>, pos: usize| {
+        p.entries
+            .get(pos)
             .is_some_and(|(_, d, _)| d.len() == call.count)
+    };
+    // With pod-resources, a pod the kubelet has not reached yet is not in its pod manager, and
+    // a pod whose containers all show devices is not under admission.
+    let admitting = |p: &PendingPod<'_>| {
+        call.pod_resources
+            .is_none_or(|v| v.possibly_admitting(p.pod))
     };
 
     // 1. The continuing pod: its earlier container was the previous call (F2).
     let continuing = ledger
         .continuing()
-        .and_then(|uid| pending.iter().find(|p| p.pod.uid == uid))
-        .filter(|p| matches_count(p))
+        .and_then(|(uid, pos)| pending.iter().find(|p| p.pod.uid == uid).map(|p| (p, pos)))
+        .filter(|(p, pos)| count_at(p, *pos))
         // With pod-resources (1.34+), a pod rejected mid-run has left the active list.
-        .filter(|p| call.pod_resources.is_none_or(|v| v.listed(&p.pod.key())));
+        .filter(|(p, _)| call.pod_resources.is_none_or(|v| v.listed(&p.pod.key())));
     if call.must_include {
         // Init-container devices are reused only inside one pod: this is a continuation.
         return continuing
-            .and_then(|p| choice(p, ChoiceReason::Continuing))
+            .and_then(|(p, pos)| choice(p, pos, ChoiceReason::Continuing))
             .ok_or(IdentityError::NoContinuingPod);
     }
 
     // 2. Fresh candidates: pending pods not yet started whose first entry has this count.
-    // A started pod that is not continuing had its run aborted by the kubelet.
-    let mut candidates: Vec<&PendingPod<'_>> = pending
+    // A started pod that is not continuing had its run aborted by the kubelet, unless the
+    // kubelet restarted since (3).
+    let fresh: Vec<&PendingPod<'_>> = pending
         .iter()
-        .filter(|p| !p.started() && matches_count(p))
+        .filter(|p| !p.started() && count_at(p, 0) && admitting(p))
         .collect();
-    if let Some(view) = call.pod_resources {
-        // A pod the kubelet has not reached yet is not in its pod manager, so not listed.
-        candidates.retain(|p| view.possibly_admitting(p.pod));
-    }
 
-    // The continuing pod is served unless the call could also be a fresh candidate's first
-    // container (the continuing pod's run was aborted without a trace) with different limits.
-    if let Some(p) = continuing {
-        let next = payload(p.next_entry());
-        if candidates.iter().all(|q| payload(q.next_entry()) == next) {
-            return choice(p, ChoiceReason::Continuing)
-                .ok_or(IdentityError::NoCandidate { count: call.count });
-        }
-        let mut names: Vec<String> = candidates.iter().map(|q| q.pod.key()).collect();
-        names.push(p.pod.key());
+    // 3. Re-asks: every container with this count of a pod a restarted kubelet may admit again
+    // (its allocation up to any container may be lost, so any of them can be asked first).
+    let continuing_uid = continuing.map(|(p, _)| p.pod.uid.as_str());
+    let reasks: Vec<(&PendingPod<'_>, Vec<usize>)> = pending
+        .iter()
+        .filter(|p| p.reaskable && Some(p.pod.uid.as_str()) != continuing_uid && admitting(p))
+        .map(|p| {
+            let positions = (0..p.entries.len())
+                .filter(|pos| count_at(p, *pos))
+                .collect();
+            (p, positions)
+        })
+        .filter(|(_, positions): &(_, Vec<usize>)| !positions.is_empty())
+        .collect();
+    let ambiguous = |extra: Option<&PendingPod<'_>>| {
+        let mut names: Vec<String> = fresh
+            .iter()
+            .map(|q| q.pod.key())
+            .chain(reasks.iter().map(|(q, _)| q.pod.key()))
+            .chain(extra.map(|q| q.pod.key()))
+            .collect();
         names.sort();
-        return Err(IdentityError::Ambiguous {
+        IdentityError::Ambiguous {
             count: call.count,
             candidates: names,
-        });
-    }
-
-    // 3. Elimination through pod-resources.
-    if let Some(view) = call.pod_resources {
-        if candidates.is_empty() {
-            let admitting: Vec<&PodSnapshot> = pending
-                .iter()
-                .map(|p| p.pod)
-                .filter(|pod| view.possibly_admitting(pod))
-                .collect();
-            if let [only] = admitting.as_slice() {
-                return Err(IdentityError::AdmittedPodNotPending {
-                    pod: only.key(),
-                    count: call.count,
-                });
-            }
-            return Err(IdentityError::NoCandidate { count: call.count });
         }
-        if let [only] = candidates.as_slice() {
-            return choice(only, ChoiceReason::Elimination)
+    };
+
+    // The continuing pod is served unless the call could also be another pod's container (the
+    // continuing pod's run was aborted without a trace) with different limits.
+    if let Some((p, pos)) = continuing {
+        let limits = payload(p.entries.get(pos));
+        let others_agree = fresh
+            .iter()
+            .map(|q| payload(q.entries.first()))
+            .chain(
+                reasks
+                    .iter()
+                    .flat_map(|(q, ps)| ps.iter().map(|i| payload(q.entries.get(*i)))),
+            )
+            .all(|other| other == limits);
+        if others_agree {
+            return choice(p, pos, ChoiceReason::Continuing)
                 .ok_or(IdentityError::NoCandidate { count: call.count });
         }
+        return Err(ambiguous(Some(p)));
     }
 
-    // 4. HAMi's scheduler told us (compatibility with HAMi's node lock).
+    // 4. Elimination through pod-resources.
+    if let Some(view) = call.pod_resources {
+        match (fresh.as_slice(), reasks.as_slice()) {
+            ([], []) => {
+                let admitting: Vec<&PodSnapshot> = pending
+                    .iter()
+                    .map(|p| p.pod)
+                    .filter(|pod| view.possibly_admitting(pod))
+                    .collect();
+                if let [only] = admitting.as_slice() {
+                    return Err(IdentityError::AdmittedPodNotPending {
+                        pod: only.key(),
+                        count: call.count,
+                    });
+                }
+                return Err(IdentityError::NoCandidate { count: call.count });
+            }
+            ([only], []) => {
+                return first(only, ChoiceReason::Elimination)
+                    .ok_or(IdentityError::NoCandidate { count: call.count });
+            }
+            ([], [(only, positions)]) => return reask(only, positions, call.count),
+            _ => {}
+        }
+    }
+
+    // 5. After a kubelet restart a call is served only when nothing else could be meant.
+    if !reasks.is_empty() {
+        return match (fresh.as_slice(), reasks.as_slice()) {
+            ([], [(only, positions)]) => reask(only, positions, call.count),
+            _ => Err(ambiguous(None)),
+        };
+    }
+
+    // 6. HAMi's scheduler told us (compatibility with HAMi's node lock).
     if let Some(lock) = call.hami_lock
-        && let Some(p) = candidates.iter().find(|p| p.pod.key() == lock)
+        && let Some(p) = fresh.iter().find(|p| p.pod.key() == lock)
     {
-        return choice(p, ChoiceReason::HamiLock)
+        return first(p, ChoiceReason::HamiLock)
             .ok_or(IdentityError::NoCandidate { count: call.count });
     }
 
-    match candidates.as_slice() {
+    match fresh.as_slice() {
         [] => Err(IdentityError::NoCandidate { count: call.count }),
-        [only] => choice(only, ChoiceReason::Unique)
+        [only] => first(only, ChoiceReason::Unique)
             .ok_or(IdentityError::NoCandidate { count: call.count }),
-        [first, rest @ ..] => {
+        [head, rest @ ..] => {
             if rest
                 .iter()
-                .all(|p| p.signature.interchangeable_with(&first.signature))
+                .all(|p| p.signature.interchangeable_with(&head.signature))
             {
-                let oldest = candidates
+                let oldest = fresh
                     .iter()
                     .min_by(|a, b| {
                         (a.pod.bind_time(), a.pod.key()).cmp(&(b.pod.bind_time(), b.pod.key()))
                     })
                     .copied()
-                    .unwrap_or(first);
-                choice(oldest, ChoiceReason::OldestOfClass)
+                    .unwrap_or(head);
+                first(oldest, ChoiceReason::OldestOfClass)
                     .ok_or(IdentityError::NoCandidate { count: call.count })
             } else {
-                let mut names: Vec<String> = candidates.iter().map(|p| p.pod.key()).collect();
-                names.sort();
-                Err(IdentityError::Ambiguous {
-                    count: call.count,
-                    candidates: names,
-                })
+                Err(ambiguous(None))
             }
         }
     }

@@ -60,6 +60,24 @@ pub fn snapshot(pod: &Pod, resource: &str) -> PodSnapshot {
                     .collect()
             })
             .unwrap_or_default(),
+        started_containers: pod
+            .status
+            .as_ref()
+            .into_iter()
+            .flat_map(|s| {
+                s.init_container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(s.container_statuses.iter().flatten())
+            })
+            .filter(|cs| {
+                let ran = |st: Option<&k8s_openapi::api::core::v1::ContainerState>| {
+                    st.is_some_and(|st| st.running.is_some() || st.terminated.is_some())
+                };
+                ran(cs.state.as_ref()) || ran(cs.last_state.as_ref())
+            })
+            .map(|cs| cs.name.clone())
+            .collect(),
     }
 }
 

@@ -181,6 +181,7 @@ pub fn bound_pod(
                 disable_control: false,
             })
             .collect(),
+        started_containers: Default::default(),
     }
 }
 

@@ -12,7 +12,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_device_plugin::allocator::empty_entries;
 use tessera_device_plugin::identity::{
-    CallFacts, ContainerSpec, Ledger, PodResourcesView, PodSnapshot, pending_pods, select,
+    CallFacts, ChoiceReason, ContainerSpec, IdentityError, Ledger, PodResourcesView, PodSnapshot,
+    pending_pods, select,
 };
 
 const NODE: &str = "node-a";
@@ -70,6 +71,9 @@ enum Phase {
     Waiting,
     Bound,
     Admitted,
+    /// A restarted kubelet admits the pod again; its allocation survived only for the GPU
+    /// containers before this one (the kubelet checkpoints after each container).
+    Readmit(usize),
     Failed,
 }
 
@@ -83,6 +87,8 @@ struct SimPod {
     recorded: BTreeMap<String, Vec<String>>,
     signature: AllocationSignature,
     creation: usize,
+    /// The kubelet started the pod's containers (their statuses say running).
+    running: bool,
 }
 
 struct Sim {
@@ -99,6 +105,12 @@ struct Sim {
     scheduler_rule: bool,
     failures: usize,
     class_swaps: usize,
+    /// Calls served to a pod the kubelet asked for again after a restart.
+    reasks: usize,
+    kubelet_generation: u64,
+    /// After a restart the kubelet gets every pod bound to it in one batch and admits that
+    /// batch in creation order before anything bound later.
+    restart_batch: std::collections::VecDeque<usize>,
 }
 
 fn container_names(spec: &Spec) -> (Vec<ContainerSpec>, Vec<ContainerSpec>) {
@@ -142,6 +154,9 @@ impl Sim {
             scheduler_rule,
             failures: 0,
             class_swaps: 0,
+            reasks: 0,
+            kubelet_generation: 0,
+            restart_batch: Default::default(),
         };
         for (i, _) in specs().iter().enumerate() {
             sim.create(i);
@@ -183,6 +198,7 @@ impl Sim {
             deleting: false,
             init_containers: init,
             containers: app,
+            started_containers: BTreeSet::new(),
         };
         let signature = AllocationSignature::new(&planned, &BTreeMap::new());
         let creation = self.pods.len();
@@ -194,12 +210,13 @@ impl Sim {
             recorded: BTreeMap::new(),
             signature,
             creation,
+            running: false,
         });
     }
 
     fn pending_on_node(&self) -> Vec<usize> {
         (0..self.pods.len())
-            .filter(|i| self.pods[*i].phase == Phase::Bound)
+            .filter(|i| matches!(self.pods[*i].phase, Phase::Bound | Phase::Readmit(_)))
             .filter(|i| {
                 self.pods[*i]
                     .snapshot
@@ -270,8 +287,10 @@ impl Sim {
         view
     }
 
-    /// The kubelet admits one pod: one call per GPU container, in kubelet order.
-    fn admit(&mut self, idx: usize) {
+    /// The kubelet admits one pod: one call per GPU container, in kubelet order, from `from` on
+    /// (earlier ones are checkpointed); with `kill_after`, the kubelet dies once that container
+    /// was served.
+    fn admit(&mut self, idx: usize, from: usize, kill_after: Option<usize>) {
         let gpu_containers: Vec<ContainerSpec> = self.pods[idx]
             .snapshot
             .gpu_containers()
@@ -285,7 +304,7 @@ impl Sim {
             .filter(|e| !e.is_empty())
             .cloned()
             .collect();
-        for (k, container) in gpu_containers.iter().enumerate() {
+        for (k, container) in gpu_containers.iter().enumerate().skip(from) {
             self.calls += 1;
             self.refresh_cache(false);
             let view = self.view(idx);
@@ -300,12 +319,21 @@ impl Sim {
                 assert!(rejected.is_empty(), "{rejected:?}");
                 select(facts, &pending, &self.ledger)
             };
-            // The plugin retries with a fresh read when the cache gives no answer.
-            let result = result.or_else(|_| {
-                self.refresh_cache(true);
-                let (pending, _) = pending_pods(NODE, &self.cache, &self.ledger);
-                select(facts, &pending, &self.ledger)
-            });
+            // The plugin retries with a fresh read when the cache gives no answer, or a re-ask
+            // (which must rule out every other pod).
+            let result = result
+                .and_then(|c| {
+                    if c.reason == ChoiceReason::Reask {
+                        Err(IdentityError::NoCandidate { count: 0 })
+                    } else {
+                        Ok(c)
+                    }
+                })
+                .or_else(|_| {
+                    self.refresh_cache(true);
+                    let (pending, _) = pending_pods(NODE, &self.cache, &self.ledger);
+                    select(facts, &pending, &self.ledger)
+                });
             let choice = match result {
                 Ok(c) => c,
                 Err(_) => {
@@ -329,9 +357,12 @@ impl Sim {
             assert_eq!(
                 got,
                 want,
-                "pod {} container {} got another pod's limits",
+                "pod {} container {} got another pod's limits: {} served as {:?} (pod-resources {})",
                 self.pods[idx].snapshot.key(),
-                container.name
+                container.name,
+                choice.name,
+                choice.reason,
+                self.pod_resources
             );
             if choice.uid == self.pods[idx].snapshot.uid {
                 assert_eq!(choice.devices, own[k], "own pod, own GPUs");
@@ -375,14 +406,79 @@ impl Sim {
                     .annotations
                     .insert(keys::BIND_PHASE.into(), keys::BIND_PHASE_SUCCESS.into());
             }
-            self.ledger
-                .record_served(&choice.uid, choice.entry_index, choice.entries_left);
+            self.ledger.record(&choice);
+            if choice.reason == ChoiceReason::Reask {
+                self.reasks += 1;
+            }
             let ids = (0..own[k].len())
                 .map(|j| format!("{}-r{}-{j}", self.pods[idx].snapshot.uid, k))
                 .collect();
             self.pods[idx].recorded.insert(container.name.clone(), ids);
+            if kill_after == Some(k) {
+                return;
+            }
         }
         self.pods[idx].phase = Phase::Admitted;
+    }
+
+    /// The kubelet is killed while it admits `idx` (after its container `killed_after`) and comes
+    /// back: the plugin registers with the new kubelet, which admits again every pod it had not
+    /// started, asking again for the containers whose allocation it had not checkpointed.
+    fn kubelet_restart(&mut self, idx: usize, killed_after: usize) {
+        self.kubelet_generation += 1;
+        self.ledger.set_kubelet(self.kubelet_generation);
+        for i in 0..self.pods.len() {
+            let served = match (&self.pods[i].phase, i == idx) {
+                (_, true) => killed_after + 1,
+                (Phase::Admitted, false) if !self.pods[i].running => {
+                    self.pods[i].snapshot.gpu_containers().len()
+                }
+                (Phase::Readmit(k), false) => *k,
+                _ => continue,
+            };
+            let kept = self.rng.random_range(0..=served);
+            let names: Vec<String> = self.pods[i]
+                .snapshot
+                .gpu_containers()
+                .iter()
+                .skip(kept)
+                .map(|c| c.name.clone())
+                .collect();
+            for name in names {
+                self.pods[i].recorded.remove(&name);
+            }
+            let all = self.pods[i].snapshot.gpu_containers().len();
+            self.pods[i].phase = if kept == all {
+                Phase::Admitted
+            } else {
+                Phase::Readmit(kept)
+            };
+        }
+        let mut batch: Vec<usize> = (0..self.pods.len())
+            .filter(|i| matches!(self.pods[*i].phase, Phase::Bound | Phase::Readmit(_)))
+            .collect();
+        batch.sort_by_key(|i| self.pods[*i].creation);
+        self.restart_batch = batch.into();
+    }
+
+    /// Admitted pods start now and then: from then on their containers show as running.
+    fn start_some(&mut self) {
+        for i in 0..self.pods.len() {
+            if self.pods[i].phase == Phase::Admitted
+                && !self.pods[i].running
+                && self.rng.random_range(0..3) == 0
+            {
+                let p = &mut self.pods[i];
+                p.running = true;
+                p.snapshot.started_containers = p
+                    .snapshot
+                    .init_containers
+                    .iter()
+                    .chain(p.snapshot.containers.iter())
+                    .map(|c| c.name.clone())
+                    .collect();
+            }
+        }
     }
 
     fn run(&mut self, order: &str) {
@@ -401,20 +497,46 @@ impl Sim {
     }
 
     fn run_steps(&mut self, order: &str, steps: usize) {
-        for _ in 0..steps {
+        self.run_with_restarts(order, steps, &[]);
+    }
+
+    /// Like `run_steps`, killing the kubelet in the middle of the admission at each step of
+    /// `restarts`.
+    fn run_with_restarts(&mut self, order: &str, steps: usize, restarts: &[usize]) {
+        for step in 0..steps {
             self.extender_binds();
+            self.start_some();
             let bound: Vec<usize> = (0..self.pods.len())
-                .filter(|i| self.pods[*i].phase == Phase::Bound)
+                .filter(|i| matches!(self.pods[*i].phase, Phase::Bound | Phase::Readmit(_)))
                 .collect();
             if bound.is_empty() {
                 break;
             }
-            let pick = match order {
-                "creation" => bound[0],
-                "reverse" => bound[bound.len() - 1],
-                _ => bound[self.rng.random_range(0..bound.len())],
+            while let Some(front) = self.restart_batch.front()
+                && !bound.contains(front)
+            {
+                self.restart_batch.pop_front();
+            }
+            let pick = match (self.restart_batch.pop_front(), order) {
+                (Some(first), _) => first,
+                (None, "creation") => bound[0],
+                (None, "reverse") => bound[bound.len() - 1],
+                (None, _) => bound[self.rng.random_range(0..bound.len())],
             };
-            self.admit(pick);
+            let from = match self.pods[pick].phase {
+                Phase::Readmit(k) => k,
+                _ => 0,
+            };
+            let gpu_containers = self.pods[pick].snapshot.gpu_containers().len();
+            if restarts.contains(&step) && from < gpu_containers {
+                let killed_after = self.rng.random_range(from..gpu_containers);
+                self.admit(pick, from, Some(killed_after));
+                if matches!(self.pods[pick].phase, Phase::Bound | Phase::Readmit(_)) {
+                    self.kubelet_restart(pick, killed_after);
+                }
+            } else {
+                self.admit(pick, from, None);
+            }
         }
     }
 }
@@ -440,6 +562,38 @@ fn pod_resources_elimination_identifies_every_pod_even_without_the_rule() {
             assert_eq!(sim.class_swaps, 0);
         }
     }
+}
+
+#[test]
+fn kubelet_restarts_mid_admission_never_swap_limits() {
+    // The kubelet dies twice while admitting, keeping the allocation of a random prefix of every
+    // pod it had not started; it asks again for the rest. With and without pod-resources, every
+    // call serves the container's own limits (asserted in `admit`) or refuses the pod.
+    let mut reasks = 0;
+    for pod_resources in [false, true] {
+        for order in ["creation", "reverse", "random"] {
+            for seed in 0..10 {
+                let mut sim = Sim::new(seed, pod_resources, true);
+                sim.run_with_restarts(order, 2_000, &[6, 15]);
+                let admitted: BTreeSet<usize> = sim
+                    .pods
+                    .iter()
+                    .filter(|p| p.phase == Phase::Admitted)
+                    .map(|p| p.spec_index)
+                    .collect();
+                assert_eq!(
+                    admitted.len(),
+                    specs().len(),
+                    "every pod is admitted ({order})"
+                );
+                reasks += sim.reasks;
+            }
+        }
+    }
+    assert!(
+        reasks > 0,
+        "re-asked pods are served when nothing else is meant"
+    );
 }
 
 #[test]
@@ -548,7 +702,7 @@ fn aborted_multi_container_pod_is_not_continued_when_pod_resources_shows_it_gone
     let q = one_gpu_pod("q", 300, 2);
     let pods = [p, q];
     let mut ledger = Ledger::default();
-    ledger.record_served("uid-p", 0, 1);
+    ledger.record_served("uid-p", 0, Some(1));
     // The kubelet rejected p (it left the active list) and now admits q.
     let mut view = PodResourcesView::default();
     view.pods.insert(
@@ -591,7 +745,7 @@ fn continuing_pod_is_refused_when_an_abort_would_give_other_limits() {
     };
     let pods = [two("p", 1), two("q", 2)];
     let mut ledger = Ledger::default();
-    ledger.record_served("uid-p", 0, 1);
+    ledger.record_served("uid-p", 0, Some(1));
     let (pending, _) = pending_pods(NODE, &pods, &ledger);
     let err = select(facts(1), &pending, &ledger).expect_err("ambiguous continuation");
     assert!(err.to_string().contains("ns/p, ns/q"), "{err}");
