@@ -76,7 +76,7 @@ impl PluginMetrics {
         let identity = Family::<Labels, Counter>::default();
         registry.register(
             "tessera_device_plugin_identity_choices",
-            "How Allocate identified the pod (continuing, elimination, hami_lock, unique, oldest_of_class)",
+            "How Allocate identified the pod (continuing, elimination, hami_lock, unique, oldest_of_class, reask)",
             identity.clone(),
         );
         let registrations = Counter::default();

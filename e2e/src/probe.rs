@@ -5,6 +5,7 @@
 //! sm=<CUDA_DEVICE_SM_LIMIT> total=<bytes cuMemGetInfo reports through the shim>`, followed by
 //! `cuda_probe limit`'s `OK` (exactly the limit allocatable, one byte more refused).
 
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use crate::real::PROBE_IMAGE;
@@ -92,6 +93,30 @@ pub fn container(name: &str, slice: &Slice, forever: bool) -> serde_json::Value 
         "command": ["/bin/sh", "-c", if forever { REPORT_FOREVER } else { REPORT_ONCE }],
         "resources": {"limits": slice.resources()},
     })
+}
+
+/// A pod that runs once (`restartPolicy: Never`): `init_containers`, then `containers` (JSON
+/// containers, e.g. from [`container`]), in `namespace`, pinned to `node` when given.
+pub fn pod(
+    namespace: &str,
+    name: &str,
+    node: Option<&str>,
+    init_containers: Vec<serde_json::Value>,
+    containers: Vec<serde_json::Value>,
+) -> Pod {
+    let mut spec = json!({"restartPolicy": "Never", "containers": containers});
+    if !init_containers.is_empty() {
+        spec["initContainers"] = json!(init_containers);
+    }
+    if let Some(n) = node {
+        spec["nodeSelector"] = json!({"kubernetes.io/hostname": n});
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }))
+    .expect("a pod built from fixed JSON")
 }
 
 /// What a container's logs say about its limits.

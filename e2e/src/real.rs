@@ -18,8 +18,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
@@ -766,6 +767,43 @@ impl RealCluster {
         .await
     }
 
+    /// Waits until the release serves again after a fault on its node: every Deployment's
+    /// replicas Ready, the device plugin on every node Ready, and the scheduler's Service with a
+    /// ready endpoint (the webhook fails closed without one, so a pod created earlier is refused).
+    pub async fn wait_release_serving(&self) -> Result<()> {
+        let deploys: Api<Deployment> = Api::namespaced(self.admin.clone(), NAMESPACE);
+        let slices: Api<EndpointSlice> = Api::namespaced(self.admin.clone(), NAMESPACE);
+        eventually(
+            "the release's Deployments Ready and the scheduler's Service with an endpoint",
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            || async {
+                let deployments_ready = deploys
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .iter()
+                    .all(|d| {
+                        let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                        let st = d.status.clone().unwrap_or_default();
+                        st.ready_replicas.unwrap_or(0) >= want
+                            && st.unavailable_replicas.unwrap_or(0) == 0
+                    });
+                let lp = ListParams::default()
+                    .labels(&format!("kubernetes.io/service-name={RELEASE}-scheduler"));
+                let endpoint_ready = slices.list(&lp).await.ok()?.items.iter().any(|s| {
+                    s.endpoints
+                        .iter()
+                        .any(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false))
+                });
+                (deployments_ready && endpoint_ready).then_some(())
+            },
+        )
+        .await?;
+        self.wait_plugin_rolled_out().await
+    }
+
     /// Every pod of a namespace with its phase, readiness, restarts and last termination, for
     /// failure messages.
     pub async fn describe_pods(&self, namespace: &str) -> String {
@@ -881,6 +919,14 @@ impl RealCluster {
                     ..LogParams::default()
                 },
             )
+            .await?)
+    }
+
+    /// Creates `pod` (in its own namespace) as the tenant user, as a pod author would.
+    pub async fn create_pod_as_user(&self, pod: &Pod) -> Result<Pod> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        Ok(Api::<Pod>::namespaced(self.user.clone(), namespace)
+            .create(&PostParams::default(), pod)
             .await?)
     }
 

@@ -39,26 +39,8 @@ const JOBS: [(&str, &str, Slice); 3] = [
 const TOO_BIG: Slice = Slice::mib(1, 20000);
 
 fn pod(name: &str, node: Option<&str>, slice: &Slice, forever: bool) -> Pod {
-    let mut spec = json!({
-        "restartPolicy": "Never",
-        "containers": [probe::container("main", slice, forever)],
-    });
-    if let Some(n) = node {
-        spec["nodeSelector"] = json!({"kubernetes.io/hostname": n});
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": TENANT},
-        "spec": spec,
-    }))
-    .expect("pod")
-}
-
-async fn create(c: &RealCluster, p: &Pod) -> Result<()> {
-    Api::<Pod>::namespaced(c.user().clone(), TENANT)
-        .create(&PostParams::default(), p)
-        .await?;
-    Ok(())
+    let main = probe::container("main", slice, forever);
+    probe::pod(TENANT, name, node, Vec::new(), vec![main])
 }
 
 /// The running jobs' containers: same container (no restart), Running, and their latest
@@ -121,8 +103,10 @@ async fn new_pods_are_placed_and_nothing_overbooked(
     let small = Slice::mib(1, 1000 + after.len() as u64);
     let small_name = format!("new-{after}");
     let big_name = format!("too-big-{after}");
-    create(c, &pod(&big_name, None, &TOO_BIG, false)).await?;
-    create(c, &pod(&small_name, Some(node), &small, false)).await?;
+    c.create_pod_as_user(&pod(&big_name, None, &TOO_BIG, false))
+        .await?;
+    c.create_pod_as_user(&pod(&small_name, Some(node), &small, false))
+        .await?;
     let done = c
         .wait_finished(TENANT, &small_name, Duration::from_secs(120))
         .await?;
@@ -210,7 +194,7 @@ async fn burst_during_scheduler_rollout(c: &RealCluster) -> Result<()> {
         .collect();
     let creates = slices
         .iter()
-        .map(|(n, s)| async { create(c, &pod(n, None, s, false)).await });
+        .map(|(n, s)| async { c.create_pod_as_user(&pod(n, None, s, false)).await });
     let roll = async {
         for d in deploys.list(&ListParams::default()).await?.items {
             let name = d.metadata.name.unwrap_or_default();
@@ -328,7 +312,8 @@ fn real_nodes_running_jobs_survive_faults_and_nothing_is_overbooked() -> Result<
 
 async fn faults(c: &mut RealCluster) -> Result<()> {
     for (name, node, slice) in JOBS {
-        create(c, &pod(name, Some(node), &slice, true)).await?;
+        c.create_pod_as_user(&pod(name, Some(node), &slice, true))
+            .await?;
     }
     let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
     let mut uids = BTreeMap::new();
@@ -417,7 +402,8 @@ async fn faults(c: &mut RealCluster) -> Result<()> {
     node_serves_gpus(c, T4).await?;
     // 12000 MiB fit on the T4 again only if the deleted job's booking is gone.
     let again = Slice::mib(1, 12000).with_cores(40);
-    create(c, &pod("t4-again", Some(T4), &again, false)).await?;
+    c.create_pod_as_user(&pod("t4-again", Some(T4), &again, false))
+        .await?;
     let done = c
         .wait_finished(TENANT, "t4-again", Duration::from_secs(120))
         .await?;

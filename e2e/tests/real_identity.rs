@@ -92,16 +92,14 @@ fn pod(name: &str, combo: &Combo) -> Pod {
         .enumerate()
         .map(|(i, s)| probe::container(&format!("app{i}"), s, false))
         .collect();
-    let mut spec = json!({"restartPolicy": "Never", "containers": app});
-    if let Some(s) = &combo.init {
-        spec["initContainers"] = json!([probe::container("init", s, false)]);
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": TENANT, "labels": {"combo": combo.tag}},
-        "spec": spec,
-    }))
-    .expect("pod")
+    let init: Vec<_> = combo
+        .init
+        .iter()
+        .map(|s| probe::container("init", s, false))
+        .collect();
+    let mut p = probe::pod(TENANT, name, None, init, app);
+    p.metadata.labels = Some([("combo".to_owned(), combo.tag.to_owned())].into());
+    p
 }
 
 /// Each GPU container's slice, by container name.
@@ -229,6 +227,9 @@ async fn burst(c: &RealCluster, tag: &str, seed: u64, fault: Fault) -> Result<Bu
     let order: Vec<&str> = shapes.iter().map(|(n, _)| n.as_str()).collect();
     println!("{tag}: creation order (seed {seed}): {order:?}");
 
+    // The previous burst's fault may have left the scheduler (whose webhook fails closed) or
+    // the plugin on their way back.
+    c.wait_release_serving().await?;
     let start = Instant::now();
     let creates = shapes.iter().map(|(name, combo)| {
         let api = pods_api.clone();

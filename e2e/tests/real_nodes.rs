@@ -12,6 +12,7 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_e2e::node::NodeSpec;
+use tessera_e2e::probe;
 use tessera_e2e::real::{
     self, ChartValues, NAMESPACE, PROBE_IMAGE, RealCluster, RealClusterOptions, RealNodeSpec,
 };
@@ -52,23 +53,7 @@ fn gpu_pod(name: &str, node: Option<&str>, containers: &[GpuContainer]) -> Pod {
             })
         })
         .collect();
-    let mut spec = json!({"restartPolicy": "Never", "containers": containers});
-    if let Some(n) = node {
-        spec["nodeSelector"] = json!({"kubernetes.io/hostname": n});
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": TENANT},
-        "spec": spec,
-    }))
-    .expect("pod")
-}
-
-async fn create_as_user(c: &RealCluster, pod: &Pod) -> Result<()> {
-    Api::<Pod>::namespaced(c.user().clone(), TENANT)
-        .create(&PostParams::default(), pod)
-        .await?;
-    Ok(())
+    probe::pod(TENANT, name, node, Vec::new(), containers)
 }
 
 /// Waits for the pod to finish and returns (exit codes by container, logs by container).
@@ -241,7 +226,7 @@ async fn pipeline_and_scaling(c: &RealCluster) -> Result<()> {
             ),
         ];
         for p in &pods {
-            create_as_user(c, p).await?;
+            c.create_pod_as_user(p).await?;
         }
         for p in &pods {
             let name = p.metadata.name.clone().unwrap_or_default();
