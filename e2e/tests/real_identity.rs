@@ -16,7 +16,6 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
-use serde_json::json;
 use tessera_e2e::node::NodeSpec;
 use tessera_e2e::probe::{self, Report, Slice};
 use tessera_e2e::real::{

@@ -420,7 +420,7 @@ fn real_nodes_hami_default_values_and_a_node_without_driver() -> Result<()> {
                 script: limit_check(2000 * MIB),
             }],
         );
-        create_as_user(&c, &pod).await?;
+        c.create_pod_as_user(&pod).await?;
         let (codes, logs) = outcome(&c, "mem-2000").await?;
         assert_eq!(codes.get("main"), Some(&0), "{logs:?}");
 
@@ -506,7 +506,7 @@ fn real_nodes_run_plain_pods_and_serve_their_logs() -> Result<()> {
                     }]
                 }
             }))?;
-            create_as_user(&c, &pod).await?;
+            c.create_pod_as_user(&pod).await?;
         }
         for n in ["a100-node", "t4-node"] {
             let (codes, logs) = outcome(&c, &format!("hello-{n}")).await?;
