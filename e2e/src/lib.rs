@@ -10,6 +10,7 @@
 //!
 //! Test support only, never shipped.
 
+pub mod admission;
 pub mod artifacts;
 pub mod booking;
 pub mod certs;

@@ -4,10 +4,16 @@
 //!
 //! The harness kubelet does what the kubelet's device manager does around admission, and no
 //! more: it follows `ListAndWatch` into the node's `nvidia.com/gpu` capacity, admits bound pods
-//! one at a time (kubelet admission is serialized), calls `GetPreferredAllocation` and `Allocate`
-//! once per GPU container in container order, reports admitted pods through pod-resources `List`,
-//! rejects a pod whose `Allocate` fails (`UnexpectedAdmissionError`, as the kubelet does), and
-//! finishes deletions (there is no container to stop, so a deleted pod is removed at once).
+//! one at a time (kubelet admission is serialized) in the order its watch sees them bound, calls
+//! `GetPreferredAllocation` and `Allocate` once per GPU container in container order (a later
+//! container takes the init containers' devices first, as `devicesToReuse` does), reports the pod
+//! under admission and admitted pods through pod-resources `List` (app and sidecar containers,
+//! never regular init containers), rejects a pod whose `Allocate` fails
+//! (`UnexpectedAdmissionError`, as the kubelet does), and finishes deletions (there is no
+//! container to stop, so a deleted pod is removed at once). `e2e/tests/kubelet_parity.rs` runs one
+//! burst on it and on a real kubelet and compares the two. What it still does not do: re-admit
+//! pods after a restart (the real kubelet does, and may ask again for served containers), and
+//! run containers.
 //! Containers are not run; a test runs a process under the returned environment itself
 //! ([`crate::cluster::Cluster::run_container`]).
 
@@ -17,9 +23,11 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
 use kubelet_harness::FakeKubelet;
 use kubelet_proto::deviceplugin::v1beta1 as dp;
 use kubelet_proto::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
@@ -117,6 +125,21 @@ pub struct NodeState {
     pub registrations: usize,
     /// `Allocate` calls made.
     pub allocate_calls: usize,
+    /// The order in which the node's watch saw each pod (by UID) bound to it: the kubelet admits
+    /// in watch order, not creation order.
+    pub bound_order: BTreeMap<String, u64>,
+}
+
+impl NodeState {
+    /// Notes a pod seen bound to the node; true the first time.
+    fn note_bound(&mut self, uid: &str) -> bool {
+        if self.bound_order.contains_key(uid) {
+            return false;
+        }
+        let next = self.bound_order.len() as u64;
+        self.bound_order.insert(uid.to_owned(), next);
+        true
+    }
 }
 
 #[derive(Debug)]
@@ -220,6 +243,11 @@ impl GpuNode {
             .open(&self.events_file)?;
         writeln!(f, "{line}")?;
         Ok(())
+    }
+
+    /// The plugin's whole log file.
+    pub fn plugin_log_path(&self) -> &Path {
+        &self.plugin.log
     }
 
     pub fn plugin_log(&self) -> String {
@@ -426,8 +454,32 @@ async fn kubelet_loop(
     let mut plugin: Option<Plugin> = None;
     let mut stream: Option<tonic::Streaming<dp::ListAndWatchResponse>> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(150));
+    // The kubelet's pod source: a watch on the pods bound to this node, admitted as they arrive.
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut bound = watcher(Api::<Pod>::all(client.clone()), config)
+        .default_backoff()
+        .boxed();
     loop {
         tokio::select! {
+            event = bound.next() => {
+                let pod = match event {
+                    Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => p,
+                    Some(Err(e)) => {
+                        tracing::debug!(%node, error = %e, "pod watch");
+                        continue;
+                    }
+                    Some(Ok(_)) => continue,
+                    None => return,
+                };
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                let new = state.lock().map(|mut s| s.note_bound(&uid)).unwrap_or(false);
+                if new
+                    && let Some(p) = plugin.as_mut()
+                    && let Err(e) = sync_pods(&node, &client, &kubelet, p, &state).await
+                {
+                    tracing::debug!(%node, error = %e, "pod sync");
+                }
+            }
             reg = kubelet.registrations.recv() => {
                 let Some(reg) = reg else { return };
                 if let Ok(mut s) = state.lock() {
@@ -560,14 +612,29 @@ async fn sync_pods(
             .lock()
             .map(|s| s.admitted.contains_key(&uid) || s.rejected.contains_key(&uid))
             .unwrap_or(true);
-        if known || phase == "Succeeded" || phase == "Failed" {
+        // The kubelet admits a pod when its watch delivers it, not when a list would show it.
+        let delivered = state
+            .lock()
+            .map(|s| s.bound_order.contains_key(&uid))
+            .unwrap_or(false);
+        if known || !delivered || phase == "Succeeded" || phase == "Failed" {
             continue;
         }
         fresh.push(pod.clone());
     }
+    // Watch order (what the kubelet follows).
+    let order = state
+        .lock()
+        .map(|s| s.bound_order.clone())
+        .unwrap_or_default();
     fresh.sort_by(|a, b| {
         let key = |p: &Pod| {
             (
+                p.metadata
+                    .uid
+                    .as_ref()
+                    .and_then(|u| order.get(u).copied())
+                    .unwrap_or(u64::MAX),
                 p.metadata.creation_timestamp.clone().map(|t| t.0),
                 p.metadata.name.clone(),
             )
@@ -591,18 +658,29 @@ async fn admit(
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let spec = pod.spec.clone().unwrap_or_default();
+    let init_count = spec.init_containers.as_ref().map_or(0, Vec::len);
     let containers: Vec<_> = spec
         .init_containers
         .unwrap_or_default()
         .into_iter()
         .chain(spec.containers)
         .collect();
+    // pod-resources reports app containers and restartable (sidecar) init containers, never
+    // regular init containers.
+    let reported = |i: usize, c: &k8s_openapi::api::core::v1::Container| {
+        i >= init_count || c.restart_policy.as_deref() == Some("Always")
+    };
     // The pod under admission is active (listed) with no devices yet.
-    for c in &containers {
-        kubelet
-            .pod_resources
-            .record(&ns, &name, &c.name, GPU_RESOURCE, Vec::new());
+    for (i, c) in containers.iter().enumerate() {
+        if reported(i, c) {
+            kubelet
+                .pod_resources
+                .record(&ns, &name, &c.name, GPU_RESOURCE, Vec::new());
+        }
     }
+    // Devices of the pod's init containers, which its later containers take first (the
+    // device manager's `devicesToReuse`).
+    let mut reusable: Vec<String> = Vec::new();
     let mut free: Vec<String> = {
         let s = state
             .lock()
@@ -619,37 +697,46 @@ async fn admit(
             .collect()
     };
     let mut done = Vec::new();
-    for c in &containers {
+    for (i, c) in containers.iter().enumerate() {
         let count = gpu_count(c);
         if count == 0 {
             continue;
         }
+        let reused: Vec<String> = reusable.iter().take(count).cloned().collect();
         let mut ids: Vec<String> = Vec::new();
-        if plugin.preferred {
+        if reused.len() == count {
+            // All from the init containers' devices: no GetPreferredAllocation, as in the kubelet.
+            ids = reused.clone();
+        } else if plugin.preferred {
+            let mut available = reused.clone();
+            available.extend(free.iter().cloned());
             let req = dp::PreferredAllocationRequest {
                 container_requests: vec![dp::ContainerPreferredAllocationRequest {
-                    available_device_i_ds: free.clone(),
-                    must_include_device_i_ds: Vec::new(),
+                    available_device_i_ds: available.clone(),
+                    must_include_device_i_ds: reused.clone(),
                     allocation_size: i32::try_from(count).unwrap_or(i32::MAX),
                 }],
             };
             if let Ok(r) = plugin.client.get_preferred_allocation(req).await
                 && let Some(first) = r.into_inner().container_responses.into_iter().next()
                 && first.device_i_ds.len() == count
-                && first.device_i_ds.iter().all(|d| free.contains(d))
+                && first.device_i_ds.iter().all(|d| available.contains(d))
+                && reused.iter().all(|d| first.device_i_ds.contains(d))
             {
                 ids = first.device_i_ds;
             }
         }
         if ids.is_empty() {
-            if free.len() < count {
+            let need = count - reused.len();
+            if free.len() < need {
                 reject(client, kubelet, state, pod, &format!(
                     "Allocate failed due to requested number of devices unavailable for {GPU_RESOURCE}. Requested: {count}, Available: {}",
                     free.len()
                 )).await;
                 return Ok(());
             }
-            ids = free[..count].to_vec();
+            ids = reused.clone();
+            ids.extend(free[..need].iter().cloned());
         }
         if let Ok(mut s) = state.lock() {
             s.allocate_calls += 1;
@@ -668,9 +755,21 @@ async fn admit(
                     .next()
                     .unwrap_or_default();
                 free.retain(|d| !ids.contains(d));
-                kubelet
-                    .pod_resources
-                    .record(&ns, &name, &c.name, GPU_RESOURCE, ids.clone());
+                if i < init_count {
+                    reusable.extend(
+                        ids.iter()
+                            .filter(|d| !reusable.contains(d))
+                            .cloned()
+                            .collect::<Vec<_>>(),
+                    );
+                } else {
+                    reusable.retain(|d| !ids.contains(d));
+                }
+                if reported(i, c) {
+                    kubelet
+                        .pod_resources
+                        .record(&ns, &name, &c.name, GPU_RESOURCE, ids.clone());
+                }
                 done.push(AdmittedContainer {
                     name: c.name.clone(),
                     device_ids: ids,

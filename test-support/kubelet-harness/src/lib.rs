@@ -2,11 +2,6 @@
 //! the pod-resources v1 `List` on its own socket, a client for the plugin's socket, and a
 //! "restart" that deletes every socket in the directory and recreates `kubelet.sock`, as a
 //! real kubelet does.
-//!
-//! This file is the `kubelet-harness` crate's library. Until the crate is a workspace member,
-//! `device-plugin/tests/support/mod.rs` includes it as a module (hence the lint allowance).
-
-#![allow(dead_code, missing_debug_implementations)]
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -50,7 +45,7 @@ impl Registration for RegistrationService {
 }
 
 /// What the fake kubelet reports from pod-resources `List`.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct PodResourcesState(pub Arc<Mutex<Vec<pr::PodResources>>>);
 
 impl PodResourcesState {
@@ -145,6 +140,7 @@ impl PodResourcesLister for PodResourcesService {
 }
 
 /// The fake kubelet.
+#[derive(Debug)]
 pub struct FakeKubelet {
     pub device_plugin_dir: PathBuf,
     pub pod_resources_socket: PathBuf,
