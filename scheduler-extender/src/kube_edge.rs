@@ -709,6 +709,11 @@ pub async fn run_facts(client: Client, cfg: DecisionConfig, facts: SharedFacts) 
     }
 }
 
+/// The `tessera.io/requeue-at` value of the `sequence`-th nudge: `<unix seconds>.<sequence>`.
+fn requeue_stamp(now: Timestamp, sequence: u64) -> String {
+    format!("{}.{sequence}", now.as_second())
+}
+
 /// Nudges pods that failed filtering once capacity frees, so kube-scheduler retries them now
 /// instead of after its unschedulable timeout (HAMi #1368): a pod update moves an unschedulable
 /// pod back to the active queue.
@@ -716,8 +721,13 @@ pub async fn run_requeue(
     edge: KubeEdge,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<Unschedulable>>,
 ) {
+    // Each nudge must change the annotation: an unchanged value is a no-op for the API server,
+    // kube-scheduler sees no update and the pod waits out the unschedulable timeout (5 min).
+    // Pods that finish within one second free capacity twice in that second, hence the sequence.
+    let mut sequence: u64 = 0;
     while let Some(pods) = rx.recv().await {
-        let stamp = Timestamp::now().as_second().to_string();
+        sequence += 1;
+        let stamp = requeue_stamp(Timestamp::now(), sequence);
         for p in pods.into_iter().take(200) {
             let patch = MetadataPatch {
                 annotations: BTreeMap::from([("tessera.io/requeue-at".to_owned(), stamp.clone())]),
@@ -727,5 +737,17 @@ pub async fn run_requeue(
                 tracing::debug!(pod = %p.name, error = %e, "requeue nudge failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nudges_within_one_second_still_change_the_annotation() {
+        let now = Timestamp::from_second(1_796_000_000).expect("valid");
+        assert_eq!(requeue_stamp(now, 1), "1796000000.1");
+        assert_ne!(requeue_stamp(now, 1), requeue_stamp(now, 2));
     }
 }
