@@ -5,6 +5,8 @@
 //! sm=<CUDA_DEVICE_SM_LIMIT> total=<bytes cuMemGetInfo reports through the shim>`, followed by
 //! `cuda_probe limit`'s `OK` (exactly the limit allocatable, one byte more refused).
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
@@ -117,6 +119,101 @@ pub fn pod(
         "spec": spec,
     }))
     .expect("a pod built from fixed JSON")
+}
+
+/// A pod shape for identity bursts: an optional GPU init container, then the app containers.
+/// Every container's (memory, cores) differs from every other shape's, so a swap is always
+/// visible.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub tag: &'static str,
+    pub init: Option<Slice>,
+    pub app: &'static [Slice],
+}
+
+/// The card [`SHAPES`] are sized for (`gpumem-percentage` resolves against it): an A100 40 GB.
+pub const SHAPE_CARD_MIB: u64 = 40960;
+
+/// Eight shapes: one or two GPUs, `gpumem`, `gpumem-percentage`, `gpucores`, two GPU containers,
+/// and two GPU init containers (one with its app container's limits, one with others; the
+/// kubelet calls `Allocate` for both containers, the app container reusing the init
+/// container's devices).
+pub const SHAPES: [Shape; 8] = [
+    Shape {
+        tag: "m1000",
+        init: None,
+        app: &[Slice::mib(1, 1000)],
+    },
+    Shape {
+        tag: "m2000c20",
+        init: None,
+        app: &[Slice::mib(1, 2000).with_cores(20)],
+    },
+    Shape {
+        tag: "m3000",
+        init: None,
+        app: &[Slice::mib(1, 3000)],
+    },
+    Shape {
+        tag: "two1500",
+        init: None,
+        app: &[Slice::mib(2, 1500)],
+    },
+    Shape {
+        tag: "pct25",
+        init: None,
+        app: &[Slice::percent(1, 25, SHAPE_CARD_MIB)],
+    },
+    Shape {
+        tag: "pair",
+        init: None,
+        app: &[Slice::mib(1, 1200), Slice::mib(1, 2200)],
+    },
+    Shape {
+        tag: "initsame",
+        init: Some(Slice::mib(1, 1800)),
+        app: &[Slice::mib(1, 1800)],
+    },
+    Shape {
+        tag: "initdiff",
+        init: Some(Slice::mib(1, 900)),
+        app: &[Slice::mib(1, 2600)],
+    },
+];
+
+impl Shape {
+    /// A one-shot pod of this shape, labelled `shape=<tag>`: `init`, then `app0`, `app1`, …,
+    /// each reporting its limits once.
+    pub fn pod(&self, namespace: &str, name: &str) -> Pod {
+        let init = self
+            .init
+            .iter()
+            .map(|s| container("init", s, false))
+            .collect();
+        let app = self
+            .app
+            .iter()
+            .enumerate()
+            .map(|(i, s)| container(&format!("app{i}"), s, false))
+            .collect();
+        let mut p = pod(namespace, name, None, init, app);
+        p.metadata.labels = Some([("shape".to_owned(), self.tag.to_owned())].into());
+        p
+    }
+
+    /// Each GPU container's slice, by container name.
+    pub fn slices(&self) -> BTreeMap<String, Slice> {
+        let mut m: BTreeMap<String, Slice> = self
+            .app
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("app{i}"), *s))
+            .collect();
+        if let Some(s) = self.init {
+            m.insert("init".to_owned(), s);
+        }
+        m
+    }
 }
 
 /// What a container's logs say about its limits.

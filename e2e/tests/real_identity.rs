@@ -17,7 +17,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use tessera_e2e::node::NodeSpec;
-use tessera_e2e::probe::{self, Report, Slice};
+use tessera_e2e::probe::{self, Report, SHAPES, Shape};
 use tessera_e2e::real::{
     self, ChartValues, NAMESPACE, RealCluster, RealClusterOptions, RealNodeSpec,
 };
@@ -26,94 +26,8 @@ use tessera_e2e::{Error, Result};
 const TENANT: &str = "burst";
 const NODE: &str = "burst-node";
 const GPUS: usize = 8;
-const CARD_MIB: u64 = 40960;
 /// Pods per burst: five of each combination.
 const COPIES: usize = 5;
-
-/// A pod shape: an optional GPU init container, then the app containers. Every container's
-/// (memory, cores) differs from every other combination's, so a swap is always visible.
-#[derive(Debug, Clone, Copy)]
-struct Combo {
-    tag: &'static str,
-    init: Option<Slice>,
-    app: &'static [Slice],
-}
-
-const COMBOS: [Combo; 8] = [
-    Combo {
-        tag: "m1000",
-        init: None,
-        app: &[Slice::mib(1, 1000)],
-    },
-    Combo {
-        tag: "m2000c20",
-        init: None,
-        app: &[Slice::mib(1, 2000).with_cores(20)],
-    },
-    Combo {
-        tag: "m3000",
-        init: None,
-        app: &[Slice::mib(1, 3000)],
-    },
-    Combo {
-        tag: "two1500",
-        init: None,
-        app: &[Slice::mib(2, 1500)],
-    },
-    Combo {
-        tag: "pct25",
-        init: None,
-        app: &[Slice::percent(1, 25, CARD_MIB)],
-    },
-    Combo {
-        tag: "pair",
-        init: None,
-        app: &[Slice::mib(1, 1200), Slice::mib(1, 2200)],
-    },
-    // The init container's devices are reused by the app container (same count): the kubelet
-    // calls Allocate for the init container only.
-    Combo {
-        tag: "initsame",
-        init: Some(Slice::mib(1, 1800)),
-        app: &[Slice::mib(1, 1800)],
-    },
-    Combo {
-        tag: "initdiff",
-        init: Some(Slice::mib(1, 900)),
-        app: &[Slice::mib(1, 2600)],
-    },
-];
-
-fn pod(name: &str, combo: &Combo) -> Pod {
-    let app: Vec<_> = combo
-        .app
-        .iter()
-        .enumerate()
-        .map(|(i, s)| probe::container(&format!("app{i}"), s, false))
-        .collect();
-    let init: Vec<_> = combo
-        .init
-        .iter()
-        .map(|s| probe::container("init", s, false))
-        .collect();
-    let mut p = probe::pod(TENANT, name, None, init, app);
-    p.metadata.labels = Some([("combo".to_owned(), combo.tag.to_owned())].into());
-    p
-}
-
-/// Each GPU container's slice, by container name.
-fn slices(combo: &Combo) -> BTreeMap<String, Slice> {
-    let mut m: BTreeMap<String, Slice> = combo
-        .app
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (format!("app{i}"), *s))
-        .collect();
-    if let Some(s) = combo.init {
-        m.insert("init".to_owned(), s);
-    }
-    m
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -162,8 +76,8 @@ async fn logs_when_served(c: &RealCluster, name: &str, ctr: &str) -> String {
 }
 
 /// Reads each container's report (`kubectl logs`) and compares it with what its pod asked for.
-async fn judge(c: &RealCluster, name: &str, combo: &Combo, p: &Pod) -> Verdict {
-    for (ctr, slice) in slices(combo) {
+async fn judge(c: &RealCluster, name: &str, combo: &Shape, p: &Pod) -> Verdict {
+    for (ctr, slice) in combo.slices() {
         let logs = logs_when_served(c, name, &ctr).await;
         let state = p
             .status
@@ -218,7 +132,7 @@ fn rejected_at_admission(p: &Pod) -> bool {
 
 async fn burst(c: &RealCluster, tag: &str, seed: u64, fault: Fault) -> Result<BurstReport> {
     let pods_api: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
-    let mut shapes: Vec<(String, &Combo)> = COMBOS
+    let mut shapes: Vec<(String, &Shape)> = SHAPES
         .iter()
         .flat_map(|combo| (0..COPIES).map(move |i| (format!("{tag}-{}-{i}", combo.tag), combo)))
         .collect();
@@ -232,7 +146,7 @@ async fn burst(c: &RealCluster, tag: &str, seed: u64, fault: Fault) -> Result<Bu
     let start = Instant::now();
     let creates = shapes.iter().map(|(name, combo)| {
         let api = pods_api.clone();
-        let p = pod(name, combo);
+        let p = combo.pod(TENANT, name);
         async move { api.create(&PostParams::default(), &p).await }
     });
     for r in join_all(creates).await {
@@ -240,7 +154,7 @@ async fn burst(c: &RealCluster, tag: &str, seed: u64, fault: Fault) -> Result<Bu
     }
 
     // name → (combo, current pod name)
-    let mut live: BTreeMap<String, (&Combo, String)> = shapes
+    let mut live: BTreeMap<String, (&Shape, String)> = shapes
         .iter()
         .map(|(n, combo)| (n.clone(), (*combo, n.clone())))
         .collect();
@@ -327,7 +241,7 @@ async fn burst(c: &RealCluster, tag: &str, seed: u64, fault: Fault) -> Result<Bu
                     let next = format!("{key}-r{}", report.recreated);
                     println!("{tag}: {current} lost ({why}); recreated as {next}");
                     pods_api
-                        .create(&PostParams::default(), &pod(&next, combo))
+                        .create(&PostParams::default(), &combo.pod(TENANT, &next))
                         .await?;
                     *current = next;
                 }
@@ -383,7 +297,7 @@ fn burst_node() -> Vec<RealNodeSpec> {
         NODE,
         GPUS,
         "NVIDIA A100-SXM4-40GB",
-        CARD_MIB,
+        probe::SHAPE_CARD_MIB,
     ))]
 }
 
