@@ -26,7 +26,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kubelet_harness::FakeKubelet;
 use kubelet_proto::deviceplugin::v1beta1 as dp;
@@ -454,7 +454,11 @@ async fn kubelet_loop(
     let mut plugin: Option<Plugin> = None;
     let mut stream: Option<tonic::Streaming<dp::ListAndWatchResponse>> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(150));
-    // The kubelet's pod source: a watch on the pods bound to this node, admitted as they arrive.
+    // The kubelet's pod source: a watch on the pods bound to this node, admitted as they arrive,
+    // and the pods it has shown (no LIST per admission: a burst on many nodes would load the API
+    // server with the harness's own reads).
+    let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
+    let mut relist: Option<BTreeMap<String, Pod>> = None;
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let mut bound = watcher(Api::<Pod>::all(client.clone()), config)
         .default_backoff()
@@ -462,20 +466,39 @@ async fn kubelet_loop(
     loop {
         tokio::select! {
             event = bound.next() => {
+                let uid_of = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
                 let pod = match event {
-                    Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => p,
+                    Some(Ok(watcher::Event::Apply(p))) => {
+                        pods.insert(uid_of(&p), p.clone());
+                        p
+                    }
+                    Some(Ok(watcher::Event::InitApply(p))) => {
+                        relist.get_or_insert_with(BTreeMap::new).insert(uid_of(&p), p.clone());
+                        p
+                    }
+                    Some(Ok(watcher::Event::Delete(p))) => {
+                        pods.remove(&uid_of(&p));
+                        continue;
+                    }
+                    Some(Ok(watcher::Event::Init)) => {
+                        relist = Some(BTreeMap::new());
+                        continue;
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        pods = relist.take().unwrap_or_default();
+                        continue;
+                    }
                     Some(Err(e)) => {
                         tracing::debug!(%node, error = %e, "pod watch");
                         continue;
                     }
-                    Some(Ok(_)) => continue,
                     None => return,
                 };
-                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                let uid = uid_of(&pod);
                 let new = state.lock().map(|mut s| s.note_bound(&uid)).unwrap_or(false);
                 if new
                     && let Some(p) = plugin.as_mut()
-                    && let Err(e) = sync_pods(&node, &client, &kubelet, p, &state).await
+                    && let Err(e) = sync_pods(&client, &kubelet, p, &state, &pods).await
                 {
                     tracing::debug!(%node, error = %e, "pod sync");
                 }
@@ -526,7 +549,7 @@ async fn kubelet_loop(
             }
             _ = tick.tick() => {
                 if let Some(p) = plugin.as_mut()
-                    && let Err(e) = sync_pods(&node, &client, &kubelet, p, &state).await {
+                    && let Err(e) = sync_pods(&client, &kubelet, p, &state, &pods).await {
                     tracing::debug!(%node, error = %e, "pod sync");
                 }
             }
@@ -547,21 +570,13 @@ fn gpu_count(c: &k8s_openapi::api::core::v1::Container) -> usize {
 }
 
 async fn sync_pods(
-    node: &str,
     client: &kube::Client,
     kubelet: &FakeKubelet,
     plugin: &mut Plugin,
     state: &Arc<Mutex<NodeState>>,
+    pods: &BTreeMap<String, Pod>,
 ) -> Result<()> {
-    let api: Api<Pod> = Api::all(client.clone());
-    let pods = api
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await?;
-    let live: BTreeSet<String> = pods
-        .items
-        .iter()
-        .filter_map(|p| p.metadata.uid.clone())
-        .collect();
+    let live: BTreeSet<String> = pods.keys().cloned().collect();
     {
         let mut s = state
             .lock()
@@ -579,7 +594,7 @@ async fn sync_pods(
         }
     }
     let mut fresh = Vec::new();
-    for pod in &pods.items {
+    for pod in pods.values() {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
