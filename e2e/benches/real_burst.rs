@@ -13,6 +13,7 @@
 //! build of the daemons (`bench/run.sh` does both); root, like every real-node scenario.
 //! `TESSERA_BENCH_QUICK=1`: 24 pods, one round per case.
 
+use hami_contract::annotations::{BIND_PHASE, BIND_PHASE_SUCCESS};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -91,12 +92,8 @@ async fn round(c: &RealCluster, pods: usize) -> Result<Round> {
                 {
                     s.bound = Some(now);
                 }
-                let phase = p
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get("hami.io/bind-phase"));
-                if s.allocated.is_none() && phase.map(String::as_str) == Some("success") {
+                let phase = tessera_e2e::pods::annotation(&p, BIND_PHASE);
+                if s.allocated.is_none() && phase == Some(BIND_PHASE_SUCCESS) {
                     s.allocated = Some(now);
                 }
                 let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());

@@ -627,12 +627,7 @@ async fn sync_pods(
             .lock()
             .map(|s| s.admitted.contains_key(&uid) || s.rejected.contains_key(&uid))
             .unwrap_or(true);
-        // The kubelet admits a pod when its watch delivers it, not when a list would show it.
-        let delivered = state
-            .lock()
-            .map(|s| s.bound_order.contains_key(&uid))
-            .unwrap_or(false);
-        if known || !delivered || phase == "Succeeded" || phase == "Failed" {
+        if known || phase == "Succeeded" || phase == "Failed" {
             continue;
         }
         fresh.push(pod.clone());

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use hami_contract::annotations::{BIND_PHASE, BIND_PHASE_SUCCESS};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
@@ -23,6 +24,7 @@ use rand::seq::SliceRandom;
 use tessera_e2e::admission::{self, Run};
 use tessera_e2e::cluster::{Cluster, ClusterOptions};
 use tessera_e2e::node::NodeSpec;
+use tessera_e2e::pods;
 use tessera_e2e::probe::{SHAPE_CARD_MIB, SHAPES};
 use tessera_e2e::real::{
     self, ChartValues, NAMESPACE, RealCluster, RealClusterOptions, RealNodeSpec,
@@ -110,14 +112,7 @@ async fn all_served(client: &kube::Client, namespace: &str, count: usize) -> Res
             let pods = api.list(&ListParams::default()).await.ok()?.items;
             let served = pods
                 .iter()
-                .filter(|p| {
-                    p.metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get("hami.io/bind-phase"))
-                        .map(String::as_str)
-                        == Some("success")
-                })
+                .filter(|p| pods::annotation(p, BIND_PHASE) == Some(BIND_PHASE_SUCCESS))
                 .count();
             (served == count).then_some(pods)
         },
