@@ -287,6 +287,9 @@ expect_count "three ValidatingAdmissionPolicies" "$D" '^kind: ValidatingAdmissio
 expect_count "each bound with Deny" "$D" '^  validationActions: \[Deny\]$' 3
 expect_count "policies fail closed" "$D" '^  failurePolicy: Fail$' 3
 expect "booking policy covers pods and pods/status" "$D" '^        resources: \[pods, pods/status\]$'
+expect "booking policy covers the annotations of Bindings" "$D" '^        resources: \[pods/binding\]$'
+expect "the extender's write order is rendered" "$D" '^            - --write-decision-at-filter=false$'
+expect "the extender writes warning Events only by default" "$D" '^            - --pod-events=warnings$'
 expect "booking policy trusts only the chart's two identities" "$D" "^        !\\(request.userInfo.username in \\['system:serviceaccount:$NAMESPACE:$RELEASE-scheduler', 'system:serviceaccount:$NAMESPACE:$RELEASE-device-plugin'\\]\\)\$"
 expect "plugin policy reads the token's node claim" "$D" "authentication.kubernetes.io/node-name"
 # Every key hami-contract lists as scheduler-owned is protected by the booking policy.
@@ -401,6 +404,11 @@ if render "$WORK/bad.yaml" --set scheduler.replicas=2 --set scheduler.leaderElec
 	fail "several replicas without leader election must be refused"
 else
 	pass "several replicas without leader election are refused"
+fi
+if render "$WORK/bad.yaml" --set scheduler.podEvents=some 2>"$WORK/bad.err"; then
+	fail "an unknown scheduler.podEvents must be refused"
+else
+	grep -q 'scheduler.podEvents must be' "$WORK/bad.err" && pass "an unknown scheduler.podEvents is refused" || fail "scheduler.podEvents: unclear error: $(cat "$WORK/bad.err")"
 fi
 if render "$WORK/bad.yaml" --set resourceName=gpu 2>"$WORK/bad.err"; then
 	fail "an invalid resource name must be refused"

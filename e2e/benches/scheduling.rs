@@ -6,17 +6,22 @@
 //! * **burst**: 100 identical fractional pods onto one plugin-backed 8-GPU node (split 16; the
 //!   real device plugin behind the harness kubelet), time from the first create until the
 //!   kubelet has admitted (allocated) all of them;
-//! * **throughput**: 2,000 one-GPU pods on 500 simulated nodes, (a) by a second, plain
-//!   kube-scheduler (profile `default-scheduler`, no extender) with `nvidia.com/gpu: 1` against
-//!   8 GPUs of node extended resources, (a') the same with client QPS 1000 instead of the default
-//!   50 (which caps (a)'s Binding calls), and (b) by kube-scheduler + Tessera with fractional
-//!   requests (`gpu: 1, gpumem: 4000, gpucores: 10`) on nodes registered as 8 × A100 40 GB
-//!   (split 10), in the same run, the order rotating every round. (a) and (a') share one node
-//!   set, (b) has its own (`tessera.io/bench-set` label and pod `nodeSelector`); a run's pods are
-//!   deleted before the next run. The nodes are bare (a `Node` object,
-//!   no kubelet): for (b) a task plays the device plugin's part and marks each pod bound to a
-//!   bare node `hami.io/bind-phase: success`, as the plugin does after `Allocate`, so
-//!   Tessera's bind gate sees allocations complete.
+//! * **throughput** (issue 15, item 2): 2,000 one-GPU pods on 500 simulated nodes, placed
+//!   (a) by a second, plain kube-scheduler (profile `default-scheduler`, no extender) with
+//!   `nvidia.com/gpu: 1` against 8 GPUs of node extended resources, (a') the same with client
+//!   QPS 1000 instead of the default 50 (which caps (a)'s Binding calls), (b) by the chart's
+//!   kube-scheduler + Tessera with fractional requests (`gpu: 1, gpumem: 4000, gpucores: 10`)
+//!   on nodes registered as 8 × A100 40 GB (split 10), (b') by a kube-scheduler with the chart's
+//!   configuration but client QPS 1000 calling the same extender, and (h) by the chart's
+//!   configuration calling a second extender in HAMi's write order (`--write-decision-at-filter
+//!   --pod-events all`, not leader-elected), all in the same run, the order rotating every round.
+//!   Pods of (b'), (h) and (a') name their profile (the webhook leaves such pods alone). (a) and
+//!   (a') share one node set, the Tessera variants another (`tessera.io/bench-set` label and pod
+//!   `nodeSelector`); a run's pods are deleted before the next run. The nodes are bare (a `Node`
+//!   object, no kubelet): for the Tessera variants a task plays the device plugin's part and
+//!   marks each pod bound to a bare node `hami.io/bind-phase: success`, as the plugin does after
+//!   `Allocate`, so Tessera's bind gate sees allocations complete. Every scheduler runs
+//!   throughout (each watches every pod), as the extenders do.
 //!
 //! Pods are created by 32 concurrent clients as the ordinary user. Placement rate: pods /
 //! (last bound − first create started); latency: create started → `spec.nodeName` seen on a
@@ -89,7 +94,7 @@ async fn client_for(path: &std::path::Path) -> Res<kube::Client> {
 }
 
 fn pod_object(ns: &str, name: &str, run: &str, v: Variant) -> Pod {
-    let tessera = v == Variant::Tessera;
+    let tessera = v.tessera();
     let limits = if tessera {
         json!({"cpu": "10m", "nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000",
                "nvidia.com/gpucores": "10"})
@@ -110,10 +115,10 @@ fn pod_object(ns: &str, name: &str, run: &str, v: Variant) -> Pod {
                  "terminationGracePeriodSeconds": 0},
     }));
     let mut pod: Pod = pod.unwrap_or_default();
-    if v == Variant::PlainUnthrottled
+    if let Some(name) = v.scheduler_name()
         && let Some(spec) = pod.spec.as_mut()
     {
-        spec.scheduler_name = Some(UNTHROTTLED.to_owned());
+        spec.scheduler_name = Some(name.to_owned());
     }
     pod
 }
@@ -129,15 +134,20 @@ enum Variant {
     Plain,
     /// (a') kube-scheduler alone with `clientConnection.qps: 1000`.
     PlainUnthrottled,
-    /// (b) kube-scheduler + Tessera.
+    /// (b) kube-scheduler + Tessera (the chart's configuration).
     Tessera,
+    /// (b') kube-scheduler with `clientConnection.qps: 1000` + the same Tessera extender.
+    TesseraUnthrottled,
+    /// (h) the chart's kube-scheduler configuration + a second Tessera extender in HAMi's write
+    /// order (`--write-decision-at-filter --pod-events all`).
+    TesseraHamiOrder,
 }
 
 impl Variant {
     fn node_set(self) -> &'static str {
         match self {
-            Variant::Tessera => "b",
-            _ => "a",
+            Variant::Plain | Variant::PlainUnthrottled => "a",
+            _ => "b",
         }
     }
     fn short(self) -> &'static str {
@@ -145,8 +155,102 @@ impl Variant {
             Variant::Plain => "plain",
             Variant::PlainUnthrottled => "plain-qps1000",
             Variant::Tessera => "tessera",
+            Variant::TesseraUnthrottled => "tessera-qps1000",
+            Variant::TesseraHamiOrder => "tessera-hami-order",
         }
     }
+    fn tessera(self) -> bool {
+        self.node_set() == "b"
+    }
+    /// The profile that places this variant's pods (`None`: the webhook's or the default).
+    fn scheduler_name(self) -> Option<&'static str> {
+        match self {
+            Variant::PlainUnthrottled => Some(UNTHROTTLED),
+            Variant::TesseraUnthrottled => Some(TESSERA_UNTHROTTLED),
+            Variant::TesseraHamiOrder => Some(TESSERA_HAMI_ORDER),
+            Variant::Plain | Variant::Tessera => None,
+        }
+    }
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Plain => "(a) kube-scheduler alone",
+            Variant::PlainUnthrottled => "(a') kube-scheduler alone  QPS 1000",
+            Variant::Tessera => "(b) kube-scheduler + Tessera",
+            Variant::TesseraUnthrottled => "(b') kube-scheduler QPS 1000 + Tessera",
+            Variant::TesseraHamiOrder => "(h) kube-scheduler + Tessera in HAMi's write order",
+        }
+    }
+}
+
+/// kube-scheduler profiles of the extra Tessera schedulers (pods naming a scheduler other than
+/// the webhook's are left to it by the webhook).
+const TESSERA_UNTHROTTLED: &str = "hami-scheduler-qps1000";
+const TESSERA_HAMI_ORDER: &str = "hami-scheduler-hami-order";
+
+/// A kube-scheduler with the chart's configuration (extender, mutual TLS), profile `profile`,
+/// calling the extender on `extender_port`; `qps`: `clientConnection.qps` (burst twice that).
+fn spawn_tessera_kube_scheduler(
+    c: &Cluster,
+    profile: &str,
+    extender_port: u16,
+    qps: Option<u32>,
+) -> Res<tessera_e2e::process::Proc> {
+    let text = tessera_e2e::cluster::scheduler_config(
+        &c.artifacts.root,
+        &c.kubeconfig("system:kube-scheduler"),
+        extender_port,
+        &c.dir,
+    )?;
+    let mut cfg: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    if let Some(q) = qps {
+        cfg["clientConnection"]["qps"] = q.into();
+        cfg["clientConnection"]["burst"] = (2 * q).into();
+    }
+    cfg["leaderElection"] = serde_yaml::to_value(json!({"leaderElect": false}))?;
+    cfg["profiles"][0]["schedulerName"] = profile.into();
+    let path = c.dir.join(format!("{profile}.yaml"));
+    std::fs::write(&path, serde_yaml::to_string(&cfg)?)?;
+    let mut cmd = std::process::Command::new(&c.artifacts.kube_scheduler);
+    cmd.arg(format!("--config={}", path.display()))
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!(
+            "--secure-port={}",
+            tessera_e2e::process::free_port()
+        ))
+        .arg("--v=1");
+    Ok(tessera_e2e::process::Proc::spawn(
+        &format!("{profile}-kube-scheduler"),
+        &c.dir.join("logs"),
+        &mut cmd,
+    )?)
+}
+
+/// A second tessera-scheduler in HAMi's write order, not leader-elected; returns it with its
+/// extender and metrics ports.
+fn spawn_hami_order_extender(c: &Cluster) -> Res<(tessera_e2e::process::Proc, u16, u16)> {
+    let port = tessera_e2e::process::free_port();
+    let metrics = tessera_e2e::process::free_port();
+    let mut cmd = std::process::Command::new(&c.artifacts.tessera_scheduler);
+    cmd.arg("serve")
+        .arg(format!("--http-bind=127.0.0.1:{port}"))
+        .arg("--cert-file")
+        .arg(c.dir.join("extender.crt"))
+        .arg("--key-file")
+        .arg(c.dir.join("extender.key"))
+        .arg("--client-ca-file")
+        .arg(c.dir.join("ca.crt"))
+        .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}"))
+        .arg("--leader-elect=false")
+        .arg("--write-decision-at-filter=true")
+        .arg("--pod-events=all")
+        .env(
+            "KUBECONFIG",
+            c.kubeconfig(tessera_e2e::cluster::SCHEDULER_USER),
+        )
+        .env("RUST_LOG", "info");
+    let proc =
+        tessera_e2e::process::Proc::spawn("tessera-hami-order", &c.dir.join("logs"), &mut cmd)?;
+    Ok((proc, port, metrics))
 }
 
 /// A plain kube-scheduler with profile [`UNTHROTTLED`] and client QPS 1000 (burst 2000).
@@ -333,8 +437,9 @@ async fn placement_run(
     v: Variant,
     pods: usize,
     within: Duration,
+    metrics_port: u16,
 ) -> Res<RunResult> {
-    let tessera = v == Variant::Tessera;
+    let tessera = v.tessera();
     ensure_namespace(c.admin(), ns).await?;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let watch = spawn_watch(
@@ -350,7 +455,7 @@ async fn placement_run(
         .map(|i| pod_object(ns, &format!("p-{i:05}"), run, v))
         .collect();
     let cpu_before = cpu_by_component(&c.dir);
-    let handlers_before = handler_seconds(c).await;
+    let handlers_before = handler_seconds(metrics_port).await;
     let t0 = Instant::now();
     let created = create_all(c.user(), ns, objects, &seen).await;
     let create_s = t0.elapsed().as_secs_f64();
@@ -363,7 +468,7 @@ async fn placement_run(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let cpu = cpu_diff(&cpu_by_component(&c.dir), &cpu_before);
-    let handlers = handler_seconds(c).await;
+    let handlers = handler_seconds(metrics_port).await;
     let handler_ms = [0, 1].map(|i| {
         let n = handlers[i].1 - handlers_before[i].1;
         if n > 0.0 {
@@ -535,13 +640,11 @@ fn cpu_diff(
         .collect()
 }
 
-/// `tessera_scheduler_decisions{verb,result}` of the leader, summed per `verb/result`.
-async fn decisions(c: &Cluster) -> BTreeMap<String, f64> {
+/// `tessera_scheduler_decisions{verb,result}` of the extender on `metrics_port`, summed per
+/// `verb/result`.
+async fn decisions(metrics_port: u16) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    let Some(p) = c.scheduler_pods.first() else {
-        return out;
-    };
-    let Some(text) = tessera_e2e::cluster::http_get(p.metrics_port, "/metrics").await else {
+    let Some(text) = tessera_e2e::cluster::http_get(metrics_port, "/metrics").await else {
         return out;
     };
     for line in text.lines() {
@@ -563,12 +666,9 @@ async fn decisions(c: &Cluster) -> BTreeMap<String, f64> {
 }
 
 /// `(sum, count)` of the extender's `/filter` and `/bind` handler-time histograms.
-async fn handler_seconds(c: &Cluster) -> [(f64, f64); 2] {
+async fn handler_seconds(metrics_port: u16) -> [(f64, f64); 2] {
     let mut out = [(0.0, 0.0); 2];
-    let Some(p) = c.scheduler_pods.first() else {
-        return out;
-    };
-    let Some(text) = tessera_e2e::cluster::http_get(p.metrics_port, "/metrics").await else {
+    let Some(text) = tessera_e2e::cluster::http_get(metrics_port, "/metrics").await else {
         return out;
     };
     for line in text.lines() {
@@ -628,7 +728,7 @@ async fn burst(c: &mut Cluster, p: &Params, csv: &Csv) -> Res<()> {
             seen.clone(),
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let before = decisions(c).await;
+        let before = decisions(c.scheduler_pods[0].metrics_port).await;
         let admitted_before = c.node(node).map(|n| n.admitted().len()).unwrap_or(0);
         let objects: Vec<Pod> = (0..p.burst)
             .map(|i| {
@@ -658,7 +758,7 @@ async fn burst(c: &mut Cluster, p: &Params, csv: &Csv) -> Res<()> {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let after = decisions(c).await;
+        let after = decisions(c.scheduler_pods[0].metrics_port).await;
         watch.abort();
         let Some(all_at) = all_at else {
             return Err(format!(
@@ -754,22 +854,39 @@ async fn run(p: Params) -> Res<()> {
     );
     let _plain = c.spawn_plain_kube_scheduler("plain-kube-scheduler")?;
     let _unthrottled = spawn_unthrottled_kube_scheduler(&c)?;
+    let leader_port = c.scheduler_pods[0].extender_port;
+    let leader_metrics = c.scheduler_pods[0].metrics_port;
+    let _tessera_unthrottled =
+        spawn_tessera_kube_scheduler(&c, TESSERA_UNTHROTTLED, leader_port, Some(1000))?;
+    let (_hami_order, hami_port, hami_metrics) = spawn_hami_order_extender(&c)?;
+    let _hami_order_ks = spawn_tessera_kube_scheduler(&c, TESSERA_HAMI_ORDER, hami_port, None)?;
     let plugin = client_for(&c.kubeconfig(DEVICE_PLUGIN_USER)).await?;
-    // Every scheduler and the extender's informers have seen every node.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Every scheduler and the extenders' informers have seen every node.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let within = Duration::from_secs(if results::quick() { 90 } else { 600 });
     let mut by: BTreeMap<Variant, Vec<RunResult>> = BTreeMap::new();
-    let mut ratios: BTreeMap<Variant, Vec<f64>> = BTreeMap::new();
-    let variants = [Variant::Plain, Variant::Tessera, Variant::PlainUnthrottled];
+    let variants = [
+        Variant::Plain,
+        Variant::Tessera,
+        Variant::PlainUnthrottled,
+        Variant::TesseraUnthrottled,
+        Variant::TesseraHamiOrder,
+    ];
+    let metrics_of = |v: Variant| {
+        if v == Variant::TesseraHamiOrder {
+            hami_metrics
+        } else {
+            leader_metrics
+        }
+    };
     for round in 0..p.rounds {
         // Rotate the order, so no variant always runs first (or right after another).
         let mut order = variants;
         order.rotate_left(round % variants.len());
-        let mut this = BTreeMap::new();
         for v in order {
             let who = v.short();
             let ns = format!("bench-{who}-{round}");
-            let before = decisions(&c).await;
+            let before = decisions(metrics_of(v)).await;
             let r = placement_run(
                 &c,
                 &plugin,
@@ -778,6 +895,7 @@ async fn run(p: Params) -> Res<()> {
                 v,
                 p.pods,
                 within,
+                metrics_of(v),
             )
             .await?;
             let lat = Stats::of(&r.latencies_ms);
@@ -789,10 +907,10 @@ async fn run(p: Params) -> Res<()> {
                 r.create_s,
                 lat.median,
                 lat.p99,
-                if v == Variant::Tessera {
+                if v.tessera() {
                     format!(
                         "; extender decisions: {}",
-                        diff(&decisions(&c).await, &before)
+                        diff(&decisions(metrics_of(v)).await, &before)
                     )
                 } else {
                     String::new()
@@ -808,18 +926,19 @@ async fn run(p: Params) -> Res<()> {
                 .into());
             }
             delete_all(c.admin(), &ns).await?;
-            this.insert(v, r.clone());
             by.entry(v).or_default().push(r);
         }
-        for base in [Variant::Plain, Variant::PlainUnthrottled] {
-            ratios
-                .entry(base)
-                .or_default()
-                .push(this[&Variant::Tessera].pods_per_s / this[&base].pods_per_s);
-        }
     }
+    report(&p, &by, &csv);
+    Ok(())
+}
+
+/// The rows: rates and latencies of every variant, each Tessera variant against the plain
+/// kube-scheduler with the same client settings (ratios: median of per-round ratios), the
+/// extender's handler times, and CPU per placed pod by process.
+fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
     let case = |who: &str| format!("{} GPU pods on {} nodes x 8 GPUs: {who}", p.pods, p.nodes);
-    let rate = |v: Variant| Stats::of(&by[&v].iter().map(|r| r.pods_per_s).collect::<Vec<_>>());
+    let rates = |v: Variant| by[&v].iter().map(|r| r.pods_per_s).collect::<Vec<_>>();
     let lat = |v: Variant| {
         Stats::of(
             &by[&v]
@@ -828,94 +947,94 @@ async fn run(p: Params) -> Res<()> {
                 .collect::<Vec<_>>(),
         )
     };
-    let (ra, ru, rb) = (
-        rate(Variant::Plain),
-        rate(Variant::PlainUnthrottled),
-        rate(Variant::Tessera),
-    );
-    let ratio = Stats::of(&ratios[&Variant::Plain]).median;
-    let ratio_u = Stats::of(&ratios[&Variant::PlainUnthrottled]).median;
-    csv.row(
-        &Row::new(
-            case("(a) kube-scheduler alone (default config)  nvidia.com/gpu: 1"),
+    for v in [Variant::Plain, Variant::PlainUnthrottled] {
+        csv.row(
+            &Row::new(
+                case(v.label()),
+                "pods placed per second",
+                "pods/s",
+                Stats::of(&rates(v)),
+            )
+            .without_p99(),
+        );
+        csv.row(&Row::new(case(v.label()), "create -> bound", "ms", lat(v)));
+    }
+    // (Tessera variant, the plain one with the same client settings, goal?)
+    let pairs = [
+        (Variant::Tessera, Variant::Plain, true),
+        (Variant::TesseraUnthrottled, Variant::PlainUnthrottled, true),
+        (Variant::TesseraHamiOrder, Variant::Plain, false),
+        (Variant::TesseraHamiOrder, Variant::PlainUnthrottled, false),
+    ];
+    for (t, base, goal) in pairs {
+        let per_round: Vec<f64> = rates(t)
+            .iter()
+            .zip(rates(base))
+            .map(|(x, y)| x / y)
+            .collect();
+        let ratio = Stats::of(&per_round).median;
+        let who = format!(
+            "{} [vs {}]",
+            t.label(),
+            base.label().split_whitespace().next().unwrap_or("")
+        );
+        let mut row = Row::new(
+            case(&who),
             "pods placed per second",
             "pods/s",
-            ra,
-        )
-        .without_p99(),
-    );
-    csv.row(
-        &Row::new(
-            case("(a') kube-scheduler alone  client QPS 1000 instead of 50"),
-            "pods placed per second",
-            "pods/s",
-            ru,
-        )
-        .without_p99(),
-    );
-    csv.row(
-        &Row::new(
-            case("(b) kube-scheduler + Tessera  gpu 1 gpumem 4000 gpucores 10 [vs (a)]"),
-            "pods placed per second",
-            "pods/s",
-            rb,
-        )
-        .without_p99()
-        .baseline(ra.median)
-        .ratio(ratio)
-        .goal("ratio (b)/(a) >= 0.5", ratio >= 0.5),
-    );
-    csv.row(
-        &Row::new(
-            case("(b) kube-scheduler + Tessera [vs (a')]"),
-            "pods placed per second",
-            "pods/s",
-            rb,
+            Stats::of(&rates(t)),
         )
         .without_p99()
-        .baseline(ru.median)
-        .ratio(ratio_u),
-    );
-    for (v, name) in [
-        (Variant::Plain, "(a) kube-scheduler alone"),
-        (
-            Variant::PlainUnthrottled,
-            "(a') kube-scheduler alone  QPS 1000",
-        ),
-        (Variant::Tessera, "(b) kube-scheduler + Tessera [vs (a)]"),
-    ] {
-        let mut row = Row::new(case(name), "create -> bound", "ms", lat(v));
-        if v == Variant::Tessera {
-            row = row.baseline(lat(Variant::Plain).median);
+        .baseline(Stats::of(&rates(base)).median)
+        .ratio(ratio);
+        if goal {
+            row = row.goal("ratio >= 0.8", ratio >= 0.8);
+        }
+        csv.row(&row);
+        let (lt, lb) = (lat(t), lat(base));
+        let p99_ratio = lt.p99 / lb.p99;
+        let mut row = Row::new(case(&who), "create -> bound (ratio of the p99s)", "ms", lt)
+            .baseline(lb.p99)
+            .ratio(p99_ratio);
+        if goal {
+            row = row.goal("p99 ratio <= 1.5", p99_ratio <= 1.5);
         }
         csv.row(&row);
     }
     // The extender's share of kube-scheduler's serial scheduling cycle (1 / pods per second).
-    for (i, verb) in ["/filter", "/bind"].iter().enumerate() {
-        csv.row(
-            &Row::new(
-                case("(b) kube-scheduler + Tessera"),
-                format!(
-                    "mean time in the extender's {verb} handler (run median; pod patch and API calls included)"
-                ),
-                "ms",
-                Stats::of(
-                    &by[&Variant::Tessera]
-                        .iter()
-                        .map(|r| r.handler_ms[i])
-                        .collect::<Vec<_>>(),
-                ),
-            )
-            .without_p99(),
-        );
+    for t in [
+        Variant::Tessera,
+        Variant::TesseraUnthrottled,
+        Variant::TesseraHamiOrder,
+    ] {
+        for (i, verb) in ["/filter", "/bind"].iter().enumerate() {
+            csv.row(
+                &Row::new(
+                    case(t.label()),
+                    format!(
+                        "mean time in the extender's {verb} handler (run median; API calls included)"
+                    ),
+                    "ms",
+                    Stats::of(&by[&t].iter().map(|r| r.handler_ms[i]).collect::<Vec<_>>()),
+                )
+                .without_p99(),
+            );
+        }
     }
     // Where the time goes on a machine whose cores every component shares: CPU per placed
-    // pod by component, median over rounds, (b) against (a).
+    // pod by component, median over rounds, each Tessera variant against its plain one.
     let per_pod = |t: Variant, comp: &str| {
         Stats::of(
             &by[&t]
                 .iter()
-                .map(|r| r.cpu.get(comp).copied().unwrap_or(0.0) * 1e3 / r.placed.max(1) as f64)
+                .map(|r| {
+                    let cpu = if comp == "all processes" {
+                        r.cpu.values().sum::<f64>()
+                    } else {
+                        r.cpu.get(comp).copied().unwrap_or(0.0)
+                    };
+                    cpu * 1e3 / r.placed.max(1) as f64
+                })
                 .collect::<Vec<_>>(),
         )
     };
@@ -926,39 +1045,30 @@ async fn run(p: Params) -> Res<()> {
         .collect();
     comps.sort();
     comps.dedup();
-    let total = |t: Variant| {
-        Stats::of(
-            &by[&t]
-                .iter()
-                .map(|r| r.cpu.values().sum::<f64>() * 1e3 / r.placed.max(1) as f64)
-                .collect::<Vec<_>>(),
-        )
-    };
-    for comp in comps.iter().map(String::as_str).chain(["all processes"]) {
-        let (a, b) = if comp == "all processes" {
-            (total(Variant::Plain), total(Variant::Tessera))
-        } else {
-            (
-                per_pod(Variant::Plain, comp),
-                per_pod(Variant::Tessera, comp),
+    comps.push("all processes".to_owned());
+    for (t, base, _) in pairs.iter().take(3) {
+        for comp in &comps {
+            let (a, b) = (per_pod(*base, comp), per_pod(*t, comp));
+            if a.median == 0.0 && b.median == 0.0 {
+                continue;
+            }
+            let mut row = Row::new(
+                format!("{} GPU pods on {} nodes: {comp}", p.pods, p.nodes),
+                format!(
+                    "CPU per placed pod, {} [baseline: {}]",
+                    t.label(),
+                    base.label()
+                ),
+                "ms",
+                b,
             )
-        };
-        if a.median == 0.0 && b.median == 0.0 {
-            continue;
+            .without_p99();
+            if a.median > 0.0 {
+                row = row.baseline(a.median);
+            }
+            csv.row(&row);
         }
-        let mut row = Row::new(
-            format!("{} GPU pods on {} nodes: {comp}", p.pods, p.nodes),
-            "CPU per placed pod, (b) Tessera [baseline: (a) plain]",
-            "ms",
-            b,
-        )
-        .without_p99();
-        if a.median > 0.0 {
-            row = row.baseline(a.median);
-        }
-        csv.row(&row);
     }
-    Ok(())
 }
 
 fn main() {

@@ -555,6 +555,147 @@ async fn no_overbooking_with_two_replicas_and_the_leader_killed() {
     );
 }
 
+/// POSTs `body` to one scheduler pod's extender as kube-scheduler does (mutual TLS with the
+/// extender client certificate), with curl.
+async fn extender_post(c: &Cluster, pod: usize, path: &str, body: &serde_json::Value) -> String {
+    let port = c.scheduler_pods[pod].extender_port;
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "20",
+            "-H",
+            "Content-Type: application/json",
+        ])
+        .arg("--cacert")
+        .arg(c.dir.join("ca.crt"))
+        .arg("--cert")
+        .arg(c.dir.join("extender-client.crt"))
+        .arg("--key")
+        .arg(c.dir.join("extender-client.key"))
+        .args(["--data-binary", &body.to_string()])
+        .arg(format!("https://127.0.0.1:{port}{path}"))
+        .output()
+        .await
+        .expect("curl runs");
+    assert!(
+        out.status.success(),
+        "curl {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn scheduler_annotations(p: &Pod) -> BTreeMap<String, String> {
+    p.metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with("hami.io/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Issue 15, item 1: `/filter` writes nothing, and the Binding carries the decision. Every
+/// version of a pod on a watch, from its creation: none before the bind carries a `hami.io/`
+/// annotation, and the first one with `spec.nodeName` carries all the device plugin reads. Then
+/// the leader filters a pod, is killed, and the new leader binds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_binding_carries_the_decision_and_filter_writes_nothing() {
+    use futures::StreamExt;
+    use hami_contract::annotations as ann;
+    let mut opts = ClusterOptions::new("one-write", a100_nodes(1, 2));
+    opts.scheduler_pods = 2;
+    let mut c = start(opts).await;
+    let leader = c.wait_leader().await.expect("leader");
+
+    // 1. Through kube-scheduler, watched from before the create.
+    let api: Api<Pod> = Api::namespaced(c.admin().clone(), "default");
+    let params = kube::api::WatchParams::default().fields("metadata.name=watched");
+    let mut stream = api.watch(&params, "0").await.expect("watch").boxed();
+    let versions = tokio::spawn(async move {
+        let mut seen: Vec<Pod> = Vec::new();
+        while let Some(Ok(ev)) = stream.next().await {
+            if let kube::api::WatchEvent::Added(p) | kube::api::WatchEvent::Modified(p) = ev {
+                let bound = tessera_e2e::pods::node_of(&p).is_some();
+                seen.push(p);
+                if bound {
+                    break;
+                }
+            }
+        }
+        seen
+    });
+    let req = GpuRequest::mem(1, 3000).with_cores(30);
+    create_as_user(&c, &gpu_pod("default", "watched", req))
+        .await
+        .expect("create");
+    let seen = tokio::time::timeout(Duration::from_secs(60), versions)
+        .await
+        .expect("the pod is bound within a minute")
+        .expect("watch task");
+    let (bound, before) = seen.split_last().expect("versions");
+    for p in before {
+        assert_eq!(
+            scheduler_annotations(p),
+            BTreeMap::new(),
+            "an unbound version carries part of the decision"
+        );
+    }
+    let a = scheduler_annotations(bound);
+    assert_eq!(a[ann::VGPU_NODE], "gpu-node-0");
+    assert_eq!(a[ann::BIND_PHASE], ann::BIND_PHASE_ALLOCATING, "{a:?}");
+    assert!(a.contains_key(ann::BIND_TIME) && a.contains_key(ann::VGPU_TIME));
+    assert!(
+        a[ann::DEVICES_ALLOCATED].contains(",NVIDIA,3000,30:"),
+        "{a:?}"
+    );
+    assert_eq!(a[ann::DEVICES_ALLOCATED], a[ann::DEVICES_TO_ALLOCATE]);
+    wait_admitted(&c, &["watched".to_owned()], Duration::from_secs(60)).await;
+
+    // 2. Filtered by the leader, which then dies; bound by the next one. The pod names a
+    //    scheduler nobody runs, so only these calls place it (and the device plugin, which
+    //    trusts only the GPU scheduler's pods, will not run it: the Binding is what is checked).
+    let mut pod = gpu_pod(
+        "default",
+        "handover",
+        GpuRequest::mem(1, 4000).with_cores(20),
+    );
+    pod.spec.as_mut().expect("spec").scheduler_name = Some("e2e-manual".to_owned());
+    let pod = create_as_user(&c, &pod).await.expect("create");
+    let filter = serde_json::json!({"Pod": pod, "Nodes": null, "NodeNames": ["gpu-node-0"]});
+    let out = extender_post(&c, leader, "/filter", &filter).await;
+    assert!(out.contains(r#""NodeNames":["gpu-node-0"]"#), "{out}");
+    let stored = api.get("handover").await.expect("get");
+    assert_eq!(
+        scheduler_annotations(&stored),
+        BTreeMap::new(),
+        "filter wrote"
+    );
+    c.kill_scheduler_pod(leader);
+    let next = c.wait_leader().await.expect("a new leader");
+    assert_ne!(next, leader);
+    let bind = serde_json::json!({
+        "PodName": "handover", "PodNamespace": "default",
+        "PodUID": pod.metadata.uid, "Node": "gpu-node-0",
+    });
+    let out = extender_post(&c, next, "/bind", &bind).await;
+    assert_eq!(out, r#"{"Error":""}"#);
+    let bound = api.get("handover").await.expect("get");
+    assert_eq!(
+        tessera_e2e::pods::node_of(&bound).as_deref(),
+        Some("gpu-node-0")
+    );
+    let a = scheduler_annotations(&bound);
+    assert!(
+        a[ann::DEVICES_ALLOCATED].contains(",NVIDIA,4000,20:"),
+        "{a:?}"
+    );
+    assert_eq!(a[ann::BIND_PHASE], ann::BIND_PHASE_ALLOCATING);
+    // Both pods booked on the node's two GPUs, within capacity.
+    assert_no_overbooking(&c).await;
+}
+
 /// The README's first command's pods on harness nodes, submitted in file order as `make demo`
 /// submits them to its real nodes (`e2e/tests/demo.rs`): they land where the table says, and the
 /// two that cannot be placed say why.

@@ -394,6 +394,55 @@ async fn attacks(c: &RealCluster) -> Result<()> {
         &[POLICY],
     )?;
 
+    // 4. A Binding carrying a forged booking: the API server merges a Binding's annotations into
+    //    the pod, and the extender writes its decision that way. An identity that may create
+    //    Bindings but is not the scheduler (here the cluster admin) must not set them.
+    let unbound: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "unbound", "namespace": TENANT},
+        "spec": {
+            "schedulerName": "nobody",
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "main", "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "sleep 3600"],
+            }],
+        },
+    }))?;
+    let unbound = admin_pods.create(&PostParams::default(), &unbound).await?;
+    let forged_binding = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {
+            "name": "unbound", "namespace": TENANT, "uid": unbound.metadata.uid,
+            "annotations": {
+                "hami.io/bind-phase": "allocating",
+                "hami.io/vgpu-node": GPU_NODE,
+                "hami.io/vgpu-devices-to-allocate": booked,
+                "hami.io/vgpu-devices-allocated": booked,
+            },
+        },
+        "target": {"apiVersion": "v1", "kind": "Node", "name": GPU_NODE},
+    });
+    let dry_post = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    refused(
+        "admin: bind a pod with a Binding that carries a forged booking",
+        admin_pods
+            .create_subresource::<_, Value>("binding", "unbound", &dry_post, &forged_binding)
+            .await,
+        &[POLICY],
+    )?;
+    // Positive control: the scheduler's identity may (it writes its decisions so).
+    Api::<Pod>::namespaced(scheduler.clone(), TENANT)
+        .create_subresource::<_, Value>("binding", "unbound", &dry_post, &forged_binding)
+        .await
+        .map_err(|e| Error::msg(format!("the scheduler cannot bind with annotations: {e}")))?;
+    admin_pods
+        .delete("unbound", &kube::api::DeleteParams::default())
+        .await?;
+
     // Nothing changed on the victim.
     let after = admin_pods.get("victim").await?;
     let ann = after.metadata.annotations.clone().unwrap_or_default();

@@ -14,4 +14,19 @@ pub struct DecisionConfig {
     pub node_selector: Vec<(String, String)>,
     /// Threads evaluating candidates of one filter (`--filter-threads`); 0 or 1 = sequential.
     pub filter_threads: usize,
+    /// How decisions reach the API server (not part of the decision itself; it travels with
+    /// the rest of the daemon's configuration to the handlers).
+    pub writes: WriteOptions,
+}
+
+/// What the extender writes to the API server besides the Binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriteOptions {
+    /// HAMi's order: patch the decision (annotations and the `hami.io/vgpu-node` label) onto
+    /// the pod in `/filter`, before kube-scheduler binds it (`--write-decision-at-filter`).
+    /// Off: the decision travels only in the Binding, one write per placed pod.
+    pub decision_at_filter: bool,
+    /// HAMi's `FilteringSucceed` and `BindingSucceed` Events (`--pod-events all`); warnings
+    /// (`FilteringFailed`, `BindingFailed`) are always written.
+    pub success_events: bool,
 }

@@ -67,13 +67,15 @@ pub trait ClusterEdge: Send + Sync + 'static {
         patch: MetadataPatch,
     ) -> impl Future<Output = Result<(), EdgeError>> + Send;
 
-    /// POSTs `pods/<name>/binding`.
+    /// POSTs `pods/<name>/binding` with `metadata` in the Binding (the API server merges its
+    /// annotations into the pod in the same update that binds it). `uid` is a precondition.
     fn bind_pod(
         &self,
         namespace: &str,
         name: &str,
         uid: &str,
         node: &str,
+        metadata: MetadataPatch,
     ) -> impl Future<Output = Result<(), EdgeError>> + Send;
 
     /// Records an Event (best effort).

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use hami_contract::PodDevices;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::decide::{self, Verdict};
@@ -56,8 +57,9 @@ pub enum Observation {
 /// What the bind caller must do after the loop admitted the bind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindPlan {
-    /// False for pods with no GPU request (plain Binding, no annotations).
-    pub gpu: bool,
+    /// The devices to write with the Binding; `None` for pods with no GPU request (a plain
+    /// Binding, no annotations).
+    pub devices: Option<PodDevices>,
 }
 
 /// Per-GPU numbers for metrics.
@@ -118,6 +120,13 @@ pub enum Command {
     /// Writing the filter decision to the pod failed: drop the reservation.
     FilterAbort {
         uid: String,
+    },
+    /// Bind a pod this loop decided (`None` back: it holds no decision; read the pod and send
+    /// `BindBegin`).
+    BindReserved {
+        uid: String,
+        node: String,
+        reply: oneshot::Sender<Result<Option<BindPlan>, Refusal>>,
     },
     /// `live` is the pod as just read from the API server.
     BindBegin {
@@ -294,8 +303,8 @@ impl Engine {
         }
     }
 
-    /// Filters and, on success, reserves. The caller writes the annotations, then reports
-    /// failure with [`Engine::filter_abort`].
+    /// Filters and, on success, reserves. When the caller writes the decision to the pod at
+    /// filter (HAMi's order) and that fails, it reports it with [`Engine::filter_abort`].
     pub fn filter(&mut self, pod: &Pod, node_names: &[String]) -> Result<Verdict, Refusal> {
         self.ready()?;
         self.tick += 1;
@@ -344,67 +353,123 @@ impl Engine {
         }
     }
 
-    /// Admits a bind: the pod must carry a decision for `node`, and no pod pending on the node
-    /// may be confusable with it.
+    /// Admits the bind of a pod this loop decided, without reading the pod: the Binding's UID
+    /// precondition stands in for the read. `Ok(None)`: this loop holds no decision for the pod
+    /// (another replica filtered it, or the loop restarted); the caller reads the pod and calls
+    /// [`Engine::bind_begin`].
+    pub fn bind_reserved(&mut self, uid: &str, node: &str) -> Result<Option<BindPlan>, Refusal> {
+        self.ready()?;
+        let Some(r) = self.state.reservation(uid).cloned() else {
+            return Ok(None);
+        };
+        self.tick += 1;
+        let key = format!("{}/{}", r.namespace, r.name);
+        self.admit_bind(&key, node, r).map(Some)
+    }
+
+    /// Admits a bind from the pod as just read from the API server: the decision is this loop's
+    /// reservation, or the one the pod carries (written at filter, HAMi's order), or else made
+    /// now for `node` (the filter ran on a replica that has lost the lead since, and wrote
+    /// nothing). No pod pending on the node may be confusable with it.
     pub fn bind_begin(&mut self, live: &Pod, node: &str) -> Result<BindPlan, Refusal> {
         self.ready()?;
         self.tick += 1;
         let uid = live.metadata.uid.clone().unwrap_or_default();
+        let key = podspec::pod_key(live);
         let (ask, _) = podspec::pod_ask(live, &self.cfg.nvidia);
         if ask.is_empty() {
-            return Ok(BindPlan { gpu: false });
+            return Ok(BindPlan { devices: None });
         }
-        // Read past the cache: the live object may show our decision before the informer does.
+        // Read past the cache: the live object may show a decision before the informer does.
         self.state.upsert_pod(live);
-        let decided = match self.state.reservation(&uid) {
-            Some(r) => Some((r.node.clone(), r.clone())),
-            None => self.state.pod(&uid).and_then(|p| {
+        let reservation = match self.state.reservation(&uid) {
+            Some(r) => r.clone(),
+            None => match self.state.pod(&uid).and_then(|p| {
                 let n = p.node.clone()?;
-                Some((
-                    n.clone(),
-                    Reservation {
-                        uid: uid.clone(),
-                        namespace: p.namespace.clone(),
-                        name: p.name.clone(),
-                        node: n,
-                        devices: p.devices.clone(),
-                        usage: p.usage.clone(),
-                        signature: p.signature.clone(),
-                        stage: BindStage::Decided,
-                        created_tick: self.tick,
-                    },
-                ))
-            }),
+                Some(Reservation {
+                    uid: uid.clone(),
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    node: n,
+                    devices: p.devices.clone(),
+                    usage: p.usage.clone(),
+                    signature: p.signature.clone(),
+                    stage: BindStage::Decided,
+                    created_tick: self.tick,
+                })
+            }) {
+                Some(r) => r,
+                None => self.decide_at_bind(live, &uid, &key, node)?,
+            },
         };
-        let Some((decided_node, mut reservation)) = decided else {
+        self.admit_bind(&key, node, reservation)
+    }
+
+    /// The filter's decision for `node` alone, made at bind.
+    fn decide_at_bind(
+        &mut self,
+        live: &Pod,
+        uid: &str,
+        key: &str,
+        node: &str,
+    ) -> Result<Reservation, Refusal> {
+        if uid.is_empty() {
+            return Err(Refusal::Rejected("pod has no metadata.uid".to_owned()));
+        }
+        let verdict = decide::filter_pod_with(
+            &mut self.state,
+            &self.cfg,
+            live,
+            uid,
+            &[node.to_owned()],
+            true,
+        );
+        match verdict {
+            Verdict::Placed(p) => Ok(decide::reservation_for(live, uid, &p, self.tick)),
+            Verdict::NoFit { failed } => Err(Refusal::Rejected(format!(
+                "pod {key} was filtered by another tessera-scheduler replica and no longer fits node {node} ({}); it will be filtered again",
+                failed.get(node).map_or("not a candidate", String::as_str)
+            ))),
+            Verdict::Invalid(e) => Err(Refusal::Rejected(format!("pod {key}: {e}"))),
+            Verdict::NotGpu => Err(Refusal::Rejected(format!(
+                "pod {key} asks for no GPU by this replica's configuration"
+            ))),
+        }
+    }
+
+    /// The bind gate: the decision is for `node`, still fits, and no confusable pod is pending
+    /// allocation there.
+    fn admit_bind(
+        &mut self,
+        key: &str,
+        node: &str,
+        mut reservation: Reservation,
+    ) -> Result<BindPlan, Refusal> {
+        let uid = reservation.uid.clone();
+        if reservation.node != node {
             return Err(Refusal::Rejected(format!(
-                "pod {} has no GPU decision; it must pass the extender's filter first",
-                podspec::pod_key(live)
-            )));
-        };
-        if decided_node != node {
-            return Err(Refusal::Rejected(format!(
-                "pod {} was filtered to node {decided_node}, not {node}; retry scheduling",
-                podspec::pod_key(live)
+                "pod {key} was filtered to node {}, not {node}; retry scheduling",
+                reservation.node
             )));
         }
         if !self.state.usage_fits(node, &uid, &reservation.usage) {
             self.state.release(&uid);
             return Err(Refusal::Rejected(format!(
-                "the GPU decision of pod {} no longer fits node {node} (another placement took the capacity); it will be filtered again",
-                podspec::pod_key(live)
+                "the GPU decision of pod {key} no longer fits node {node} (another placement took the capacity); it will be filtered again"
             )));
         }
         let pending = self.state.pending_on(node, &uid);
         if let Some(other) = confusable_pending(&reservation.signature, &pending) {
             return Err(Refusal::Rejected(format!(
-                "pod {other} is still being allocated on node {node} and the device plugin could take it for {}; retry when it has started",
-                podspec::pod_key(live)
+                "pod {other} is still being allocated on node {node} and the device plugin could take it for {key}; retry when it has started"
             )));
         }
         reservation.stage = BindStage::Binding;
+        let devices = reservation.devices.clone();
         self.state.reserve(reservation);
-        Ok(BindPlan { gpu: true })
+        Ok(BindPlan {
+            devices: Some(devices),
+        })
     }
 
     pub fn bind_done(&mut self, uid: &str, ok: bool) {
@@ -546,6 +611,9 @@ impl Engine {
                 let _ = reply.send(r);
             }
             Command::FilterAbort { uid } => self.filter_abort(&uid),
+            Command::BindReserved { uid, node, reply } => {
+                let _ = reply.send(self.bind_reserved(&uid, &node));
+            }
             Command::BindBegin { live, node, reply } => {
                 let r = self.bind_begin(&live, &node);
                 let _ = reply.send(r);
@@ -615,6 +683,16 @@ impl EngineHandle {
             reply,
         })
         .await;
+        rx.await.unwrap_or(Err(Refusal::Stopped))
+    }
+
+    pub async fn bind_reserved(
+        &self,
+        uid: String,
+        node: String,
+    ) -> Result<Option<BindPlan>, Refusal> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::BindReserved { uid, node, reply }).await;
         rx.await.unwrap_or(Err(Refusal::Stopped))
     }
 

@@ -21,7 +21,7 @@ use tessera_scheduler_core::extender::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, NodeListOut,
 };
 use tessera_scheduler_core::facts::SharedFacts;
-use tessera_scheduler_core::patch::{bind_allocating_patch, bind_phase_patch, filter_patch};
+use tessera_scheduler_core::patch::{bind_phase_patch, binding_metadata, decision_patch};
 use tessera_scheduler_core::podspec;
 use tessera_scheduler_core::webhook::{self, WebhookConfig};
 
@@ -322,26 +322,30 @@ async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilte
             }
         }
         Verdict::Placed(p) => {
-            let patch = filter_patch(&p, unix_now());
-            let ns = pod.metadata.namespace.clone().unwrap_or_default();
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            if let Err(e) = app.edge.patch_pod(&ns, &name, &uid, patch).await {
-                app.engine
-                    .send(Command::FilterAbort { uid: uid.clone() })
-                    .await;
-                app.metrics.decision("filter", "PatchFailed");
-                return ExtenderFilterResult::error(format!(
-                    "writing the GPU decision to pod {key} failed: {e}"
-                ));
+            if app.decision.writes.decision_at_filter {
+                let patch = decision_patch(&p.node, &p.devices, unix_now());
+                let ns = pod.metadata.namespace.clone().unwrap_or_default();
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                if let Err(e) = app.edge.patch_pod(&ns, &name, &uid, patch).await {
+                    app.engine
+                        .send(Command::FilterAbort { uid: uid.clone() })
+                        .await;
+                    app.metrics.decision("filter", "PatchFailed");
+                    return ExtenderFilterResult::error(format!(
+                        "writing the GPU decision to pod {key} failed: {e}"
+                    ));
+                }
             }
             app.metrics.decision("filter", "success");
-            app.edge
-                .event(event(
-                    EventType::Normal,
-                    "FilteringSucceed",
-                    decide::success_summary(&p),
-                ))
-                .await;
+            if app.decision.writes.success_events {
+                app.edge
+                    .event(event(
+                        EventType::Normal,
+                        "FilteringSucceed",
+                        decide::success_summary(&p),
+                    ))
+                    .await;
+            }
             ExtenderFilterResult {
                 node_names: Some(vec![p.node.clone()]),
                 failed_nodes: (!p.failed.is_empty()).then_some(p.failed),
@@ -398,12 +402,97 @@ fn refusal_code(r: &Refusal) -> &'static str {
     }
 }
 
+/// `/bind`: one API write for a pod this replica filtered, the Binding carrying the decision
+/// (`tessera_scheduler_core::patch::binding_metadata`); a read first only when another replica
+/// filtered it.
 async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), String> {
     let args = ExtenderBindingArgs::decode(body).map_err(|e| {
         app.metrics.decision("bind", "BadRequest");
         e.to_string()
     })?;
     let key = format!("{}/{}", args.pod_namespace, args.pod_name);
+    let event = |kind, reason: &str, message: String| PodEvent {
+        namespace: args.pod_namespace.clone(),
+        name: args.pod_name.clone(),
+        uid: args.pod_uid.clone(),
+        kind,
+        reason: reason.to_owned(),
+        message,
+    };
+    let admitted = match app
+        .engine
+        .bind_reserved(args.pod_uid.clone(), args.node.clone())
+        .await
+    {
+        Ok(Some(plan)) => Ok(plan),
+        Ok(None) => {
+            let live = read_live_pod(app, &args, &key).await?;
+            app.engine.bind_begin(live, args.node.clone()).await
+        }
+        Err(r) => Err(r),
+    };
+    let plan = match admitted {
+        Ok(p) => p,
+        Err(r) => {
+            app.metrics.decision("bind", refusal_code(&r));
+            app.edge
+                .event(event(EventType::Warning, "BindingFailed", r.to_string()))
+                .await;
+            return Err(r.to_string());
+        }
+    };
+    let gpu = plan.devices.is_some();
+    let metadata = plan
+        .devices
+        .as_ref()
+        .map(|d| binding_metadata(&args.node, d, unix_now()))
+        .unwrap_or_default();
+    if let Err(e) = app
+        .edge
+        .bind_pod(
+            &args.pod_namespace,
+            &args.pod_name,
+            &args.pod_uid,
+            &args.node,
+            metadata,
+        )
+        .await
+    {
+        return bind_failed(
+            app,
+            &args,
+            gpu,
+            format!("binding pod {key} to node {}: {e}", args.node),
+        )
+        .await;
+    }
+    if gpu {
+        app.engine
+            .send(Command::BindDone {
+                uid: args.pod_uid.clone(),
+                ok: true,
+            })
+            .await;
+    }
+    app.metrics.decision("bind", "success");
+    if app.decision.writes.success_events {
+        app.edge
+            .event(event(
+                EventType::Normal,
+                "BindingSucceed",
+                format!("Successfully binding node [{}] to {key}", args.node),
+            ))
+            .await;
+    }
+    Ok(())
+}
+
+/// The pod as the API server has it now, checked to be the one kube-scheduler means.
+async fn read_live_pod<E: ClusterEdge>(
+    app: &App<E>,
+    args: &ExtenderBindingArgs,
+    key: &str,
+) -> Result<k8s_openapi::api::core::v1::Pod, String> {
     let live = match app.edge.get_pod(&args.pod_namespace, &args.pod_name).await {
         Ok(Some(p)) => p,
         Ok(None) => {
@@ -423,84 +512,12 @@ async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), Stri
             args.pod_uid
         ));
     }
-    let event = |kind, reason: &str, message: String| PodEvent {
-        namespace: args.pod_namespace.clone(),
-        name: args.pod_name.clone(),
-        uid: args.pod_uid.clone(),
-        kind,
-        reason: reason.to_owned(),
-        message,
-    };
-    let plan = match app.engine.bind_begin(live, args.node.clone()).await {
-        Ok(p) => p,
-        Err(r) => {
-            app.metrics.decision("bind", refusal_code(&r));
-            app.edge
-                .event(event(EventType::Warning, "BindingFailed", r.to_string()))
-                .await;
-            return Err(r.to_string());
-        }
-    };
-    if plan.gpu {
-        let allocating = bind_allocating_patch(unix_now());
-        if let Err(e) = app
-            .edge
-            .patch_pod(
-                &args.pod_namespace,
-                &args.pod_name,
-                &args.pod_uid,
-                allocating,
-            )
-            .await
-        {
-            return bind_failed(
-                app,
-                &args,
-                plan.gpu,
-                format!("setting bind-phase on pod {key}: {e}"),
-            )
-            .await;
-        }
-    }
-    if let Err(e) = app
-        .edge
-        .bind_pod(
-            &args.pod_namespace,
-            &args.pod_name,
-            &args.pod_uid,
-            &args.node,
-        )
-        .await
-    {
-        return bind_failed(
-            app,
-            &args,
-            plan.gpu,
-            format!("binding pod {key} to node {}: {e}", args.node),
-        )
-        .await;
-    }
-    if plan.gpu {
-        app.engine
-            .send(Command::BindDone {
-                uid: args.pod_uid.clone(),
-                ok: true,
-            })
-            .await;
-    }
-    app.metrics.decision("bind", "success");
-    app.edge
-        .event(event(
-            EventType::Normal,
-            "BindingSucceed",
-            format!("Successfully binding node [{}] to {key}", args.node),
-        ))
-        .await;
-    Ok(())
+    Ok(live)
 }
 
-/// A failed bind leaves nothing behind: the pod is marked `failed` (so it books nothing while
-/// unbound) and its reservation is released at once.
+/// A failed bind leaves nothing behind: its reservation is released at once, and where the
+/// filter wrote the decision to the pod (HAMi's order) the pod is marked `failed`, so it books
+/// nothing while unbound. By default the failed Binding wrote nothing.
 async fn bind_failed<E: ClusterEdge>(
     app: &App<E>,
     args: &ExtenderBindingArgs,
@@ -508,13 +525,15 @@ async fn bind_failed<E: ClusterEdge>(
     msg: String,
 ) -> Result<(), String> {
     if gpu {
-        let failed = bind_phase_patch(ann::BIND_PHASE_FAILED);
-        if let Err(e) = app
-            .edge
-            .patch_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, failed)
-            .await
-        {
-            tracing::warn!(pod = %args.pod_name, error = %e, "could not mark the failed bind on the pod");
+        if app.decision.writes.decision_at_filter {
+            let failed = bind_phase_patch(ann::BIND_PHASE_FAILED);
+            if let Err(e) = app
+                .edge
+                .patch_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, failed)
+                .await
+            {
+                tracing::warn!(pod = %args.pod_name, error = %e, "could not mark the failed bind on the pod");
+            }
         }
         app.engine
             .send(Command::BindDone {

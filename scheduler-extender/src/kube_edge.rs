@@ -142,10 +142,18 @@ impl ClusterEdge for KubeEdge {
         name: &str,
         uid: &str,
         node: &str,
+        metadata: MetadataPatch,
     ) -> Result<(), EdgeError> {
+        let mut meta = json!({"name": name, "namespace": namespace, "uid": uid});
+        if !metadata.annotations.is_empty() {
+            meta["annotations"] = json!(metadata.annotations);
+        }
+        if !metadata.labels.is_empty() {
+            meta["labels"] = json!(metadata.labels);
+        }
         let binding = json!({
             "apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         });
         Api::<Pod>::namespaced(self.client.clone(), namespace)

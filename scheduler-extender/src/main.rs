@@ -54,6 +54,7 @@ impl PolicyArgs {
             defaults,
             node_selector: Vec::new(),
             filter_threads: 1,
+            writes: Default::default(),
         })
     }
 }
@@ -105,6 +106,10 @@ fn main() -> anyhow::Result<()> {
             let mut cfg = args.policy.decision_config()?;
             cfg.node_selector = serve::parse_selector(&args.node_label_selector)?;
             cfg.filter_threads = args.filter_threads;
+            cfg.writes = tessera_scheduler_core::config::WriteOptions {
+                decision_at_filter: args.write_decision_at_filter,
+                success_events: args.pod_events == serve::PodEvents::All,
+            };
             serve::run(*args, cfg)
         }
     }

@@ -119,6 +119,16 @@ pub struct ServeArgs {
     /// per thread). 1 = sequential; measure before raising it (docs/scheduler.md).
     #[arg(long, env = "TESSERA_FILTER_THREADS", default_value_t = 1)]
     pub filter_threads: usize,
+    /// Also patch the decision (HAMi's `hami.io/vgpu-*` annotations and the `hami.io/vgpu-node`
+    /// label) onto the pod in `/filter`, as HAMi does, for consumers that read it from pods not
+    /// yet bound or list pods by the label (HAMi's own vGPU monitor). Off: the decision travels
+    /// in the Binding only, one API write per placed pod (docs/scheduler.md).
+    #[arg(long, env = "TESSERA_WRITE_DECISION_AT_FILTER", default_value_t = false, action = clap::ArgAction::Set)]
+    pub write_decision_at_filter: bool,
+    /// Pod Events the extender writes: `warnings` (FilteringFailed, BindingFailed) or `all`
+    /// (also HAMi's FilteringSucceed and BindingSucceed: two API writes per placed pod).
+    #[arg(long, env = "TESSERA_POD_EVENTS", value_enum, default_value_t = PodEvents::Warnings)]
+    pub pod_events: PodEvents,
     /// Open connections per listener at most; at the limit a new connection closes the oldest
     /// one with no request in flight. Lowered to fit the open-files limit.
     #[arg(long, env = "TESSERA_MAX_CONNECTIONS", default_value_t = 1024)]
@@ -149,6 +159,13 @@ pub struct ServeArgs {
     pub idle_connection_timeout_seconds: u64,
     #[command(flatten)]
     pub policy: PolicyArgs,
+}
+
+/// `--pod-events`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PodEvents {
+    Warnings,
+    All,
 }
 
 /// Parses `k=v` items of `--node-label-selector`.

@@ -1,5 +1,5 @@
 //! An in-process fake of the cluster edge for tests and benchmarks (feature `testing`): pods live
-//! in a map, patches merge into them, bindings set `spec.nodeName`, and every change can be fed
+//! in a map, patches merge into them, bindings set `spec.nodeName` and their annotations, and every change can be fed
 //! back to a decision loop as an informer would (optionally late). The Kubernetes objects to feed
 //! it are `tessera_scheduler_core::fixtures`.
 
@@ -20,6 +20,9 @@ pub struct FakeEdge {
     informer: Mutex<Vec<EngineHandle>>,
     /// Fail the next N Binding calls.
     pub fail_binds: std::sync::atomic::AtomicUsize,
+    /// Every API call made through the edge, in order: `get|patch|bind <namespace>/<name>`
+    /// (events excluded).
+    calls: Mutex<Vec<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -54,6 +57,15 @@ impl FakeEdge {
 
     pub fn events(&self) -> Vec<PodEvent> {
         lock(&self.events).clone()
+    }
+
+    /// The API calls made so far (see the field), and forgets them.
+    pub fn take_calls(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.calls))
+    }
+
+    fn call(&self, verb: &str, namespace: &str, name: &str) {
+        lock(&self.calls).push(format!("{verb} {namespace}/{name}"));
     }
 
     async fn publish(&self, pod: Pod) {
@@ -92,6 +104,7 @@ impl FakeEdge {
 
 impl ClusterEdge for FakeEdge {
     async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, EdgeError> {
+        self.call("get", namespace, name);
         Ok(lock(&self.pods)
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned())
@@ -104,6 +117,7 @@ impl ClusterEdge for FakeEdge {
         uid: &str,
         patch: MetadataPatch,
     ) -> Result<(), EdgeError> {
+        self.call("patch", namespace, name);
         let updated = {
             let mut pods = lock(&self.pods);
             let Some(pod) = pods.get_mut(&(namespace.to_owned(), name.to_owned())) else {
@@ -134,7 +148,9 @@ impl ClusterEdge for FakeEdge {
         name: &str,
         uid: &str,
         node: &str,
+        metadata: MetadataPatch,
     ) -> Result<(), EdgeError> {
+        self.call("bind", namespace, name);
         if self
             .fail_binds
             .fetch_update(
@@ -159,6 +175,12 @@ impl ClusterEdge for FakeEdge {
                 return Err(EdgeError::new(format!("pod {name} is already assigned")));
             }
             spec.node_name = Some(node.to_owned());
+            // As the API server does: the Binding's annotations, in the same update; its labels
+            // only with the PodTopologyLabelsAdmission gate (off by default), so not here.
+            pod.metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .extend(metadata.annotations);
             pod.clone()
         };
         self.publish(updated).await;

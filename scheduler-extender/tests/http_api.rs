@@ -11,7 +11,7 @@ use tessera_scheduler::engine::{Command, Engine, EngineHandle, Observation};
 use tessera_scheduler::http::{App, Auth, router};
 use tessera_scheduler::metrics::Metrics;
 use tessera_scheduler::testing::FakeEdge;
-use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::config::{DecisionConfig, WriteOptions};
 use tessera_scheduler_core::fixtures::{gpu_node, gpu_pod};
 use tower::ServiceExt;
 
@@ -22,6 +22,10 @@ struct Harness {
 }
 
 async fn harness_with(engine: Engine, auth: Auth) -> Harness {
+    harness_config(engine, auth, DecisionConfig::default()).await
+}
+
+async fn harness_config(engine: Engine, auth: Auth, decision: DecisionConfig) -> Harness {
     let engine = EngineHandle::spawn(engine);
     let edge = Arc::new(FakeEdge::new());
     edge.watch(engine.clone());
@@ -34,7 +38,7 @@ async fn harness_with(engine: Engine, auth: Auth) -> Harness {
         engine: engine.clone(),
         edge: edge.clone(),
         auth: Arc::new(auth),
-        decision: DecisionConfig::default(),
+        decision,
         webhook: Default::default(),
         facts: Default::default(),
         metrics: Metrics::default(),
@@ -49,6 +53,41 @@ async fn harness() -> Harness {
         Auth::default(),
     )
     .await
+}
+
+/// HAMi's write order: the decision patched at filter, success Events.
+async fn hami_order_harness() -> Harness {
+    let cfg = DecisionConfig {
+        writes: WriteOptions {
+            decision_at_filter: true,
+            success_events: true,
+        },
+        ..Default::default()
+    };
+    harness_config(Engine::standalone(cfg.clone()), Auth::default(), cfg).await
+}
+
+fn stored(h: &Harness, name: &str) -> k8s_openapi::api::core::v1::Pod {
+    h.edge
+        .pods()
+        .into_iter()
+        .find(|p| p.metadata.name.as_deref() == Some(name))
+        .unwrap()
+}
+
+/// The annotations the device plugin reads, for one 3000 MiB / 30 % device on node1's GPU 0.
+fn assert_decision_on(pod: &k8s_openapi::api::core::v1::Pod) {
+    let a = pod.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(a["hami.io/vgpu-node"], "node1");
+    assert_eq!(
+        a["hami.io/vgpu-devices-allocated"],
+        "GPU-node1-0,NVIDIA,3000,30:;"
+    );
+    assert_eq!(
+        a["hami.io/vgpu-devices-to-allocate"],
+        "GPU-node1-0,NVIDIA,3000,30:;"
+    );
+    assert!(a["hami.io/vgpu-time"].parse::<u64>().is_ok());
 }
 
 async fn post(
@@ -86,7 +125,7 @@ async fn booked(h: &Harness) -> (u32, u32, u32) {
 }
 
 #[tokio::test]
-async fn filter_returns_exactly_one_node_and_writes_hami_annotations() {
+async fn filter_returns_exactly_one_node_and_writes_nothing() {
     let h = harness().await;
     let pod = gpu_pod("default", "p1", 1, 3000, 30);
     h.edge.add_pod(pod.clone());
@@ -96,32 +135,41 @@ async fn filter_returns_exactly_one_node_and_writes_hami_annotations() {
         body,
         r#"{"Nodes":null,"NodeNames":["node1"],"FailedNodes":null,"FailedAndUnresolvableNodes":null,"Error":""}"#
     );
-    let stored = h
-        .edge
-        .pods()
-        .into_iter()
-        .find(|p| p.metadata.name.as_deref() == Some("p1"))
-        .unwrap();
-    let a = stored.metadata.annotations.unwrap();
-    assert_eq!(a["hami.io/vgpu-node"], "node1");
-    assert_eq!(
-        a["hami.io/vgpu-devices-allocated"],
-        "GPU-node1-0,NVIDIA,3000,30:;"
-    );
-    assert_eq!(
-        a["hami.io/vgpu-devices-to-allocate"],
-        "GPU-node1-0,NVIDIA,3000,30:;"
-    );
-    assert!(a["hami.io/vgpu-time"].parse::<u64>().is_ok());
-    assert_eq!(
-        stored.metadata.labels.unwrap()["hami.io/vgpu-node"],
-        "node1"
-    );
+    assert_eq!(h.edge.take_calls(), Vec::<String>::new());
+    assert_eq!(stored(&h, "p1").metadata.annotations, None);
+    // The decision is booked in the loop all the same.
+    assert_eq!(booked(&h).await, (1, 3000, 30));
+    assert!(h.edge.events().is_empty(), "{:?}", h.edge.events());
+}
+
+#[tokio::test]
+async fn in_hami_order_filter_writes_hami_annotations_and_events() {
+    let h = hami_order_harness().await;
+    let pod = gpu_pod("default", "p1", 1, 3000, 30);
+    h.edge.add_pod(pod.clone());
+    let (status, body) = post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains(r#""NodeNames":["node1"]"#), "{body}");
+    assert_eq!(h.edge.take_calls(), ["patch default/p1"]);
+    let p = stored(&h, "p1");
+    assert_decision_on(&p);
+    assert_eq!(p.metadata.labels.unwrap()["hami.io/vgpu-node"], "node1");
     assert!(
         h.edge
             .events()
             .iter()
             .any(|e| e.reason == "FilteringSucceed")
+    );
+    let (_, out) = post(&h, "/bind", bind_args("default", "p1", "node1"), None).await;
+    assert_eq!(out, r#"{"Error":""}"#);
+    // The informer showed the patched decision and the loop let its reservation go: the bind
+    // reads the decision from the pod.
+    assert_eq!(h.edge.take_calls(), ["get default/p1", "bind default/p1"]);
+    let ev = h.edge.events();
+    let ok = ev.iter().find(|e| e.reason == "BindingSucceed").unwrap();
+    assert_eq!(
+        ok.message,
+        "Successfully binding node [node1] to default/p1"
     );
 }
 
@@ -213,25 +261,52 @@ async fn full_nodes_form_answers_with_the_chosen_node_object_and_writes_nothing(
 }
 
 #[tokio::test]
-async fn bind_sets_allocating_then_binds() {
+async fn bind_is_one_binding_that_carries_the_decision_and_allocating() {
     let h = harness().await;
     let pod = gpu_pod("default", "p1", 1, 3000, 30);
     h.edge.add_pod(pod.clone());
     post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
     let (status, body) = post(&h, "/bind", bind_args("default", "p1", "node1"), None).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, r#"{"Error":""}"#));
-    let stored = h.edge.pods().pop().unwrap();
-    assert_eq!(stored.spec.unwrap().node_name.as_deref(), Some("node1"));
-    assert_eq!(
-        stored.metadata.annotations.unwrap()["hami.io/bind-phase"],
-        "allocating"
+    // One API call for the placed pod: no read, no patch.
+    assert_eq!(h.edge.take_calls(), ["bind default/p1"]);
+    let p = stored(&h, "p1");
+    assert_eq!(p.spec.as_ref().unwrap().node_name.as_deref(), Some("node1"));
+    assert_decision_on(&p);
+    let a = p.metadata.annotations.unwrap();
+    assert_eq!(a["hami.io/bind-phase"], "allocating");
+    assert!(a["hami.io/bind-time"].parse::<u64>().is_ok());
+    assert!(h.edge.events().is_empty(), "{:?}", h.edge.events());
+}
+
+/// The replica that filtered the pod lost the lead before kube-scheduler's bind reached the
+/// new leader: the new one holds no decision, the pod carries none, so it reads the pod and
+/// decides for the node kube-scheduler chose.
+#[tokio::test]
+async fn a_bind_on_a_new_leader_decides_for_the_chosen_node() {
+    let old = harness().await;
+    let pod = gpu_pod("default", "p1", 1, 3000, 30);
+    old.edge.add_pod(pod.clone());
+    post(&old, "/filter", filter_args(&pod, &["node1"]), None).await;
+    let new = harness().await;
+    new.edge.add_pod(pod.clone());
+    let (_, out) = post(&new, "/bind", bind_args("default", "p1", "node1"), None).await;
+    assert_eq!(out, r#"{"Error":""}"#);
+    assert_eq!(new.edge.take_calls(), ["get default/p1", "bind default/p1"]);
+    assert_decision_on(&stored(&new, "p1"));
+    assert_eq!(booked(&new).await, (1, 3000, 30));
+
+    // Where the node filled up meanwhile, the bind is refused and nothing is written.
+    let late = gpu_pod("default", "late", 1, 16000, 30);
+    new.edge.add_pod(late);
+    let (_, out) = post(&new, "/bind", bind_args("default", "late", "node1"), None).await;
+    assert!(
+        out.contains("filtered by another tessera-scheduler replica")
+            && out.contains("no longer fits node node1"),
+        "{out}"
     );
-    let ev = h.edge.events();
-    let ok = ev.iter().find(|e| e.reason == "BindingSucceed").unwrap();
-    assert_eq!(
-        ok.message,
-        "Successfully binding node [node1] to default/p1"
-    );
+    assert_eq!(new.edge.take_calls(), ["get default/late"]);
+    assert_eq!(stored(&new, "late").metadata.annotations, None);
 }
 
 #[tokio::test]
@@ -353,9 +428,25 @@ async fn a_failed_binding_releases_the_reservation_at_once() {
     let (_, body) = post(&h, "/bind", bind_args("default", "p1", "node1"), None).await;
     assert!(body.contains("injected Binding failure"), "{body}");
     assert_eq!(booked(&h).await, (0, 0, 0));
-    let stored = h.edge.pods().pop().unwrap();
+    // The failed Binding wrote nothing, so there is nothing to undo.
+    assert_eq!(h.edge.take_calls(), ["bind default/p1"]);
+    assert_eq!(stored(&h, "p1").metadata.annotations, None);
+}
+
+#[tokio::test]
+async fn in_hami_order_a_failed_binding_marks_the_pod_failed() {
+    let h = hami_order_harness().await;
+    let pod = gpu_pod("default", "p1", 1, 3000, 30);
+    h.edge.add_pod(pod.clone());
+    post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
+    h.edge
+        .fail_binds
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let (_, body) = post(&h, "/bind", bind_args("default", "p1", "node1"), None).await;
+    assert!(body.contains("injected Binding failure"), "{body}");
+    assert_eq!(booked(&h).await, (0, 0, 0));
     assert_eq!(
-        stored.metadata.annotations.unwrap()["hami.io/bind-phase"],
+        stored(&h, "p1").metadata.annotations.unwrap()["hami.io/bind-phase"],
         "failed"
     );
 }

@@ -327,12 +327,13 @@ fn failed_reasons(v: &Result<Verdict, Refusal>) -> std::collections::BTreeMap<St
     }
 }
 
-/// The pod as the informer shows it once the filter's patch landed: decided, not bound.
+/// The pod as the informer shows it once a filter patch landed (`--write-decision-at-filter`,
+/// or a decision written by another replica): decided, not bound.
 fn decided_pod(pod: &Pod, v: &Result<Verdict, Refusal>) -> Pod {
     let Ok(Verdict::Placed(p)) = v else {
         panic!("{v:?}")
     };
-    let patch = tessera_scheduler_core::patch::filter_patch(p, 0);
+    let patch = tessera_scheduler_core::patch::decision_patch(&p.node, &p.devices, 0);
     let mut pod = pod.clone();
     pod.metadata.annotations = Some(patch.annotations);
     pod.metadata.labels = Some(patch.labels);
