@@ -54,9 +54,11 @@ export CRITERION_HOME="$root/target/criterion"
 # name | command (run from the repository root). Full and quick forms differ only where noted.
 mem_args="--nodes 1000 --pods 10000"
 mem_scale_args="--nodes 5000 --pods 50000"
+sched_scale_args="--nodes 5000 --pods 20000 --running 50000 --rounds 1 --burst 0"
 if [ "$quick" = 1 ]; then
     mem_args="--nodes 100 --pods 1000"
     mem_scale_args="--nodes 200 --pods 2000"
+    sched_scale_args="--nodes 100 --pods 300 --running 1000 --rounds 1 --burst 0"
 fi
 STEPS=(
     "filter|cargo bench --locked -q -p tessera-scheduler --bench filter"
@@ -68,6 +70,7 @@ STEPS=(
     "shim_overhead|cargo bench --locked -q -p libvgpu-shim --bench overhead"
     "shim_limiter|cargo test --locked -q --release -p libvgpu-shim --test limiter -- --nocapture"
     "scheduling|cargo bench --locked -q -p tessera-e2e --bench scheduling"
+    "scheduling_scale|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_scale $sched_scale_args"
     "real_burst|cargo bench --locked -q -p tessera-e2e --bench real_burst"
 )
 # The CSV each step writes (memory_scale appends to memory.csv).

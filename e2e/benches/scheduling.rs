@@ -33,7 +33,9 @@
 //! -p fake-nvml -p fake-cuda -p libvgpu-shim && TESSERA_E2E_PROFILE=release cargo bench -p
 //! tessera-e2e --bench scheduling` (`bench/run.sh` does both). `TESSERA_BENCH_QUICK=1`: 50 nodes,
 //! 200 pods, one round, a 24-pod burst. Options: `--nodes N --pods N --rounds N --burst N
-//! --burst-rounds N`.
+//! --burst-rounds N --running N --csv NAME`. With `--running N` (issue 15, item 3), N pods are
+//! already bound and booked on each node set before the runs, and the leading extender is
+//! restarted once to measure a leader change against that many objects in the API server.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -66,6 +68,8 @@ struct Params {
     rounds: usize,
     burst: usize,
     burst_rounds: usize,
+    /// Pods already running on each node set before the runs (bound, booked), spread evenly.
+    running: usize,
 }
 
 fn params() -> Params {
@@ -84,6 +88,7 @@ fn params() -> Params {
         rounds: arg("--rounds", if quick { 1 } else { 3 }),
         burst: arg("--burst", if quick { 24 } else { 100 }),
         burst_rounds: arg("--burst-rounds", if quick { 1 } else { 3 }),
+        running: arg("--running", 0),
     }
 }
 
@@ -509,7 +514,13 @@ async fn placement_run(
 
 /// Registers `n` bare nodes of one set; for the plain baseline, as plain extended resources
 /// (`nvidia.com/gpu: 8`, no register annotation).
-async fn register_set(admin: &kube::Client, set: &str, n: usize, plain: bool) -> Res<()> {
+async fn register_set(
+    admin: &kube::Client,
+    set: &str,
+    n: usize,
+    plain: bool,
+    running_per_node: usize,
+) -> Res<()> {
     let nodes: Api<Node> = Api::all(admin.clone());
     let results: Vec<Res<()>> = futures::stream::iter(0..n)
         .map(|i| {
@@ -533,7 +544,7 @@ async fn register_set(admin: &kube::Client, set: &str, n: usize, plain: bool) ->
                     )
                     .await?;
                 if plain {
-                    let gpus = json!({"nvidia.com/gpu": "8"});
+                    let gpus = json!({"nvidia.com/gpu": (8 + running_per_node).to_string()});
                     nodes
                         .patch_status(
                             &name,
@@ -553,6 +564,133 @@ async fn register_set(admin: &kube::Client, set: &str, n: usize, plain: bool) ->
     for r in results {
         r?;
     }
+    Ok(())
+}
+
+/// `running` pods on each node set, `running / nodes` per node, created bound (as pods that
+/// were placed earlier): on set b booked as Tessera books them (one GPU, 4000 MiB, 10 %,
+/// `bind-phase: success`), on set a asking `nvidia.com/gpu: 1`. The webhook is skipped (label),
+/// as for pods created before Tessera was installed.
+async fn create_running(admin: &kube::Client, nodes: usize, running: usize) -> Res<()> {
+    let ns = "bench-running";
+    ensure_namespace(admin, ns).await?;
+    let api: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let objects = (0..running).flat_map(|i| {
+        let node = i % nodes.max(1);
+        let slot = i / nodes.max(1);
+        ["a", "b"].map(|set| {
+            let name = format!("{set}-node-{node:04}");
+            let mut limits = json!({"cpu": "10m", "nvidia.com/gpu": "1"});
+            let mut annotations = json!({});
+            if set == "b" {
+                let spec = NodeSpec::uniform(&name, 8, A100, A100_MIB);
+                let uuid = &spec.gpus[slot % spec.gpus.len()].uuid;
+                limits["nvidia.com/gpumem"] = json!("4000");
+                limits["nvidia.com/gpucores"] = json!("10");
+                let devices = format!("{uuid},NVIDIA,4000,10:;");
+                annotations = json!({
+                    "hami.io/vgpu-node": name,
+                    "hami.io/vgpu-devices-allocated": devices,
+                    "hami.io/vgpu-devices-to-allocate": ";",
+                    "hami.io/bind-phase": "success",
+                });
+            }
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("r-{set}-{i:06}"), "namespace": ns,
+                             "labels": {"hami.io/webhook": "ignore"}, "annotations": annotations},
+                "spec": {"nodeName": name, "terminationGracePeriodSeconds": 0,
+                         "containers": [{"name": "c0", "image": "registry.example/cuda-app:1",
+                                         "resources": {"limits": limits}}]},
+            })
+        })
+    });
+    let failed = futures::stream::iter(objects)
+        .map(|obj| {
+            let api = api.clone();
+            async move {
+                let pod: Pod = serde_json::from_value(obj).ok()?;
+                for _ in 0..5 {
+                    match api.create(&PostParams::default(), &pod).await {
+                        Ok(_) => return None,
+                        Err(kube::Error::Api(s)) if s.code == 409 => return None,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    }
+                }
+                pod.metadata.name
+            }
+        })
+        .buffer_unordered(64)
+        .filter_map(futures::future::ready)
+        .count()
+        .await;
+    if failed > 0 {
+        return Err(format!("{failed} running pods could not be created").into());
+    }
+    Ok(())
+}
+
+/// Restarts the leading tessera-scheduler and measures how long until it serves again: the whole
+/// change (process start, Lease, List of every node and pod, rebuild) from outside, and the
+/// List + rebuild the daemon logs.
+async fn leader_change(c: &mut Cluster, p: &Params, csv: &Csv) -> Res<()> {
+    let log = c
+        .dir
+        .join("logs")
+        .join(format!("{}.log", c.scheduler_pods[0].name));
+    let rebuilt_lines = |text: &str| {
+        text.lines()
+            .filter(|l| l.contains("cluster state rebuilt"))
+            .count()
+    };
+    let before = rebuilt_lines(&std::fs::read_to_string(&log).unwrap_or_default());
+    let t = Instant::now();
+    c.restart_tessera(0)?;
+    let line = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if rebuilt_lines(&text) > before {
+            break text
+                .lines()
+                .rfind(|l| l.contains("cluster state rebuilt"))
+                .unwrap_or_default()
+                .to_owned();
+        }
+        if t.elapsed() > Duration::from_secs(300) {
+            return Err("the restarted extender did not rebuild within 300 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let total = t.elapsed().as_secs_f64();
+    let list_rebuild = line
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("list_and_rebuild_seconds="))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(f64::NAN);
+    eprintln!(
+        "leader change: {total:.2} s to serving, of which List + rebuild {list_rebuild:.2} s ({line})"
+    );
+    let case = format!(
+        "{} nodes x 8 GPUs x 2 sets; {} running pods per set",
+        p.nodes, p.running
+    );
+    csv.row(
+        &Row::new(
+            &case,
+            "leader change: extender restarted -> serving (process start, Lease, Lists, rebuild)",
+            "s",
+            Stats::single(total),
+        )
+        .without_p99(),
+    );
+    csv.row(
+        &Row::new(
+            &case,
+            "  of which the term's Lists (every node and pod, from the API server) and the loop's rebuild",
+            "s",
+            Stats::single(list_rebuild),
+        )
+        .without_p99(),
+    );
     Ok(())
 }
 
@@ -834,7 +972,14 @@ async fn burst(c: &mut Cluster, p: &Params, csv: &Csv) -> Res<()> {
 }
 
 async fn run(p: Params) -> Res<()> {
-    let csv = Csv::open("scheduling");
+    // `--csv NAME`: the rows' file (the scale run of bench/run.sh writes its own table).
+    let args: Vec<String> = std::env::args().collect();
+    let name = args
+        .iter()
+        .position(|a| a == "--csv")
+        .and_then(|i| args.get(i + 1))
+        .map_or("scheduling", String::as_str);
+    let csv = Csv::open(name);
     let mut c = Cluster::start(ClusterOptions::new("bench-scheduling", vec![])).await?;
     eprintln!("cluster up: {}", c.dir.display());
     if p.burst > 0 && p.burst_rounds > 0 {
@@ -844,14 +989,25 @@ async fn run(p: Params) -> Res<()> {
         return Ok(());
     }
     let t = Instant::now();
-    register_set(c.admin(), "a", p.nodes, true).await?;
-    register_set(c.admin(), "b", p.nodes, false).await?;
+    let per_node = p.running.div_ceil(p.nodes.max(1));
+    register_set(c.admin(), "a", p.nodes, true, per_node).await?;
+    register_set(c.admin(), "b", p.nodes, false, per_node).await?;
     eprintln!(
         "{} + {} bare nodes registered in {:.1} s",
         p.nodes,
         p.nodes,
         t.elapsed().as_secs_f64()
     );
+    if p.running > 0 {
+        let t = Instant::now();
+        create_running(c.admin(), p.nodes, p.running).await?;
+        eprintln!(
+            "{} running pods on each node set created in {:.1} s",
+            p.running,
+            t.elapsed().as_secs_f64()
+        );
+        leader_change(&mut c, &p, &csv).await?;
+    }
     let _plain = c.spawn_plain_kube_scheduler("plain-kube-scheduler")?;
     let _unthrottled = spawn_unthrottled_kube_scheduler(&c)?;
     let leader_port = c.scheduler_pods[0].extender_port;

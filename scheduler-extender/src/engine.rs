@@ -158,6 +158,10 @@ pub enum Command {
     Metrics {
         reply: oneshot::Sender<MetricsSnapshot>,
     },
+    /// Answered once every command sent before it has been handled.
+    Barrier {
+        reply: oneshot::Sender<()>,
+    },
     /// For tests and the concurrency check: every GPU's booking.
     Bookings {
         reply: oneshot::Sender<Vec<GpuMetrics>>,
@@ -646,6 +650,9 @@ impl Engine {
             Command::Bookings { reply } => {
                 let _ = reply.send(self.bookings());
             }
+            Command::Barrier { reply } => {
+                let _ = reply.send(());
+            }
         }
     }
 
@@ -705,6 +712,13 @@ impl EngineHandle {
         })
         .await;
         rx.await.unwrap_or(Err(Refusal::Stopped))
+    }
+
+    /// Returns once the loop has handled every command sent before.
+    pub async fn barrier(&self) {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Barrier { reply }).await;
+        let _ = rx.await;
     }
 
     /// Stops deciding and returns once the loop has done so (see [`Command::StepDown`]).

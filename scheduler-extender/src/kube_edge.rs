@@ -477,6 +477,8 @@ async fn sync_term(
     term: u64,
     ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) {
+    // From the term's first List to serving: what a leader change costs (docs/benchmarks.md).
+    let started = std::time::Instant::now();
     let cfg = watcher::Config::default();
     let nodes = watcher(Api::<Node>::all(client.clone()), cfg.clone())
         .map_ok(|e| Change::Node(Box::new(e)))
@@ -596,6 +598,7 @@ async fn sync_term(
         if !rebuilt {
             backlog.extend(obs);
             if done.iter().all(|d| *d) {
+                let (node_count, pod_count) = (n_buf.len(), p_buf.len());
                 engine
                     .send(Command::Rebuild {
                         term,
@@ -604,12 +607,20 @@ async fn sync_term(
                         quotas: std::mem::take(&mut q_buf),
                     })
                     .await;
+                engine.barrier().await;
+                let seconds = started.elapsed().as_secs_f64();
                 for o in backlog.drain(..) {
                     engine.send(Command::Observe(o)).await;
                 }
                 rebuilt = true;
                 ready.store(true, std::sync::atomic::Ordering::Relaxed);
-                tracing::info!(term, "cluster state rebuilt; serving decisions");
+                tracing::info!(
+                    term,
+                    nodes = node_count,
+                    pods = pod_count,
+                    list_and_rebuild_seconds = seconds,
+                    "cluster state rebuilt; serving decisions"
+                );
             }
         } else {
             for o in obs {
