@@ -36,6 +36,7 @@
 //! --burst-rounds N --running N --csv NAME`. With `--running N` (issue 15, item 3), N pods are
 //! already bound and booked on each node set before the runs, and the leading extender is
 //! restarted once to measure a leader change against that many objects in the API server.
+//! `TESSERA_BENCH_PERF_DIR=<dir>`: a system-wide `perf record` of every placement run.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -461,6 +462,7 @@ async fn placement_run(
         .collect();
     let cpu_before = cpu_by_component(&c.dir);
     let handlers_before = handler_seconds(metrics_port).await;
+    let perf = start_perf(run);
     let t0 = Instant::now();
     let created = create_all(c.user(), ns, objects, &seen).await;
     let create_s = t0.elapsed().as_secs_f64();
@@ -473,6 +475,7 @@ async fn placement_run(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let cpu = cpu_diff(&cpu_by_component(&c.dir), &cpu_before);
+    stop_perf(perf);
     let handlers = handler_seconds(metrics_port).await;
     let handler_ms = [0, 1].map(|i| {
         let n = handlers[i].1 - handlers_before[i].1;
@@ -510,6 +513,30 @@ async fn placement_run(
         create_s,
         latencies_ms,
     })
+}
+
+/// With `TESSERA_BENCH_PERF_DIR` set: a system-wide `perf record` (99 Hz, call graphs) of the
+/// run, written to `<dir>/perf-<run>.data` (`perf report --sort comm,dso,sym` reads it).
+fn start_perf(run: &str) -> Option<std::process::Child> {
+    let dir = std::env::var_os("TESSERA_BENCH_PERF_DIR")?;
+    let out = std::path::Path::new(&dir).join(format!("perf-{run}.data"));
+    std::process::Command::new("perf")
+        .args(["record", "-a", "-g", "-F", "99", "-o"])
+        .arg(out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| eprintln!("perf record: {e}"))
+        .ok()
+}
+
+fn stop_perf(perf: Option<std::process::Child>) {
+    if let Some(mut child) = perf {
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+    }
 }
 
 /// Registers `n` bare nodes of one set; for the plain baseline, as plain extended resources
