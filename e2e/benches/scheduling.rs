@@ -463,6 +463,7 @@ async fn placement_run(
     let cpu_before = cpu_by_component(&c.dir);
     let handlers_before = handler_seconds(metrics_port).await;
     let perf = start_perf(run);
+    let pprof = start_apiserver_pprof(c.admin().clone(), run);
     let t0 = Instant::now();
     let created = create_all(c.user(), ns, objects, &seen).await;
     let create_s = t0.elapsed().as_secs_f64();
@@ -476,6 +477,9 @@ async fn placement_run(
     }
     let cpu = cpu_diff(&cpu_by_component(&c.dir), &cpu_before);
     stop_perf(perf);
+    if let Some(t) = pprof {
+        let _ = t.await;
+    }
     let handlers = handler_seconds(metrics_port).await;
     let handler_ms = [0, 1].map(|i| {
         let n = handlers[i].1 - handlers_before[i].1;
@@ -528,6 +532,30 @@ fn start_perf(run: &str) -> Option<std::process::Child> {
         .spawn()
         .map_err(|e| eprintln!("perf record: {e}"))
         .ok()
+}
+
+/// With `TESSERA_BENCH_PERF_DIR` set: kube-apiserver's own CPU profile (Go pprof, 20 s from the
+/// first create; its binary is stripped, so perf cannot name its functions), written to
+/// `<dir>/apiserver-<run>.pprof` (`go tool pprof -top` reads it).
+fn start_apiserver_pprof(admin: kube::Client, run: &str) -> Option<tokio::task::JoinHandle<()>> {
+    let dir = std::env::var_os("TESSERA_BENCH_PERF_DIR")?;
+    let out = std::path::Path::new(&dir).join(format!("apiserver-{run}.pprof"));
+    Some(tokio::spawn(async move {
+        let req = http::Request::get("/debug/pprof/profile?seconds=20")
+            .body(Vec::new())
+            .expect("request");
+        let profile = async {
+            use futures::AsyncReadExt;
+            let mut body = Box::pin(admin.request_stream(req).await?);
+            let mut buf = Vec::new();
+            body.read_to_end(&mut buf).await?;
+            std::fs::write(&out, buf)?;
+            Res::Ok(())
+        };
+        if let Err(e) = profile.await {
+            eprintln!("apiserver pprof: {e}");
+        }
+    }))
 }
 
 fn stop_perf(perf: Option<std::process::Child>) {

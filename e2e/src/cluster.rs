@@ -730,7 +730,11 @@ fn start_apiserver(a: &Artifacts, dir: &Path, port: u16, etcd: u16) -> Result<Pr
         // No kube-controller-manager creates the default ServiceAccount.
         .arg("--disable-admission-plugins=ServiceAccount")
         .arg("--allow-privileged=true")
-        .arg("--profiling=false")
+        // Go's pprof endpoints only for a benchmark's profile (`e2e/benches/scheduling.rs`).
+        .arg(format!(
+            "--profiling={}",
+            std::env::var_os("TESSERA_BENCH_PERF_DIR").is_some()
+        ))
         .arg("--v=1");
     Ok(Proc::spawn("kube-apiserver", &dir.join("logs"), &mut cmd)?)
 }
