@@ -478,7 +478,7 @@ async fn sync_term(
     ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) {
     // From the term's first List to serving: what a leader change costs (docs/benchmarks.md).
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let cfg = watcher::Config::default();
     let nodes = watcher(Api::<Node>::all(client.clone()), cfg.clone())
         .map_ok(|e| Change::Node(Box::new(e)))
