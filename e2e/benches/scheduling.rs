@@ -216,8 +216,17 @@ fn spawn_tessera_kube_scheduler(
     cfg["profiles"][0]["schedulerName"] = profile.into();
     let path = c.dir.join(format!("{profile}.yaml"));
     std::fs::write(&path, serde_yaml::to_string(&cfg)?)?;
+    spawn_kube_scheduler(c, &path, &format!("{profile}-kube-scheduler"))
+}
+
+/// kube-scheduler with the configuration file `config`, serving on a free loopback port.
+fn spawn_kube_scheduler(
+    c: &Cluster,
+    config: &std::path::Path,
+    name: &str,
+) -> Res<tessera_e2e::process::Proc> {
     let mut cmd = std::process::Command::new(&c.artifacts.kube_scheduler);
-    cmd.arg(format!("--config={}", path.display()))
+    cmd.arg(format!("--config={}", config.display()))
         .arg("--bind-address=127.0.0.1")
         .arg(format!(
             "--secure-port={}",
@@ -225,7 +234,7 @@ fn spawn_tessera_kube_scheduler(
         ))
         .arg("--v=1");
     Ok(tessera_e2e::process::Proc::spawn(
-        &format!("{profile}-kube-scheduler"),
+        name,
         &c.dir.join("logs"),
         &mut cmd,
     )?)
@@ -275,19 +284,7 @@ fn spawn_unthrottled_kube_scheduler(c: &Cluster) -> Res<tessera_e2e::process::Pr
         "profiles": [{"schedulerName": UNTHROTTLED}],
     });
     std::fs::write(&config, serde_json::to_string(&doc)?)?;
-    let mut cmd = std::process::Command::new(&c.artifacts.kube_scheduler);
-    cmd.arg(format!("--config={}", config.display()))
-        .arg("--bind-address=127.0.0.1")
-        .arg(format!(
-            "--secure-port={}",
-            tessera_e2e::process::free_port()
-        ))
-        .arg("--v=1");
-    Ok(tessera_e2e::process::Proc::spawn(
-        "plain-unthrottled-kube-scheduler",
-        &c.dir.join("logs"),
-        &mut cmd,
-    )?)
+    spawn_kube_scheduler(c, &config, "plain-unthrottled-kube-scheduler")
 }
 
 async fn ensure_namespace(admin: &kube::Client, ns: &str) -> Res<()> {
