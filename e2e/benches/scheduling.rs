@@ -243,12 +243,7 @@ fn spawn_kube_scheduler(
 /// A second tessera-scheduler in HAMi's write order, not leader-elected; returns it with its
 /// extender and metrics ports.
 fn spawn_hami_order_extender(c: &Cluster) -> Res<(tessera_e2e::process::Proc, u16, u16)> {
-    // Both ports at once: two `free_port` calls in a row can return the same port.
-    let (port, metrics) = {
-        let a = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let b = std::net::TcpListener::bind("127.0.0.1:0")?;
-        (a.local_addr()?.port(), b.local_addr()?.port())
-    };
+    let [port, metrics] = tessera_e2e::process::free_ports();
     let mut cmd = std::process::Command::new(&c.artifacts.tessera_scheduler);
     cmd.arg("serve")
         .arg(format!("--http-bind=127.0.0.1:{port}"))

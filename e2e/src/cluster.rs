@@ -228,8 +228,8 @@ impl Cluster {
             .collect();
         std::fs::write(dir.join("tokens.csv"), tokens)?;
 
-        let etcd_port = free_port();
-        let etcd = start_etcd(artifacts, &dir, etcd_port, free_port())?;
+        let [etcd_port, etcd_peer_port] = crate::process::free_ports();
+        let etcd = start_etcd(artifacts, &dir, etcd_port, etcd_peer_port)?;
         eventually(
             "etcd /health",
             Duration::from_secs(30),
@@ -414,8 +414,7 @@ impl Cluster {
     }
 
     fn start_scheduler_pod(&self, name: &str) -> Result<SchedulerPod> {
-        let extender_port = free_port();
-        let metrics_port = free_port();
+        let [extender_port, metrics_port] = crate::process::free_ports();
         let tessera = self.spawn_tessera(name, extender_port, metrics_port)?;
         let kube_scheduler = self.spawn_kube_scheduler(name, extender_port)?;
         Ok(SchedulerPod {

@@ -117,3 +117,17 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .unwrap_or(0)
 }
+
+/// `N` distinct free loopback ports: the listeners are held until all are taken, since two
+/// [`free_port`] calls in a row can return the same port (a benchmark saw it).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<Option<std::net::TcpListener>> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").ok())
+        .collect();
+    std::array::from_fn(|i| {
+        listeners[i]
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map_or(0, |a| a.port())
+    })
+}

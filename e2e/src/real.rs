@@ -390,8 +390,8 @@ impl RealCluster {
             &[],
         )?;
 
-        let etcd_port = free_port();
-        let etcd = start_etcd(artifacts, &dir, etcd_port, free_port())?;
+        let [etcd_port, etcd_peer_port] = crate::process::free_ports();
+        let etcd = start_etcd(artifacts, &dir, etcd_port, etcd_peer_port)?;
         eventually(
             "etcd /health",
             Duration::from_secs(30),
