@@ -244,24 +244,10 @@ fn spawn_kube_scheduler(
 /// extender and metrics ports.
 fn spawn_hami_order_extender(c: &Cluster) -> Res<(tessera_e2e::process::Proc, u16, u16)> {
     let [port, metrics] = tessera_e2e::process::free_ports();
-    let mut cmd = std::process::Command::new(&c.artifacts.tessera_scheduler);
-    cmd.arg("serve")
-        .arg(format!("--http-bind=127.0.0.1:{port}"))
-        .arg("--cert-file")
-        .arg(c.dir.join("extender.crt"))
-        .arg("--key-file")
-        .arg(c.dir.join("extender.key"))
-        .arg("--client-ca-file")
-        .arg(c.dir.join("ca.crt"))
-        .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}"))
-        .arg("--leader-elect=false")
+    let mut cmd = c.tessera_command(port, metrics);
+    cmd.arg("--leader-elect=false")
         .arg("--write-decision-at-filter=true")
-        .arg("--pod-events=all")
-        .env(
-            "KUBECONFIG",
-            c.kubeconfig(tessera_e2e::cluster::SCHEDULER_USER),
-        )
-        .env("RUST_LOG", "info");
+        .arg("--pod-events=all");
     let proc =
         tessera_e2e::process::Proc::spawn("tessera-hami-order", &c.dir.join("logs"), &mut cmd)?;
     Ok((proc, port, metrics))

@@ -426,7 +426,9 @@ impl Cluster {
         })
     }
 
-    fn spawn_tessera(&self, pod: &str, port: u16, metrics: u16) -> Result<Proc> {
+    /// `tessera-scheduler serve` on `port` (HTTPS, kube-scheduler's client certificate) and
+    /// `metrics`, as this cluster's scheduler identity; the caller adds leadership flags.
+    pub fn tessera_command(&self, port: u16, metrics: u16) -> Command {
         let mut cmd = Command::new(&self.artifacts.tessera_scheduler);
         cmd.arg("serve")
             .arg("--http-bind")
@@ -439,14 +441,19 @@ impl Cluster {
             .arg(self.dir.join("ca.crt"))
             .arg("--metrics-bind-address")
             .arg(format!("127.0.0.1:{metrics}"))
-            .args(["--leader-elect-resource-namespace", NAMESPACE])
+            .env("KUBECONFIG", kubeconfig_path(&self.dir, SCHEDULER_USER))
+            .env("RUST_LOG", "info");
+        cmd
+    }
+
+    fn spawn_tessera(&self, pod: &str, port: u16, metrics: u16) -> Result<Proc> {
+        let mut cmd = self.tessera_command(port, metrics);
+        cmd.args(["--leader-elect-resource-namespace", NAMESPACE])
             .args(["--identity", pod])
             // As the chart runs it: lead only beside the leading kube-scheduler.
             .arg(format!("--follow-lease={NAMESPACE}/{KUBE_SCHEDULER_LEASE}"))
             .args(&self.opts.tessera_args)
-            .env("KUBECONFIG", kubeconfig_path(&self.dir, SCHEDULER_USER))
-            .env("POD_NAME", pod)
-            .env("RUST_LOG", "info");
+            .env("POD_NAME", pod);
         Ok(Proc::spawn(pod, &self.dir.join("logs"), &mut cmd)?)
     }
 

@@ -67,6 +67,14 @@ async fn hami_order_harness() -> Harness {
     harness_config(Engine::standalone(cfg.clone()), Auth::default(), cfg).await
 }
 
+/// Adds pod `default/p1` (one GPU, 3000 MiB, 30 %) to the fake API server and filters it onto
+/// node1; returns `/filter`'s status and body.
+async fn filter_p1(h: &Harness) -> (StatusCode, String) {
+    let pod = gpu_pod("default", "p1", 1, 3000, 30);
+    h.edge.add_pod(pod.clone());
+    post(h, "/filter", filter_args(&pod, &["node1"]), None).await
+}
+
 fn stored(h: &Harness, name: &str) -> k8s_openapi::api::core::v1::Pod {
     h.edge
         .pods()
@@ -127,9 +135,7 @@ async fn booked(h: &Harness) -> (u32, u32, u32) {
 #[tokio::test]
 async fn filter_returns_exactly_one_node_and_writes_nothing() {
     let h = harness().await;
-    let pod = gpu_pod("default", "p1", 1, 3000, 30);
-    h.edge.add_pod(pod.clone());
-    let (status, body) = post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
+    let (status, body) = filter_p1(&h).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         body,
@@ -145,9 +151,7 @@ async fn filter_returns_exactly_one_node_and_writes_nothing() {
 #[tokio::test]
 async fn in_hami_order_filter_writes_hami_annotations_and_events() {
     let h = hami_order_harness().await;
-    let pod = gpu_pod("default", "p1", 1, 3000, 30);
-    h.edge.add_pod(pod.clone());
-    let (status, body) = post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
+    let (status, body) = filter_p1(&h).await;
     assert_eq!(status, StatusCode::OK);
     assert!(body.contains(r#""NodeNames":["node1"]"#), "{body}");
     assert_eq!(h.edge.take_calls(), ["patch default/p1"]);
@@ -263,9 +267,7 @@ async fn full_nodes_form_answers_with_the_chosen_node_object_and_writes_nothing(
 #[tokio::test]
 async fn bind_is_one_binding_that_carries_the_decision_and_allocating() {
     let h = harness().await;
-    let pod = gpu_pod("default", "p1", 1, 3000, 30);
-    h.edge.add_pod(pod.clone());
-    post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
+    filter_p1(&h).await;
     let (status, body) = post(&h, "/bind", bind_args("default", "p1", "node1"), None).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, r#"{"Error":""}"#));
     // One API call for the placed pod: no read, no patch.
@@ -418,9 +420,7 @@ async fn a_node_with_exact_identity_takes_confusable_pods_at_once() {
 #[tokio::test]
 async fn a_failed_binding_releases_the_reservation_at_once() {
     let h = harness().await;
-    let pod = gpu_pod("default", "p1", 1, 3000, 30);
-    h.edge.add_pod(pod.clone());
-    post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
+    filter_p1(&h).await;
     assert_eq!(booked(&h).await, (1, 3000, 30));
     h.edge
         .fail_binds
@@ -436,9 +436,7 @@ async fn a_failed_binding_releases_the_reservation_at_once() {
 #[tokio::test]
 async fn in_hami_order_a_failed_binding_marks_the_pod_failed() {
     let h = hami_order_harness().await;
-    let pod = gpu_pod("default", "p1", 1, 3000, 30);
-    h.edge.add_pod(pod.clone());
-    post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
+    filter_p1(&h).await;
     h.edge
         .fail_binds
         .store(1, std::sync::atomic::Ordering::SeqCst);
@@ -502,9 +500,7 @@ async fn a_replica_that_is_not_leader_answers_a_retryable_error() {
 #[tokio::test]
 async fn metrics_expose_hami_gpu_names_on_the_leader() {
     let h = harness().await;
-    let pod = gpu_pod("default", "p1", 1, 3000, 30);
-    h.edge.add_pod(pod.clone());
-    post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
+    filter_p1(&h).await;
     let snap = h.engine.metrics().await;
     let text = h.app.metrics.render(&snap);
     assert!(text.contains(r#"hami_gpu_memory_allocated_bytes{zone="vGPU",node="node1",device_uuid="GPU-node1-0",device_index="0",device_cores="100",device_type="NVIDIA-Tesla T4"} 3145728000"#), "{text}");
