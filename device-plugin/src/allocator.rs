@@ -21,8 +21,8 @@ use crate::container_env::{
 use crate::edges::{EdgeError, PodPatcher, PodResourcesSource, PodSource};
 use crate::gpu::physical_uuid;
 use crate::identity::{
-    BookingPolicy, CallFacts, Choice, ChoiceReason, IdentityError, Ledger, PodResourcesView,
-    PodSnapshot, pending_pods_checked, select,
+    BookingPolicy, CallFacts, Choice, IdentityError, Ledger, PodResourcesView, PodSnapshot,
+    pending_pods_checked, select,
 };
 use crate::metrics::PluginMetrics;
 
@@ -63,11 +63,32 @@ pub enum AllocateError {
         source: EdgeError,
     },
     #[error(
+        "tessera: cannot read the pods bound to node {node}, so the pod being admitted cannot be identified safely"
+    )]
+    PodList {
+        node: String,
+        #[source]
+        source: EdgeError,
+    },
+    #[error(
+        "tessera: reading the pods bound to node {node} did not finish within the call's budget; refusing rather than guessing from a stale cache"
+    )]
+    PodListTimeout { node: String },
+    #[error(
         "tessera: allocation did not finish within {0:?}; refusing rather than stalling the kubelet"
     )]
     Timeout(Duration),
     #[error("tessera: request has no container requests")]
     Empty,
+}
+
+/// Where identification reads the node's pods from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PodView {
+    /// The informer's cache: may lag; only for answers that cannot swap limits.
+    Cache,
+    /// A consistent LIST issued after the call began.
+    Fresh,
 }
 
 /// HAMi's GPU scheduler name (`schedulerName` in its chart).
@@ -166,15 +187,48 @@ impl Allocator {
         }
     }
 
-    /// Identity: cache first, then one bounded fresh read when the cache gives no answer.
+    /// Identity. `Allocate` decides on a fresh, consistent read of the node's pods, never on the
+    /// informer's cache: a lagging cache can both miss the pod being admitted (bound after its
+    /// last event) and still show as pending a pod the kubelet already rejected, and then name
+    /// that pod as the unique candidate, handing its limits to the wrong container. The
+    /// extender binds a pod only after it saw every confusable pod stop being pending, and the
+    /// kubelet asks only after it saw the binding, so a read issued after the call began sees
+    /// both (`docs/design/allocation-identity.md`, step 7). If that read fails, the call fails
+    /// closed. `GetPreferredAllocation` only steers the kubelet's replica choice, so it answers
+    /// from the cache.
     async fn identify(
         &self,
         ledger: &Ledger,
         count: usize,
         must_include: bool,
+        source: PodView,
         deadline: Instant,
-    ) -> Result<(Choice, Vec<PodSnapshot>), IdentityError> {
-        let view = self.pod_resources_view().await;
+    ) -> Result<(Choice, Vec<PodSnapshot>), AllocateError> {
+        let (view, pods) = match source {
+            PodView::Cache => (self.pod_resources_view().await, self.pods.cached()),
+            PodView::Fresh => {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                let (view, pods) = tokio::join!(
+                    self.pod_resources_view(),
+                    tokio::time::timeout(remaining, self.pods.fresh())
+                );
+                let pods = match pods {
+                    Ok(Ok(pods)) => pods,
+                    Ok(Err(e)) => {
+                        return Err(AllocateError::PodList {
+                            node: self.node.clone(),
+                            source: e,
+                        });
+                    }
+                    Err(_) => {
+                        return Err(AllocateError::PodListTimeout {
+                            node: self.node.clone(),
+                        });
+                    }
+                };
+                (view, pods)
+            }
+        };
         let lock = self.pods.hami_lock();
         let facts = CallFacts {
             count,
@@ -182,37 +236,11 @@ impl Allocator {
             hami_lock: lock.as_deref(),
             pod_resources: view.as_ref(),
         };
-        let cached = self.pods.cached();
         let policy = self.booking_policy();
-        let first = {
-            let (pending, rejected) = pending_pods_checked(&self.node, &policy, &cached, ledger);
-            log_rejections(&rejected);
-            select(facts, &pending, ledger)
-        };
-        // A re-ask is served only if no other pod could be meant, which a lagging cache cannot
-        // tell (the extender's rule does not hold back pods confusable with a re-asked one):
-        // confirmed on a fresh read, like a failed answer.
-        let first_err = match first {
-            Ok(c) if c.reason != ChoiceReason::Reask => return Ok((c, cached)),
-            Ok(c) => IdentityError::AmbiguousReask {
-                pod: format!("{}/{}", c.namespace, c.name),
-                count,
-            },
-            Err(e) => e,
-        };
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let fresh = match tokio::time::timeout(remaining, self.pods.fresh()).await {
-            Ok(Ok(pods)) => pods,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %DisplayChain(&e), "fresh pod list failed; answering from the cache");
-                return Err(first_err);
-            }
-            Err(_) => return Err(first_err),
-        };
-        let (pending, rejected) = pending_pods_checked(&self.node, &policy, &fresh, ledger);
+        let (pending, rejected) = pending_pods_checked(&self.node, &policy, &pods, ledger);
         log_rejections(&rejected);
         let chosen = select(facts, &pending, ledger)?;
-        Ok((chosen, fresh))
+        Ok((chosen, pods))
     }
 
     /// Serves one kubelet `Allocate`.
@@ -268,7 +296,7 @@ impl Allocator {
     ) -> Result<dp::ContainerAllocateResponse, AllocateError> {
         let count = creq.devices_ids.len();
         let (choice, pods) = self
-            .identify(ledger, count, false, deadline)
+            .identify(ledger, count, false, PodView::Fresh, deadline)
             .await
             .inspect_err(|e| {
                 tracing::warn!(count, error = %e, "Allocate refused: pod not identified");
@@ -439,7 +467,13 @@ impl Allocator {
             for creq in &req.container_requests {
                 let size = usize::try_from(creq.allocation_size).unwrap_or(0);
                 let planned = match self
-                    .identify(&ledger, size, !creq.must_include_device_i_ds.is_empty(), deadline)
+                    .identify(
+                        &ledger,
+                        size,
+                        !creq.must_include_device_i_ds.is_empty(),
+                        PodView::Cache,
+                        deadline,
+                    )
                     .await
                 {
                     Ok((choice, _)) => choice.devices.iter().map(|d| d.uuid.clone()).collect(),
@@ -690,25 +724,27 @@ mod tests {
     }
 
     /// The deadline is on tokio's clock: with the apiserver hanging, identification gives up on
-    /// the fresh read exactly at the deadline (after the 500 ms pod-resources budget) and
-    /// answers from the cache.
+    /// the pod list exactly at the deadline and fails closed, naming the node.
     #[tokio::test(start_paused = true)]
-    async fn identify_gives_up_on_the_fresh_read_at_its_deadline() {
+    async fn identify_gives_up_on_the_pod_list_at_its_deadline() {
         let allocator = hanging_allocator();
         let started = Instant::now();
         let deadline = started + Duration::from_millis(1200);
         let err = allocator
-            .identify(&Ledger::default(), 1, false, deadline)
+            .identify(&Ledger::default(), 1, false, PodView::Fresh, deadline)
             .await
             .expect_err("nothing can be known");
         assert_eq!(started.elapsed(), Duration::from_millis(1200));
-        assert_eq!(err, IdentityError::NoCandidate { count: 1 });
+        assert!(
+            matches!(&err, AllocateError::PodListTimeout { node } if node == "node-a"),
+            "{err}"
+        );
     }
 
-    /// The same through `Allocate`: the call's own deadline (its budget) ends the fresh read, so
-    /// the kubelet gets the identity error, not the catch-all timeout, at exactly the budget.
+    /// The same through `Allocate`: the call's own deadline ends the pod list, so the kubelet
+    /// gets the reason, not the catch-all timeout, at exactly the budget.
     #[tokio::test(start_paused = true)]
-    async fn allocate_answers_from_the_cache_at_its_deadline() {
+    async fn allocate_fails_closed_when_the_pod_list_hangs() {
         let mut allocator = hanging_allocator();
         allocator.budget = Duration::from_secs(1);
         let started = Instant::now();
@@ -721,12 +757,69 @@ mod tests {
             .await
             .expect_err("nothing can be known");
         assert_eq!(started.elapsed(), Duration::from_secs(1));
-        assert!(
-            matches!(
-                err,
-                AllocateError::Identity(IdentityError::NoCandidate { count: 1 })
-            ),
-            "{err}"
+        assert!(matches!(err, AllocateError::PodListTimeout { .. }), "{err}");
+    }
+
+    /// A cache that lags the API server in both directions: it still shows pod `rejected` as
+    /// pending (the kubelet rejected it before any `Allocate`, and the extender, having seen
+    /// that, bound `admitted`), and it has not seen `admitted` bound yet.
+    #[derive(Debug)]
+    struct LaggingCache {
+        stale: Vec<PodSnapshot>,
+        current: Vec<PodSnapshot>,
+    }
+
+    impl PodSource for LaggingCache {
+        fn cached(&self) -> Vec<PodSnapshot> {
+            self.stale.clone()
+        }
+        fn fresh(&self) -> BoxFuture<'_, Result<Vec<PodSnapshot>, EdgeError>> {
+            let current = self.current.clone();
+            Box::pin(async move { Ok(current) })
+        }
+        fn hami_lock(&self) -> Option<String> {
+            None
+        }
+    }
+
+    /// The swap CI caught on a real node (without pod-resources, after the plugin restarted):
+    /// `Allocate` for a 10 GiB pod answered from the cache, where a rejected 900 MiB pod was
+    /// still the unique pending candidate, and the container ran with 900 MiB. The call must be
+    /// decided on the API server's current state.
+    #[tokio::test]
+    async fn allocate_ignores_a_cache_that_lags_the_api_server() {
+        use crate::testing::{MemoryApi, bound_pod};
+        let rejected = bound_pod("node-a", "rejected", &[&[("GPU-a", 900, 0)]], 1);
+        let admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
+        let mut rejected_now = rejected.clone();
+        rejected_now.terminal = true;
+        let source = Arc::new(LaggingCache {
+            stale: vec![rejected],
+            current: vec![rejected_now, admitted],
+        });
+        let patcher = Arc::new(MemoryApi::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let allocator = Allocator::new(
+            "node-a".into(),
+            crate::testing::response_settings(dir.path()),
+            Arc::new(RwLock::new(BTreeSet::from(["GPU-a".to_owned()]))),
+            source,
+            patcher.clone(),
+            Arc::new(crate::edges::NoPodResources),
+        );
+        let resp = allocator
+            .allocate(dp::AllocateRequest {
+                container_requests: vec![dp::ContainerAllocateRequest {
+                    devices_ids: vec!["GPU-a-0".into()],
+                }],
+            })
+            .await
+            .expect("the admitted pod is identified");
+        let envs = &resp.container_responses[0].envs;
+        assert_eq!(
+            envs.get("CUDA_DEVICE_MEMORY_LIMIT_0").map(String::as_str),
+            Some("10240m"),
+            "{envs:?}"
         );
     }
 

@@ -12,8 +12,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_device_plugin::allocator::empty_entries;
 use tessera_device_plugin::identity::{
-    CallFacts, ChoiceReason, ContainerSpec, IdentityError, Ledger, PodResourcesView, PodSnapshot,
-    pending_pods, select,
+    CallFacts, ChoiceReason, ContainerSpec, Ledger, PodResourcesView, PodSnapshot, pending_pods,
+    select,
 };
 
 const NODE: &str = "node-a";
@@ -97,10 +97,7 @@ struct Sim {
     rng: StdRng,
     next_uid: usize,
     next_gpu: usize,
-    /// The plugin's cache sees its own patches only this often (simulates informer lag).
-    cache_refresh_every: usize,
     calls: usize,
-    cache: Vec<PodSnapshot>,
     pod_resources: bool,
     scheduler_rule: bool,
     failures: usize,
@@ -111,6 +108,9 @@ struct Sim {
     /// After a restart the kubelet gets every pod bound to it in one batch and admits that
     /// batch in creation order before anything bound later.
     restart_batch: std::collections::VecDeque<usize>,
+    /// The kubelet now and then rejects a bound pod before any `Allocate` (another admit
+    /// handler, or no healthy devices while the plugin restarts); its owner recreates it.
+    rejects_before_allocate: bool,
 }
 
 fn container_names(spec: &Spec) -> (Vec<ContainerSpec>, Vec<ContainerSpec>) {
@@ -147,9 +147,7 @@ impl Sim {
             rng: StdRng::seed_from_u64(seed),
             next_uid: 0,
             next_gpu: 0,
-            cache_refresh_every: 3,
             calls: 0,
-            cache: Vec::new(),
             pod_resources,
             scheduler_rule,
             failures: 0,
@@ -157,6 +155,7 @@ impl Sim {
             reasks: 0,
             kubelet_generation: 0,
             restart_batch: Default::default(),
+            rejects_before_allocate: false,
         };
         for (i, _) in specs().iter().enumerate() {
             sim.create(i);
@@ -259,15 +258,15 @@ impl Sim {
         }
     }
 
-    fn refresh_cache(&mut self, force: bool) {
-        if force || self.calls.is_multiple_of(self.cache_refresh_every) {
-            self.cache = self
-                .pods
-                .iter()
-                .filter(|p| p.phase != Phase::Waiting)
-                .map(|p| p.snapshot.clone())
-                .collect();
-        }
+    /// What the plugin reads for a call: a consistent LIST of the node's pods, issued after the
+    /// call began (`Allocator::identify`), so it shows every binding and rejection the kubelet
+    /// and the extender acted on.
+    fn node_pods(&self) -> Vec<PodSnapshot> {
+        self.pods
+            .iter()
+            .filter(|p| p.phase != Phase::Waiting)
+            .map(|p| p.snapshot.clone())
+            .collect()
     }
 
     fn view(&self, admitting: usize) -> PodResourcesView {
@@ -306,7 +305,6 @@ impl Sim {
             .collect();
         for (k, container) in gpu_containers.iter().enumerate().skip(from) {
             self.calls += 1;
-            self.refresh_cache(false);
             let view = self.view(idx);
             let facts = CallFacts {
                 count: own[k].len(),
@@ -314,26 +312,12 @@ impl Sim {
                 hami_lock: None,
                 pod_resources: self.pod_resources.then_some(&view),
             };
+            let node_pods = self.node_pods();
             let result = {
-                let (pending, rejected) = pending_pods(NODE, &self.cache, &self.ledger);
+                let (pending, rejected) = pending_pods(NODE, &node_pods, &self.ledger);
                 assert!(rejected.is_empty(), "{rejected:?}");
                 select(facts, &pending, &self.ledger)
             };
-            // The plugin retries with a fresh read when the cache gives no answer, or a re-ask
-            // (which must rule out every other pod).
-            let result = result
-                .and_then(|c| {
-                    if c.reason == ChoiceReason::Reask {
-                        Err(IdentityError::NoCandidate { count: 0 })
-                    } else {
-                        Ok(c)
-                    }
-                })
-                .or_else(|_| {
-                    self.refresh_cache(true);
-                    let (pending, _) = pending_pods(NODE, &self.cache, &self.ledger);
-                    select(facts, &pending, &self.ledger)
-                });
             let choice = match result {
                 Ok(c) => c,
                 Err(_) => {
@@ -385,7 +369,7 @@ impl Sim {
                 );
                 self.class_swaps += 1;
             }
-            // The plugin's patch (the cache sees it later).
+            // The plugin's patch.
             let ci = self
                 .pods
                 .iter()
@@ -461,6 +445,16 @@ impl Sim {
         self.restart_batch = batch.into();
     }
 
+    /// The kubelet rejects pod `idx` before asking for its devices: the pod turns terminal with
+    /// its booking still `allocating`, and its owner recreates it. The extender stops counting
+    /// it as pending at once, so a confusable pod with other limits may be bound next.
+    fn reject_before_allocate(&mut self, idx: usize) {
+        self.pods[idx].phase = Phase::Failed;
+        self.pods[idx].snapshot.terminal = true;
+        let spec = self.pods[idx].spec_index;
+        self.create(spec);
+    }
+
     /// Admitted pods start now and then: from then on their containers show as running.
     fn start_some(&mut self) {
         for i in 0..self.pods.len() {
@@ -528,6 +522,13 @@ impl Sim {
                 (None, "reverse") => bound[bound.len() - 1],
                 (None, _) => bound[self.rng.random_range(0..bound.len())],
             };
+            if self.rejects_before_allocate
+                && self.pods[pick].phase == Phase::Bound
+                && self.rng.random_range(0..4) == 0
+            {
+                self.reject_before_allocate(pick);
+                continue;
+            }
             let from = match self.pods[pick].phase {
                 Phase::Readmit(k) => k,
                 _ => 0,
@@ -555,6 +556,27 @@ fn scheduler_rule_without_pod_resources_never_swaps_limits() {
             assert_eq!(sim.failures, 0, "the rule leaves no ambiguity ({order})");
         }
     }
+}
+
+/// The swap a real node showed (CI, stop 21): a pod the kubelet rejected before any `Allocate`
+/// kept its `allocating` booking, the extender bound a confusable pod with other limits, and a
+/// plugin answering from a lagging cache served the rejected pod's limits to it. The plugin
+/// decides on the API server's current state, so the rejected pod is never a candidate.
+#[test]
+fn pods_rejected_before_allocate_never_lend_their_limits() {
+    let mut rejections = 0;
+    for pod_resources in [false, true] {
+        for order in ["creation", "reverse", "random"] {
+            for seed in 0..5 {
+                let mut sim = Sim::new(seed, pod_resources, true);
+                sim.rejects_before_allocate = true;
+                sim.run(order);
+                rejections += sim.pods.iter().filter(|p| p.phase == Phase::Failed).count();
+                assert_eq!(sim.failures, 0, "rejections leave no ambiguity ({order})");
+            }
+        }
+    }
+    assert!(rejections > 20, "the kubelet rejected pods: {rejections}");
 }
 
 #[test]

@@ -55,9 +55,14 @@ pub struct Artifacts {
     pub cuda_probe: PathBuf,
 }
 
-/// The workspace root (the parent of this crate).
+/// The workspace root (the parent of this crate). Read at run time first (cargo sets
+/// `CARGO_MANIFEST_DIR` for tests and benches): the compiled-in path is the checkout the binary
+/// was built in, and cargo reuses a binary across checkouts that share a target directory (a CI
+/// clone and a working tree), which would run one checkout's tests against the other's scripts.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))

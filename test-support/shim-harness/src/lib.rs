@@ -11,7 +11,17 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 /// The shim's package directory: the harness builds that package and compiles its C probe.
-const SHIM_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../libvgpu-shim");
+/// Read at run time first (cargo sets `CARGO_MANIFEST_DIR` for the shim's own tests): a
+/// compiled-in path is the checkout this harness was built in, which a target directory shared
+/// by two checkouts (a CI clone and a working tree) would silently point at.
+fn shim_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.join("tests/c/cuda_probe.c").is_file())
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../libvgpu-shim"))
+        })
+}
 
 /// What [`artifacts`] built: a directory with the fakes under their real names (the
 /// `LD_LIBRARY_PATH` of a probe), the shim to preload, and the compiled probe.
@@ -52,7 +62,7 @@ fn build_dir() -> PathBuf {
             "fake-nvml",
         ])
         .arg("--manifest-path")
-        .arg(Path::new(SHIM_DIR).join("Cargo.toml"))
+        .arg(shim_dir().join("Cargo.toml"))
         .env("CARGO_TARGET_DIR", &target);
         if release {
             cmd.arg("--release");
@@ -89,7 +99,7 @@ pub fn artifacts() -> &'static Artifacts {
             }
         }
         let probe = dir.join("cuda_probe");
-        let src = Path::new(SHIM_DIR).join("tests/c/cuda_probe.c");
+        let src = shim_dir().join("tests/c/cuda_probe.c");
         let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
             .args(["-O1", "-Wall", "-o"])
             .arg(&probe)
