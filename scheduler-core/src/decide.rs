@@ -1,7 +1,7 @@
 //! One filter decision over the cluster state: the part shared by the decision loop and
 //! `simulate`. Pure (the caller owns the state and does the I/O).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use hami_contract::PodDevices;
 use hami_contract::identity::AllocationSignature;
@@ -11,7 +11,8 @@ use crate::config::DecisionConfig;
 use crate::fit::{self, Charge, NodeFit};
 use crate::podspec;
 use crate::state::{
-    BindStage, Candidate, ClusterState, NodeRecord, Reservation, confusable_pending,
+    BindStage, Candidate, ClusterState, NodeRecord, NodeSet, NodeSlot, QuickCandidate, Reservation,
+    confusable_pending,
 };
 
 /// Reason for a node skipped because a pending pod there could be confused with this one.
@@ -50,12 +51,38 @@ fn annotations(pod: &Pod) -> BTreeMap<String, String> {
 /// Below this many candidates per thread, evaluation stays on the loop's thread.
 const PARALLEL_CHUNK_MIN: usize = 256;
 
+/// Candidates whose cache slots the quick path looks up at once.
+const SLOT_BLOCK: usize = 128;
+
+/// Failed guesses of a candidate's slot in a row after which the quick path only looks up.
+const GUESS_MISSES: u32 = 8;
+
+/// The preferred node of a slice of the candidates so far.
+#[derive(Debug)]
+enum Best<'c> {
+    /// Evaluated fully: the node with its devices.
+    Fit(NodeFit),
+    /// Answered by the quick check: the node's name (a candidate) and score; the devices are
+    /// found by evaluating it fully once it is chosen.
+    Quick(&'c str, f32),
+}
+
+impl Best<'_> {
+    fn score(&self) -> f32 {
+        match self {
+            Best::Fit(f) => f.score,
+            Best::Quick(_, s) => *s,
+        }
+    }
+}
+
 /// What one slice of the candidates concluded.
 #[derive(Debug, Default)]
-struct Chunk {
-    failed: BTreeMap<String, String>,
+struct Chunk<'c> {
+    /// Reason per failed node, in candidate order (a map is built once, at the end).
+    failed: Vec<(String, String)>,
     fitting: Vec<(std::sync::Arc<str>, f32)>,
-    best: Option<NodeFit>,
+    best: Option<Best<'c>>,
 }
 
 /// The read-only inputs of evaluating candidates.
@@ -68,70 +95,175 @@ struct EvalInput<'a> {
     /// The node the pod's own earlier decision books, computed once per filter.
     uid_on: Option<&'a str>,
     /// Nodes where a pod may be pending allocation; the gate is only consulted there.
-    pending_nodes: &'a HashSet<&'a str>,
+    pending_nodes: &'a NodeSet<'a>,
     /// Also avoid nodes where a confusable pod was decided and is not bound yet.
     avoid_decided: bool,
     annotations: &'a BTreeMap<String, String>,
+    /// The request, when the nodes' summaries answer it ([`fit::QuickAsk`]); `None`: every
+    /// candidate is evaluated fully.
+    quick: Option<&'a fit::QuickAsk>,
 }
 
 impl EvalInput<'_> {
-    fn run(&self, candidates: &[String]) -> Chunk {
-        let mut out = Chunk::default();
-        for name in candidates {
-            let node = match self.state.candidate(name, self.uid, self.uid_on) {
-                None => {
-                    out.failed
-                        .insert(name.clone(), "node unregistered".to_owned());
-                    continue;
-                }
-                Some(Candidate::Unregistered(why)) => {
-                    out.failed.insert(name.clone(), why.to_owned());
-                    continue;
-                }
-                Some(Candidate::Usable(node, nvidia, shared_name)) => (node, nvidia, shared_name),
-            };
-            let (node, nvidia, shared_name) = node;
-            // Only the kept node's device list is built (UUID strings); the others are
-            // compared by score alone.
-            match fit::evaluate_picks(&node, Some(nvidia), self.ask, self.opts, self.quota) {
-                Err(r) => {
-                    out.failed.insert(name.clone(), r);
-                }
-                Ok(f) => {
-                    let conflict = if self.pending_nodes.contains(name.as_str()) {
-                        let pending = if self.avoid_decided {
-                            self.state.in_flight_on(name, self.uid)
-                        } else {
-                            self.state.pending_on(name, self.uid)
-                        };
-                        if pending.is_empty() {
-                            None
-                        } else {
-                            let sig = AllocationSignature::new(&f.devices(&node), self.annotations);
-                            confusable_pending(&sig, &pending).map(str::to_owned)
+    fn run<'c>(&self, candidates: &'c [String]) -> Chunk<'c> {
+        let mut out = Chunk {
+            fitting: Vec::with_capacity(candidates.len()),
+            ..Chunk::default()
+        };
+        // Each block's places in the cache first: independent lookups the processor can
+        // overlap (one after the other, each waited on its memory reads). On the stack: a
+        // large allocation per filter would make glibc consolidate its free lists each time.
+        // A candidate is first looked for in the slot after the previous one's (see
+        // `ClusterState::node_slot_at`), as long as that keeps paying.
+        let mut slots = [None::<NodeSlot>; SLOT_BLOCK];
+        let mut guess: Option<NodeSlot> = None;
+        let mut missed = 0u32;
+        for block in candidates.chunks(SLOT_BLOCK) {
+            if self.quick.is_some() {
+                for (slot, name) in slots.iter_mut().zip(block) {
+                    let hit = guess
+                        .filter(|_| missed < GUESS_MISSES)
+                        .and_then(|g| self.state.node_slot_at(name, g));
+                    *slot = match hit {
+                        Some(s) => Some(s),
+                        None => {
+                            let found = self.state.node_slot(name);
+                            // Back in order: guess again.
+                            missed = match (guess, found) {
+                                (Some(g), Some(f)) if f == g => 0,
+                                _ => missed + 1,
+                            };
+                            found
                         }
-                    } else {
-                        None
                     };
-                    if let Some(other) = conflict {
-                        out.failed.insert(
-                            name.clone(),
-                            format!("{PENDING_CONFLICT}: pod {other} is still being allocated here and could be taken for this one"),
-                        );
-                    } else {
-                        out.fitting.push((shared_name.clone(), f.score));
-                        if out
-                            .best
-                            .as_ref()
-                            .is_none_or(|b| self.opts.node_policy.prefers(f.score, b.score))
-                        {
-                            out.best = Some(f.into_fit(&node));
+                    guess = slot.map(ClusterState::next_slot);
+                }
+            }
+            for (name, slot) in block.iter().zip(slots) {
+                // The quick path: the node's summary answers fit or the exact reason. Not for
+                // the node the pod's own earlier decision books (its summary counts that
+                // decision), nor where the pending-allocation gate may apply (that needs the
+                // devices).
+                match self.quick {
+                    Some(quick)
+                        if self.uid_on != Some(name.as_str())
+                            && !self.pending_nodes.contains(name.as_str()) =>
+                    {
+                        self.quick_one(quick, name, slot, &mut out);
+                    }
+                    _ => self.full_one(name, &mut out),
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether a node of `score` is preferred to the chunk's best so far.
+    fn prefers(&self, score: f32, best: &Option<Best<'_>>) -> bool {
+        best.as_ref()
+            .is_none_or(|b| self.opts.node_policy.prefers(score, b.score()))
+    }
+
+    /// One candidate on the quick path.
+    fn quick_one<'c>(
+        &self,
+        quick: &fit::QuickAsk,
+        name: &'c str,
+        slot: Option<NodeSlot>,
+        out: &mut Chunk<'c>,
+    ) {
+        match slot.map(|s| self.state.quick_at(s)) {
+            None => out
+                .failed
+                .push((name.to_owned(), "node unregistered".to_owned())),
+            Some(QuickCandidate::Unregistered(why)) => {
+                out.failed.push((name.to_owned(), why.to_owned()));
+            }
+            Some(QuickCandidate::Usable(shared_name, summary)) => {
+                match quick.check(summary, self.quota) {
+                    Err(r) => out.failed.push((name.to_owned(), r)),
+                    Ok(()) => {
+                        out.fitting.push((shared_name.to_owned(), summary.score));
+                        if self.prefers(summary.score, &out.best) {
+                            out.best = Some(Best::Quick(name, summary.score));
                         }
                     }
                 }
             }
         }
-        out
+    }
+
+    /// One candidate evaluated fully.
+    fn full_one(&self, name: &str, out: &mut Chunk<'_>) {
+        let (node, nvidia, shared_name) = match self.state.candidate(name, self.uid, self.uid_on) {
+            None => {
+                out.failed
+                    .push((name.to_owned(), "node unregistered".to_owned()));
+                return;
+            }
+            Some(Candidate::Unregistered(why)) => {
+                out.failed.push((name.to_owned(), why.to_owned()));
+                return;
+            }
+            Some(Candidate::Usable(node, nvidia, shared_name)) => (node, nvidia, shared_name),
+        };
+        // Only the kept node's device list is built (UUID strings); the others are
+        // compared by score alone.
+        match fit::evaluate_picks(&node, Some(nvidia), self.ask, self.opts, self.quota) {
+            Err(r) => {
+                out.failed.push((name.to_owned(), r));
+            }
+            Ok(f) => {
+                let conflict = if self.pending_nodes.contains(name) {
+                    let pending = if self.avoid_decided {
+                        self.state.in_flight_on(name, self.uid)
+                    } else {
+                        self.state.pending_on(name, self.uid)
+                    };
+                    if pending.is_empty() {
+                        None
+                    } else {
+                        let sig = AllocationSignature::new(&f.devices(&node), self.annotations);
+                        confusable_pending(&sig, &pending).map(str::to_owned)
+                    }
+                } else {
+                    None
+                };
+                if let Some(other) = conflict {
+                    out.failed.push((
+                        name.to_owned(),
+                        format!("{PENDING_CONFLICT}: pod {other} is still being allocated here and could be taken for this one"),
+                    ));
+                } else {
+                    out.fitting.push((shared_name.to_owned(), f.score));
+                    if self.prefers(f.score, &out.best) {
+                        out.best = Some(Best::Fit(f.into_fit(&node)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The chosen node with its devices: a node the quick check kept is evaluated fully now.
+    /// `None` if that evaluation disagrees with the quick check (a bug; the caller then
+    /// evaluates every candidate fully).
+    fn resolve(&self, best: Best<'_>) -> Option<NodeFit> {
+        match best {
+            Best::Fit(f) => Some(f),
+            Best::Quick(name, score) => {
+                let Some(Candidate::Usable(node, nvidia, _)) =
+                    self.state.candidate(name, self.uid, self.uid_on)
+                else {
+                    return None;
+                };
+                let f = fit::evaluate_picks(&node, Some(nvidia), self.ask, self.opts, self.quota);
+                let agrees = f
+                    .as_ref()
+                    .is_ok_and(|f| f.score.to_bits() == score.to_bits());
+                debug_assert!(agrees, "quick check kept {name}, full evaluation: {f:?}");
+                f.ok().filter(|_| agrees).map(|f| f.into_fit(&node))
+            }
+        }
     }
 }
 
@@ -176,6 +308,53 @@ pub fn filter_pod_with(
     candidates: &[String],
     avoid_decided: bool,
 ) -> Verdict {
+    filter(state, cfg, pod, uid, candidates, avoid_decided, true)
+}
+
+/// [`filter_pod_with`] evaluating every candidate fully, without the nodes' summaries: the
+/// reference the quick path is tested against.
+#[cfg(any(test, feature = "testing"))]
+pub fn filter_pod_unpruned(
+    state: &mut ClusterState,
+    cfg: &DecisionConfig,
+    pod: &Pod,
+    uid: &str,
+    candidates: &[String],
+    avoid_decided: bool,
+) -> Verdict {
+    filter(state, cfg, pod, uid, candidates, avoid_decided, false)
+}
+
+/// Every candidate evaluated, on `threads` threads, in candidate order.
+fn evaluate<'c>(eval: &EvalInput<'_>, candidates: &'c [String], threads: usize) -> Vec<Chunk<'c>> {
+    if threads == 1 {
+        return vec![eval.run(candidates)];
+    }
+    let size = candidates.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = candidates
+            .chunks(size)
+            .map(|part| scope.spawn(|| eval.run(part)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    })
+}
+
+/// The filter; with `quick`, a request the nodes' summaries answer ([`fit::QuickAsk`]) is
+/// answered from them, and only the chosen node (and nodes where a pod may be pending
+/// allocation) is evaluated fully. The verdict is the same either way.
+fn filter(
+    state: &mut ClusterState,
+    cfg: &DecisionConfig,
+    pod: &Pod,
+    uid: &str,
+    candidates: &[String],
+    avoid_decided: bool,
+    quick: bool,
+) -> Verdict {
     let (ask, _warnings) = podspec::pod_ask(pod, &cfg.nvidia);
     if ask.is_empty() {
         return Verdict::NotGpu;
@@ -194,7 +373,12 @@ pub fn filter_pod_with(
     } else {
         state.nodes_with_pending()
     };
-    let eval = EvalInput {
+    let quick_ask = if quick {
+        fit::QuickAsk::new(&ask, &opts)
+    } else {
+        None
+    };
+    let mut eval = EvalInput {
         state,
         ask: &ask,
         opts: &opts,
@@ -204,6 +388,7 @@ pub fn filter_pod_with(
         pending_nodes: &pending_nodes,
         avoid_decided,
         annotations: &annotations,
+        quick: quick_ask.as_ref(),
     };
     // Nodes are independent: with `--filter-threads` > 1, large candidate lists are evaluated on
     // scoped threads (read-only
@@ -213,46 +398,71 @@ pub fn filter_pod_with(
         .filter_threads
         .min(candidates.len() / PARALLEL_CHUNK_MIN)
         .max(1);
-    let chunks: Vec<Chunk> = if threads == 1 {
-        vec![eval.run(candidates)]
-    } else {
-        let size = candidates.len().div_ceil(threads);
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = candidates
-                .chunks(size)
-                .map(|part| scope.spawn(|| eval.run(part)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_default())
-                .collect()
-        })
-    };
-    let mut failed = BTreeMap::new();
+    let mut chunks = evaluate(&eval, candidates, threads);
+    let mut failed = Vec::new();
     let mut fitting = Vec::new();
-    let mut best: Option<NodeFit> = None;
-    for c in chunks {
-        failed.extend(c.failed);
-        fitting.extend(c.fitting);
-        if let Some(f) = c.best
-            && best
-                .as_ref()
-                .is_none_or(|b| opts.node_policy.prefers(f.score, b.score))
-        {
-            best = Some(f);
+    let mut best: Option<Best<'_>> = None;
+    loop {
+        for c in chunks {
+            if failed.is_empty() {
+                failed = c.failed;
+            } else {
+                failed.extend(c.failed);
+            }
+            if fitting.is_empty() {
+                fitting = c.fitting;
+            } else {
+                fitting.extend(c.fitting);
+            }
+            if let Some(f) = c.best
+                && best
+                    .as_ref()
+                    .is_none_or(|b| opts.node_policy.prefers(f.score(), b.score()))
+            {
+                best = Some(f);
+            }
+        }
+        let Some(b) = best.take() else { break };
+        match eval.resolve(b) {
+            Some(chosen) => {
+                return Verdict::Placed(Placement {
+                    node: chosen.node.clone(),
+                    signature: AllocationSignature::new(&chosen.devices, &annotations),
+                    devices: chosen.devices,
+                    charge: chosen.charge,
+                    fitting,
+                    failed: failure_map(failed),
+                });
+            }
+            None => {
+                // The quick check and the full evaluation disagree: answer from the full one.
+                eval.quick = None;
+                failed.clear();
+                fitting.clear();
+                chunks = evaluate(&eval, candidates, threads);
+            }
         }
     }
-    match best {
-        None => Verdict::NoFit { failed },
-        Some(chosen) => Verdict::Placed(Placement {
-            node: chosen.node.clone(),
-            signature: AllocationSignature::new(&chosen.devices, &annotations),
-            devices: chosen.devices,
-            charge: chosen.charge,
-            fitting,
-            failed,
-        }),
+    Verdict::NoFit {
+        failed: failure_map(failed),
     }
+}
+
+/// The reasons by node, as inserting them one by one in candidate order would leave them (a
+/// node named twice keeps its last reason), built in one pass: the candidates usually come
+/// sorted, and a map built from a sorted list costs no comparisons beyond the sort's check.
+fn failure_map(mut failed: Vec<(String, String)>) -> BTreeMap<String, String> {
+    // Stable: equal names stay in candidate order; of those the last reason is kept.
+    failed.sort_by(|a, b| a.0.cmp(&b.0));
+    failed.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            std::mem::swap(&mut later.1, &mut kept.1);
+        }
+        same
+    });
+    // Sorted and without duplicates: the map is built in one pass, in place.
+    failed.into_iter().collect()
 }
 
 /// The reservation that records `placement` for `pod` in the overlay.

@@ -13,7 +13,7 @@ use hami_contract::{NodeDevice, PodDevices};
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 
 use crate::config::DecisionConfig;
-use crate::fit::{self, Charge, GpuState, NodeState, QuotaBudget, TopologyScores};
+use crate::fit::{self, Charge, GpuState, NodeState, NodeSummary, QuotaBudget, TopologyScores};
 use crate::quota::{QuotaKeys, QuotaRecord, Quotas};
 
 /// A node as registered by the device plugin.
@@ -203,38 +203,345 @@ impl PodRecord {
         })
     }
 
+    fn phase(&self) -> PodPhase<'_> {
+        PodPhase {
+            has_node: self.node.is_some(),
+            bound: self.bound_node.is_some(),
+            bind_phase: self.bind_phase.as_deref(),
+            terminal: self.terminal,
+            deleting: self.deleting,
+        }
+    }
+
     /// Whether the pod books GPU capacity (contract §5.1), with one Tessera deviation: a pod that was
     /// never bound and whose bind failed books nothing (HAMi keeps it until rescheduled).
     pub fn books_capacity(&self) -> bool {
-        !self.terminal
-            && self.node.is_some()
-            && !(self.bound_node.is_none()
-                && self.bind_phase.as_deref() == Some(ann::BIND_PHASE_FAILED))
+        self.phase().books_capacity()
     }
 
     /// Pending on its node: bind started, the device plugin has not answered yet, the pod lives.
     pub fn is_pending_allocation(&self) -> bool {
-        self.bind_phase.as_deref() == Some(ann::BIND_PHASE_ALLOCATING)
-            && !self.terminal
-            && !self.deleting
+        self.phase().is_pending_allocation()
     }
 
     /// Decided for its node by a filter and not bound, with no bind begun (no bind phase yet):
     /// kube-scheduler is about to bind it there.
     pub fn is_decided_unbound(&self) -> bool {
-        self.node.is_some()
-            && self.bound_node.is_none()
+        self.phase().is_decided_unbound()
+    }
+}
+
+/// What the predicates of [`PodRecord`] read, shared with the state's compact [`PodEntry`].
+#[derive(Debug, Clone, Copy)]
+struct PodPhase<'a> {
+    has_node: bool,
+    bound: bool,
+    bind_phase: Option<&'a str>,
+    terminal: bool,
+    deleting: bool,
+}
+
+impl PodPhase<'_> {
+    fn books_capacity(self) -> bool {
+        // A bind that failed before the pod was ever bound leaves nothing booked.
+        let bind_failed_unbound = !self.bound && self.bind_phase == Some(ann::BIND_PHASE_FAILED);
+        !self.terminal && self.has_node && !bind_failed_unbound
+    }
+
+    fn is_pending_allocation(self) -> bool {
+        self.bind_phase == Some(ann::BIND_PHASE_ALLOCATING) && !self.terminal && !self.deleting
+    }
+
+    fn is_decided_unbound(self) -> bool {
+        self.has_node
+            && !self.bound
             && self.bind_phase.is_none()
             && !self.terminal
             && !self.deleting
     }
 }
 
-/// Whether the state reads this annotation of a pod or node (HAMi's own `hami.io/` keys and the
+/// Strings many pod entries repeat (node names, namespaces, GPU UUIDs, vendors, bind phases),
+/// kept once. Strings no entry holds any more are dropped from time to time.
+#[derive(Debug, Default)]
+struct Strings {
+    /// The default (keyed) hasher: pods name these strings.
+    set: HashSet<std::sync::Arc<str>>,
+    /// Entries dropped since the last collection.
+    dropped: usize,
+}
+
+impl Strings {
+    fn get(&mut self, s: &str) -> std::sync::Arc<str> {
+        if let Some(a) = self.set.get(s) {
+            return a.clone();
+        }
+        let a: std::sync::Arc<str> = std::sync::Arc::from(s);
+        self.set.insert(a.clone());
+        a
+    }
+
+    /// An entry holding some of these strings went away: collect once as many entries went as
+    /// there are strings (amortised O(1) per entry).
+    fn entry_dropped(&mut self) {
+        self.dropped += 1;
+        if self.dropped > self.set.len().max(1024) {
+            self.set.retain(|a| std::sync::Arc::strong_count(a) > 1);
+            self.set.shrink_to_fit();
+            self.dropped = 0;
+        }
+    }
+}
+
+/// One device of a pod's container device list, with shared strings.
+#[derive(Debug, Clone)]
+struct Device {
+    uuid: std::sync::Arc<str>,
+    vendor: std::sync::Arc<str>,
+    usedmem: u32,
+    usedcores: u32,
+}
+
+/// One collapsed usage entry ([`DeviceUsage`]), with shared strings.
+#[derive(Debug, Clone)]
+struct Usage {
+    uuid: std::sync::Arc<str>,
+    vendor: std::sync::Arc<str>,
+    slots: u32,
+    mem: u32,
+    cores: u32,
+}
+
+/// A [`PodRecord`] as the state keeps it: the same information in a fifth of the memory (at
+/// 50,000 pods the records were most of the loop's state). Repeated strings are shared, lists
+/// are exact-sized, and the allocation signature is kept only for the pods the bind gate reads
+/// it of (pending allocation, decided and not bound); for the others it is derived again from
+/// the devices and the pod's placement constraints when the record is asked for.
+#[derive(Debug, Clone)]
+struct PodEntry {
+    namespace: std::sync::Arc<str>,
+    name: Box<str>,
+    node: Option<std::sync::Arc<str>>,
+    bound_node: Option<std::sync::Arc<str>>,
+    bind_phase: Option<std::sync::Arc<str>>,
+    terminal: bool,
+    deleting: bool,
+    devices: Box<[Box<[Device]>]>,
+    usage: Box<[Usage]>,
+    signature: Option<Box<AllocationSignature>>,
+    /// The signature's placement constraints when the signature is not kept.
+    constraints: Box<[(Box<str>, Box<str>)]>,
+    decode_error: Option<Box<str>>,
+}
+
+impl PodEntry {
+    fn new(rec: PodRecord, strings: &mut Strings) -> PodEntry {
+        let keep_signature = rec.is_pending_allocation() || rec.is_decided_unbound();
+        let PodRecord {
+            uid: _,
+            namespace,
+            name,
+            node,
+            bound_node,
+            devices,
+            usage,
+            bind_phase,
+            terminal,
+            deleting,
+            signature,
+            decode_error,
+        } = rec;
+        let devices = devices
+            .0
+            .iter()
+            .map(|c| {
+                c.iter()
+                    .map(|d| Device {
+                        uuid: strings.get(&d.uuid),
+                        vendor: strings.get(&d.vendor),
+                        usedmem: d.usedmem,
+                        usedcores: d.usedcores,
+                    })
+                    .collect()
+            })
+            .collect();
+        let usage = usage
+            .iter()
+            .map(|u| Usage {
+                uuid: strings.get(&u.uuid),
+                vendor: strings.get(&u.vendor),
+                slots: u.slots,
+                mem: u.mem,
+                cores: u.cores,
+            })
+            .collect();
+        let (signature, constraints) = if keep_signature {
+            (Some(Box::new(signature)), Box::default())
+        } else {
+            let constraints = signature
+                .constraints
+                .into_iter()
+                .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
+                .collect();
+            (None, constraints)
+        };
+        PodEntry {
+            namespace: strings.get(&namespace),
+            name: name.into_boxed_str(),
+            node: node.map(|n| strings.get(&n)),
+            bound_node: bound_node.map(|n| strings.get(&n)),
+            bind_phase: bind_phase.map(|p| strings.get(&p)),
+            terminal,
+            deleting,
+            devices,
+            usage,
+            signature,
+            constraints,
+            decode_error: decode_error.map(String::into_boxed_str),
+        }
+    }
+
+    fn phase(&self) -> PodPhase<'_> {
+        PodPhase {
+            has_node: self.node.is_some(),
+            bound: self.bound_node.is_some(),
+            bind_phase: self.bind_phase.as_deref(),
+            terminal: self.terminal,
+            deleting: self.deleting,
+        }
+    }
+
+    fn books_capacity(&self) -> bool {
+        self.phase().books_capacity()
+    }
+
+    fn is_pending_allocation(&self) -> bool {
+        self.phase().is_pending_allocation()
+    }
+
+    fn is_decided_unbound(&self) -> bool {
+        self.phase().is_decided_unbound()
+    }
+
+    /// The record [`PodRecord::from_pod`] built.
+    fn record(&self, uid: &str) -> PodRecord {
+        let devices = PodDevices(
+            self.devices
+                .iter()
+                .map(|c| {
+                    c.iter()
+                        .map(|d| hami_contract::ContainerDevice {
+                            uuid: d.uuid.to_string(),
+                            vendor: d.vendor.to_string(),
+                            usedmem: d.usedmem,
+                            usedcores: d.usedcores,
+                        })
+                        .collect()
+                })
+                .collect(),
+        );
+        let signature = match &self.signature {
+            Some(s) => (**s).clone(),
+            None => {
+                let constraints: BTreeMap<String, String> = self
+                    .constraints
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+                AllocationSignature::new(&devices, &constraints)
+            }
+        };
+        PodRecord {
+            uid: uid.to_owned(),
+            namespace: self.namespace.to_string(),
+            name: self.name.to_string(),
+            node: self.node.as_deref().map(str::to_owned),
+            bound_node: self.bound_node.as_deref().map(str::to_owned),
+            devices,
+            usage: UsageRef::Compact(&self.usage).to_vec(),
+            bind_phase: self.bind_phase.as_deref().map(str::to_owned),
+            terminal: self.terminal,
+            deleting: self.deleting,
+            signature,
+            decode_error: self.decode_error.as_deref().map(str::to_owned),
+        }
+    }
+}
+
+/// A pod's collapsed usage as the state holds it: a reservation's list, or a pod entry's.
+#[derive(Debug, Clone, Copy)]
+enum UsageRef<'a> {
+    Full(&'a [DeviceUsage]),
+    Compact(&'a [Usage]),
+}
+
+impl<'a> UsageRef<'a> {
+    /// `(uuid, slots, mem, cores)` of every entry.
+    fn each(self, mut f: impl FnMut(&str, u32, u32, u32)) {
+        match self {
+            UsageRef::Full(u) => u.iter().for_each(|u| f(&u.uuid, u.slots, u.mem, u.cores)),
+            UsageRef::Compact(u) => u.iter().for_each(|u| f(&u.uuid, u.slots, u.mem, u.cores)),
+        }
+    }
+
+    fn to_vec(self) -> Vec<DeviceUsage> {
+        self.to_cow().into_owned()
+    }
+
+    fn to_cow(self) -> std::borrow::Cow<'a, [DeviceUsage]> {
+        match self {
+            UsageRef::Full(u) => std::borrow::Cow::Borrowed(u),
+            UsageRef::Compact(u) => std::borrow::Cow::Owned(
+                u.iter()
+                    .map(|u| DeviceUsage {
+                        uuid: u.uuid.to_string(),
+                        vendor: u.vendor.to_string(),
+                        slots: u.slots,
+                        mem: u.mem,
+                        cores: u.cores,
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    /// [`usage_charge`].
+    fn charge(self) -> Charge {
+        let mut c = Charge::default();
+        self.each(|_, slots, mem, cores| {
+            c.mem += u64::from(mem);
+            c.cores += u64::from(cores);
+            c.count += u64::from(slots.max(1));
+        });
+        c
+    }
+
+    /// [`fit::book_pod`].
+    fn book(self, node: &mut NodeState) {
+        self.each(|uuid, slots, mem, cores| {
+            if let Some(g) = node.gpus.iter_mut().find(|g| g.uuid == uuid) {
+                g.book_usage(slots, mem, cores);
+            }
+        });
+    }
+}
+
+/// Whether the state reads this annotation of a node (HAMi's own `hami.io/` keys and the
 /// `nvidia.com/` placement hints); others, such as `kubectl.kubernetes.io/last-applied-configuration`,
-/// are dropped by [`slim_pod`] and [`slim_node`].
+/// are dropped by [`slim_node`].
 fn annotation_read(key: &str) -> bool {
     key.starts_with("hami.io/") || key.starts_with("nvidia.com/") || key == ann::ALLOCATION_IDENTITY
+}
+
+/// Whether [`PodRecord::from_pod`] reads this annotation of a pod: the decision, its node, the
+/// bind phase, and the placement constraints of the allocation signature. The rest of HAMi's
+/// (`hami.io/vgpu-time`, `hami.io/bind-time`, `hami.io/vgpu-devices-to-allocate`, …) is dropped
+/// by [`slim_pod`]: at 50,000 pods they were 12 MiB of the List buffers.
+fn pod_annotation_read(key: &str) -> bool {
+    key == ann::DEVICES_ALLOCATED
+        || key == ann::VGPU_NODE
+        || key == ann::BIND_PHASE
+        || hami_contract::identity::PLACEMENT_CONSTRAINT_ANNOTATIONS.contains(&key)
 }
 
 fn read_annotations(
@@ -246,8 +553,8 @@ fn read_annotations(
     })
 }
 
-/// A pod reduced to what [`ClusterState::upsert_pod`] reads (identity, HAMi annotations, node,
-/// deletion, phase, init containers' names and statuses), so that a full List can be held until
+/// A pod reduced to what [`ClusterState::upsert_pod`] reads (identity, the HAMi annotations
+/// [`PodRecord::from_pod`] reads, node, deletion, phase, init containers' names and statuses), so that a full List can be held until
 /// the rebuild without holding every pod's spec, status and managed fields: at 10,000 pods that is
 /// most of the daemon's memory (docs/benchmarks.md). The record built from it is the same.
 pub fn slim_pod(pod: Pod) -> Pod {
@@ -263,7 +570,14 @@ pub fn slim_pod(pod: Pod) -> Pod {
             name: metadata.name,
             namespace: metadata.namespace,
             uid: metadata.uid,
-            annotations: read_annotations(metadata.annotations),
+            // A pod without a decision only marks liveness: nothing of its annotations is read.
+            annotations: metadata
+                .annotations
+                .filter(|a| a.contains_key(ann::DEVICES_ALLOCATED))
+                .map(|mut a| {
+                    a.retain(|k, _| pod_annotation_read(k));
+                    a
+                }),
             deletion_timestamp: metadata.deletion_timestamp,
             ..Default::default()
         },
@@ -320,6 +634,14 @@ pub fn usage_charge(usage: &[DeviceUsage]) -> Charge {
     })
 }
 
+/// A pod that books capacity: `(namespace, name, node, collapsed usage)`.
+pub type BookedPod<'a> = (
+    &'a str,
+    &'a str,
+    &'a str,
+    std::borrow::Cow<'a, [DeviceUsage]>,
+);
+
 /// How far a reservation's pod has got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BindStage {
@@ -351,13 +673,146 @@ pub struct Reservation {
 #[derive(Debug, Clone)]
 struct CachedNode {
     unregistered: Option<String>,
-    /// The node's name, shared: a filter lists every fitting node by name, and cloning this
-    /// costs a reference count instead of an allocation per node (the largest cost in the
-    /// per-candidate loop after the lookups, by `perf`).
-    name: std::sync::Arc<str>,
     state: NodeState,
     /// `fit::nvidia_mask` of `state.gpus`.
     nvidia: Vec<bool>,
+}
+
+/// What the filter's quick path reads of a cached node, kept apart from the rest in one dense
+/// array: at 5,000 candidates the filter's cost was the cache misses of reaching each node
+/// (the hash map's entry, the key's buffer, the node's GPUs), by `perf`.
+/// Line-aligned, with what a fitting node is decided by in its first line.
+#[derive(Debug)]
+#[repr(C, align(64))]
+struct HotNode {
+    /// The slot holds a node (a removed node's slot waits for reuse).
+    occupied: bool,
+    registered: bool,
+    summary: NodeSummary,
+}
+
+/// Bytes of a node name kept inside the cache's hash table (longer names go to the heap).
+const INLINE_NAME: usize = 22;
+
+/// A node name as the cache's hash table keeps it: inline when short (most are), so that
+/// finding a node does not read a separate buffer to compare the key.
+#[derive(Debug, Clone)]
+enum NodeKey {
+    Inline(u8, [u8; INLINE_NAME]),
+    Heap(Box<[u8]>),
+}
+
+impl NodeKey {
+    fn new(name: &str) -> Self {
+        let b = name.as_bytes();
+        match u8::try_from(b.len()) {
+            Ok(n) if b.len() <= INLINE_NAME => {
+                let mut bytes = [0u8; INLINE_NAME];
+                bytes[..b.len()].copy_from_slice(b);
+                NodeKey::Inline(n, bytes)
+            }
+            _ => NodeKey::Heap(b.into()),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            NodeKey::Inline(n, bytes) => &bytes[..usize::from(*n)],
+            NodeKey::Heap(b) => b,
+        }
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for NodeKey {
+    fn borrow(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl PartialEq for NodeKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for NodeKey {}
+
+impl std::hash::Hash for NodeKey {
+    /// As the borrowed form (`[u8]`) hashes, which lookups use.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.bytes().hash(state);
+    }
+}
+
+/// The per-node usage cache, in slots: the full state for the full evaluation, and the quick
+/// path's [`HotNode`]s in a dense array beside it.
+#[derive(Debug, Default)]
+struct NodeCache {
+    slot_of: HashMap<NodeKey, usize, NameHash>,
+    cold: Vec<Option<CachedNode>>,
+    hot: Vec<HotNode>,
+    /// Each slot's node name, shared: a filter lists every fitting node by name, and cloning
+    /// this costs a reference count instead of an allocation per node. Kept across refreshes.
+    names: Vec<std::sync::Arc<str>>,
+    free: Vec<usize>,
+}
+
+impl NodeCache {
+    fn len(&self) -> usize {
+        self.slot_of.len()
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.slot_of.contains_key(name.as_bytes())
+    }
+
+    fn get(&self, name: &str) -> Option<(&CachedNode, &std::sync::Arc<str>)> {
+        let slot = *self.slot_of.get(name.as_bytes())?;
+        Some((self.cold[slot].as_ref()?, &self.names[slot]))
+    }
+
+    fn insert(&mut self, name: String, node: CachedNode, summary: NodeSummary) {
+        let registered = node.unregistered.is_none();
+        if let Some(&slot) = self.slot_of.get(name.as_bytes()) {
+            self.cold[slot] = Some(node);
+            let hot = &mut self.hot[slot];
+            hot.registered = registered;
+            hot.summary = summary;
+            return;
+        }
+        let hot = HotNode {
+            occupied: true,
+            registered,
+            summary,
+        };
+        let shared = std::sync::Arc::from(name.as_str());
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.cold[slot] = Some(node);
+                self.hot[slot] = hot;
+                self.names[slot] = shared;
+                slot
+            }
+            None => {
+                self.cold.push(Some(node));
+                self.hot.push(hot);
+                self.names.push(shared);
+                self.cold.len() - 1
+            }
+        };
+        self.slot_of.insert(NodeKey::new(&name), slot);
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Some(slot) = self.slot_of.remove(name.as_bytes()) {
+            self.cold[slot] = None;
+            let hot = &mut self.hot[slot];
+            hot.occupied = false;
+            hot.registered = false;
+            hot.summary = NodeSummary::default();
+            self.free.push(slot);
+        }
+    }
 }
 
 /// A candidate node as the filter sees it.
@@ -373,6 +828,27 @@ pub enum Candidate<'a> {
     ),
 }
 
+/// Where the state's cache keeps a node ([`ClusterState::node_slot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeSlot(usize);
+
+/// A candidate node as the filter's quick path sees it ([`ClusterState::quick_candidate`]).
+#[derive(Debug)]
+pub enum QuickCandidate<'a> {
+    /// Not registered, or registered with no usable GPUs: the reason string.
+    Unregistered(&'a str),
+    /// The node's name (shared) and the summary of its cached state.
+    Usable(&'a std::sync::Arc<str>, &'a NodeSummary),
+}
+
+/// The hasher of the maps and sets keyed by node name, which the filter reads once per
+/// candidate: SipHash was 9 % of the per-candidate cost (docs/benchmarks.md). foldhash is
+/// hashbrown's default: a few multiplications per word, seeded per process.
+pub type NameHash = foldhash::fast::RandomState;
+
+/// A set of node names, as [`ClusterState::nodes_in_flight`] returns it.
+pub type NodeSet<'a> = HashSet<&'a str, NameHash>;
+
 /// A kind of object a watcher lists, for [`ClusterState::missing`]: its keys are node names, pod
 /// UIDs, and `namespace/name` of quotas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -386,9 +862,13 @@ pub enum ResyncKind {
 #[derive(Debug, Default)]
 pub struct ClusterState {
     nodes: BTreeMap<String, NodeRecord>,
-    pods: HashMap<String, PodRecord>,
-    /// UIDs of every pod known to exist (GPU or not), for the reservation sweep.
-    live: HashSet<String>,
+    /// GPU pods by UID.
+    pods: HashMap<Box<str>, PodEntry>,
+    /// The strings pod entries share.
+    strings: Strings,
+    /// UIDs of the other pods known to exist (no GPU decision): with the keys of `pods`, every
+    /// pod known to exist, for the reservation sweep.
+    live: HashSet<Box<str>>,
     by_node: HashMap<String, BTreeSet<String>>,
     /// Pods pending allocation (bind-phase `allocating`, alive) per node: the gate's index.
     pending_by_node: HashMap<String, BTreeSet<String>>,
@@ -399,7 +879,7 @@ pub struct ClusterState {
     quotas: Quotas,
     reservations: HashMap<String, Reservation>,
     /// Node states with all effective usage applied, rebuilt lazily.
-    cache: HashMap<String, CachedNode>,
+    cache: NodeCache,
     dirty: HashSet<String>,
 }
 
@@ -416,8 +896,15 @@ impl ClusterState {
         self.nodes.get(name)
     }
 
-    pub fn pod(&self, uid: &str) -> Option<&PodRecord> {
-        self.pods.get(uid)
+    /// The record of a GPU pod, as [`PodRecord::from_pod`] built it (rebuilt from the state's
+    /// compact entry; for a plain question, [`Self::pod_books_capacity`] builds nothing).
+    pub fn pod(&self, uid: &str) -> Option<PodRecord> {
+        self.pods.get(uid).map(|p| p.record(uid))
+    }
+
+    /// [`PodRecord::books_capacity`] of the pod `uid`; false when the state has no record of it.
+    pub fn pod_books_capacity(&self, uid: &str) -> bool {
+        self.pods.get(uid).is_some_and(PodEntry::books_capacity)
     }
 
     pub fn reservation(&self, uid: &str) -> Option<&Reservation> {
@@ -433,7 +920,7 @@ impl ClusterState {
     }
 
     pub fn is_live(&self, uid: &str) -> bool {
-        self.live.contains(uid)
+        self.live.contains(uid) || self.pods.contains_key(uid)
     }
 
     fn touch(&mut self, node: Option<&str>) {
@@ -458,13 +945,17 @@ impl ClusterState {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
-        self.live.insert(uid.clone());
         self.drop_pod_record(&uid);
-        if let Some(rec) = PodRecord::from_pod(pod) {
+        let Some(rec) = PodRecord::from_pod(pod) else {
+            self.live.insert(uid.into_boxed_str());
+            return;
+        };
+        self.live.remove(uid.as_str());
+        {
             // The informer caught up with our decision: the overlay is no longer needed. A
             // reservation in bind stays until the bind has returned and its phase is visible,
             // so the pending-allocation gate never loses sight of it.
-            if let Some(r) = self.reservations.get(&uid)
+            if let Some(r) = self.reservations.get(uid.as_str())
                 && rec.node.as_deref() == Some(r.node.as_str())
                 && rec.devices == r.devices
                 && rec.books_capacity()
@@ -482,7 +973,7 @@ impl ClusterState {
             if rec.terminal
                 && self
                     .reservations
-                    .get(&uid)
+                    .get(uid.as_str())
                     .is_some_and(|r| r.stage != BindStage::Binding)
             {
                 self.release(&uid);
@@ -506,25 +997,29 @@ impl ClusterState {
                 }
                 self.touch(Some(&n));
             }
-            self.pods.insert(uid, rec);
+            let entry = PodEntry::new(rec, &mut self.strings);
+            self.pods.insert(uid.into_boxed_str(), entry);
         }
     }
 
     fn drop_pod_record(&mut self, uid: &str) {
-        if let Some(old) = self.pods.remove(uid)
-            && let Some(n) = old.node
-        {
-            if let Some(set) = self.by_node.get_mut(&n) {
+        let Some(old) = self.pods.remove(uid) else {
+            return;
+        };
+        if let Some(n) = old.node.as_deref() {
+            if let Some(set) = self.by_node.get_mut(n) {
                 set.remove(uid);
             }
-            if let Some(set) = self.pending_by_node.get_mut(&n) {
+            if let Some(set) = self.pending_by_node.get_mut(n) {
                 set.remove(uid);
             }
-            if let Some(set) = self.decided_by_node.get_mut(&n) {
+            if let Some(set) = self.decided_by_node.get_mut(n) {
                 set.remove(uid);
             }
-            self.touch(Some(&n));
+            self.touch(Some(n));
         }
+        drop(old);
+        self.strings.entry_dropped();
     }
 
     /// The pod is gone: forget it and release any reservation it held.
@@ -588,8 +1083,7 @@ impl ClusterState {
             .reservations
             .values()
             .filter(|r| {
-                !self.live.contains(&r.uid)
-                    && now_tick.saturating_sub(r.created_tick) >= grace_ticks
+                !self.is_live(&r.uid) && now_tick.saturating_sub(r.created_tick) >= grace_ticks
             })
             .map(|r| r.uid.clone())
             .collect();
@@ -600,15 +1094,15 @@ impl ClusterState {
     }
 
     /// Usage of `uid` that counts now, and where: the reservation wins over the informer.
-    fn effective(&self, uid: &str) -> Option<(&str, &[DeviceUsage])> {
+    fn effective(&self, uid: &str) -> Option<(&str, UsageRef<'_>)> {
         if let Some(r) = self.reservations.get(uid) {
-            return Some((r.node.as_str(), r.usage.as_slice()));
+            return Some((r.node.as_str(), UsageRef::Full(&r.usage)));
         }
         let p = self.pods.get(uid)?;
         if !p.books_capacity() {
             return None;
         }
-        Some((p.node.as_deref()?, p.usage.as_slice()))
+        Some((p.node.as_deref()?, UsageRef::Compact(&p.usage)))
     }
 
     fn build_node(&self, name: &str, exclude: Option<&str>) -> Option<NodeState> {
@@ -629,27 +1123,31 @@ impl ClusterState {
             if let Some((n, usage)) = self.effective(uid)
                 && n == name
             {
-                fit::book_pod(&mut state, usage);
+                usage.book(&mut state);
             }
         }
         Some(state)
     }
 
     fn refresh(&mut self) {
-        let dirty: Vec<String> = self.dirty.drain().collect();
+        let mut dirty: Vec<String> = self.dirty.drain().collect();
+        // In name order: a new cluster's nodes then take slots (and their shared names memory)
+        // in the order candidate lists usually come in, which the filter's reads then follow.
+        dirty.sort_unstable();
         for name in dirty {
             match self.build_node(&name, None) {
                 Some(state) => {
                     let unregistered = self.nodes.get(&name).and_then(|r| r.unregistered.clone());
                     let nvidia = fit::nvidia_mask(&state.gpus);
+                    let summary = NodeSummary::new(&state, &nvidia);
                     self.cache.insert(
                         name,
                         CachedNode {
                             unregistered,
-                            name: std::sync::Arc::from(state.name.as_str()),
                             state,
                             nvidia,
                         },
+                        summary,
                     );
                 }
                 None => {
@@ -668,7 +1166,7 @@ impl ClusterState {
             return;
         }
         for name in self.nodes.keys() {
-            if !self.cache.contains_key(name) {
+            if !self.cache.contains(name) {
                 self.dirty.insert(name.clone());
             }
         }
@@ -689,7 +1187,7 @@ impl ClusterState {
         }
         self.cache
             .get(name)
-            .map(|c| std::borrow::Cow::Borrowed(&c.state))
+            .map(|(c, _)| std::borrow::Cow::Borrowed(&c.state))
     }
 
     /// The node `uid`'s effective usage is on (its reservation's, else its pod's), if any.
@@ -706,26 +1204,70 @@ impl ClusterState {
         exclude: &str,
         exclude_on: Option<&str>,
     ) -> Option<Candidate<'_>> {
-        let cached = self.cache.get(name)?;
+        let (cached, shared) = self.cache.get(name)?;
         if let Some(why) = &cached.unregistered {
             return Some(Candidate::Unregistered(why));
         }
         if exclude_on == Some(name) {
-            return self.build_node(name, Some(exclude)).map(|s| {
-                Candidate::Usable(std::borrow::Cow::Owned(s), &cached.nvidia, &cached.name)
-            });
+            return self
+                .build_node(name, Some(exclude))
+                .map(|s| Candidate::Usable(std::borrow::Cow::Owned(s), &cached.nvidia, shared));
         }
         Some(Candidate::Usable(
             std::borrow::Cow::Borrowed(&cached.state),
             &cached.nvidia,
-            &cached.name,
+            shared,
         ))
+    }
+
+    /// A filter candidate for the quick path: its summary reflects every effective usage, so
+    /// it is not for the node the filtered pod's own earlier decision is on (use
+    /// [`Self::candidate`] there). `None` for a node the cluster does not have. Call
+    /// [`Self::prepare`] first.
+    pub fn quick_candidate(&self, name: &str) -> Option<QuickCandidate<'_>> {
+        self.node_slot(name).map(|s| self.quick_at(s))
+    }
+
+    /// Where the cache keeps node `name`, for [`Self::quick_at`]; `None` for a node the
+    /// cluster does not have. Valid until the state changes. Finding every candidate's slot
+    /// first, in one pass, lets the processor overlap the lookups' memory reads.
+    pub fn node_slot(&self, name: &str) -> Option<NodeSlot> {
+        self.cache
+            .slot_of
+            .get(name.as_bytes())
+            .map(|s| NodeSlot(*s))
+    }
+
+    /// [`Self::node_slot`] when node `name` is at `guess` (`None` when it is not there, which
+    /// says nothing of where it is). Candidate lists tend to name nodes in the order the cache
+    /// took them (by name, when it was built), and checking the next slot reads memory the
+    /// quick path reads anyway, where a lookup reads the hash table at random.
+    pub fn node_slot_at(&self, name: &str, guess: NodeSlot) -> Option<NodeSlot> {
+        let hot = self.cache.hot.get(guess.0)?;
+        (hot.occupied && *self.cache.names[guess.0] == *name).then_some(guess)
+    }
+
+    /// The slot after `slot`, as a guess for [`Self::node_slot_at`].
+    pub fn next_slot(slot: NodeSlot) -> NodeSlot {
+        NodeSlot(slot.0 + 1)
+    }
+
+    /// [`Self::quick_candidate`] of the node at `slot`.
+    pub fn quick_at(&self, slot: NodeSlot) -> QuickCandidate<'_> {
+        let hot = &self.cache.hot[slot.0];
+        if !hot.registered {
+            let why = self.cache.cold[slot.0]
+                .as_ref()
+                .and_then(|c| c.unregistered.as_deref());
+            return QuickCandidate::Unregistered(why.unwrap_or_default());
+        }
+        QuickCandidate::Usable(&self.cache.names[slot.0], &hot.summary)
     }
 
     /// Nodes where some pod may be pending allocation (a superset of the nodes for which
     /// [`Self::pending_on`] is not empty), so the filter asks only about those.
-    pub fn nodes_with_pending(&self) -> HashSet<&str> {
-        let mut out = HashSet::new();
+    pub fn nodes_with_pending(&self) -> NodeSet<'_> {
+        let mut out = NodeSet::default();
         for r in self.reservations.values() {
             if r.stage != BindStage::Decided {
                 out.insert(r.node.as_str());
@@ -741,7 +1283,7 @@ impl ClusterState {
 
     /// The filter's superset of [`Self::nodes_with_pending`]: also the nodes where a pod was
     /// decided and is not bound yet (see [`Self::in_flight_on`]).
-    pub fn nodes_in_flight(&self) -> HashSet<&str> {
+    pub fn nodes_in_flight(&self) -> NodeSet<'_> {
         let mut out = self.nodes_with_pending();
         for r in self.reservations.values() {
             out.insert(r.node.as_str());
@@ -796,9 +1338,9 @@ impl ClusterState {
         let mut total = Charge::default();
         let uids = self
             .pods
-            .values()
-            .filter(|p| p.namespace == namespace)
-            .map(|p| p.uid.as_str())
+            .iter()
+            .filter(|(_, p)| *p.namespace == *namespace)
+            .map(|(uid, _)| &**uid)
             .chain(
                 self.reservations
                     .values()
@@ -811,7 +1353,7 @@ impl ClusterState {
                 continue;
             }
             if let Some((_, usage)) = self.effective(uid) {
-                let c = usage_charge(usage);
+                let c = usage.charge();
                 total.mem += c.mem;
                 total.cores += c.cores;
                 total.count += c.count;
@@ -843,10 +1385,11 @@ impl ClusterState {
                 if uid == exclude || seen.contains(uid.as_str()) {
                     continue;
                 }
-                if let Some(p) = self.pods.get(uid)
+                if let Some(p) = self.pods.get(uid.as_str())
                     && p.is_pending_allocation()
+                    && let Some(sig) = p.signature.as_deref()
                 {
-                    out.push((format!("{}/{}", p.namespace, p.name), &p.signature));
+                    out.push((format!("{}/{}", p.namespace, p.name), sig));
                 }
             }
         }
@@ -878,10 +1421,11 @@ impl ClusterState {
             if uid == exclude || self.reservations.contains_key(uid) {
                 continue;
             }
-            if let Some(p) = self.pods.get(uid)
+            if let Some(p) = self.pods.get(uid.as_str())
                 && p.is_decided_unbound()
+                && let Some(sig) = p.signature.as_deref()
             {
-                out.push((format!("{}/{}", p.namespace, p.name), &p.signature));
+                out.push((format!("{}/{}", p.namespace, p.name), sig));
             }
         }
         out
@@ -889,22 +1433,27 @@ impl ClusterState {
 
     /// Every pod that books capacity now (informer view, reservations winning):
     /// `(namespace, name, node, collapsed usage)`.
-    pub fn booked_pods(&self) -> Vec<(&str, &str, &str, &[DeviceUsage])> {
+    pub fn booked_pods(&self) -> Vec<BookedPod<'_>> {
         let mut out = Vec::new();
         for r in self.reservations.values() {
             out.push((
                 r.namespace.as_str(),
                 r.name.as_str(),
                 r.node.as_str(),
-                r.usage.as_slice(),
+                std::borrow::Cow::Borrowed(r.usage.as_slice()),
             ));
         }
-        for p in self.pods.values() {
-            if self.reservations.contains_key(&p.uid) || !p.books_capacity() {
+        for (uid, p) in &self.pods {
+            if self.reservations.contains_key(&**uid) || !p.books_capacity() {
                 continue;
             }
             if let Some(n) = p.node.as_deref() {
-                out.push((p.namespace.as_str(), p.name.as_str(), n, p.usage.as_slice()));
+                out.push((
+                    &*p.namespace,
+                    &*p.name,
+                    n,
+                    UsageRef::Compact(&p.usage).to_cow(),
+                ));
             }
         }
         out
@@ -922,8 +1471,9 @@ impl ClusterState {
             ResyncKind::Pods => self
                 .live
                 .iter()
-                .filter(|k| !keep.contains(*k))
-                .cloned()
+                .chain(self.pods.keys())
+                .filter(|k| !keep.contains(&***k))
+                .map(|k| k.to_string())
                 .collect(),
             ResyncKind::Quotas => self
                 .quotas
@@ -950,4 +1500,17 @@ pub fn confusable_pending<'a>(
         .iter()
         .find(|(_, other)| sig.confusable_with(other) && !sig.interchangeable_with(other))
         .map(|(name, _)| name.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The quick path's node is four cache lines, the first holding what decides a fitting
+    /// node (its score, the fixed reason's word, the first GPU).
+    #[test]
+    fn a_hot_node_is_four_cache_lines() {
+        assert_eq!(std::mem::size_of::<HotNode>(), 256);
+        assert_eq!(std::mem::align_of::<HotNode>(), 64);
+    }
 }

@@ -64,3 +64,151 @@ fn slimmed_pods_and_nodes_build_the_same_records() {
     assert_eq!(rec.cordoned.len(), 1);
     assert!(slim.status.is_some_and(|s| s.images.is_none()));
 }
+
+/// A pod as the informer shows it, for the state round trip below.
+#[allow(clippy::too_many_arguments)]
+fn pod(
+    uid: &str,
+    node: Option<&str>,
+    bound: bool,
+    allocated: Option<&str>,
+    bind_phase: Option<&str>,
+    constraint: Option<(&str, &str)>,
+    init: usize,
+    init_done: bool,
+    phase: &str,
+    deleting: bool,
+) -> Pod {
+    let mut annotations = serde_json::Map::new();
+    if let Some(n) = node {
+        annotations.insert("hami.io/vgpu-node".into(), json!(n));
+    }
+    if let Some(a) = allocated {
+        annotations.insert("hami.io/vgpu-devices-allocated".into(), json!(a));
+    }
+    if let Some(p) = bind_phase {
+        annotations.insert("hami.io/bind-phase".into(), json!(p));
+    }
+    if let Some((k, v)) = constraint {
+        annotations.insert(k.into(), json!(v));
+    }
+    annotations.insert("hami.io/vgpu-time".into(), json!("1764493200"));
+    let mut meta = json!({"name": format!("name-{uid}"), "namespace": "team-a", "uid": uid,
+        "annotations": annotations});
+    if deleting {
+        meta["deletionTimestamp"] = json!("2026-11-30T10:00:00Z");
+    }
+    let mut spec = json!({"containers": [{"name": "main", "image": "app"}]});
+    if bound {
+        spec["nodeName"] = json!(node.unwrap_or("elsewhere"));
+    }
+    let inits: Vec<_> = (0..init)
+        .map(|i| json!({"name": format!("init-{i}"), "image": "x"}))
+        .collect();
+    if init > 0 {
+        spec["initContainers"] = json!(inits);
+    }
+    let statuses: Vec<_> = (0..init)
+        .map(|i| {
+            json!({"name": format!("init-{i}"), "image": "x", "imageID": "", "ready": false,
+            "restartCount": 0,
+            "state": if init_done {json!({"terminated": {"exitCode": 0}})} else {json!({"running": {}})}})
+        })
+        .collect();
+    serde_json::from_value(json!({"metadata": meta, "spec": spec,
+        "status": {"phase": phase, "initContainerStatuses": statuses}}))
+    .unwrap()
+}
+
+proptest::proptest! {
+    /// The state keeps pods in a compact form; the record it gives back is the one
+    /// `PodRecord::from_pod` builds, from the full object and from the slimmed one, and the
+    /// pod's usage, pending and decided indexes and liveness follow from it as before.
+    #[test]
+    fn the_state_gives_back_the_record_from_pod(
+        node in proptest::option::of(proptest::sample::select(vec!["n1", "n2"])),
+        bound in proptest::bool::ANY,
+        allocated in proptest::option::of(proptest::sample::select(vec![
+            "GPU-a,NVIDIA,1000,10:;",
+            "GPU-a,NVIDIA,1000,10:GPU-b,NVIDIA,2000,20:;GPU-a,NVIDIA,500,5:;",
+            "GPU-a,NVIDIA,1000,10:;;GPU-c,Ascend,10,1:GPU-a,NVIDIA,3,3:;",
+            "",
+            ";;",
+            "GPU-a,NVIDIA:;",
+        ])),
+        bind_phase in proptest::option::of(proptest::sample::select(vec![
+            "allocating", "success", "failed", "other",
+        ])),
+        constraint in proptest::option::of(proptest::sample::select(vec![
+            ("nvidia.com/use-gputype", "A100"),
+            ("hami.io/gpu-scheduler-policy", "binpack"),
+            ("nvidia.com/numa-bind", "true"),
+        ])),
+        init in 0usize..3,
+        init_done in proptest::bool::ANY,
+        phase in proptest::sample::select(vec!["Running", "Pending", "Succeeded", "Failed"]),
+        deleting in proptest::bool::ANY,
+    ) {
+        use tessera_scheduler_core::state::ClusterState;
+        let full = pod("u1", node, bound, allocated, bind_phase, constraint, init, init_done, phase, deleting);
+        let expected = PodRecord::from_pod(&full);
+        for p in [full.clone(), slim_pod(full.clone())] {
+            proptest::prop_assert_eq!(PodRecord::from_pod(&p), expected.clone());
+            let mut state = ClusterState::new();
+            state.upsert_node(NodeRecord::from_node(&gpu_node("n1", 3, 16000, 10), &DecisionConfig::default()).unwrap());
+            state.upsert_pod(&p);
+            proptest::prop_assert_eq!(state.pod("u1"), expected.clone());
+            proptest::prop_assert_eq!(
+                state.pod_books_capacity("u1"),
+                expected.as_ref().is_some_and(PodRecord::books_capacity)
+            );
+            proptest::prop_assert!(state.is_live("u1"));
+            let keep = std::collections::HashSet::new();
+            proptest::prop_assert_eq!(state.missing(tessera_scheduler_core::state::ResyncKind::Pods, &keep), vec!["u1".to_owned()]);
+            // The usage the node books, and the namespace's charge.
+            state.prepare();
+            let booked: Vec<(u32, u32, u32)> = state
+                .node_state("n1", None)
+                .map(|n| n.gpus.iter().map(|g| (g.used, g.usedmem, g.usedcores)).collect())
+                .unwrap_or_default();
+            let mut reference = tessera_scheduler_core::fit::NodeState {
+                gpus: NodeRecord::from_node(&gpu_node("n1", 3, 16000, 10), &DecisionConfig::default())
+                    .unwrap()
+                    .devices
+                    .iter()
+                    .map(tessera_scheduler_core::fit::GpuState::from_registered)
+                    .collect(),
+                ..Default::default()
+            };
+            let mut charge = tessera_scheduler_core::fit::Charge::default();
+            if let Some(r) = &expected
+                && r.books_capacity()
+                && r.node.as_deref() == Some("n1")
+            {
+                tessera_scheduler_core::fit::book_pod(&mut reference, &r.usage);
+            }
+            if let Some(r) = &expected
+                && r.books_capacity()
+            {
+                charge = tessera_scheduler_core::state::usage_charge(&r.usage);
+            }
+            let want: Vec<(u32, u32, u32)> = reference.gpus.iter().map(|g| (g.used, g.usedmem, g.usedcores)).collect();
+            proptest::prop_assert_eq!(booked, want);
+            proptest::prop_assert_eq!(state.namespace_usage("team-a", None), charge);
+            // The gate sees the pod exactly when the record says it is pending or decided.
+            let pending = state.pending_on("n1", "other").len();
+            let in_flight = state.in_flight_on("n1", "other").len();
+            let on_n1 = expected.as_ref().is_some_and(|r| r.node.as_deref() == Some("n1"));
+            let is_pending = on_n1 && expected.as_ref().is_some_and(PodRecord::is_pending_allocation);
+            let is_decided = on_n1 && expected.as_ref().is_some_and(PodRecord::is_decided_unbound);
+            proptest::prop_assert_eq!(pending, usize::from(is_pending));
+            proptest::prop_assert_eq!(in_flight, usize::from(is_pending) + usize::from(is_decided));
+            if is_pending {
+                let sig = &expected.as_ref().unwrap().signature;
+                proptest::prop_assert_eq!(state.pending_on("n1", "other")[0].1, sig);
+            }
+            state.remove_pod("u1");
+            proptest::prop_assert!(!state.is_live("u1") && state.pod("u1").is_none());
+        }
+    }
+}

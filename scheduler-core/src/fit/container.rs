@@ -7,6 +7,7 @@ use super::capacity::{Charge, GpuState, NodeState, QuotaBudget, is_nvidia};
 use super::input::{GpuPolicyKey, GpuRequest, PlacementOptions};
 use super::reason::{self, format_reasons};
 use super::score::{DeviceScorer, compare_gpus, sort_keys, sort_order};
+use super::summary::{Load, check_load};
 use super::topology::pick_by_topology;
 
 /// GPUs per node handled without a heap allocation in [`ContainerFit::picks`].
@@ -98,30 +99,7 @@ impl ContainerFit<'_> {
         if uuid_selectors && !opts.selectors.uuid_allowed(&g.uuid) {
             return Err(reason::CARD_UUID_MISMATCH);
         }
-        if g.count <= g.used {
-            return Err(reason::CARD_TIME_SLICING_EXHAUSTED);
-        }
-        if mutex && g.used > 0 {
-            return Err(reason::EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT);
-        }
-        let memreq = self.req.memory_on(g.totalmem);
-        if let Some(q) = self.quota
-            && !q.allows(extra.add(memreq, coresreq))
-        {
-            return Err(reason::RESOURCE_QUOTA_NOT_FIT);
-        }
-        if i64::from(g.totalmem) - i64::from(g.usedmem) < i64::from(memreq) {
-            return Err(reason::CARD_INSUFFICIENT_MEMORY);
-        }
-        if i64::from(g.totalcore) - i64::from(g.usedcores) < i64::from(coresreq) {
-            return Err(reason::CARD_INSUFFICIENT_CORE);
-        }
-        if g.totalcore == 100 && coresreq == 100 && g.used > 0 {
-            return Err(reason::EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT);
-        }
-        if g.totalcore != 0 && g.usedcores == g.totalcore && coresreq == 0 {
-            return Err(reason::CARD_COMPUTE_UNITS_EXHAUSTED);
-        }
+        let memreq = check_load(&Load::of(g), self.req, mutex, self.quota, extra, coresreq)?;
         if g.mode == "mig" {
             // MIG placement is not implemented in Tessera (docs/scheduler.md): never hand out a
             // MIG-mode card as if it were a shareable one.

@@ -8,7 +8,8 @@
 //! to be placed), [`capacity`] (a node's GPUs with their bookings, a namespace's quota budget),
 //! [`score`] (HAMi's scores and device order), [`container`] (one container onto one node's
 //! devices, with `topology` for the topology-aware choice), [`node`] (a whole pod onto a node,
-//! and the choice among nodes), [`reason`] (the reason strings of a refusal).
+//! and the choice among nodes), [`reason`] (the reason strings of a refusal), [`summary`] (a node
+//! reduced to what the common request's checks read, for the filter's quick path).
 
 pub mod capacity;
 pub mod container;
@@ -16,6 +17,7 @@ pub mod input;
 pub mod node;
 pub mod reason;
 pub mod score;
+pub mod summary;
 mod topology;
 
 pub use capacity::{
@@ -31,3 +33,4 @@ pub use node::{
 };
 pub use reason::format_reasons;
 pub use score::{device_score, node_score};
+pub use summary::{NodeSummary, QuickAsk};
