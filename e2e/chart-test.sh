@@ -410,6 +410,13 @@ if render "$WORK/bad.yaml" --set scheduler.podEvents=some 2>"$WORK/bad.err"; the
 else
 	grep -q 'scheduler.podEvents must be' "$WORK/bad.err" && pass "an unknown scheduler.podEvents is refused" || fail "scheduler.podEvents: unclear error: $(cat "$WORK/bad.err")"
 fi
+if render "$WORK/bad.yaml" --set devicePlugin.libPath=/opt/hamihook/vgpu 2>"$WORK/bad.err"; then
+	fail "a devicePlugin.libPath other than /usr/local/vgpu must be refused"
+else
+	grep -q 'devicePlugin.libPath is "/opt/hamihook/vgpu", but Tessera mounts the shim at /usr/local/vgpu' "$WORK/bad.err" && pass "a moved devicePlugin.libPath is refused" || fail "devicePlugin.libPath: unclear error: $(cat "$WORK/bad.err")"
+fi
+render "$WORK/lib.yaml" --set devicePlugin.libPath=/usr/local/vgpu/ >/dev/null && pass "devicePlugin.libPath with a trailing slash is accepted" || fail "devicePlugin.libPath=/usr/local/vgpu/ must render"
+expect "[custom-names] ld.so.preload names the container's shim path" "$R" '^              echo /usr/local/vgpu/libvgpu.so > '
 if render "$WORK/bad.yaml" --set resourceName=gpu 2>"$WORK/bad.err"; then
 	fail "an invalid resource name must be refused"
 else

@@ -168,9 +168,11 @@ pub fn container_response(
         first.usedcores.to_string(),
     );
     let vgpu_dir = settings.host_vgpu_dir();
+    // A path inside the container: the shim opens it there. The container's cache directory
+    // is mounted at CONTAINER_VGPU_DIR whatever the host's hook path (deviation V6).
     envs.insert(
         "CUDA_DEVICE_MEMORY_SHARED_CACHE".to_owned(),
-        format!("{vgpu_dir}/{}.cache", target.cache_id),
+        format!("{CONTAINER_VGPU_DIR}/{}.cache", target.cache_id),
     );
     if settings.memory_scaling > 1.0 {
         envs.insert("CUDA_OVERSUBSCRIBE".to_owned(), "true".to_owned());
@@ -357,7 +359,7 @@ CUDA_DEVICE_SM_LIMIT=30
         assert_eq!(
             render(&r),
             "env CUDA_DEVICE_MEMORY_LIMIT_0=15360m
-env CUDA_DEVICE_MEMORY_SHARED_CACHE=/opt/hook/vgpu/4f1c0000-0000-4000-8000-000000000000.cache
+env CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/4f1c0000-0000-4000-8000-000000000000.cache
 env CUDA_DEVICE_SM_LIMIT=100
 env CUDA_OVERSUBSCRIBE=true
 env GPU_CORE_UTILIZATION_POLICY=disable

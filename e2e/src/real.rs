@@ -45,8 +45,8 @@ pub const PROBE_IMAGE: &str = "tessera.local/cuda-probe:e2e";
 /// rolls the DaemonSet to it.
 pub const UPGRADE_PLUGIN_TAG: &str = "0.1.1-e2e";
 const UPGRADE_PLUGIN_IMAGE: &str = "ghcr.io/tessera-gpu/tessera-device-plugin:0.1.1-e2e";
-/// The chart's hook path (`global.gpuHookPath`) and the host directory under it.
-const HOOK_DIR: &str = "/usr/local/vgpu";
+/// The chart's default hook path (`global.gpuHookPath`).
+const DEFAULT_HOOK_PATH: &str = "/usr/local";
 
 /// One real node.
 #[derive(Debug, Clone)]
@@ -80,6 +80,21 @@ pub enum ChartValues {
     None,
 }
 
+impl ChartValues {
+    /// The host directory the shim lives in, `<global.gpuHookPath>/vgpu`: each node gets its
+    /// own directory there (`e2e/node/node.sh`). A values file keeps the default hook path.
+    pub fn host_vgpu_dir(&self) -> String {
+        let hook = match self {
+            ChartValues::Recommended(sets) => sets
+                .iter()
+                .find(|(k, _)| k == "global.gpuHookPath")
+                .map_or(DEFAULT_HOOK_PATH, |(_, v)| v.as_str()),
+            ChartValues::File(_) | ChartValues::None => DEFAULT_HOOK_PATH,
+        };
+        format!("{}/vgpu", hook.trim_end_matches('/'))
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RealClusterOptions {
     pub name: String,
@@ -93,12 +108,23 @@ pub struct RealNode {
     pub spec: RealNodeSpec,
     pub ip: std::net::Ipv4Addr,
     pub dir: PathBuf,
+    /// The chart's `<gpuHookPath>/vgpu` as the node sees it.
+    pub host_vgpu_dir: String,
     proc_: Proc,
 }
 
 impl RealNode {
     pub fn name(&self) -> &str {
         &self.spec.node.name
+    }
+
+    /// The node's `<gpuHookPath>/vgpu/containers` (the per-container directories the plugin
+    /// makes at `Allocate`), seen from the test.
+    pub fn containers_dir(&self) -> PathBuf {
+        self.dir
+            .join("fs")
+            .join(self.host_vgpu_dir.trim_start_matches('/'))
+            .join("containers")
     }
 
     /// The node's `node.sh` (PID 1 of its PID namespace), seen from the test.
@@ -164,6 +190,8 @@ pub struct RealCluster {
     controller_manager: Option<Proc>,
     kube_scheduler: Option<Proc>,
     keep: bool,
+    /// The chart's `<gpuHookPath>/vgpu` on every node.
+    host_vgpu_dir: String,
     _net: ClusterNetwork,
 }
 
@@ -416,6 +444,7 @@ impl RealCluster {
             controller_manager: None,
             kube_scheduler: None,
             keep: false,
+            host_vgpu_dir: opts.chart.host_vgpu_dir(),
             _net: net,
         };
         let started = async {
@@ -631,12 +660,13 @@ impl RealCluster {
         .env("KUBELET", &self.artifacts.kubelet)
         .env("CONTAINERD", &tools.containerd)
         .env("CTR", &tools.ctr)
-        .env("HOOK_DIR", HOOK_DIR);
+        .env("HOOK_DIR", &self.host_vgpu_dir);
         let proc_ = Proc::spawn(&format!("{name}-node"), &self.dir.join("logs"), &mut cmd)?;
         Ok(RealNode {
             spec,
             ip,
             dir,
+            host_vgpu_dir: self.host_vgpu_dir.clone(),
             proc_,
         })
     }

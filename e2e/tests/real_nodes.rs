@@ -116,8 +116,12 @@ async fn assert_release_healthy(c: &RealCluster) -> Result<()> {
     Ok(())
 }
 
+/// The chart's `global.gpuHookPath` in the pipeline test.
+const HOOK_PATH: &str = "/opt/hamihook";
+
 /// The full pipeline with mixed requests, as real containers, then a Deployment of GPU pods
-/// scaled 0 → 20 → 0, with the chart installed as docs/helm.md recommends.
+/// scaled 0 → 20 → 0, with the chart installed as docs/helm.md recommends and a hook path
+/// other than the default.
 #[test]
 fn real_nodes_chart_install_pipeline_and_scaling() -> Result<()> {
     real::run(2, |net| async move {
@@ -126,7 +130,12 @@ fn real_nodes_chart_install_pipeline_and_scaling() -> Result<()> {
             RealClusterOptions {
                 name: "real-pipeline".into(),
                 nodes: two_nodes(),
-                chart: ChartValues::Recommended(Vec::new()),
+                // Not HAMi's default hook path (Cozystack sets /opt/hamihook): host paths
+                // follow it, paths inside containers do not (deviation V6).
+                chart: ChartValues::Recommended(vec![(
+                    "global.gpuHookPath".into(),
+                    HOOK_PATH.into(),
+                )]),
             },
         )
         .await?;
@@ -315,8 +324,41 @@ async fn scale_deployment_up_and_down(c: &RealCluster) -> Result<()> {
         },
     )
     .await;
-    if let Err(e) = running {
-        panic!("{e}\n{}", c.describe_pods(TENANT).await);
+    let running = match running {
+        Ok(items) => items,
+        Err(e) => panic!("{e}\n{}", c.describe_pods(TENANT).await),
+    };
+    // Each holder's shim opened the shared region Allocate named (a file under the container's
+    // host directory, which the plugin's monitor reads), rather than accounting privately
+    // because the path did not exist inside the container.
+    for p in &running {
+        let (Some(uid), Some(node)) = (
+            p.metadata.uid.as_deref(),
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        ) else {
+            panic!(
+                "a running holder without UID or node: {:?}",
+                p.metadata.name
+            );
+        };
+        let n = c
+            .nodes
+            .iter()
+            .find(|n| n.name() == node)
+            .unwrap_or_else(|| panic!("holder on unknown node {node}"));
+        let dir = n.containers_dir().join(format!("{uid}_main"));
+        eventually(
+            &format!("a shared region in {}", dir.display()),
+            Duration::from_secs(30),
+            Duration::from_millis(500),
+            || async {
+                std::fs::read_dir(&dir).ok()?.flatten().find(|e| {
+                    e.path().extension().is_some_and(|x| x == "cache")
+                        && e.metadata().is_ok_and(|m| m.len() > 0)
+                })
+            },
+        )
+        .await?;
     }
     scale(0).await?;
     eventually(
@@ -372,7 +414,7 @@ async fn scale_deployment_up_and_down(c: &RealCluster) -> Result<()> {
     );
     // No container directory left behind on any node.
     for n in &c.nodes {
-        let dir = n.dir.join("fs/usr/local/vgpu/containers");
+        let dir = n.containers_dir();
         eventually(
             &format!("{}: no container directory left", n.name()),
             Duration::from_secs(90),

@@ -176,13 +176,17 @@ fn go_html_escape(json: &str) -> String {
     out
 }
 
-/// Decodes the register annotation in either format: JSON when it starts with `[`, the ≤ v2.7
-/// text format otherwise.
+/// Decodes the register annotation in either format: the ≤ v2.7 text format when it looks like
+/// one (`ID,…:` entries: a `,` and a `:`, and not starting like JSON), JSON otherwise, so that a
+/// malformed JSON value such as `{not json` is reported as JSON rather than as a bad text entry.
+/// HAMi v2.10 reads JSON only; reading the text form too is deviation N4.
 pub fn decode_node_devices(value: &str) -> Result<Vec<NodeDevice>, NodeRegisterError> {
-    if value.trim_start().starts_with('[') {
-        decode_json(value)
-    } else {
+    let start = value.trim_start();
+    let json_like = start.starts_with(['[', '{', '"']);
+    if !json_like && value.contains(',') && value.contains(':') {
         decode_legacy(value)
+    } else {
+        decode_json(value)
     }
 }
 
@@ -473,6 +477,23 @@ mod tests {
         );
         let err = decode_node_devices(r#"[{"id":"GPU-a","devmem":"lots"}]"#).unwrap_err();
         assert!(err.to_string().contains("devmem"), "{err}");
+    }
+
+    #[test]
+    fn malformed_json_is_reported_as_json_and_text_entries_still_decode() {
+        for bad in ["{not json", "{\"id\":\"GPU-a\"}", "garbage", ""] {
+            let err = decode_node_devices(bad).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    NodeRegisterError::Json(_) | NodeRegisterError::NotAnArray(_)
+                ),
+                "{bad:?}: {err}"
+            );
+        }
+        assert_eq!(decode_node_devices("[]").unwrap(), Vec::new());
+        let text = "GPU-a,10,15360,100,NVIDIA-Tesla T4,0,true:";
+        assert_eq!(decode_node_devices(text).unwrap()[0].id, "GPU-a");
     }
 
     #[test]

@@ -61,6 +61,12 @@ impl NodeRecord {
         let (devices, mut unregistered) = match annotations.get(ann::NODE_REGISTER) {
             None => (Vec::new(), Some("node unregistered".to_owned())),
             Some(v) => match hami_contract::node::decode_node_devices(v) {
+                // HAMi keeps no device entry for a node that registered none: "node
+                // unregistered", not NodeInsufficientDevice.
+                Ok(d) if d.is_empty() => (
+                    d,
+                    Some("node unregistered: its register annotation lists no device".to_owned()),
+                ),
                 Ok(d) => (d, None),
                 Err(e) => (Vec::new(), Some(format!("node unregistered: {e}"))),
             },

@@ -65,6 +65,32 @@ fn slimmed_pods_and_nodes_build_the_same_records() {
     assert!(slim.status.is_some_and(|s| s.images.is_none()));
 }
 
+/// A node that registered an empty device list is "node unregistered" (HAMi keeps no device
+/// entry for it), and a malformed register annotation names the JSON error.
+#[test]
+fn empty_or_malformed_register_annotations_leave_the_node_unregistered() {
+    let cfg = DecisionConfig::default();
+    for (value, reason) in [
+        (
+            "[]",
+            "node unregistered: its register annotation lists no device",
+        ),
+        (
+            "{not json",
+            "node unregistered: node register annotation is not valid JSON",
+        ),
+    ] {
+        let mut node = gpu_node("n1", 2, 16000, 10);
+        node.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert("hami.io/node-nvidia-register".into(), value.into());
+        let rec = NodeRecord::from_node(&node, &cfg).expect("a node record");
+        let why = rec.unregistered.unwrap_or_default();
+        assert!(why.starts_with(reason), "{value}: {why}");
+    }
+}
+
 /// A pod as the informer shows it, for the state round trip below.
 #[allow(clippy::too_many_arguments)]
 fn pod(

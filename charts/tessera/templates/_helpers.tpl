@@ -216,6 +216,9 @@ imagePullSecrets:
 {{- if and (gt (int .Values.scheduler.replicas) 1) (not .Values.scheduler.leaderElect) -}}
 {{- fail "scheduler.replicas > 1 requires scheduler.leaderElect: several kube-schedulers would bind the same pods." -}}
 {{- end -}}
+{{- if ne (trimSuffix "/" (toString .Values.devicePlugin.libPath)) "/usr/local/vgpu" -}}
+{{- fail (printf "devicePlugin.libPath is %q, but Tessera mounts the shim at /usr/local/vgpu in every container (global.gpuHookPath moves only the host directory): ld.so.preload would name a path where nothing is mounted and the GPU limits would be silently dropped. Remove devicePlugin.libPath or set it to /usr/local/vgpu." (toString .Values.devicePlugin.libPath)) -}}
+{{- end -}}
 {{- $names := list .Values.resourceName .Values.resourceMem .Values.resourceMemPercentage .Values.resourceCores .Values.resourcePriority -}}
 {{- range $names -}}
 {{- if not (regexMatch "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$" .) -}}
