@@ -339,12 +339,19 @@ fn pod_resources_source(cli: &Cli, config: &Config) -> Arc<dyn PodResourcesSourc
 
 /// `--print-register`: the register annotation value now, and again on every change for `watch`.
 async fn print_register(state: &DeviceState, watch: Duration) {
-    println!("{}", state.register_annotation());
+    let mut printed = state.register_annotation();
+    println!("{printed}");
     let mut changes = state.subscribe();
     changes.mark_unchanged();
     let until = tokio::time::Instant::now() + watch;
     while let Ok(Ok(())) = tokio::time::timeout_at(until, changes.changed()).await {
-        println!("{}", state.register_annotation());
+        // A notification is not always a change of the value (a rediscovery or probe that
+        // found the same GPUs): print only what differs, so each line is a new state.
+        let now = state.register_annotation();
+        if now != printed {
+            println!("{now}");
+            printed = now;
+        }
     }
 }
 

@@ -71,6 +71,8 @@ struct Params {
     burst_rounds: usize,
     /// Pods already running on each node set before the runs (bound, booked), spread evenly.
     running: usize,
+    /// The variants to run (`--variants plain,tessera,…`, by [`Variant::short`]); all by default.
+    variants: Vec<Variant>,
 }
 
 fn params() -> Params {
@@ -90,7 +92,36 @@ fn params() -> Params {
         burst: arg("--burst", if quick { 24 } else { 100 }),
         burst_rounds: arg("--burst-rounds", if quick { 1 } else { 3 }),
         running: arg("--running", 0),
+        variants: variants_arg(&args),
     }
+}
+
+/// `--variants a,b,…` by short name, in [`Variant::ALL`]'s order; every variant without it. An
+/// unknown name is reported and ends the run before a cluster is started.
+fn variants_arg(args: &[String]) -> Vec<Variant> {
+    let Some(list) = args
+        .iter()
+        .position(|a| a == "--variants")
+        .and_then(|i| args.get(i + 1))
+    else {
+        return Variant::ALL.to_vec();
+    };
+    let wanted: Vec<&str> = list.split(',').map(str::trim).collect();
+    if let Some(bad) = wanted
+        .iter()
+        .find(|w| !Variant::ALL.iter().any(|v| v.short() == **w))
+    {
+        let known: Vec<&str> = Variant::ALL.iter().map(|v| v.short()).collect();
+        eprintln!(
+            "scheduling bench: unknown variant {bad:?}; known: {}",
+            known.join(", ")
+        );
+        std::process::exit(2);
+    }
+    Variant::ALL
+        .into_iter()
+        .filter(|v| wanted.contains(&v.short()))
+        .collect()
 }
 
 async fn client_for(path: &std::path::Path) -> Res<kube::Client> {
@@ -150,6 +181,15 @@ enum Variant {
 }
 
 impl Variant {
+    /// Every variant, in the order a round runs them.
+    const ALL: [Variant; 5] = [
+        Variant::Plain,
+        Variant::Tessera,
+        Variant::PlainUnthrottled,
+        Variant::TesseraUnthrottled,
+        Variant::TesseraHamiOrder,
+    ];
+
     fn node_set(self) -> &'static str {
         match self {
             Variant::Plain | Variant::PlainUnthrottled => "a",
@@ -1045,26 +1085,33 @@ async fn run(p: Params) -> Res<()> {
         );
         leader_change(&mut c, &p, &csv).await?;
     }
-    let _plain = c.spawn_plain_kube_scheduler("plain-kube-scheduler")?;
-    let _unthrottled = spawn_unthrottled_kube_scheduler(&c)?;
+    // Only the schedulers the chosen variants use: an idle one would still watch every node
+    // and pod and share the cores.
+    let wants = |v: Variant| p.variants.contains(&v);
+    let _plain = wants(Variant::Plain)
+        .then(|| c.spawn_plain_kube_scheduler("plain-kube-scheduler"))
+        .transpose()?;
+    let _unthrottled = wants(Variant::PlainUnthrottled)
+        .then(|| spawn_unthrottled_kube_scheduler(&c))
+        .transpose()?;
     let leader_port = c.scheduler_pods[0].extender_port;
     let leader_metrics = c.scheduler_pods[0].metrics_port;
-    let _tessera_unthrottled =
-        spawn_tessera_kube_scheduler(&c, TESSERA_UNTHROTTLED, leader_port, Some(1000))?;
-    let (_hami_order, hami_port, hami_metrics) = spawn_hami_order_extender(&c)?;
-    let _hami_order_ks = spawn_tessera_kube_scheduler(&c, TESSERA_HAMI_ORDER, hami_port, None)?;
+    let _tessera_unthrottled = wants(Variant::TesseraUnthrottled)
+        .then(|| spawn_tessera_kube_scheduler(&c, TESSERA_UNTHROTTLED, leader_port, Some(1000)))
+        .transpose()?;
+    let (_hami_order, hami_metrics) = if wants(Variant::TesseraHamiOrder) {
+        let (extender, hami_port, hami_metrics) = spawn_hami_order_extender(&c)?;
+        let ks = spawn_tessera_kube_scheduler(&c, TESSERA_HAMI_ORDER, hami_port, None)?;
+        (Some((extender, ks)), hami_metrics)
+    } else {
+        (None, leader_metrics)
+    };
     let plugin = client_for(&c.kubeconfig(DEVICE_PLUGIN_USER)).await?;
     // Every scheduler and the extenders' informers have seen every node.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let within = Duration::from_secs(if results::quick() { 90 } else { 600 });
     let mut by: BTreeMap<Variant, Vec<RunResult>> = BTreeMap::new();
-    let variants = [
-        Variant::Plain,
-        Variant::Tessera,
-        Variant::PlainUnthrottled,
-        Variant::TesseraUnthrottled,
-        Variant::TesseraHamiOrder,
-    ];
+    let variants = p.variants.clone();
     let metrics_of = |v: Variant| {
         if v == Variant::TesseraHamiOrder {
             hami_metrics
@@ -1074,8 +1121,8 @@ async fn run(p: Params) -> Res<()> {
     };
     for round in 0..p.rounds {
         // Rotate the order, so no variant always runs first (or right after another).
-        let mut order = variants;
-        order.rotate_left(round % variants.len());
+        let mut order = variants.clone();
+        order.rotate_left(round % variants.len().max(1));
         for v in order {
             let who = v.short();
             let ns = format!("bench-{who}-{round}");
@@ -1141,6 +1188,9 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
         )
     };
     for v in [Variant::Plain, Variant::PlainUnthrottled] {
+        if !by.contains_key(&v) {
+            continue;
+        }
         csv.row(
             &Row::new(
                 case(v.label()),
@@ -1159,7 +1209,12 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
         (Variant::TesseraHamiOrder, Variant::Plain, false),
         (Variant::TesseraHamiOrder, Variant::PlainUnthrottled, false),
     ];
-    for (t, base, goal) in pairs {
+    // Only the pairs whose two variants ran (`--variants`).
+    let pairs: Vec<(Variant, Variant, bool)> = pairs
+        .into_iter()
+        .filter(|(t, base, _)| by.contains_key(t) && by.contains_key(base))
+        .collect();
+    for &(t, base, goal) in &pairs {
         let per_round: Vec<f64> = rates(t)
             .iter()
             .zip(rates(base))
@@ -1200,6 +1255,9 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
         Variant::TesseraUnthrottled,
         Variant::TesseraHamiOrder,
     ] {
+        if !by.contains_key(&t) {
+            continue;
+        }
         for (i, verb) in ["/filter", "/bind"].iter().enumerate() {
             csv.row(
                 &Row::new(
@@ -1239,7 +1297,13 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
     comps.sort();
     comps.dedup();
     comps.push("all processes".to_owned());
-    for (t, base, _) in pairs.iter().take(3) {
+    // The first pair of each Tessera variant (HAMi's order only against the default QPS).
+    let mut seen = Vec::new();
+    for (t, base, _) in &pairs {
+        if seen.contains(t) {
+            continue;
+        }
+        seen.push(*t);
         for comp in &comps {
             let (a, b) = (per_pod(*base, comp), per_pod(*t, comp));
             if a.median == 0.0 && b.median == 0.0 {

@@ -298,48 +298,25 @@ fn book(state: &mut ClusterState, nodes: &[NodeSpec], i: usize, b: &Booking, uid
     let ns = NAMESPACES[b.ns];
     let name = format!("p{i}");
     let node_name = format!("n{node}");
-    match b.kind {
-        0 => state.upsert_pod(&pod_object(
+    // Kinds 0-3 and 7 are pods as the informer shows them: (bind-phase, bound, phase).
+    let informer = match b.kind {
+        0 => Some((Some("success"), true, "Running")),
+        1 => Some((Some("allocating"), true, "Pending")),
+        2 => Some((None, false, "Pending")),
+        3 => Some((Some("success"), true, "Succeeded")),
+        7 => Some((Some("failed"), false, "Pending")),
+        _ => None,
+    };
+    match (informer, b.kind) {
+        (Some((bind_phase, bound, phase)), _) => state.upsert_pod(&pod_object(
             (ns, &name, uid),
             &node_name,
             &alloc,
-            Some("success"),
-            true,
-            "Running",
+            bind_phase,
+            bound,
+            phase,
         )),
-        1 => state.upsert_pod(&pod_object(
-            (ns, &name, uid),
-            &node_name,
-            &alloc,
-            Some("allocating"),
-            true,
-            "Pending",
-        )),
-        2 => state.upsert_pod(&pod_object(
-            (ns, &name, uid),
-            &node_name,
-            &alloc,
-            None,
-            false,
-            "Pending",
-        )),
-        3 => state.upsert_pod(&pod_object(
-            (ns, &name, uid),
-            &node_name,
-            &alloc,
-            Some("success"),
-            true,
-            "Succeeded",
-        )),
-        7 => state.upsert_pod(&pod_object(
-            (ns, &name, uid),
-            &node_name,
-            &alloc,
-            Some("failed"),
-            false,
-            "Pending",
-        )),
-        k => {
+        (None, k) => {
             let devices = PodDevices::decode(&alloc).expect("allocation");
             let nvidia = devices.of_vendor(hami_contract::NVIDIA_VENDOR);
             state.reserve(Reservation {
