@@ -339,10 +339,13 @@ fn pod_resources_source(cli: &Cli, config: &Config) -> Arc<dyn PodResourcesSourc
 
 /// `--print-register`: the register annotation value now, and again on every change for `watch`.
 async fn print_register(state: &DeviceState, watch: Duration) {
-    let mut printed = state.register_annotation();
-    println!("{printed}");
+    // Subscribe before reading the first value: a change between printing it and subscribing
+    // would otherwise be lost (CI saw an XID land in that gap, and the unhealthy state was
+    // never printed).
     let mut changes = state.subscribe();
     changes.mark_unchanged();
+    let mut printed = state.register_annotation();
+    println!("{printed}");
     let until = tokio::time::Instant::now() + watch;
     while let Ok(Ok(())) = tokio::time::timeout_at(until, changes.changed()).await {
         // A notification is not always a change of the value (a rediscovery or probe that

@@ -113,21 +113,28 @@ fn scripted_xid_and_lost_gpu_turn_unhealthy_and_recover() {
     let lib = nvidia_ml::locate::install_as_soname(dir.path()).expect("fake NVML built");
     let events = dir.path().join("events.jsonl");
     std::fs::write(&events, "").expect("events");
+    let log = dir.path().join("plugin.log");
     let mut child = base_command(dir.path(), &lib, CONFIG)
         .arg("--watch-seconds")
-        .arg("20")
-        // The unhealthy state lasts this long; `--print-register` prints the state when it wakes,
-        // so a window of one second was missed on a loaded machine (CI printed the recovered
-        // line twice).
+        .arg("30")
+        // The unhealthy state lasts this long. (The misses that once looked like a window too
+        // short for a loaded machine were `--print-register` subscribing after its first line:
+        // an XID appended right after that line could land before the subscription.)
         .arg("--health-recovery-seconds")
         .arg("3")
         .env("FAKE_NVML_EVENTS", &events)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
         .spawn()
         .expect("spawn");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut next = || lines.next().expect("a line").expect("utf-8");
+    let mut next = || match lines.next() {
+        Some(Ok(line)) => line,
+        other => panic!(
+            "no line from --print-register ({other:?}); the plugin's log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        ),
+    };
     let healthy = |line: &str| line.matches(r#""health":true"#).count();
     assert_eq!(healthy(&next()), 3, "all healthy at start");
 
