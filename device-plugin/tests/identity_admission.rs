@@ -97,7 +97,6 @@ struct Sim {
     rng: StdRng,
     next_uid: usize,
     next_gpu: usize,
-    calls: usize,
     pod_resources: bool,
     scheduler_rule: bool,
     failures: usize,
@@ -147,7 +146,6 @@ impl Sim {
             rng: StdRng::seed_from_u64(seed),
             next_uid: 0,
             next_gpu: 0,
-            calls: 0,
             pod_resources,
             scheduler_rule,
             failures: 0,
@@ -304,7 +302,6 @@ impl Sim {
             .cloned()
             .collect();
         for (k, container) in gpu_containers.iter().enumerate().skip(from) {
-            self.calls += 1;
             let view = self.view(idx);
             let facts = CallFacts {
                 count: own[k].len(),
@@ -324,10 +321,7 @@ impl Sim {
                     // Fail closed: the kubelet rejects the pod; its owner recreates it.
                     self.ledger.break_run();
                     self.failures += 1;
-                    self.pods[idx].phase = Phase::Failed;
-                    self.pods[idx].snapshot.terminal = true;
-                    let spec = self.pods[idx].spec_index;
-                    self.create(spec);
+                    self.rejected_and_recreated(idx);
                     return;
                 }
             };
@@ -445,10 +439,11 @@ impl Sim {
         self.restart_batch = batch.into();
     }
 
-    /// The kubelet rejects pod `idx` before asking for its devices: the pod turns terminal with
-    /// its booking still `allocating`, and its owner recreates it. The extender stops counting
-    /// it as pending at once, so a confusable pod with other limits may be bound next.
-    fn reject_before_allocate(&mut self, idx: usize) {
+    /// The kubelet rejects pod `idx` (a failed `Allocate`, or before asking for its devices): the
+    /// pod turns terminal with its booking still `allocating`, and its owner recreates it. The
+    /// extender stops counting it as pending at once, so a confusable pod with other limits may
+    /// be bound next.
+    fn rejected_and_recreated(&mut self, idx: usize) {
         self.pods[idx].phase = Phase::Failed;
         self.pods[idx].snapshot.terminal = true;
         let spec = self.pods[idx].spec_index;
@@ -526,7 +521,7 @@ impl Sim {
                 && self.pods[pick].phase == Phase::Bound
                 && self.rng.random_range(0..4) == 0
             {
-                self.reject_before_allocate(pick);
+                self.rejected_and_recreated(pick);
                 continue;
             }
             let from = match self.pods[pick].phase {
