@@ -79,11 +79,83 @@ fn spread_takes_the_least_used_card_and_binpack_the_most_used() {
 
 #[test]
 fn equal_cards_are_tried_from_the_end_of_the_sorted_list() {
-    // Go's stable sort keeps index order for ties and Fit walks from the end.
+    // Go's sort is stable at this size, so ties keep the list's order, and Fit walks from the end.
     let n = node(vec![gpu("GPU-a", 0, 0), gpu("GPU-b", 1, 0)]);
     assert_eq!(
         eval(&n, &one(1, 1000, UNSET, 0), &opts(&[GpuPolicyKey::Spread])).unwrap(),
         "GPU-b,NVIDIA,1000,0:;"
+    );
+}
+
+#[test]
+fn equal_cards_keep_the_register_order_not_the_index_order() {
+    // The register annotation lists index 1 before index 0. A single policy has no index key,
+    // so HAMi keeps the listed order and takes the last listed card: index 0.
+    let n = node(vec![gpu("GPU-one", 1, 0), gpu("GPU-zero", 0, 0)]);
+    for policy in [GpuPolicyKey::Spread, GpuPolicyKey::Binpack] {
+        assert_eq!(
+            eval(&n, &one(1, 1000, UNSET, 0), &opts(&[policy])).unwrap(),
+            "GPU-zero,NVIDIA,1000,0:;",
+            "{policy:?}"
+        );
+    }
+    // A comma chain ends on the device index (`lessByChain`): index 1 sorts last.
+    assert_eq!(
+        eval(
+            &n,
+            &one(1, 1000, UNSET, 0),
+            &opts(&[GpuPolicyKey::Spread, GpuPolicyKey::Numa])
+        )
+        .unwrap(),
+        "GPU-one,NVIDIA,1000,0:;"
+    );
+}
+
+#[test]
+fn device_scores_are_float32_so_nearly_equal_cards_tie_as_in_hami() {
+    // 81,921 and 81,920 MiB cards score the same in f32 for a small request (they differ in f64),
+    // so the stable sort keeps the listed order and spread takes the second listed card; with
+    // f64 scores the larger card would sort last and be taken.
+    let mut a = gpu("GPU-a", 0, 0);
+    a.totalmem = 81921;
+    let mut b = gpu("GPU-b", 1, 0);
+    b.totalmem = 81920;
+    let req = gpu_request(1, 10, UNSET, 0);
+    let w = fit::Weights::default();
+    assert_eq!(fit::device_score(&a, &req, w), fit::device_score(&b, &req, w));
+    let n = node(vec![a, b]);
+    assert_eq!(
+        eval(&n, &one(1, 10, UNSET, 0), &opts(&[GpuPolicyKey::Spread])).unwrap(),
+        "GPU-b,NVIDIA,10,0:;"
+    );
+}
+
+#[test]
+fn a_later_app_container_starts_from_the_order_the_one_before_left() {
+    // HAMi sorts one device list in place per app container. Here the first container (4000 MiB)
+    // sorts Y before X; for the second (1000 MiB) X and Y tie, so they stay in that order, and
+    // binpack, after the full card Z, takes X. Sorting afresh from the register order would
+    // give Y.
+    let card = |uuid: &str, index: u32, totalmem: u32, used: u32, usedmem: u32| {
+        let mut g = gpu(uuid, index, 0);
+        (g.totalmem, g.used, g.usedmem) = (totalmem, used, usedmem);
+        g
+    };
+    let n = node(vec![
+        card("GPU-x", 0, 10000, 1, 500),
+        card("GPU-y", 1, 20000, 1, 2000),
+        card("GPU-z", 2, 9500, 5, 5000),
+    ]);
+    let ask = PodAsk {
+        init: vec![],
+        app: vec![
+            Some(gpu_request(1, 4000, UNSET, 0)),
+            Some(gpu_request(1, 1000, UNSET, 0)),
+        ],
+    };
+    assert_eq!(
+        eval(&n, &ask, &opts(&[GpuPolicyKey::Binpack])).unwrap(),
+        "GPU-z,NVIDIA,4000,0:;GPU-x,NVIDIA,1000,0:;"
     );
 }
 

@@ -126,7 +126,7 @@ impl ContainerFit<'_> {
         let scorer = DeviceScorer::new(req, opts.weights);
         let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
         let mut selected = 0usize;
-        let mut best: Option<(usize, f64, Pick)> = None;
+        let mut best: Option<(usize, f32, Pick)> = None;
         for (i, g) in gpus.iter().enumerate() {
             if !self.is_nvidia_at(i, g) {
                 continue;
@@ -161,22 +161,7 @@ impl ContainerFit<'_> {
 
     /// [`Self::picks`] the way HAMi does it: sort, then walk the sorted list from its end.
     fn sorted(&self) -> Result<Vec<Pick>, String> {
-        let (gpus, req, opts) = (self.gpus, self.req, self.opts);
-        // Scratch space on the stack for the usual node size (this runs for every candidate node
-        // of every filter).
-        let n = gpus.len();
-        let mut score_stack = [0f64; STACK_GPUS];
-        let mut score_heap = Vec::new();
-        let scores: &mut [f64] = if n <= STACK_GPUS {
-            &mut score_stack[..n]
-        } else {
-            score_heap.resize(n, 0.0);
-            &mut score_heap
-        };
-        let scorer = DeviceScorer::new(req, opts.weights);
-        for (s, g) in scores.iter_mut().zip(gpus) {
-            *s = scorer.score(g);
-        }
+        let n = self.gpus.len();
         let mut order_stack = [0usize; STACK_GPUS];
         let mut order_heap = Vec::new();
         let order: &mut [usize] = if n <= STACK_GPUS {
@@ -188,17 +173,51 @@ impl ContainerFit<'_> {
         for (i, o) in order.iter_mut().enumerate() {
             *o = i;
         }
+        self.picks_in_order(order)
+    }
+
+    /// Fits the request the way HAMi does for a pod's later app containers: `order` (positions
+    /// of `gpus`, every one once) is the node's device list as the previous container left it;
+    /// it is sorted in place for this request, and stays sorted for the next container.
+    pub fn picks_in_order(&self, order: &mut [usize]) -> Result<Vec<Pick>, String> {
+        let (gpus, req, opts) = (self.gpus, self.req, self.opts);
+        // Scratch space on the stack for the usual node size (this runs for every candidate node
+        // of every filter).
+        let n = gpus.len();
+        if order.len() != n {
+            // A caller's bug, not input: answer as HAMi would for an empty device list.
+            return Err(reason::NODE_INSUFFICIENT_DEVICE.to_owned());
+        }
+        let mut score_stack = [0f32; STACK_GPUS];
+        let mut score_heap = Vec::new();
+        let scores: &mut [f32] = if n <= STACK_GPUS {
+            &mut score_stack[..n]
+        } else {
+            score_heap.resize(n, 0.0);
+            &mut score_heap
+        };
+        let scorer = DeviceScorer::new(req, opts.weights);
+        for (s, g) in scores.iter_mut().zip(gpus) {
+            *s = scorer.score(g);
+        }
         sort_order(order, gpus, scores, opts);
-        // Keep the NVIDIA devices, in order, as a prefix.
+        // The NVIDIA devices, in order.
+        let mut kept_stack = [0usize; STACK_GPUS];
+        let mut kept_heap = Vec::new();
+        let kept_buf: &mut [usize] = if n <= STACK_GPUS {
+            &mut kept_stack[..n]
+        } else {
+            kept_heap.resize(n, 0);
+            &mut kept_heap
+        };
         let mut kept = 0;
-        for k in 0..n {
-            let i = order[k];
+        for &i in order.iter() {
             if self.is_nvidia_at(i, &gpus[i]) {
-                order[kept] = i;
+                kept_buf[kept] = i;
                 kept += 1;
             }
         }
-        let selected: &[usize] = &order[..kept];
+        let selected: &[usize] = &kept_buf[..kept];
         let nums = req.nums as usize;
         if nums == 0 {
             return Ok(Vec::new());

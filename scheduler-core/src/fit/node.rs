@@ -110,12 +110,20 @@ pub fn evaluate_picks(
     } else {
         std::borrow::Cow::Borrowed(node.gpus.as_slice())
     };
+    // HAMi sorts one copy of the node's device list in place for each app container in turn, so
+    // each container starts from the order the one before left (`allocateAppContainers`); ties
+    // keep that order. Init containers each start from the node's own order.
+    let mut order: Vec<usize> = if multi {
+        (0..node.gpus.len()).collect()
+    } else {
+        Vec::new()
+    };
     let mut app_charge = Charge::default();
     for req in &ask.app {
         match req {
             None => containers.push(Vec::new()),
             Some(r) => {
-                let picks = ContainerFit {
+                let fit = ContainerFit {
                     node,
                     gpus: &gpus,
                     req: r,
@@ -123,8 +131,12 @@ pub fn evaluate_picks(
                     quota,
                     charged: app_charge,
                     nvidia,
-                }
-                .picks()?;
+                };
+                let picks = if multi {
+                    fit.picks_in_order(&mut order)?
+                } else {
+                    fit.picks()?
+                };
                 for p in &picks {
                     if multi {
                         gpus.to_mut()[p.gpu].book(p.mem, p.cores);

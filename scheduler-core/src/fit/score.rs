@@ -22,12 +22,12 @@ pub fn node_score(gpus: &[GpuState]) -> f32 {
     10.0 * (used as f32 / count as f32 + ucores as f32 / tcores as f32 + umem as f32 / tmem as f32)
 }
 
-/// Device score (`ComputeScore`) for one container's request.
+/// Device score (`ComputeScore`) for one container's request, in `f32` like HAMi.
 ///
 /// HAMi v2.10 counts the request only when the device `type` equals the request type (`NVIDIA`)
 /// exactly, which real devices (`NVIDIA-Tesla T4`) never do (Appendix B #3). Tessera always counts
 /// the request on NVIDIA devices, as HAMi's own unit tests expect; see docs/scheduler.md.
-pub fn device_score(g: &GpuState, req: &GpuRequest, w: Weights) -> f64 {
+pub fn device_score(g: &GpuState, req: &GpuRequest, w: Weights) -> f32 {
     DeviceScorer::new(req, w).score(g)
 }
 
@@ -35,42 +35,56 @@ pub fn device_score(g: &GpuState, req: &GpuRequest, w: Weights) -> f64 {
 /// for the same request; read through the fitting context in that loop, the request's fields
 /// were loaded and converted again for every device (3% of a filter's instructions, by
 /// callgrind).
+///
+/// The arithmetic is HAMi's, operation for operation: integer sums, one `f32` conversion of
+/// each, `f32` division, then `f32` weights. The precision is part of the contract: two cards of
+/// 81,921 and 81,920 MiB score the same in `f32`, so HAMi's stable sort keeps them in list order,
+/// where `f64` would order them by size and pick the other card.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct DeviceScorer {
-    cores: f64,
+    cores: i64,
     /// The percentage of each card's memory, when the request is one.
-    mem_percentage: Option<f64>,
-    mem: f64,
-    slot_weight: f64,
-    core_weight: f64,
-    memory_weight: f64,
+    mem_percentage: Option<i64>,
+    mem: i64,
+    slot_weight: f32,
+    core_weight: f32,
+    memory_weight: f32,
 }
+
+/// HAMi's `util.Weight`, the factor of every device score.
+const SCORE_FACTOR: f32 = 10.0;
 
 impl DeviceScorer {
     pub(super) fn new(req: &GpuRequest, w: Weights) -> Self {
         let pct = req.mem_percentage_req;
         DeviceScorer {
-            cores: f64::from(req.coresreq),
-            mem_percentage: (pct != 0 && pct != MEM_PERCENTAGE_UNSET).then(|| f64::from(pct)),
-            mem: f64::from(req.memreq),
-            slot_weight: f64::from(w.slot),
-            core_weight: f64::from(w.core),
-            memory_weight: f64::from(w.memory),
+            cores: i64::from(req.coresreq),
+            mem_percentage: (pct != 0 && pct != MEM_PERCENTAGE_UNSET).then(|| i64::from(pct)),
+            mem: i64::from(req.memreq),
+            slot_weight: w.slot as f32,
+            core_weight: w.core as f32,
+            memory_weight: w.memory as f32,
         }
     }
 
-    pub(super) fn score(&self, g: &GpuState) -> f64 {
+    pub(super) fn score(&self, g: &GpuState) -> f32 {
         if g.count == 0 || g.totalcore == 0 || g.totalmem == 0 {
             return 0.0;
         }
-        let r = 1.0;
-        let m = match self.mem_percentage {
-            Some(pct) => (f64::from(g.totalmem) * pct / 100.0).floor(),
+        // One container asks for one slot on each device it gets (`request += 1`).
+        let slots = 1 + i64::from(g.used);
+        let mem = match self.mem_percentage {
+            // HAMi: `int64(Totalmem) * pct / 100`, integer division.
+            Some(pct) => i64::from(g.totalmem) * pct / 100,
             None => self.mem,
         };
-        10.0 * (self.slot_weight * (r + f64::from(g.used)) / f64::from(g.count)
-            + self.core_weight * (self.cores + f64::from(g.usedcores)) / f64::from(g.totalcore)
-            + self.memory_weight * (m + f64::from(g.usedmem)) / f64::from(g.totalmem))
+        let used_score = slots as f32 / g.count as f32;
+        let core_score = (self.cores + i64::from(g.usedcores)) as f32 / g.totalcore as f32;
+        let mem_score = (mem + i64::from(g.usedmem)) as f32 / g.totalmem as f32;
+        SCORE_FACTOR
+            * (self.slot_weight * used_score
+                + self.core_weight * core_score
+                + self.memory_weight * mem_score)
     }
 }
 
@@ -81,10 +95,13 @@ pub(super) enum SortKey {
     NumaAsc,
     NumaDesc,
     UsedDesc,
+    /// The device index: the last key of a comma-separated chain (HAMi's `lessByChain`). The
+    /// single-policy forms have no such key, so equal devices keep the order the list had.
+    IndexAsc,
 }
 
-/// At most one key per dimension (score, NUMA) and the `UsedDesc` of mutex: never more than
-/// [`MAX_SORT_KEYS`] keys, so they live on the stack.
+/// At most one key per dimension (score, NUMA) and the `UsedDesc` of mutex or the `IndexAsc` of
+/// a chain: never more than [`MAX_SORT_KEYS`] keys, so they live on the stack.
 const MAX_SORT_KEYS: usize = 4;
 
 /// The sort keys of one policy chain, in priority order.
@@ -162,19 +179,21 @@ pub(super) fn sort_keys(opts: &PlacementOptions) -> SortKeys {
             {
                 keys.push(SortKey::ScoreDesc);
             }
+            keys.push(SortKey::IndexAsc);
             keys
         }
     }
 }
 
-/// HAMi's order of two devices (with their device scores) under `keys`; ties end on `Index`
-/// ascending (deterministic where Go's sort is not, Appendix B #4).
+/// HAMi's order of two devices (with their device scores) under `keys`. Devices equal under
+/// every key compare equal: the stable sort then keeps them in the order the list already had
+/// (HAMi's `sort.Sort` is an insertion sort, so stable, up to 12 devices; docs/scheduler.md).
 pub(super) fn compare_gpus(
     keys: &[SortKey],
     ga: &GpuState,
-    sa: f64,
+    sa: f32,
     gb: &GpuState,
-    sb: f64,
+    sb: f32,
 ) -> std::cmp::Ordering {
     for k in keys {
         let o = match k {
@@ -183,19 +202,22 @@ pub(super) fn compare_gpus(
             SortKey::NumaAsc => ga.numa.cmp(&gb.numa),
             SortKey::NumaDesc => gb.numa.cmp(&ga.numa),
             SortKey::UsedDesc => gb.used.cmp(&ga.used),
+            SortKey::IndexAsc => ga.index.cmp(&gb.index),
         };
         if o.is_ne() {
             return o;
         }
     }
-    ga.index.cmp(&gb.index)
+    std::cmp::Ordering::Equal
 }
 
-/// Sorts `order` (indices of `gpus`) in HAMi's order. Stable, like the original pass.
+/// Sorts `order` (indices of `gpus`) in HAMi's order, starting from the order it already has:
+/// HAMi sorts the node's device list in place, so a pod's second container starts from the order
+/// the first one left (`fitInDevices`), and equal devices stay where the last sort put them.
 pub(super) fn sort_order(
     order: &mut [usize],
     gpus: &[GpuState],
-    scores: &[f64],
+    scores: &[f32],
     opts: &PlacementOptions,
 ) {
     let keys = sort_keys(opts);
