@@ -82,6 +82,23 @@ pub enum AllocateError {
     Empty,
 }
 
+impl AllocateError {
+    /// `<namespace>/<name>` of the pod the refused call was for, when it got that far.
+    pub fn pod(&self) -> Option<&str> {
+        match self {
+            AllocateError::UnknownGpu { pod, .. }
+            | AllocateError::Response { pod, .. }
+            | AllocateError::Entries { pod, .. }
+            | AllocateError::Patch { pod, .. }
+            | AllocateError::Identity(
+                IdentityError::AdmittedPodNotPending { pod, .. }
+                | IdentityError::AmbiguousReask { pod, .. },
+            ) => Some(pod),
+            _ => None,
+        }
+    }
+}
+
 /// Where identification reads the node's pods from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PodView {

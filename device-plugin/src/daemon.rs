@@ -34,6 +34,7 @@ use crate::kube_edges::{CapacityNames, KubePatcher, KubePodSource, NodeAnnotator
 use crate::kubelet::{KubeletError, KubeletSettings, Readiness, socket_name_for};
 use crate::metrics::PluginMetrics;
 use crate::monitor::VgpuMonitor;
+use crate::node_events::NodeEvents;
 use crate::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
 use crate::pod_resources::KubeletPodResources;
 use crate::service::{DevicePluginService, DeviceState};
@@ -228,6 +229,9 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
     tessera_runtime::shutdown::cancel_on_signals(&shutdown).map_err(StartError::Signals)?;
 
     let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let (events, events_rx) = NodeEvents::channel();
+    crate::kube_edges::spawn_node_event_writer(client.clone(), &cli.node_name, events_rx);
+    state.attach_events(events);
     let resource = config.nvidia.resources.count.clone();
     let pods: Arc<KubePodSource> = Arc::new(KubePodSource::start(
         client.clone(),

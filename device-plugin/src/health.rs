@@ -101,6 +101,11 @@ impl HealthTracker {
         }
     }
 
+    /// How long a GPU must stay quiet before it is probed ([`HealthPolicy::recovery_quiet`]).
+    pub fn recovery_quiet(&self) -> Duration {
+        self.policy.recovery_quiet
+    }
+
     pub fn is_healthy(&self, uuid: &str) -> bool {
         self.gpus.get(uuid).is_some_and(|g| g.last_error.is_none())
     }

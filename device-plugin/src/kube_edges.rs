@@ -406,6 +406,70 @@ impl NodeAnnotator {
     }
 }
 
+/// The `reportingController` of the plugin's Events.
+pub const EVENT_REPORTER: &str = "tessera-device-plugin";
+
+/// Writes the plugin's Node Events (task `node-events`) until every [`NodeEvents`] handle is
+/// gone. Kubernetes deduplicates repeats into a series on the Event (kube-rs' recorder), so a
+/// GPU that flaps does not flood etcd.
+///
+/// [`NodeEvents`]: crate::node_events::NodeEvents
+pub fn spawn_node_event_writer(
+    client: kube::Client,
+    node: &str,
+    rx: tokio::sync::mpsc::Receiver<crate::node_events::NodeEvent>,
+) {
+    let reporter = kube::runtime::events::Reporter {
+        controller: EVENT_REPORTER.to_owned(),
+        instance: Some(node.to_owned()),
+    };
+    let recorder = kube::runtime::events::Recorder::new(client.clone(), reporter);
+    spawn_task(
+        "node-events",
+        write_node_events(Api::all(client), node.to_owned(), recorder, rx),
+    );
+}
+
+async fn write_node_events(
+    nodes: Api<Node>,
+    node: String,
+    recorder: kube::runtime::events::Recorder,
+    mut rx: tokio::sync::mpsc::Receiver<crate::node_events::NodeEvent>,
+) {
+    use crate::node_events::NodeEventType;
+    use kube::runtime::events::{Event, EventType};
+    // `kubectl describe node` selects the node's Events by UID too: read it once.
+    let mut uid: Option<String> = None;
+    while let Some(event) = rx.recv().await {
+        if uid.is_none() {
+            match nodes.get_opt(&node).await {
+                Ok(found) => uid = found.and_then(|n| n.metadata.uid),
+                Err(e) => tracing::debug!(error = %DisplayChain(&e), "cannot read the node's UID"),
+            }
+        }
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Node".to_owned()),
+            name: Some(node.clone()),
+            uid: uid.clone(),
+            ..Default::default()
+        };
+        let ev = Event {
+            type_: match event.kind {
+                NodeEventType::Normal => EventType::Normal,
+                NodeEventType::Warning => EventType::Warning,
+            },
+            reason: event.reason.to_owned(),
+            note: Some(event.message),
+            action: event.reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            tracing::debug!(error = %DisplayChain(&e), reason = event.reason, "could not record node event");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,7 @@ pub mod kube_edges;
 pub mod kubelet;
 pub mod metrics;
 pub mod monitor;
+pub mod node_events;
 pub mod nvml;
 pub mod pod_resources;
 pub mod pods;

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use tokio::time::Instant;
 
 use futures::{Stream, StreamExt};
@@ -18,6 +18,7 @@ use crate::allocator::Allocator;
 use crate::gpu::{ManagedGpu, kubelet_devices, register_devices};
 use crate::health::{HealthEvent, HealthTracker};
 use crate::metrics::PluginMetrics;
+use crate::node_events::{NodeEvent, NodeEvents};
 
 /// The GPUs the plugin advertises and their health; every change is pushed to `ListAndWatch`
 /// streams and picked up by the annotation loop.
@@ -28,6 +29,8 @@ pub struct DeviceState {
     pub managed_uuids: Arc<RwLock<BTreeSet<String>>>,
     numa_topology: bool,
     metrics: Option<PluginMetrics>,
+    /// Node Events; set once the API client exists ([`DeviceState::attach_events`]).
+    events: OnceLock<NodeEvents>,
 }
 
 struct Inner {
@@ -55,9 +58,24 @@ impl DeviceState {
             managed_uuids: Arc::default(),
             numa_topology,
             metrics,
+            events: OnceLock::new(),
         });
         state.publish();
         state
+    }
+
+    /// Sends health changes and refused `Allocate` calls as Events on the node from now on. The
+    /// state exists before the API client does (`--print-register` never has one), so this is
+    /// set afterwards, once; a second call is ignored.
+    pub fn attach_events(&self, events: NodeEvents) {
+        let _ = self.events.set(events);
+    }
+
+    /// Queues a Node Event (dropped when none is attached).
+    pub fn emit(&self, event: NodeEvent) {
+        if let Some(events) = self.events.get() {
+            events.emit(event);
+        }
     }
 
     fn with_inner<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Option<T> {
@@ -118,15 +136,21 @@ impl DeviceState {
             .unwrap_or(false);
         if changed {
             tracing::warn!(?event, "GPU unhealthy; its replicas are reported Unhealthy");
+            self.emit(NodeEvent::gpu_unhealthy(event));
             self.publish();
         }
     }
 
     /// Probes GPUs whose quiet period passed; healthy again when they answer.
     pub fn recover(&self, answers: &dyn Fn(&str) -> bool, now: Instant) {
-        let due = self
-            .with_inner(|inner| inner.health.due_for_probe(now))
-            .unwrap_or_default();
+        let Some((due, quiet)) = self.with_inner(|inner| {
+            (
+                inner.health.due_for_probe(now),
+                inner.health.recovery_quiet(),
+            )
+        }) else {
+            return;
+        };
         let mut changed = false;
         for uuid in due {
             let ok = answers(&uuid);
@@ -135,6 +159,7 @@ impl DeviceState {
                 .unwrap_or(false)
             {
                 tracing::info!(%uuid, "GPU recovered; its replicas are Healthy again");
+                self.emit(NodeEvent::gpu_recovered(&uuid, quiet));
                 changed = true;
             }
         }
@@ -234,8 +259,14 @@ impl DevicePlugin for DevicePluginService {
             .allocate(request.into_inner())
             .await
             .map(Response::new)
-            // The whole chain: the kubelet shows it in the pod's events.
-            .map_err(|e| Status::failed_precondition(DisplayChain(&e).to_string()))
+            .map_err(|e| {
+                // The whole chain: the kubelet shows it in the pod's events, and the node's
+                // Event names the pod (the kubelet's own event may not say which device plugin).
+                let chain = DisplayChain(&e).to_string();
+                self.state
+                    .emit(NodeEvent::allocate_refused(e.pod(), &chain));
+                Status::failed_precondition(chain)
+            })
     }
 
     async fn pre_start_container(

@@ -20,6 +20,7 @@ use tessera_device_plugin::gpu::{AdvertiseSettings, GpuInfo, plan_gpus};
 use tessera_device_plugin::health::{HealthEvent, HealthPolicy, HealthTracker};
 use tessera_device_plugin::identity::PodSnapshot;
 use tessera_device_plugin::kubelet::{KubeletSettings, Readiness, run};
+use tessera_device_plugin::node_events::{NodeEventType, NodeEvents};
 use tessera_device_plugin::pod_resources::KubeletPodResources;
 use tessera_device_plugin::service::{DevicePluginService, DeviceState};
 use tessera_device_plugin::testing::{self, MemoryApi, NODE, RESOURCE, response_settings, t4};
@@ -310,6 +311,8 @@ async fn health_event_streams_unhealthy_replicas_and_recovers() {
         .expect("stream")
         .into_inner();
     stream.message().await.expect("ok").expect("initial");
+    let (events, mut node_events) = NodeEvents::channel();
+    p.state.attach_events(events);
 
     p.state.health_event(
         &HealthEvent::Xid {
@@ -318,6 +321,12 @@ async fn health_event_streams_unhealthy_replicas_and_recovers() {
         },
         Instant::now(),
     );
+    let event = node_events.try_recv().expect("a node event");
+    assert_eq!(
+        (event.kind, event.reason),
+        (NodeEventType::Warning, "GPUUnhealthy")
+    );
+    assert!(event.message.contains("GPU-0") && event.message.contains("XID 79"));
     let update = stream.message().await.expect("ok").expect("update");
     let unhealthy: Vec<_> = update
         .devices
@@ -342,6 +351,13 @@ async fn health_event_streams_unhealthy_replicas_and_recovers() {
         .recover(&|_| true, Instant::now() + Duration::from_millis(1));
     let update = stream.message().await.expect("ok").expect("recovered");
     assert!(update.devices.iter().all(|d| d.health == "Healthy"));
+    // The ignored XID and the failed probe said nothing; the recovery did.
+    let event = node_events.try_recv().expect("a recovery event");
+    assert_eq!(
+        (event.kind, event.reason),
+        (NodeEventType::Normal, "GPURecovered")
+    );
+    assert!(node_events.try_recv().is_err(), "one event per change");
     assert!(
         p.state
             .register_annotation()
@@ -502,6 +518,8 @@ async fn a_booking_of_a_gpu_this_node_lacks_is_never_served() {
         .await
         .expect("registered");
     let mut client = p.kubelet.plugin(&reg.endpoint).await;
+    let (events, mut node_events) = NodeEvents::channel();
+    p.state.attach_events(events);
     p.api.add_pod(bound_pod(
         "bad",
         &[&[("GPU-9", 1000, 10), ("GPU-0", 1000, 10)]],
@@ -513,6 +531,13 @@ async fn a_booking_of_a_gpu_this_node_lacks_is_never_served() {
         .await
         .expect_err("no believable pod asks for two GPUs");
     assert!(err.message().contains("tessera"), "{}", err.message());
+    // The refusal is a Warning on the node too, with the message the kubelet got.
+    let event = node_events.try_recv().expect("a node event");
+    assert_eq!(
+        (event.kind, event.reason),
+        (NodeEventType::Warning, "AllocateRefused")
+    );
+    assert!(event.message.ends_with(err.message()), "{}", event.message);
     let ok = allocate(&mut client, &["GPU-0-2"])
         .await
         .expect("good pod unaffected");

@@ -398,6 +398,33 @@ async fn failed_gpu_is_avoided_and_comes_back_after_recovery() {
         .unwrap_or("")
         .to_owned();
     assert!(alloc.contains(&bad), "placed on the recovered GPU: {alloc}");
+    // Both changes are Events on the node, for `kubectl describe node`.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(c.admin().clone(), "default");
+    eventually(
+        "GPUUnhealthy and GPURecovered events on the node",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || {
+            let events = events.clone();
+            let bad = bad.clone();
+            async move {
+                let list = events.list(&Default::default()).await.ok()?;
+                let on_node = |reason: &str, kind: &str| {
+                    list.items.iter().any(|e| {
+                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gpu-node-0")
+                            && e.reason.as_deref() == Some(reason)
+                            && e.type_.as_deref() == Some(kind)
+                            && e.note.as_deref().is_some_and(|n| n.contains(&bad))
+                    })
+                };
+                (on_node("GPUUnhealthy", "Warning") && on_node("GPURecovered", "Normal"))
+                    .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(20)));
 }
 
 /// Kubelet restart: the plugin registers again and new pods are still allocated.

@@ -1,0 +1,169 @@
+//! Kubernetes Events on the plugin's Node: a GPU turned unhealthy or recovered, an `Allocate`
+//! refused. Operators look at `kubectl describe node` and `kubectl get events` first; a log line
+//! on one of a thousand nodes is found too late.
+//!
+//! Emitting never blocks and never fails the caller: the health thread and `Allocate` hand the
+//! event to a bounded queue ([`NodeEvents::emit`]) and a background task writes it
+//! (`kube_edges::spawn_node_event_writer`). A full queue (an API server that does not keep up)
+//! drops the event with a debug log, as Events are best effort.
+
+use tokio::sync::mpsc;
+
+use crate::health::HealthEvent;
+
+/// Reason of the Warning Event for a GPU that turned unhealthy.
+pub const REASON_GPU_UNHEALTHY: &str = "GPUUnhealthy";
+/// Reason of the Normal Event for a GPU that is healthy again.
+pub const REASON_GPU_RECOVERED: &str = "GPURecovered";
+/// Reason of the Warning Event for a refused `Allocate`.
+pub const REASON_ALLOCATE_REFUSED: &str = "AllocateRefused";
+
+/// Events waiting to be written; beyond this new ones are dropped.
+pub const NODE_EVENT_QUEUE: usize = 256;
+
+/// Severity, as Kubernetes has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeEventType {
+    Normal,
+    Warning,
+}
+
+/// One Event about the plugin's Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEvent {
+    pub kind: NodeEventType,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl NodeEvent {
+    /// A GPU turned unhealthy: the kubelet stops placing pods on its replicas.
+    pub fn gpu_unhealthy(event: &HealthEvent) -> Self {
+        let message = match event {
+            HealthEvent::Xid { uuid, xid } => format!(
+                "GPU {uuid} is unhealthy after XID {xid}; its replicas are reported Unhealthy to \
+                 the kubelet and no new pod is placed on it until it recovers"
+            ),
+            HealthEvent::Lost { uuid } => format!(
+                "GPU {uuid} is lost (NVML no longer reaches it); its replicas are reported \
+                 Unhealthy to the kubelet and no new pod is placed on it until it recovers"
+            ),
+        };
+        NodeEvent {
+            kind: NodeEventType::Warning,
+            reason: REASON_GPU_UNHEALTHY,
+            message,
+        }
+    }
+
+    /// A GPU answered NVML again after the quiet period without new errors.
+    pub fn gpu_recovered(uuid: &str, quiet: std::time::Duration) -> Self {
+        NodeEvent {
+            kind: NodeEventType::Normal,
+            reason: REASON_GPU_RECOVERED,
+            message: format!(
+                "GPU {uuid} answers NVML again after {}s without new errors; its replicas are \
+                 Healthy again",
+                quiet.as_secs()
+            ),
+        }
+    }
+
+    /// An `Allocate` the plugin refused; `pod` is `<namespace>/<name>` when the call got that
+    /// far. `error` is the whole chain the kubelet also shows in the pod's events.
+    pub fn allocate_refused(pod: Option<&str>, error: &str) -> Self {
+        let message = match pod {
+            Some(pod) => format!("Allocate for pod {pod} refused: {error}"),
+            None => format!("Allocate refused before its pod was identified: {error}"),
+        };
+        NodeEvent {
+            kind: NodeEventType::Warning,
+            reason: REASON_ALLOCATE_REFUSED,
+            // The API server refuses an Event note over 1 kB (events.k8s.io/v1).
+            message: truncate(message, 1000),
+        }
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// Where the plugin's Node Events go. Cloning is cheap; a handle without a writer
+/// ([`NodeEvents::disabled`]) drops every event.
+#[derive(Debug, Clone, Default)]
+pub struct NodeEvents {
+    tx: Option<mpsc::Sender<NodeEvent>>,
+}
+
+impl NodeEvents {
+    /// A handle and the queue its writer reads.
+    pub fn channel() -> (Self, mpsc::Receiver<NodeEvent>) {
+        let (tx, rx) = mpsc::channel(NODE_EVENT_QUEUE);
+        (NodeEvents { tx: Some(tx) }, rx)
+    }
+
+    /// Drops every event (no API server: `--print-register`, tests).
+    pub fn disabled() -> Self {
+        NodeEvents { tx: None }
+    }
+
+    /// Queues `event` without waiting; callable from any thread.
+    pub fn emit(&self, event: NodeEvent) {
+        let Some(tx) = &self.tx else { return };
+        if let Err(e) = tx.try_send(event) {
+            tracing::debug!(error = %e, "node event dropped");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_say_what_happened_and_what_it_means() {
+        let e = NodeEvent::gpu_unhealthy(&HealthEvent::Xid {
+            uuid: "GPU-a".into(),
+            xid: 79,
+        });
+        assert_eq!(e.kind, NodeEventType::Warning);
+        assert_eq!(e.reason, "GPUUnhealthy");
+        assert!(
+            e.message
+                .starts_with("GPU GPU-a is unhealthy after XID 79;")
+        );
+        let r = NodeEvent::gpu_recovered("GPU-a", std::time::Duration::from_secs(60));
+        assert_eq!(r.kind, NodeEventType::Normal);
+        assert!(r.message.contains("after 60s"));
+        let a = NodeEvent::allocate_refused(Some("ns/p"), "tessera: boom");
+        assert_eq!(a.message, "Allocate for pod ns/p refused: tessera: boom");
+    }
+
+    #[test]
+    fn long_errors_are_cut_at_a_character_boundary() {
+        let e = NodeEvent::allocate_refused(None, &"é".repeat(2000));
+        assert!(e.message.len() <= 1000);
+    }
+
+    #[test]
+    fn a_full_queue_drops_instead_of_blocking() {
+        let (events, mut rx) = NodeEvents::channel();
+        for _ in 0..NODE_EVENT_QUEUE + 10 {
+            events.emit(NodeEvent::gpu_recovered("GPU-a", std::time::Duration::ZERO));
+        }
+        let mut n = 0;
+        while rx.try_recv().is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, NODE_EVENT_QUEUE);
+        NodeEvents::disabled().emit(NodeEvent::gpu_recovered("x", std::time::Duration::ZERO));
+    }
+}
