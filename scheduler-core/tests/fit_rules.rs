@@ -122,7 +122,10 @@ fn device_scores_are_float32_so_nearly_equal_cards_tie_as_in_hami() {
     b.totalmem = 81920;
     let req = gpu_request(1, 10, UNSET, 0);
     let w = fit::Weights::default();
-    assert_eq!(fit::device_score(&a, &req, w), fit::device_score(&b, &req, w));
+    assert_eq!(
+        fit::device_score(&a, &req, w),
+        fit::device_score(&b, &req, w)
+    );
     let n = node(vec![a, b]);
     assert_eq!(
         eval(&n, &one(1, 10, UNSET, 0), &opts(&[GpuPolicyKey::Spread])).unwrap(),
