@@ -14,6 +14,7 @@
 //! | `sighup`, `signals` | restart on SIGHUP; shutdown on SIGTERM / SIGINT | on signal |
 //! | `device-plugin-server` | the kubelet-facing gRPC server | per registration |
 
+use std::collections::BTreeSet;
 use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,7 @@ use tessera_runtime::{CancellationToken, DisplayChain, Schedule, spawn_periodic,
 
 use crate::allocator::Allocator;
 use crate::cli::{Cli, Periods};
+use crate::conflict::{ConflictTracker, PluginConflict, ids_naming_our_gpus};
 use crate::container_env::ResponseSettings;
 use crate::edges::{PodResourcesSource, PodSource};
 use crate::gpu::{AdvertiseSettings, SettingsError, merge_rediscovered, plan_gpus};
@@ -34,7 +36,7 @@ use crate::kube_edges::{CapacityNames, KubePatcher, KubePodSource, NodeAnnotator
 use crate::kubelet::{KubeletError, KubeletSettings, Readiness, socket_name_for};
 use crate::metrics::PluginMetrics;
 use crate::monitor::VgpuMonitor;
-use crate::node_events::NodeEvents;
+use crate::node_events::{NodeEvent, NodeEvents};
 use crate::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
 use crate::pod_resources::KubeletPodResources;
 use crate::service::{DevicePluginService, DeviceState};
@@ -278,7 +280,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
             "{}/vgpu/containers",
             cli.hook_path.trim_end_matches('/')
         )),
-        pods,
+        pods: pods.clone(),
         metrics: metrics.clone(),
         orphan_grace: periods.orphan_dir_grace,
     };
@@ -303,6 +305,25 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
             },
         );
     }
+    spawn_periodic(
+        "plugin-conflicts",
+        Schedule::every(CONFLICT_SCAN).first_after(CONFLICT_SCAN_FIRST),
+        shutdown.clone(),
+        {
+            let scan = ConflictScan {
+                socket_dir: cli.socket_dir.clone(),
+                own_socket: socket_name_for(&resource),
+                pods: pods.clone(),
+                state: state.clone(),
+                metrics: metrics.clone(),
+                tracker: Arc::default(),
+            };
+            move || {
+                let scan = scan.clone();
+                async move { scan.pass().await }
+            }
+        },
+    );
     let restart = restart_on_sighup();
 
     let settings = KubeletSettings {
@@ -600,6 +621,62 @@ impl HealthThread {
                     );
                 }
             }
+        }
+    }
+}
+
+/// How often the node is checked for another device plugin serving its GPUs, and the delay of
+/// the first check (the other plugin's pod and socket need a moment after a node boots).
+const CONFLICT_SCAN: Duration = Duration::from_secs(60);
+const CONFLICT_SCAN_FIRST: Duration = Duration::from_secs(15);
+/// How long another plugin's socket may take to list its devices.
+const CONFLICT_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One pass of task `plugin-conflicts`: the other sockets in the kubelet's directory that list
+/// this node's GPUs, and known GPU device-plugin pods on the node. A conflict is reported (Warning
+/// Event `DevicePluginConflict`, metric `tessera_device_plugin_conflict`) when it appears; its
+/// series is removed when it is gone.
+#[derive(Clone)]
+struct ConflictScan {
+    socket_dir: PathBuf,
+    own_socket: String,
+    pods: Arc<KubePodSource>,
+    state: Arc<DeviceState>,
+    metrics: PluginMetrics,
+    tracker: Arc<std::sync::Mutex<ConflictTracker>>,
+}
+
+impl ConflictScan {
+    async fn pass(&self) {
+        let ours: BTreeSet<String> = self.state.gpus().into_iter().map(|g| g.uuid).collect();
+        let mut seen: BTreeSet<PluginConflict> = self.pods.gpu_plugin_pods().into_iter().collect();
+        for (socket, ids) in crate::kubelet::foreign_plugin_devices(
+            &self.socket_dir,
+            &self.own_socket,
+            CONFLICT_PROBE_TIMEOUT,
+        )
+        .await
+        {
+            let devices = ids_naming_our_gpus(&ours, &ids);
+            if !devices.is_empty() {
+                seen.insert(PluginConflict::SameGpus { socket, devices });
+            }
+        }
+        let Ok(change) = self.tracker.lock().map(|mut t| t.update(seen)) else {
+            return;
+        };
+        for c in &change.appeared {
+            tracing::warn!(message = %c.message(), "another device plugin serves this node's GPUs");
+            self.metrics.plugin_conflict(c, true);
+            self.state.emit(NodeEvent::plugin_conflict(c));
+        }
+        for c in &change.gone {
+            tracing::info!(
+                kind = c.kind(),
+                source = c.source(),
+                "the other device plugin is gone"
+            );
+            self.metrics.plugin_conflict(c, false);
         }
     }
 }

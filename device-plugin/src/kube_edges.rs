@@ -158,6 +158,42 @@ impl KubePodSource {
     }
 }
 
+impl KubePodSource {
+    /// Known GPU device-plugin pods running on this node ([`known_gpu_plugin`]), from the
+    /// informer's cache: evidence of a second plugin for the same GPUs.
+    ///
+    /// [`known_gpu_plugin`]: crate::conflict::known_gpu_plugin
+    pub fn gpu_plugin_pods(&self) -> Vec<crate::conflict::PluginConflict> {
+        self.pod_store
+            .state()
+            .iter()
+            .filter(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                !matches!(phase, Some("Succeeded" | "Failed"))
+                    && p.metadata.deletion_timestamp.is_none()
+            })
+            .filter_map(|p| {
+                let labels = p.metadata.labels.clone().unwrap_or_default();
+                let images: Vec<&str> = p
+                    .spec
+                    .iter()
+                    .flat_map(|s| s.containers.iter())
+                    .filter_map(|c| c.image.as_deref())
+                    .collect();
+                let what = crate::conflict::known_gpu_plugin(&labels, &images)?;
+                Some(crate::conflict::PluginConflict::PluginPod {
+                    pod: format!(
+                        "{}/{}",
+                        p.metadata.namespace.as_deref().unwrap_or_default(),
+                        p.metadata.name.as_deref().unwrap_or_default()
+                    ),
+                    what,
+                })
+            })
+            .collect()
+    }
+}
+
 impl PodSource for KubePodSource {
     fn cached(&self) -> Vec<PodSnapshot> {
         self.pod_store

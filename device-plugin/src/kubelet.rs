@@ -15,7 +15,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::conflict::PluginConflict;
 use crate::metrics::PluginMetrics;
+use crate::node_events::NodeEvent;
 use crate::service::DevicePluginService;
 use crate::uds::{ConnectError, unix_channel};
 
@@ -143,8 +145,11 @@ pub async fn run(
             path: own_socket.clone(),
             source,
         })?;
+        // Who else binds this path replaces our socket (a second plugin with the same name).
+        let own_identity = file_identity(&own_socket);
         let stop = shutdown.child_token();
         let service = make_service(stop.clone());
+        let state = service.state.clone();
         let server_stop = stop.clone();
         // Not `spawn_task`: the server's result is awaited (and logged) below.
         let server = tokio::spawn(
@@ -196,8 +201,24 @@ pub async fn run(
                     break;
                 }
             }
-            let own_gone = file_identity(&own_socket).is_none();
+            let own_now = file_identity(&own_socket);
+            let own_gone = own_now.is_none();
             let kubelet_now = file_identity(&kubelet_socket);
+            if !own_gone && own_now != own_identity && kubelet_now == kubelet_identity {
+                // Not a kubelet restart (that recreates kubelet.sock and deletes ours): another
+                // plugin bound our socket's path, and the kubelet now talks to it. Say so, and
+                // take the endpoint back: pods admitted through the other plugin lose their
+                // limits.
+                let conflict = PluginConflict::SocketReplaced {
+                    socket: own_socket.display().to_string(),
+                };
+                tracing::warn!(message = %conflict.message(), "another device plugin replaced our socket; serving and registering again");
+                if let Some(m) = &metrics {
+                    m.plugin_conflict(&conflict, true);
+                }
+                state.emit(NodeEvent::plugin_conflict(&conflict));
+                break;
+            }
             if own_gone || kubelet_now != kubelet_identity {
                 tracing::info!(
                     own_gone,
@@ -226,6 +247,62 @@ pub async fn run(
     let _ = std::fs::remove_file(&own_socket);
     tracing::info!(socket = %own_socket.display(), "device plugin stopped; socket removed");
     Ok(())
+}
+
+/// Why asking another plugin's socket for its devices failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("ListAndWatch failed")]
+    Call(#[from] tonic::Status),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// The device IDs every other device-plugin socket in `dir` advertises in its first
+/// `ListAndWatch` answer, by socket file name. Our own socket and the kubelet's are skipped, and
+/// so is a socket that does not answer within `timeout` (logged at debug: a plugin that is
+/// starting or stuck is not evidence).
+pub async fn foreign_plugin_devices(
+    dir: &Path,
+    own_socket: &str,
+    timeout: Duration,
+) -> Vec<(String, Vec<String>)> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut sockets: Vec<(String, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
+        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+        .filter(|(name, _)| name != own_socket && name != dp::KUBELET_SOCKET_NAME)
+        .collect();
+    sockets.sort();
+    let mut found = Vec::new();
+    for (name, path) in sockets {
+        let probe = async {
+            let channel = unix_channel(&path).await?;
+            let mut client =
+                kubelet_proto::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient::new(
+                    channel,
+                );
+            let mut stream = client.list_and_watch(dp::Empty {}).await?.into_inner();
+            let first = stream.message().await?.unwrap_or_default();
+            Ok::<_, ProbeError>(first.devices.into_iter().map(|d| d.id).collect::<Vec<_>>())
+        };
+        match tokio::time::timeout(timeout, probe)
+            .await
+            .unwrap_or(Err(ProbeError::Timeout(timeout)))
+        {
+            Ok(ids) => found.push((name, ids)),
+            Err(e) => {
+                tracing::debug!(socket = %name, error = %DisplayChain(&e), "device plugin socket not probed")
+            }
+        }
+    }
+    found
 }
 
 #[cfg(test)]

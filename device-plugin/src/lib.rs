@@ -8,6 +8,7 @@
 
 pub mod allocator;
 pub mod cli;
+pub mod conflict;
 pub mod container_env;
 pub mod daemon;
 pub mod edges;

@@ -21,6 +21,7 @@ pub struct PluginMetrics {
     identity: Family<Labels, Counter>,
     registrations: Counter,
     gpu_healthy: Family<Labels, Gauge>,
+    plugin_conflicts: Family<Labels, Gauge>,
     annotation_patches: Family<Labels, Counter>,
     host_memory_used: Family<Labels, Gauge<f64, AtomicU64>>,
     host_utilization: Family<Labels, Gauge<f64, AtomicU64>>,
@@ -90,6 +91,12 @@ impl PluginMetrics {
             "tessera_device_plugin_gpu_healthy",
             "1 when the GPU is healthy, 0 when its replicas are reported unhealthy",
             gpu_healthy.clone(),
+        );
+        let plugin_conflicts = Family::<Labels, Gauge>::default();
+        registry.register(
+            "tessera_device_plugin_conflict",
+            "1 while another device plugin is seen serving this node's GPUs (kind: socket_replaced, same_gpus, plugin_pod; source: the socket or pod); a replaced socket stays 1 until the plugin restarts",
+            plugin_conflicts.clone(),
         );
         let annotation_patches = Family::<Labels, Counter>::default();
         registry.register(
@@ -162,6 +169,7 @@ impl PluginMetrics {
             identity,
             registrations,
             gpu_healthy,
+            plugin_conflicts,
             annotation_patches,
             host_memory_used,
             host_utilization,
@@ -190,6 +198,19 @@ impl PluginMetrics {
         self.gpu_healthy
             .get_or_create(&vec![("device_uuid".into(), uuid.into())])
             .set(i64::from(healthy));
+    }
+
+    /// Sets (`seen`) or removes the conflict's series.
+    pub fn plugin_conflict(&self, conflict: &crate::conflict::PluginConflict, seen: bool) {
+        let labels = vec![
+            ("kind".into(), conflict.kind().into()),
+            ("source".into(), conflict.source().into()),
+        ];
+        if seen {
+            self.plugin_conflicts.get_or_create(&labels).set(1);
+        } else {
+            self.plugin_conflicts.remove(&labels);
+        }
     }
 
     pub fn annotation_patch(&self, ok: bool) {

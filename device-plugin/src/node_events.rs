@@ -85,6 +85,19 @@ impl NodeEvent {
     }
 }
 
+impl NodeEvent {
+    /// Another device plugin serves this node's GPUs ([`PluginConflict`]).
+    ///
+    /// [`PluginConflict`]: crate::conflict::PluginConflict
+    pub fn plugin_conflict(conflict: &crate::conflict::PluginConflict) -> Self {
+        NodeEvent {
+            kind: NodeEventType::Warning,
+            reason: crate::conflict::REASON_CONFLICT,
+            message: truncate(conflict.message(), 1000),
+        }
+    }
+}
+
 fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
         let mut end = max;

@@ -583,3 +583,105 @@ async fn forged_bookings_are_not_served() {
     assert_eq!(patched, ["default/real"], "only the real pod was patched");
     p.shutdown.cancel();
 }
+
+/// A second plugin binds our socket's path (NVIDIA's and HAMi's plugins use the same name): the
+/// plugin says so on the node and registers again, so the kubelet talks to it, not the other.
+#[tokio::test]
+async fn a_second_plugin_replacing_our_socket_is_reported_and_displaced() {
+    let mut p = start_plugin(false).await;
+    let reg = p
+        .kubelet
+        .next_registration(Duration::from_secs(5))
+        .await
+        .expect("registered");
+    let (events, mut node_events) = NodeEvents::channel();
+    p.state.attach_events(events);
+    let path = p.kubelet.device_plugin_dir.join(&reg.endpoint);
+    std::fs::remove_file(&path).expect("remove our socket");
+    let _other = tokio::net::UnixListener::bind(&path).expect("the other plugin binds");
+    let again = p
+        .kubelet
+        .next_registration(Duration::from_secs(5))
+        .await
+        .expect("registered again");
+    assert_eq!(again.endpoint, "nvidia-gpu.sock");
+    let event = node_events.try_recv().expect("a conflict event");
+    assert_eq!(
+        (event.kind, event.reason),
+        (NodeEventType::Warning, "DevicePluginConflict")
+    );
+    assert!(
+        event.message.contains("replaced this plugin's socket")
+            && event
+                .message
+                .contains("nvidia.com/gpu.deploy.device-plugin=false"),
+        "{}",
+        event.message
+    );
+    // Ours again: the kubelet reaches this plugin at the path.
+    let mut client = p.kubelet.plugin(&again.endpoint).await;
+    let list = client
+        .list_and_watch(dp::Empty {})
+        .await
+        .expect("stream")
+        .into_inner()
+        .message()
+        .await
+        .expect("ok")
+        .expect("a list");
+    assert_eq!(list.devices.len(), 8);
+    p.shutdown.cancel();
+}
+
+/// The scan for other plugins: a socket that lists this node's GPUs is found with its device
+/// IDs; the kubelet's socket, our own, plain files and a socket that never answers are not.
+#[tokio::test]
+async fn other_plugin_sockets_are_probed_for_their_devices() {
+    let mut p = start_plugin(false).await;
+    p.kubelet
+        .next_registration(Duration::from_secs(5))
+        .await
+        .expect("registered");
+    let dir = p.kubelet.device_plugin_dir.clone();
+    // Another plugin: a second instance of the service on another socket name.
+    let other = dir.join("nvidia.sock");
+    let listener = tokio::net::UnixListener::bind(&other).expect("bind");
+    let service = DevicePluginService {
+        state: p.state.clone(),
+        allocator: Arc::new(Allocator::new(
+            NODE.into(),
+            response_settings(p.hook.path()),
+            p.state.managed_uuids.clone(),
+            Arc::new(p.api.clone()),
+            Arc::new(p.api.clone()),
+            Arc::new(NoPodResources),
+        )),
+        preferred_allocation: false,
+        stop: p.shutdown.child_token(),
+    };
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(
+                kubelet_proto::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer::new(
+                    service,
+                ),
+            )
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let _silent = std::os::unix::net::UnixListener::bind(dir.join("silent.sock")).expect("bind");
+    std::fs::write(dir.join("kubelet_internal_checkpoint"), "{}").expect("write");
+    let found = tessera_device_plugin::kubelet::foreign_plugin_devices(
+        &dir,
+        "nvidia-gpu.sock",
+        Duration::from_millis(500),
+    )
+    .await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, "nvidia.sock");
+    let ours: BTreeSet<String> = ["GPU-0".to_owned()].into();
+    assert_eq!(
+        tessera_device_plugin::conflict::ids_naming_our_gpus(&ours, &found[0].1),
+        ["GPU-0-0", "GPU-0-1", "GPU-0-2", "GPU-0-3"]
+    );
+    p.shutdown.cancel();
+}
