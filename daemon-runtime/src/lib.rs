@@ -5,13 +5,16 @@
 //! - [`shutdown`]: SIGTERM / SIGINT as a [`CancellationToken`];
 //! - [`task`]: named background and periodic tasks, each in a `tracing` span named after it,
 //!   stopping on shutdown and logging failures with their whole error chain;
-//! - [`DisplayChain`]: an error and its causes on one line, for logs.
+//! - [`DisplayChain`]: an error and its causes on one line, for logs;
+//! - [`build_info_labels`]: the labels of HAMi's `hami_build_info` gauge.
 
+pub mod build_info;
 pub mod chain;
 pub mod logging;
 pub mod shutdown;
 pub mod task;
 
+pub use build_info::build_info_labels;
 pub use chain::DisplayChain;
 pub use logging::{LogArgs, LogFormat, LoggingError, Verbosity};
 pub use shutdown::{

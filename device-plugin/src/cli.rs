@@ -101,7 +101,7 @@ pub struct Cli {
     )]
     pub scheduler_names: Vec<String>,
     /// Also export HAMi's pre-v2.9 metric names (HostGPUMemoryUsage, vGPU_device_memory_usage_in_bytes, …).
-    #[arg(long, env = "LEGACY_METRIC_NAMES")]
+    #[arg(long, alias = "legacy-metrics", env = "LEGACY_METRIC_NAMES")]
     pub legacy_metric_names: bool,
     /// Discover GPUs, print the register annotation value and exit (no kubelet, no apiserver).
     #[arg(long)]

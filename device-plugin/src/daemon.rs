@@ -611,14 +611,7 @@ impl HealthThread {
                         .find(|g| g.uuid == s.uuid)
                         .map(|g| g.model_type.as_str())
                         .unwrap_or("");
-                    metrics.host_gpu(
-                        node,
-                        s.index,
-                        &s.uuid,
-                        model,
-                        s.memory_used_bytes as f64,
-                        f64::from(s.utilization_gpu),
-                    );
+                    metrics.host_gpu(node, model, &s);
                 }
             }
         }

@@ -25,6 +25,7 @@ pub struct PluginMetrics {
     annotation_patches: Family<Labels, Counter>,
     host_memory_used: Family<Labels, Gauge<f64, AtomicU64>>,
     host_utilization: Family<Labels, Gauge<f64, AtomicU64>>,
+    host_memory_controller: Family<Labels, Gauge<f64, AtomicU64>>,
     vgpu_used: Family<Labels, Gauge<f64, AtomicU64>>,
     vgpu_limit: Family<Labels, Gauge<f64, AtomicU64>>,
     vgpu_context: Family<Labels, Gauge<f64, AtomicU64>>,
@@ -116,6 +117,23 @@ impl PluginMetrics {
             "GPU core utilization on the host (0-100)",
             host_utilization.clone(),
         );
+        let host_memory_controller = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "hami_host_gpu_memory_controller_utilization_ratio",
+            "GPU memory controller utilization on the host (0-100)",
+            host_memory_controller.clone(),
+        );
+        let build_info = Family::<Labels, Gauge>::default();
+        build_info
+            .get_or_create(&tessera_runtime::build_info_labels(env!(
+                "CARGO_PKG_VERSION"
+            )))
+            .set(1);
+        registry.register(
+            "hami_build_info",
+            "Build metadata as labels, constant 1",
+            build_info,
+        );
         let mut vgpu = |name: &str, help: &str| {
             let f = Family::<Labels, Gauge<f64, AtomicU64>>::default();
             registry.register(name, help, f.clone());
@@ -173,6 +191,7 @@ impl PluginMetrics {
             annotation_patches,
             host_memory_used,
             host_utilization,
+            host_memory_controller,
         }
     }
 
@@ -220,30 +239,29 @@ impl PluginMetrics {
             .inc();
     }
 
-    /// HAMi's host metrics; labels `node, device_index, device_uuid, device_type`.
-    pub fn host_gpu(
-        &self,
-        node: &str,
-        index: u32,
-        uuid: &str,
-        device_type: &str,
-        used_bytes: f64,
-        utilization: f64,
-    ) {
+    /// HAMi's host metrics; labels `node, device_index, device_uuid, device_type` (the memory
+    /// controller's without `node`, as HAMi's).
+    pub fn host_gpu(&self, node: &str, device_type: &str, s: &crate::nvml::GpuSample) {
+        let (index, uuid) = (s.index.to_string(), s.uuid.as_str());
         let labels = vec![
             ("node".into(), node.into()),
-            ("device_index".into(), index.to_string()),
+            ("device_index".into(), index.clone()),
             ("device_uuid".into(), uuid.into()),
             ("device_type".into(), device_type.into()),
         ];
+        let used_bytes = s.memory_used_bytes as f64;
+        let utilization = f64::from(s.utilization_gpu);
         self.host_memory_used.get_or_create(&labels).set(used_bytes);
         self.host_utilization
             .get_or_create(&labels)
             .set(utilization);
+        self.host_memory_controller
+            .get_or_create(&labels[1..].to_vec())
+            .set(f64::from(s.utilization_memory));
         if let Some(l) = &self.legacy {
             let labels = vec![
                 ("nodeid".into(), node.into()),
-                ("deviceidx".into(), index.to_string()),
+                ("deviceidx".into(), index),
                 ("deviceuuid".into(), uuid.into()),
                 ("devicetype".into(), device_type.into()),
             ];
@@ -351,13 +369,27 @@ pub type PodNames = std::collections::BTreeMap<String, (String, String)>;
 mod tests {
     use super::*;
 
+    fn gpu_sample(
+        index: u32,
+        memory_used_bytes: u64,
+        utilization_gpu: u32,
+    ) -> crate::nvml::GpuSample {
+        crate::nvml::GpuSample {
+            index,
+            uuid: "GPU-a".into(),
+            memory_used_bytes,
+            utilization_gpu,
+            utilization_memory: 7,
+        }
+    }
+
     #[test]
     fn exports_hami_and_plugin_names() {
         let m = PluginMetrics::new();
         m.observe_allocate(Duration::from_millis(3), true);
         m.identity_choice("unique");
         m.gpu_health("GPU-a", false);
-        m.host_gpu("node-a", 1, "GPU-a", "NVIDIA-Tesla T4", 1048576.0, 42.0);
+        m.host_gpu("node-a", "NVIDIA-Tesla T4", &gpu_sample(1, 1048576, 42));
         let sample = VgpuSample {
             pod_uid: "u1".into(),
             container: "main".into(),
@@ -383,7 +415,7 @@ mod tests {
             "legacy names only on request"
         );
         let legacy = PluginMetrics::with_legacy_names(true);
-        legacy.host_gpu("node-a", 0, "GPU-a", "NVIDIA-Tesla T4", 1.0, 2.0);
+        legacy.host_gpu("node-a", "NVIDIA-Tesla T4", &gpu_sample(0, 1, 2));
         assert!(legacy.encode().contains(
             "HostCoreUtilization{nodeid=\"node-a\",deviceidx=\"0\",deviceuuid=\"GPU-a\",devicetype=\"NVIDIA-Tesla T4\"} 2.0"
         ));
@@ -392,5 +424,9 @@ mod tests {
         assert!(text.contains(
             "hami_host_gpu_utilization_ratio{node=\"node-a\",device_index=\"1\",device_uuid=\"GPU-a\",device_type=\"NVIDIA-Tesla T4\"} 42.0"
         ));
+        assert!(text.contains(
+            "hami_host_gpu_memory_controller_utilization_ratio{device_index=\"1\",device_uuid=\"GPU-a\",device_type=\"NVIDIA-Tesla T4\"} 7.0"
+        ), "{text}");
+        assert!(text.contains("hami_build_info{version=\""), "{text}");
     }
 }

@@ -43,6 +43,8 @@ pub struct GpuSample {
     pub uuid: String,
     pub memory_used_bytes: u64,
     pub utilization_gpu: u32,
+    /// Percent of time the memory controller was busy (NVML `utilization.memory`).
+    pub utilization_memory: u32,
 }
 
 /// What the plugin needs from NVML.
@@ -202,11 +204,13 @@ impl GpuInventory for NvmlInventory {
         (0..count)
             .filter_map(|i| {
                 let d = self.nvml.device_by_index(i).ok()?;
+                let utilization = d.utilization_rates().ok();
                 Some(GpuSample {
                     index: i,
                     uuid: d.uuid().ok()?,
                     memory_used_bytes: d.memory_info().map(|m| m.used).unwrap_or(0),
-                    utilization_gpu: d.utilization_rates().map(|u| u.gpu).unwrap_or(0),
+                    utilization_gpu: utilization.as_ref().map_or(0, |u| u.gpu),
+                    utilization_memory: utilization.as_ref().map_or(0, |u| u.memory),
                 })
             })
             .collect()

@@ -15,13 +15,15 @@
 //! - [`usage`]: how a pod's device list counts against a GPU;
 //! - [`node`], [`handshake`], [`nodelock`]: the node annotations;
 //! - [`identity`]: the allocation signature used to tell pending pods apart;
-//! - [`verbosity`]: HAMi's logging flags (klog `-v`, `--debug`) as a log filter.
+//! - [`verbosity`]: HAMi's logging flags (klog `-v`, `--debug`) as a log filter;
+//! - [`metrics`]: HAMi's metric names and labels, and a reader of the text format to check them.
 
 pub mod annotations;
 pub mod config;
 pub mod devices;
 pub mod handshake;
 pub mod identity;
+pub mod metrics;
 pub mod node;
 pub mod nodelock;
 pub mod policy;

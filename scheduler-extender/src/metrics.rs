@@ -19,6 +19,8 @@ pub struct Metrics {
     pub bind_seconds: Histogram,
     /// `verb` (filter|bind), `result` (a reason code or `success`).
     pub decisions: Family<Labels, Counter>,
+    /// Also export HAMi's pre-v2.9 names and labels (`--legacy-metrics`, chart `legacyMetrics`).
+    pub legacy: bool,
 }
 
 impl Default for Metrics {
@@ -28,6 +30,90 @@ impl Default for Metrics {
             filter_seconds: buckets(),
             bind_seconds: buckets(),
             decisions: Family::default(),
+            legacy: false,
+        }
+    }
+}
+
+type FloatFamily = Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>;
+
+/// HAMi's pre-v2.9 scheduler metrics: the same values under the old names and label names
+/// (HAMi v2.10 `cmd/scheduler/metrics.go`, `--legacy-metrics`).
+#[derive(Default)]
+struct LegacyFamilies {
+    memory_limit: FloatFamily,
+    core_limit: FloatFamily,
+    memory_allocated: FloatFamily,
+    shared_num: FloatFamily,
+    core_allocated: FloatFamily,
+    overview: FloatFamily,
+    memory_percentage: FloatFamily,
+    quota_used: FloatFamily,
+    vgpu_memory_allocated: FloatFamily,
+    vgpu_core_allocated: FloatFamily,
+}
+
+/// `(name, value)` label pairs.
+fn labels<const N: usize>(pairs: [(&str, String); N]) -> Labels {
+    pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+impl LegacyFamilies {
+    fn register(self, reg: &mut Registry) {
+        let named = [
+            (
+                "GPUDeviceMemoryLimit",
+                "Device memory limit for a certain GPU",
+                self.memory_limit,
+            ),
+            (
+                "GPUDeviceCoreLimit",
+                "Device core limit for a certain GPU",
+                self.core_limit,
+            ),
+            (
+                "GPUDeviceMemoryAllocated",
+                "Device memory allocated for a certain GPU",
+                self.memory_allocated,
+            ),
+            (
+                "GPUDeviceSharedNum",
+                "Number of containers sharing this GPU",
+                self.shared_num,
+            ),
+            (
+                "GPUDeviceCoreAllocated",
+                "Device core allocated for a certain GPU",
+                self.core_allocated,
+            ),
+            (
+                "nodeGPUOverview",
+                "GPU overview on a certain node",
+                self.overview,
+            ),
+            (
+                "nodeGPUMemoryPercentage",
+                "GPU memory allocated percentage on a certain GPU",
+                self.memory_percentage,
+            ),
+            (
+                "QuotaUsed",
+                "resourcequota usage for a certain device",
+                self.quota_used,
+            ),
+            (
+                "vGPUMemoryAllocated",
+                "vGPU memory allocated from a container",
+                self.vgpu_memory_allocated,
+            ),
+            (
+                "vGPUCoreAllocated",
+                "vGPU core allocated from a container",
+                self.vgpu_core_allocated,
+            ),
+        ];
+        for (name, help, family) in named {
+            reg.register(name, help, family);
         }
     }
 }
@@ -45,6 +131,17 @@ impl Metrics {
     /// Renders the text exposition format; state gauges come from `snap`.
     pub fn render(&self, snap: &MetricsSnapshot) -> String {
         let mut reg = Registry::default();
+        let build_info = Family::<Labels, Gauge>::default();
+        build_info
+            .get_or_create(&tessera_runtime::build_info_labels(env!(
+                "CARGO_PKG_VERSION"
+            )))
+            .set(1);
+        reg.register(
+            "hami_build_info",
+            "Build metadata as labels, constant 1",
+            build_info,
+        );
         reg.register(
             "tessera_filter_duration_seconds",
             "Latency of /filter",
@@ -76,7 +173,8 @@ impl Metrics {
                 reservations,
             );
             let vgpu = reg.sub_registry_with_label(("zone".into(), "vGPU".into()));
-            let family = || Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+            let family = FloatFamily::default;
+            let legacy = LegacyFamilies::default();
             let (mem_limit, core_limit, mem_alloc, shared, core_alloc, overview, mem_ratio) = (
                 family(),
                 family(),
@@ -117,6 +215,67 @@ impl Metrics {
                     f64::from(g.usedmem) / f64::from(g.totalmem)
                 };
                 mem_ratio.get_or_create(&base).set(ratio);
+                if self.legacy {
+                    let (node, uuid, idx, ty) = (
+                        g.node.clone(),
+                        g.uuid.clone(),
+                        g.index.to_string(),
+                        g.device_type.clone(),
+                    );
+                    let old = labels([
+                        ("nodeid", node.clone()),
+                        ("deviceuuid", uuid.clone()),
+                        ("deviceidx", idx.clone()),
+                        ("devicetype", ty.clone()),
+                    ]);
+                    legacy
+                        .memory_limit
+                        .get_or_create(&old)
+                        .set(f64::from(g.totalmem) * mib);
+                    legacy
+                        .core_limit
+                        .get_or_create(&old)
+                        .set(f64::from(g.totalcore));
+                    legacy.shared_num.get_or_create(&old).set(f64::from(g.used));
+                    legacy
+                        .core_allocated
+                        .get_or_create(&old)
+                        .set(f64::from(g.usedcores));
+                    let with_cores = labels([
+                        ("nodeid", node.clone()),
+                        ("deviceuuid", uuid.clone()),
+                        ("deviceidx", idx.clone()),
+                        ("devicecores", g.totalcore.to_string()),
+                        ("devicetype", ty.clone()),
+                    ]);
+                    legacy
+                        .memory_allocated
+                        .get_or_create(&with_cores)
+                        .set(f64::from(g.usedmem) * mib);
+                    let ov = labels([
+                        ("nodeid", node.clone()),
+                        ("deviceuuid", uuid.clone()),
+                        ("deviceidx", idx.clone()),
+                        ("devicecores", g.totalcore.to_string()),
+                        ("devicememorylimit", g.totalmem.to_string()),
+                        ("devicetype", ty),
+                    ]);
+                    legacy
+                        .overview
+                        .get_or_create(&ov)
+                        .set(f64::from(g.usedmem) * mib);
+                    // HAMi sends the percentage only for cards with memory, without the type.
+                    if g.totalmem > 0 {
+                        legacy
+                            .memory_percentage
+                            .get_or_create(&labels([
+                                ("nodeid", node),
+                                ("deviceuuid", uuid),
+                                ("deviceidx", idx),
+                            ]))
+                            .set(ratio);
+                    }
+                }
             }
             vgpu.register("hami_gpu_memory_limit_bytes", "GPU memory limit", mem_limit);
             vgpu.register("hami_gpu_core_limit_ratio", "GPU core limit", core_limit);
@@ -154,6 +313,23 @@ impl Metrics {
                     .get_or_create(&labels)
                     .set(f64::from(c.mem) * 1_048_576.0);
                 v_cores.get_or_create(&labels).set(f64::from(c.cores));
+                if self.legacy {
+                    let old = self::labels([
+                        ("podnamespace", c.namespace.clone()),
+                        ("nodename", c.node.clone()),
+                        ("podname", c.pod.clone()),
+                        ("containeridx", c.container_index.to_string()),
+                        ("deviceuuid", c.uuid.clone()),
+                    ]);
+                    legacy
+                        .vgpu_memory_allocated
+                        .get_or_create(&old)
+                        .set(f64::from(c.mem) * 1_048_576.0);
+                    legacy
+                        .vgpu_core_allocated
+                        .get_or_create(&old)
+                        .set(f64::from(c.cores));
+                }
             }
             vgpu.register(
                 "hami_vgpu_memory_allocated_bytes",
@@ -176,6 +352,16 @@ impl Metrics {
                     let mut u = base.clone();
                     u.push(("limit".to_owned(), limit.to_string()));
                     q_used.get_or_create(&u).set(*used as f64);
+                    if self.legacy {
+                        legacy
+                            .quota_used
+                            .get_or_create(&labels([
+                                ("quotanamespace", q.namespace.clone()),
+                                ("quotaName", key.clone()),
+                                ("limit", limit.to_string()),
+                            ]))
+                            .set(*used as f64);
+                    }
                 }
             }
             vgpu.register(
@@ -188,11 +374,98 @@ impl Metrics {
                 "Namespace GPU quota limit",
                 q_limit,
             );
+            if self.legacy {
+                legacy.register(vgpu);
+            }
         }
         let mut out = String::new();
         if encode(&mut out, &reg).is_err() {
             return "# metrics encoding failed\n".to_owned();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{ContainerDeviceMetrics, GpuMetrics, QuotaMetrics};
+    use hami_contract::metrics::{MetricComponent, exposition_labels, hami_metrics};
+
+    fn snapshot() -> MetricsSnapshot {
+        MetricsSnapshot {
+            leader: true,
+            gpus: vec![GpuMetrics {
+                node: "n1".into(),
+                uuid: "GPU-a".into(),
+                index: 0,
+                device_type: "NVIDIA-A100".into(),
+                count: 10,
+                totalmem: 40960,
+                totalcore: 100,
+                used: 1,
+                usedmem: 1024,
+                usedcores: 30,
+            }],
+            containers: vec![ContainerDeviceMetrics {
+                namespace: "ns".into(),
+                node: "n1".into(),
+                pod: "web".into(),
+                container_index: 0,
+                uuid: "GPU-a".into(),
+                mem: 1024,
+                cores: 30,
+            }],
+            quotas: vec![QuotaMetrics {
+                namespace: "ns".into(),
+                name: "q".into(),
+                items: vec![("nvidia.com/gpumem".into(), 4096, 1024)],
+            }],
+            reservations: 0,
+        }
+    }
+
+    /// Every metric of HAMi's scheduler (the inventory extracted from its source) is exported
+    /// with HAMi's label names in HAMi's order, or is a listed deviation.
+    #[test]
+    fn every_hami_scheduler_metric_is_exported_or_a_listed_deviation() {
+        let deviations = include_str!("../../docs/contract-deviations.md");
+        let metrics = Metrics {
+            legacy: true,
+            ..Metrics::default()
+        };
+        let text = metrics.render(&snapshot());
+        let exported = exposition_labels(&text);
+        let plain = exposition_labels(&Metrics::default().render(&snapshot()));
+        for m in hami_metrics()
+            .iter()
+            .filter(|m| m.component == MetricComponent::Scheduler)
+        {
+            if let Some(id) = m.deviation {
+                assert!(
+                    deviations.contains(&format!("| {id} |")),
+                    "{}: deviation {id} is not a row of docs/contract-deviations.md",
+                    m.name
+                );
+                continue;
+            }
+            let labels = exported
+                .get(m.name)
+                .unwrap_or_else(|| panic!("{} is not exported:\n{text}", m.name))
+                .clone()
+                .unwrap_or_else(|| panic!("{} has no sample", m.name));
+            let labels: Vec<&str> = labels
+                .iter()
+                .map(String::as_str)
+                .filter(|l| *l != "zone")
+                .collect();
+            assert_eq!(labels, m.labels, "labels of {}", m.name);
+            assert_eq!(
+                plain.contains_key(m.name),
+                !m.legacy,
+                "{} without --legacy-metrics",
+                m.name
+            );
+        }
     }
 }

@@ -65,6 +65,10 @@ pub struct ServeArgs {
         default_value = "0.0.0.0:9395"
     )]
     pub metrics_bind_address: SocketAddr,
+    /// Also export HAMi's pre-v2.9 metric names (`GPUDeviceMemoryLimit`, `QuotaUsed`, …), as
+    /// HAMi's `--legacy-metrics` does.
+    #[arg(long, env = "TESSERA_LEGACY_METRICS")]
+    pub legacy_metrics: bool,
     /// The scheduler profile name the webhook writes into `spec.schedulerName`.
     #[arg(long, env = "TESSERA_SCHEDULER_NAME", default_value = "hami-scheduler")]
     pub scheduler_name: String,
@@ -368,7 +372,10 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         },
         decision: cfg,
         facts,
-        metrics: Metrics::default(),
+        metrics: Metrics {
+            legacy: args.legacy_metrics,
+            ..Metrics::default()
+        },
         ready,
     });
 

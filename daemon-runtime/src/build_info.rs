@@ -1,0 +1,63 @@
+//! The labels of HAMi's `hami_build_info` gauge (constant 1), for both daemons: dashboards and
+//! alerts select a rollout's version with it.
+//!
+//! `revision` and `build_date` come from `TESSERA_REVISION` / `TESSERA_BUILD_DATE` at compile
+//! time (the image builds pass them as build arguments); a plain `cargo build` says `unknown`.
+//! HAMi's `go_version` label is left out: a Tessera binary has no Go version, and an empty label
+//! is the same as none to Prometheus.
+
+/// `(label, value)` pairs, in HAMi's order: `version`, `revision`, `build_date`, `compiler`,
+/// `platform`. `version` is the daemon's crate version.
+pub fn build_info_labels(version: &str) -> Vec<(String, String)> {
+    vec![
+        ("version".to_owned(), version.to_owned()),
+        (
+            "revision".to_owned(),
+            option_env!("TESSERA_REVISION")
+                .unwrap_or("unknown")
+                .to_owned(),
+        ),
+        (
+            "build_date".to_owned(),
+            option_env!("TESSERA_BUILD_DATE")
+                .unwrap_or("unknown")
+                .to_owned(),
+        ),
+        ("compiler".to_owned(), "rustc".to_owned()),
+        (
+            "platform".to_owned(),
+            format!(
+                "{}/{}",
+                std::env::consts::OS,
+                go_arch(std::env::consts::ARCH)
+            ),
+        ),
+    ]
+}
+
+/// Go's name for the architecture (HAMi's `platform` is `runtime.GOOS/GOARCH`).
+fn go_arch(rust: &str) -> &str {
+    match rust {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_follow_hamis_names_and_platform_form() {
+        let labels = build_info_labels("1.2.3");
+        let names: Vec<&str> = labels.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            ["version", "revision", "build_date", "compiler", "platform"]
+        );
+        assert_eq!(labels[0].1, "1.2.3");
+        assert!(labels[4].1.starts_with("linux/"), "{}", labels[4].1);
+        assert_eq!(go_arch("x86_64"), "amd64");
+    }
+}
