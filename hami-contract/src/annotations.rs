@@ -89,3 +89,10 @@ pub const SCHEDULER_OWNED: &[&str] = &[
 pub fn is_scheduler_owned(key: &str) -> bool {
     SCHEDULER_OWNED.contains(&key) || key.starts_with("hami.io/vgpu-")
 }
+
+/// Node label naming the device plugin that serves the node, for the extender: `hami` puts the
+/// node in HAMi-plugin mode (HAMi's own device plugin runs there): the extender writes HAMi's
+/// node lock at bind and keeps one bind in flight on the node (`docs/helm.md`, "Mixed clusters").
+pub const DEVICE_PLUGIN_LABEL: &str = "tessera.io/device-plugin";
+/// [`DEVICE_PLUGIN_LABEL`]: HAMi's device plugin.
+pub const DEVICE_PLUGIN_HAMI: &str = "hami";

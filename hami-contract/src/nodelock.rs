@@ -76,6 +76,58 @@ pub fn is_held_by(value: &str, namespace: &str, name: &str) -> bool {
     ))
 }
 
+/// HAMi's lock expiry (`NodeLockTimeout`, 5 minutes unless `HAMI_NODELOCK_EXPIRE` says
+/// otherwise): an older lock is taken over by the next bind.
+pub const NODE_LOCK_EXPIRY_SECS: u64 = 300;
+
+/// What binding `namespace/name` does with the node's current lock, by HAMi v2.10's `LockNode`
+/// (`pkg/util/nodelock/nodelock.go`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireStep {
+    /// No lock, or an expired one: write ours.
+    Take,
+    /// The lock already names this pod (a retried bind).
+    Held,
+    /// Another pod's live lock: it may be taken only if that pod no longer exists (HAMi reads
+    /// the pod; not found ⇒ release and take).
+    TakeIfGone { namespace: String, name: String },
+    /// A live lock that names nobody (the legacy bare time, or empty fields): the node is busy.
+    Busy,
+}
+
+/// [`AcquireStep`] for the node's lock value `current`; `age_secs` is how old its time is (`None`
+/// when the time does not parse as RFC 3339).
+///
+/// One difference from HAMi: a value HAMi cannot parse (malformed fields, bad time) makes HAMi's
+/// bind fail until someone removes the annotation; here it is taken over, since nothing that
+/// could hold it can be named (deviation V5 of the device plugin reads it the same way).
+pub fn acquire_step(
+    current: Option<&str>,
+    namespace: &str,
+    name: &str,
+    age_secs: Option<u64>,
+) -> AcquireStep {
+    let Some(value) = current else {
+        return AcquireStep::Take;
+    };
+    let Some(lock) = NodeLock::parse(value) else {
+        return AcquireStep::Take;
+    };
+    match age_secs {
+        None => return AcquireStep::Take,
+        Some(age) if age > NODE_LOCK_EXPIRY_SECS => return AcquireStep::Take,
+        Some(_) => {}
+    }
+    match lock.holder {
+        Some((ns, n)) if ns == namespace && n == name => AcquireStep::Held,
+        Some((ns, n)) if !ns.is_empty() && !n.is_empty() => AcquireStep::TakeIfGone {
+            namespace: ns,
+            name: n,
+        },
+        _ => AcquireStep::Busy,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,5 +165,41 @@ mod tests {
         assert!(is_held_by(v, "a", "b"));
         assert!(!is_held_by(v, "ns", "a"));
         assert!(!is_held_by("2025-06-13T09:07:40+08:00", "ns", "a"));
+    }
+
+    #[test]
+    fn acquiring_follows_hamis_lock_node() {
+        let live = Some(10);
+        assert_eq!(acquire_step(None, "ns", "p", None), AcquireStep::Take);
+        assert_eq!(
+            acquire_step(Some("t,ns,p"), "ns", "p", live),
+            AcquireStep::Held
+        );
+        assert_eq!(
+            acquire_step(Some("t,ns,other"), "ns", "p", live),
+            AcquireStep::TakeIfGone {
+                namespace: "ns".into(),
+                name: "other".into()
+            }
+        );
+        // Expired (HAMi: older than NodeLockTimeout) or unreadable: taken over.
+        assert_eq!(
+            acquire_step(Some("t,ns,other"), "ns", "p", Some(301)),
+            AcquireStep::Take
+        );
+        assert_eq!(
+            acquire_step(Some("t,ns,other"), "ns", "p", None),
+            AcquireStep::Take
+        );
+        assert_eq!(
+            acquire_step(Some("t,a,b,c"), "ns", "p", live),
+            AcquireStep::Take
+        );
+        // A live lock naming nobody keeps the node busy, as in HAMi.
+        assert_eq!(acquire_step(Some("t"), "ns", "p", live), AcquireStep::Busy);
+        assert_eq!(
+            acquire_step(Some("t,,"), "ns", "p", live),
+            AcquireStep::Busy
+        );
     }
 }

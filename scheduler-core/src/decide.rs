@@ -12,7 +12,6 @@ use crate::fit::{self, Charge, NodeFit};
 use crate::podspec;
 use crate::state::{
     BindStage, Candidate, ClusterState, NodeRecord, NodeSet, NodeSlot, QuickCandidate, Reservation,
-    confusable_pending,
 };
 
 /// Reason for a node skipped because a pending pod there could be confused with this one.
@@ -224,15 +223,24 @@ impl EvalInput<'_> {
                         None
                     } else {
                         let sig = AllocationSignature::new(&f.devices(&node), self.annotations);
-                        confusable_pending(&sig, &pending).map(str::to_owned)
+                        self.state
+                            .blocking_pending(name, &sig, &pending)
+                            .map(str::to_owned)
                     }
                 } else {
                     None
                 };
                 if let Some(other) = conflict {
+                    let why = if self.state.is_hami_plugin_node(name) {
+                        "and HAMi's device plugin here takes one pod at a time"
+                    } else {
+                        "and could be taken for this one"
+                    };
                     out.failed.push((
                         name.to_owned(),
-                        format!("{PENDING_CONFLICT}: pod {other} is still being allocated here and could be taken for this one"),
+                        format!(
+                            "{PENDING_CONFLICT}: pod {other} is still being allocated here {why}"
+                        ),
                     ));
                 } else {
                     out.fitting.push((shared_name.to_owned(), f.score));

@@ -28,6 +28,12 @@ pub struct NodeRecord {
     /// The node's device plugin identifies the pod under admission exactly
     /// (`tessera.io/allocation-identity: pod-resources`): the bind rule does not apply there.
     pub exact_identity: bool,
+    /// HAMi's own device plugin serves the node (label `tessera.io/device-plugin: hami`): binds
+    /// take HAMi's node lock and only one is in flight at a time, since that plugin finds the pod
+    /// under admission by the lock alone.
+    pub hami_plugin: bool,
+    /// The node's `hami.io/mutex.lock` value, on HAMi-plugin nodes.
+    pub hami_lock: Option<String>,
 }
 
 /// The topology scores of `hami.io/node-nvidia-score`, as fit wants them. An undecodable value
@@ -96,6 +102,13 @@ impl NodeRecord {
             .get(ann::ALLOCATION_IDENTITY)
             .map(String::as_str)
             == Some(ann::IDENTITY_POD_RESOURCES);
+        let hami_plugin = labels
+            .and_then(|l| l.get(ann::DEVICE_PLUGIN_LABEL))
+            .map(String::as_str)
+            == Some(ann::DEVICE_PLUGIN_HAMI);
+        let hami_lock = hami_plugin
+            .then(|| annotations.get(ann::NODE_LOCK).cloned())
+            .flatten();
         Some(NodeRecord {
             name,
             devices,
@@ -103,6 +116,8 @@ impl NodeRecord {
             topology,
             unregistered,
             exact_identity,
+            hami_plugin,
+            hami_lock,
         })
     }
 
@@ -1493,6 +1508,55 @@ impl ClusterState {
     /// Clears everything (before a full rebuild).
     pub fn clear(&mut self) {
         *self = ClusterState::default();
+    }
+}
+
+impl ClusterState {
+    /// The pod that keeps `sig` off `node` now, out of `pending` ([`Self::pending_on`] or
+    /// [`Self::in_flight_on`]): on a HAMi-plugin node any of them (that plugin serves whichever
+    /// pod holds the node lock, so one bind at a time), elsewhere a confusable one
+    /// ([`confusable_pending`]).
+    pub fn blocking_pending<'a>(
+        &self,
+        node: &str,
+        sig: &AllocationSignature,
+        pending: &'a [(String, &AllocationSignature)],
+    ) -> Option<&'a str> {
+        if self.nodes.get(node).is_some_and(|n| n.hami_plugin) {
+            return pending.first().map(|(name, _)| name.as_str());
+        }
+        confusable_pending(sig, pending)
+    }
+
+    /// Whether HAMi's device plugin serves `node` ([`NodeRecord::hami_plugin`]).
+    pub fn is_hami_plugin_node(&self, node: &str) -> bool {
+        self.nodes.get(node).is_some_and(|n| n.hami_plugin)
+    }
+
+    /// HAMi node locks the extender should remove: on HAMi-plugin nodes, a lock (`(node,
+    /// value)`) whose holder is no longer pending allocation there (deleted, finished, failed,
+    /// or allocated: HAMi's plugin releases the lock at `Allocate`, so a lock outliving that is
+    /// one whose pod never reached or never finished it). HAMi leaves such a lock until its
+    /// 5 minutes expire, and no other pod is placed on the node meanwhile.
+    pub fn stale_hami_locks(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (name, node) in &self.nodes {
+            let Some(value) = node.hami_lock.as_deref().filter(|_| node.hami_plugin) else {
+                continue;
+            };
+            let holder = hami_contract::nodelock::NodeLock::parse(value)
+                .and_then(|l| l.holder)
+                .map(|(ns, n)| format!("{ns}/{n}"));
+            let live = holder.is_some_and(|h| {
+                self.pending_on(name, "")
+                    .iter()
+                    .any(|(pending, _)| *pending == h)
+            });
+            if !live {
+                out.push((name.clone(), value.to_owned()));
+            }
+        }
+        out
     }
 }
 

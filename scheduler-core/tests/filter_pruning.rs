@@ -43,6 +43,8 @@ struct NodeSpec {
     gpus: Vec<GpuSpec>,
     unregistered: bool,
     exact_identity: bool,
+    /// HAMi's own device plugin serves the node: any pending pod blocks it.
+    hami_plugin: bool,
     topology: bool,
 }
 
@@ -104,14 +106,18 @@ fn node_spec() -> impl Strategy<Value = NodeSpec> {
         prop::collection::vec(gpu_spec(), 0..5),
         proptest::bool::weighted(0.1),
         proptest::bool::weighted(0.2),
+        proptest::bool::weighted(0.15),
         proptest::bool::weighted(0.3),
     )
-        .prop_map(|(gpus, unregistered, exact_identity, topology)| NodeSpec {
-            gpus,
-            unregistered,
-            exact_identity,
-            topology,
-        })
+        .prop_map(
+            |(gpus, unregistered, exact_identity, hami_plugin, topology)| NodeSpec {
+                gpus,
+                unregistered,
+                exact_identity,
+                hami_plugin,
+                topology,
+            },
+        )
 }
 
 fn booking() -> impl Strategy<Value = Booking> {
@@ -246,6 +252,8 @@ fn node_record(i: usize, spec: &NodeSpec) -> NodeRecord {
             .unregistered
             .then(|| "node unregistered: test".to_owned()),
         exact_identity: spec.exact_identity,
+        hami_plugin: spec.hami_plugin,
+        hami_lock: None,
     }
 }
 
@@ -646,6 +654,7 @@ fn threaded_pruned_filter_equals_the_sequential_full_evaluation() {
                 .collect(),
             unregistered: i % 31 == 0,
             exact_identity: false,
+            hami_plugin: false,
             topology: false,
         })
         .collect();

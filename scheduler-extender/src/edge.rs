@@ -78,6 +78,33 @@ pub trait ClusterEdge: Send + Sync + 'static {
         metadata: MetadataPatch,
     ) -> impl Future<Output = Result<(), EdgeError>> + Send;
 
+    /// Takes HAMi's node lock (`hami.io/mutex.lock`) for `namespace/name` on `node` by HAMi's
+    /// `LockNode` rules ([`hami_contract::nodelock::acquire_step`]); an error when another pod
+    /// holds it. Only for nodes that run HAMi's device plugin.
+    fn lock_hami_node(
+        &self,
+        node: &str,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<(), EdgeError>> + Send;
+
+    /// Removes HAMi's node lock from `node` if it names `namespace/name` (HAMi's
+    /// `ReleaseNodeLock` rule, [`hami_contract::nodelock::is_held_by`]).
+    fn release_hami_node_lock(
+        &self,
+        node: &str,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<(), EdgeError>> + Send;
+
+    /// Removes HAMi's node lock from `node` if its value is still `value` (a lock someone has
+    /// taken since is left alone).
+    fn clear_hami_node_lock(
+        &self,
+        node: &str,
+        value: &str,
+    ) -> impl Future<Output = Result<(), EdgeError>> + Send;
+
     /// Records an Event (best effort).
     fn event(&self, event: PodEvent) -> impl Future<Output = ()> + Send;
 }

@@ -14,9 +14,7 @@ use tessera_scheduler_core::decide::{self, Verdict};
 use tessera_scheduler_core::fit::Charge;
 use tessera_scheduler_core::podspec;
 use tessera_scheduler_core::quota::QuotaKeys;
-use tessera_scheduler_core::state::{
-    BindStage, ClusterState, NodeRecord, Reservation, ResyncKind, confusable_pending,
-};
+use tessera_scheduler_core::state::{BindStage, ClusterState, NodeRecord, Reservation, ResyncKind};
 use tokio::sync::{mpsc, oneshot};
 
 /// Why the loop will not decide now. Always retryable by kube-scheduler.
@@ -60,6 +58,8 @@ pub struct BindPlan {
     /// The devices to write with the Binding; `None` for pods with no GPU request (a plain
     /// Binding, no annotations).
     pub devices: Option<PodDevices>,
+    /// The node runs HAMi's device plugin: take HAMi's node lock for the pod before binding.
+    pub hami_lock: bool,
 }
 
 /// Per-GPU numbers for metrics.
@@ -155,6 +155,10 @@ pub enum Command {
         quotas: Vec<ResourceQuota>,
     },
     Sweep,
+    /// HAMi node locks to remove ([`ClusterState::stale_hami_locks`]).
+    StaleHamiLocks {
+        reply: oneshot::Sender<Vec<(String, String)>>,
+    },
     Metrics {
         reply: oneshot::Sender<MetricsSnapshot>,
     },
@@ -382,7 +386,10 @@ impl Engine {
         let key = podspec::pod_key(live);
         let (ask, _) = podspec::pod_ask(live, &self.cfg.nvidia);
         if ask.is_empty() {
-            return Ok(BindPlan { devices: None });
+            return Ok(BindPlan {
+                devices: None,
+                hami_lock: false,
+            });
         }
         // Read past the cache: the live object may show a decision before the informer does.
         self.state.upsert_pod(live);
@@ -463,16 +470,27 @@ impl Engine {
             )));
         }
         let pending = self.state.pending_on(node, &uid);
-        if let Some(other) = confusable_pending(&reservation.signature, &pending) {
-            return Err(Refusal::Rejected(format!(
-                "pod {other} is still being allocated on node {node} and the device plugin could take it for {key}; retry when it has started"
-            )));
+        let hami_lock = self.state.is_hami_plugin_node(node);
+        if let Some(other) = self
+            .state
+            .blocking_pending(node, &reservation.signature, &pending)
+        {
+            return Err(Refusal::Rejected(if hami_lock {
+                format!(
+                    "pod {other} is still being allocated on node {node}, whose HAMi device plugin takes one pod at a time; retry when it has started"
+                )
+            } else {
+                format!(
+                    "pod {other} is still being allocated on node {node} and the device plugin could take it for {key}; retry when it has started"
+                )
+            }));
         }
         reservation.stage = BindStage::Binding;
         let devices = reservation.devices.clone();
         self.state.reserve(reservation);
         Ok(BindPlan {
             devices: Some(devices),
+            hami_lock,
         })
     }
 
@@ -647,6 +665,14 @@ impl Engine {
             Command::Metrics { reply } => {
                 let _ = reply.send(self.metrics());
             }
+            Command::StaleHamiLocks { reply } => {
+                let stale = if self.ready().is_ok() {
+                    self.state.stale_hami_locks()
+                } else {
+                    Vec::new()
+                };
+                let _ = reply.send(stale);
+            }
             Command::Bookings { reply } => {
                 let _ = reply.send(self.bookings());
             }
@@ -726,6 +752,13 @@ impl EngineHandle {
         let (reply, rx) = oneshot::channel();
         self.send(Command::StepDown { reply }).await;
         let _ = rx.await;
+    }
+
+    /// HAMi node locks to remove, `(node, value)`; none while not leading.
+    pub async fn stale_hami_locks(&self) -> Vec<(String, String)> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::StaleHamiLocks { reply }).await;
+        rx.await.unwrap_or_default()
     }
 
     pub async fn metrics(&self) -> MetricsSnapshot {

@@ -442,6 +442,23 @@ async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), Stri
         }
     };
     let gpu = plan.devices.is_some();
+    if plan.hami_lock {
+        // HAMi's device plugin on this node finds the pod under admission by the node lock
+        // (`GetPendingPod`), so it must name this pod before the kubelet can see it bound.
+        if let Err(e) = app
+            .edge
+            .lock_hami_node(&args.node, &args.pod_namespace, &args.pod_name)
+            .await
+        {
+            return bind_failed(
+                app,
+                &args,
+                gpu,
+                format!("binding pod {key} to node {}: {e}", args.node),
+            )
+            .await;
+        }
+    }
     let metadata = plan
         .devices
         .as_ref()
@@ -458,6 +475,9 @@ async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), Stri
         )
         .await
     {
+        if plan.hami_lock {
+            release_hami_lock(app, &args).await;
+        }
         return bind_failed(
             app,
             &args,
@@ -485,6 +505,18 @@ async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), Stri
             .await;
     }
     Ok(())
+}
+
+/// Releases the HAMi node lock taken for a bind that failed (HAMi's scheduler does the same), if
+/// it still names the pod.
+async fn release_hami_lock<E: ClusterEdge>(app: &App<E>, args: &ExtenderBindingArgs) {
+    if let Err(e) = app
+        .edge
+        .release_hami_node_lock(&args.node, &args.pod_namespace, &args.pod_name)
+        .await
+    {
+        tracing::warn!(node = %args.node, error = %e, "could not release HAMi's node lock after a failed bind; it expires in 5 minutes or is cleared once the pod is gone");
+    }
 }
 
 /// The pod as the API server has it now, checked to be the one kube-scheduler means.

@@ -168,9 +168,134 @@ impl ClusterEdge for KubeEdge {
             .map_err(edge_err)
     }
 
+    async fn lock_hami_node(
+        &self,
+        node: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), EdgeError> {
+        use hami_contract::nodelock::{AcquireStep, NodeLock, acquire_step};
+        let nodes = Api::<Node>::all(self.client.clone());
+        // HAMi retries a conflicting write a few times (`DefaultStrategy`, 5 steps); so do we.
+        for _ in 0..5 {
+            let current = nodes.get(node).await.map_err(edge_err)?;
+            let rv = current
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap_or_default();
+            let value = current
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(hami_contract::annotations::NODE_LOCK))
+                .cloned();
+            let now = Timestamp::now();
+            let age = value
+                .as_deref()
+                .and_then(NodeLock::parse)
+                .and_then(|l| l.time.parse::<Timestamp>().ok())
+                .map(|t| now.as_second().saturating_sub(t.as_second()).unsigned_abs());
+            match acquire_step(value.as_deref(), namespace, name, age) {
+                AcquireStep::Held => return Ok(()),
+                AcquireStep::Busy => {
+                    return Err(EdgeError::new(format!(
+                        "node {node} is locked by HAMi's node lock ({})",
+                        value.unwrap_or_default()
+                    )));
+                }
+                AcquireStep::TakeIfGone {
+                    namespace: holder_ns,
+                    name: holder,
+                } => {
+                    let held = Api::<Pod>::namespaced(self.client.clone(), &holder_ns)
+                        .get_opt(&holder)
+                        .await
+                        .map_err(edge_err)?;
+                    if held.is_some() {
+                        return Err(EdgeError::new(format!(
+                            "node {node} is locked for pod {holder_ns}/{holder} (HAMi's node lock)"
+                        )));
+                    }
+                }
+                AcquireStep::Take => {}
+            }
+            // HAMi writes the lock time as RFC 3339 in seconds.
+            let time = now
+                .round(k8s_openapi::jiff::Unit::Second)
+                .unwrap_or(now)
+                .to_string();
+            let lock = NodeLock::for_pod(&time, namespace, name).encode();
+            let patch = json!({"metadata": {
+                "annotations": {hami_contract::annotations::NODE_LOCK: lock},
+                "resourceVersion": rv,
+            }});
+            match nodes
+                .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(edge_err(e)),
+            }
+        }
+        Err(EdgeError::new(format!(
+            "node {node}: HAMi's node lock kept changing while it was being taken"
+        )))
+    }
+
+    async fn release_hami_node_lock(
+        &self,
+        node: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), EdgeError> {
+        self.remove_hami_lock_if(node, |v| {
+            hami_contract::nodelock::is_held_by(v, namespace, name)
+        })
+        .await
+    }
+
+    async fn clear_hami_node_lock(&self, node: &str, value: &str) -> Result<(), EdgeError> {
+        self.remove_hami_lock_if(node, |v| v == value).await
+    }
+
     async fn event(&self, event: PodEvent) {
         if let Err(e) = self.events.try_send(event) {
             tracing::debug!(error = %e, "event queue full; event dropped");
+        }
+    }
+}
+
+impl KubeEdge {
+    /// Removes `hami.io/mutex.lock` from `node` when its current value passes `remove`, with the
+    /// node's resourceVersion as precondition: a lock changed since the read is left alone.
+    async fn remove_hami_lock_if(
+        &self,
+        node: &str,
+        remove: impl Fn(&str) -> bool,
+    ) -> Result<(), EdgeError> {
+        let nodes = Api::<Node>::all(self.client.clone());
+        let current = nodes.get(node).await.map_err(edge_err)?;
+        let now_value = current
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(hami_contract::annotations::NODE_LOCK));
+        if !now_value.is_some_and(|v| remove(v)) {
+            return Ok(());
+        }
+        let patch = json!({"metadata": {
+            "annotations": {hami_contract::annotations::NODE_LOCK: null},
+            "resourceVersion": current.metadata.resource_version,
+        }});
+        match nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            // Changed since the read: someone took or released it; leave it.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            r => r.map(|_| ()).map_err(edge_err),
         }
     }
 }

@@ -13,6 +13,7 @@ use tessera_runtime::{
 use tracing::Instrument;
 
 use anyhow::Context;
+use tessera_scheduler::edge::ClusterEdge;
 use tessera_scheduler::engine::{Command, Engine, EngineHandle};
 use tessera_scheduler::http::{App, Auth, metrics_router, router};
 use tessera_scheduler::kube_edge::{
@@ -304,6 +305,32 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
             move || {
                 let engine = engine.clone();
                 async move { engine.send(Command::Sweep).await }
+            },
+        );
+    }
+
+    {
+        // HAMi node locks whose pod will never reach Allocate (deleted, failed, rejected): HAMi
+        // keeps them for 5 minutes, and its device plugin serves nobody else meanwhile.
+        let (engine, edge) = (engine.clone(), edge.clone());
+        spawn_periodic(
+            "hami-lock-sweep",
+            Schedule::every(PERIOD).first_after(PERIOD),
+            shutdown.clone(),
+            move || {
+                let (engine, edge) = (engine.clone(), edge.clone());
+                async move {
+                    for (node, value) in engine.stale_hami_locks().await {
+                        match edge.clear_hami_node_lock(&node, &value).await {
+                            Ok(()) => {
+                                tracing::info!(%node, lock = %value, "cleared a HAMi node lock whose pod is no longer pending allocation")
+                            }
+                            Err(e) => {
+                                tracing::warn!(%node, error = %e, "could not clear a stale HAMi node lock")
+                            }
+                        }
+                    }
+                }
             },
         );
     }

@@ -16,6 +16,8 @@ use crate::engine::{Command, EngineHandle, Observation};
 #[derive(Debug, Default)]
 pub struct FakeEdge {
     pods: Mutex<HashMap<(String, String), Pod>>,
+    /// HAMi node lock values by node (the only node field the extender writes).
+    hami_locks: Mutex<HashMap<String, String>>,
     events: Mutex<Vec<PodEvent>>,
     informer: Mutex<Vec<EngineHandle>>,
     /// Fail the next N Binding calls.
@@ -76,6 +78,20 @@ impl FakeEdge {
             ))))
             .await;
         }
+    }
+
+    /// The node's `hami.io/mutex.lock`, if any.
+    pub fn hami_lock(&self, node: &str) -> Option<String> {
+        lock(&self.hami_locks).get(node).cloned()
+    }
+
+    /// Sets (`Some`) or removes the node's `hami.io/mutex.lock`, as HAMi's plugin does.
+    pub fn set_hami_lock(&self, node: &str, value: Option<&str>) {
+        let mut locks = lock(&self.hami_locks);
+        match value {
+            Some(v) => locks.insert(node.to_owned(), v.to_owned()),
+            None => locks.remove(node),
+        };
     }
 
     /// The kubelet's status update: sets the pod's phase (e.g. `Failed` when admission rejected
@@ -184,6 +200,62 @@ impl ClusterEdge for FakeEdge {
             pod.clone()
         };
         self.publish(updated).await;
+        Ok(())
+    }
+
+    async fn lock_hami_node(
+        &self,
+        node: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), EdgeError> {
+        use hami_contract::nodelock::{AcquireStep, NodeLock, acquire_step};
+        self.call("lock", "node", node);
+        let current = self.hami_lock(node);
+        // The fake's locks are always fresh: its clock does not move.
+        match acquire_step(current.as_deref(), namespace, name, Some(0)) {
+            AcquireStep::Held => return Ok(()),
+            AcquireStep::Busy => return Err(EdgeError::new(format!("node {node} is locked"))),
+            AcquireStep::TakeIfGone {
+                namespace: ns,
+                name: holder,
+            } => {
+                if lock(&self.pods).contains_key(&(ns.clone(), holder.clone())) {
+                    return Err(EdgeError::new(format!(
+                        "node {node} is locked for pod {ns}/{holder}"
+                    )));
+                }
+            }
+            AcquireStep::Take => {}
+        }
+        let value = NodeLock::for_pod("2026-01-01T00:00:00Z", namespace, name).encode();
+        self.set_hami_lock(node, Some(&value));
+        Ok(())
+    }
+
+    async fn release_hami_node_lock(
+        &self,
+        node: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), EdgeError> {
+        self.call("unlock", "node", node);
+        let mut locks = lock(&self.hami_locks);
+        if locks
+            .get(node)
+            .is_some_and(|v| hami_contract::nodelock::is_held_by(v, namespace, name))
+        {
+            locks.remove(node);
+        }
+        Ok(())
+    }
+
+    async fn clear_hami_node_lock(&self, node: &str, value: &str) -> Result<(), EdgeError> {
+        self.call("unlock", "node", node);
+        let mut locks = lock(&self.hami_locks);
+        if locks.get(node).map(String::as_str) == Some(value) {
+            locks.remove(node);
+        }
         Ok(())
     }
 
