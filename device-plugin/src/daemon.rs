@@ -278,6 +278,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
     if let Some(period) = periods.vgpu_feedback {
         let feedback = VgpuFeedback {
             containers_dir: containers_dir.clone(),
+            pods: pods.clone(),
             policy: node_core_policy(&config.nvidia),
             period,
         };

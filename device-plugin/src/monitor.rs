@@ -5,7 +5,7 @@
 //! Truncated, foreign or corrupt files are logged and skipped; they never affect other
 //! containers.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use vgpu_region::feedback::{ContainerView, CorePolicy, Feedback, FeedbackClock};
 use vgpu_region::{MAX_DEVICES, RegionSnapshot};
 
 use crate::edges::{EdgeError, PodSource};
+use crate::identity::PodSnapshot;
 use crate::metrics::PluginMetrics;
 pub use crate::metrics::{PodNames, VgpuSample};
 
@@ -129,6 +130,8 @@ pub enum SkipReason {
     Read(#[source] std::io::Error),
     #[error("not a HAMi-core region")]
     Region(#[source] vgpu_region::RegionError),
+    #[error("its pod has no GPU booking on this node (yet)")]
+    NoBooking,
 }
 
 /// A skipped entry (logged by the caller).
@@ -276,6 +279,25 @@ pub fn write_feedback(
     Ok(true)
 }
 
+/// The GPUs booked to each pod (by UID): every UUID of its `hami.io/vgpu-devices-allocated` and
+/// `hami.io/vgpu-devices-to-allocate` annotations, which the scheduler writes and no container
+/// can. A pod with neither (or only undecodable ones) is absent.
+pub fn booked_gpus(pods: &[PodSnapshot]) -> BTreeMap<String, BTreeSet<String>> {
+    use hami_contract::annotations as keys;
+    use hami_contract::devices::PodDevices;
+    pods.iter()
+        .filter_map(|pod| {
+            let gpus: BTreeSet<String> = [keys::DEVICES_ALLOCATED, keys::DEVICES_TO_ALLOCATE]
+                .into_iter()
+                .filter_map(|key| pod.annotations.get(key))
+                .filter_map(|value| PodDevices::decode(value).ok())
+                .flat_map(|devices| devices.0.into_iter().flatten().map(|d| d.uuid))
+                .collect();
+            (!gpus.is_empty()).then(|| (pod.uid.clone(), gpus))
+        })
+        .collect()
+}
+
 /// One region's outcome in a feedback pass.
 #[derive(Debug)]
 pub struct FeedbackOutcome {
@@ -288,18 +310,26 @@ pub struct FeedbackOutcome {
 /// One control period of the feedback (HAMi's `Observe`) over every region file under
 /// `containers_dir`: read them all, decide ([`vgpu_region::feedback::decide`]), write back what
 /// changed. `policy` is the node's `GPU_CORE_UTILIZATION_POLICY` (what `Allocate` gives every
-/// container: the region does not record it). Files that cannot be read are left out of the
-/// decision and returned; they never stop the others.
+/// container: the region does not record it). `booked` is [`booked_gpus`] of the node's pods: a
+/// region counts only on GPUs its pod was booked, whatever UUIDs it names (HAMi believes the
+/// region), and the region of a pod without a booking is neither counted nor written (an
+/// informer that has not synced yet must not lift every limit). Files that cannot be read are
+/// left out of the decision and returned; they never stop the others.
 pub fn feedback_pass(
     containers_dir: &Path,
     policy: CorePolicy,
     clock: FeedbackClock,
+    booked: &BTreeMap<String, BTreeSet<String>>,
 ) -> (Vec<FeedbackOutcome>, Vec<SkippedFile>) {
     let (paths, mut skipped) = region_paths(containers_dir);
     let mut opened = Vec::with_capacity(paths.len());
     for p in paths {
-        match open_region(&p.path) {
-            Ok((file, region)) => opened.push((p, file, region)),
+        let opened_region = match booked.get(&p.pod_uid) {
+            None => Err(SkipReason::NoBooking),
+            Some(gpus) => open_region(&p.path).map(|(file, region)| (file, region, gpus)),
+        };
+        match opened_region {
+            Ok((file, region, gpus)) => opened.push((p, file, region, gpus)),
             Err(reason) => skipped.push(SkippedFile {
                 path: p.path.display().to_string(),
                 reason,
@@ -308,17 +338,23 @@ pub fn feedback_pass(
     }
     let views: Vec<ContainerView> = opened
         .iter()
-        .map(|(_, _, region)| ContainerView::from_region(region, policy))
+        .map(|(_, _, region, gpus)| {
+            let mut view = ContainerView::from_region(region, policy);
+            view.gpus.retain(|g| gpus.contains(&g.uuid));
+            view
+        })
         .collect();
     let decisions = vgpu_region::feedback::decide(&views, clock);
     let outcomes = opened
         .into_iter()
         .zip(decisions)
-        .map(|((region_path, file, region), feedback)| FeedbackOutcome {
-            written: write_feedback(&file, &region, &feedback),
-            region: region_path,
-            feedback,
-        })
+        .map(
+            |((region_path, file, region, _), feedback)| FeedbackOutcome {
+                written: write_feedback(&file, &region, &feedback),
+                region: region_path,
+                feedback,
+            },
+        )
         .collect();
     (outcomes, skipped)
 }
@@ -465,14 +501,26 @@ impl VgpuMonitor {
 
 /// The feedback loop's periodic pass (HAMi's `watchAndFeedback`): every control period, one
 /// [`feedback_pass`] over the node's region files.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct VgpuFeedback {
     /// `<hook>/vgpu/containers`.
     pub containers_dir: PathBuf,
+    /// The node's pods: which GPUs each was booked ([`booked_gpus`]).
+    pub pods: Arc<dyn PodSource>,
     /// The node's core policy (`gpuCorePolicy`, or `disable` with `disableCoreLimit`).
     pub policy: CorePolicy,
     /// The control period (`--vgpu-feedback-period-seconds`).
     pub period: Duration,
+}
+
+impl std::fmt::Debug for VgpuFeedback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VgpuFeedback")
+            .field("containers_dir", &self.containers_dir)
+            .field("policy", &self.policy)
+            .field("period", &self.period)
+            .finish_non_exhaustive()
+    }
 }
 
 impl VgpuFeedback {
@@ -489,8 +537,9 @@ impl VgpuFeedback {
         let span = tracing::Span::current();
         let dir = self.containers_dir.clone();
         let policy = self.policy;
+        let booked = booked_gpus(&self.pods.cached());
         let (outcomes, skipped) = tokio::task::spawn_blocking(move || {
-            span.in_scope(|| feedback_pass(&dir, policy, clock))
+            span.in_scope(|| feedback_pass(&dir, policy, clock, &booked))
         })
         .await
         .map_err(MonitorError::Feedback)?;
@@ -699,21 +748,68 @@ mod tests {
         let low = write("uid-low_main", &region_bytes("GPU-a", 30, 1, 2));
         let alone = write("uid-alone_main", &region_bytes("GPU-b", 30, 1, 2));
         write("uid-bad_main", b"corrupt");
-        let (outcomes, skipped) = feedback_pass(dir.path(), CorePolicy::Default, CLOCK);
-        assert_eq!(outcomes.len(), 3);
-        assert_eq!(skipped.len(), 1, "{skipped:?}");
+        // Booked GPU-a and GPU-b between them; "uid-liar" names GPU-a but was booked GPU-c.
+        let liar = write("uid-liar_main", &region_bytes("GPU-a", 30, 0, 2));
+        let unbooked = write("uid-unknown_main", &region_bytes("GPU-a", 30, 0, 2));
+        let booked: BTreeMap<String, BTreeSet<String>> = [
+            ("uid-high", "GPU-a"),
+            ("uid-low", "GPU-a"),
+            ("uid-alone", "GPU-b"),
+            ("uid-bad", "GPU-b"),
+            ("uid-liar", "GPU-c"),
+        ]
+        .into_iter()
+        .map(|(uid, gpu)| (uid.to_owned(), [gpu.to_owned()].into()))
+        .collect();
+        let pass = |policy| feedback_pass(dir.path(), policy, CLOCK, &booked);
+        let (outcomes, skipped) = pass(CorePolicy::Default);
+        assert_eq!(outcomes.len(), 4);
+        assert_eq!(skipped.len(), 2, "{skipped:?}");
+        assert_eq!(
+            words(&unbooked),
+            (2, 1),
+            "a pod without a booking: untouched"
+        );
+        assert_eq!(words(&liar), (1, 0), "counted on no GPU: blocks nobody");
         assert!(outcomes.iter().all(|o| o.written.is_ok()), "{outcomes:?}");
         assert_eq!(words(&high), (1, 0), "high priority: decayed, lifted");
         assert_eq!(words(&low), (-1, 1), "low priority: blocked, limited");
         assert_eq!(words(&alone), (1, 0), "alone on its GPU: lifted");
         // The high-priority container goes idle: two periods later the other is released.
         for _ in 0..2 {
-            feedback_pass(dir.path(), CorePolicy::Default, CLOCK);
+            pass(CorePolicy::Default);
         }
         assert_eq!(words(&low), (0, 0), "released and lifted");
         // Under force the switch is still written (the shim ignores it).
-        let (outcomes, _) = feedback_pass(dir.path(), CorePolicy::Force, CLOCK);
-        assert!(outcomes.iter().all(|o| o.feedback.limited));
+        let (outcomes, _) = pass(CorePolicy::Force);
+        assert!(
+            outcomes
+                .iter()
+                .filter(|o| o.region.pod_uid != "uid-liar")
+                .all(|o| o.feedback.limited),
+            "{outcomes:?}"
+        );
+    }
+
+    #[test]
+    fn a_pod_is_booked_the_gpus_of_its_allocation_annotations_only() {
+        let pod = crate::testing::bound_pod(
+            crate::testing::NODE,
+            "p",
+            &[&[("GPU-0", 1000, 10)], &[("GPU-1", 1000, 10)]],
+            1,
+        );
+        let mut garbled = pod.clone();
+        garbled.uid = "garbled".into();
+        for v in garbled.annotations.values_mut() {
+            *v = "not,a,list".into();
+        }
+        let booked = booked_gpus(&[pod.clone(), garbled]);
+        assert_eq!(booked.len(), 1, "{booked:?}");
+        assert_eq!(
+            booked[&pod.uid],
+            ["GPU-0".to_owned(), "GPU-1".to_owned()].into()
+        );
     }
 
     /// The feedback writes into the inode it checked and read, never into whatever the path

@@ -17,6 +17,8 @@ use tessera_device_plugin::monitor::feedback_pass;
 use vgpu_region::RegionSnapshot;
 use vgpu_region::feedback::{CorePolicy, FeedbackClock};
 
+/// The UUID the fake driver gives device 0 in every process.
+const GPU: &str = "GPU-0c0c0c0c-0c0c-0c0c-0c0c-0c0c0c0c0c00";
 const SCENARIO: &str = r#"{"devices": [{"uuid": "GPU-0c0c0c0c-0c0c-0c0c-0c0c-0c0c0c0c0c00", "memory_total_mib": 16384}]}"#;
 const PERIOD: Duration = Duration::from_secs(1);
 /// Above: the loop runs unthrottled (alone it saturates its device).
@@ -69,9 +71,13 @@ impl Container {
     /// `utilization_switch` as the monitor last wrote it (None until the region exists).
     fn switch(&self) -> Option<i32> {
         let bytes = std::fs::read(&self.region).ok()?;
-        RegionSnapshot::parse(&bytes)
-            .ok()
-            .map(|r| r.utilization_switch)
+        let region = RegionSnapshot::parse(&bytes).ok()?;
+        assert!(
+            region.uuids[0].is_empty() || region.uuids[0] == GPU,
+            "the fake driver's UUID changed: {}",
+            region.uuids[0]
+        );
+        Some(region.utilization_switch)
     }
 
     fn wait_for_switch(&self, want: i32, within: Duration) {
@@ -112,7 +118,12 @@ impl Monitor {
                     now_secs,
                     period_secs: PERIOD.as_secs(),
                 };
-                let (outcomes, _) = feedback_pass(&dir, policy, clock);
+                // Both containers' pods were booked the GPU (what the pods' annotations say).
+                let booked = ["uid-a", "uid-b"]
+                    .into_iter()
+                    .map(|uid| (uid.to_owned(), [GPU.to_owned()].into()))
+                    .collect();
+                let (outcomes, _) = feedback_pass(&dir, policy, clock, &booked);
                 for o in &outcomes {
                     assert!(o.written.is_ok(), "{o:?}");
                 }
