@@ -190,10 +190,25 @@ pub fn region_paths(containers_dir: &Path) -> (Vec<RegionPath>, Vec<SkippedFile>
 }
 
 /// Opens, checks and parses one region file ([`read_region_file`], [`RegionSnapshot::parse`]).
-fn open_region(path: &Path) -> Result<(File, RegionSnapshot), SkipReason> {
+fn open_region(path: &Path) -> Result<(FileId, RegionSnapshot), SkipReason> {
+    use std::os::unix::fs::MetadataExt;
     let (file, bytes) = open_region_file(path)?;
+    let meta = file.metadata().map_err(SkipReason::Stat)?;
     let region = RegionSnapshot::parse(&bytes).map_err(SkipReason::Region)?;
-    Ok((file, region))
+    Ok((
+        FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        },
+        region,
+    ))
+}
+
+/// The inode a region was read from: the feedback writes into that inode only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
 }
 
 /// Reads every region file under `containers_dir`. Never fails as a whole.
@@ -215,26 +230,29 @@ pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
 /// Why the feedback could not be written into one region file.
 #[derive(Debug, thiserror::Error)]
 pub enum FeedbackWriteError {
-    #[error("cannot reopen the checked file for writing")]
+    #[error("cannot open the region file again for writing")]
     Reopen(#[source] std::io::Error),
-    #[error("the reopened file is not the one that was checked")]
+    #[error("the path no longer names the single-link regular file that was read")]
     Replaced,
     #[error("write")]
     Write(#[source] std::io::Error),
 }
 
-/// Writes a feedback's `recent_kernel` and `utilization_switch` into the region file read
-/// through `file`, each only if it differs from `before` (what was read). Returns whether
+/// Writes a feedback's `recent_kernel` and `utilization_switch` into the region file at `path`,
+/// each only if it differs from `before` (what was read from inode `read_from`). Returns whether
 /// anything was written.
 ///
-/// The descriptor was opened read-only after the checks of [`read_region_file`]; it is reopened
-/// for writing through `/proc/self/fd`, which reaches the same inode even if the container has
-/// renamed or replaced the path since, and the reopened file must still be that inode. Only the
-/// two aligned 4-byte words inside the fixed layout are written (`pwrite`, which the shim's
-/// shared mapping sees: one page cache), so a hostile file gets at most those 8 bytes, in the
-/// container's own region.
+/// The pass closes every file after reading it (a container filling its directory with region
+/// files must not exhaust the plugin's descriptors), so the path is opened again: with `O_PATH`
+/// and `O_NOFOLLOW` first (no side effect whatever the path names now), then it must still be
+/// a regular single-link file and the same inode as read, and only then is that descriptor
+/// reopened for writing through `/proc/self/fd` (the same inode, whatever the path names by
+/// then). Only the two aligned 4-byte words inside the fixed layout are written (`pwrite`,
+/// which the shim's shared mapping sees: one page cache), so a hostile file gets at most those
+/// 8 bytes, in the container's own region.
 pub fn write_feedback(
-    file: &File,
+    path: &Path,
+    read_from: FileId,
     before: &RegionSnapshot,
     feedback: &Feedback,
 ) -> Result<bool, FeedbackWriteError> {
@@ -255,20 +273,24 @@ pub fn write_feedback(
     if words.iter().all(|(_, was, now)| was == now) {
         return Ok(false);
     }
+    let handle = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(FeedbackWriteError::Reopen)?;
+    let meta = handle.metadata().map_err(FeedbackWriteError::Reopen)?;
+    let same = FileId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    } == read_from;
+    if !meta.file_type().is_file() || meta.nlink() != 1 || !same {
+        return Err(FeedbackWriteError::Replaced);
+    }
     let writable = std::fs::OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
-        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
         .map_err(FeedbackWriteError::Reopen)?;
-    let (checked, reopened) = (
-        file.metadata().map_err(FeedbackWriteError::Reopen)?,
-        writable.metadata().map_err(FeedbackWriteError::Reopen)?,
-    );
-    if !reopened.file_type().is_file()
-        || (checked.dev(), checked.ino()) != (reopened.dev(), reopened.ino())
-    {
-        return Err(FeedbackWriteError::Replaced);
-    }
     for (offset, was, now) in words {
         if was != now {
             writable
@@ -326,10 +348,10 @@ pub fn feedback_pass(
     for p in paths {
         let opened_region = match booked.get(&p.pod_uid) {
             None => Err(SkipReason::NoBooking),
-            Some(gpus) => open_region(&p.path).map(|(file, region)| (file, region, gpus)),
+            Some(gpus) => open_region(&p.path).map(|(id, region)| (id, region, gpus)),
         };
         match opened_region {
-            Ok((file, region, gpus)) => opened.push((p, file, region, gpus)),
+            Ok((id, region, gpus)) => opened.push((p, id, region, gpus)),
             Err(reason) => skipped.push(SkippedFile {
                 path: p.path.display().to_string(),
                 reason,
@@ -348,13 +370,11 @@ pub fn feedback_pass(
     let outcomes = opened
         .into_iter()
         .zip(decisions)
-        .map(
-            |((region_path, file, region, _), feedback)| FeedbackOutcome {
-                written: write_feedback(&file, &region, &feedback),
-                region: region_path,
-                feedback,
-            },
-        )
+        .map(|((region_path, id, region, _), feedback)| FeedbackOutcome {
+            written: write_feedback(&region_path.path, id, &region, &feedback),
+            region: region_path,
+            feedback,
+        })
         .collect();
     (outcomes, skipped)
 }
@@ -812,19 +832,14 @@ mod tests {
         );
     }
 
-    /// The feedback writes into the inode it checked and read, never into whatever the path
-    /// names by then (a container may swap the file between the read and the write).
+    /// The feedback writes only into the inode it read, never into whatever the path names by
+    /// then (a container may swap the file, or put a link or a FIFO there, between the read and
+    /// the write).
     #[test]
-    fn the_feedback_is_written_through_the_checked_descriptor_only() {
+    fn the_feedback_is_written_only_into_the_file_that_was_read() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("r.cache");
-        std::fs::write(&path, region_bytes("GPU-a", 30, 1, 2)).expect("write");
-        let (file, region) = open_region(&path).expect("open");
-        let swapped = dir.path().join("other");
-        std::fs::write(&swapped, b"not a region").expect("write");
-        let kept = dir.path().join("kept.cache");
-        std::fs::rename(&path, &kept).expect("rename");
-        std::fs::rename(&swapped, &path).expect("swap");
+        let region = region_bytes("GPU-a", 30, 1, 2);
         let feedback = Feedback {
             recent_kernel: 1,
             utilization_switch: 0,
@@ -832,12 +847,57 @@ mod tests {
             blocked: false,
             limited: false,
         };
-        assert!(write_feedback(&file, &region, &feedback).expect("written"));
-        assert_eq!(std::fs::read(&path).expect("read"), b"not a region");
-        assert_eq!(words(&kept), (1, 0));
+        std::fs::write(&path, &region).expect("write");
+        let (id, before) = open_region(&path).expect("open");
+        assert!(write_feedback(&path, id, &before, &feedback).expect("written"));
+        assert_eq!(words(&path), (1, 0));
         // Nothing changed: nothing is written.
-        let (file, region) = open_region(&kept).expect("open");
-        assert!(!write_feedback(&file, &region, &feedback).expect("no write"));
+        let (id, before) = open_region(&path).expect("open");
+        assert!(!write_feedback(&path, id, &before, &feedback).expect("no write"));
+
+        let outside = dir.path().join("outside");
+        type Swap = fn(&Path, &Path, &[u8]);
+        let swaps: [(&str, Swap); 4] = [
+            ("another region file", |p, _, region| {
+                // Made before the old one goes, so it cannot reuse its inode number.
+                let new = p.with_extension("new");
+                std::fs::write(&new, region).unwrap();
+                std::fs::rename(&new, p).unwrap();
+            }),
+            ("a symlink", |p, outside, _| {
+                std::fs::remove_file(p).unwrap();
+                std::os::unix::fs::symlink(outside, p).unwrap();
+            }),
+            ("a hard link", |p, outside, _| {
+                std::fs::remove_file(p).unwrap();
+                std::fs::hard_link(outside, p).unwrap();
+            }),
+            ("a FIFO", |p, _, _| {
+                std::fs::remove_file(p).unwrap();
+                let made = std::process::Command::new("mkfifo")
+                    .arg(p)
+                    .status()
+                    .unwrap();
+                assert!(made.success());
+            }),
+        ];
+        for (what, swap) in swaps {
+            let _ = std::fs::remove_file(&path);
+            std::fs::write(&path, &region).expect("write");
+            std::fs::write(&outside, &region).expect("write");
+            let (id, before) = open_region(&path).expect("open");
+            swap(&path, &outside, &region);
+            let r = write_feedback(&path, id, &before, &feedback);
+            assert!(
+                matches!(r, Err(FeedbackWriteError::Replaced)),
+                "{what}: {r:?}"
+            );
+            assert_eq!(
+                words(&outside),
+                (2, 1),
+                "{what}: the other file was written"
+            );
+        }
     }
 
     #[test]
