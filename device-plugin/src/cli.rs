@@ -76,6 +76,14 @@ pub struct Cli {
     /// Seconds between rewrites of the node register annotation (also rewritten on change).
     #[arg(long, env = "ANNOTATION_PERIOD_SECONDS", default_value_t = 30)]
     pub annotation_period_seconds: u64,
+    /// Seconds between the vGPU monitor's feedback passes (HAMi's vGPU monitor: 5): each pass
+    /// decays `recent_kernel`, blocks lower-priority containers and switches the core limit of
+    /// `gpuCorePolicy: default` containers on while they share a GPU and off while alone
+    /// (docs/design/sm-limiter.md). 0 turns the feedback off: every core limit then stays on,
+    /// as under `force`. Also 0 where HAMi's own vGPU monitor runs on the node (two loops would
+    /// decay `recent_kernel` twice per period).
+    #[arg(long, env = "VGPU_FEEDBACK_PERIOD_SECONDS", default_value_t = vgpu_region::feedback::HAMI_PERIOD_SECS)]
+    pub vgpu_feedback_period_seconds: u64,
     /// Seconds a GPU must stay free of errors (and answer NVML) before it is healthy again.
     #[arg(long, env = "HEALTH_RECOVERY_SECONDS", default_value_t = 60)]
     pub health_recovery_seconds: u64,
@@ -119,11 +127,14 @@ impl Cli {
         self.logging.directive(OWN_CRATES)
     }
 
-    /// The daemon's periods: the defaults, with the node annotation's from the command line.
+    /// The daemon's periods: the defaults, with the node annotation's and the vGPU feedback's
+    /// from the command line.
     #[must_use]
     pub fn periods(&self) -> Periods {
         Periods {
             annotation: Duration::from_secs(self.annotation_period_seconds.max(1)),
+            vgpu_feedback: (self.vgpu_feedback_period_seconds > 0)
+                .then(|| Duration::from_secs(self.vgpu_feedback_period_seconds)),
             ..Periods::default()
         }
     }
@@ -138,6 +149,8 @@ pub struct Periods {
     pub annotation_retry: Duration,
     /// vGPU monitor pass: container usage metrics, gone pods' directories.
     pub vgpu_monitor: Duration,
+    /// vGPU monitor feedback into the regions (`--vgpu-feedback-period-seconds`); `None`: off.
+    pub vgpu_feedback: Option<Duration>,
     /// Age a container directory must reach before it may be removed as a gone pod's (it is
     /// made at `Allocate`, before its pod could be missing from a list).
     pub orphan_dir_grace: Duration,
@@ -163,6 +176,7 @@ impl Default for Periods {
             annotation: Duration::from_secs(30),
             annotation_retry: Duration::from_secs(5),
             vgpu_monitor: Duration::from_secs(15),
+            vgpu_feedback: Some(Duration::from_secs(vgpu_region::feedback::HAMI_PERIOD_SECS)),
             orphan_dir_grace: Duration::from_secs(30),
             ledger_gc: Duration::from_secs(30),
             kubelet_poll: Duration::from_millis(100),
@@ -250,6 +264,10 @@ mod tests {
         assert_eq!(env_of("verbosity").as_deref(), Some("TESSERA_VERBOSITY"));
         assert_eq!(env_of("debug").as_deref(), Some("TESSERA_DEBUG"));
         assert_eq!(env_of("node_name").as_deref(), Some("NODE_NAME"));
+        assert_eq!(
+            env_of("vgpu_feedback_period_seconds").as_deref(),
+            Some("VGPU_FEEDBACK_PERIOD_SECONDS")
+        );
         let json = parse(&["--log-format=json"]).expect("json");
         assert_eq!(json.logging.log_format, tessera_runtime::LogFormat::Json);
     }
@@ -267,6 +285,18 @@ mod tests {
         );
         let zero = parse(&["--annotation-period-seconds", "0"]).expect("0");
         assert_eq!(zero.periods().annotation, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn the_feedback_runs_at_hamis_period_unless_turned_off() {
+        assert_eq!(
+            parse(&[]).expect("defaults").periods().vgpu_feedback,
+            Some(Duration::from_secs(5))
+        );
+        let off = parse(&["--vgpu-feedback-period-seconds", "0"]).expect("0");
+        assert_eq!(off.periods().vgpu_feedback, None);
+        let two = parse(&["--vgpu-feedback-period-seconds=2"]).expect("2");
+        assert_eq!(two.periods().vgpu_feedback, Some(Duration::from_secs(2)));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use hami_contract::config::GpuCorePolicy;
 use hami_contract::devices::ContainerDevice;
 
 /// Where the shim's files live inside every container (fixed by HAMi: `ld.so.preload` names it).
@@ -33,6 +34,10 @@ pub struct ResponseSettings {
     pub lib_cuda_log_level: String,
     /// `disableCoreLimit` ⇒ `GPU_CORE_UTILIZATION_POLICY=disable`.
     pub disable_core_limit: bool,
+    /// `gpuCorePolicy`: a non-default value ⇒ `GPU_CORE_UTILIZATION_POLICY=<value>` (HAMi's
+    /// webhook sets it in the pod spec; the shim takes the policy from the limits file only, so
+    /// `Allocate` writes it there too). `disableCoreLimit` wins.
+    pub core_policy: hami_contract::config::GpuCorePolicy,
     /// Host shim path, already resolved (`libvgpu.so.<version>` when present).
     pub shim_host_path: String,
     /// Host `<hook>/vgpu/license` exists: mount it and the validator.
@@ -183,10 +188,15 @@ pub fn container_response(
             settings.lib_cuda_log_level.clone(),
         );
     }
-    if settings.disable_core_limit {
+    let core_policy = if settings.disable_core_limit {
+        GpuCorePolicy::Disable
+    } else {
+        settings.core_policy
+    };
+    if core_policy != GpuCorePolicy::Default {
         envs.insert(
             "GPU_CORE_UTILIZATION_POLICY".to_owned(),
-            "disable".to_owned(),
+            core_policy.as_str().to_owned(),
         );
     }
 
@@ -275,6 +285,7 @@ mod tests {
             memory_scaling: 1.0,
             lib_cuda_log_level: "1".into(),
             disable_core_limit: false,
+            core_policy: GpuCorePolicy::Default,
             shim_host_path: "/usr/local/vgpu/libvgpu.so".into(),
             license_present: false,
             cdi_devices: false,
@@ -342,6 +353,40 @@ CUDA_DEVICE_SM_LIMIT=30
             r.cache_dir,
             "/usr/local/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer"
         );
+    }
+
+    /// `gpuCorePolicy: force` must reach the shim, which reads the policy from the limits file
+    /// only: without it a `force` container would follow the monitor's switch like `default`.
+    #[test]
+    fn a_non_default_core_policy_reaches_the_limits_file_and_disable_core_limit_wins() {
+        let mut s = settings();
+        s.core_policy = GpuCorePolicy::Force;
+        let r = container_response(&[dev("GPU-aaa", 3000, 30)], &target(false), &s).expect("ok");
+        assert_eq!(
+            r.envs
+                .get("GPU_CORE_UTILIZATION_POLICY")
+                .map(String::as_str),
+            Some("force")
+        );
+        assert!(
+            r.limits_file
+                .content
+                .contains("\nGPU_CORE_UTILIZATION_POLICY=force\n"),
+            "{}",
+            r.limits_file.content
+        );
+        s.disable_core_limit = true;
+        let r = container_response(&[dev("GPU-aaa", 3000, 30)], &target(false), &s).expect("ok");
+        assert_eq!(
+            r.envs
+                .get("GPU_CORE_UTILIZATION_POLICY")
+                .map(String::as_str),
+            Some("disable")
+        );
+        s.disable_core_limit = false;
+        s.core_policy = GpuCorePolicy::Default;
+        let r = container_response(&[dev("GPU-aaa", 3000, 30)], &target(false), &s).expect("ok");
+        assert!(!r.envs.contains_key("GPU_CORE_UTILIZATION_POLICY"));
     }
 
     #[test]

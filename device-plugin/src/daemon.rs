@@ -8,6 +8,7 @@
 //! | `gpu-health` (thread) | NVML events, lost GPUs, recovery, host metrics, rediscovery | [`Periods::health_poll`], [`Periods::rediscovery`] |
 //! | `node-annotation` | `hami.io/node-nvidia-register` (and opt-in capacity) | on change and [`Periods::annotation`] |
 //! | `vgpu-monitor` | container usage metrics, gone pods' directories | [`Periods::vgpu_monitor`] |
+//! | `vgpu-feedback` | `recent_kernel` and `utilization_switch` into the regions (priority, elastic core limit) | [`Periods::vgpu_feedback`] |
 //! | `ledger-gc` | drops ledger entries of pods no longer pending | [`Periods::ledger_gc`] |
 //! | `pod-watch`, `node-watch` | informers | continuously |
 //! | `metrics-server` | `/metrics`, `/healthz` | continuously |
@@ -24,6 +25,7 @@ use tokio::time::Instant;
 
 use hami_contract::config::{ConfigError, DeviceConfig, NodeConfigFile};
 use tessera_runtime::{CancellationToken, DisplayChain, Schedule, spawn_periodic, spawn_task};
+use vgpu_region::feedback::CorePolicy;
 
 use crate::allocator::Allocator;
 use crate::cli::{Cli, Periods};
@@ -35,7 +37,7 @@ use crate::health::{DisableSpecError, HealthPolicy, HealthTracker};
 use crate::kube_edges::{CapacityNames, KubePatcher, KubePodSource, NodeAnnotator};
 use crate::kubelet::{KubeletError, KubeletSettings, Readiness, socket_name_for};
 use crate::metrics::PluginMetrics;
-use crate::monitor::VgpuMonitor;
+use crate::monitor::{VgpuFeedback, VgpuMonitor};
 use crate::node_events::{NodeEvent, NodeEvents};
 use crate::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
 use crate::pod_resources::KubeletPodResources;
@@ -275,11 +277,24 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         }
         .run(shutdown.clone()),
     );
+    let containers_dir = PathBuf::from(format!(
+        "{}/vgpu/containers",
+        cli.hook_path.trim_end_matches('/')
+    ));
+    if let Some(period) = periods.vgpu_feedback {
+        let feedback = VgpuFeedback {
+            containers_dir: containers_dir.clone(),
+            pods: pods.clone(),
+            policy: node_core_policy(&config.nvidia),
+            period,
+        };
+        spawn_periodic("vgpu-feedback", period, shutdown.clone(), move || {
+            let feedback = feedback.clone();
+            async move { feedback.pass().await }
+        });
+    }
     let monitor = VgpuMonitor {
-        containers_dir: PathBuf::from(format!(
-            "{}/vgpu/containers",
-            cli.hook_path.trim_end_matches('/')
-        )),
+        containers_dir,
         pods: pods.clone(),
         metrics: metrics.clone(),
         orphan_grace: periods.orphan_dir_grace,
@@ -404,6 +419,20 @@ async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, StartErr
     }
 }
 
+/// The core policy `Allocate` gives every container of the node (`GPU_CORE_UTILIZATION_POLICY`):
+/// `disable` with `disableCoreLimit`, else `gpuCorePolicy`.
+fn node_core_policy(nvidia: &hami_contract::config::NvidiaConfig) -> CorePolicy {
+    use hami_contract::config::GpuCorePolicy;
+    if nvidia.disable_core_limit {
+        return CorePolicy::Disable;
+    }
+    match nvidia.gpu_core_policy {
+        GpuCorePolicy::Default => CorePolicy::Default,
+        GpuCorePolicy::Force => CorePolicy::Force,
+        GpuCorePolicy::Disable => CorePolicy::Disable,
+    }
+}
+
 fn allocator(
     cli: &Cli,
     config: &Config,
@@ -426,6 +455,7 @@ fn allocator(
             memory_scaling: config.nvidia.device_memory_scaling,
             lib_cuda_log_level: config.nvidia.lib_cuda_log_level.clone(),
             disable_core_limit: config.nvidia.disable_core_limit,
+            core_policy: config.nvidia.gpu_core_policy,
             shim_host_path,
             license_present: Path::new(&format!("{vgpu_dir}/license")).exists(),
             cdi_devices: cli.cdi_devices,

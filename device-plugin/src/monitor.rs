@@ -1,17 +1,22 @@
 //! Per-container usage from the shim's shared-region files under
 //! `<hook>/vgpu/containers/<podUID>_<container>/*.cache`, exported with HAMi's v2.9+ names
-//! (contract §8.2). Truncated, foreign or corrupt files are logged and skipped; they never
-//! affect other containers.
+//! (contract §8.2), and the feedback HAMi's vGPU monitor gives the shims through the same files
+//! (`recent_kernel`, `utilization_switch`: core contract §5.4, `docs/design/sm-limiter.md`).
+//! Truncated, foreign or corrupt files are logged and skipped; they never affect other
+//! containers.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_runtime::DisplayChain;
+use vgpu_region::feedback::{ContainerView, CorePolicy, Feedback, FeedbackClock};
 use vgpu_region::{MAX_DEVICES, RegionSnapshot};
 
 use crate::edges::{EdgeError, PodSource};
+use crate::identity::PodSnapshot;
 use crate::metrics::PluginMetrics;
 pub use crate::metrics::{PodNames, VgpuSample};
 
@@ -30,6 +35,11 @@ const MAX_ENTRIES_PER_CONTAINER: usize = 256;
 /// afterwards. Ownership is not checked: the shim runs as the container's user, which the plugin
 /// does not know (any UID, in a user namespace too); these checks do not depend on it.
 pub fn read_region_file(path: &Path) -> Result<Vec<u8>, SkipReason> {
+    open_region_file(path).map(|(_, bytes)| bytes)
+}
+
+/// [`read_region_file`], keeping the checked descriptor (the feedback writes through it).
+fn open_region_file(path: &Path) -> Result<(File, Vec<u8>), SkipReason> {
     use std::io::Read;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let file = std::fs::OpenOptions::new()
@@ -53,10 +63,11 @@ pub fn read_region_file(path: &Path) -> Result<Vec<u8>, SkipReason> {
         return Err(SkipReason::TooLarge(meta.len()));
     }
     let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    file.take(MAX_REGION_FILE)
+    (&file)
+        .take(MAX_REGION_FILE)
         .read_to_end(&mut bytes)
         .map_err(SkipReason::Read)?;
-    Ok(bytes)
+    Ok((file, bytes))
 }
 
 /// `<podUID>_<container>`: pod UIDs contain no `_`, container names (DNS labels) neither.
@@ -119,6 +130,8 @@ pub enum SkipReason {
     Read(#[source] std::io::Error),
     #[error("not a HAMi-core region")]
     Region(#[source] vgpu_region::RegionError),
+    #[error("its pod has no GPU booking on this node (yet)")]
+    NoBooking,
 }
 
 /// A skipped entry (logged by the caller).
@@ -128,8 +141,17 @@ pub struct SkippedFile {
     pub reason: SkipReason,
 }
 
-/// Reads every region file under `containers_dir`. Never fails as a whole.
-pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
+/// A region file's place: `<containers_dir>/<podUID>_<container>/<name>.cache`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionPath {
+    pub pod_uid: String,
+    pub container: String,
+    pub path: PathBuf,
+}
+
+/// The region files under `containers_dir` (not opened yet), and the entries that cannot hold
+/// any. Never fails as a whole.
+pub fn region_paths(containers_dir: &Path) -> (Vec<RegionPath>, Vec<SkippedFile>) {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
     let Ok(entries) = std::fs::read_dir(containers_dir) else {
@@ -157,22 +179,204 @@ pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
             if path.extension().is_none_or(|e| e != "cache") {
                 continue;
             }
-            match read_region_file(&path) {
-                Ok(bytes) => match RegionSnapshot::parse(&bytes) {
-                    Ok(region) => out.extend(samples(uid, container, &region)),
-                    Err(e) => skipped.push(SkippedFile {
-                        path: path.display().to_string(),
-                        reason: SkipReason::Region(e),
-                    }),
-                },
-                Err(reason) => skipped.push(SkippedFile {
-                    path: path.display().to_string(),
-                    reason,
-                }),
-            }
+            out.push(RegionPath {
+                pod_uid: uid.to_owned(),
+                container: container.to_owned(),
+                path,
+            });
         }
     }
     (out, skipped)
+}
+
+/// Opens, checks and parses one region file ([`read_region_file`], [`RegionSnapshot::parse`]).
+fn open_region(path: &Path) -> Result<(FileId, RegionSnapshot), SkipReason> {
+    use std::os::unix::fs::MetadataExt;
+    let (file, bytes) = open_region_file(path)?;
+    let meta = file.metadata().map_err(SkipReason::Stat)?;
+    let region = RegionSnapshot::parse(&bytes).map_err(SkipReason::Region)?;
+    Ok((
+        FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        },
+        region,
+    ))
+}
+
+/// The inode a region was read from: the feedback writes into that inode only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// Reads every region file under `containers_dir`. Never fails as a whole.
+pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
+    let (paths, mut skipped) = region_paths(containers_dir);
+    let mut out = Vec::new();
+    for p in paths {
+        match open_region(&p.path) {
+            Ok((_, region)) => out.extend(samples(&p.pod_uid, &p.container, &region)),
+            Err(reason) => skipped.push(SkippedFile {
+                path: p.path.display().to_string(),
+                reason,
+            }),
+        }
+    }
+    (out, skipped)
+}
+
+/// Why the feedback could not be written into one region file.
+#[derive(Debug, thiserror::Error)]
+pub enum FeedbackWriteError {
+    #[error("cannot open the region file again for writing")]
+    Reopen(#[source] std::io::Error),
+    #[error("the path no longer names the single-link regular file that was read")]
+    Replaced,
+    #[error("write")]
+    Write(#[source] std::io::Error),
+}
+
+/// Writes a feedback's `recent_kernel` and `utilization_switch` into the region file at `path`,
+/// each only if it differs from `before` (what was read from inode `read_from`). Returns whether
+/// anything was written.
+///
+/// The pass closes every file after reading it (a container filling its directory with region
+/// files must not exhaust the plugin's descriptors), so the path is opened again: with `O_PATH`
+/// and `O_NOFOLLOW` first (no side effect whatever the path names now), then it must still be
+/// a regular single-link file and the same inode as read, and only then is that descriptor
+/// reopened for writing through `/proc/self/fd` (the same inode, whatever the path names by
+/// then). Only the two aligned 4-byte words inside the fixed layout are written (`pwrite`,
+/// which the shim's shared mapping sees: one page cache), so a hostile file gets at most those
+/// 8 bytes, in the container's own region.
+pub fn write_feedback(
+    path: &Path,
+    read_from: FileId,
+    before: &RegionSnapshot,
+    feedback: &Feedback,
+) -> Result<bool, FeedbackWriteError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+    let words = [
+        (
+            vgpu_region::offset::RECENT_KERNEL,
+            before.recent_kernel,
+            feedback.recent_kernel,
+        ),
+        (
+            vgpu_region::offset::UTILIZATION_SWITCH,
+            before.utilization_switch,
+            feedback.utilization_switch,
+        ),
+    ];
+    if words.iter().all(|(_, was, now)| was == now) {
+        return Ok(false);
+    }
+    let handle = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(FeedbackWriteError::Reopen)?;
+    let meta = handle.metadata().map_err(FeedbackWriteError::Reopen)?;
+    let same = FileId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    } == read_from;
+    if !meta.file_type().is_file() || meta.nlink() != 1 || !same {
+        return Err(FeedbackWriteError::Replaced);
+    }
+    let writable = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+        .map_err(FeedbackWriteError::Reopen)?;
+    for (offset, was, now) in words {
+        if was != now {
+            writable
+                .write_all_at(&now.to_ne_bytes(), offset as u64)
+                .map_err(FeedbackWriteError::Write)?;
+        }
+    }
+    Ok(true)
+}
+
+/// The GPUs booked to each pod (by UID): every UUID of its `hami.io/vgpu-devices-allocated` and
+/// `hami.io/vgpu-devices-to-allocate` annotations, which the scheduler writes and no container
+/// can. A pod with neither (or only undecodable ones) is absent.
+pub fn booked_gpus(pods: &[PodSnapshot]) -> BTreeMap<String, BTreeSet<String>> {
+    use hami_contract::annotations as keys;
+    use hami_contract::devices::PodDevices;
+    pods.iter()
+        .filter_map(|pod| {
+            let gpus: BTreeSet<String> = [keys::DEVICES_ALLOCATED, keys::DEVICES_TO_ALLOCATE]
+                .into_iter()
+                .filter_map(|key| pod.annotations.get(key))
+                .filter_map(|value| PodDevices::decode(value).ok())
+                .flat_map(|devices| devices.0.into_iter().flatten().map(|d| d.uuid))
+                .collect();
+            (!gpus.is_empty()).then(|| (pod.uid.clone(), gpus))
+        })
+        .collect()
+}
+
+/// One region's outcome in a feedback pass.
+#[derive(Debug)]
+pub struct FeedbackOutcome {
+    pub region: RegionPath,
+    pub feedback: Feedback,
+    /// Whether a word was written (`Ok(false)`: nothing changed).
+    pub written: Result<bool, FeedbackWriteError>,
+}
+
+/// One control period of the feedback (HAMi's `Observe`) over every region file under
+/// `containers_dir`: read them all, decide ([`vgpu_region::feedback::decide`]), write back what
+/// changed. `policy` is the node's `GPU_CORE_UTILIZATION_POLICY` (what `Allocate` gives every
+/// container: the region does not record it). `booked` is [`booked_gpus`] of the node's pods: a
+/// region counts only on GPUs its pod was booked, whatever UUIDs it names (HAMi believes the
+/// region), and the region of a pod without a booking is neither counted nor written (an
+/// informer that has not synced yet must not lift every limit). Files that cannot be read are
+/// left out of the decision and returned; they never stop the others.
+pub fn feedback_pass(
+    containers_dir: &Path,
+    policy: CorePolicy,
+    clock: FeedbackClock,
+    booked: &BTreeMap<String, BTreeSet<String>>,
+) -> (Vec<FeedbackOutcome>, Vec<SkippedFile>) {
+    let (paths, mut skipped) = region_paths(containers_dir);
+    let mut opened = Vec::with_capacity(paths.len());
+    for p in paths {
+        let opened_region = match booked.get(&p.pod_uid) {
+            None => Err(SkipReason::NoBooking),
+            Some(gpus) => open_region(&p.path).map(|(id, region)| (id, region, gpus)),
+        };
+        match opened_region {
+            Ok((id, region, gpus)) => opened.push((p, id, region, gpus)),
+            Err(reason) => skipped.push(SkippedFile {
+                path: p.path.display().to_string(),
+                reason,
+            }),
+        }
+    }
+    let views: Vec<ContainerView> = opened
+        .iter()
+        .map(|(_, _, region, gpus)| {
+            let mut view = ContainerView::from_region(region, policy);
+            view.gpus.retain(|g| gpus.contains(&g.uuid));
+            view
+        })
+        .collect();
+    let decisions = vgpu_region::feedback::decide(&views, clock);
+    let outcomes = opened
+        .into_iter()
+        .zip(decisions)
+        .map(|((region_path, id, region, _), feedback)| FeedbackOutcome {
+            written: write_feedback(&region_path.path, id, &region, &feedback),
+            region: region_path,
+            feedback,
+        })
+        .collect();
+    (outcomes, skipped)
 }
 
 /// The container directories to remove (pure): `<podUID>_<container>` entries, each with its
@@ -260,6 +464,8 @@ pub enum MonitorError {
     LivePods(#[source] EdgeError),
     #[error("the removal of gone pods' directories did not finish")]
     Removal(#[source] tokio::task::JoinError),
+    #[error("the feedback pass did not finish")]
+    Feedback(#[source] tokio::task::JoinError),
 }
 
 impl VgpuMonitor {
@@ -307,6 +513,78 @@ impl VgpuMonitor {
                 Err(e) => {
                     tracing::warn!(dir = %name, error = %DisplayChain(&e), "cannot remove a gone pod's container directory")
                 }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The feedback loop's periodic pass (HAMi's `watchAndFeedback`): every control period, one
+/// [`feedback_pass`] over the node's region files.
+#[derive(Clone)]
+pub struct VgpuFeedback {
+    /// `<hook>/vgpu/containers`.
+    pub containers_dir: PathBuf,
+    /// The node's pods: which GPUs each was booked ([`booked_gpus`]).
+    pub pods: Arc<dyn PodSource>,
+    /// The node's core policy (`gpuCorePolicy`, or `disable` with `disableCoreLimit`).
+    pub policy: CorePolicy,
+    /// The control period (`--vgpu-feedback-period-seconds`).
+    pub period: Duration,
+}
+
+impl std::fmt::Debug for VgpuFeedback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VgpuFeedback")
+            .field("containers_dir", &self.containers_dir)
+            .field("policy", &self.policy)
+            .field("period", &self.period)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VgpuFeedback {
+    /// One period. Unreadable files are skipped quietly (the usage pass warns about them);
+    /// a file that cannot be written is logged.
+    pub async fn pass(&self) -> Result<(), MonitorError> {
+        let now_secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let clock = FeedbackClock {
+            now_secs,
+            period_secs: self.period.as_secs().max(1),
+        };
+        let span = tracing::Span::current();
+        let dir = self.containers_dir.clone();
+        let policy = self.policy;
+        let booked = booked_gpus(&self.pods.cached());
+        let (outcomes, skipped) = tokio::task::spawn_blocking(move || {
+            span.in_scope(|| feedback_pass(&dir, policy, clock, &booked))
+        })
+        .await
+        .map_err(MonitorError::Feedback)?;
+        for s in &skipped {
+            tracing::debug!(path = %s.path, reason = %DisplayChain(&s.reason), "region file left out of the feedback");
+        }
+        for o in &outcomes {
+            let f = &o.feedback;
+            match &o.written {
+                Ok(true) => tracing::debug!(
+                    pod_uid = %o.region.pod_uid,
+                    container = %o.region.container,
+                    recent_kernel = f.recent_kernel,
+                    utilization_switch = f.utilization_switch,
+                    active = f.active,
+                    blocked = f.blocked,
+                    limited = f.limited,
+                    "feedback written"
+                ),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(
+                    path = %o.region.path.display(),
+                    error = %DisplayChain(e),
+                    "cannot write the feedback into a region file"
+                ),
             }
         }
         Ok(())
@@ -444,6 +722,182 @@ mod tests {
         assert_eq!(s.memory_limit_bytes, 3000 << 20);
         assert_eq!(s.context_bytes, 2 << 20);
         assert_eq!(s.sm_limit, 30);
+    }
+
+    /// A region as the shim leaves it: one GPU at `cores` percent, the given priority and
+    /// `recent_kernel`, switch 1 (its initial value).
+    fn region_bytes(uuid: &str, cores: u64, priority: i32, recent_kernel: i32) -> Vec<u8> {
+        use vgpu_region::offset;
+        let mut b = vec![0u8; vgpu_region::FILE_SIZE];
+        put(
+            &mut b,
+            offset::INITIALIZED_FLAG,
+            &vgpu_region::MAGIC.to_ne_bytes(),
+        );
+        put(&mut b, offset::MAJOR_VERSION, &1u32.to_ne_bytes());
+        put(&mut b, offset::MINOR_VERSION, &2u32.to_ne_bytes());
+        put(&mut b, offset::DEVICE_NUM, &1u64.to_ne_bytes());
+        put(&mut b, offset::UUIDS, uuid.as_bytes());
+        put(&mut b, offset::SM_LIMIT, &cores.to_ne_bytes());
+        put(&mut b, offset::UTILIZATION_SWITCH, &1i32.to_ne_bytes());
+        put(&mut b, offset::RECENT_KERNEL, &recent_kernel.to_ne_bytes());
+        put(&mut b, offset::PRIORITY, &priority.to_ne_bytes());
+        b
+    }
+
+    fn words(path: &Path) -> (i32, i32) {
+        let r = RegionSnapshot::parse(&std::fs::read(path).expect("read")).expect("region");
+        (r.recent_kernel, r.utilization_switch)
+    }
+
+    const CLOCK: FeedbackClock = FeedbackClock {
+        now_secs: 1_800_000_000,
+        period_secs: 5,
+    };
+
+    #[test]
+    fn a_feedback_pass_writes_priority_blocking_and_the_elastic_switch_into_the_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let write = |name: &str, bytes: &[u8]| {
+            let c = dir.path().join(name);
+            std::fs::create_dir_all(&c).expect("mkdir");
+            std::fs::write(c.join("r.cache"), bytes).expect("write");
+            c.join("r.cache")
+        };
+        let high = write("uid-high_main", &region_bytes("GPU-a", 30, 0, 2));
+        let low = write("uid-low_main", &region_bytes("GPU-a", 30, 1, 2));
+        let alone = write("uid-alone_main", &region_bytes("GPU-b", 30, 1, 2));
+        write("uid-bad_main", b"corrupt");
+        // Booked GPU-a and GPU-b between them; "uid-liar" names GPU-a but was booked GPU-c.
+        let liar = write("uid-liar_main", &region_bytes("GPU-a", 30, 0, 2));
+        let unbooked = write("uid-unknown_main", &region_bytes("GPU-a", 30, 0, 2));
+        let booked: BTreeMap<String, BTreeSet<String>> = [
+            ("uid-high", "GPU-a"),
+            ("uid-low", "GPU-a"),
+            ("uid-alone", "GPU-b"),
+            ("uid-bad", "GPU-b"),
+            ("uid-liar", "GPU-c"),
+        ]
+        .into_iter()
+        .map(|(uid, gpu)| (uid.to_owned(), [gpu.to_owned()].into()))
+        .collect();
+        let pass = |policy| feedback_pass(dir.path(), policy, CLOCK, &booked);
+        let (outcomes, skipped) = pass(CorePolicy::Default);
+        assert_eq!(outcomes.len(), 4);
+        assert_eq!(skipped.len(), 2, "{skipped:?}");
+        assert_eq!(
+            words(&unbooked),
+            (2, 1),
+            "a pod without a booking: untouched"
+        );
+        assert_eq!(words(&liar), (1, 0), "counted on no GPU: blocks nobody");
+        assert!(outcomes.iter().all(|o| o.written.is_ok()), "{outcomes:?}");
+        assert_eq!(words(&high), (1, 0), "high priority: decayed, lifted");
+        assert_eq!(words(&low), (-1, 1), "low priority: blocked, limited");
+        assert_eq!(words(&alone), (1, 0), "alone on its GPU: lifted");
+        // The high-priority container goes idle: two periods later the other is released.
+        for _ in 0..2 {
+            pass(CorePolicy::Default);
+        }
+        assert_eq!(words(&low), (0, 0), "released and lifted");
+        // Under force the switch is still written (the shim ignores it).
+        let (outcomes, _) = pass(CorePolicy::Force);
+        assert!(
+            outcomes
+                .iter()
+                .filter(|o| o.region.pod_uid != "uid-liar")
+                .all(|o| o.feedback.limited),
+            "{outcomes:?}"
+        );
+    }
+
+    #[test]
+    fn a_pod_is_booked_the_gpus_of_its_allocation_annotations_only() {
+        let pod = crate::testing::bound_pod(
+            crate::testing::NODE,
+            "p",
+            &[&[("GPU-0", 1000, 10)], &[("GPU-1", 1000, 10)]],
+            1,
+        );
+        let mut garbled = pod.clone();
+        garbled.uid = "garbled".into();
+        for v in garbled.annotations.values_mut() {
+            *v = "not,a,list".into();
+        }
+        let booked = booked_gpus(&[pod.clone(), garbled]);
+        assert_eq!(booked.len(), 1, "{booked:?}");
+        assert_eq!(
+            booked[&pod.uid],
+            ["GPU-0".to_owned(), "GPU-1".to_owned()].into()
+        );
+    }
+
+    /// The feedback writes only into the inode it read, never into whatever the path names by
+    /// then (a container may swap the file, or put a link or a FIFO there, between the read and
+    /// the write).
+    #[test]
+    fn the_feedback_is_written_only_into_the_file_that_was_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r.cache");
+        let region = region_bytes("GPU-a", 30, 1, 2);
+        let feedback = Feedback {
+            recent_kernel: 1,
+            utilization_switch: 0,
+            active: true,
+            blocked: false,
+            limited: false,
+        };
+        std::fs::write(&path, &region).expect("write");
+        let (id, before) = open_region(&path).expect("open");
+        assert!(write_feedback(&path, id, &before, &feedback).expect("written"));
+        assert_eq!(words(&path), (1, 0));
+        // Nothing changed: nothing is written.
+        let (id, before) = open_region(&path).expect("open");
+        assert!(!write_feedback(&path, id, &before, &feedback).expect("no write"));
+
+        let outside = dir.path().join("outside");
+        type Swap = fn(&Path, &Path, &[u8]);
+        let swaps: [(&str, Swap); 4] = [
+            ("another region file", |p, _, region| {
+                // Made before the old one goes, so it cannot reuse its inode number.
+                let new = p.with_extension("new");
+                std::fs::write(&new, region).unwrap();
+                std::fs::rename(&new, p).unwrap();
+            }),
+            ("a symlink", |p, outside, _| {
+                std::fs::remove_file(p).unwrap();
+                std::os::unix::fs::symlink(outside, p).unwrap();
+            }),
+            ("a hard link", |p, outside, _| {
+                std::fs::remove_file(p).unwrap();
+                std::fs::hard_link(outside, p).unwrap();
+            }),
+            ("a FIFO", |p, _, _| {
+                std::fs::remove_file(p).unwrap();
+                let made = std::process::Command::new("mkfifo")
+                    .arg(p)
+                    .status()
+                    .unwrap();
+                assert!(made.success());
+            }),
+        ];
+        for (what, swap) in swaps {
+            let _ = std::fs::remove_file(&path);
+            std::fs::write(&path, &region).expect("write");
+            std::fs::write(&outside, &region).expect("write");
+            let (id, before) = open_region(&path).expect("open");
+            swap(&path, &outside, &region);
+            let r = write_feedback(&path, id, &before, &feedback);
+            assert!(
+                matches!(r, Err(FeedbackWriteError::Replaced)),
+                "{what}: {r:?}"
+            );
+            assert_eq!(
+                words(&outside),
+                (2, 1),
+                "{what}: the other file was written"
+            );
+        }
     }
 
     #[test]

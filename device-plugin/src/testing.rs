@@ -205,6 +205,7 @@ pub fn response_settings(hook: &Path) -> ResponseSettings {
         memory_scaling: 1.0,
         lib_cuda_log_level: "1".into(),
         disable_core_limit: false,
+        core_policy: hami_contract::config::GpuCorePolicy::Default,
         shim_host_path: format!("{}/vgpu/libvgpu.so", hook.display()),
         license_present: false,
         cdi_devices: false,

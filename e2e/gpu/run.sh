@@ -8,7 +8,9 @@
 #
 # Proves: (1) allocation past CUDA_DEVICE_MEMORY_LIMIT fails with OOM; (2) torch.cuda.mem_get_info
 # and nvidia-smi show the limit; (3) two processes share one limit; (4) CUDA_DEVICE_SM_LIMIT=30
-# brings a busy kernel loop near 30 %; (5) launch overhead of a small-kernel loop vs no shim.
+# brings a busy kernel loop near 30 %; (4b) under the default policy, the switch the device
+# plugin's feedback writes for a lone container lifts that limit; (5) launch overhead of a
+# small-kernel loop vs no shim.
 # Exit status: number of failed checks.
 set -u
 cd "$(dirname "$0")/../.."
@@ -107,6 +109,20 @@ avg() { tail -n +9 "$1" | awk '{s+=$1; n++} END {printf "%.1f", s/n}'; }
 U100=$(avg "$WORK/u100"); U30=$(avg "$WORK/u30")
 echo "utilization: unlimited $U100 %, CUDA_DEVICE_SM_LIMIT=30: $U30 % (samples: $(tr '\n' ' ' <"$WORK/u30"))"
 if awk -v u="$U30" 'BEGIN {exit !(u >= 20 && u <= 40)}'; then pass "SM limit 30 -> $U30 %"; else fail "SM limit 30 -> $U30 %"; fi
+
+echo "== 4b. gpuCorePolicy default, alone: the monitor's feedback lifts the limit (utilization_switch = 0)"
+# Writes the switch as the device plugin's feedback does for a lone container (offset 2008900).
+$PY - "$WORK/lift.cache" <<'EOF' &
+import os, struct, sys, time
+for _ in range(80):
+    if os.path.exists(sys.argv[1]) and os.path.getsize(sys.argv[1]) > 2008904:
+        with open(sys.argv[1], "r+b") as f: f.seek(2008900); f.write(struct.pack("<i", 0))
+    time.sleep(0.25)
+EOF
+env LD_PRELOAD="$VGPU_SHIM" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/lift.cache" CUDA_DEVICE_SM_LIMIT=30 \
+  $PY "$WORK/busy.py" 15 & B=$!; sample_util "$WORK/ulift"; wait $B
+ULIFT=$(avg "$WORK/ulift"); echo "utilization, limit lifted: $ULIFT %"
+if awk -v u="$ULIFT" -v l="$U30" 'BEGIN {exit !(u >= l + 25)}'; then pass "lifted limit -> $ULIFT %"; else fail "lifted limit -> $ULIFT % (limited: $U30 %)"; fi
 
 echo "== 5. launch overhead (small-kernel loop)"
 if command -v nvcc >/dev/null; then

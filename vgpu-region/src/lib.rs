@@ -5,9 +5,12 @@
 //! bytes; core contract §4.2). It is frozen by HAMi's Go monitor
 //! (`pkg/monitor/nvidia/v1/spec.go`), so every offset here is pinned by a test. The shim
 //! (`libvgpu-shim`) writes the file through these offsets; the device plugin's monitor reads it
-//! with [`RegionSnapshot::parse`], which never panics on any input.
+//! with [`RegionSnapshot::parse`], which never panics on any input; [`feedback`] is the
+//! monitor's decision on what to write back (`recent_kernel`, `utilization_switch`).
 
 use thiserror::Error;
+
+pub mod feedback;
 
 /// `MULTIPROCESS_SHARED_REGION_MAGIC_FLAG`: `initialized_flag` once the header is complete.
 pub const MAGIC: i32 = 19_920_718;
