@@ -6,7 +6,7 @@
 //! | task | what | when |
 //! |---|---|---|
 //! | `gpu-health` (thread) | NVML events, lost GPUs, recovery, host metrics, rediscovery | [`Periods::health_poll`], [`Periods::rediscovery`] |
-//! | `node-annotation` | `hami.io/node-nvidia-register` (and opt-in capacity) | on change and [`Periods::annotation`] |
+//! | `node-annotation` | `hami.io/node-nvidia-register` (and opt-in `hami.io/node-nvidia-score`, capacity) | on change and [`Periods::annotation`] |
 //! | `vgpu-monitor` | container usage metrics, gone pods' directories | [`Periods::vgpu_monitor`] |
 //! | `ledger-gc` | drops ledger entries of pods no longer pending | [`Periods::ledger_gc`] |
 //! | `pod-watch`, `node-watch` | informers | continuously |
@@ -211,6 +211,9 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         config.advertise.enable_numa_topology,
         Some(metrics.clone()),
     );
+    if cli.enable_topology_score {
+        state.read_topology(inventory.as_ref());
+    }
     let shutdown = CancellationToken::new();
     spawn_health_thread(
         HealthThread {
@@ -219,6 +222,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
             inventory: inventory.clone(),
             metrics: metrics.clone(),
             advertise: config.advertise.clone(),
+            topology_score: cli.enable_topology_score,
             periods,
         },
         shutdown.clone(),
@@ -362,7 +366,8 @@ fn pod_resources_source(cli: &Cli, config: &Config) -> Arc<dyn PodResourcesSourc
     })
 }
 
-/// `--print-register`: the register annotation value now, and again on every change for `watch`.
+/// `--print-register`: the register annotation value now (then, with topology, the score
+/// annotation value), and the register value again on every change for `watch`.
 async fn print_register(state: &DeviceState, watch: Duration) {
     // Subscribe before reading the first value: a change between printing it and subscribing
     // would otherwise be lost (CI saw an XID land in that gap, and the unhealthy state was
@@ -371,6 +376,9 @@ async fn print_register(state: &DeviceState, watch: Duration) {
     changes.mark_unchanged();
     let mut printed = state.register_annotation();
     println!("{printed}");
+    if let Some(scores) = state.score_annotation() {
+        println!("{scores}");
+    }
     let until = tokio::time::Instant::now() + watch;
     while let Ok(Ok(())) = tokio::time::timeout_at(until, changes.changed()).await {
         // A notification is not always a change of the value (a rediscovery or probe that
@@ -544,6 +552,8 @@ struct HealthThread {
     inventory: Arc<NvmlInventory>,
     metrics: PluginMetrics,
     advertise: AdvertiseSettings,
+    /// `--enable-topology-score`: a changed GPU list re-reads the GPU links first.
+    topology_score: bool,
     periods: Periods,
 }
 
@@ -570,6 +580,7 @@ impl HealthThread {
             inventory,
             metrics,
             advertise,
+            topology_score,
             periods,
         } = self;
         let mut last_poll = Instant::now();
@@ -590,6 +601,11 @@ impl HealthThread {
                         let (fresh, _) = plan_gpus(&found, advertise);
                         if let Some(merged) = merge_rediscovered(&state.gpus(), &fresh) {
                             tracing::info!(gpus = merged.len(), "GPU list changed");
+                            // Links first, so the annotation written on the change has the new
+                            // GPU's scores.
+                            if *topology_score {
+                                state.read_topology(inventory.as_ref());
+                            }
                             state.set_gpus(merged);
                         }
                     }
