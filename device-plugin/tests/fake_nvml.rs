@@ -271,3 +271,19 @@ fn pcie_only_gpus_score_by_how_close_their_pcie_paths_meet() {
         "one switch, several switches, host bridge, same socket, across sockets"
     );
 }
+
+/// NVSwitch systems: every GPU's links end at a switch, so every pair gets the smaller of the two
+/// GPUs' switch-link counts (18 here) plus its PCIe level. This goes through deviation T1: the
+/// real nvml-wrapper reads each link's remote type as `Unknown`, and a remote bus id that is no
+/// GPU of the node is taken for the switch.
+#[test]
+fn nvswitch_gpus_all_score_eighteen_links_plus_their_pcie_path() {
+    let (_, score) = print_with_topology("fake-nvml-hgx-nvswitch.json");
+    let s = scores(&score);
+    assert_eq!(s.len(), 8 * 7);
+    let pair = |a: u32, b: u32| s[&(format!("GPU-hgx-{a}"), format!("GPU-hgx-{b}"))];
+    assert_eq!(pair(0, 1), 1830, "18 NVLinks, same host bridge");
+    assert_eq!(pair(0, 2), 1820, "18 NVLinks, same CPU socket");
+    assert_eq!(pair(0, 7), 1810, "18 NVLinks, across sockets");
+    assert!(s.values().all(|v| (1810..=1830).contains(v)), "{s:?}");
+}
