@@ -211,9 +211,6 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         config.advertise.enable_numa_topology,
         Some(metrics.clone()),
     );
-    if cli.enable_topology_score {
-        state.read_topology(inventory.as_ref());
-    }
     let shutdown = CancellationToken::new();
     spawn_health_thread(
         HealthThread {
@@ -228,6 +225,9 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         shutdown.clone(),
     )?;
     if cli.print_register {
+        if cli.enable_topology_score {
+            state.read_topology(inventory.as_ref());
+        }
         print_register(&state, Duration::from_secs(cli.watch_seconds)).await;
         shutdown.cancel();
         return Ok(());
@@ -238,6 +238,11 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
     let (events, events_rx) = NodeEvents::channel();
     crate::kube_edges::spawn_node_event_writer(client.clone(), &cli.node_name, events_rx);
     state.attach_events(events);
+    // After the Events are attached, so asymmetric links reach the node's Events; before the
+    // annotation task starts, so its first write carries the scores.
+    if cli.enable_topology_score {
+        state.read_topology(inventory.as_ref());
+    }
     let resource = config.nvidia.resources.count.clone();
     let pods: Arc<KubePodSource> = Arc::new(KubePodSource::start(
         client.clone(),

@@ -199,11 +199,14 @@ impl DeviceState {
     }
 
     /// Keeps NVML's GPU links for `hami.io/node-nvidia-score` (hardware: read at start and when
-    /// the GPU list changes). Pairs whose two ends disagree score 0; they are logged here, once
-    /// per read, rather than on every annotation write.
+    /// the GPU list changes). Pairs whose two ends disagree score 0; they are logged and sent as
+    /// one `AsymmetricGPUP2PLink` Node Event here, once per read, rather than on every
+    /// annotation write.
     pub fn set_topology(&self, topology: NodeTopology) {
         let uuids: Vec<String> = topology.gpus.iter().map(|g| g.uuid.clone()).collect();
-        if let Ok(scores) = pair_scores(&topology, &uuids) {
+        if let Ok(scores) = pair_scores(&topology, &uuids)
+            && !scores.asymmetric.is_empty()
+        {
             for (a, b) in &scores.asymmetric {
                 tracing::warn!(
                     gpu = %a,
@@ -211,6 +214,7 @@ impl DeviceState {
                     "the two GPUs report different links to each other (possible NVLink hardware or driver issue); the pair's topology score is 0"
                 );
             }
+            self.emit(NodeEvent::asymmetric_links(&scores.asymmetric));
         }
         self.with_inner(|inner| inner.topology = Some(topology));
     }
@@ -438,6 +442,31 @@ mod tests {
         });
         state.read_topology(&FixedInventory { topology: None });
         assert!(state.score_annotation().is_some_and(|v| v.contains("150")));
+    }
+
+    #[test]
+    fn a_link_seen_from_one_end_only_is_a_node_warning_and_scores_the_pair_zero() {
+        let mut topology = linked_pair();
+        topology.gpus[1].nvlinks.clear();
+        let inventory = FixedInventory {
+            topology: Some(topology),
+        };
+        let state = state(&inventory);
+        let (events, mut rx) = crate::node_events::NodeEvents::channel();
+        state.attach_events(events);
+        state.read_topology(&inventory);
+        let event = rx.try_recv().expect("an Event");
+        assert_eq!(event.reason, "AsymmetricGPUP2PLink");
+        assert!(
+            event.message.contains("GPU-a and GPU-b"),
+            "{}",
+            event.message
+        );
+        assert!(rx.try_recv().is_err(), "one Event per read");
+        assert_eq!(
+            state.score_annotation().as_deref(),
+            Some(r#"[{"uuid":"GPU-a","score":{"GPU-b":0}},{"uuid":"GPU-b","score":{"GPU-a":0}}]"#)
+        );
     }
 
     #[test]
