@@ -108,10 +108,16 @@ pub struct Cli {
         default_value = "hami-scheduler"
     )]
     pub scheduler_names: Vec<String>,
+    /// HAMi's ENABLE_TOPOLOGY_SCORE: read the PCIe and NVLink links between the GPUs from NVML
+    /// and write their pair scores as `hami.io/node-nvidia-score` with the register annotation,
+    /// for the scheduler's `topology-aware` GPU policy (the chart sets it with that policy).
+    #[arg(long, env = "ENABLE_TOPOLOGY_SCORE")]
+    pub enable_topology_score: bool,
     /// Also export HAMi's pre-v2.9 metric names (HostGPUMemoryUsage, vGPU_device_memory_usage_in_bytes, …).
     #[arg(long, alias = "legacy-metrics", env = "LEGACY_METRIC_NAMES")]
     pub legacy_metric_names: bool,
     /// Discover GPUs, print the register annotation value and exit (no kubelet, no apiserver).
+    /// With --enable-topology-score, a second line holds the `hami.io/node-nvidia-score` value.
     #[arg(long)]
     pub print_register: bool,
     /// With --print-register: keep watching GPU health for this many seconds and print the
@@ -267,6 +273,11 @@ mod tests {
         assert_eq!(
             env_of("vgpu_feedback_period_seconds").as_deref(),
             Some("VGPU_FEEDBACK_PERIOD_SECONDS")
+        );
+        // HAMi's name, so a chart or DaemonSet written for HAMi's plugin turns it on.
+        assert_eq!(
+            env_of("enable_topology_score").as_deref(),
+            Some("ENABLE_TOPOLOGY_SCORE")
         );
         let json = parse(&["--log-format=json"]).expect("json");
         assert_eq!(json.logging.log_format, tessera_runtime::LogFormat::Json);

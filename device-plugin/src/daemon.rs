@@ -6,7 +6,7 @@
 //! | task | what | when |
 //! |---|---|---|
 //! | `gpu-health` (thread) | NVML events, lost GPUs, recovery, host metrics, rediscovery | [`Periods::health_poll`], [`Periods::rediscovery`] |
-//! | `node-annotation` | `hami.io/node-nvidia-register` (and opt-in capacity) | on change and [`Periods::annotation`] |
+//! | `node-annotation` | `hami.io/node-nvidia-register` (and opt-in `hami.io/node-nvidia-score`, capacity) | on change and [`Periods::annotation`] |
 //! | `vgpu-monitor` | container usage metrics, gone pods' directories | [`Periods::vgpu_monitor`] |
 //! | `vgpu-feedback` | `recent_kernel` and `utilization_switch` into the regions (priority, elastic core limit) | [`Periods::vgpu_feedback`] |
 //! | `ledger-gc` | drops ledger entries of pods no longer pending | [`Periods::ledger_gc`] |
@@ -221,11 +221,15 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
             inventory: inventory.clone(),
             metrics: metrics.clone(),
             advertise: config.advertise.clone(),
+            topology_score: cli.enable_topology_score,
             periods,
         },
         shutdown.clone(),
     )?;
     if cli.print_register {
+        if cli.enable_topology_score {
+            state.read_topology(inventory.as_ref());
+        }
         print_register(&state, Duration::from_secs(cli.watch_seconds)).await;
         shutdown.cancel();
         return Ok(());
@@ -236,6 +240,11 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
     let (events, events_rx) = NodeEvents::channel();
     crate::kube_edges::spawn_node_event_writer(client.clone(), &cli.node_name, events_rx);
     state.attach_events(events);
+    // After the Events are attached, so asymmetric links reach the node's Events; before the
+    // annotation task starts, so its first write carries the scores.
+    if cli.enable_topology_score {
+        state.read_topology(inventory.as_ref());
+    }
     let resource = config.nvidia.resources.count.clone();
     let pods: Arc<KubePodSource> = Arc::new(KubePodSource::start(
         client.clone(),
@@ -377,7 +386,8 @@ fn pod_resources_source(cli: &Cli, config: &Config) -> Arc<dyn PodResourcesSourc
     })
 }
 
-/// `--print-register`: the register annotation value now, and again on every change for `watch`.
+/// `--print-register`: the register annotation value now (then, with topology, the score
+/// annotation value), and the register value again on every change for `watch`.
 async fn print_register(state: &DeviceState, watch: Duration) {
     // Subscribe before reading the first value: a change between printing it and subscribing
     // would otherwise be lost (CI saw an XID land in that gap, and the unhealthy state was
@@ -386,6 +396,9 @@ async fn print_register(state: &DeviceState, watch: Duration) {
     changes.mark_unchanged();
     let mut printed = state.register_annotation();
     println!("{printed}");
+    if let Some(scores) = state.score_annotation() {
+        println!("{scores}");
+    }
     let until = tokio::time::Instant::now() + watch;
     while let Ok(Ok(())) = tokio::time::timeout_at(until, changes.changed()).await {
         // A notification is not always a change of the value (a rediscovery or probe that
@@ -574,6 +587,8 @@ struct HealthThread {
     inventory: Arc<NvmlInventory>,
     metrics: PluginMetrics,
     advertise: AdvertiseSettings,
+    /// `--enable-topology-score`: a changed GPU list re-reads the GPU links first.
+    topology_score: bool,
     periods: Periods,
 }
 
@@ -600,6 +615,7 @@ impl HealthThread {
             inventory,
             metrics,
             advertise,
+            topology_score,
             periods,
         } = self;
         let mut last_poll = Instant::now();
@@ -620,6 +636,11 @@ impl HealthThread {
                         let (fresh, _) = plan_gpus(&found, advertise);
                         if let Some(merged) = merge_rediscovered(&state.gpus(), &fresh) {
                             tracing::info!(gpus = merged.len(), "GPU list changed");
+                            // Links first, so the annotation written on the change has the new
+                            // GPU's scores.
+                            if *topology_score {
+                                state.read_topology(inventory.as_ref());
+                            }
                             state.set_gpus(merged);
                         }
                     }

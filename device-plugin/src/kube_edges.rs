@@ -368,6 +368,8 @@ impl PodPatcher for KubePatcher {
 }
 
 /// Keeps `hami.io/node-nvidia-register` current: on every device change and every `period`.
+/// `hami.io/node-nvidia-score` goes in the same patch when the device state has topology
+/// (`ENABLE_TOPOLOGY_SCORE`, contract §2.2).
 /// The value comes from the device state, which only changes on successful discovery and on
 /// health events, so a transient NVML error never wipes it. Apiserver errors are logged and
 /// retried after `retry` (HAMi's pace: 5 s).
@@ -393,6 +395,9 @@ impl NodeAnnotator {
             keys::NODE_REGISTER.to_owned(),
             Some(self.state.register_annotation()),
         );
+        if let Some(scores) = self.state.score_annotation() {
+            ann.insert(keys::NODE_SCORE.to_owned(), Some(scores));
+        }
         if let Some(source) = &self.pod_resources {
             let mode = match source.list().await {
                 Ok(Some(_)) => keys::IDENTITY_POD_RESOURCES,

@@ -18,6 +18,9 @@ pub const REASON_GPU_RECOVERED: &str = "GPURecovered";
 /// Reason of the Warning Event for a refused `Allocate`.
 pub const REASON_ALLOCATE_REFUSED: &str = "AllocateRefused";
 
+/// Reason of the Warning Event for GPU pairs whose two ends report different links (HAMi's).
+pub const REASON_ASYMMETRIC_LINKS: &str = "AsymmetricGPUP2PLink";
+
 /// Events waiting to be written; beyond this new ones are dropped.
 pub const NODE_EVENT_QUEUE: usize = 256;
 
@@ -86,6 +89,25 @@ impl NodeEvent {
 }
 
 impl NodeEvent {
+    /// GPU pairs (UUIDs) whose two ends report a different number of links to each other: their
+    /// `hami.io/node-nvidia-score` is 0 (contract §2.2; HAMi writes this Event too).
+    pub fn asymmetric_links(pairs: &[(String, String)]) -> Self {
+        let list: Vec<String> = pairs.iter().map(|(a, b)| format!("{a} and {b}")).collect();
+        NodeEvent {
+            kind: NodeEventType::Warning,
+            reason: REASON_ASYMMETRIC_LINKS,
+            message: truncate(
+                format!(
+                    "GPUs {} report different links to each other (possible NVLink hardware or \
+                     driver issue); their topology score is 0, so topology-aware placement does \
+                     not prefer them together",
+                    list.join(", ")
+                ),
+                1000,
+            ),
+        }
+    }
+
     /// Another device plugin serves this node's GPUs ([`PluginConflict`]).
     ///
     /// [`PluginConflict`]: crate::conflict::PluginConflict

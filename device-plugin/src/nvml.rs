@@ -1,11 +1,15 @@
 //! NVML behind a small trait. The real implementation loads `libnvidia-ml.so.1` at run time
 //! (nvml-wrapper uses `dlopen`), so the plugin starts on a machine without a driver and says so.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use hami_contract::node::P2pLink;
+use hami_contract::topology::{GpuLinks, NVLINK_MAX_LINKS, NodeTopology, NvLinkEnd, NvLinkRemote};
 use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::nv_link::IntDeviceType;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{EventSet, Nvml};
@@ -31,6 +35,9 @@ pub enum InventoryError {
         #[source]
         source: NvmlError,
     },
+    /// NVML gave a PCIe topology level outside `nvmlGpuTopologyLevel_t`.
+    #[error("NVML reports an unknown PCIe topology level {level} between GPUs {a} and {b}")]
+    UnknownTopologyLevel { level: u32, a: u32, b: u32 },
     /// A thread panicked while waiting for NVML events; events are no longer watched.
     #[error("the NVML event set lock is poisoned")]
     EventSetPoisoned,
@@ -55,6 +62,32 @@ pub trait GpuInventory: Send + Sync + 'static {
     fn sample(&self) -> Vec<GpuSample>;
     /// Blocks up to `timeout` for the next health event; `Ok(None)` on timeout.
     fn wait_event(&self, timeout: Duration) -> Result<Option<HealthEvent>, InventoryError>;
+    /// The PCIe and NVLink links between every pair of GPUs NVML lists, for
+    /// `hami.io/node-nvidia-score` (contract §2.2). Read as HAMi's `links.go` reads them: a link
+    /// or GPU that does not support a question (`NotSupported`, `InvalidArg`) is skipped, any
+    /// other NVML error fails the whole read.
+    fn topology(&self) -> Result<NodeTopology, InventoryError>;
+}
+
+/// NVML's answer to a per-link question, with "this link or GPU cannot tell" as `None`.
+fn unless_unsupported<T>(
+    call: &'static str,
+    answer: Result<T, NvmlError>,
+) -> Result<Option<T>, InventoryError> {
+    match answer {
+        Ok(v) => Ok(Some(v)),
+        Err(NvmlError::NotSupported | NvmlError::InvalidArg) => Ok(None),
+        Err(source) => Err(InventoryError::Call { call, source }),
+    }
+}
+
+fn nvlink_remote(kind: IntDeviceType) -> NvLinkRemote {
+    match kind {
+        IntDeviceType::Gpu => NvLinkRemote::Gpu,
+        IntDeviceType::Switch => NvLinkRemote::Switch,
+        IntDeviceType::Ibmnpu => NvLinkRemote::IbmNpu,
+        IntDeviceType::Unknown => NvLinkRemote::Unknown,
+    }
 }
 
 /// NVML through nvml-wrapper.
@@ -129,6 +162,40 @@ impl NvmlInventory {
                 })?;
         }
         Ok(set)
+    }
+
+    fn device(&self, index: u32) -> Result<nvml_wrapper::Device<'static>, InventoryError> {
+        self.nvml
+            .device_by_index(index)
+            .map_err(call_err("nvmlDeviceGetHandleByIndex"))
+    }
+
+    /// The active NVLinks of GPU `index`, links 0..18 (`NVML_NVLINK_MAX_LINKS`).
+    fn nvlinks(&self, index: u32) -> Result<Vec<NvLinkEnd>, InventoryError> {
+        let device = self.device(index)?;
+        let mut links = Vec::new();
+        for link in 0..NVLINK_MAX_LINKS {
+            let wrapper = device.link_wrapper_for(link);
+            let active = unless_unsupported("nvmlDeviceGetNvLinkState", wrapper.is_active())?;
+            if active != Some(true) {
+                continue;
+            }
+            let remote_pci_bus_id = unless_unsupported(
+                "nvmlDeviceGetNvLinkRemotePciInfo_v2",
+                wrapper.remote_pci_info(),
+            )?
+            .map(|p| p.bus_id);
+            let remote = unless_unsupported(
+                "nvmlDeviceGetNvLinkRemoteDeviceType",
+                wrapper.remote_device_type(link),
+            )?
+            .map(nvlink_remote);
+            links.push(NvLinkEnd {
+                remote_pci_bus_id,
+                remote,
+            });
+        }
+        Ok(links)
     }
 
     fn numa_node(&self, pci_bus_id: &str) -> Option<u32> {
@@ -245,6 +312,47 @@ impl GpuInventory for NvmlInventory {
             Err(NvmlError::GpuLost) => Ok(None),
             Err(e) => Err(call_err("nvmlEventSetWait")(e)),
         }
+    }
+
+    fn topology(&self) -> Result<NodeTopology, InventoryError> {
+        self.read_topology()
+    }
+}
+
+impl NvmlInventory {
+    fn read_topology(&self) -> Result<NodeTopology, InventoryError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(call_err("nvmlDeviceGetCount"))?;
+        let mut topology = NodeTopology::default();
+        for i in 0..count {
+            let d = self.device(i)?;
+            topology.gpus.push(GpuLinks {
+                uuid: d.uuid().map_err(call_err("nvmlDeviceGetUUID"))?,
+                pci_bus_id: d
+                    .pci_info()
+                    .map_err(call_err("nvmlDeviceGetPciInfo"))?
+                    .bus_id,
+                nvlinks: self.nvlinks(i)?,
+            });
+        }
+        // Both orders of each pair, as HAMi asks (NVML answers the same both ways).
+        let mut pcie = BTreeMap::new();
+        for a in 0..count {
+            for b in (0..count).filter(|b| *b != a) {
+                let level = self
+                    .device(a)?
+                    .topology_common_ancestor(self.device(b)?)
+                    .map_err(call_err("nvmlDeviceGetTopologyCommonAncestor"))?
+                    .as_c();
+                let link = P2pLink::from_nvml_topology_level(level)
+                    .ok_or(InventoryError::UnknownTopologyLevel { level, a, b })?;
+                pcie.insert((a as usize, b as usize), link);
+            }
+        }
+        topology.pcie = pcie;
+        Ok(topology)
     }
 }
 

@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use tokio::time::Instant;
 
 use futures::{Stream, StreamExt};
-use hami_contract::node::{NodeDevice, encode_node_devices};
+use hami_contract::node::{NodeDevice, encode_node_devices, encode_pair_scores};
+use hami_contract::topology::{NodeTopology, pair_scores};
 use kubelet_proto::deviceplugin::v1beta1 as dp;
 use kubelet_proto::deviceplugin::v1beta1::device_plugin_server::DevicePlugin;
 use tessera_runtime::DisplayChain;
@@ -19,6 +20,7 @@ use crate::gpu::{ManagedGpu, kubelet_devices, register_devices};
 use crate::health::{HealthEvent, HealthTracker};
 use crate::metrics::PluginMetrics;
 use crate::node_events::{NodeEvent, NodeEvents};
+use crate::nvml::GpuInventory;
 
 /// The GPUs the plugin advertises and their health; every change is pushed to `ListAndWatch`
 /// streams and picked up by the annotation loop.
@@ -36,6 +38,8 @@ pub struct DeviceState {
 struct Inner {
     gpus: Vec<ManagedGpu>,
     health: HealthTracker,
+    /// NVML's GPU links, only with `ENABLE_TOPOLOGY_SCORE` (`hami.io/node-nvidia-score`).
+    topology: Option<NodeTopology>,
 }
 
 impl std::fmt::Debug for DeviceState {
@@ -53,7 +57,11 @@ impl DeviceState {
     ) -> Arc<Self> {
         let (devices_tx, _) = watch::channel(Vec::new());
         let state = Arc::new(DeviceState {
-            inner: Mutex::new(Inner { gpus, health }),
+            inner: Mutex::new(Inner {
+                gpus,
+                health,
+                topology: None,
+            }),
             devices_tx,
             managed_uuids: Arc::default(),
             numa_topology,
@@ -190,6 +198,61 @@ impl DeviceState {
         encode_node_devices(&self.register_devices())
     }
 
+    /// Keeps NVML's GPU links for `hami.io/node-nvidia-score` (hardware: read at start and when
+    /// the GPU list changes). Pairs whose two ends disagree score 0; they are logged and sent as
+    /// one `AsymmetricGPUP2PLink` Node Event here, once per read, rather than on every
+    /// annotation write.
+    pub fn set_topology(&self, topology: NodeTopology) {
+        let uuids: Vec<String> = topology.gpus.iter().map(|g| g.uuid.clone()).collect();
+        if let Ok(scores) = pair_scores(&topology, &uuids)
+            && !scores.asymmetric.is_empty()
+        {
+            for (a, b) in &scores.asymmetric {
+                tracing::warn!(
+                    gpu = %a,
+                    peer = %b,
+                    "the two GPUs report different links to each other (possible NVLink hardware or driver issue); the pair's topology score is 0"
+                );
+            }
+            self.emit(NodeEvent::asymmetric_links(&scores.asymmetric));
+        }
+        self.with_inner(|inner| inner.topology = Some(topology));
+    }
+
+    /// Reads the GPU links from NVML into the state (`--enable-topology-score`). When NVML cannot
+    /// tell, the node gets no `hami.io/node-nvidia-score` and the previous links (if any) stay;
+    /// the register annotation is written regardless (HAMi writes neither: deviation T2).
+    pub fn read_topology(&self, inventory: &dyn GpuInventory) {
+        match inventory.topology() {
+            Ok(topology) => {
+                tracing::info!(gpus = topology.gpus.len(), "GPU topology read from NVML");
+                self.set_topology(topology);
+            }
+            Err(e) => tracing::warn!(
+                error = %DisplayChain(&e),
+                "cannot read the GPU topology from NVML; hami.io/node-nvidia-score is not written"
+            ),
+        }
+    }
+
+    /// The `hami.io/node-nvidia-score` value (contract §2.2) for the advertised GPUs, in
+    /// register order; `None` without topology (`ENABLE_TOPOLOGY_SCORE` off, or NVML could not
+    /// tell).
+    pub fn score_annotation(&self) -> Option<String> {
+        self.with_inner(|inner| {
+            let topology = inner.topology.as_ref()?;
+            let uuids: Vec<String> = inner.gpus.iter().map(|g| g.uuid.clone()).collect();
+            match pair_scores(topology, &uuids) {
+                Ok(scores) => Some(encode_pair_scores(&scores.entries)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no GPU topology score for the node: the topology read from NVML misses an advertised GPU");
+                    None
+                }
+            }
+        })
+        .flatten()
+    }
+
     pub fn subscribe(&self) -> watch::Receiver<Vec<dp::Device>> {
         self.devices_tx.subscribe()
     }
@@ -274,5 +337,147 @@ impl DevicePlugin for DevicePluginService {
         _: Request<dp::PreStartContainerRequest>,
     ) -> Result<Response<dp::PreStartContainerResponse>, Status> {
         Ok(Response::new(dp::PreStartContainerResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use hami_contract::node::P2pLink;
+    use hami_contract::topology::{GpuLinks, NvLinkEnd, NvLinkRemote};
+    use nvml_wrapper::error::NvmlError;
+
+    use super::*;
+    use crate::gpu::{AdvertiseSettings, GpuInfo, plan_gpus};
+    use crate::health::HealthPolicy;
+    use crate::nvml::{GpuSample, InventoryError};
+    use crate::testing::t4;
+
+    /// NVML swapped for fixed answers: two T4s joined by one NVLink, under one PCIe switch, or
+    /// an NVML that fails the topology read.
+    struct FixedInventory {
+        topology: Option<NodeTopology>,
+    }
+
+    impl GpuInventory for FixedInventory {
+        fn discover(&self) -> Result<Vec<GpuInfo>, InventoryError> {
+            Ok(vec![t4("GPU-a", 0), t4("GPU-b", 1)])
+        }
+        fn answers(&self, _uuid: &str) -> bool {
+            true
+        }
+        fn sample(&self) -> Vec<GpuSample> {
+            Vec::new()
+        }
+        fn wait_event(&self, _timeout: Duration) -> Result<Option<HealthEvent>, InventoryError> {
+            Ok(None)
+        }
+        fn topology(&self) -> Result<NodeTopology, InventoryError> {
+            self.topology.clone().ok_or(InventoryError::Call {
+                call: "nvmlDeviceGetTopologyCommonAncestor",
+                source: NvmlError::Unknown,
+            })
+        }
+    }
+
+    fn linked_pair() -> NodeTopology {
+        let gpu = |uuid: &str, bus: &str, peer: &str| GpuLinks {
+            uuid: uuid.into(),
+            pci_bus_id: bus.into(),
+            nvlinks: vec![NvLinkEnd {
+                remote_pci_bus_id: Some(peer.into()),
+                remote: Some(NvLinkRemote::Gpu),
+            }],
+        };
+        NodeTopology {
+            gpus: vec![
+                gpu("GPU-a", "00000000:07:00.0", "00000000:08:00.0"),
+                gpu("GPU-b", "00000000:08:00.0", "00000000:07:00.0"),
+            ],
+            pcie: [
+                ((0, 1), P2pLink::SingleSwitch),
+                ((1, 0), P2pLink::SingleSwitch),
+            ]
+            .into(),
+        }
+    }
+
+    fn state(inventory: &dyn GpuInventory) -> Arc<DeviceState> {
+        let settings = AdvertiseSettings::new(&Default::default(), Default::default(), "");
+        let (gpus, _) = plan_gpus(&inventory.discover().expect("discover"), &settings);
+        let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+        DeviceState::new(
+            gpus,
+            HealthTracker::new(HealthPolicy::default(), uuids),
+            false,
+            None,
+        )
+    }
+
+    #[test]
+    fn score_annotation_comes_from_the_links_nvml_reports() {
+        let inventory = FixedInventory {
+            topology: Some(linked_pair()),
+        };
+        let state = state(&inventory);
+        assert_eq!(state.score_annotation(), None, "not read: not written");
+        state.read_topology(&inventory);
+        assert_eq!(
+            state.score_annotation().as_deref(),
+            Some(
+                r#"[{"uuid":"GPU-a","score":{"GPU-b":150}},{"uuid":"GPU-b","score":{"GPU-a":150}}]"#
+            )
+        );
+    }
+
+    #[test]
+    fn a_failed_topology_read_keeps_the_previous_links_and_the_register_annotation() {
+        let state = state(&FixedInventory { topology: None });
+        state.read_topology(&FixedInventory { topology: None });
+        assert_eq!(state.score_annotation(), None);
+        assert!(state.register_annotation().contains("GPU-b"));
+        state.read_topology(&FixedInventory {
+            topology: Some(linked_pair()),
+        });
+        state.read_topology(&FixedInventory { topology: None });
+        assert!(state.score_annotation().is_some_and(|v| v.contains("150")));
+    }
+
+    #[test]
+    fn a_link_seen_from_one_end_only_is_a_node_warning_and_scores_the_pair_zero() {
+        let mut topology = linked_pair();
+        topology.gpus[1].nvlinks.clear();
+        let inventory = FixedInventory {
+            topology: Some(topology),
+        };
+        let state = state(&inventory);
+        let (events, mut rx) = crate::node_events::NodeEvents::channel();
+        state.attach_events(events);
+        state.read_topology(&inventory);
+        let event = rx.try_recv().expect("an Event");
+        assert_eq!(event.reason, "AsymmetricGPUP2PLink");
+        assert!(
+            event.message.contains("GPU-a and GPU-b"),
+            "{}",
+            event.message
+        );
+        assert!(rx.try_recv().is_err(), "one Event per read");
+        assert_eq!(
+            state.score_annotation().as_deref(),
+            Some(r#"[{"uuid":"GPU-a","score":{"GPU-b":0}},{"uuid":"GPU-b","score":{"GPU-a":0}}]"#)
+        );
+    }
+
+    #[test]
+    fn an_advertised_gpu_missing_from_the_links_means_no_score_annotation() {
+        let mut topology = linked_pair();
+        topology.gpus.truncate(1);
+        let inventory = FixedInventory {
+            topology: Some(topology),
+        };
+        let state = state(&inventory);
+        state.read_topology(&inventory);
+        assert_eq!(state.score_annotation(), None);
     }
 }

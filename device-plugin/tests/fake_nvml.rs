@@ -171,3 +171,119 @@ fn scripted_xid_and_lost_gpu_turn_unhealthy_and_recover() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The plugin's dry run on a shipped example scenario with ENABLE_TOPOLOGY_SCORE=true: the
+/// register line, then the `hami.io/node-nvidia-score` line.
+fn print_with_topology(scenario: &str) -> (String, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lib = nvidia_ml::locate::install_as_soname(dir.path()).expect("fake NVML built");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let out = Command::new(BIN)
+        .args(["--node-name", "dgx-node", "--print-register"])
+        .arg("--nvml-lib")
+        .arg(&lib)
+        .arg("--config-file")
+        .arg(dir.path().join("absent.yaml"))
+        .arg("--node-config")
+        .arg(dir.path().join("absent.json"))
+        .arg("--sysfs-root")
+        .arg(dir.path().join("sys"))
+        .env(
+            "FAKE_NVML_SCENARIO",
+            examples.join("device-plugin").join(scenario),
+        )
+        .env("ENABLE_TOPOLOGY_SCORE", "true")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "register and score lines: {stdout}\n{stderr}"
+    );
+    (lines[0].to_owned(), lines[1].to_owned())
+}
+
+/// `GPU-… → GPU-… → score` from a score annotation value.
+fn scores(value: &str) -> std::collections::BTreeMap<(String, String), i64> {
+    hami_contract::node::decode_pair_scores(value)
+        .expect("a valid score annotation")
+        .into_iter()
+        .flat_map(|e| {
+            let uuid = e.uuid;
+            e.score
+                .into_iter()
+                .map(move |(peer, s)| ((uuid.clone(), peer), s))
+        })
+        .collect()
+}
+
+#[test]
+fn nvlinked_gpus_score_above_gpus_joined_only_through_pcie() {
+    let (register, score) = print_with_topology("fake-nvml-dgx1-nvlink.json");
+    let s = scores(&score);
+    assert_eq!(s.len(), 8 * 7, "every ordered pair of the eight GPUs");
+    let pair = |a: u32, b: u32| s[&(format!("GPU-dgx1-{a}"), format!("GPU-dgx1-{b}"))];
+    // 100 per NVLink, plus the PCIe path: 50 one switch, 20 same socket, 10 across sockets.
+    assert_eq!(pair(2, 3), 250, "two NVLinks, one PCIe switch");
+    assert_eq!(pair(0, 3), 220, "two NVLinks, same CPU socket");
+    assert_eq!(pair(0, 4), 210, "two NVLinks, across sockets");
+    assert_eq!(pair(0, 1), 150, "one NVLink, one PCIe switch");
+    assert_eq!(pair(0, 5), 10, "no NVLink, across sockets");
+    assert!(s.iter().all(|((a, b), v)| s[&(b.clone(), a.clone())] == *v));
+
+    // The simulate example places pods with exactly what the plugin writes.
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/simulate/topology-aware.yaml"),
+    )
+    .expect("example");
+    let annotation = |key: &str| {
+        example
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix(&format!("{key}: '"))
+                    .and_then(|v| v.strip_suffix('\''))
+            })
+            .unwrap_or_else(|| panic!("{key} in examples/simulate/topology-aware.yaml"))
+            .to_owned()
+    };
+    assert_eq!(
+        annotation("hami.io/node-nvidia-score"),
+        score,
+        "examples/simulate/topology-aware.yaml is out of date"
+    );
+    assert_eq!(annotation("hami.io/node-nvidia-register"), register);
+}
+
+#[test]
+fn pcie_only_gpus_score_by_how_close_their_pcie_paths_meet() {
+    let (_, score) = print_with_topology("fake-nvml-pcie-only.json");
+    let s = scores(&score);
+    let from_0 = |b: u32| s[&("GPU-pcie-0".to_owned(), format!("GPU-pcie-{b}"))];
+    assert_eq!(
+        [1, 2, 3, 4, 5].map(from_0),
+        [50, 40, 30, 20, 10],
+        "one switch, several switches, host bridge, same socket, across sockets"
+    );
+}
+
+/// NVSwitch systems: every GPU's links end at a switch, so every pair gets the smaller of the two
+/// GPUs' switch-link counts (18 here) plus its PCIe level. This goes through deviation T1: the
+/// real nvml-wrapper reads each link's remote type as `Unknown`, and a remote bus id that is no
+/// GPU of the node is taken for the switch.
+#[test]
+fn nvswitch_gpus_all_score_eighteen_links_plus_their_pcie_path() {
+    let (_, score) = print_with_topology("fake-nvml-hgx-nvswitch.json");
+    let s = scores(&score);
+    assert_eq!(s.len(), 8 * 7);
+    let pair = |a: u32, b: u32| s[&(format!("GPU-hgx-{a}"), format!("GPU-hgx-{b}"))];
+    assert_eq!(pair(0, 1), 1830, "18 NVLinks, same host bridge");
+    assert_eq!(pair(0, 2), 1820, "18 NVLinks, same CPU socket");
+    assert_eq!(pair(0, 7), 1810, "18 NVLinks, across sockets");
+    assert!(s.values().all(|v| (1810..=1830).contains(v)), "{s:?}");
+}

@@ -247,3 +247,52 @@ async fn opt_in_capacity_is_patched_on_the_status_subresource() {
     stop.cancel();
     task.await.expect("no panic");
 }
+
+/// With topology (`--enable-topology-score`), `hami.io/node-nvidia-score` goes in the same patch
+/// as the register annotation.
+#[tokio::test(start_paused = true)]
+async fn topology_scores_are_patched_with_the_register_annotation() {
+    use hami_contract::node::P2pLink;
+    use hami_contract::topology::{GpuLinks, NodeTopology};
+    let (client, mut handle) = mock_client();
+    let patcher = KubePatcher::new(client, "node-a");
+    let (managed, _) = plan_gpus(
+        &[t4("GPU-a", 0), t4("GPU-b", 1)],
+        &AdvertiseSettings::new(&Default::default(), Default::default(), ""),
+    );
+    let state = DeviceState::new(
+        managed,
+        HealthTracker::new(
+            HealthPolicy::default(),
+            ["GPU-a".to_owned(), "GPU-b".to_owned()],
+        ),
+        false,
+        None,
+    );
+    let gpu = |uuid: &str| GpuLinks {
+        uuid: uuid.into(),
+        pci_bus_id: String::new(),
+        nvlinks: Vec::new(),
+    };
+    state.set_topology(NodeTopology {
+        gpus: vec![gpu("GPU-a"), gpu("GPU-b")],
+        pcie: [((0, 1), P2pLink::CrossCpu), ((1, 0), P2pLink::CrossCpu)].into(),
+    });
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(annotator(patcher, Arc::clone(&state), None).run(stop.clone()));
+    let (body, send) = handle.expect_patch("/api/v1/nodes/node-a").await;
+    let annotations = &body["metadata"]["annotations"];
+    assert!(
+        annotations["hami.io/node-nvidia-register"]
+            .as_str()
+            .is_some_and(|v| v.contains("GPU-b")),
+        "{body}"
+    );
+    assert_eq!(
+        annotations["hami.io/node-nvidia-score"],
+        r#"[{"uuid":"GPU-a","score":{"GPU-b":10}},{"uuid":"GPU-b","score":{"GPU-a":10}}]"#
+    );
+    send.send_response(ok(node("node-a", "78", json!({}))));
+    stop.cancel();
+    task.await.expect("no panic");
+}

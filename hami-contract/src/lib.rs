@@ -14,6 +14,7 @@
 //! - [`devices`]: the container device list written into pod annotations;
 //! - [`usage`]: how a pod's device list counts against a GPU;
 //! - [`node`], [`handshake`], [`nodelock`]: the node annotations;
+//! - [`topology`]: NVML's GPU links → the pair scores of `hami.io/node-nvidia-score`;
 //! - [`identity`]: the allocation signature used to tell pending pods apart;
 //! - [`verbosity`]: HAMi's logging flags (klog `-v`, `--debug`) as a log filter;
 //! - [`metrics`]: HAMi's metric names and labels, and a reader of the text format to check them.
@@ -30,6 +31,7 @@ pub mod policy;
 pub mod quantity;
 pub mod request;
 pub mod resources;
+pub mod topology;
 pub mod usage;
 pub mod verbosity;
 

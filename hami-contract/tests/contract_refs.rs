@@ -484,7 +484,7 @@ fn documents_have_the_expected_outline() {
     }
     assert_eq!(
         hami.appendices[&'B'],
-        (1..=15).collect::<BTreeSet<u32>>(),
+        (1..=16).collect::<BTreeSet<u32>>(),
         "hami.md Appendix B items"
     );
     assert!(hami.appendices.contains_key(&'A') && hami.appendices.contains_key(&'C'));

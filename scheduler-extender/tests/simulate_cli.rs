@@ -132,3 +132,79 @@ fn a_v1_list_in_json_is_accepted() {
     assert_eq!(lines[0]["node"], "n1");
     assert_eq!(lines[0]["devices"], "GPU-aaa,NVIDIA,7680,0:;");
 }
+
+/// The GPU UUIDs of a one-container device list (`GPU-x,NVIDIA,8000,0:GPU-y,…:;`).
+fn gpus_of(line: &Value) -> Vec<String> {
+    line["devices"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no devices: {line}"))
+        .split([':', ';'])
+        .filter_map(|d| d.split(',').next().filter(|u| !u.is_empty()))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// How many NVLinks join two GPUs of the fake NVML scenario the example's node annotations were
+/// produced from (`examples/device-plugin/fake-nvml-dgx1-nvlink.json`): the hardware truth,
+/// independent of any score.
+fn nvlinks_between(a: &str, b: &str) -> usize {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/device-plugin/fake-nvml-dgx1-nvlink.json"
+    ))
+    .expect("scenario");
+    let scenario: Value = serde_json::from_str(&text).expect("scenario JSON");
+    let devices = scenario["devices"].as_array().expect("devices");
+    let device = |uuid: &str| {
+        devices
+            .iter()
+            .find(|d| d["uuid"] == uuid)
+            .unwrap_or_else(|| panic!("{uuid} not in the scenario"))
+    };
+    let b_bus = &device(b)["pci_bus_id"];
+    device(a)["nvlinks"].as_array().map_or(0, |links| {
+        links
+            .iter()
+            .filter(|l| l["remote_pci_bus_id"] == *b_bus)
+            .count()
+    })
+}
+
+#[test]
+fn topology_aware_puts_a_two_gpu_pod_on_nvlinked_gpus() {
+    let (ok, lines, err) = run(&["simulate", "-f", "examples/simulate/topology-aware.yaml"]);
+    assert!(ok, "{err}");
+    let topo = gpus_of(by_pod(&lines, "default/nvlink-pair"));
+    assert_eq!(topo.len(), 2, "{topo:?}");
+    assert_eq!(
+        nvlinks_between(&topo[0], &topo[1]),
+        2,
+        "topology-aware: the best-connected pair, {topo:?}"
+    );
+    let spread = gpus_of(by_pod(&lines, "default/spread-pair"));
+    assert_eq!(
+        nvlinks_between(&spread[0], &spread[1]),
+        0,
+        "spread: the least-used GPUs, joined only through PCIe and the CPUs, {spread:?}"
+    );
+
+    // Without the device plugin's score annotation, topology-aware has nothing to go by and takes
+    // the first pair in spread order: the same unlinked pair.
+    let dir = tempfile::tempdir().unwrap();
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/simulate/topology-aware.yaml"
+    ))
+    .unwrap();
+    let without: String = example
+        .lines()
+        .filter(|l| !l.contains("hami.io/node-nvidia-score"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let path = dir.path().join("no-score.yaml");
+    std::fs::write(&path, without).unwrap();
+    let (ok, lines, err) = run(&["simulate", "-f", path.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let blind = gpus_of(by_pod(&lines, "default/nvlink-pair"));
+    assert_eq!(nvlinks_between(&blind[0], &blind[1]), 0, "{blind:?}");
+}

@@ -610,6 +610,123 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
     unsafe { nvmlDeviceGetPciInfo_v3(device, pci) }
 }
 
+/// `nvmlEnableState_t`.
+pub const NVML_FEATURE_DISABLED: c_uint = 0;
+pub const NVML_FEATURE_ENABLED: c_uint = 1;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTopologyCommonAncestor(
+    device1: *mut c_void,
+    device2: *mut c_void,
+    level: *mut c_uint,
+) -> NvmlReturn {
+    with_device(device1, |g, a| {
+        let b = match g.device(device2) {
+            Ok(b) => b,
+            Err(code) => return code,
+        };
+        if level.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let Some(s) = g.scenario.as_ref() else {
+            return NVML_ERROR_UNINITIALIZED;
+        };
+        match scenario::common_ancestor(&s.devices[a], &s.devices[b]) {
+            Some(l) => {
+                // SAFETY: checked non-null.
+                unsafe { *level = l };
+                NVML_SUCCESS
+            }
+            None => NVML_ERROR_NOT_SUPPORTED,
+        }
+    })
+}
+
+/// Runs `f` with the scenario's NVLink `link` of the device: `NVML_ERROR_NOT_SUPPORTED` for a
+/// device without NVLinks, `NVML_ERROR_INVALID_ARGUMENT` for a link it does not have.
+fn with_nvlink(
+    device: *mut c_void,
+    link: c_uint,
+    f: impl FnOnce(&scenario::ScenarioNvLink) -> NvmlReturn,
+) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        let Some(s) = g.scenario.as_ref() else {
+            return NVML_ERROR_UNINITIALIZED;
+        };
+        let links = &s.devices[idx].nvlinks;
+        if links.is_empty() {
+            return NVML_ERROR_NOT_SUPPORTED;
+        }
+        match links.get(link as usize) {
+            Some(l) => f(l),
+            None => NVML_ERROR_INVALID_ARGUMENT,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    device: *mut c_void,
+    link: c_uint,
+    is_active: *mut c_uint,
+) -> NvmlReturn {
+    with_nvlink(device, link, |l| {
+        if is_active.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let state = if l.active {
+            NVML_FEATURE_ENABLED
+        } else {
+            NVML_FEATURE_DISABLED
+        };
+        // SAFETY: checked non-null.
+        unsafe { *is_active = state };
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    device: *mut c_void,
+    link: c_uint,
+    pci: *mut NvmlPciInfo,
+) -> NvmlReturn {
+    with_nvlink(device, link, |l| {
+        if pci.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: checked non-null; the caller owns a full struct.
+        fill_pci(unsafe { &mut *pci }, &l.remote_pci_bus_id);
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo(
+    device: *mut c_void,
+    link: c_uint,
+    pci: *mut NvmlPciInfo,
+) -> NvmlReturn {
+    // SAFETY: same contract and layout.
+    unsafe { nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, pci) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
+    device: *mut c_void,
+    link: c_uint,
+    remote_type: *mut c_uint,
+) -> NvmlReturn {
+    with_nvlink(device, link, |l| {
+        if remote_type.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: checked non-null.
+        unsafe { *remote_type = l.remote_device_type_code() };
+        NVML_SUCCESS
+    })
+}
+
 /// (total, used) bytes for a device: the scenario plus memory the fake CUDA allocated.
 fn memory_of(g: &Global, idx: usize) -> Result<(u64, u64), NvmlReturn> {
     let Some(dev) = g.scenario.as_ref().map(|s| &s.devices[idx]) else {

@@ -42,6 +42,70 @@ pub struct ScenarioDevice {
     /// Optional: `[major, minor]`, default `[7, 5]`.
     #[serde(default)]
     pub cuda_compute_capability: Option<[i32; 2]>,
+    /// Optional: the device's place in the PCIe tree, root first: CPU socket, host bridge, then
+    /// the PCIe switches down to the GPU (`["cpu0", "hb0", "plx0"]`). Two devices' common
+    /// ancestor follows from their paths (`README.md`); empty ⇒
+    /// `nvmlDeviceGetTopologyCommonAncestor` is not supported for the device.
+    #[serde(default)]
+    pub pcie_path: Vec<String>,
+    /// Optional: the device is on the same board as every device with the same `board`
+    /// (`NVML_TOPOLOGY_INTERNAL`, e.g. the two GPUs of a Tesla K80).
+    #[serde(default)]
+    pub board: Option<String>,
+    /// Optional: the device's NVLinks, link 0 first; empty ⇒ the NVLink calls are not supported
+    /// for the device.
+    #[serde(default)]
+    pub nvlinks: Vec<ScenarioNvLink>,
+}
+
+/// One NVLink of a device.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ScenarioNvLink {
+    /// The PCI bus id at the other end: the peer GPU's, or the NVSwitch's.
+    pub remote_pci_bus_id: String,
+    /// `gpu` (default), `switch`, `ibmnpu` or `unknown`.
+    #[serde(default = "default_remote_device_type")]
+    pub remote_device_type: String,
+    /// Optional: `false` ⇒ `nvmlDeviceGetNvLinkState` reports the link disabled. Default `true`.
+    #[serde(default = "default_true")]
+    pub active: bool,
+}
+
+impl ScenarioNvLink {
+    /// `nvmlIntNvLinkDeviceType_t`: GPU 0, IBMNPU 1, SWITCH 2, UNKNOWN 255.
+    pub fn remote_device_type_code(&self) -> u32 {
+        match self.remote_device_type.as_str() {
+            "gpu" => 0,
+            "ibmnpu" => 1,
+            "switch" => 2,
+            _ => 255,
+        }
+    }
+}
+
+/// `nvmlGpuTopologyLevel_t` of two devices from their scenario entries, or `None` when either
+/// has no `pcie_path` (see `README.md` for the rule).
+pub fn common_ancestor(a: &ScenarioDevice, b: &ScenarioDevice) -> Option<u32> {
+    if a.board.is_some() && a.board == b.board {
+        return Some(0);
+    }
+    if a.pcie_path.is_empty() || b.pcie_path.is_empty() {
+        return None;
+    }
+    let common = a
+        .pcie_path
+        .iter()
+        .zip(&b.pcie_path)
+        .take_while(|(x, y)| x == y)
+        .count();
+    Some(match common {
+        0 => 50,
+        1 => 40,
+        2 => 30,
+        // Below the host bridge: both directly under the same switch, or a path through more.
+        _ if a.pcie_path.len() == common && b.pcie_path.len() == common => 10,
+        _ => 20,
+    })
 }
 
 impl ScenarioDevice {
@@ -71,6 +135,12 @@ fn default_driver_version() -> String {
 }
 fn default_cuda_driver_version() -> i32 {
     12040
+}
+fn default_remote_device_type() -> String {
+    "gpu".to_owned()
+}
+fn default_true() -> bool {
+    true
 }
 fn default_name() -> String {
     "Tesla T4".to_owned()
@@ -102,6 +172,9 @@ impl ScenarioError {
     }
 }
 
+/// NVML's `NVML_NVLINK_MAX_LINKS`.
+pub const NVLINK_MAX_LINKS: usize = 18;
+
 pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
     let s: Scenario =
         serde_json::from_str(text).map_err(|e| ScenarioError::Invalid(e.to_string()))?;
@@ -111,6 +184,12 @@ pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
     for d in &s.devices {
         if d.uuid.is_empty() {
             return Err(ScenarioError::Invalid("a device has an empty uuid".into()));
+        }
+        if d.nvlinks.len() > NVLINK_MAX_LINKS {
+            return Err(ScenarioError::Invalid(format!(
+                "device {} has more than {NVLINK_MAX_LINKS} nvlinks",
+                d.uuid
+            )));
         }
     }
     Ok(s)

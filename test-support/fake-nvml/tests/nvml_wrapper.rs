@@ -203,3 +203,105 @@ fn events_for_unregistered_devices_are_not_delivered() {
     let ev = set.wait(1000).expect("event for device 0");
     assert_eq!(ev.event_data, Some(XidError::Value(31)));
 }
+
+/// The shipped scenario files (`examples/device-plugin/`).
+fn example_scenario(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/device-plugin")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn dgx1_scenario_reports_its_nvlinks_and_pcie_tree() {
+    use nvml_wrapper::enum_wrappers::device::TopologyLevel;
+    let _g = lock();
+    let env = setup(&example_scenario("fake-nvml-dgx1-nvlink.json"));
+    let nvml = init(&env).expect("init");
+    assert_eq!(nvml.device_count().unwrap(), 8);
+    let dev = |i| nvml.device_by_index(i).unwrap();
+    let level = |a, b| dev(a).topology_common_ancestor(dev(b)).unwrap();
+    assert_eq!(level(0, 1), TopologyLevel::Single, "one PCIe switch");
+    assert_eq!(
+        level(0, 2),
+        TopologyLevel::Node,
+        "same socket, other host bridge"
+    );
+    assert_eq!(level(0, 4), TopologyLevel::System, "across sockets");
+    // GPU 0: links 0–5 active, to GPUs 1, 2, 3, 3, 4, 4; link 6 does not exist.
+    let d0 = dev(0);
+    let remotes: Vec<String> = (0..6)
+        .map(|l| {
+            let link = d0.link_wrapper_for(l);
+            assert!(link.is_active().unwrap(), "link {l}");
+            link.remote_pci_info().unwrap().bus_id
+        })
+        .collect();
+    assert_eq!(
+        remotes,
+        [
+            "00000000:07:00.0",
+            "00000000:0A:00.0",
+            "00000000:0B:00.0",
+            "00000000:0B:00.0",
+            "00000000:85:00.0",
+            "00000000:85:00.0"
+        ]
+    );
+    assert!(matches!(
+        d0.link_wrapper_for(6).is_active(),
+        Err(NvmlError::InvalidArg)
+    ));
+}
+
+#[test]
+fn pcie_only_scenario_has_every_pcie_level_and_no_nvlink() {
+    use nvml_wrapper::enum_wrappers::device::TopologyLevel;
+    let _g = lock();
+    let env = setup(&example_scenario("fake-nvml-pcie-only.json"));
+    let nvml = init(&env).expect("init");
+    let dev = |i| nvml.device_by_index(i).unwrap();
+    let level = |a, b| dev(a).topology_common_ancestor(dev(b)).unwrap();
+    assert_eq!(level(0, 1), TopologyLevel::Single);
+    assert_eq!(level(0, 2), TopologyLevel::Multiple);
+    assert_eq!(level(0, 3), TopologyLevel::HostBridge);
+    assert_eq!(level(0, 4), TopologyLevel::Node);
+    assert_eq!(level(0, 5), TopologyLevel::System);
+    assert_eq!(level(5, 0), TopologyLevel::System);
+    assert!(matches!(
+        dev(0).link_wrapper_for(0).is_active(),
+        Err(NvmlError::NotSupported)
+    ));
+    // Old scenarios (no `pcie_path`) parse and answer "not supported".
+    drop(nvml);
+    let env = setup(SCENARIO);
+    let nvml = init(&env).expect("init");
+    let (a, b) = (
+        nvml.device_by_index(0).unwrap(),
+        nvml.device_by_index(1).unwrap(),
+    );
+    assert!(matches!(
+        a.topology_common_ancestor(b),
+        Err(NvmlError::NotSupported)
+    ));
+}
+
+/// A canary: nvml-wrapper 0.13's `remote_device_type` hands NVML a temporary and returns
+/// `Unknown` whatever NVML answered. The device plugin works around it (deviation T1 in
+/// `docs/contract-deviations.md`); when this test fails, the wrapper reads the answer and the
+/// workaround can go.
+#[test]
+fn nvml_wrapper_reads_every_remote_device_type_as_unknown() {
+    use nvml_wrapper::enum_wrappers::nv_link::IntDeviceType;
+    let _g = lock();
+    let env = setup(
+        r#"{"devices":[{"uuid":"GPU-a","memory_total_mib":1,"pci_bus_id":"00000000:07:00.0",
+            "nvlinks":[{"remote_pci_bus_id":"00000000:C0:00.0","remote_device_type":"switch"}]}]}"#,
+    );
+    let nvml = init(&env).expect("init");
+    let d = nvml.device_by_index(0).unwrap();
+    assert_eq!(
+        d.link_wrapper_for(0).remote_device_type(0).unwrap(),
+        IntDeviceType::Unknown
+    );
+}
