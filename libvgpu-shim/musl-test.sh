@@ -11,6 +11,7 @@
 #             per-thread flag, and with a driver that returns internal entry points)
 #   dlsym     dlsym(RTLD_NEXT, ...) stays relative to the caller; handle lookups are hooked
 #   threads, fork
+#   modpool   module loads and memory kept by pools count (and their control run)
 #
 # plus a control run of `limit` without the shim, which must fail (the probe really checks).
 #
@@ -133,6 +134,9 @@ run "dlsym" pass yes -- dlsym
 run "control: dlsym without the shim fails" fail no -- dlsym
 run "threads" pass yes CUDA_DEVICE_MEMORY_LIMIT=64m -- threads $limit
 run "fork" pass yes CUDA_DEVICE_MEMORY_LIMIT=64m -- fork $limit
+# Module loads and pool memory (the ready file doubles as the go file: no checkpoint wait).
+run "modpool" pass yes CUDA_DEVICE_MEMORY_LIMIT=64m -- modpool $limit "$tmp/ready" "$tmp/ready"
+run "control: modpool without the shim fails" fail no -- modpool $limit "$tmp/ready" "$tmp/ready"
 
 elapsed=$(($(date +%s) - start))
 if [ $failures != 0 ]; then

@@ -10,7 +10,8 @@
 # and nvidia-smi show the limit; (3) two processes share one limit; (4) CUDA_DEVICE_SM_LIMIT=30
 # brings a busy kernel loop near 30 %; (4b) under the default policy, the switch the device
 # plugin's feedback writes for a lone container lifts that limit; (5) launch overhead of a
-# small-kernel loop vs no shim.
+# small-kernel loop vs no shim; (6) module memory (a PTX module with a 1.5 GiB global) and memory
+# a pool keeps after a free (PyTorch's cudaMallocAsync backend) count against the limit.
 # Exit status: number of failed checks.
 set -u
 cd "$(dirname "$0")/../.."
@@ -151,6 +152,33 @@ EOF
 else
   echo "nvcc not found: skipping the launch-overhead loop"
 fi
+
+echo "== 6. module and kept pool memory count (2 GiB limit)"
+cat >"$WORK/modpool.py" <<'EOF'
+import ctypes, sys, torch
+G = 1 << 30
+torch.empty(1, device="cuda")  # a current context on this thread
+cu = ctypes.CDLL("libcuda.so.1")
+def load(n):
+    m = ctypes.c_void_p()
+    ptx = f".version 7.0\n.target sm_70\n.address_size 64\n.visible .global .align 8 .b8 big[{n}];\n"
+    return cu.cuModuleLoadData(ctypes.byref(m), ctypes.c_char_p(ptx.encode())), m
+def alloc(n):
+    p = ctypes.c_uint64()
+    r = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n))
+    if r == 0: cu.cuMemFree_v2(p)
+    return r
+ok = True
+r, m = load(int(1.5 * G)); print("load 1.5 GiB module:", r)
+ok &= r == 0 and alloc(1 * G) == 2            # the module's 1.5 GiB leave < 1 GiB
+r2, _ = load(1 * G); print("then a 1 GiB module:", r2); ok &= r2 == 2
+ok &= cu.cuModuleUnload(m) == 0 and alloc(1 * G) == 0
+x = torch.empty(int(1.5 * G), dtype=torch.uint8, device="cuda"); del x; torch.cuda.synchronize()
+r = alloc(1 * G); print("1 GiB after 1.5 GiB freed into a keep-all pool:", r); ok &= r == 2
+sys.exit(0 if ok else 1)
+EOF
+if shim "$WORK/modpool.cache" 2g env CUDA_MODULE_LOADING=EAGER PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
+  $PY "$WORK/modpool.py"; then pass "module and pool memory counted"; else fail "module / pool memory"; fi
 
 echo "== done: $FAILS failure(s)"
 exit $FAILS

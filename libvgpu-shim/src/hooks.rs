@@ -120,6 +120,11 @@ struct Tracker {
     handles: KeyMap,
     /// CUDA arrays.
     arrays: KeyMap,
+    /// Loaded modules and libraries (`CUmodule` / `CUlibrary`) → (device, bytes measured),
+    /// charged to the slot's `module_size`.
+    modules: KeyMap,
+    /// Memory-pool bookkeeping (`pools.rs`).
+    pools: pools::PoolTracker,
 }
 
 static TRACKER: Mutex<Option<Tracker>> = Mutex::new(None);
@@ -166,28 +171,59 @@ enum Kind {
     Ptr,
     Handle,
     Array,
+    Module,
 }
 
-fn track(kind: Kind, key: u64, dev: usize, bytes: u64) {
+impl Kind {
+    /// The slot's breakdown field this kind is charged to (`total` is charged as well).
+    fn field(self) -> usize {
+        match self {
+            Kind::Module => vgpu_region::slot::MEM_MODULE_SIZE,
+            _ => vgpu_region::slot::MEM_DATA_SIZE,
+        }
+    }
+}
+
+/// Runs `f` on the tracker (created on first use). Never call the region or the driver inside:
+/// `fork`'s prepare handler takes the region's locks before this one.
+fn with_tracker<R>(f: impl FnOnce(&mut Tracker) -> R) -> R {
     let mut t = TRACKER.lock().unwrap_or_else(|e| e.into_inner());
-    let t = t.get_or_insert_with(Tracker::default);
-    let map = match kind {
+    f(t.get_or_insert_with(Tracker::default))
+}
+
+fn map_of(t: &mut Tracker, kind: Kind) -> &mut KeyMap {
+    match kind {
         Kind::Ptr => &mut t.ptrs,
         Kind::Handle => &mut t.handles,
         Kind::Array => &mut t.arrays,
-    };
-    map.insert(key, (dev, bytes));
+        Kind::Module => &mut t.modules,
+    }
+}
+
+fn track(kind: Kind, key: u64, dev: usize, bytes: u64) {
+    with_tracker(|t| map_of(t, kind).insert(key, (dev, bytes)));
 }
 
 fn untrack(kind: Kind, key: u64) -> Option<(usize, u64)> {
     let mut t = TRACKER.lock().unwrap_or_else(|e| e.into_inner());
     let t = t.as_mut()?;
-    let map = match kind {
-        Kind::Ptr => &mut t.ptrs,
-        Kind::Handle => &mut t.handles,
-        Kind::Array => &mut t.arrays,
-    };
-    map.remove(&key)
+    if matches!(kind, Kind::Ptr) {
+        t.pools.forget_ptr(key);
+    }
+    map_of(t, kind).remove(&key)
+}
+
+/// Check-and-add of `bytes` on `dev` into `kind`'s field; when it does not fit, the charges
+/// for memory this process's pools retain are brought up to date with the driver (they may
+/// have shrunk) and the check is made once more.
+fn reserve(region: &region::Region, dev: usize, kind: Kind, bytes: u64) -> Result<(), ()> {
+    region.reserve_as(dev, kind.field(), bytes).or_else(|()| {
+        if pools::reconcile_all() {
+            region.reserve_as(dev, kind.field(), bytes)
+        } else {
+            Err(())
+        }
+    })
 }
 
 /// Reserve, allocate, record; on failure of the real call the reservation is returned.
@@ -203,7 +239,7 @@ fn counted(
         return alloc().0;
     };
     let region = region_with_watcher();
-    if region.reserve(dev, bytes).is_err() {
+    if reserve(region, dev, kind, bytes).is_err() {
         log::info!(
             "device {dev}: OOM, {bytes} bytes requested, {} of {} in use",
             region.usage(dev),
@@ -215,16 +251,21 @@ fn counted(
     if r == CUDA_SUCCESS {
         track(kind, key, dev, bytes);
     } else {
-        region.release(dev, bytes);
+        region.release_as(dev, kind.field(), bytes);
     }
     r
 }
 
 fn uncount(kind: Kind, key: u64) {
     if let Some((dev, bytes)) = untrack(kind, key) {
-        region_with_watcher().release(dev, bytes);
+        region_with_watcher().release_as(dev, kind.field(), bytes);
     }
 }
+
+mod modules;
+mod pools;
+pub use modules::*;
+pub use pools::*;
 
 // ---------------------------------------------------------------- init and symbol lookup
 
@@ -500,7 +541,7 @@ macro_rules! alloc_async {
                 if degraded() || dptr.is_null() || bytes == 0 {
                     return call().0;
                 }
-                counted(Kind::Ptr, real::current_device(), bytes as u64, call)
+                pools::pool_alloc(None, bytes as u64, call)
             })
         }
     };
@@ -521,7 +562,7 @@ macro_rules! alloc_from_pool {
                 if degraded() || dptr.is_null() || bytes == 0 {
                     return call().0;
                 }
-                counted(Kind::Ptr, real::current_device(), bytes as u64, call)
+                pools::pool_alloc(Some(pool as u64), bytes as u64, call)
             })
         }
     };
@@ -536,7 +577,7 @@ macro_rules! free_async {
             guarded(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let r = real_call!($name: unsafe extern "C" fn(u64, Stream) -> CUresult, dptr, stream);
                 if r == CUDA_SUCCESS && dptr != 0 && !degraded() {
-                    uncount(Kind::Ptr, dptr);
+                    pools::pool_free(dptr);
                 }
                 r
             })

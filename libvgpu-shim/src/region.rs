@@ -707,6 +707,12 @@ impl Region {
     /// Check-and-add, atomic across the container: charges `bytes` on `dev` to this process
     /// unless that would pass the limit. `Err(())` means out of memory.
     pub fn reserve(&self, dev: usize, bytes: u64) -> Result<(), ()> {
+        self.reserve_as(dev, slot::MEM_DATA_SIZE, bytes)
+    }
+
+    /// [`Self::reserve`] into the per-process breakdown field `field` (`slot::MEM_DATA_SIZE`
+    /// or `slot::MEM_MODULE_SIZE`); `total` is charged either way.
+    pub fn reserve_as(&self, dev: usize, field: usize, bytes: u64) -> Result<(), ()> {
         if dev >= MAX_DEVICES {
             return Ok(());
         }
@@ -715,7 +721,7 @@ impl Region {
         };
         let limit = self.limit(dev);
         if limit == 0 {
-            self.add_locked(i, dev, slot::MEM_DATA_SIZE, bytes);
+            self.add_locked(i, dev, field, bytes);
             return Ok(());
         }
         self.locked(|| {
@@ -723,20 +729,36 @@ impl Region {
             if !fits(self) && (self.sweep_locked() == 0 || !fits(self)) {
                 return Err(());
             }
-            self.add_locked(i, dev, slot::MEM_DATA_SIZE, bytes);
+            self.add_locked(i, dev, field, bytes);
             Ok(())
         })
     }
 
+    /// Charges `bytes` that the driver already holds (no check: refusing cannot give them
+    /// back). The usage may pass the limit; later reservations are refused until it is back.
+    pub fn charge_as(&self, dev: usize, field: usize, bytes: u64) {
+        if dev >= MAX_DEVICES {
+            return;
+        }
+        if let Some(i) = self.my_slot() {
+            self.add_locked(i, dev, field, bytes);
+        }
+    }
+
     /// Gives back `bytes` on `dev` (saturating: never wraps below zero).
     pub fn release(&self, dev: usize, bytes: u64) {
+        self.release_as(dev, slot::MEM_DATA_SIZE, bytes)
+    }
+
+    /// [`Self::release`] from the breakdown field `field`.
+    pub fn release_as(&self, dev: usize, field: usize, bytes: u64) {
         if dev >= MAX_DEVICES {
             return;
         }
         let Some(i) = self.my_slot() else {
             return;
         };
-        for field in [slot::MEM_DATA_SIZE, slot::MEM_TOTAL] {
+        for field in [field, slot::MEM_TOTAL] {
             let a = self.slot_u64(i, slot::mem(dev, field));
             let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
                 Some(v.saturating_sub(bytes))

@@ -29,6 +29,68 @@ fn limit_exactly_reached_then_one_byte_over_on_every_allocation_path() {
     assert_ok(&out);
 }
 
+/// Issue #16 item 6: module loads and the memory a pool keeps after a free count against the
+/// limit (refused with OOM beyond it, given back at unload / trim / threshold 0 / destroy), and
+/// the monitor sees them in the slot's `module_size` and `data_size` (buffer).
+#[test]
+fn module_loads_and_memory_kept_by_pools_are_counted_and_visible_to_the_monitor() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache(&dir);
+    let (ready, go) = (dir.path().join("ready"), dir.path().join("go"));
+    let limit = 64 * MIB;
+    let mut child = probe(
+        &cache,
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "64m")],
+        &[
+            "modpool",
+            &limit.to_string(),
+            ready.to_str().unwrap(),
+            go.to_str().unwrap(),
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("spawn probe");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !ready.exists() && std::time::Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let snap = std::fs::read(&cache)
+        .ok()
+        .and_then(|b| vgpu_region::RegionSnapshot::parse(&b).ok());
+    std::fs::write(&go, "").unwrap();
+    let out = child.wait_with_output().expect("probe output");
+    assert_ok(&out);
+    let snap = snap.expect("a valid region at the checkpoint");
+    let slot = snap.live_procs().next().expect("the probe's slot");
+    let used = slot.used[0];
+    assert_eq!(used.module_size, 16 * MIB, "{used:?}");
+    assert_eq!(used.data_size, limit - 16 * MIB, "{used:?}");
+    assert_eq!(used.total, limit, "{used:?}");
+    assert_eq!(snap.device_usage(0), limit);
+}
+
+/// A module is charged what its load took, not what other threads of the container allocated
+/// or freed (counted) while it loaded: the fake's 300 ms load overlaps an 8 MiB allocation and
+/// a 4 MiB free on another thread.
+#[test]
+fn a_module_is_charged_only_its_own_memory_when_others_allocate_during_the_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(&mut probe(
+        &cache(&dir),
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
+            ("FAKE_CUDA_MODULE_LOAD_MS", "300"),
+        ],
+        &["modrace", &(64 * MIB).to_string()],
+    ));
+    assert_ok(&out);
+}
+
 #[test]
 fn nvml_memory_info_shows_the_limit_and_container_usage() {
     let dir = tempfile::tempdir().unwrap();
@@ -247,6 +309,17 @@ fn exports_only_the_hooks() {
         "cuMemFree_v2",
         "cuMemGetInfo_v2",
         "cuMemRelease",
+        "cuModuleLoad",
+        "cuModuleLoadData",
+        "cuModuleLoadDataEx",
+        "cuModuleLoadFatBinary",
+        "cuModuleUnload",
+        "cuLibraryLoadData",
+        "cuLibraryLoadFromFile",
+        "cuLibraryUnload",
+        "cuMemPoolTrimTo",
+        "cuMemPoolSetAttribute",
+        "cuMemPoolDestroy",
         "dlsym",
         "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetMemoryInfo_v2",

@@ -43,6 +43,25 @@ CUresult cuMemHostAlloc(void **, size_t, unsigned);
 CUresult cuMemFreeHost(void *);
 CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
 CUresult cuCtxSynchronize(void);
+/* Modules, libraries and memory pools. */
+typedef struct { int allocType, handleTypes, locType, locId; void *win32; size_t maxSize; unsigned short usage; unsigned char reserved[54]; } CUmemPoolProps;
+CUresult cuModuleLoad(void **, const char *);
+CUresult cuModuleLoadData(void **, const void *);
+CUresult cuModuleLoadDataEx(void **, const void *, unsigned, int *, void **);
+CUresult cuModuleLoadFatBinary(void **, const void *);
+CUresult cuModuleUnload(void *);
+CUresult cuLibraryLoadData(void **, const void *, int *, void **, unsigned, int *, void **, unsigned);
+CUresult cuLibraryLoadFromFile(void **, const char *, int *, void **, unsigned, int *, void **, unsigned);
+CUresult cuLibraryUnload(void *);
+CUresult cuDeviceGetMemPool(void **, CUdevice);
+CUresult cuMemPoolCreate(void **, const CUmemPoolProps *);
+CUresult cuMemPoolDestroy(void *);
+CUresult cuMemPoolTrimTo(void *, size_t);
+CUresult cuMemPoolSetAttribute(void *, int, void *);
+CUresult cuMemPoolGetAttribute(void *, int, void *);
+CUresult cuStreamSynchronize(void *);
+CUresult cuCtxGetCurrent(CUcontext *);
+CUresult cuCtxSetCurrent(CUcontext);
 /* The legacy (CUDA 3.1 ABI) entry points: 32-bit pointers and sizes. */
 typedef struct { unsigned Width, Height; int Format; unsigned NumChannels; } CUDA_ARRAY_DESCRIPTOR_v1;
 typedef struct { unsigned Width, Height, Depth; int Format; unsigned NumChannels, Flags; } CUDA_ARRAY3D_DESCRIPTOR_v1;
@@ -533,9 +552,193 @@ static int mode_busy(double seconds, unsigned blocks) {
     return 0;
 }
 
+/* Module loads and memory pools against LIMIT (the fake driver's modules take the bytes their
+ * image names). Holds a 16 MiB module and 32 MiB of retained pool memory at the checkpoint:
+ * writes READY, waits for GO, then checks that everything is given back. */
+static const char *module_image(size_t bytes) {
+    static char buf[8][64]; static int n = 0;
+    char *b = buf[n++ % 8];
+    snprintf(b, 64, "fake-module:%zu", bytes);
+    return b;
+}
+
+static void expect_free(size_t want, int line) {
+    size_t free_b = 0, total = 0;
+    EXPECT(cuMemGetInfo_v2(&free_b, &total), 0);
+    CHECK(free_b == want, "line %d: cuMemGetInfo free %zu, expected %zu", line, free_b, want);
+}
+
+static int mode_modpool(size_t limit, const char *ready, const char *go) {
+    setup();
+    const size_t M = 1 << 20, mod = 16 * M, rest = limit - mod;
+    void *m1 = 0, *m2 = (void *)1, *m3 = 0, *lib = 0, *m4 = (void *)1;
+    CUdeviceptr p = 0, a = 0, b = 0;
+
+    /* A module's device memory counts: what is left for data is limit - 16 MiB. */
+    EXPECT(cuModuleLoadData(&m1, module_image(mod)), 0);
+    expect_free(rest, __LINE__);
+    EXPECT(cuMemAlloc_v2(&p, rest + 1), OOM);
+    EXPECT(cuMemAlloc_v2(&p, rest), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+    /* A module larger than what is left is refused, unloaded, and its handle cleared. */
+    EXPECT(cuModuleLoadData(&m2, module_image(limit)), OOM);
+    CHECK(m2 == 0, "refused module handle %p", m2);
+    EXPECT(cuModuleLoadDataEx(&m4, module_image(rest + M), 0, 0, 0), OOM);
+    EXPECT(cuModuleLoadFatBinary(&m4, module_image(rest + M)), OOM);
+    expect_free(rest, __LINE__);
+    /* From a file; libraries (CUDA 12) too; unloading gives the memory back. */
+    char path[] = "/tmp/tessera-module-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp");
+    const char *img = module_image(8 * M);
+    CHECK(write(fd, img, strlen(img)) == (ssize_t)strlen(img), "write");
+    close(fd);
+    EXPECT(cuModuleLoad(&m3, path), 0);
+    expect_free(rest - 8 * M, __LINE__);
+    EXPECT(cuModuleUnload(m3), 0);
+    expect_free(rest, __LINE__);
+    EXPECT(cuLibraryLoadFromFile(&lib, path, 0, 0, 0, 0, 0, 0), 0);
+    expect_free(rest - 8 * M, __LINE__);
+    EXPECT(cuLibraryUnload(lib), 0);
+    unlink(path);
+    EXPECT(cuLibraryLoadData(&lib, module_image(rest + 1), 0, 0, 0, 0, 0, 0), OOM);
+    EXPECT(cuLibraryLoadData(&lib, module_image(rest), 0, 0, 0, 0, 0, 0), 0);
+    EXPECT(cuMemAlloc_v2(&p, 1), OOM);
+    EXPECT(cuLibraryUnload(lib), 0);
+    expect_free(rest, __LINE__);
+
+    /* The default pool (release threshold 0): allocations count, frees give back at once. */
+    void *dpool = 0;
+    EXPECT(cuDeviceGetMemPool(&dpool, 0), 0);
+    EXPECT(cuMemAllocAsync(&a, rest - 8 * M, 0), 0);
+    EXPECT(cuMemAllocAsync(&b, 8 * M + 1, 0), OOM);
+    EXPECT(cuMemFreeAsync(a, 0), 0);
+    EXPECT(cuStreamSynchronize(0), 0);
+    EXPECT(cuMemAlloc_v2(&p, rest), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+
+    /* A pool that keeps what is freed (threshold "everything"): the kept memory stays charged. */
+    CUmemPoolProps props; memset(&props, 0, sizeof props);
+    props.allocType = 1; props.locType = 1; props.locId = 0;
+    void *pool = 0;
+    unsigned long long keep_all = ~0ULL, zero = 0;
+    EXPECT(cuMemPoolCreate(&pool, &props), 0);
+    EXPECT(cuMemPoolSetAttribute(pool, 4, &keep_all), 0);
+    EXPECT(cuMemAllocFromPoolAsync(&a, 32 * M, pool, 0), 0);
+    EXPECT(cuMemFreeAsync(a, 0), 0);
+    EXPECT(cuStreamSynchronize(0), 0);
+    unsigned long long reserved = 0;
+    EXPECT(cuMemPoolGetAttribute(pool, 5, &reserved), 0);
+    CHECK(reserved == 32 * M, "pool reserves %llu", reserved);
+    expect_free(rest - 32 * M, __LINE__);
+    EXPECT(cuMemAlloc_v2(&p, rest - 32 * M + 1), OOM);
+    EXPECT(cuMemAlloc_v2(&p, rest - 32 * M), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+    /* The pool's own allocations reuse what it keeps (no double charge); beyond it, OOM. */
+    EXPECT(cuMemAllocFromPoolAsync(&a, 32 * M, pool, 0), 0);
+    EXPECT(cuMemAllocFromPoolAsync(&b, rest - 32 * M + 1, pool, 0), OOM);
+    EXPECT(cuMemAllocFromPoolAsync(&b, rest - 32 * M, pool, 0), 0);
+    EXPECT(cuMemFreeAsync(b, 0), 0);
+    EXPECT(cuMemFreeAsync(a, 0), 0);
+    expect_free(0, __LINE__);
+
+    /* Checkpoint: the monitor sees 16 MiB of module and `rest` of pool memory. */
+    FILE *f = fopen(ready, "w");
+    if (f) { fputs("ready\n", f); fclose(f); }
+    for (int i = 0; i < 30000 && access(go, F_OK) != 0; i++) usleep(1000);
+
+    /* Trimming gives the kept memory back. */
+    EXPECT(cuMemPoolTrimTo(pool, 0), 0);
+    expect_free(rest, __LINE__);
+    EXPECT(cuMemAlloc_v2(&p, rest), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+    /* Lowering the threshold: released at the next synchronisation, uncharged at once. */
+    EXPECT(cuMemAllocFromPoolAsync(&a, 32 * M, pool, 0), 0);
+    EXPECT(cuMemFreeAsync(a, 0), 0);
+    expect_free(rest - 32 * M, __LINE__);
+    EXPECT(cuMemPoolSetAttribute(pool, 4, &zero), 0);
+    EXPECT(cuStreamSynchronize(0), 0);
+    expect_free(rest, __LINE__);
+    /* Destroying a pool gives back what it kept. */
+    EXPECT(cuMemPoolSetAttribute(pool, 4, &keep_all), 0);
+    EXPECT(cuMemAllocFromPoolAsync(&a, 32 * M, pool, 0), 0);
+    EXPECT(cuMemFreeAsync(a, 0), 0);
+    expect_free(rest - 32 * M, __LINE__);
+    EXPECT(cuMemPoolDestroy(pool), 0);
+    expect_free(rest, __LINE__);
+    EXPECT(cuMemAlloc_v2(&p, rest), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+    /* The pool gives its memory back where the shim cannot see it (a synchronisation): the
+     * stale charge is re-read from the driver before an allocation would be refused. */
+    typedef CUresult (*PoolRelease)(void *);
+    PoolRelease behind = (PoolRelease)dlsym(RTLD_DEFAULT, "fake_cuda_pool_release");
+    CHECK(behind != 0, "fake_cuda_pool_release");
+    EXPECT(cuMemPoolCreate(&pool, &props), 0);
+    EXPECT(cuMemPoolSetAttribute(pool, 4, &keep_all), 0);
+    EXPECT(cuMemAllocFromPoolAsync(&a, 32 * M, pool, 0), 0);
+    EXPECT(cuMemFreeAsync(a, 0), 0);
+    if (behind) EXPECT(behind(pool), 0);
+    expect_free(rest - 32 * M, __LINE__);
+    EXPECT(cuMemAlloc_v2(&p, rest), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+    expect_free(rest, __LINE__);
+    EXPECT(cuMemPoolDestroy(pool), 0);
+
+    /* Through cuGetProcAddress_v2 (cudart's path) the module and pool calls are the shim's. */
+    typedef CUresult (*GetProc2)(const char *, void **, int, unsigned long long, int *);
+    GetProc2 gpa = (GetProc2)dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2");
+    const char *wrapped[] = { "cuModuleLoadData", "cuModuleUnload", "cuLibraryLoadData", "cuMemPoolTrimTo", 0 };
+    for (int i = 0; gpa && wrapped[i]; i++) {
+        void *fn = 0; int st = -1; Dl_info info;
+        EXPECT(gpa(wrapped[i], &fn, 12080, 0, &st), 0);
+        CHECK(fn && dladdr(fn, &info) && strstr(info.dli_fname, "libvgpu"), "%s via cuGetProcAddress_v2 is not the shim's", wrapped[i]);
+    }
+    typedef CUresult (*LoadData)(void **, const void *);
+    LoadData load = 0; int st = 0;
+    if (gpa) EXPECT(gpa("cuModuleLoadData", (void **)&load, 12080, 0, &st), 0);
+    if (load) EXPECT(load(&m2, module_image(rest + 1)), OOM);
+
+    EXPECT(cuModuleUnload(m1), 0);
+    expect_free(limit, __LINE__);
+    return done();
+}
+
+/* A module load during which another thread allocates 8 MiB and frees 4 MiB (counted): the
+ * module is charged only its own 16 MiB (the fake's load takes FAKE_CUDA_MODULE_LOAD_MS). */
+static CUcontext race_ctx;
+static CUdeviceptr race_new, race_old;
+static void *race_thread(void *arg) {
+    (void)arg;
+    usleep(50000);
+    EXPECT(cuCtxSetCurrent(race_ctx), 0);
+    EXPECT(cuMemAlloc_v2(&race_new, 8 << 20), 0);
+    EXPECT(cuMemFree_v2(race_old), 0);
+    return 0;
+}
+
+static int mode_modrace(size_t limit) {
+    setup();
+    const size_t M = 1 << 20;
+    EXPECT(cuCtxGetCurrent(&race_ctx), 0);
+    EXPECT(cuMemAlloc_v2(&race_old, 4 * M), 0);
+    pthread_t t;
+    pthread_create(&t, 0, race_thread, 0);
+    void *m = 0;
+    EXPECT(cuModuleLoadData(&m, module_image(16 * M)), 0);
+    pthread_join(t, 0);
+    expect_free(limit - 24 * M, __LINE__);
+    EXPECT(cuMemFree_v2(race_new), 0);
+    expect_free(limit - 16 * M, __LINE__);
+    EXPECT(cuModuleUnload(m), 0);
+    expect_free(limit, __LINE__);
+    return done();
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, 0, _IONBF, 0);
     if (argc >= 3 && !strcmp(argv[1], "limit")) return mode_limit(strtoull(argv[2], 0, 10));
+    if (argc >= 3 && !strcmp(argv[1], "modrace")) return mode_modrace(strtoull(argv[2], 0, 10));
+    if (argc >= 5 && !strcmp(argv[1], "modpool")) return mode_modpool(strtoull(argv[2], 0, 10), argv[3], argv[4]);
     if (argc >= 5 && !strcmp(argv[1], "procaddr")) return mode_procaddr(strtoull(argv[2], 0, 10), atoi(argv[3]), strtoull(argv[4], 0, 10));
     if (argc >= 2 && !strcmp(argv[1], "dlsym")) return mode_dlsym();
     if (argc >= 5 && !strcmp(argv[1], "hold")) return mode_hold(strtoull(argv[2], 0, 10), argv[3], argv[4]);

@@ -10,7 +10,19 @@
 //! * `FAKE_CUDA_QUEUE_NS` (default 20 ms): a launch blocks while more than this much work is
 //!   queued, like a real launch queue that is full;
 //! * `FAKE_GPU_STATE`: the state file shared with the fake NVML (see
-//!   `test-support/fake-nvml/README.md`).
+//!   `test-support/fake-nvml/README.md`);
+//! * `FAKE_CUDA_MODULE_BYTES` (default 0): device memory a module or library load takes
+//!   (`cuModuleLoad*`, `cuLibraryLoad*`), given back at unload. An image (or, for
+//!   `cuModuleLoad` / `cuLibraryLoadFromFile`, a file) that starts with `fake-module:<bytes>`
+//!   takes that many bytes instead. `FAKE_CUDA_MODULE_LOAD_MS` (default 0): how long a load
+//!   takes (after its memory is taken), so tests can allocate during one.
+//!
+//! Memory pools: each device has a default pool (`cuDeviceGetMemPool`), `cuMemPoolCreate` makes
+//! more. A pool reserves device memory as its allocations need it and keeps freed blocks for
+//! reuse; at `cuCtxSynchronize` / `cuStreamSynchronize` it gives back what it holds beyond
+//! `max(release threshold, live bytes)` (threshold 0 by default, like the driver), and
+//! `cuMemPoolTrimTo` gives back down to its argument. `cuMemPoolGetAttribute` reports the
+//! threshold, `RESERVED_MEM_CURRENT/HIGH` and `USED_MEM_CURRENT/HIGH`.
 //!
 //! `fake_cuda_calls(name)` (exported) counts calls per entry point, so tests can check which
 //! exact variant (`_v2`, `_ptsz`…) a call reached.
@@ -87,6 +99,18 @@ struct Alloc {
     size: u64,
     #[allow(dead_code)]
     kind: Kind,
+    /// The memory pool it came from (stream-ordered allocations).
+    pool: Option<u64>,
+}
+
+/// A memory pool (`CUmemoryPool`).
+struct Pool {
+    dev: usize,
+    reserved: u64,
+    used: u64,
+    threshold: u64,
+    reserved_high: u64,
+    used_high: u64,
 }
 
 #[derive(Default)]
@@ -102,6 +126,11 @@ struct Memory {
     next_handle: u64,
     /// Per-device bytes allocated by this process (the GPU-wide view is in `fake_gpu_state`).
     local_used: [u64; 16],
+    /// Memory pools by handle; `default_pools[dev]` is the device's (0 until first asked for).
+    pools: HashMap<u64, Pool>,
+    default_pools: [u64; 16],
+    /// Loaded modules and libraries: handle → (device, bytes).
+    modules: HashMap<u64, (usize, u64)>,
 }
 
 static MEMORY: Mutex<Option<Memory>> = Mutex::new(None);
@@ -543,6 +572,7 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
     match current_device() {
         Some(d) => {
             sync_device(d);
+            release_pools(d);
             CUDA_SUCCESS
         }
         None => CUDA_ERROR_INVALID_CONTEXT,
@@ -661,6 +691,7 @@ unsafe fn alloc_in(dptr: *mut CUdeviceptr, size: usize, kind: Kind, low: bool) -
                 dev,
                 size: size as u64,
                 kind,
+                pool: None,
             },
         );
         // SAFETY: checked non-null.
@@ -676,11 +707,472 @@ fn free(dptr: CUdeviceptr) -> CUresult {
     }
     with_memory(|m| match m.allocs.remove(&dptr) {
         Some(a) => {
-            uncharge(m, a.dev, a.size);
+            // A pool keeps a freed block (until a synchronisation or a trim gives it back).
+            match a.pool.and_then(|p| m.pools.get_mut(&p)) {
+                Some(pool) => pool.used = pool.used.saturating_sub(a.size),
+                None => uncharge(m, a.dev, a.size),
+            }
             CUDA_SUCCESS
         }
         None => CUDA_ERROR_INVALID_VALUE,
     })
+}
+
+// ---------------------------------------------------------------- memory pools
+
+const POOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+const POOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+const POOL_ATTR_RESERVED_MEM_HIGH: c_int = 6;
+const POOL_ATTR_USED_MEM_CURRENT: c_int = 7;
+const POOL_ATTR_USED_MEM_HIGH: c_int = 8;
+
+fn new_pool(m: &mut Memory, dev: usize) -> u64 {
+    // Pool handles are opaque pointers to the program: odd values far from anything else.
+    let h = 0x5000_0000_0001 + 2 * m.next_handle;
+    m.next_handle += 1;
+    m.pools.insert(
+        h,
+        Pool {
+            dev,
+            reserved: 0,
+            used: 0,
+            threshold: 0,
+            reserved_high: 0,
+            used_high: 0,
+        },
+    );
+    h
+}
+
+fn default_pool(m: &mut Memory, dev: usize) -> u64 {
+    if m.default_pools[dev] == 0 {
+        m.default_pools[dev] = new_pool(m, dev);
+    }
+    m.default_pools[dev]
+}
+
+/// Gives back what `pool` reserves beyond `max(keep, used)`.
+fn shrink_pool(m: &mut Memory, pool: u64, keep: u64) {
+    let Some(p) = m.pools.get_mut(&pool) else {
+        return;
+    };
+    let floor = keep.max(p.used);
+    if p.reserved > floor {
+        let (dev, extra) = (p.dev, p.reserved - floor);
+        p.reserved = floor;
+        uncharge(m, dev, extra);
+    }
+}
+
+/// A synchronisation: every pool on `dev` gives back what it holds beyond its threshold.
+fn release_pools(dev: usize) {
+    with_memory(|m| {
+        let pools: Vec<(u64, u64)> = m
+            .pools
+            .iter()
+            .filter(|(_, p)| p.dev == dev)
+            .map(|(h, p)| (*h, p.threshold))
+            .collect();
+        for (h, threshold) in pools {
+            shrink_pool(m, h, threshold);
+        }
+    });
+}
+
+/// A stream-ordered allocation from `pool` (the current device's pool when `None`): served
+/// from what the pool holds, the pool growing by what is missing.
+unsafe fn pool_alloc(dptr: *mut CUdeviceptr, size: usize, pool: Option<u64>) -> CUresult {
+    require_init!();
+    if dptr.is_null() || size == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(cur) = current_device() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    let size = size as u64;
+    with_memory(|m| {
+        let h = match pool {
+            Some(h) => h,
+            None => default_pool(m, cur),
+        };
+        let Some(p) = m.pools.get(&h) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        let (dev, spare) = (p.dev, p.reserved - p.used);
+        if spare < size
+            && let Err(e) = charge(m, dev, size - spare)
+        {
+            return e;
+        }
+        let p = m.pools.get_mut(&h).expect("pool");
+        p.reserved = p.reserved.max(p.used + size);
+        p.used += size;
+        p.reserved_high = p.reserved_high.max(p.reserved);
+        p.used_high = p.used_high.max(p.used);
+        let step = size.div_ceil(512) * 512;
+        m.next_addr += step;
+        let addr = m.next_addr - step;
+        m.allocs.insert(
+            addr,
+            Alloc {
+                dev,
+                size,
+                kind: Kind::Async,
+                pool: Some(h),
+            },
+        );
+        // SAFETY: checked non-null.
+        unsafe { *dptr = addr };
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut u64, dev: CUdevice) -> CUresult {
+    count("cuDeviceGetMemPool");
+    require_init!();
+    let Some(d) = valid_device(dev) else {
+        return CUDA_ERROR_INVALID_DEVICE;
+    };
+    if pool.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let h = with_memory(|m| default_pool(m, d));
+    // SAFETY: checked non-null.
+    unsafe { *pool = h };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut u64, dev: CUdevice) -> CUresult {
+    count("cuDeviceGetDefaultMemPool");
+    // SAFETY: same contract.
+    unsafe { cuDeviceGetMemPool(pool, dev) }
+}
+
+/// `CUmemPoolProps` up to the location (type at byte 8, id at byte 12).
+#[repr(C)]
+pub struct CUmemPoolPropsHead {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location_type: c_int,
+    pub location_id: c_int,
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut u64,
+    props: *const CUmemPoolPropsHead,
+) -> CUresult {
+    count("cuMemPoolCreate");
+    require_init!();
+    if pool.is_null() || props.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let props = unsafe { &*props };
+    if props.location_type != CU_MEM_LOCATION_TYPE_DEVICE {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(dev) = valid_device(props.location_id) else {
+        return CUDA_ERROR_INVALID_DEVICE;
+    };
+    let h = with_memory(|m| new_pool(m, dev));
+    // SAFETY: checked non-null.
+    unsafe { *pool = h };
+    CUDA_SUCCESS
+}
+
+/// The pool goes away; what it holds beyond live allocations is given back at once, live
+/// allocations when they are freed.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolDestroy(pool: u64) -> CUresult {
+    count("cuMemPoolDestroy");
+    require_init!();
+    with_memory(|m| {
+        let Some(p) = m.pools.remove(&pool) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        uncharge(m, p.dev, p.reserved - p.used);
+        for a in m.allocs.values_mut() {
+            if a.pool == Some(pool) {
+                a.pool = None;
+            }
+        }
+        m.default_pools.iter_mut().for_each(|d| {
+            if *d == pool {
+                *d = 0;
+            }
+        });
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolTrimTo(pool: u64, min_bytes_to_keep: usize) -> CUresult {
+    count("cuMemPoolTrimTo");
+    require_init!();
+    with_memory(|m| {
+        if !m.pools.contains_key(&pool) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        shrink_pool(m, pool, min_bytes_to_keep as u64);
+        CUDA_SUCCESS
+    })
+}
+
+/// Test hook: the pool gives back what it keeps, as a synchronisation the shim does not see
+/// would (the shim's charge is then stale until it next asks the driver).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_pool_release(pool: u64) -> CUresult {
+    require_init!();
+    with_memory(|m| shrink_pool(m, pool, 0));
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    pool: u64,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    count("cuMemPoolGetAttribute");
+    require_init!();
+    if value.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    with_memory(|m| {
+        let Some(p) = m.pools.get(&pool) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        let v = match attr {
+            POOL_ATTR_RELEASE_THRESHOLD => p.threshold,
+            POOL_ATTR_RESERVED_MEM_CURRENT => p.reserved,
+            POOL_ATTR_RESERVED_MEM_HIGH => p.reserved_high,
+            POOL_ATTR_USED_MEM_CURRENT => p.used,
+            POOL_ATTR_USED_MEM_HIGH => p.used_high,
+            1..=3 => {
+                // The reuse policies: int, all enabled.
+                // SAFETY: checked non-null; these attributes are `int`.
+                unsafe { *value.cast::<c_int>() = 1 };
+                return CUDA_SUCCESS;
+            }
+            _ => return CUDA_ERROR_INVALID_VALUE,
+        };
+        // SAFETY: checked non-null; these attributes are `cuuint64_t`.
+        unsafe { *value.cast::<u64>() = v };
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: u64,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    count("cuMemPoolSetAttribute");
+    require_init!();
+    if value.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    with_memory(|m| {
+        let Some(p) = m.pools.get_mut(&pool) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        match attr {
+            // SAFETY: checked non-null; `cuuint64_t`.
+            POOL_ATTR_RELEASE_THRESHOLD => p.threshold = unsafe { *value.cast::<u64>() },
+            POOL_ATTR_RESERVED_MEM_HIGH => p.reserved_high = p.reserved,
+            POOL_ATTR_USED_MEM_HIGH => p.used_high = p.used,
+            1..=3 => {}
+            _ => return CUDA_ERROR_INVALID_VALUE,
+        }
+        CUDA_SUCCESS
+    })
+}
+
+// ---------------------------------------------------------------- modules
+
+const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
+
+/// Device bytes a module image takes: `fake-module:<bytes>` at its start, else the
+/// `FAKE_CUDA_MODULE_BYTES` default.
+fn module_bytes(head: &[u8]) -> u64 {
+    if let Some(rest) = head.strip_prefix(b"fake-module:") {
+        let digits: Vec<u8> = rest
+            .iter()
+            .copied()
+            .take_while(u8::is_ascii_digit)
+            .collect();
+        if let Some(n) = std::str::from_utf8(&digits)
+            .ok()
+            .and_then(|d| d.parse().ok())
+        {
+            return n;
+        }
+    }
+    env_u64("FAKE_CUDA_MODULE_BYTES", 0)
+}
+
+/// The first bytes of an in-memory image (up to a NUL or 64 bytes).
+unsafe fn image_head(image: *const c_void) -> Vec<u8> {
+    let mut head = Vec::new();
+    let p = image.cast::<u8>();
+    for i in 0..64 {
+        // SAFETY: the caller's image is at least this long or NUL-terminated before.
+        let b = unsafe { *p.add(i) };
+        if b == 0 {
+            break;
+        }
+        head.push(b);
+    }
+    head
+}
+
+unsafe fn file_head(path: *const c_char) -> Option<Vec<u8>> {
+    if path.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes a NUL-terminated path.
+    let path = unsafe { CStr::from_ptr(path) }.to_str().ok()?;
+    let mut bytes = std::fs::read(path).ok()?;
+    bytes.truncate(64);
+    Some(bytes)
+}
+
+/// Loads a module of `bytes` into the current context: its memory is taken from the device.
+unsafe fn load_module(out: *mut u64, head: Option<Vec<u8>>) -> CUresult {
+    require_init!();
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(head) = head else {
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    };
+    let Some(dev) = current_device() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    let bytes = module_bytes(&head);
+    let r = with_memory(|m| {
+        if let Err(e) = charge(m, dev, bytes) {
+            return e;
+        }
+        let h = 0x6000_0000_0001 + 2 * m.next_handle;
+        m.next_handle += 1;
+        m.modules.insert(h, (dev, bytes));
+        // SAFETY: checked non-null.
+        unsafe { *out = h };
+        CUDA_SUCCESS
+    });
+    let ms = env_u64("FAKE_CUDA_MODULE_LOAD_MS", 0);
+    if r == CUDA_SUCCESS && ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+    r
+}
+
+fn unload_module(h: u64) -> CUresult {
+    require_init!();
+    with_memory(|m| match m.modules.remove(&h) {
+        Some((dev, bytes)) => {
+            uncharge(m, dev, bytes);
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoad(module: *mut u64, fname: *const c_char) -> CUresult {
+    count("cuModuleLoad");
+    // SAFETY: same contract.
+    unsafe { load_module(module, file_head(fname)) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadData(module: *mut u64, image: *const c_void) -> CUresult {
+    count("cuModuleLoadData");
+    if image.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: same contract.
+    unsafe { load_module(module, Some(image_head(image))) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    module: *mut u64,
+    image: *const c_void,
+    _num_options: c_uint,
+    _options: *mut c_int,
+    _values: *mut *mut c_void,
+) -> CUresult {
+    count("cuModuleLoadDataEx");
+    if image.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: same contract.
+    unsafe { load_module(module, Some(image_head(image))) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadFatBinary(module: *mut u64, image: *const c_void) -> CUresult {
+    count("cuModuleLoadFatBinary");
+    if image.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: same contract.
+    unsafe { load_module(module, Some(image_head(image))) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleUnload(module: u64) -> CUresult {
+    count("cuModuleUnload");
+    unload_module(module)
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLibraryLoadData(
+    library: *mut u64,
+    code: *const c_void,
+    _jit_options: *mut c_int,
+    _jit_values: *mut *mut c_void,
+    _num_jit: c_uint,
+    _lib_options: *mut c_int,
+    _lib_values: *mut *mut c_void,
+    _num_lib: c_uint,
+) -> CUresult {
+    count("cuLibraryLoadData");
+    if code.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: same contract.
+    unsafe { load_module(library, Some(image_head(code))) }
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLibraryLoadFromFile(
+    library: *mut u64,
+    file_name: *const c_char,
+    _jit_options: *mut c_int,
+    _jit_values: *mut *mut c_void,
+    _num_jit: c_uint,
+    _lib_options: *mut c_int,
+    _lib_values: *mut *mut c_void,
+    _num_lib: c_uint,
+) -> CUresult {
+    count("cuLibraryLoadFromFile");
+    // SAFETY: same contract.
+    unsafe { load_module(library, file_head(file_name)) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLibraryUnload(library: u64) -> CUresult {
+    count("cuLibraryUnload");
+    unload_module(library)
 }
 
 #[unsafe(no_mangle)]
@@ -833,7 +1325,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 ) -> CUresult {
     count("cuMemAllocAsync");
     // SAFETY: same contract.
-    unsafe { alloc(dptr, size, Kind::Async) }
+    unsafe { pool_alloc(dptr, size, None) }
 }
 
 #[unsafe(no_mangle)]
@@ -844,31 +1336,33 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 ) -> CUresult {
     count("cuMemAllocAsync_ptsz");
     // SAFETY: same contract.
-    unsafe { alloc(dptr, size, Kind::Async) }
+    unsafe { pool_alloc(dptr, size, None) }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     dptr: *mut CUdeviceptr,
     size: usize,
-    _pool: *mut c_void,
+    pool: *mut c_void,
     _stream: *mut c_void,
 ) -> CUresult {
     count("cuMemAllocFromPoolAsync");
+    // A NULL pool is the current device's (lenient: the driver refuses it).
     // SAFETY: same contract.
-    unsafe { alloc(dptr, size, Kind::Async) }
+    unsafe { pool_alloc(dptr, size, (!pool.is_null()).then_some(pool as u64)) }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     dptr: *mut CUdeviceptr,
     size: usize,
-    _pool: *mut c_void,
+    pool: *mut c_void,
     _stream: *mut c_void,
 ) -> CUresult {
     count("cuMemAllocFromPoolAsync_ptsz");
+    // A NULL pool is the current device's (lenient: the driver refuses it).
     // SAFETY: same contract.
-    unsafe { alloc(dptr, size, Kind::Async) }
+    unsafe { pool_alloc(dptr, size, (!pool.is_null()).then_some(pool as u64)) }
 }
 
 #[unsafe(no_mangle)]
@@ -1614,6 +2108,26 @@ fn proc_table() -> &'static [ProcEntry] {
             entry!("cuGraphLaunch", 10000, false, cuGraphLaunch),
             entry!("cuGraphLaunch", 10000, true, cuGraphLaunch_ptsz),
             entry!("cuGetExportTable", 3000, false, cuGetExportTable),
+            entry!("cuDeviceGetMemPool", 11020, false, cuDeviceGetMemPool),
+            entry!(
+                "cuDeviceGetDefaultMemPool",
+                11020,
+                false,
+                cuDeviceGetDefaultMemPool
+            ),
+            entry!("cuMemPoolCreate", 11020, false, cuMemPoolCreate),
+            entry!("cuMemPoolDestroy", 11020, false, cuMemPoolDestroy),
+            entry!("cuMemPoolTrimTo", 11020, false, cuMemPoolTrimTo),
+            entry!("cuMemPoolGetAttribute", 11020, false, cuMemPoolGetAttribute),
+            entry!("cuMemPoolSetAttribute", 11020, false, cuMemPoolSetAttribute),
+            entry!("cuModuleLoad", 2000, false, cuModuleLoad),
+            entry!("cuModuleLoadData", 2000, false, cuModuleLoadData),
+            entry!("cuModuleLoadDataEx", 2010, false, cuModuleLoadDataEx),
+            entry!("cuModuleLoadFatBinary", 2000, false, cuModuleLoadFatBinary),
+            entry!("cuModuleUnload", 2000, false, cuModuleUnload),
+            entry!("cuLibraryLoadData", 12000, false, cuLibraryLoadData),
+            entry!("cuLibraryLoadFromFile", 12000, false, cuLibraryLoadFromFile),
+            entry!("cuLibraryUnload", 12000, false, cuLibraryUnload),
             entry!("cuGetProcAddress", 11030, false, cuGetProcAddress),
             entry!("cuGetProcAddress", 12000, false, cuGetProcAddress_v2),
         ]
