@@ -9,7 +9,8 @@ of HAMi's values file:
   * an entry is well formed for its disposition, and a `refused` entry's `allowed` values include
     HAMi's default (so HAMi's own values file installs);
   * honoured: the render with the test value succeeds and differs from HAMi's own render (certificate
-    material masked) and has a line matching `expect`; with `unchanged`, it is identical;
+    material masked) and has a line matching `expect` that HAMi's own render lacks; with
+    `unchanged`, it is identical;
   * refused: `helm template` fails and its message names the key;
   * vendor-skipped: a changed value renders identically (nothing half-used).
 
@@ -148,6 +149,8 @@ def main():
         pattern = test.get("expect")
         if pattern and not re.search(pattern, out, re.M):
             return False, f"{key} (honoured): {json.dumps(value)} renders no line matching /{pattern}/"
+        if pattern and re.search(pattern, base_out, re.M):
+            return False, f"{key}: /{pattern}/ matches HAMi's own render too; the test proves nothing"
         return True, f"{key}: {json.dumps(value)} honoured ({entry['where'][:80]})"
 
     keys = [k for k in inventory if k in hami]
