@@ -13,13 +13,16 @@
 #   6. asserts what the chart must render (fail-closed webhook, extender config, security), and
 #      that charts/tessera/files/kube-scheduler-config.yaml is exactly what the chart renders;
 #   7. renders HAMi v2.10's own default values file, unchanged (e2e/fixtures/hami-v2.10-values.yaml),
-#      through all of the above, and checks its images and kube-scheduler arguments;
+#      through all of the above, and checks its images, kube-scheduler arguments and NodePorts; then
+#      e2e/hami-values-test.py walks every leaf key of that file against
+#      charts/tessera/files/hami-v2.10-keys.yaml (honoured: the render changes; refused: the install
+#      fails naming the key; other vendors' keys: unused), one render per key;
 #   8. runs the built daemons on every argument list the chart renders for them (each value set).
 #
 #   e2e/chart-test.sh            # run everything; non-zero exit on any failure
 #   e2e/chart-test.sh --update   # rewrite files/kube-scheduler-config.yaml from the chart
 #
-# Needs: bash, go (first run only), grep, sed, awk, paste, diff; openssl optional. No network except the Go module proxy on
+# Needs: bash, go (first run only), python3 with PyYAML, grep, sed, awk, paste, diff; openssl optional. No network except the Go module proxy on
 # the first run.
 set -euo pipefail
 
@@ -388,6 +391,34 @@ expect_count "[hami-v2.10] no other --config" "$WORK/hami-kube-scheduler.args" '
 expect "[hami-v2.10] device plugin idles instead of crash-looping without a driver" "$M" '^            - --fail-on-init-error=false$'
 expect "[hami-v2.10] HAMi's node config text is config.json itself" "$M" '^      "nodeconfig": \[$'
 expect "[hami-v2.10] webhook caBundle from the Helm-issued CA" "$M" '^      caBundle: [A-Za-z0-9+/=]{100,}$'
+expect "[hami-v2.10] device plugin monitor Service on HAMi's node port 31992" "$M" '^      nodePort: 31992$'
+expect "[hami-v2.10] scheduler metrics on HAMi's node port 31993" "$M" '^      nodePort: 31993$'
+expect "[hami-v2.10] scheduler https on HAMi's node port 31998" "$M" '^      nodePort: 31998$'
+expect_count "[hami-v2.10] both Services are NodePort, as in HAMi's values" "$M" '^  type: NodePort$' 2
+render "$WORK/envs-list.yaml" -f "$HAMI_VALUES" --set-json 'devicePlugin.extraEnvs=[{"name":"FROM_LIST","value":"1"}]' --set-json 'devicePlugin.extraEnv=[{"name":"TESSERA_FORM","value":"2"}]'
+if grep -A1 -- '- name: FROM_LIST$' "$WORK/envs-list.yaml" | grep -q 'value: "1"' && grep -q -- '- name: TESSERA_FORM$' "$WORK/envs-list.yaml"; then
+	pass "[hami-v2.10] devicePlugin.extraEnvs as a list of EnvVars, beside devicePlugin.extraEnv"
+else
+	fail "[hami-v2.10] devicePlugin.extraEnvs as a list"
+fi
+render "$WORK/envs-map.yaml" -f "$HAMI_VALUES" --set-json 'devicePlugin.extraEnvs={"FROM_MAP":"on","FROM_REF":{"valueFrom":{"fieldRef":{"fieldPath":"spec.nodeName"}}}}'
+if grep -A1 -- '- name: FROM_MAP$' "$WORK/envs-map.yaml" | grep -q 'value: "on"' && grep -A2 -- '- name: FROM_REF$' "$WORK/envs-map.yaml" | grep -q 'fieldRef:'; then
+	pass "[hami-v2.10] devicePlugin.extraEnvs as a map of names to values or references"
+else
+	fail "[hami-v2.10] devicePlugin.extraEnvs as a map"
+fi
+kubeconform_check "$WORK/envs-map.yaml" >/dev/null && pass "[hami-v2.10] extraEnvs map renders valid objects" || fail "[hami-v2.10] extraEnvs map: kubeconform"
+render "$WORK/pull.yaml" -f "$HAMI_VALUES" --set-json 'global.imagePullSecrets=["g"]' --set-json 'scheduler.extender.image.pullSecrets=["e","g"]' --set-json 'scheduler.kubeScheduler.image.pullSecrets=[{"name":"k"}]' --set-json 'devicePlugin.image.pullSecrets=["d"]'
+expect_count "[hami-v2.10] per-image pullSecrets join global.imagePullSecrets, once each" "$WORK/pull.yaml" '^        - name: (g|e|k|d)$' 5
+
+# Every leaf key of HAMi v2.10's values: honoured (the render changes), refused (the install fails
+# naming the key) or another vendor's (unused), per charts/tessera/files/hami-v2.10-keys.yaml.
+if python3 "$ROOT/e2e/hami-values-test.py" "$HELM" "$CHART" "$HAMI_VALUES" "$K8S_SCHEMA_VERSION" >"$WORK/hami-keys.log" 2>&1; then
+	pass "[hami-v2.10] $(grep -c '^ok:' "$WORK/hami-keys.log") per-key checks: $(tail -1 "$WORK/hami-keys.log" | sed 's/^hami-values-test: //')"
+else
+	grep -E '^FAIL:|^hami-values-test:' "$WORK/hami-keys.log" >&2 || cat "$WORK/hami-keys.log" >&2
+	fail "[hami-v2.10] values parity (e2e/hami-values-test.py)"
+fi
 if render "$WORK/old-kube.yaml" -f "$HAMI_VALUES" --show-only templates/scheduler/deployment.yaml --kube-version v1.21.0 2>/dev/null; then
 	fail "[hami-v2.10] Kubernetes 1.21 must be refused (Chart.yaml kubeVersion)"
 else
@@ -417,6 +448,11 @@ else
 fi
 render "$WORK/lib.yaml" --set devicePlugin.libPath=/usr/local/vgpu/ >/dev/null && pass "devicePlugin.libPath with a trailing slash is accepted" || fail "devicePlugin.libPath=/usr/local/vgpu/ must render"
 expect "[custom-names] ld.so.preload names the container's shim path" "$R" '^              echo /usr/local/vgpu/libvgpu.so > '
+if render "$WORK/bad.yaml" --set scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy=topology-aware 2>"$WORK/bad.err"; then
+	fail "gpuSchedulerPolicy topology-aware must be refused (no pair scores from Tessera's plugin)"
+else
+	grep -q 'gpuSchedulerPolicy: "topology-aware" is not supported' "$WORK/bad.err" && pass "gpuSchedulerPolicy topology-aware is refused" || fail "topology-aware: unclear error: $(cat "$WORK/bad.err")"
+fi
 if render "$WORK/bad.yaml" --set resourceName=gpu 2>"$WORK/bad.err"; then
 	fail "an invalid resource name must be refused"
 else

@@ -17,6 +17,11 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The namespace of every namespaced object: HAMi's namespaceOverride, else the release's. */}}
+{{- define "tessera.namespace" -}}
+{{- .Values.namespaceOverride | default .Release.Namespace -}}
+{{- end -}}
+
 {{- define "tessera.scheduler" -}}{{ include "tessera.fullname" . | trunc 53 | trimSuffix "-" }}-scheduler{{- end -}}
 {{- define "tessera.devicePlugin" -}}{{ include "tessera.fullname" . | trunc 49 | trimSuffix "-" }}-device-plugin{{- end -}}
 {{- define "tessera.webhook" -}}{{ include "tessera.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
@@ -84,7 +89,10 @@ annotations:
 {{- $repository := $img.repository | default $defaultRepository | toString -}}
 {{- $tag := $img.tag | default "" | toString -}}
 {{- if regexMatch "(^|/)projecthami/hami$" $repository -}}
+{{- /* HAMi's registry (Docker Hub) has no Tessera image; a mirror the user named is kept. */ -}}
+{{- if has (trimSuffix "/" $registry) (list "" "docker.io" "index.docker.io" "registry-1.docker.io") -}}
 {{- $registry = "ghcr.io" -}}
+{{- end -}}
 {{- $repository = $defaultRepository -}}
 {{- $tag = "" -}}
 {{- end -}}
@@ -145,10 +153,12 @@ annotations:
      Secret, the webhook's caBundle and the Deployment's checksum see the same certificate.
      Returns JSON (fromJson at the call site). */}}
 {{- define "tessera.servingCert" -}}
+{{- /* Refuse impossible values before spending time on key generation. */ -}}
+{{- include "tessera.validate" . -}}
 {{- $memo := "__tesseraServingCert" -}}
 {{- if not (hasKey .Values $memo) -}}
 {{- $svc := include "tessera.scheduler" . -}}
-{{- $dns := list $svc (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) -}}
+{{- $dns := list $svc (printf "%s.%s" $svc (include "tessera.namespace" .)) (printf "%s.%s.svc" $svc (include "tessera.namespace" .)) (printf "%s.%s.svc.cluster.local" $svc (include "tessera.namespace" .)) -}}
 {{- $ips := list -}}
 {{- $url := .Values.scheduler.admissionWebhook.customURL -}}
 {{- if $url.enabled -}}
@@ -159,7 +169,7 @@ annotations:
 {{- end -}}
 {{- end -}}
 {{- $names := concat $dns $ips | join "," -}}
-{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "tessera.servingSecret" .) -}}
+{{- $existing := lookup "v1" "Secret" (include "tessera.namespace" .) (include "tessera.servingSecret" .) -}}
 {{- $data := dict -}}
 {{- $existingData := dig "data" dict ($existing | default dict) -}}
 {{- $existingNames := dig "metadata" "annotations" "tessera.io/serving-names" "" ($existing | default dict) -}}
@@ -181,15 +191,26 @@ annotations:
 {{- if and .Values.scheduler.enableHTTPS .Values.scheduler.patch.enabled (not .Values.scheduler.certManager.enabled) }}true{{ end -}}
 {{- end -}}
 
+{{/* imagePullSecrets (list ROOT IMAGE...): global.imagePullSecrets plus each image's own
+     pullSecrets (HAMi's per-image key), deduplicated; names or {name: ...} objects. */}}
 {{- define "tessera.imagePullSecrets" -}}
-{{- with .Values.global.imagePullSecrets }}
+{{- $root := index . 0 -}}
+{{- $names := list -}}
+{{- $all := $root.Values.global.imagePullSecrets | default list -}}
+{{- range rest . -}}
+{{- $all = concat $all ((. | default dict).pullSecrets | default list) -}}
+{{- end -}}
+{{- range $all -}}
+{{- $name := "" -}}
+{{- if kindIs "map" . -}}{{- $name = get . "name" | default "" | toString -}}{{- else if . -}}{{- $name = toString . -}}{{- end -}}
+{{- if and $name (not (has $name $names)) -}}
+{{- $names = append $names $name -}}
+{{- end -}}
+{{- end -}}
+{{- with $names }}
 imagePullSecrets:
 {{- range . }}
-{{- if kindIs "string" . }}
   - name: {{ . }}
-{{- else }}
-  - {{ toYaml . }}
-{{- end }}
 {{- end }}
 {{- end }}
 {{- end -}}
@@ -208,7 +229,7 @@ imagePullSecrets:
 {{- fail "scheduler.extenderClientAuth (mutual TLS on /filter and /bind) requires scheduler.enableHTTPS. With enableHTTPS: false set extenderClientAuth: false; the extender then listens on 127.0.0.1 only." -}}
 {{- end -}}
 {{- if and .Values.scheduler.enableHTTPS (not .Values.scheduler.certManager.enabled) (not .Values.scheduler.patch.enabled) -}}
-{{- fail "scheduler.enableHTTPS needs a certificate source: set scheduler.certManager.enabled or scheduler.patch.enabled." -}}
+{{- fail "scheduler.patch.enabled: false (HAMi: no certificate Job, a Secret made by hand) is not supported: scheduler.enableHTTPS needs a certificate source. Keep scheduler.patch.enabled: true (Helm issues the certificate) or set scheduler.certManager.enabled: true." -}}
 {{- end -}}
 {{- if lt (int .Values.scheduler.replicas) 1 -}}
 {{- fail "scheduler.replicas must be at least 1" -}}
@@ -219,6 +240,7 @@ imagePullSecrets:
 {{- if ne (trimSuffix "/" (toString .Values.devicePlugin.libPath)) "/usr/local/vgpu" -}}
 {{- fail (printf "devicePlugin.libPath is %q, but Tessera mounts the shim at /usr/local/vgpu in every container (global.gpuHookPath moves only the host directory): ld.so.preload would name a path where nothing is mounted and the GPU limits would be silently dropped. Remove devicePlugin.libPath or set it to /usr/local/vgpu." (toString .Values.devicePlugin.libPath)) -}}
 {{- end -}}
+{{- include "tessera.validateHamiKeys" . -}}
 {{- $names := list .Values.resourceName .Values.resourceMem .Values.resourceMemPercentage .Values.resourceCores .Values.resourcePriority -}}
 {{- range $names -}}
 {{- if not (regexMatch "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$" .) -}}
@@ -229,10 +251,72 @@ imagePullSecrets:
 
 {{/* The service account usernames of the chart's own components (trusted by the webhook). */}}
 {{- define "tessera.trustedUsers" -}}
-{{- printf "system:serviceaccount:%s:%s,system:serviceaccount:%s:%s" .Release.Namespace (include "tessera.scheduler" .) .Release.Namespace (include "tessera.devicePlugin" .) -}}
+{{- printf "system:serviceaccount:%s:%s,system:serviceaccount:%s:%s" (include "tessera.namespace" .) (include "tessera.scheduler" .) (include "tessera.namespace" .) (include "tessera.devicePlugin" .) -}}
 {{- /* The admission policy's extra identities are trusted by the webhook too, so the two
        never disagree (a mixed cluster's HAMi plugin must pass both). */ -}}
 {{- range (.Values.admissionPolicy | default dict).additionalTrustedUsers | default list -}}
 {{- printf ",%s" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* HAMi v2.10 values keys that Tessera cannot honour (charts/tessera/files/hami-v2.10-keys.yaml,
+     disposition `refused`): a value other than the listed `allowed` ones (HAMi's default) fails
+     the install, naming the key and what to use instead. Keys refused only when they contradict
+     another value are checked after the loop. */}}
+{{- define "tessera.validateHamiKeys" -}}
+{{- $inventory := .Files.Get "files/hami-v2.10-keys.yaml" | fromYaml -}}
+{{- if not $inventory.keys -}}
+{{- fail "files/hami-v2.10-keys.yaml is missing from the chart" -}}
+{{- end -}}
+{{- range $key, $entry := $inventory.keys -}}
+{{- if and (eq (toString $entry.disposition) "refused") (hasKey $entry "allowed") -}}
+{{- $value := $.Values -}}
+{{- $found := true -}}
+{{- range splitList "." $key -}}
+{{- if and $found (kindIs "map" $value) (hasKey $value .) -}}
+{{- $value = index $value . -}}
+{{- else -}}
+{{- $found = false -}}
+{{- end -}}
+{{- end -}}
+{{- if $found -}}
+{{- $ok := false -}}
+{{- range $entry.allowed -}}
+{{- if eq (toJson .) (toJson $value) -}}{{- $ok = true -}}{{- end -}}
+{{- end -}}
+{{- if not $ok -}}
+{{- fail (printf "%s: %s is not supported by Tessera (HAMi's default %s is accepted). %s" $key (toJson $value) (first $entry.allowed | toJson) $entry.instead) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if eq (toString .Values.scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy) "topology-aware" -}}
+{{- fail "scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy: \"topology-aware\" is not supported by Tessera's chart: HAMi's chart also turns on its device plugin's GPU pair scores (ENABLE_TOPOLOGY_SCORE, annotation hami.io/node-nvidia-score), which Tessera's device plugin does not publish, so the policy would have nothing to rank. Use spread or binpack." -}}
+{{- end -}}
+{{- $svc := .Values.scheduler.service -}}
+{{- $metricsPort := last (splitList ":" (toString .Values.scheduler.metricsBindAddress)) | int -}}
+{{- if and (hasKey $svc "monitorTargetPort") (ne (int $svc.monitorTargetPort) $metricsPort) -}}
+{{- fail (printf "scheduler.service.monitorTargetPort: %v is not the extender's metrics port (%d, from scheduler.metricsBindAddress): the Service always targets that port. Remove monitorTargetPort and set scheduler.metricsBindAddress to move it." $svc.monitorTargetPort $metricsPort) -}}
+{{- end -}}
+{{- if and (hasKey $svc "httpTargetPort") (ne (int $svc.httpTargetPort) (int .Values.scheduler.httpsPort)) -}}
+{{- fail (printf "scheduler.service.httpTargetPort: %v is not the extender's listening port (%v, scheduler.httpsPort): the Service always targets that port. Remove httpTargetPort and set scheduler.httpsPort to move it." $svc.httpTargetPort .Values.scheduler.httpsPort) -}}
+{{- end -}}
+{{- $ctrPath := dig "monitor" "ctrPath" "" .Values.devicePlugin | toString | trimSuffix "/" -}}
+{{- $hookCtrs := printf "%s/vgpu/containers" (trimSuffix "/" (toString .Values.global.gpuHookPath)) -}}
+{{- if and $ctrPath (ne $ctrPath $hookCtrs) (ne $ctrPath "/usr/local/vgpu/containers") -}}
+{{- fail (printf "devicePlugin.monitor.ctrPath: %q is not %s: Tessera's monitor (part of the device plugin) always reads the containers directory under global.gpuHookPath. Remove ctrPath, or move global.gpuHookPath." $ctrPath $hookCtrs) -}}
+{{- end -}}
+{{- /* NodePort: HAMi's meaning, the node ports are the values below (30000-32767). */ -}}
+{{- if eq (toString $svc.type) "NodePort" -}}
+{{- range $k := list "schedulerPort" "monitorPort" -}}
+{{- $p := index $svc $k | default 0 | int -}}
+{{- if and (hasKey $svc $k) (or (lt $p 30000) (gt $p 32767)) -}}
+{{- fail (printf "scheduler.service.%s: %v is not a node port (30000-32767); with scheduler.service.type NodePort it is the Service's nodePort, as in HAMi. Choose a port in that range, or type ClusterIP." $k (index $svc $k)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $dps := .Values.devicePlugin.service -}}
+{{- if and .Values.devicePlugin.enabled (eq (toString $dps.type) "NodePort") (or (lt (int $dps.httpPort) 30000) (gt (int $dps.httpPort) 32767)) -}}
+{{- fail (printf "devicePlugin.service.httpPort: %v is not a node port (30000-32767); with devicePlugin.service.type NodePort it is the Service's nodePort, as in HAMi (31992). Choose a port in that range, or type ClusterIP." $dps.httpPort) -}}
 {{- end -}}
 {{- end -}}

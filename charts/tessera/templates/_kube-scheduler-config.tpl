@@ -12,7 +12,7 @@ leaderElection:
   leaderElect: {{ .Values.scheduler.leaderElect }}
   resourceLock: leases
   resourceName: {{ include "tessera.kubeSchedulerLease" . }}
-  resourceNamespace: {{ .Release.Namespace }}
+  resourceNamespace: {{ include "tessera.namespace" . }}
 profiles:
   - schedulerName: {{ .Values.schedulerName }}
 extenders:
