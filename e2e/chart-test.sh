@@ -448,11 +448,9 @@ else
 fi
 render "$WORK/lib.yaml" --set devicePlugin.libPath=/usr/local/vgpu/ >/dev/null && pass "devicePlugin.libPath with a trailing slash is accepted" || fail "devicePlugin.libPath=/usr/local/vgpu/ must render"
 expect "[custom-names] ld.so.preload names the container's shim path" "$R" '^              echo /usr/local/vgpu/libvgpu.so > '
-if render "$WORK/bad.yaml" --set scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy=topology-aware 2>"$WORK/bad.err"; then
-	fail "gpuSchedulerPolicy topology-aware must be refused (no pair scores from Tessera's plugin)"
-else
-	grep -q 'gpuSchedulerPolicy: "topology-aware" is not supported' "$WORK/bad.err" && pass "gpuSchedulerPolicy topology-aware is refused" || fail "topology-aware: unclear error: $(cat "$WORK/bad.err")"
-fi
+render "$WORK/topo.yaml" --set scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy=topology-aware
+expect "[topology-aware] the device plugin publishes pair scores" "$WORK/topo.yaml" '^ +- --enable-topology-score$'
+expect "[topology-aware] the extender's default policy" "$WORK/topo.yaml" '^ +- --gpu-scheduler-policy=topology-aware$'
 if render "$WORK/bad.yaml" --set resourceName=gpu 2>"$WORK/bad.err"; then
 	fail "an invalid resource name must be refused"
 else

@@ -31,6 +31,9 @@ pub struct PluginMetrics {
     vgpu_context: Family<Labels, Gauge<f64, AtomicU64>>,
     vgpu_module: Family<Labels, Gauge<f64, AtomicU64>>,
     vgpu_buffer: Family<Labels, Gauge<f64, AtomicU64>>,
+    container_memory: Family<Labels, Gauge<f64, AtomicU64>>,
+    container_utilization: Family<Labels, Gauge<f64, AtomicU64>>,
+    container_last_kernel: Family<Labels, Gauge<f64, AtomicU64>>,
     legacy: Option<Legacy>,
 }
 
@@ -41,6 +44,9 @@ struct Legacy {
     host_core: Family<Labels, Gauge<f64, AtomicU64>>,
     vgpu_used: Family<Labels, Gauge<f64, AtomicU64>>,
     vgpu_limit: Family<Labels, Gauge<f64, AtomicU64>>,
+    container_memory: Family<Labels, Gauge<f64, AtomicU64>>,
+    container_utilization: Family<Labels, Gauge<f64, AtomicU64>>,
+    container_last_kernel: Family<Labels, Gauge<f64, AtomicU64>>,
 }
 
 impl std::fmt::Debug for PluginMetrics {
@@ -159,6 +165,18 @@ impl PluginMetrics {
             "hami_vgpu_memory_buffer_bytes",
             "Buffer (data) memory of a container",
         );
+        let container_memory = vgpu(
+            "hami_container_device_memory_bytes",
+            "Device memory used by a container (shim accounting; as hami_vgpu_memory_used_bytes)",
+        );
+        let container_utilization = vgpu(
+            "hami_container_device_utilization_ratio",
+            "SM utilization of a container's processes on the device (0-100, as the shim measures it)",
+        );
+        let container_last_kernel = vgpu(
+            "hami_container_last_kernel_elapsed_seconds",
+            "Seconds since the container last launched a kernel (absent before its first)",
+        );
         let legacy = legacy.then(|| Legacy {
             host_memory: vgpu(
                 "HostGPUMemoryUsage",
@@ -173,6 +191,18 @@ impl PluginMetrics {
                 "vGPU_device_memory_limit_in_bytes",
                 "vGPU device limit (legacy name)",
             ),
+            container_memory: vgpu(
+                "Device_memory_desc_of_container",
+                "Container device memory description (legacy name)",
+            ),
+            container_utilization: vgpu(
+                "Device_utilization_desc_of_container",
+                "Container device utilization description (legacy name)",
+            ),
+            container_last_kernel: vgpu(
+                "Device_last_kernel_of_container",
+                "Container device last kernel description (legacy name)",
+            ),
         });
         PluginMetrics {
             registry: Arc::new(registry),
@@ -181,6 +211,9 @@ impl PluginMetrics {
             vgpu_context,
             vgpu_module,
             vgpu_buffer,
+            container_memory,
+            container_utilization,
+            container_last_kernel,
             legacy,
             allocate_seconds,
             allocations,
@@ -272,19 +305,30 @@ impl PluginMetrics {
 
     /// Replaces all per-container series with `samples` (containers that went away disappear).
     /// Samples of pods not in `names` are labelled with the pod UID as name and an empty namespace.
-    pub fn set_vgpu(&self, samples: &[VgpuSample], names: &PodNames) {
+    /// `now_unix_secs` dates `hami_container_last_kernel_elapsed_seconds`.
+    pub fn set_vgpu(&self, samples: &[VgpuSample], names: &PodNames, now_unix_secs: u64) {
         for f in [
             &self.vgpu_used,
             &self.vgpu_limit,
             &self.vgpu_context,
             &self.vgpu_module,
             &self.vgpu_buffer,
+            &self.container_memory,
+            &self.container_utilization,
+            &self.container_last_kernel,
         ] {
             f.clear();
         }
         if let Some(l) = &self.legacy {
-            l.vgpu_used.clear();
-            l.vgpu_limit.clear();
+            for f in [
+                &l.vgpu_used,
+                &l.vgpu_limit,
+                &l.container_memory,
+                &l.container_utilization,
+                &l.container_last_kernel,
+            ] {
+                f.clear();
+            }
         }
         for s in samples {
             let (ns, pod) = names
@@ -313,6 +357,18 @@ impl PluginMetrics {
             self.vgpu_buffer
                 .get_or_create(&labels)
                 .set(s.buffer_bytes as f64);
+            self.container_memory
+                .get_or_create(&labels)
+                .set(s.memory_used_bytes as f64);
+            self.container_utilization
+                .get_or_create(&labels)
+                .set(s.sm_util as f64);
+            // HAMi: only once a kernel ran; never negative (a clock behind the shim's).
+            let elapsed = (s.last_kernel_time > 0)
+                .then(|| now_unix_secs.saturating_sub(s.last_kernel_time) as f64);
+            if let Some(e) = elapsed {
+                self.container_last_kernel.get_or_create(&labels).set(e);
+            }
             if let Some(l) = &self.legacy {
                 // HAMi's legacy label names, same order.
                 let legacy_names = [
@@ -333,6 +389,30 @@ impl PluginMetrics {
                 l.vgpu_limit
                     .get_or_create(&legacy_labels)
                     .set(s.memory_limit_bytes as f64);
+                // HAMi's old description: the breakdown in labels, the rest as `offset`.
+                let mut described = legacy_labels.clone();
+                let offset = s
+                    .memory_used_bytes
+                    .saturating_sub(s.context_bytes)
+                    .saturating_sub(s.module_bytes)
+                    .saturating_sub(s.buffer_bytes);
+                for (k, v) in [
+                    ("context", s.context_bytes),
+                    ("module", s.module_bytes),
+                    ("data", s.buffer_bytes),
+                    ("offset", offset),
+                ] {
+                    described.push((k.to_owned(), v.to_string()));
+                }
+                l.container_memory
+                    .get_or_create(&described)
+                    .set(s.memory_used_bytes as f64);
+                l.container_utilization
+                    .get_or_create(&legacy_labels)
+                    .set(s.sm_util as f64);
+                if let Some(e) = elapsed {
+                    l.container_last_kernel.get_or_create(&legacy_labels).set(e);
+                }
             }
         }
     }
@@ -360,6 +440,11 @@ pub struct VgpuSample {
     pub module_bytes: u64,
     pub buffer_bytes: u64,
     pub sm_limit: u64,
+    /// SM utilization of the container's live processes on the device, summed (HAMi's
+    /// `DeviceSmUtil`), as the shim measures it.
+    pub sm_util: u64,
+    /// Unix seconds of the container's last kernel launch; 0 = none yet.
+    pub last_kernel_time: u64,
 }
 
 /// Pod UID → (namespace, name), from the pod cache.
@@ -401,14 +486,16 @@ mod tests {
             module_bytes: 2,
             buffer_bytes: 3,
             sm_limit: 30,
+            sm_util: 25,
+            last_kernel_time: 90,
         };
         let names = [("u1".to_owned(), ("ns".to_owned(), "web".to_owned()))].into();
-        m.set_vgpu(&[sample], &names);
+        m.set_vgpu(&[sample], &names, 100);
         let text = m.encode();
         assert!(text.contains(
             "hami_vgpu_memory_limit_bytes{namespace=\"ns\",pod=\"web\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-a\"} 2048.0"
         ), "{text}");
-        m.set_vgpu(&[], &names);
+        m.set_vgpu(&[], &names, 100);
         assert!(!m.encode().contains("pod=\"web\""), "stale series removed");
         assert!(
             !text.contains("HostGPUMemoryUsage"),
@@ -428,5 +515,70 @@ mod tests {
             "hami_host_gpu_memory_controller_utilization_ratio{device_index=\"1\",device_uuid=\"GPU-a\",device_type=\"NVIDIA-Tesla T4\"} 7.0"
         ), "{text}");
         assert!(text.contains("hami_build_info{version=\""), "{text}");
+    }
+
+    /// Every metric of HAMi's vGPU monitor (the inventory extracted from its source) is exported
+    /// with HAMi's label names in HAMi's order, or is a listed deviation.
+    #[test]
+    fn every_hami_monitor_metric_is_exported_or_a_listed_deviation() {
+        use hami_contract::metrics::{MetricComponent, exposition_labels, hami_metrics};
+        let deviations = include_str!("../../docs/contract-deviations.md");
+        let fill = |m: &PluginMetrics| {
+            m.host_gpu("node-a", "NVIDIA-Tesla T4", &gpu_sample(0, 1, 2));
+            let sample = VgpuSample {
+                pod_uid: "u1".into(),
+                container: "main".into(),
+                vdevice_index: 0,
+                device_uuid: "GPU-a".into(),
+                memory_used_bytes: 10,
+                memory_limit_bytes: 20,
+                context_bytes: 1,
+                module_bytes: 2,
+                buffer_bytes: 3,
+                sm_limit: 30,
+                sm_util: 25,
+                last_kernel_time: 90,
+            };
+            let names = [("u1".to_owned(), ("ns".to_owned(), "web".to_owned()))].into();
+            m.set_vgpu(&[sample], &names, 100);
+            m.encode()
+        };
+        let text = fill(&PluginMetrics::with_legacy_names(true));
+        let exported = exposition_labels(&text);
+        let plain = exposition_labels(&fill(&PluginMetrics::new()));
+        let mut checked = 0;
+        for m in hami_metrics()
+            .iter()
+            .filter(|m| m.component == MetricComponent::Monitor)
+        {
+            if let Some(id) = m.deviation {
+                assert!(
+                    deviations.contains(&format!("| {id} |")),
+                    "{}: deviation {id} is not a row of docs/contract-deviations.md",
+                    m.name
+                );
+                continue;
+            }
+            let labels = exported
+                .get(m.name)
+                .unwrap_or_else(|| panic!("{} is not exported:\n{text}", m.name))
+                .clone()
+                .unwrap_or_else(|| panic!("{} has no sample", m.name));
+            assert_eq!(labels, m.labels, "labels of {}", m.name);
+            assert_eq!(
+                plain.contains_key(m.name),
+                !m.legacy,
+                "{} without --legacy-metrics",
+                m.name
+            );
+            checked += 1;
+        }
+        assert!(checked >= 15, "{checked} rows checked");
+        assert!(text.contains(
+            "hami_container_last_kernel_elapsed_seconds{namespace=\"ns\",pod=\"web\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-a\"} 10.0"
+        ), "{text}");
+        assert!(text.contains(
+            "Device_memory_desc_of_container{podnamespace=\"ns\",podname=\"web\",ctrname=\"main\",vdeviceid=\"0\",deviceuuid=\"GPU-a\",context=\"1\",module=\"2\",data=\"3\",offset=\"4\"} 10.0"
+        ), "{text}");
     }
 }

@@ -87,11 +87,12 @@ pub fn samples(pod_uid: &str, container: &str, region: &RegionSnapshot) -> Vec<V
                 .procs
                 .iter()
                 .filter(|p| p.status != vgpu_region::status::EXITED);
-            let (mut ctx, mut module, mut buffer) = (0u64, 0u64, 0u64);
+            let (mut ctx, mut module, mut buffer, mut sm_util) = (0u64, 0u64, 0u64, 0u64);
             for p in live {
                 ctx = ctx.saturating_add(p.used[d].context_size);
                 module = module.saturating_add(p.used[d].module_size);
                 buffer = buffer.saturating_add(p.used[d].data_size);
+                sm_util = sm_util.saturating_add(p.sm_util[d]);
             }
             VgpuSample {
                 pod_uid: pod_uid.to_owned(),
@@ -104,6 +105,8 @@ pub fn samples(pod_uid: &str, container: &str, region: &RegionSnapshot) -> Vec<V
                 module_bytes: module,
                 buffer_bytes: buffer,
                 sm_limit: region.sm_limit[d],
+                sm_util,
+                last_kernel_time: region.last_kernel_time,
             }
         })
         .collect()
@@ -486,7 +489,10 @@ impl VgpuMonitor {
             .into_iter()
             .map(|p| (p.uid, (p.namespace, p.name)))
             .collect();
-        self.metrics.set_vgpu(&samples, &names);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.metrics.set_vgpu(&samples, &names, now);
 
         // A deleted pod's container directories (region files included) go with it. Only
         // against a fresh list: an informer that has not synced yet would make every directory

@@ -290,9 +290,6 @@ imagePullSecrets:
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- if eq (toString .Values.scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy) "topology-aware" -}}
-{{- fail "scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy: \"topology-aware\" is not supported by Tessera's chart: HAMi's chart also turns on its device plugin's GPU pair scores (ENABLE_TOPOLOGY_SCORE, annotation hami.io/node-nvidia-score), which Tessera's device plugin does not publish, so the policy would have nothing to rank. Use spread or binpack." -}}
-{{- end -}}
 {{- $svc := .Values.scheduler.service -}}
 {{- $metricsPort := last (splitList ":" (toString .Values.scheduler.metricsBindAddress)) | int -}}
 {{- if and (hasKey $svc "monitorTargetPort") (ne (int $svc.monitorTargetPort) $metricsPort) -}}
