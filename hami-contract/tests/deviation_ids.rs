@@ -97,8 +97,15 @@ fn deviation_ids_are_unique_and_every_reference_names_a_row() {
     for id in &ids {
         *seen.entry(id).or_default() += 1;
     }
-    let dup: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).map(|(id, _)| *id).collect();
-    assert!(dup.is_empty(), "duplicate row IDs in docs/contract-deviations.md: {dup:?}");
+    let dup: Vec<_> = seen
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(
+        dup.is_empty(),
+        "duplicate row IDs in docs/contract-deviations.md: {dup:?}"
+    );
     let known: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
 
     let mut all = Vec::new();
@@ -120,7 +127,11 @@ fn deviation_ids_are_unique_and_every_reference_names_a_row() {
             }
         }
     }
-    assert!(broken.is_empty(), "references to missing rows:\n{}", broken.join("\n"));
+    assert!(
+        broken.is_empty(),
+        "references to missing rows:\n{}",
+        broken.join("\n")
+    );
 }
 
 #[test]
