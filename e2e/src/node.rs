@@ -54,6 +54,10 @@ pub struct NodeSpec {
     pub gpus: Vec<GpuSpec>,
     /// `nvidia.deviceSplitCount` in the plugin's device-config.yaml (chart default 10).
     pub split_count: Option<u32>,
+    /// A whole fake NVML scenario (topology and all) instead of the one built from `gpus`.
+    pub scenario: Option<String>,
+    /// Extra flags for this node's `tessera-device-plugin`.
+    pub plugin_args: Vec<String>,
 }
 
 impl NodeSpec {
@@ -72,7 +76,41 @@ impl NodeSpec {
                 })
                 .collect(),
             split_count: None,
+            scenario: None,
+            plugin_args: Vec::new(),
         }
+    }
+
+    /// A node whose fake NVML plays `scenario` (a scenario file's JSON, e.g.
+    /// `examples/device-plugin/fake-nvml-dgx1-nvlink.json`); its GPUs are the scenario's devices.
+    pub fn from_scenario(name: &str, scenario: &str) -> Result<NodeSpec> {
+        let parsed: serde_json::Value = serde_json::from_str(scenario)
+            .map_err(|e| Error::msg(format!("scenario for {name}: {e}")))?;
+        let gpus = parsed["devices"]
+            .as_array()
+            .map(|devices| {
+                devices
+                    .iter()
+                    .map(|d| GpuSpec {
+                        uuid: d["uuid"].as_str().unwrap_or_default().to_owned(),
+                        model: d["name"].as_str().unwrap_or_default().to_owned(),
+                        memory_mib: d["memory_total_mib"].as_u64().unwrap_or_default(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(NodeSpec {
+            name: name.to_owned(),
+            gpus,
+            split_count: None,
+            scenario: Some(scenario.to_owned()),
+            plugin_args: Vec::new(),
+        })
+    }
+
+    pub fn with_plugin_args(mut self, args: &[&str]) -> NodeSpec {
+        self.plugin_args = args.iter().map(|a| (*a).to_owned()).collect();
+        self
     }
 
     pub fn with_split_count(mut self, n: u32) -> NodeSpec {
@@ -82,6 +120,9 @@ impl NodeSpec {
 
     /// The fake NVML scenario file's content for this node's GPUs.
     pub fn scenario_json(&self) -> String {
+        if let Some(s) = &self.scenario {
+            return s.clone();
+        }
         let devices: Vec<_> = self
             .gpus
             .iter()
@@ -370,6 +411,7 @@ pub fn device_plugin_command(
         .arg("--sysfs-root")
         .arg(dir.join("sys"))
         .args(["--metrics-addr", "127.0.0.1:0"])
+        .args(&spec.plugin_args)
         .env("FAKE_NVML_SCENARIO", &scenario)
         .env("FAKE_NVML_EVENTS", &events_file)
         .env("RUST_LOG", "info");

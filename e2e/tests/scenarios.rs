@@ -812,3 +812,77 @@ async fn extender_leadership_follows_kube_scheduler_to_the_other_pod() {
     .expect("create");
     wait_admitted(&c, &["after-move".to_owned()], Duration::from_secs(60)).await;
 }
+
+/// `topology-aware` on a DGX-1-style node: the device plugin writes `hami.io/node-nvidia-score`
+/// from the fake NVML's NVLinks and PCIe tree (`--enable-topology-score`), and a 2-GPU pod gets
+/// two GPUs joined by NVLink, where `spread` alone would not look at links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn topology_aware_pods_get_gpus_joined_by_nvlink() {
+    let path = tessera_e2e::artifacts::workspace_root()
+        .join("examples/device-plugin/fake-nvml-dgx1-nvlink.json");
+    let text = std::fs::read_to_string(&path).expect("scenario");
+    let node = NodeSpec::from_scenario("dgx-node", &text)
+        .expect("scenario")
+        .with_plugin_args(&["--enable-topology-score"]);
+    let mut opts = ClusterOptions::new("topology", vec![node]);
+    opts.tessera_args = vec!["--gpu-scheduler-policy=topology-aware".to_owned()];
+    let c = start(opts).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.admin().clone());
+    let score = eventually(
+        "the plugin's hami.io/node-nvidia-score",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let n = nodes.get("dgx-node").await.ok()?;
+                n.metadata
+                    .annotations?
+                    .get(hami_contract::annotations::NODE_SCORE)
+                    .cloned()
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(20)));
+    assert!(score.contains("GPU-dgx1-"), "{score}");
+
+    create_as_user(&c, &gpu_pod("default", "pair", GpuRequest::whole(2)))
+        .await
+        .expect("create");
+    let a = wait_admitted(&c, &["pair".to_owned()], Duration::from_secs(60)).await;
+    let alloc = tessera_e2e::pods::annotation(&a["pair"].0, "hami.io/vgpu-devices-allocated")
+        .unwrap_or("")
+        .to_owned();
+    // NVLinks between the two chosen GPUs, counted from the scenario itself.
+    let scenario: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let devices = scenario["devices"].as_array().expect("devices");
+    let bus_of = |uuid: &str| {
+        devices
+            .iter()
+            .find(|d| d["uuid"] == uuid)
+            .and_then(|d| d["pci_bus_id"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let chosen: Vec<&str> = alloc
+        .split([';', ':'])
+        .filter_map(|entry| entry.split(',').next())
+        .filter(|u| u.starts_with("GPU-"))
+        .collect();
+    assert_eq!(chosen.len(), 2, "{alloc}");
+    let links = devices
+        .iter()
+        .find(|d| d["uuid"] == chosen[0])
+        .and_then(|d| d["nvlinks"].as_array())
+        .map(|l| {
+            l.iter()
+                .filter(|link| link["remote_pci_bus_id"] == bus_of(chosen[1]).as_str())
+                .count()
+        })
+        .unwrap_or(0);
+    assert!(
+        links >= 2,
+        "topology-aware chose {chosen:?} with {links} NVLink(s) between them: {alloc}\nscore: {score}"
+    );
+}

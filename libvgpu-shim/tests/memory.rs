@@ -29,6 +29,20 @@ fn limit_exactly_reached_then_one_byte_over_on_every_allocation_path() {
     assert_ok(&out);
 }
 
+/// A whole-card limit (the fake card has 1024 MiB): every path reaches the last byte, which
+/// needs the pool's memory back on the card after a stream-ordered free and a synchronisation
+/// (the real-node pipeline's whole-T4 pod found the probe missing that synchronisation).
+#[test]
+fn a_limit_as_large_as_the_card_is_usable_to_the_last_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(&mut probe(
+        &cache(&dir),
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "1024m")],
+        &["limit", &(1024 * MIB).to_string()],
+    ));
+    assert_ok(&out);
+}
+
 /// Issue #16 item 6: module loads and the memory a pool keeps after a free count against the
 /// limit (refused with OOM beyond it, given back at unload / trim / threshold 0 / destroy), and
 /// the monitor sees them in the slot's `module_size` and `data_size` (buffer).

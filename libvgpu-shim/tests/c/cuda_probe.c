@@ -129,12 +129,16 @@ static int mode_limit(size_t limit) {
     EXPECT(cuMemAlloc_v2(&q, 1 + limit % 1024), OOM);
     EXPECT(cuMemFree_v2(p), 0);
     EXPECT(cuMemAllocPitch_v2(&p, &pitch, 1000, limit / 1024 + 1, 4), OOM);
-    /* Async and pool allocations count and are released by cuMemFreeAsync. */
+    /* Async and pool allocations count and are released by cuMemFreeAsync. The pool gives its
+       memory back to the device at the next synchronisation (release threshold 0), as the
+       driver does: without it a limit as large as the card would leave nothing for cuMemCreate. */
     EXPECT(cuMemAllocAsync(&p, limit, 0), 0);
     EXPECT(cuMemAllocFromPoolAsync(&q, 1, 0, 0), OOM);
     EXPECT(cuMemFreeAsync(p, 0), 0);
+    EXPECT(cuStreamSynchronize(0), 0);
     EXPECT(cuMemAllocFromPoolAsync(&p, limit, 0, 0), 0);
     EXPECT(cuMemFreeAsync(p, 0), 0);
+    EXPECT(cuStreamSynchronize(0), 0);
     /* VMM: charged to the device in the properties, released by cuMemRelease. */
     CUmemAllocationProp prop; memset(&prop, 0, sizeof prop);
     prop.type = 1; prop.locType = 1; prop.locId = 0;
