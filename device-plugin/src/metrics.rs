@@ -521,7 +521,7 @@ mod tests {
     /// with HAMi's label names in HAMi's order, or is a listed deviation.
     #[test]
     fn every_hami_monitor_metric_is_exported_or_a_listed_deviation() {
-        use hami_contract::metrics::{MetricComponent, exposition_labels, hami_metrics};
+        use hami_contract::metrics::{MetricComponent, check_exposition};
         let deviations = include_str!("../../docs/contract-deviations.md");
         let fill = |m: &PluginMetrics| {
             m.host_gpu("node-a", "NVIDIA-Tesla T4", &gpu_sample(0, 1, 2));
@@ -544,35 +544,13 @@ mod tests {
             m.encode()
         };
         let text = fill(&PluginMetrics::with_legacy_names(true));
-        let exported = exposition_labels(&text);
-        let plain = exposition_labels(&fill(&PluginMetrics::new()));
-        let mut checked = 0;
-        for m in hami_metrics()
-            .iter()
-            .filter(|m| m.component == MetricComponent::Monitor)
-        {
-            if let Some(id) = m.deviation {
-                assert!(
-                    deviations.contains(&format!("| {id} |")),
-                    "{}: deviation {id} is not a row of docs/contract-deviations.md",
-                    m.name
-                );
-                continue;
-            }
-            let labels = exported
-                .get(m.name)
-                .unwrap_or_else(|| panic!("{} is not exported:\n{text}", m.name))
-                .clone()
-                .unwrap_or_else(|| panic!("{} has no sample", m.name));
-            assert_eq!(labels, m.labels, "labels of {}", m.name);
-            assert_eq!(
-                plain.contains_key(m.name),
-                !m.legacy,
-                "{} without --legacy-metrics",
-                m.name
-            );
-            checked += 1;
-        }
+        let checked = check_exposition(
+            MetricComponent::Monitor,
+            &text,
+            &fill(&PluginMetrics::new()),
+            deviations,
+        )
+        .unwrap_or_else(|p| panic!("{}\n{text}", p.join("\n")));
         assert!(checked >= 15, "{checked} rows checked");
         assert!(text.contains(
             "hami_container_last_kernel_elapsed_seconds{namespace=\"ns\",pod=\"web\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-a\"} 10.0"

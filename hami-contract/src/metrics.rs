@@ -89,6 +89,60 @@ pub fn exposition_labels(text: &str) -> BTreeMap<String, Option<Vec<String>>> {
     out
 }
 
+/// Checks a daemon's exposition against the inventory rows of `component`: `with_legacy` is its
+/// output with the legacy names on, `plain` without, `deviations` the text of
+/// `docs/contract-deviations.md`. Returns how many rows were checked as exported, or every
+/// problem found (a missing name, other labels, a legacy name exported without the flag, a
+/// deviation that names no row). The scheduler's constant `zone` label is ignored.
+pub fn check_exposition(
+    component: MetricComponent,
+    with_legacy: &str,
+    plain: &str,
+    deviations: &str,
+) -> Result<usize, Vec<String>> {
+    let exported = exposition_labels(with_legacy);
+    let plain = exposition_labels(plain);
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for m in hami_metrics().iter().filter(|m| m.component == component) {
+        if let Some(id) = m.deviation {
+            if !deviations.contains(&format!("| {id} |")) {
+                problems.push(format!("{}: deviation {id} is not a row", m.name));
+            }
+            continue;
+        }
+        match exported.get(m.name) {
+            None => problems.push(format!("{} is not exported", m.name)),
+            Some(None) => problems.push(format!("{} has no sample", m.name)),
+            Some(Some(labels)) => {
+                let labels: Vec<&str> = labels
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|l| *l != "zone")
+                    .collect();
+                if labels != m.labels {
+                    problems.push(format!(
+                        "{}: labels {labels:?}, HAMi's {:?}",
+                        m.name, m.labels
+                    ));
+                }
+            }
+        }
+        if plain.contains_key(m.name) == m.legacy {
+            problems.push(format!(
+                "{}: exported without --legacy-metrics: {}",
+                m.name, !m.legacy
+            ));
+        }
+        checked += 1;
+    }
+    if problems.is_empty() {
+        Ok(checked)
+    } else {
+        Err(problems)
+    }
+}
+
 /// Label names of `a="x",b="y\"z"} 1`, up to the closing brace.
 fn label_names(mut rest: &str) -> Vec<String> {
     let mut names = Vec::new();
@@ -144,6 +198,27 @@ mod tests {
         assert_eq!(host.component, MetricComponent::Monitor);
         assert_eq!(host.labels, ["device_index", "device_uuid", "device_type"]);
         assert!(!host.legacy && host.deviation.is_none());
+    }
+
+    #[test]
+    fn a_missing_or_mislabelled_metric_is_a_problem() {
+        let text = "# TYPE hami_host_gpu_utilization_ratio gauge\nhami_host_gpu_utilization_ratio{device_uuid=\"a\",node=\"n\",device_index=\"0\",device_type=\"t\"} 1\n";
+        let problems = check_exposition(MetricComponent::Monitor, text, text, "").unwrap_err();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p == "hami_vgpu_memory_used_bytes is not exported")
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("hami_host_gpu_utilization_ratio: labels"))
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("deviation O1 is not a row"))
+        );
     }
 
     #[test]
