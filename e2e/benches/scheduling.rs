@@ -419,27 +419,34 @@ async fn create_all(
         .await
 }
 
-/// Deletes every pod of `ns` at once (no kubelet: grace period 0) and waits until they are gone.
+/// Deletes every pod of `ns` (no kubelet: grace period 0) and waits until they are gone.
+///
+/// One DeleteCollection of 20,000 pods can outlive the API server's 60 s request timeout, which
+/// ends the request with a broken connection (the first full-size run failed there, `client
+/// error (SendRequest)`): a failed call is logged and issued again until the namespace is empty.
 async fn delete_all(admin: &kube::Client, ns: &str) -> Res<()> {
     let api: Api<Pod> = Api::namespaced(admin.clone(), ns);
     let dp = DeleteParams {
         grace_period_seconds: Some(0),
         ..Default::default()
     };
-    api.delete_collection(&dp, &ListParams::default()).await?;
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let mut next_delete = Instant::now();
     while Instant::now() < deadline {
-        if api
-            .list(&ListParams::default().limit(1))
-            .await?
-            .items
-            .is_empty()
-        {
-            return Ok(());
+        if Instant::now() >= next_delete {
+            if let Err(e) = api.delete_collection(&dp, &ListParams::default()).await {
+                eprintln!("delete the pods of {ns}: {e}; retrying");
+            }
+            next_delete = Instant::now() + Duration::from_secs(15);
+        }
+        match api.list(&ListParams::default().limit(1)).await {
+            Ok(l) if l.items.is_empty() => return Ok(()),
+            Ok(_) => {}
+            Err(e) => eprintln!("list the pods of {ns}: {e}; retrying"),
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    Err("pods not gone after 120 s".into())
+    Err(format!("the pods of {ns} not gone after 900 s").into())
 }
 
 /// One placement run's figures.
