@@ -40,6 +40,11 @@ case "${1:-}" in
 esac
 
 eval "$("$ROOT/e2e/tools.sh")"
+# The values checks read YAML with PyYAML; a fresh Debian machine gets it from its packages.
+if ! python3 -c 'import yaml' 2>/dev/null; then
+	echo "chart-test: installing python3-yaml (PyYAML) from Debian's packages" >&2
+	apt-get install -y -q python3-yaml >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q python3-yaml >/dev/null; }
+fi
 # kubeconform reads {{ .ResourceKind }}{{ .KindSuffix }}.json; the strict tree forbids unknown fields.
 SCHEMA_LOCATION="$K8S_SCHEMA_DIR/strict/{{ .ResourceKind }}{{ .KindSuffix }}.json"
 # Custom resources without a schema in the Kubernetes release; asserted below.

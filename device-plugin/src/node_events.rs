@@ -86,9 +86,7 @@ impl NodeEvent {
             message: truncate(message, 1000),
         }
     }
-}
 
-impl NodeEvent {
     /// GPU pairs (UUIDs) whose two ends report a different number of links to each other: their
     /// `hami.io/node-nvidia-score` is 0 (contract §2.2; HAMi writes this Event too).
     pub fn asymmetric_links(pairs: &[(String, String)]) -> Self {
