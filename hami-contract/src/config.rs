@@ -99,6 +99,51 @@ pub struct MigProfileAllow {
     pub profiles: Vec<String>,
 }
 
+/// Why a `migProfileAllowlist` was refused (HAMi's `ValidateMigProfileAllowlist`, which stops the
+/// scheduler and the device plugin at start-up).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllowlistError {
+    #[error("migProfileAllowlist entry {0} must list both models and profiles")]
+    Empty(usize),
+    #[error(
+        "migProfileAllowlist entry {entry}: invalid MIG profile {profile:?} (expected a name like 1g.10gb)"
+    )]
+    BadProfile { entry: usize, profile: String },
+}
+
+/// Checks a `migProfileAllowlist`: every entry names models and profiles, every profile looks like
+/// `<n>g.<…>`.
+pub fn validate_allowlist(allowlist: &[MigProfileAllow]) -> Result<(), AllowlistError> {
+    for (entry, a) in allowlist.iter().enumerate() {
+        if a.models.is_empty() || a.profiles.is_empty() {
+            return Err(AllowlistError::Empty(entry));
+        }
+        for p in &a.profiles {
+            let ok = match p.split_once('.') {
+                Some((slices, _)) => slices.len() >= 2 && slices.ends_with('g'),
+                None => false,
+            };
+            if !ok {
+                return Err(AllowlistError::BadProfile {
+                    entry,
+                    profile: p.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The profiles allowed on a GPU of `model` (its registered type): those of the first entry one
+/// of whose models is a substring of `model`, as HAMi matches them. `None`: no entry matches, so
+/// the GPU offers no MIG profile.
+pub fn allowed_profiles<'a>(model: &str, allowlist: &'a [MigProfileAllow]) -> Option<&'a [String]> {
+    allowlist
+        .iter()
+        .find(|a| a.models.iter().any(|m| model.contains(m.as_str())))
+        .map(|a| a.profiles.as_slice())
+}
+
 /// The `nvidia:` section of `device-config.yaml` (HAMi `NvidiaConfig` with its inlined
 /// `NodeDefaultConfig`). Every absent key takes the HAMi chart default ([`Default`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -355,6 +400,10 @@ impl RawNvidiaConfig {
                 return Err(invalid(key, format!("must be a positive number, got {v}")));
             }
         }
+        let mig_profile_allowlist = self.mig_profile_allowlist.unwrap_or_default();
+        // HAMi stops the scheduler and the device plugin on a bad allowlist; so does Tessera.
+        validate_allowlist(&mig_profile_allowlist)
+            .map_err(|e| invalid("migProfileAllowlist", e.to_string()))?;
         Ok(NvidiaConfig {
             resources: ResourceNames {
                 count: self.resource_count_name.unwrap_or(names.count),
@@ -383,7 +432,7 @@ impl RawNvidiaConfig {
             lib_cuda_log_level: self.lib_cuda_log_level.unwrap_or(d.lib_cuda_log_level),
             runtime_class_name: self.runtime_class_name.unwrap_or(d.runtime_class_name),
             disable_core_limit: self.disable_core_limit.unwrap_or(d.disable_core_limit),
-            mig_profile_allowlist: self.mig_profile_allowlist.unwrap_or_default(),
+            mig_profile_allowlist,
         })
     }
 }
@@ -586,5 +635,42 @@ fn lowercase_keys(value: Value) -> Value {
         }
         Value::Array(items) => Value::Array(items.into_iter().map(lowercase_keys).collect()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allowlist_rules_follow_hami() {
+        let entry = |models: &[&str], profiles: &[&str]| MigProfileAllow {
+            models: models.iter().map(|s| s.to_string()).collect(),
+            profiles: profiles.iter().map(|s| s.to_string()).collect(),
+        };
+        assert_eq!(
+            validate_allowlist(&[entry(&["A100"], &["1g.10gb", "7g.80gb"])]),
+            Ok(())
+        );
+        assert_eq!(
+            validate_allowlist(&[entry(&[], &["1g.10gb"])]),
+            Err(AllowlistError::Empty(0))
+        );
+        for bad in ["1g", "g.10gb", "10gb", "1x.10gb"] {
+            assert!(
+                validate_allowlist(&[entry(&["A100"], &[bad])]).is_err(),
+                "{bad}"
+            );
+        }
+        let list = [
+            entry(&["H100"], &["1g.10gb"]),
+            entry(&["A100-SXM4-80GB", "A100"], &["3g.40gb"]),
+            entry(&["A100"], &["7g.80gb"]),
+        ];
+        assert_eq!(
+            allowed_profiles("NVIDIA A100-SXM4-80GB", &list),
+            Some(&["3g.40gb".to_owned()][..])
+        );
+        assert_eq!(allowed_profiles("NVIDIA-Tesla T4", &list), None);
     }
 }

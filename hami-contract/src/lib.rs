@@ -14,6 +14,7 @@
 //! - [`devices`]: the container device list written into pod annotations;
 //! - [`usage`]: how a pod's device list counts against a GPU;
 //! - [`node`], [`handshake`], [`nodelock`]: the node annotations;
+//! - [`mig`]: dynamic MIG: registered profiles, the scheduler's reservation, the allowlist;
 //! - [`topology`]: NVML's GPU links → the pair scores of `hami.io/node-nvidia-score`;
 //! - [`identity`]: the allocation signature used to tell pending pods apart;
 //! - [`verbosity`]: HAMi's logging flags (klog `-v`, `--debug`) as a log filter;
@@ -25,6 +26,7 @@ pub mod devices;
 pub mod handshake;
 pub mod identity;
 pub mod metrics;
+pub mod mig;
 pub mod node;
 pub mod nodelock;
 pub mod policy;
