@@ -80,6 +80,17 @@ pub enum AllocateError {
     Timeout(Duration),
     #[error("tessera: request has no container requests")]
     Empty,
+    #[error("tessera: pod {pod} container {container}: no MIG instance")]
+    Mig {
+        pod: String,
+        container: String,
+        #[source]
+        source: crate::mig::MigAllocateError,
+    },
+    #[error(
+        "tessera: pod {pod} container {container} was given MIG instances and shared GPUs together; a container gets one kind or the other (ask with nvidia.com/vgpu-mode: mig or hami-core)"
+    )]
+    MixedMig { pod: String, container: String },
 }
 
 impl AllocateError {
@@ -90,6 +101,8 @@ impl AllocateError {
             | AllocateError::Response { pod, .. }
             | AllocateError::Entries { pod, .. }
             | AllocateError::Patch { pod, .. }
+            | AllocateError::Mig { pod, .. }
+            | AllocateError::MixedMig { pod, .. }
             | AllocateError::Identity(
                 IdentityError::AdmittedPodNotPending { pod, .. }
                 | IdentityError::AmbiguousReask { pod, .. },
@@ -128,6 +141,9 @@ pub struct Allocator {
     /// `spec.schedulerName` values whose bookings are believed (HAMi's `hami-scheduler` by
     /// default; the chart passes its `schedulerName`).
     pub scheduler_names: BTreeSet<String>,
+    /// Dynamic MIG: the carver (set on a node in operating mode `mig`) and the GPUs it serves.
+    pub mig: Option<Arc<crate::mig::MigManager>>,
+    pub mig_gpus: Arc<RwLock<crate::mig::MigGpus>>,
     ledger: Mutex<Ledger>,
     /// Which kubelet instance the plugin serves: bumped each time it serves a new one.
     kubelet_generation: AtomicU64,
@@ -162,6 +178,8 @@ impl Allocator {
             pod_resources_budget: Duration::from_millis(500),
             metrics: None,
             scheduler_names: BTreeSet::from([DEFAULT_SCHEDULER_NAME.to_owned()]),
+            mig: None,
+            mig_gpus: Arc::default(),
             ledger: Mutex::new(Ledger::default()),
             kubelet_generation: AtomicU64::new(0),
         }
@@ -398,31 +416,47 @@ impl Allocator {
             // HAMi serves the scheduler's GPUs whatever replicas the kubelet picked; note it.
             tracing::debug!(pod = %pod_key, ?kubelet_uuids, ?planned, "kubelet replicas differ from the planned GPUs");
         }
-        let target = ContainerTarget {
-            pod_uid: choice.uid.clone(),
-            container_name: choice.container.name.clone(),
-            disable_control: choice.container.disable_control,
-            cache_id: uuid::Uuid::new_v4().to_string(),
-        };
+        let pod = pods.iter().find(|p| p.uid == choice.uid);
+        let empty = BTreeMap::new();
+        let pod_annotations = pod.map(|p| &p.annotations).unwrap_or(&empty);
+        let mig_gpus = self.mig_gpus.read().map(|m| m.clone()).unwrap_or_default();
+        let on_mig = choice
+            .devices
+            .iter()
+            .filter(|d| mig_gpus.contains_key(&d.uuid))
+            .count();
+        let mut mig_annotation = None;
         let response =
-            container_response(&choice.devices, &target, &self.settings).map_err(|source| {
-                AllocateError::Response {
-                    pod: pod_key.clone(),
-                    container: choice.container.name.clone(),
-                    source,
-                }
-            })?;
-        prepare_cache_dir(&response.cache_dir)?;
-        // The limits the shim trusts over the container's environment (container_env.rs).
-        crate::container_env::write_limits_file(&response.limits_file).map_err(|source| {
-            AllocateError::CacheDir {
-                dir: response.limits_file.host_path.clone(),
-                source,
-            }
-        })?;
+            if on_mig == 0 {
+                let target = ContainerTarget {
+                    pod_uid: choice.uid.clone(),
+                    container_name: choice.container.name.clone(),
+                    disable_control: choice.container.disable_control,
+                    cache_id: uuid::Uuid::new_v4().to_string(),
+                };
+                let response = container_response(&choice.devices, &target, &self.settings)
+                    .map_err(|source| AllocateError::Response {
+                        pod: pod_key.clone(),
+                        container: choice.container.name.clone(),
+                        source,
+                    })?;
+                prepare_cache_dir(&response.cache_dir)?;
+                // The limits the shim trusts over the container's environment (container_env.rs).
+                crate::container_env::write_limits_file(&response.limits_file).map_err(
+                    |source| AllocateError::CacheDir {
+                        dir: response.limits_file.host_path.clone(),
+                        source,
+                    },
+                )?;
+                response
+            } else {
+                let (response, annotation) =
+                    self.carve_mig(choice, &pod_key, pod_annotations, &mig_gpus, on_mig)?;
+                mig_annotation = Some(annotation);
+                response
+            };
 
         // Record: the to-allocate annotation with this entry (and earlier served ones) emptied.
-        let pod = pods.iter().find(|p| p.uid == choice.uid);
         let current = pod
             .and_then(|p| p.annotations.get(keys::DEVICES_TO_ALLOCATE))
             .map(String::as_str)
@@ -435,6 +469,9 @@ impl Allocator {
         })?;
         let mut ann = BTreeMap::new();
         ann.insert(keys::DEVICES_TO_ALLOCATE.to_owned(), emptied);
+        if let Some(mig) = mig_annotation {
+            ann.insert(keys::MIG_ALLOCATIONS.to_owned(), mig);
+        }
         if choice.entries_left == 0 {
             ann.insert(
                 keys::BIND_PHASE.to_owned(),
@@ -467,6 +504,74 @@ impl Allocator {
             });
         }
         Ok(to_proto(response))
+    }
+
+    /// Dynamic MIG: carves (or finds, on a repeated call) the instance reserved for each of the
+    /// container's devices, and answers with those MIG devices, without the shim: a MIG instance
+    /// is isolated by the hardware and never shared. Returns the response and the reservation
+    /// annotation with the instances' runtime identity.
+    fn carve_mig(
+        &self,
+        choice: &Choice,
+        pod_key: &str,
+        annotations: &BTreeMap<String, String>,
+        mig_gpus: &crate::mig::MigGpus,
+        on_mig: usize,
+    ) -> Result<(ContainerResponse, String), AllocateError> {
+        let mig_err = |source| AllocateError::Mig {
+            pod: pod_key.to_owned(),
+            container: choice.container.name.clone(),
+            source,
+        };
+        let Some(manager) = &self.mig else {
+            return Err(mig_err(crate::mig::MigAllocateError::UnknownGpu(
+                choice.devices[0].uuid.clone(),
+            )));
+        };
+        if on_mig != choice.devices.len() {
+            // A container is either MIG devices or shared GPUs: the shim cannot limit one
+            // process's use of some of its devices and leave others alone by hardware.
+            return Err(AllocateError::MixedMig {
+                pod: pod_key.to_owned(),
+                container: choice.container.name.clone(),
+            });
+        }
+        let reservations =
+            crate::mig::container_reservations(annotations, choice.entry_index).map_err(mig_err)?;
+        let mut realized = Vec::with_capacity(choice.devices.len());
+        for (position, device) in choice.devices.iter().enumerate() {
+            let reservation = reservations
+                .iter()
+                .find(|a| {
+                    usize::try_from(a.device_index).is_ok_and(|d| d == position)
+                        && a.gpu_uuid == device.uuid
+                })
+                .ok_or_else(|| {
+                    mig_err(crate::mig::MigAllocateError::NoReservation {
+                        container: choice.entry_index,
+                        device: position,
+                        gpu: device.uuid.clone(),
+                    })
+                })?;
+            let instance = manager
+                .ensure(mig_gpus, reservation, &choice.uid)
+                .map_err(mig_err)?;
+            realized.push((
+                reservation.container_index,
+                reservation.device_index,
+                instance,
+            ));
+        }
+        let annotation =
+            crate::mig::with_runtime_identity(annotations, &realized).map_err(mig_err)?;
+        let uuids: Vec<String> = realized
+            .iter()
+            .map(|(_, _, i)| i.mig_uuid.clone())
+            .collect();
+        Ok((
+            crate::container_env::mig_container_response(&uuids, &self.settings),
+            annotation,
+        ))
     }
 
     /// Serves one kubelet `GetPreferredAllocation`: steer the kubelet to replicas of the GPUs

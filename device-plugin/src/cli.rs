@@ -162,6 +162,8 @@ pub struct Periods {
     pub orphan_dir_grace: Duration,
     /// Allocation ledger garbage collection (first run one period after start).
     pub ledger_gc: Duration,
+    /// Dynamic MIG: destroying the instances no live pod reserves (HAMi's 5 s).
+    pub mig_reconcile: Duration,
     /// Kubelet socket check (restart detection).
     pub kubelet_poll: Duration,
     /// Registration retry while the kubelet does not answer.
@@ -185,6 +187,7 @@ impl Default for Periods {
             vgpu_feedback: Some(Duration::from_secs(vgpu_region::feedback::HAMI_PERIOD_SECS)),
             orphan_dir_grace: Duration::from_secs(30),
             ledger_gc: Duration::from_secs(30),
+            mig_reconcile: Duration::from_secs(5),
             kubelet_poll: Duration::from_millis(100),
             register_retry: Duration::from_secs(1),
             nvml_event_wait: Duration::from_secs(1),

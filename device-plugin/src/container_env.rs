@@ -144,6 +144,35 @@ fn path_safe(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
 }
 
+/// The response for a container served whole MIG instances (HAMi's MIG path): the instances by
+/// their `MIG-…` UUIDs and nothing of the shim. The hardware isolates an instance, and no two
+/// containers share one, so there is no limit to enforce.
+pub fn mig_container_response(
+    mig_uuids: &[String],
+    settings: &ResponseSettings,
+) -> ContainerResponse {
+    let mut envs = BTreeMap::new();
+    envs.insert("NVIDIA_VISIBLE_DEVICES".to_owned(), mig_uuids.join(","));
+    let cdi_devices = if settings.cdi_devices {
+        mig_uuids
+            .iter()
+            .map(|u| format!("nvidia.com/gpu={u}"))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    ContainerResponse {
+        envs,
+        mounts: Vec::new(),
+        cdi_devices,
+        cache_dir: String::new(),
+        limits_file: LimitsFile {
+            host_path: String::new(),
+            content: String::new(),
+        },
+    }
+}
+
 /// HAMi's response for a container served `devices` (annotation order = `_<i>` order).
 pub fn container_response(
     devices: &[ContainerDevice],

@@ -32,11 +32,12 @@ use crate::cli::{Cli, Periods};
 use crate::conflict::{ConflictTracker, PluginConflict, ids_naming_our_gpus};
 use crate::container_env::ResponseSettings;
 use crate::edges::{PodResourcesSource, PodSource};
-use crate::gpu::{AdvertiseSettings, SettingsError, merge_rediscovered, plan_gpus};
+use crate::gpu::{AdvertiseSettings, MODE_MIG, SettingsError, merge_rediscovered, plan_gpus};
 use crate::health::{DisableSpecError, HealthPolicy, HealthTracker};
 use crate::kube_edges::{CapacityNames, KubePatcher, KubePodSource, NodeAnnotator};
 use crate::kubelet::{KubeletError, KubeletSettings, Readiness, socket_name_for};
 use crate::metrics::PluginMetrics;
+use crate::mig::{MigManager, active_reservations};
 use crate::monitor::{VgpuFeedback, VgpuMonitor};
 use crate::node_events::{NodeEvent, NodeEvents};
 use crate::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
@@ -191,8 +192,15 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         }
         Err(e) => return idle_without_nvml(&cli, &periods, &e).await,
     };
+    // Dynamic MIG: the node carves the instances the scheduler reserves (contract §6.4).
+    let mig = (config.advertise.operating_mode == MODE_MIG).then(|| {
+        Arc::new(MigManager::load(
+            Arc::new(inventory.mig()),
+            Some(mig_checkpoint_path(&cli)),
+        ))
+    });
     let discovered = inventory.discover().map_err(StartError::Discovery)?;
-    let (managed, skipped) = plan_gpus(&discovered, &config.advertise);
+    let (managed, skipped) = plan_gpus(&discovered, &config.advertise, &owned_by(&mig));
     for s in &skipped {
         tracing::warn!(reason = %s, "GPU not advertised");
     }
@@ -223,6 +231,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
             advertise: config.advertise.clone(),
             topology_score: cli.enable_topology_score,
             periods,
+            mig: mig.clone(),
         },
         shutdown.clone(),
     )?;
@@ -253,14 +262,22 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         &shutdown,
     ));
     let patcher = KubePatcher::new(client, &cli.node_name);
-    let allocator = Arc::new(allocator(
-        &cli,
-        &config,
-        &state,
-        pods.clone(),
-        &patcher,
-        &metrics,
-    )?);
+    let mut allocator = allocator(&cli, &config, &state, pods.clone(), &patcher, &metrics)?;
+    if let Some(manager) = &mig {
+        allocator.mig = Some(manager.clone());
+        allocator.mig_gpus = state.mig_gpus.clone();
+        // Carving a GPU instance takes NVML up to seconds on real hardware.
+        allocator.budget = MIG_ALLOCATE_BUDGET;
+        spawn_mig_reconciler(
+            manager.clone(),
+            state.clone(),
+            pods.clone(),
+            cli.node_name.clone(),
+            periods.mig_reconcile,
+            shutdown.clone(),
+        );
+    }
+    let allocator = Arc::new(allocator);
 
     let readiness = Readiness::default();
     serve_metrics(
@@ -491,6 +508,71 @@ fn allocator(
     Ok(allocator)
 }
 
+/// `Allocate`'s budget on a node in operating mode `mig`.
+const MIG_ALLOCATE_BUDGET: Duration = Duration::from_secs(10);
+
+/// Where the MIG records live on the host: beside the shim, in the directory the DaemonSet
+/// already mounts from the host (so they outlive the plugin's container).
+fn mig_checkpoint_path(cli: &Cli) -> PathBuf {
+    PathBuf::from(format!(
+        "{}/vgpu/tessera-mig-instances.json",
+        cli.hook_path.trim_end_matches('/')
+    ))
+}
+
+/// Whether a MIG instance is one Tessera carved (none without dynamic MIG).
+fn owned_by(mig: &Option<Arc<MigManager>>) -> impl Fn(&str) -> bool + '_ {
+    move |uuid| mig.as_ref().is_some_and(|m| m.owns(uuid))
+}
+
+/// Task `mig-reconcile`: on the first pass adopts the instances of running pods (after a
+/// restart without its records), then each pass destroys the instances no live pod reserves.
+/// Only a complete, fresh list of the node's pods authorizes a destroy.
+fn spawn_mig_reconciler(
+    manager: Arc<MigManager>,
+    state: Arc<DeviceState>,
+    pods: Arc<KubePodSource>,
+    node: String,
+    period: Duration,
+    shutdown: CancellationToken,
+) {
+    let adopted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    spawn_periodic("mig-reconcile", period, shutdown, move || {
+        let (manager, state, pods, node, adopted) = (
+            manager.clone(),
+            state.clone(),
+            pods.clone(),
+            node.clone(),
+            adopted.clone(),
+        );
+        async move {
+            let list = match pods.fresh().await {
+                Ok(list) => list,
+                Err(e) => {
+                    tracing::warn!(error = %DisplayChain(&e), "cannot list the node's pods; no MIG instance is destroyed this pass");
+                    return;
+                }
+            };
+            let gpus = state.mig_gpus.read().map(|m| m.clone()).unwrap_or_default();
+            let work = move || {
+                if !adopted.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    manager.adopt(&gpus, &list);
+                }
+                let Some(active) = active_reservations(&node, &list) else {
+                    return;
+                };
+                let done = manager.reconcile(&gpus, &active);
+                for (instance, reason) in &done.failed {
+                    tracing::warn!(mig = %instance.mig_uuid, gpu = %instance.gpu_uuid, %reason, "cannot destroy a MIG instance no pod reserves; trying again next pass");
+                }
+            };
+            if let Err(e) = tokio::task::spawn_blocking(work).await {
+                tracing::error!(error = %e, "MIG reconcile pass panicked");
+            }
+        }
+    });
+}
+
 /// SIGHUP restarts the kubelet server and re-registers (as HAMi's plugin does).
 fn restart_on_sighup() -> Arc<tokio::sync::Notify> {
     let restart = Arc::new(tokio::sync::Notify::new());
@@ -590,6 +672,8 @@ struct HealthThread {
     /// `--enable-topology-score`: a changed GPU list re-reads the GPU links first.
     topology_score: bool,
     periods: Periods,
+    /// Dynamic MIG: which instances are Tessera's (rediscovery withholds the others' slices).
+    mig: Option<Arc<MigManager>>,
 }
 
 /// NVML events, lost-GPU polling, recovery, host metrics and rediscovery, on one blocking
@@ -617,6 +701,7 @@ impl HealthThread {
             advertise,
             topology_score,
             periods,
+            mig,
         } = self;
         let mut last_poll = Instant::now();
         let mut last_discovery = Instant::now();
@@ -633,7 +718,7 @@ impl HealthThread {
                 last_discovery = Instant::now();
                 match inventory.discover() {
                     Ok(found) => {
-                        let (fresh, _) = plan_gpus(&found, advertise);
+                        let (fresh, _) = plan_gpus(&found, advertise, &owned_by(mig));
                         if let Some(merged) = merge_rediscovered(&state.gpus(), &fresh) {
                             tracing::info!(gpus = merged.len(), "GPU list changed");
                             // Links first, so the annotation written on the change has the new

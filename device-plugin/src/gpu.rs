@@ -1,7 +1,8 @@
 //! Discovered GPUs → what the plugin advertises: kubelet replicas (`<UUID>-<i>`, contract §6.2)
 //! and the node register annotation (contract §2.1). Pure: no NVML, no I/O.
 
-use hami_contract::config::{FilterDevices, NvidiaConfig};
+use hami_contract::config::{FilterDevices, MigProfileAllow, NvidiaConfig, allowed_profiles};
+use hami_contract::mig::{MigPlacement, MigProfile, encode_profiles, profile_core};
 use hami_contract::node::{MODE_HAMI_CORE, NodeDevice, model_type_name};
 use kubelet_proto::deviceplugin::v1beta1 as dp;
 
@@ -22,6 +23,21 @@ pub struct GpuInfo {
     pub numa_node: Option<u32>,
     /// MIG mode is enabled on this GPU.
     pub mig_enabled: bool,
+    /// What the GPU can be carved into and what is carved, when MIG mode is enabled now and
+    /// stays enabled after a reset (read only then).
+    pub mig: Option<MigLayout>,
+}
+
+/// The operating mode of a node whose GPUs are carved into MIG instances on demand.
+pub const MODE_MIG: &str = "mig";
+
+/// A GPU in MIG mode as NVML reports it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MigLayout {
+    /// Every GPU-instance profile the GPU supports, with its placements on an empty GPU.
+    pub profiles: Vec<nvml_mig::GiProfile>,
+    /// The instances carved now (by Tessera or anyone else).
+    pub instances: Vec<nvml_mig::MigInstance>,
 }
 
 /// The settings that shape what the plugin advertises, after per-node overrides.
@@ -34,6 +50,8 @@ pub struct AdvertiseSettings {
     pub enable_numa_topology: bool,
     pub filter: FilterDevices,
     pub operating_mode: String,
+    /// `migProfileAllowlist`: the profiles a GPU in MIG mode offers, by model.
+    pub mig_allowlist: Vec<MigProfileAllow>,
 }
 
 impl AdvertiseSettings {
@@ -52,6 +70,7 @@ impl AdvertiseSettings {
             } else {
                 operating_mode.to_owned()
             },
+            mig_allowlist: cfg.mig_profile_allowlist.clone(),
         }
     }
 }
@@ -70,6 +89,8 @@ pub struct ManagedGpu {
     pub numa: Option<u32>,
     pub replicas: u32,
     pub mode: String,
+    /// MIG mode only: the allowed profiles with the placements the scheduler may choose.
+    pub mig_profiles: Vec<MigProfile>,
 }
 
 /// Why a discovered GPU is not advertised. Each one is logged; none stops the others.
@@ -78,9 +99,25 @@ pub enum SkippedGpu {
     #[error("GPU {uuid} (index {index}) is hidden by filterdevices in the node configuration")]
     Filtered { uuid: String, index: u32 },
     #[error(
-        "GPU {uuid} (index {index}) has MIG mode enabled; MIG is not supported yet, so it is not advertised"
+        "GPU {uuid} (index {index}) has MIG mode enabled, and a MIG GPU is not shared through the shim on a node in operating mode {mode}; it is not advertised (operatingmode: mig in the node configuration carves it on demand)"
     )]
-    MigEnabled { uuid: String, index: u32 },
+    MigEnabled {
+        uuid: String,
+        index: u32,
+        mode: String,
+    },
+    #[error(
+        "GPU {uuid} (index {index}) is in MIG mode, but a change of its MIG mode waits for a GPU reset or its MIG layout could not be read (logged above); it is not advertised until then (Tessera never changes MIG mode)"
+    )]
+    MigModePending { uuid: String, index: u32 },
+    #[error(
+        "GPU {uuid} (index {index}, {model}) is in MIG mode but offers no MIG profile: migProfileAllowlist has no entry for this model, or none of its profiles exists on this GPU"
+    )]
+    MigNoProfiles {
+        uuid: String,
+        index: u32,
+        model: String,
+    },
     #[error(
         "GPU {uuid} (index {index}): NVML cannot report its memory and preConfiguredDeviceMemory is 0; set preConfiguredDeviceMemory"
     )]
@@ -113,10 +150,13 @@ impl AdvertiseSettings {
     }
 }
 
-/// Applies config to discovered GPUs: filters, MIG refusal, memory fallback and scaling.
+/// Applies config to discovered GPUs: filters, MIG, memory fallback and scaling. `owned_mig`
+/// tells whether a carved MIG instance (by its `MIG-…` UUID) is one Tessera carved for a pod;
+/// placements overlapping any other instance are not offered.
 pub fn plan_gpus(
     gpus: &[GpuInfo],
     settings: &AdvertiseSettings,
+    owned_mig: &dyn Fn(&str) -> bool,
 ) -> (Vec<ManagedGpu>, Vec<SkippedGpu>) {
     let mut managed = Vec::new();
     let mut skipped = Vec::new();
@@ -129,10 +169,10 @@ pub fn plan_gpus(
             continue;
         }
         if gpu.mig_enabled {
-            skipped.push(SkippedGpu::MigEnabled {
-                uuid: gpu.uuid.clone(),
-                index: gpu.index,
-            });
+            match plan_mig_gpu(gpu, settings, owned_mig) {
+                Ok(m) => managed.push(m),
+                Err(s) => skipped.push(s),
+            }
             continue;
         }
         let total = match gpu.memory_total_mib.filter(|m| *m > 0) {
@@ -154,10 +194,100 @@ pub fn plan_gpus(
             devcore: scale(100, settings.core_scaling),
             numa: gpu.numa_node,
             replicas: settings.split_count,
-            mode: settings.operating_mode.clone(),
+            // A GPU not in MIG mode on a `mig` node is shared through the shim (deviation Q1:
+            // Tessera never turns MIG mode on, so such a GPU would otherwise be lost).
+            mode: if settings.operating_mode == MODE_MIG {
+                MODE_HAMI_CORE.to_owned()
+            } else {
+                settings.operating_mode.clone()
+            },
+            mig_profiles: Vec::new(),
         });
     }
     (managed, skipped)
+}
+
+/// A GPU in MIG mode on a node in operating mode `mig`: registered with its allowed profiles
+/// (HAMi's `discoverMigProfiles`), unscaled memory, `devcore` 100 and, as `count`, the largest
+/// instance count of those profiles.
+fn plan_mig_gpu(
+    gpu: &GpuInfo,
+    settings: &AdvertiseSettings,
+    owned_mig: &dyn Fn(&str) -> bool,
+) -> Result<ManagedGpu, SkippedGpu> {
+    let model = model_type_name(&gpu.name);
+    if settings.operating_mode != MODE_MIG {
+        return Err(SkippedGpu::MigEnabled {
+            uuid: gpu.uuid.clone(),
+            index: gpu.index,
+            mode: settings.operating_mode.clone(),
+        });
+    }
+    let Some(layout) = &gpu.mig else {
+        return Err(SkippedGpu::MigModePending {
+            uuid: gpu.uuid.clone(),
+            index: gpu.index,
+        });
+    };
+    let no_profiles = || SkippedGpu::MigNoProfiles {
+        uuid: gpu.uuid.clone(),
+        index: gpu.index,
+        model: model.clone(),
+    };
+    let allowed = allowed_profiles(&model, &settings.mig_allowlist).ok_or_else(no_profiles)?;
+    let full_gpu_sms = layout
+        .profiles
+        .iter()
+        .map(|p| p.multiprocessor_count)
+        .max()
+        .unwrap_or(0);
+    // Slices held by instances someone else carved: the scheduler cannot know of them.
+    let foreign: Vec<MigPlacement> = layout
+        .instances
+        .iter()
+        .filter(|i| !owned_mig(&i.uuid))
+        .map(|i| MigPlacement {
+            start: i.placement.start,
+            size: i.placement.size,
+        })
+        .collect();
+    let mut count = 0;
+    let mut profiles = Vec::new();
+    for name in allowed {
+        let Some(p) = layout.profiles.iter().find(|p| &p.name == name) else {
+            continue;
+        };
+        count = count.max(p.instance_count);
+        profiles.push(MigProfile {
+            name: p.name.clone(),
+            memory_mb: u32::try_from(p.memory_mib).unwrap_or(u32::MAX),
+            core: profile_core(p.multiprocessor_count, full_gpu_sms),
+            slice_count: p.slice_count,
+            placements: p
+                .placements
+                .iter()
+                .map(|pl| MigPlacement {
+                    start: pl.start,
+                    size: pl.size,
+                })
+                .filter(|pl| !foreign.iter().any(|f| f.overlaps(pl)))
+                .collect(),
+        });
+    }
+    if profiles.is_empty() {
+        return Err(no_profiles());
+    }
+    Ok(ManagedGpu {
+        uuid: gpu.uuid.clone(),
+        index: gpu.index,
+        model_type: model,
+        devmem: gpu.memory_total_mib.unwrap_or(0),
+        devcore: 100,
+        numa: gpu.numa_node,
+        replicas: count,
+        mode: MODE_MIG.to_owned(),
+        mig_profiles: profiles,
+    })
 }
 
 /// `floor(value × factor)`, saturating at `u32::MAX` (HAMi truncates through Go's int).
@@ -246,7 +376,7 @@ pub fn register_devices(gpus: &[ManagedGpu], healthy: &dyn Fn(&str) -> bool) -> 
             device_type: gpu.model_type.clone(),
             numa: gpu.numa.unwrap_or(0),
             mode: gpu.mode.clone(),
-            mig_profiles: Vec::new(),
+            mig_profiles: encode_profiles(&gpu.mig_profiles),
             health: healthy(&gpu.uuid),
         })
         .collect()
@@ -266,6 +396,7 @@ mod tests {
             pci_bus_id: format!("00000000:3{index}:00.0"),
             numa_node: numa,
             mig_enabled: false,
+            mig: None,
         }
     }
 
@@ -276,7 +407,7 @@ mod tests {
     #[test]
     fn default_config_registers_like_hami_example() {
         let gpus = [t4("GPU-a", 0, Some(0)), t4("GPU-b", 1, Some(1))];
-        let (managed, skipped) = plan_gpus(&gpus, &settings());
+        let (managed, skipped) = plan_gpus(&gpus, &settings(), &|_| false);
         assert!(skipped.is_empty());
         let json = encode_node_devices(&register_devices(&managed, &|_| true));
         assert_eq!(
@@ -291,7 +422,7 @@ mod tests {
         s.split_count = 4;
         s.memory_scaling = 1.5;
         s.core_scaling = 2.0;
-        let (managed, _) = plan_gpus(&[t4("GPU-a", 0, None)], &s);
+        let (managed, _) = plan_gpus(&[t4("GPU-a", 0, None)], &s, &|_| false);
         let devs = register_devices(&managed, &|_| false);
         assert_eq!(devs[0].count, 4);
         assert_eq!(devs[0].devmem, 23040);
@@ -316,14 +447,14 @@ mod tests {
             mig,
             unified.clone(),
         ];
-        let (managed, skipped) = plan_gpus(&gpus, &s);
+        let (managed, skipped) = plan_gpus(&gpus, &s, &|_| false);
         assert!(managed.is_empty());
         assert_eq!(skipped.len(), 4);
-        assert!(skipped[2].to_string().contains("MIG"));
+        assert!(skipped[2].to_string().contains("MIG mode"));
         assert!(skipped[3].to_string().contains("preConfiguredDeviceMemory"));
 
         s.pre_configured_memory_mib = 8192;
-        let (managed, _) = plan_gpus(&[unified], &s);
+        let (managed, _) = plan_gpus(&[unified], &s, &|_| false);
         assert_eq!(managed[0].devmem, 8192);
     }
 
@@ -331,7 +462,7 @@ mod tests {
     fn replicas_have_hami_ids_and_numa_only_when_enabled() {
         let mut s = settings();
         s.split_count = 3;
-        let (managed, _) = plan_gpus(&[t4("GPU-a", 0, Some(1))], &s);
+        let (managed, _) = plan_gpus(&[t4("GPU-a", 0, Some(1))], &s, &|_| false);
         let devs = kubelet_devices(&managed, &|_| true, false);
         let ids: Vec<_> = devs.iter().map(|d| d.id.as_str()).collect();
         assert_eq!(ids, ["GPU-a-0", "GPU-a-1", "GPU-a-2"]);
@@ -356,8 +487,12 @@ mod tests {
 
     #[test]
     fn rediscovery_adds_and_updates_but_never_drops() {
-        let (two, _) = plan_gpus(&[t4("GPU-a", 0, None), t4("GPU-b", 1, None)], &settings());
-        let (only_b, _) = plan_gpus(&[t4("GPU-b", 1, None)], &settings());
+        let (two, _) = plan_gpus(
+            &[t4("GPU-a", 0, None), t4("GPU-b", 1, None)],
+            &settings(),
+            &|_| false,
+        );
+        let (only_b, _) = plan_gpus(&[t4("GPU-b", 1, None)], &settings(), &|_| false);
         assert_eq!(
             merge_rediscovered(&two, &only_b),
             None,
@@ -375,6 +510,7 @@ mod tests {
                 t4("GPU-c", 2, None),
             ],
             &settings(),
+            &|_| false,
         );
         let merged = merge_rediscovered(&two, &three).expect("a new GPU");
         assert_eq!(merged.len(), 3);
@@ -388,5 +524,108 @@ mod tests {
         let mut s = settings();
         s.memory_scaling = f64::NAN;
         assert!(s.validate().is_err());
+    }
+
+    fn a100(uuid: &str, index: u32, instances: Vec<nvml_mig::MigInstance>) -> GpuInfo {
+        GpuInfo {
+            name: "NVIDIA A100-SXM4-40GB".into(),
+            memory_total_mib: Some(40960),
+            mig_enabled: true,
+            mig: Some(MigLayout {
+                profiles: crate::testing::a100_profiles(),
+                instances,
+            }),
+            ..t4(uuid, index, None)
+        }
+    }
+
+    fn mig_settings(profiles: &[&str]) -> AdvertiseSettings {
+        let mut s =
+            AdvertiseSettings::new(&NvidiaConfig::default(), FilterDevices::default(), "mig");
+        s.memory_scaling = 2.0;
+        s.mig_allowlist = vec![MigProfileAllow {
+            models: vec!["A100".into()],
+            profiles: profiles.iter().map(|p| p.to_string()).collect(),
+        }];
+        s
+    }
+
+    #[test]
+    fn a_mig_gpu_registers_its_allowed_profiles_as_hamis_plugin_does() {
+        // HAMi: pkg/device-plugin/nvidiadevice/nvinternal/plugin/register.go (getAPIDevices,
+        // discoverMigProfiles): unscaled memory, devcore 100, count = the largest instance count.
+        let gpus = [a100("GPU-a", 0, vec![]), t4("GPU-b", 1, None)];
+        let (managed, skipped) = plan_gpus(
+            &gpus,
+            &mig_settings(&["3g.20gb", "1g.5gb", "2g.10gb"]),
+            &|_| false,
+        );
+        assert!(skipped.is_empty());
+        let json = encode_node_devices(&register_devices(&managed, &|_| true));
+        assert_eq!(
+            json,
+            r#"[{"id":"GPU-a","count":7,"devmem":40960,"devcore":100,"type":"NVIDIA A100-SXM4-40GB","mode":"mig","migProfiles":[{"name":"3g.20gb","memoryMB":19968,"core":43,"sliceCount":3,"placements":[{"start":0,"size":4},{"start":4,"size":4}]},{"name":"1g.5gb","memoryMB":4864,"core":15,"sliceCount":1,"placements":[{"start":0,"size":1},{"start":1,"size":1},{"start":2,"size":1},{"start":3,"size":1},{"start":4,"size":1},{"start":5,"size":1},{"start":6,"size":1}]}],"health":true},{"id":"GPU-b","index":1,"count":10,"devmem":30720,"devcore":100,"type":"NVIDIA-Tesla T4","mode":"hami-core","health":true}]"#,
+            "the T4 (not in MIG mode) is shared through the shim on the same node"
+        );
+    }
+
+    #[test]
+    fn slices_of_instances_someone_else_carved_are_not_offered() {
+        let foreign = nvml_mig::MigInstance {
+            uuid: "MIG-admin".into(),
+            profile_id: 0,
+            profile: "1g.5gb".into(),
+            placement: nvml_mig::Placement { start: 5, size: 1 },
+            gpu_instance_id: 9,
+            compute_instance_id: Some(0),
+            memory_mib: 4864,
+        };
+        let mine = nvml_mig::MigInstance {
+            uuid: "MIG-ours".into(),
+            placement: nvml_mig::Placement { start: 0, size: 1 },
+            ..foreign.clone()
+        };
+        let gpus = [a100("GPU-a", 0, vec![foreign, mine])];
+        let (managed, _) = plan_gpus(&gpus, &mig_settings(&["1g.5gb", "3g.20gb"]), &|u| {
+            u == "MIG-ours"
+        });
+        let starts = |name: &str| -> Vec<u32> {
+            managed[0]
+                .mig_profiles
+                .iter()
+                .find(|p| p.name == name)
+                .map(|p| p.placements.iter().map(|pl| pl.start).collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(starts("1g.5gb"), [0, 1, 2, 3, 4, 6]);
+        assert_eq!(
+            starts("3g.20gb"),
+            [0],
+            "4..8 holds the foreign 1g at slice 5"
+        );
+    }
+
+    #[test]
+    fn a_mig_gpu_is_skipped_with_a_reason_when_it_cannot_be_served() {
+        let plain = AdvertiseSettings::new(&NvidiaConfig::default(), FilterDevices::default(), "");
+        let (m, skipped) = plan_gpus(&[a100("GPU-a", 0, vec![])], &plain, &|_| false);
+        assert!(m.is_empty());
+        assert!(
+            skipped[0].to_string().contains("operatingmode: mig"),
+            "{}",
+            skipped[0]
+        );
+        let (m, skipped) = plan_gpus(
+            &[a100("GPU-a", 0, vec![])],
+            &mig_settings(&["9g.99gb"]),
+            &|_| false,
+        );
+        assert!(m.is_empty());
+        assert!(skipped[0].to_string().contains("migProfileAllowlist"));
+        let mut pending = a100("GPU-a", 0, vec![]);
+        pending.mig = None;
+        let (m, skipped) = plan_gpus(&[pending], &mig_settings(&["1g.5gb"]), &|_| false);
+        assert!(m.is_empty());
+        assert!(skipped[0].to_string().contains("reset"));
     }
 }

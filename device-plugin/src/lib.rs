@@ -4,6 +4,7 @@
 //! Pure logic lives in [`gpu`], [`container_env`], [`identity`], [`health`] and [`pods`]; the
 //! I/O edges ([`nvml`], [`kubelet`], [`kube_edges`], [`pod_resources`]) sit behind small traits
 //! so tests drive the real gRPC service with in-memory fakes ([`testing`], feature `testing`).
+//! [`mig`] carves and destroys the MIG instances the scheduler reserves (dynamic MIG).
 //! [`daemon`] wires it all together for the binary.
 
 pub mod allocator;
@@ -18,6 +19,7 @@ pub mod identity;
 pub mod kube_edges;
 pub mod kubelet;
 pub mod metrics;
+pub mod mig;
 pub mod monitor;
 pub mod node_events;
 pub mod nvml;

@@ -14,7 +14,7 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{EventSet, Nvml};
 
-use crate::gpu::GpuInfo;
+use crate::gpu::{GpuInfo, MigLayout};
 use crate::health::HealthEvent;
 
 /// Why NVML could not be used; NVML's own error is the source.
@@ -41,6 +41,12 @@ pub enum InventoryError {
     /// A thread panicked while waiting for NVML events; events are no longer watched.
     #[error("the NVML event set lock is poisoned")]
     EventSetPoisoned,
+    #[error("reading the MIG layout of GPU {index} failed")]
+    Mig {
+        index: u32,
+        #[source]
+        source: nvml_mig::MigError,
+    },
 }
 
 /// Usage figures for metrics.
@@ -164,6 +170,26 @@ impl NvmlInventory {
         Ok(set)
     }
 
+    /// The MIG calls on this NVML (GPU and compute instances).
+    pub fn mig(&self) -> nvml_mig::NvmlMig<'static> {
+        nvml_mig::NvmlMig { nvml: self.nvml }
+    }
+
+    fn mig_layout(&self, index: u32) -> Result<MigLayout, InventoryError> {
+        use nvml_mig::MigControl;
+        let mig = self.mig();
+        let profiles = mig
+            .profiles(index)
+            .map_err(|source| InventoryError::Mig { index, source })?;
+        let instances = mig
+            .instances(index)
+            .map_err(|source| InventoryError::Mig { index, source })?;
+        Ok(MigLayout {
+            profiles,
+            instances,
+        })
+    }
+
     fn device(&self, index: u32) -> Result<nvml_wrapper::Device<'static>, InventoryError> {
         self.nvml
             .device_by_index(index)
@@ -237,9 +263,19 @@ impl GpuInventory for NvmlInventory {
                 Err(e) => return Err(call_err("nvmlDeviceGetMemoryInfo")(e)),
             };
             let pci_bus_id = d.pci_info().map(|p| p.bus_id).unwrap_or_default();
-            let mig_enabled = match d.mig_mode() {
-                Ok(m) => m.current == 1,
-                Err(_) => false,
+            let mig_mode = d.mig_mode().ok();
+            let mig_enabled = mig_mode.as_ref().is_some_and(|m| m.current == 1);
+            // The layout is read only for a GPU that stays in MIG mode after a reset.
+            let mig = if mig_enabled && mig_mode.as_ref().is_some_and(|m| m.pending == 1) {
+                match self.mig_layout(d.index().unwrap_or(i)) {
+                    Ok(layout) => Some(layout),
+                    Err(e) => {
+                        tracing::warn!(gpu = %uuid, error = %tessera_runtime::DisplayChain(&e), "cannot read the GPU's MIG layout; it is not advertised");
+                        None
+                    }
+                }
+            } else {
+                None
             };
             let numa_node = self.numa_node(&pci_bus_id);
             gpus.push(GpuInfo {
@@ -250,6 +286,7 @@ impl GpuInventory for NvmlInventory {
                 pci_bus_id,
                 numa_node,
                 mig_enabled,
+                mig,
             });
         }
         Ok(gpus)

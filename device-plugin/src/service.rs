@@ -29,6 +29,8 @@ pub struct DeviceState {
     devices_tx: watch::Sender<Vec<dp::Device>>,
     /// UUIDs shared with the allocator (it refuses GPUs the node does not manage).
     pub managed_uuids: Arc<RwLock<BTreeSet<String>>>,
+    /// The GPUs in dynamic MIG mode (UUID → NVML index), shared with the allocator.
+    pub mig_gpus: Arc<RwLock<crate::mig::MigGpus>>,
     numa_topology: bool,
     metrics: Option<PluginMetrics>,
     /// Node Events; set once the API client exists ([`DeviceState::attach_events`]).
@@ -64,6 +66,7 @@ impl DeviceState {
             }),
             devices_tx,
             managed_uuids: Arc::default(),
+            mig_gpus: Arc::default(),
             numa_topology,
             metrics,
             events: OnceLock::new(),
@@ -98,7 +101,7 @@ impl DeviceState {
 
     /// Recomputes the kubelet device list and pushes it when it changed.
     pub fn publish(&self) {
-        let Some((devices, uuids)) = self.with_inner(|inner| {
+        let Some((devices, uuids, mig)) = self.with_inner(|inner| {
             if let Some(m) = &self.metrics {
                 for g in &inner.gpus {
                     m.gpu_health(&g.uuid, inner.health.is_healthy(&g.uuid));
@@ -110,12 +113,21 @@ impl DeviceState {
                 self.numa_topology,
             );
             let uuids: BTreeSet<String> = inner.gpus.iter().map(|g| g.uuid.clone()).collect();
-            (devices, uuids)
+            let mig: crate::mig::MigGpus = inner
+                .gpus
+                .iter()
+                .filter(|g| g.mode == crate::gpu::MODE_MIG)
+                .map(|g| (g.uuid.clone(), g.index))
+                .collect();
+            (devices, uuids, mig)
         }) else {
             return;
         };
         if let Ok(mut m) = self.managed_uuids.write() {
             *m = uuids;
+        }
+        if let Ok(mut m) = self.mig_gpus.write() {
+            *m = mig;
         }
         self.devices_tx.send_if_modified(|current| {
             if *current == devices {
@@ -405,7 +417,9 @@ mod tests {
 
     fn state(inventory: &dyn GpuInventory) -> Arc<DeviceState> {
         let settings = AdvertiseSettings::new(&Default::default(), Default::default(), "");
-        let (gpus, _) = plan_gpus(&inventory.discover().expect("discover"), &settings);
+        let (gpus, _) = plan_gpus(&inventory.discover().expect("discover"), &settings, &|_| {
+            false
+        });
         let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
         DeviceState::new(
             gpus,

@@ -2,7 +2,7 @@
 //! shipped binary): an in-memory apiserver for the allocator ([`MemoryApi`]), pod and GPU
 //! builders, and a `tower-test` mock of the apiserver's HTTP for the kube edge ([`apiserver`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -195,6 +195,7 @@ pub fn t4(uuid: &str, index: u32) -> GpuInfo {
         pci_bus_id: String::new(),
         numa_node: None,
         mig_enabled: false,
+        mig: None,
     }
 }
 
@@ -291,5 +292,153 @@ pub mod apiserver {
     pub fn node(name: &str, resource_version: &str, annotations: Value) -> Value {
         json!({"apiVersion": "v1", "kind": "Node",
                "metadata": {"name": name, "resourceVersion": resource_version, "annotations": annotations}})
+    }
+}
+
+/// An in-memory MIG GPU set for unit tests: carving checks only the placement list and overlaps
+/// (the fake NVML library models NVIDIA's tables; this double only has to be predictable).
+#[derive(Debug, Default)]
+pub struct MemoryMig {
+    /// Per GPU index: the profiles offered.
+    pub profiles: std::sync::Mutex<BTreeMap<u32, Vec<nvml_mig::GiProfile>>>,
+    /// Per GPU index: the live instances.
+    pub instances: std::sync::Mutex<BTreeMap<u32, Vec<nvml_mig::MigInstance>>>,
+    /// Creations so far (also makes every MIG UUID distinct).
+    pub created: std::sync::atomic::AtomicU32,
+    /// GPU indexes whose `destroy` fails (a busy instance).
+    pub busy: std::sync::Mutex<BTreeSet<u32>>,
+}
+
+/// Two A100-40GB profiles: `1g.5gb` (7 × 1 slice) and `3g.20gb` (at slices 0 and 4).
+pub fn a100_profiles() -> Vec<nvml_mig::GiProfile> {
+    use nvml_mig::{GiProfile, Placement};
+    vec![
+        GiProfile {
+            id: 0,
+            name: "1g.5gb".into(),
+            slice_count: 1,
+            instance_count: 7,
+            memory_mib: 4864,
+            multiprocessor_count: 14,
+            placements: (0..7).map(|start| Placement { start, size: 1 }).collect(),
+        },
+        GiProfile {
+            id: 2,
+            name: "3g.20gb".into(),
+            slice_count: 3,
+            instance_count: 2,
+            memory_mib: 19968,
+            multiprocessor_count: 42,
+            placements: vec![
+                Placement { start: 0, size: 4 },
+                Placement { start: 4, size: 4 },
+            ],
+        },
+        GiProfile {
+            id: 4,
+            name: "7g.40gb".into(),
+            slice_count: 7,
+            instance_count: 1,
+            memory_mib: 40192,
+            multiprocessor_count: 98,
+            placements: vec![Placement { start: 0, size: 8 }],
+        },
+    ]
+}
+
+impl MemoryMig {
+    /// GPUs `0..gpus`, each with [`a100_profiles`].
+    pub fn a100s(gpus: u32) -> Self {
+        let m = MemoryMig::default();
+        if let Ok(mut p) = m.profiles.lock() {
+            for i in 0..gpus {
+                p.insert(i, a100_profiles());
+            }
+        }
+        m
+    }
+}
+
+impl nvml_mig::MigControl for MemoryMig {
+    fn mig_mode(&self, _: u32) -> Result<nvml_mig::MigModeState, nvml_mig::MigError> {
+        Ok(nvml_mig::MigModeState {
+            current: true,
+            pending: true,
+        })
+    }
+    fn profiles(&self, gpu: u32) -> Result<Vec<nvml_mig::GiProfile>, nvml_mig::MigError> {
+        Ok(self
+            .profiles
+            .lock()
+            .ok()
+            .and_then(|p| p.get(&gpu).cloned())
+            .unwrap_or_default())
+    }
+    fn instances(&self, gpu: u32) -> Result<Vec<nvml_mig::MigInstance>, nvml_mig::MigError> {
+        Ok(self
+            .instances
+            .lock()
+            .ok()
+            .and_then(|i| i.get(&gpu).cloned())
+            .unwrap_or_default())
+    }
+    fn create(
+        &self,
+        gpu: u32,
+        profile: &str,
+        placement: nvml_mig::Placement,
+    ) -> Result<nvml_mig::MigInstance, nvml_mig::MigError> {
+        let unavailable = || nvml_mig::MigError::PlacementUnavailable {
+            gpu_index: gpu,
+            profile: profile.to_owned(),
+            start: placement.start,
+            size: placement.size,
+        };
+        let p = self
+            .profiles(gpu)?
+            .into_iter()
+            .find(|p| p.name == profile)
+            .ok_or_else(|| nvml_mig::MigError::UnknownProfile {
+                gpu_index: gpu,
+                profile: profile.to_owned(),
+            })?;
+        if !p.placements.contains(&placement) {
+            return Err(unavailable());
+        }
+        let mut all = self.instances.lock().map_err(|_| unavailable())?;
+        let live = all.entry(gpu).or_default();
+        if live.iter().any(|i| i.placement.overlaps(&placement)) {
+            return Err(unavailable());
+        }
+        let n = self
+            .created
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let instance = nvml_mig::MigInstance {
+            uuid: format!("MIG-{gpu}-{n}"),
+            profile_id: p.id,
+            profile: p.name,
+            placement,
+            gpu_instance_id: n + 1,
+            compute_instance_id: Some(0),
+            memory_mib: p.memory_mib,
+        };
+        live.push(instance.clone());
+        Ok(instance)
+    }
+    fn destroy(&self, gpu: u32, gpu_instance_id: u32) -> Result<(), nvml_mig::MigError> {
+        if self.busy.lock().is_ok_and(|b| b.contains(&gpu)) {
+            return Err(nvml_mig::MigError::Nvml {
+                call: "nvmlGpuInstanceDestroy",
+                gpu_index: gpu,
+                code: 19,
+                message: "In use by another client".into(),
+            });
+        }
+        if let Ok(mut all) = self.instances.lock()
+            && let Some(live) = all.get_mut(&gpu)
+        {
+            live.retain(|i| i.gpu_instance_id != gpu_instance_id);
+        }
+        Ok(())
     }
 }

@@ -66,6 +66,7 @@ async fn node_says_whether_pod_resources_identifies_pods() {
         let (managed, _) = plan_gpus(
             &[t4("GPU-a", 0)],
             &AdvertiseSettings::new(&Default::default(), Default::default(), ""),
+            &|_| false,
         );
         let state = DeviceState::new(
             managed,
@@ -164,6 +165,7 @@ async fn register_annotation_survives_an_apiserver_outage_and_follows_health() {
     let (managed, _) = plan_gpus(
         &[t4("GPU-a", 0)],
         &AdvertiseSettings::new(&Default::default(), Default::default(), ""),
+        &|_| false,
     );
     let state = DeviceState::new(
         managed,
@@ -220,6 +222,7 @@ async fn opt_in_capacity_is_patched_on_the_status_subresource() {
     let (managed, _) = plan_gpus(
         &gpus,
         &AdvertiseSettings::new(&Default::default(), Default::default(), ""),
+        &|_| false,
     );
     let state = DeviceState::new(
         managed,
@@ -259,6 +262,7 @@ async fn topology_scores_are_patched_with_the_register_annotation() {
     let (managed, _) = plan_gpus(
         &[t4("GPU-a", 0), t4("GPU-b", 1)],
         &AdvertiseSettings::new(&Default::default(), Default::default(), ""),
+        &|_| false,
     );
     let state = DeviceState::new(
         managed,

@@ -61,7 +61,7 @@ async fn start_plugin_split(with_pod_resources: bool, split: u32) -> Plugin {
     let kubelet = FakeKubelet::start(root.path(), with_pod_resources).await;
     let mut settings = AdvertiseSettings::new(&Default::default(), Default::default(), "");
     settings.split_count = split;
-    let (managed, _) = plan_gpus(&gpus(), &settings);
+    let (managed, _) = plan_gpus(&gpus(), &settings, &|_| false);
     let tracker = HealthTracker::new(
         HealthPolicy {
             recovery_quiet: Duration::from_millis(0),
