@@ -85,7 +85,7 @@ pub enum AllocateError {
         pod: String,
         container: String,
         #[source]
-        source: crate::mig::MigAllocateError,
+        source: Box<crate::mig::MigAllocateError>,
     },
     #[error(
         "tessera: pod {pod} container {container} was given MIG instances and shared GPUs together; a container gets one kind or the other (ask with nvidia.com/vgpu-mode: mig or hami-core)"
@@ -521,7 +521,7 @@ impl Allocator {
         let mig_err = |source| AllocateError::Mig {
             pod: pod_key.to_owned(),
             container: choice.container.name.clone(),
-            source,
+            source: Box::new(source),
         };
         let Some(manager) = &self.mig else {
             return Err(mig_err(crate::mig::MigAllocateError::UnknownGpu(
