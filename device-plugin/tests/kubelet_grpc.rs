@@ -10,20 +10,27 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use hami_contract::annotations as keys;
+use hami_contract::config::MigProfileAllow;
+use hami_contract::mig::{MigAllocation, MigPlacement};
 use kubelet_proto::deviceplugin::v1beta1 as dp;
+use nvml_mig::{MigControl, Placement};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use support::kubelet_harness::FakeKubelet;
 use tessera_device_plugin::allocator::Allocator;
 use tessera_device_plugin::edges::{NoPodResources, PodResourcesSource};
+use tessera_device_plugin::gpu::MigLayout;
 use tessera_device_plugin::gpu::{AdvertiseSettings, GpuInfo, plan_gpus};
 use tessera_device_plugin::health::{HealthEvent, HealthPolicy, HealthTracker};
 use tessera_device_plugin::identity::PodSnapshot;
 use tessera_device_plugin::kubelet::{KubeletSettings, Readiness, run};
+use tessera_device_plugin::mig::MigManager;
 use tessera_device_plugin::node_events::{NodeEventType, NodeEvents};
 use tessera_device_plugin::pod_resources::KubeletPodResources;
 use tessera_device_plugin::service::{DevicePluginService, DeviceState};
-use tessera_device_plugin::testing::{self, MemoryApi, NODE, RESOURCE, response_settings, t4};
+use tessera_device_plugin::testing::{
+    self, MemoryApi, MemoryMig, NODE, RESOURCE, response_settings, t4,
+};
 use tokio_util::sync::CancellationToken;
 
 fn gpus() -> Vec<GpuInfo> {
@@ -56,12 +63,22 @@ async fn start_plugin(with_pod_resources: bool) -> Plugin {
 }
 
 async fn start_plugin_split(with_pod_resources: bool, split: u32) -> Plugin {
+    let mut settings = AdvertiseSettings::new(&Default::default(), Default::default(), "");
+    settings.split_count = split;
+    start_plugin_with(with_pod_resources, &gpus(), &settings, None).await
+}
+
+async fn start_plugin_with(
+    with_pod_resources: bool,
+    gpus: &[GpuInfo],
+    settings: &AdvertiseSettings,
+    mig: Option<Arc<MigManager>>,
+) -> Plugin {
     let root = tempfile::tempdir().expect("tempdir");
     let hook = tempfile::tempdir().expect("tempdir");
     let kubelet = FakeKubelet::start(root.path(), with_pod_resources).await;
-    let mut settings = AdvertiseSettings::new(&Default::default(), Default::default(), "");
-    settings.split_count = split;
-    let (managed, _) = plan_gpus(&gpus(), &settings, &|_| false);
+    let owned = |u: &str| mig.as_ref().is_some_and(|m| m.owns(u));
+    let (managed, _) = plan_gpus(gpus, settings, &owned);
     let tracker = HealthTracker::new(
         HealthPolicy {
             recovery_quiet: Duration::from_millis(0),
@@ -79,14 +96,17 @@ async fn start_plugin_split(with_pod_resources: bool, split: u32) -> Plugin {
     } else {
         Arc::new(NoPodResources)
     };
-    let allocator = Arc::new(Allocator::new(
+    let mut allocator = Allocator::new(
         NODE.into(),
         response_settings(hook.path()),
         state.managed_uuids.clone(),
         Arc::new(api.clone()),
         Arc::new(api.clone()),
         pod_resources,
-    ));
+    );
+    allocator.mig = mig;
+    allocator.mig_gpus = state.mig_gpus.clone();
+    let allocator = Arc::new(allocator);
     let restart = Arc::new(tokio::sync::Notify::new());
     let readiness = Readiness::default();
     let ks = KubeletSettings {
@@ -682,6 +702,117 @@ async fn other_plugin_sockets_are_probed_for_their_devices() {
     assert_eq!(
         tessera_device_plugin::conflict::ids_naming_our_gpus(&ours, &found[0].1),
         ["GPU-0-0", "GPU-0-1", "GPU-0-2", "GPU-0-3"]
+    );
+    p.shutdown.cancel();
+}
+
+/// A pod on the MIG GPU `GPU-0` with one container and the reservations the extender wrote.
+fn mig_pod(name: &str, reservations: &[MigAllocation]) -> PodSnapshot {
+    let mut pod = bound_pod(name, &[&[("GPU-0", 4864, 15)]], 1);
+    pod.annotations.insert(
+        keys::MIG_ALLOCATIONS.into(),
+        hami_contract::mig::encode_allocations(reservations),
+    );
+    pod
+}
+
+fn mig_reservation(start: u32) -> MigAllocation {
+    MigAllocation {
+        container_index: 0,
+        device_index: 0,
+        gpu_uuid: "GPU-0".into(),
+        profile: "1g.5gb".into(),
+        placement: MigPlacement { start, size: 1 },
+        ..MigAllocation::default()
+    }
+}
+
+#[tokio::test]
+async fn a_mig_reservation_is_carved_at_allocate_and_the_container_gets_only_that_instance() {
+    let control = Arc::new(MemoryMig::a100s(1));
+    let manager = Arc::new(MigManager::load(control.clone(), None));
+    let mut a100 = GpuInfo {
+        name: "NVIDIA A100-SXM4-40GB".into(),
+        memory_total_mib: Some(40960),
+        mig_enabled: true,
+        mig: Some(MigLayout {
+            profiles: testing::a100_profiles(),
+            instances: Vec::new(),
+        }),
+        ..t4("GPU-0", 0)
+    };
+    a100.numa_node = Some(0);
+    let mut settings = AdvertiseSettings::new(&Default::default(), Default::default(), "mig");
+    settings.mig_allowlist = vec![MigProfileAllow {
+        models: vec!["A100".into()],
+        profiles: vec!["1g.5gb".into(), "3g.20gb".into()],
+    }];
+    let mut p = start_plugin_with(false, &[a100], &settings, Some(manager.clone())).await;
+    let reg = p
+        .kubelet
+        .next_registration(Duration::from_secs(5))
+        .await
+        .expect("registered");
+    let mut client = p.kubelet.plugin(&reg.endpoint).await;
+    let devices = client
+        .list_and_watch(dp::Empty {})
+        .await
+        .expect("stream")
+        .into_inner()
+        .message()
+        .await
+        .expect("ok")
+        .expect("a list");
+    assert_eq!(
+        devices.devices.len(),
+        7,
+        "the largest instance count of the allowed profiles"
+    );
+
+    p.api.add_pod(mig_pod("slice", &[mig_reservation(6)]));
+    let resp = allocate(&mut client, &["GPU-0-0"])
+        .await
+        .expect("allocated");
+    let carved = control.instances(0).expect("instances");
+    assert_eq!(carved.len(), 1);
+    assert_eq!(carved[0].placement, Placement { start: 6, size: 1 });
+    assert_eq!(resp.envs["NVIDIA_VISIBLE_DEVICES"], carved[0].uuid);
+    assert!(
+        resp.mounts.is_empty(),
+        "no shim on a MIG instance: {:?}",
+        resp.mounts
+    );
+    assert!(!resp.envs.contains_key("CUDA_DEVICE_MEMORY_LIMIT_0"));
+    let patches = p.api.patches();
+    let recorded = hami_contract::mig::decode_allocations(&patches[0].1[keys::MIG_ALLOCATIONS])
+        .expect("valid");
+    assert!(recorded[0].is_realized());
+    assert_eq!(recorded[0].mig_uuid, carved[0].uuid);
+    assert_eq!(patches[0].1[keys::BIND_PHASE], keys::BIND_PHASE_SUCCESS);
+
+    // A reservation on a slice that is taken fails the call (the kubelet rejects the pod) and
+    // marks it failed; nothing else is carved.
+    p.api.remove_pod("default/slice");
+    control
+        .create(0, "1g.5gb", Placement { start: 5, size: 1 })
+        .expect("someone else");
+    p.api.add_pod(mig_pod("taken", &[mig_reservation(5)]));
+    let err = allocate(&mut client, &["GPU-0-1"])
+        .await
+        .expect_err("taken slice");
+    assert!(err.message().contains("not free"), "{}", err.message());
+    assert_eq!(control.instances(0).map(|i| i.len()).ok(), Some(2));
+
+    // A pod without a reservation for its MIG device is refused, not given a whole GPU.
+    p.api.remove_pod("default/taken");
+    p.api.add_pod(mig_pod("none", &[]));
+    let err = allocate(&mut client, &["GPU-0-2"])
+        .await
+        .expect_err("no reservation");
+    assert!(
+        err.message().contains("no MIG reservation"),
+        "{}",
+        err.message()
     );
     p.shutdown.cancel();
 }
