@@ -34,6 +34,7 @@ pub struct PluginMetrics {
     container_memory: Family<Labels, Gauge<f64, AtomicU64>>,
     container_utilization: Family<Labels, Gauge<f64, AtomicU64>>,
     container_last_kernel: Family<Labels, Gauge<f64, AtomicU64>>,
+    mig_device: Family<Labels, Gauge<f64, AtomicU64>>,
     legacy: Option<Legacy>,
 }
 
@@ -47,6 +48,7 @@ struct Legacy {
     container_memory: Family<Labels, Gauge<f64, AtomicU64>>,
     container_utilization: Family<Labels, Gauge<f64, AtomicU64>>,
     container_last_kernel: Family<Labels, Gauge<f64, AtomicU64>>,
+    mig_device: Family<Labels, Gauge<f64, AtomicU64>>,
 }
 
 impl std::fmt::Debug for PluginMetrics {
@@ -177,6 +179,10 @@ impl PluginMetrics {
             "hami_container_last_kernel_elapsed_seconds",
             "Seconds since the container last launched a kernel (absent before its first)",
         );
+        let mig_device = vgpu(
+            "hami_mig_device_info",
+            "MIG runtime identity for a container allocation",
+        );
         let legacy = legacy.then(|| Legacy {
             host_memory: vgpu(
                 "HostGPUMemoryUsage",
@@ -203,6 +209,7 @@ impl PluginMetrics {
                 "Device_last_kernel_of_container",
                 "Container device last kernel description (legacy name)",
             ),
+            mig_device: vgpu("MigInfo", "Mig device information for container (legacy name)"),
         });
         PluginMetrics {
             registry: Arc::new(registry),
@@ -214,6 +221,7 @@ impl PluginMetrics {
             container_memory,
             container_utilization,
             container_last_kernel,
+            mig_device,
             legacy,
             allocate_seconds,
             allocations,
@@ -300,6 +308,60 @@ impl PluginMetrics {
             ];
             l.host_memory.get_or_create(&labels).set(used_bytes);
             l.host_core.get_or_create(&labels).set(utilization);
+        }
+    }
+
+    /// Replaces the `hami_mig_device_info` series with one per realized MIG reservation of the
+    /// node's pods (HAMi's `collectPodAndContainerMigInfo`).
+    pub fn set_mig(&self, pods: &[crate::identity::PodSnapshot]) {
+        self.mig_device.clear();
+        if let Some(l) = &self.legacy {
+            l.mig_device.clear();
+        }
+        for pod in pods {
+            let Some(raw) = pod.annotations.get(hami_contract::annotations::MIG_ALLOCATIONS) else {
+                continue;
+            };
+            let Ok(allocations) = hami_contract::mig::decode_allocations(raw) else {
+                continue;
+            };
+            for a in allocations.iter().filter(|a| a.is_realized()) {
+                // HAMi's container index space: init containers first.
+                let Some(container) = usize::try_from(a.container_index).ok().and_then(|i| {
+                    pod.init_containers
+                        .iter()
+                        .chain(&pod.containers)
+                        .nth(i)
+                        .map(|c| c.name.clone())
+                }) else {
+                    continue;
+                };
+                let gi = a.gpu_instance_id.unwrap_or_default().to_string();
+                let ci = a.compute_instance_id.unwrap_or_default().to_string();
+                let labels = vec![
+                    ("namespace".to_owned(), pod.namespace.clone()),
+                    ("pod".to_owned(), pod.name.clone()),
+                    ("container".to_owned(), container.clone()),
+                    ("vdevice_index".to_owned(), a.device_index.to_string()),
+                    ("device_uuid".to_owned(), a.gpu_uuid.clone()),
+                    ("mig_uuid".to_owned(), a.mig_uuid.clone()),
+                    ("profile".to_owned(), a.profile.clone()),
+                    ("gpu_instance_id".to_owned(), gi.clone()),
+                    ("compute_instance_id".to_owned(), ci),
+                ];
+                self.mig_device.get_or_create(&labels).set(1.0);
+                if let Some(l) = &self.legacy {
+                    let labels = vec![
+                        ("podnamespace".to_owned(), pod.namespace.clone()),
+                        ("podname".to_owned(), pod.name.clone()),
+                        ("ctrname".to_owned(), container),
+                        ("vdeviceid".to_owned(), a.device_index.to_string()),
+                        ("deviceuuid".to_owned(), a.gpu_uuid.clone()),
+                        ("instanceid".to_owned(), gi),
+                    ];
+                    l.mig_device.get_or_create(&labels).set(1.0);
+                }
+            }
         }
     }
 
@@ -541,6 +603,12 @@ mod tests {
             };
             let names = [("u1".to_owned(), ("ns".to_owned(), "web".to_owned()))].into();
             m.set_vgpu(&[sample], &names, 100);
+            let mut pod = crate::testing::bound_pod("node-a", "sliced", &[&[("GPU-a", 0, 0)]], 1);
+            pod.annotations.insert(
+                hami_contract::annotations::MIG_ALLOCATIONS.into(),
+                r#"[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.10gb","placement":{"start":6,"size":1},"migUUID":"MIG-x","gpuInstanceID":13,"computeInstanceID":0},{"containerIndex":0,"deviceIndex":1,"gpuUUID":"GPU-a","profile":"1g.10gb","placement":{"start":5,"size":1}}]"#.into(),
+            );
+            m.set_mig(&[pod]);
             m.encode()
         };
         let text = fill(&PluginMetrics::with_legacy_names(true));
@@ -555,6 +623,10 @@ mod tests {
         assert!(text.contains(
             "hami_container_last_kernel_elapsed_seconds{namespace=\"ns\",pod=\"web\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-a\"} 10.0"
         ), "{text}");
+        assert!(text.contains(
+            "hami_mig_device_info{namespace=\"default\",pod=\"sliced\",container=\"c0\",vdevice_index=\"0\",device_uuid=\"GPU-a\",mig_uuid=\"MIG-x\",profile=\"1g.10gb\",gpu_instance_id=\"13\",compute_instance_id=\"0\"} 1.0"
+        ), "{text}");
+        assert_eq!(text.matches("hami_mig_device_info{").count(), 1, "only realized reservations");
         assert!(text.contains(
             "Device_memory_desc_of_container{podnamespace=\"ns\",podname=\"web\",ctrname=\"main\",vdeviceid=\"0\",deviceuuid=\"GPU-a\",context=\"1\",module=\"2\",data=\"3\",offset=\"4\"} 10.0"
         ), "{text}");

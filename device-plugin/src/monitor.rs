@@ -483,9 +483,9 @@ impl VgpuMonitor {
         for s in &skipped {
             tracing::warn!(path = %s.path, reason = %DisplayChain(&s.reason), "region file skipped");
         }
-        let names = self
-            .pods
-            .cached()
+        let cached = self.pods.cached();
+        self.metrics.set_mig(&cached);
+        let names = cached
             .into_iter()
             .map(|p| (p.uid, (p.namespace, p.name)))
             .collect();
