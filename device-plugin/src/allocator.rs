@@ -735,7 +735,8 @@ fn prepare_cache_dir(dir: &str) -> Result<(), AllocateError> {
     Ok(())
 }
 
-fn to_proto(r: ContainerResponse) -> dp::ContainerAllocateResponse {
+/// The gRPC form of a container's response.
+pub(crate) fn to_proto(r: ContainerResponse) -> dp::ContainerAllocateResponse {
     dp::ContainerAllocateResponse {
         envs: r.envs.into_iter().collect(),
         mounts: r

@@ -113,6 +113,12 @@ pub struct Cli {
     /// for the scheduler's `topology-aware` GPU policy (the chart sets it with that policy).
     #[arg(long, env = "ENABLE_TOPOLOGY_SCORE")]
     pub enable_topology_score: bool,
+    /// What a GPU in MIG mode offers on a node in operating mode `hami-core` (NVIDIA's and
+    /// HAMi's `--mig-strategy`): `none` (nothing), `single` (each carved instance as one
+    /// unshared `nvidia.com/gpu` device) or `mixed` (each carved instance as a
+    /// `nvidia.com/mig-<profile>` device). A node in operating mode `mig` carves on demand instead.
+    #[arg(long, env = "MIG_STRATEGY", value_enum, default_value_t = crate::gpu::MigStrategy::None)]
+    pub mig_strategy: crate::gpu::MigStrategy,
     /// Also export HAMi's pre-v2.9 metric names (HostGPUMemoryUsage, vGPU_device_memory_usage_in_bytes, …).
     #[arg(long, alias = "legacy-metrics", env = "LEGACY_METRIC_NAMES")]
     pub legacy_metric_names: bool,

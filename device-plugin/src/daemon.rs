@@ -160,6 +160,8 @@ fn load_config(cli: &Cli) -> Result<Config, StartError> {
             .map(|n| n.operatingmode.as_str())
             .unwrap_or(""),
     );
+    let mut advertise = advertise;
+    advertise.mig_strategy = cli.mig_strategy;
     advertise.validate().map_err(StartError::Settings)?;
     let preferred_allocation = node_entry
         .as_ref()
@@ -366,6 +368,15 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         },
     );
     let restart = restart_on_sighup();
+    spawn_mixed_mig_resources(
+        &cli,
+        &config,
+        &discovered,
+        &allocator,
+        &periods,
+        &restart,
+        &shutdown,
+    );
 
     let settings = KubeletSettings {
         socket_dir: cli.socket_dir.clone(),
@@ -387,6 +398,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
             allocator: allocator.clone(),
             preferred_allocation,
             stop,
+            exclusive: false,
         }
     };
     crate::kubelet::run(settings, make, shutdown, Some(metrics))
@@ -506,6 +518,53 @@ fn allocator(
         return Err(StartError::NoSchedulerName);
     }
     Ok(allocator)
+}
+
+/// `--mig-strategy mixed`: one more kubelet resource per MIG profile carved on the node
+/// (`nvidia.com/mig-<profile>`), each instance one unshared device. The set of instances is read
+/// at start; carving or destroying instances takes a plugin restart to show (as NVIDIA's plugin).
+fn spawn_mixed_mig_resources(
+    cli: &Cli,
+    config: &Config,
+    discovered: &[crate::gpu::GpuInfo],
+    allocator: &Arc<Allocator>,
+    periods: &Periods,
+    restart: &Arc<tokio::sync::Notify>,
+    shutdown: &CancellationToken,
+) {
+    for (resource, instances) in crate::gpu::mixed_resources(discovered, &config.advertise) {
+        tracing::info!(%resource, devices = instances.len(), "serving MIG instances (migStrategy mixed)");
+        let tracker = HealthTracker::new(
+            config.health.clone(),
+            instances.iter().map(|g| g.uuid.clone()),
+        );
+        let state = DeviceState::new(instances, tracker, false, None);
+        let settings = KubeletSettings {
+            socket_dir: cli.socket_dir.clone(),
+            socket_name: socket_name_for(&resource),
+            resource_name: resource.clone(),
+            preferred_allocation: true,
+            poll_interval: periods.kubelet_poll,
+            register_retry: periods.register_retry,
+            stop_grace: periods.stop_grace,
+            restart: restart.clone(),
+            readiness: Readiness::default(),
+        };
+        let allocator = allocator.clone();
+        let make = move |stop| DevicePluginService {
+            state: state.clone(),
+            allocator: allocator.clone(),
+            preferred_allocation: true,
+            stop,
+            exclusive: true,
+        };
+        let shutdown = shutdown.clone();
+        spawn_task("mig-resource-server", async move {
+            if let Err(e) = crate::kubelet::run(settings, make, shutdown, None).await {
+                tracing::error!(%resource, error = %DisplayChain(&e), "MIG resource server stopped");
+            }
+        });
+    }
 }
 
 /// `Allocate`'s budget on a node in operating mode `mig`.

@@ -31,6 +31,24 @@ pub struct GpuInfo {
 /// The operating mode of a node whose GPUs are carved into MIG instances on demand.
 pub const MODE_MIG: &str = "mig";
 
+/// What a GPU already carved into MIG instances offers on a node in operating mode `hami-core`
+/// (NVIDIA's device plugin's `--mig-strategy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum MigStrategy {
+    /// Nothing: the GPU is not advertised.
+    #[default]
+    None,
+    /// Each instance as one `nvidia.com/gpu` device of its own, never shared.
+    Single,
+    /// Each instance as a device of `nvidia.com/mig-<profile>`.
+    Mixed,
+}
+
+/// The kubelet resource of a MIG profile under the `mixed` strategy (NVIDIA's names).
+pub fn mig_resource_name(profile: &str) -> String {
+    format!("nvidia.com/mig-{}", profile.replace('+', "."))
+}
+
 /// A GPU in MIG mode as NVML reports it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MigLayout {
@@ -52,6 +70,8 @@ pub struct AdvertiseSettings {
     pub operating_mode: String,
     /// `migProfileAllowlist`: the profiles a GPU in MIG mode offers, by model.
     pub mig_allowlist: Vec<MigProfileAllow>,
+    /// `--mig-strategy` (operating mode `hami-core` only).
+    pub mig_strategy: MigStrategy,
 }
 
 impl AdvertiseSettings {
@@ -71,6 +91,7 @@ impl AdvertiseSettings {
                 operating_mode.to_owned()
             },
             mig_allowlist: cfg.mig_profile_allowlist.clone(),
+            mig_strategy: MigStrategy::None,
         }
     }
 }
@@ -99,7 +120,7 @@ pub enum SkippedGpu {
     #[error("GPU {uuid} (index {index}) is hidden by filterdevices in the node configuration")]
     Filtered { uuid: String, index: u32 },
     #[error(
-        "GPU {uuid} (index {index}) has MIG mode enabled, and a MIG GPU is not shared through the shim on a node in operating mode {mode}; it is not advertised (operatingmode: mig in the node configuration carves it on demand)"
+        "GPU {uuid} (index {index}) has MIG mode enabled, and a MIG GPU is not shared through the shim on a node in operating mode {mode}; it is not advertised (--mig-strategy single or mixed offers its carved instances; operatingmode: mig in the node configuration carves them on demand)"
     )]
     MigEnabled {
         uuid: String,
@@ -110,6 +131,10 @@ pub enum SkippedGpu {
         "GPU {uuid} (index {index}) is in MIG mode, but a change of its MIG mode waits for a GPU reset or its MIG layout could not be read (logged above); it is not advertised until then (Tessera never changes MIG mode)"
     )]
     MigModePending { uuid: String, index: u32 },
+    #[error(
+        "GPU {uuid} (index {index}) is in MIG mode: its carved instances are offered as nvidia.com/mig-<profile> devices (--mig-strategy mixed), not as nvidia.com/gpu"
+    )]
+    MigMixed { uuid: String, index: u32 },
     #[error(
         "GPU {uuid} (index {index}, {model}) is in MIG mode but offers no MIG profile: migProfileAllowlist has no entry for this model, or none of its profiles exists on this GPU"
     )]
@@ -169,6 +194,20 @@ pub fn plan_gpus(
             continue;
         }
         if gpu.mig_enabled {
+            if settings.operating_mode != MODE_MIG && settings.mig_strategy == MigStrategy::Single {
+                match static_instances(gpu) {
+                    Ok(instances) => managed.extend(instances),
+                    Err(s) => skipped.push(s),
+                }
+                continue;
+            }
+            if settings.operating_mode != MODE_MIG && settings.mig_strategy == MigStrategy::Mixed {
+                skipped.push(SkippedGpu::MigMixed {
+                    uuid: gpu.uuid.clone(),
+                    index: gpu.index,
+                });
+                continue;
+            }
             match plan_mig_gpu(gpu, settings, owned_mig) {
                 Ok(m) => managed.push(m),
                 Err(s) => skipped.push(s),
@@ -205,6 +244,65 @@ pub fn plan_gpus(
         });
     }
     (managed, skipped)
+}
+
+/// The carved instances of a GPU in MIG mode, each as a device of its own with one replica
+/// (`single` and `mixed` strategies): the `MIG-…` UUID, the instance's memory, the parent's
+/// index, and NVML's MIG device name (`NVIDIA A100-SXM4-40GB MIG 1g.5gb`) as its type. Only
+/// instances with a compute instance can run work.
+pub fn static_instances(gpu: &GpuInfo) -> Result<Vec<ManagedGpu>, SkippedGpu> {
+    let Some(layout) = &gpu.mig else {
+        return Err(SkippedGpu::MigModePending {
+            uuid: gpu.uuid.clone(),
+            index: gpu.index,
+        });
+    };
+    let model = model_type_name(&gpu.name);
+    Ok(layout
+        .instances
+        .iter()
+        .filter(|i| i.compute_instance_id.is_some())
+        .map(|i| ManagedGpu {
+            uuid: i.uuid.clone(),
+            index: gpu.index,
+            model_type: format!("{model} MIG {}", i.profile),
+            devmem: u32::try_from(i.memory_mib).unwrap_or(u32::MAX),
+            devcore: 100,
+            numa: gpu.numa_node,
+            replicas: 1,
+            mode: MODE_HAMI_CORE.to_owned(),
+            mig_profiles: Vec::new(),
+        })
+        .collect())
+}
+
+/// The `mixed` strategy: the carved instances of the node's MIG GPUs by kubelet resource
+/// (`nvidia.com/mig-<profile>`), each one device of one replica.
+pub fn mixed_resources(
+    gpus: &[GpuInfo],
+    settings: &AdvertiseSettings,
+) -> std::collections::BTreeMap<String, Vec<ManagedGpu>> {
+    let mut out: std::collections::BTreeMap<String, Vec<ManagedGpu>> = Default::default();
+    if settings.operating_mode == MODE_MIG || settings.mig_strategy != MigStrategy::Mixed {
+        return out;
+    }
+    for gpu in gpus.iter().filter(|g| g.mig_enabled) {
+        if settings.filter.hides(&gpu.uuid, gpu.index) {
+            continue;
+        }
+        let Ok(instances) = static_instances(gpu) else {
+            continue;
+        };
+        for m in instances {
+            let profile = m
+                .model_type
+                .rsplit_once(" MIG ")
+                .map(|(_, p)| p.to_owned())
+                .unwrap_or_default();
+            out.entry(mig_resource_name(&profile)).or_default().push(m);
+        }
+    }
+    out
 }
 
 /// A GPU in MIG mode on a node in operating mode `mig`: registered with its allowed profiles
@@ -627,5 +725,57 @@ mod tests {
         let (m, skipped) = plan_gpus(&[pending], &mig_settings(&["1g.5gb"]), &|_| false);
         assert!(m.is_empty());
         assert!(skipped[0].to_string().contains("reset"));
+    }
+
+    #[test]
+    fn carved_instances_are_whole_devices_under_the_single_and_mixed_strategies() {
+        let instance =
+            |uuid: &str, profile: &str, start: u32, ci: Option<u32>| nvml_mig::MigInstance {
+                uuid: uuid.into(),
+                profile_id: 0,
+                profile: profile.into(),
+                placement: nvml_mig::Placement { start, size: 1 },
+                gpu_instance_id: start + 1,
+                compute_instance_id: ci,
+                memory_mib: 4864,
+            };
+        let gpus = [
+            a100(
+                "GPU-a",
+                0,
+                vec![
+                    instance("MIG-1", "1g.5gb", 0, Some(0)),
+                    instance("MIG-2", "1g.5gb", 1, Some(0)),
+                    instance("MIG-3", "1g.5gb", 2, None),
+                ],
+            ),
+            t4("GPU-b", 1, None),
+        ];
+        let mut s = settings();
+        s.mig_strategy = MigStrategy::Single;
+        let (managed, skipped) = plan_gpus(&gpus, &s, &|_| false);
+        assert!(skipped.is_empty());
+        let ids: Vec<_> = managed
+            .iter()
+            .map(|m| (m.uuid.as_str(), m.replicas, m.devmem))
+            .collect();
+        assert_eq!(
+            ids,
+            [("MIG-1", 1, 4864), ("MIG-2", 1, 4864), ("GPU-b", 10, 15360)]
+        );
+        assert_eq!(managed[0].model_type, "NVIDIA A100-SXM4-40GB MIG 1g.5gb");
+        assert!(mixed_resources(&gpus, &s).is_empty());
+
+        s.mig_strategy = MigStrategy::Mixed;
+        let (managed, skipped) = plan_gpus(&gpus, &s, &|_| false);
+        assert_eq!(managed.len(), 1, "only the T4 is nvidia.com/gpu");
+        assert!(skipped[0].to_string().contains("nvidia.com/mig-"));
+        let mixed = mixed_resources(&gpus, &s);
+        let uuids: Vec<_> = mixed["nvidia.com/mig-1g.5gb"]
+            .iter()
+            .map(|m| m.uuid.as_str())
+            .collect();
+        assert_eq!(uuids, ["MIG-1", "MIG-2"]);
+        assert_eq!(mig_resource_name("1g.10gb+me"), "nvidia.com/mig-1g.10gb.me");
     }
 }

@@ -209,7 +209,10 @@ impl PluginMetrics {
                 "Device_last_kernel_of_container",
                 "Container device last kernel description (legacy name)",
             ),
-            mig_device: vgpu("MigInfo", "Mig device information for container (legacy name)"),
+            mig_device: vgpu(
+                "MigInfo",
+                "Mig device information for container (legacy name)",
+            ),
         });
         PluginMetrics {
             registry: Arc::new(registry),
@@ -319,7 +322,10 @@ impl PluginMetrics {
             l.mig_device.clear();
         }
         for pod in pods {
-            let Some(raw) = pod.annotations.get(hami_contract::annotations::MIG_ALLOCATIONS) else {
+            let Some(raw) = pod
+                .annotations
+                .get(hami_contract::annotations::MIG_ALLOCATIONS)
+            else {
                 continue;
             };
             let Ok(allocations) = hami_contract::mig::decode_allocations(raw) else {
@@ -626,7 +632,11 @@ mod tests {
         assert!(text.contains(
             "hami_mig_device_info{namespace=\"default\",pod=\"sliced\",container=\"c0\",vdevice_index=\"0\",device_uuid=\"GPU-a\",mig_uuid=\"MIG-x\",profile=\"1g.10gb\",gpu_instance_id=\"13\",compute_instance_id=\"0\"} 1.0"
         ), "{text}");
-        assert_eq!(text.matches("hami_mig_device_info{").count(), 1, "only realized reservations");
+        assert_eq!(
+            text.matches("hami_mig_device_info{").count(),
+            1,
+            "only realized reservations"
+        );
         assert!(text.contains(
             "Device_memory_desc_of_container{podnamespace=\"ns\",podname=\"web\",ctrname=\"main\",vdeviceid=\"0\",deviceuuid=\"GPU-a\",context=\"1\",module=\"2\",data=\"3\",offset=\"4\"} 10.0"
         ), "{text}");

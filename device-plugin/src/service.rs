@@ -279,6 +279,64 @@ impl DeviceState {
     }
 }
 
+/// `Allocate` for a resource of whole devices: each container gets exactly the devices the
+/// kubelet chose, by their UUIDs (a MIG instance's `MIG-…`). An id this plugin does not serve is
+/// refused.
+fn exclusive_allocate(
+    state: &DeviceState,
+    settings: &crate::container_env::ResponseSettings,
+    req: dp::AllocateRequest,
+) -> Result<dp::AllocateResponse, String> {
+    let served = state
+        .managed_uuids
+        .read()
+        .map(|m| m.clone())
+        .unwrap_or_default();
+    let mut container_responses = Vec::with_capacity(req.container_requests.len());
+    for c in &req.container_requests {
+        let mut uuids = Vec::with_capacity(c.devices_ids.len());
+        for id in &c.devices_ids {
+            match crate::gpu::physical_uuid(id).filter(|u| served.contains(*u)) {
+                Some(u) => uuids.push(u.to_owned()),
+                None => return Err(format!("tessera: unknown device {id:?}")),
+            }
+        }
+        if uuids.is_empty() {
+            return Err("tessera: container request has no devices".to_owned());
+        }
+        container_responses.push(crate::allocator::to_proto(
+            crate::container_env::mig_container_response(&uuids, settings),
+        ));
+    }
+    Ok(dp::AllocateResponse {
+        container_responses,
+    })
+}
+
+/// `GetPreferredAllocation` for whole devices: the devices that must be included, then the
+/// available ones in order.
+fn exclusive_preferred(req: dp::PreferredAllocationRequest) -> dp::PreferredAllocationResponse {
+    dp::PreferredAllocationResponse {
+        container_responses: req
+            .container_requests
+            .into_iter()
+            .map(|c| {
+                let size = usize::try_from(c.allocation_size).unwrap_or(0);
+                let mut ids = c.must_include_device_i_ds.clone();
+                for id in c.available_device_i_ds {
+                    if ids.len() >= size {
+                        break;
+                    }
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+                dp::ContainerPreferredAllocationResponse { device_i_ds: ids }
+            })
+            .collect(),
+    }
+}
+
 /// The gRPC service registered with the kubelet.
 #[derive(Debug, Clone)]
 pub struct DevicePluginService {
@@ -287,6 +345,10 @@ pub struct DevicePluginService {
     pub preferred_allocation: bool,
     /// Cancelled when this server instance stops (restart or shutdown): streams end.
     pub stop: CancellationToken,
+    /// A resource of whole, unshared devices (`nvidia.com/mig-<profile>` under the `mixed`
+    /// strategy): the kubelet's choice of devices is final, so `Allocate` names exactly those,
+    /// with no pod to identify and no shim.
+    pub exclusive: bool,
 }
 
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
@@ -321,6 +383,9 @@ impl DevicePlugin for DevicePluginService {
         &self,
         request: Request<dp::PreferredAllocationRequest>,
     ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
+        if self.exclusive {
+            return Ok(Response::new(exclusive_preferred(request.into_inner())));
+        }
         Ok(Response::new(
             self.allocator.preferred(request.into_inner()).await,
         ))
@@ -330,6 +395,11 @@ impl DevicePlugin for DevicePluginService {
         &self,
         request: Request<dp::AllocateRequest>,
     ) -> Result<Response<dp::AllocateResponse>, Status> {
+        if self.exclusive {
+            return exclusive_allocate(&self.state, &self.allocator.settings, request.into_inner())
+                .map(Response::new)
+                .map_err(Status::invalid_argument);
+        }
         self.allocator
             .allocate(request.into_inner())
             .await
@@ -493,5 +563,52 @@ mod tests {
         let state = state(&inventory);
         state.read_topology(&inventory);
         assert_eq!(state.score_annotation(), None);
+    }
+
+    #[test]
+    fn a_mig_resource_hands_out_exactly_the_instances_the_kubelet_chose() {
+        let instances: Vec<ManagedGpu> = ["MIG-1", "MIG-2"]
+            .iter()
+            .map(|u| ManagedGpu {
+                uuid: (*u).into(),
+                index: 0,
+                model_type: "NVIDIA A100-SXM4-40GB MIG 1g.5gb".into(),
+                devmem: 4864,
+                devcore: 100,
+                numa: None,
+                replicas: 1,
+                mode: "hami-core".into(),
+                mig_profiles: Vec::new(),
+            })
+            .collect();
+        let tracker = HealthTracker::new(
+            crate::health::HealthPolicy::default(),
+            instances.iter().map(|g| g.uuid.clone()),
+        );
+        let state = DeviceState::new(instances, tracker, false, None);
+        let settings = crate::testing::response_settings(std::path::Path::new("/hook"));
+        let req = |ids: &[&str]| dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: ids.iter().map(|s| s.to_string()).collect(),
+            }],
+        };
+        let resp =
+            exclusive_allocate(&state, &settings, req(&["MIG-2-0", "MIG-1-0"])).expect("served");
+        let c = &resp.container_responses[0];
+        assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], "MIG-2,MIG-1");
+        assert!(c.mounts.is_empty() && !c.envs.contains_key("CUDA_DEVICE_MEMORY_LIMIT_0"));
+        assert!(exclusive_allocate(&state, &settings, req(&["GPU-x-0"])).is_err());
+        assert!(exclusive_allocate(&state, &settings, req(&[])).is_err());
+        let pref = exclusive_preferred(dp::PreferredAllocationRequest {
+            container_requests: vec![dp::ContainerPreferredAllocationRequest {
+                available_device_i_ds: vec!["MIG-1-0".into(), "MIG-2-0".into()],
+                must_include_device_i_ds: vec!["MIG-2-0".into()],
+                allocation_size: 2,
+            }],
+        });
+        assert_eq!(
+            pref.container_responses[0].device_i_ds,
+            ["MIG-2-0", "MIG-1-0"]
+        );
     }
 }

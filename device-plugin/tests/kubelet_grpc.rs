@@ -129,6 +129,7 @@ async fn start_plugin_with(
             allocator: allocator.clone(),
             preferred_allocation: true,
             stop,
+            exclusive: false,
         };
         run(ks, make, shutdown_rx, None).await.expect("plugin runs");
     });
@@ -678,6 +679,7 @@ async fn other_plugin_sockets_are_probed_for_their_devices() {
         )),
         preferred_allocation: false,
         stop: p.shutdown.child_token(),
+        exclusive: false,
     };
     tokio::spawn(
         tonic::transport::Server::builder()
