@@ -58,6 +58,10 @@ pub struct NodeSpec {
     pub scenario: Option<String>,
     /// Extra flags for this node's `tessera-device-plugin`.
     pub plugin_args: Vec<String>,
+    /// More of the plugin's `device-config.yaml` under `nvidia:` (indented YAML lines).
+    pub device_config: Option<String>,
+    /// The plugin's per-node `config.json` (e.g. `operatingmode: mig`).
+    pub node_config: Option<String>,
 }
 
 impl NodeSpec {
@@ -78,6 +82,8 @@ impl NodeSpec {
             split_count: None,
             scenario: None,
             plugin_args: Vec::new(),
+            device_config: None,
+            node_config: None,
         }
     }
 
@@ -105,11 +111,25 @@ impl NodeSpec {
             split_count: None,
             scenario: Some(scenario.to_owned()),
             plugin_args: Vec::new(),
+            device_config: None,
+            node_config: None,
         })
     }
 
     pub fn with_plugin_args(mut self, args: &[&str]) -> NodeSpec {
         self.plugin_args = args.iter().map(|a| (*a).to_owned()).collect();
+        self
+    }
+
+    /// Adds `yaml` (lines indented under `nvidia:`) to the plugin's `device-config.yaml`.
+    pub fn with_device_config(mut self, yaml: &str) -> NodeSpec {
+        self.device_config = Some(yaml.to_owned());
+        self
+    }
+
+    /// Gives the plugin a per-node `config.json`.
+    pub fn with_node_config(mut self, json: &str) -> NodeSpec {
+        self.node_config = Some(json.to_owned());
         self
     }
 
@@ -382,13 +402,26 @@ pub fn device_plugin_command(
     )?;
 
     let device_config = dir.join("device-config.yaml");
-    match spec.split_count {
-        Some(n) => std::fs::write(
-            &device_config,
-            format!("nvidia:\n  deviceSplitCount: {n}\n"),
-        )?,
+    let mut nvidia = String::new();
+    if let Some(n) = spec.split_count {
+        nvidia.push_str(&format!("  deviceSplitCount: {n}\n"));
+    }
+    if let Some(extra) = &spec.device_config {
+        nvidia.push_str(extra);
+        if !extra.ends_with('\n') {
+            nvidia.push('\n');
+        }
+    }
+    if nvidia.is_empty() {
+        let _ = std::fs::remove_file(&device_config);
+    } else {
+        std::fs::write(&device_config, format!("nvidia:\n{nvidia}"))?;
+    }
+    let node_config = dir.join("node-config.json");
+    match &spec.node_config {
+        Some(json) => std::fs::write(&node_config, json)?,
         None => {
-            let _ = std::fs::remove_file(&device_config);
+            let _ = std::fs::remove_file(&node_config);
         }
     }
     let mut cmd = Command::new(&env.plugin_binary);
@@ -399,7 +432,7 @@ pub fn device_plugin_command(
         .arg("--config-file")
         .arg(&device_config)
         .arg("--node-config")
-        .arg(dir.join("no-node-config.json"))
+        .arg(&node_config)
         .arg("--socket-dir")
         .arg(&kubelet.device_plugin_dir)
         .arg("--pod-resources-socket")
@@ -414,6 +447,8 @@ pub fn device_plugin_command(
         .args(&spec.plugin_args)
         .env("FAKE_NVML_SCENARIO", &scenario)
         .env("FAKE_NVML_EVENTS", &events_file)
+        // MIG instances outlive a plugin restart, as on a real GPU.
+        .env("FAKE_NVML_MIG_STATE", dir.join("nvml-mig-state.json"))
         .env("RUST_LOG", "info");
     Ok((cmd, events_file))
 }
