@@ -11,7 +11,10 @@
 # brings a busy kernel loop near 30 %; (4b) under the default policy, the switch the device
 # plugin's feedback writes for a lone container lifts that limit; (5) launch overhead of a
 # small-kernel loop vs no shim; (6) module memory (a PTX module with a 1.5 GiB global) and memory
-# a pool keeps after a free (PyTorch's cudaMallocAsync backend) count against the limit.
+# a pool keeps after a free (PyTorch's cudaMallocAsync backend) count against the limit; (7) MIG,
+# read only (the GPU's MIG mode is never changed): reports the mode NVML gives, and where MIG is
+# enabled, that the device plugin's discovery (--print-register, --mig-strategy single) lists
+# exactly the MIG instances nvidia-smi -L lists. TESSERA_DEVICE_PLUGIN=<path> skips its build.
 # Exit status: number of failed checks.
 set -u
 cd "$(dirname "$0")/../.."
@@ -179,6 +182,33 @@ sys.exit(0 if ok else 1)
 EOF
 if shim "$WORK/modpool.cache" 2g env CUDA_MODULE_LOADING=EAGER PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
   $PY "$WORK/modpool.py"; then pass "module and pool memory counted"; else fail "module / pool memory"; fi
+
+echo "== 7. MIG, read only"
+MIG_MODE=$(nvidia-smi -i 0 --query-gpu=mig.mode.current,mig.mode.pending --format=csv,noheader 2>/dev/null || echo "unknown")
+echo "GPU 0 MIG mode (current, pending): $MIG_MODE"
+if [ -z "${TESSERA_DEVICE_PLUGIN:-}" ]; then
+  cargo build --release -p tessera-device-plugin >&2 || echo "device plugin build failed"
+  TESSERA_DEVICE_PLUGIN=$(ls -t "${CARGO_TARGET_DIR:-$ROOT/target}"/release/tessera-device-plugin 2>/dev/null | head -1)
+fi
+if [ -x "${TESSERA_DEVICE_PLUGIN:-}" ]; then
+  printf 'nvidia:\n  deviceSplitCount: 1\n' >"$WORK/dc.yaml"
+  REG=$("$TESSERA_DEVICE_PLUGIN" --node-name gpu --config-file "$WORK/dc.yaml" --node-config "$WORK/none.json" \
+    --mig-strategy single --print-register --sysfs-root /sys 2>"$WORK/reg.err")
+  echo "register annotation: $REG"
+  case "$MIG_MODE" in
+    Enabled*)
+      WANT=$(nvidia-smi -L | grep -o 'MIG-[0-9a-f-]*' | sort | tr '\n' ' ')
+      GOT=$(echo "$REG" | grep -o 'MIG-[0-9a-f-]*' | sort -u | tr '\n' ' ')
+      echo "nvidia-smi -L: $WANT"
+      if [ "$WANT" = "$GOT" ]; then pass "discovery lists the MIG instances NVML reports"; else fail "MIG instances: nvidia-smi $WANT, discovery $GOT"; fi ;;
+    *)
+      if echo "$REG" | grep -q '"mode":"hami-core"'; then pass "MIG off: GPU 0 registered as shared"; else fail "MIG off, register: $REG $(cat "$WORK/reg.err")"; fi ;;
+  esac
+  AFTER=$(nvidia-smi -i 0 --query-gpu=mig.mode.current,mig.mode.pending --format=csv,noheader 2>/dev/null || echo "unknown")
+  if [ "$AFTER" = "$MIG_MODE" ]; then pass "MIG mode unchanged ($AFTER)"; else fail "MIG mode changed: $MIG_MODE -> $AFTER"; fi
+else
+  echo "no device plugin binary: skipping the MIG discovery check"
+fi
 
 echo "== done: $FAILS failure(s)"
 exit $FAILS
