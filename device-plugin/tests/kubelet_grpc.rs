@@ -729,6 +729,10 @@ fn mig_reservation(start: u32) -> MigAllocation {
     }
 }
 
+/// HAMi: pkg/device-plugin/nvidiadevice/nvinternal/plugin/util.go `GetContainerDeviceStrArray`
+/// (the container's reservations by device index, carved exactly, never another placement) and
+/// server.go `Allocate`/`annotateMigRuntimeInfo` (MIG UUIDs as the visible devices, no HAMi-core
+/// env or mounts, the runtime identity added to `hami.io/vgpu-mig-allocations`).
 #[tokio::test]
 async fn a_mig_reservation_is_carved_at_allocate_and_the_container_gets_only_that_instance() {
     let control = Arc::new(MemoryMig::a100s(1));
