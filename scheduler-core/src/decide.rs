@@ -38,6 +38,8 @@ pub struct Placement {
     pub devices: PodDevices,
     pub signature: AllocationSignature,
     pub charge: Charge,
+    /// `hami.io/vgpu-mig-allocations` of the decision; empty when no device is on a `mig` GPU.
+    pub mig: Vec<hami_contract::mig::MigAllocation>,
     /// Every node that fits, with its score (names shared with the loop's cache).
     pub fitting: Vec<(std::sync::Arc<str>, f32)>,
     pub failed: BTreeMap<String, String>,
@@ -438,6 +440,7 @@ fn filter(
                     signature: AllocationSignature::new(&chosen.devices, &annotations),
                     devices: chosen.devices,
                     charge: chosen.charge,
+                    mig: chosen.mig,
                     fitting,
                     failed: failure_map(failed),
                 });
@@ -493,6 +496,7 @@ pub fn reservation_for(pod: &Pod, uid: &str, placement: &Placement, tick: u64) -
         usage: hami_contract::usage::collapse_pod_usage(&nvidia, init_count, false),
         devices: placement.devices.clone(),
         signature: placement.signature.clone(),
+        mig: placement.mig.clone(),
         stage: BindStage::Decided,
         created_tick: tick,
     }
