@@ -441,47 +441,53 @@ mod tests {
     fn snapshot() -> MetricsSnapshot {
         MetricsSnapshot {
             leader: true,
-            gpus: vec![GpuMetrics {
-                node: "n1".into(),
-                uuid: "GPU-a".into(),
-                index: 0,
-                device_type: "NVIDIA-A100".into(),
-                count: 10,
-                totalmem: 40960,
-                totalcore: 100,
-                used: 1,
-                usedmem: 1024,
-                usedcores: 30,
-                mode: "hami-core".into(),
-                mig: Vec::new(),
-            }, GpuMetrics {
-                node: "n1".into(),
-                uuid: "GPU-m".into(),
-                index: 1,
-                device_type: "NVIDIA-A100".into(),
-                count: 7,
-                totalmem: 40960,
-                totalcore: 100,
-                used: 1,
-                usedmem: 9856,
-                usedcores: 15,
-                mode: "mig".into(),
-                mig: vec![hami_contract::mig::MigAllocation {
-                    gpu_uuid: "GPU-m".into(),
-                    profile: "2g.10gb".into(),
-                    placement: hami_contract::mig::MigPlacement { start: 0, size: 2 },
-                    mig_uuid: "MIG-runtime".into(),
-                    gpu_instance_id: Some(4),
-                    compute_instance_id: Some(0),
-                    ..Default::default()
-                }, hami_contract::mig::MigAllocation {
-                    // Not realized yet: no series.
-                    gpu_uuid: "GPU-m".into(),
-                    profile: "1g.5gb".into(),
-                    placement: hami_contract::mig::MigPlacement { start: 6, size: 1 },
-                    ..Default::default()
-                }],
-            }],
+            gpus: vec![
+                GpuMetrics {
+                    node: "n1".into(),
+                    uuid: "GPU-a".into(),
+                    index: 0,
+                    device_type: "NVIDIA-A100".into(),
+                    count: 10,
+                    totalmem: 40960,
+                    totalcore: 100,
+                    used: 1,
+                    usedmem: 1024,
+                    usedcores: 30,
+                    mode: "hami-core".into(),
+                    mig: Vec::new(),
+                },
+                GpuMetrics {
+                    node: "n1".into(),
+                    uuid: "GPU-m".into(),
+                    index: 1,
+                    device_type: "NVIDIA-A100".into(),
+                    count: 7,
+                    totalmem: 40960,
+                    totalcore: 100,
+                    used: 1,
+                    usedmem: 9856,
+                    usedcores: 15,
+                    mode: "mig".into(),
+                    mig: vec![
+                        hami_contract::mig::MigAllocation {
+                            gpu_uuid: "GPU-m".into(),
+                            profile: "2g.10gb".into(),
+                            placement: hami_contract::mig::MigPlacement { start: 0, size: 2 },
+                            mig_uuid: "MIG-runtime".into(),
+                            gpu_instance_id: Some(4),
+                            compute_instance_id: Some(0),
+                            ..Default::default()
+                        },
+                        hami_contract::mig::MigAllocation {
+                            // Not realized yet: no series.
+                            gpu_uuid: "GPU-m".into(),
+                            profile: "1g.5gb".into(),
+                            placement: hami_contract::mig::MigPlacement { start: 6, size: 1 },
+                            ..Default::default()
+                        },
+                    ],
+                },
+            ],
             containers: vec![ContainerDeviceMetrics {
                 namespace: "ns".into(),
                 node: "n1".into(),

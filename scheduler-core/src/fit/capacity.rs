@@ -29,7 +29,11 @@ impl MigGpu {
     /// `selectMigCandidate` (HAMi `pkg/device/nvidia/device.go`): of the profiles with at least
     /// `memory` MiB, by memory then slice count (stable), the first that has a placement
     /// overlapping none of `occupied`; its placement is chosen by [`select_placement`].
-    pub fn select(&self, occupied: &[MigPlacement], memory: u32) -> Option<(&MigProfile, MigPlacement)> {
+    pub fn select(
+        &self,
+        occupied: &[MigPlacement],
+        memory: u32,
+    ) -> Option<(&MigProfile, MigPlacement)> {
         let mut candidates: Vec<&MigProfile> = self.profiles.iter().collect();
         candidates.sort_by_key(|p| (p.memory_mb, p.slice_count));
         candidates

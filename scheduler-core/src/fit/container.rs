@@ -290,8 +290,7 @@ impl ContainerFit<'_> {
                         extra = extra.add(p.mem, p.cores);
                     }
                 }
-                let pick = match self.check_device_rest(g, i, mutex, extra, coresreq, &collected)
-                {
+                let pick = match self.check_device_rest(g, i, mutex, extra, coresreq, &collected) {
                     Ok(p) => p,
                     Err(r) => {
                         bump(r, 1);

@@ -372,12 +372,10 @@ impl QuickAsk {
                 ) {
                     Err(r) => r,
                     // HAMi: `CustomFilterRule` of a `mig` GPU (pkg/device/nvidia/device.go).
-                    Ok(memreq) if g.flags & MIG != 0 => {
-                        match mig_max.get(i).copied().flatten() {
-                            Some(max) if max >= memreq => return Ok(()),
-                            _ => reason::CARD_MIG_TOPOLOGY_INFEASIBLE,
-                        }
-                    }
+                    Ok(memreq) if g.flags & MIG != 0 => match mig_max.get(i).copied().flatten() {
+                        Some(max) if max >= memreq => return Ok(()),
+                        _ => reason::CARD_MIG_TOPOLOGY_INFEASIBLE,
+                    },
                     Ok(_) => return Ok(()),
                 },
             };
