@@ -17,8 +17,10 @@ use crate::state::{
 /// Reason for a node skipped because a pending pod there could be confused with this one.
 pub const PENDING_CONFLICT: &str = "PendingAllocationConflict";
 
-/// What filtering one pod concluded.
+/// What filtering one pod concluded. (One per filter, moved once: the size of `Placed` does not
+/// matter.)
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)]
 pub enum Verdict {
     /// The pod asks for no managed resource: pass the candidates through untouched.
     NotGpu,

@@ -75,7 +75,7 @@ pub fn select_placement(
     if prefers_high_placement(name) {
         // A stable sort by descending start: of equal starts the first listed.
         let mut ordered: Vec<&MigPlacement> = profile.placements.iter().collect();
-        ordered.sort_by(|a, b| b.start.cmp(&a.start));
+        ordered.sort_by_key(|p| std::cmp::Reverse(p.start));
         ordered.into_iter().find(free).copied()
     } else {
         let mut ordered: Vec<&MigPlacement> = profile.placements.iter().collect();
