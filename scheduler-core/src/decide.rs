@@ -17,8 +17,10 @@ use crate::state::{
 /// Reason for a node skipped because a pending pod there could be confused with this one.
 pub const PENDING_CONFLICT: &str = "PendingAllocationConflict";
 
-/// What filtering one pod concluded.
+/// What filtering one pod concluded. (One per filter, moved once: the size of `Placed` does not
+/// matter.)
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)]
 pub enum Verdict {
     /// The pod asks for no managed resource: pass the candidates through untouched.
     NotGpu,
@@ -38,6 +40,8 @@ pub struct Placement {
     pub devices: PodDevices,
     pub signature: AllocationSignature,
     pub charge: Charge,
+    /// `hami.io/vgpu-mig-allocations` of the decision; empty when no device is on a `mig` GPU.
+    pub mig: Vec<hami_contract::mig::MigAllocation>,
     /// Every node that fits, with its score (names shared with the loop's cache).
     pub fitting: Vec<(std::sync::Arc<str>, f32)>,
     pub failed: BTreeMap<String, String>,
@@ -438,6 +442,7 @@ fn filter(
                     signature: AllocationSignature::new(&chosen.devices, &annotations),
                     devices: chosen.devices,
                     charge: chosen.charge,
+                    mig: chosen.mig,
                     fitting,
                     failed: failure_map(failed),
                 });
@@ -493,6 +498,7 @@ pub fn reservation_for(pod: &Pod, uid: &str, placement: &Placement, tick: u64) -
         usage: hami_contract::usage::collapse_pod_usage(&nvidia, init_count, false),
         devices: placement.devices.clone(),
         signature: placement.signature.clone(),
+        mig: placement.mig.clone(),
         stage: BindStage::Decided,
         created_tick: tick,
     }

@@ -36,17 +36,28 @@ pub struct LargestGpu {
     pub node: String,
 }
 
-/// The largest GPU on a registered node that the filter could ever hand out: NVIDIA, not in MIG
-/// mode (never placed, docs/scheduler.md), with at least one replica. Health and cordons are
-/// ignored: they change, the card stays.
+/// The largest GPU on a registered node that the filter could ever hand out: NVIDIA, with at
+/// least one replica; on a GPU in `mig` mode, no more than its largest registered profile
+/// (contract §6.4: a request must fit one instance). Health and cordons are ignored: they
+/// change, the card stays.
 fn largest_usable(rec: &NodeRecord) -> Option<u32> {
     if rec.unregistered.is_some() {
         return None;
     }
     rec.devices
         .iter()
-        .filter(|d| d.count > 0 && d.mode != "mig" && fit::is_nvidia(&d.device_type))
-        .map(|d| d.devmem)
+        .filter(|d| d.count > 0 && fit::is_nvidia(&d.device_type))
+        .filter_map(|d| {
+            if d.mode != fit::MIG_MODE {
+                return Some(d.devmem);
+            }
+            let profiles = hami_contract::mig::decode_profiles(&d.mig_profiles).ok()?;
+            profiles
+                .iter()
+                .map(|p| p.memory_mb)
+                .max()
+                .map(|m| m.min(d.devmem))
+        })
         .max()
 }
 
@@ -134,7 +145,7 @@ mod tests {
     }
 
     #[test]
-    fn largest_gpu_skips_mig_cards_and_follows_updates() {
+    fn largest_gpu_skips_mig_cards_without_profiles_and_follows_updates() {
         let mut f = ClusterFacts::new();
         assert_eq!(f.largest_gpu(), None);
         f.upsert_node(&node("a", json!([dev("g1", 40960, "hami-core")])));

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use hami_contract::PodDevices;
 use hami_contract::annotations as ann;
+use hami_contract::mig::MigAllocation;
 
 /// Metadata to merge into a pod (JSON merge patch on `metadata.annotations` / `labels`), or to
 /// carry in a Binding's `metadata`.
@@ -22,10 +23,22 @@ pub struct MetadataPatch {
 }
 
 /// The decision: node and devices (`hami.io/vgpu-node`, `vgpu-time`, `vgpu-devices-to-allocate`,
-/// `vgpu-devices-allocated`) and the `hami.io/vgpu-node` label. HAMi writes it at filter.
-pub fn decision_patch(node: &str, devices: &PodDevices, unix_now: u64) -> MetadataPatch {
+/// `vgpu-devices-allocated`, and `vgpu-mig-allocations` when a device is on a `mig` GPU) and
+/// the `hami.io/vgpu-node` label. HAMi writes it at filter (`PatchAnnotations`).
+pub fn decision_patch(
+    node: &str,
+    devices: &PodDevices,
+    mig: &[MigAllocation],
+    unix_now: u64,
+) -> MetadataPatch {
     let devices = devices.encode();
     let mut patch = MetadataPatch::default();
+    if !mig.is_empty() {
+        patch.annotations.insert(
+            ann::MIG_ALLOCATIONS.to_owned(),
+            hami_contract::mig::encode_allocations(mig),
+        );
+    }
     patch
         .annotations
         .insert(ann::VGPU_NODE.to_owned(), node.to_owned());
@@ -67,8 +80,13 @@ pub fn bind_allocating_patch(unix_now: u64) -> MetadataPatch {
 /// Everything the device plugin reads, for the Binding's metadata: the decision and
 /// `bind-phase: allocating` with its time. The label is sent too, but the API server copies a
 /// Binding's labels only with the `PodTopologyLabelsAdmission` gate (alpha, off, in 1.34).
-pub fn binding_metadata(node: &str, devices: &PodDevices, unix_now: u64) -> MetadataPatch {
-    let mut patch = decision_patch(node, devices, unix_now);
+pub fn binding_metadata(
+    node: &str,
+    devices: &PodDevices,
+    mig: &[MigAllocation],
+    unix_now: u64,
+) -> MetadataPatch {
+    let mut patch = decision_patch(node, devices, mig, unix_now);
     patch
         .annotations
         .extend(bind_allocating_patch(unix_now).annotations);
@@ -82,7 +100,7 @@ mod tests {
     #[test]
     fn the_binding_carries_every_annotation_the_device_plugin_reads() {
         let devices = PodDevices::decode("GPU-a,NVIDIA,1000,10:;").expect("devices");
-        let m = binding_metadata("n1", &devices, 42);
+        let m = binding_metadata("n1", &devices, &[], 42);
         let keys: Vec<&str> = m.annotations.keys().map(String::as_str).collect();
         assert_eq!(
             keys,
@@ -99,5 +117,23 @@ mod tests {
         assert_eq!(m.annotations[ann::DEVICES_TO_ALLOCATE], devices.encode());
         assert_eq!(m.annotations[ann::BIND_TIME], "42");
         assert_eq!(m.labels[ann::VGPU_NODE], "n1");
+    }
+
+    /// HAMi: `PatchAnnotations` + `EncodeMigAllocations` (pkg/device/nvidia/device.go,
+    /// mig_allocations.go): the reservation travels with the devices.
+    #[test]
+    fn a_mig_decision_carries_its_reservations() {
+        let devices = PodDevices::decode("GPU-a,NVIDIA,9856,15:;").expect("devices");
+        let mig = [MigAllocation {
+            gpu_uuid: "GPU-a".into(),
+            profile: "1g.10gb".into(),
+            placement: hami_contract::mig::MigPlacement { start: 6, size: 1 },
+            ..MigAllocation::default()
+        }];
+        let m = binding_metadata("n1", &devices, &mig, 42);
+        assert_eq!(
+            m.annotations[ann::MIG_ALLOCATIONS],
+            r#"[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.10gb","placement":{"start":6,"size":1}}]"#
+        );
     }
 }

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use hami_contract::annotations as ann;
 use hami_contract::identity::AllocationSignature;
+use hami_contract::mig::MigAllocation;
 use hami_contract::usage::{DeviceUsage, collapse_pod_usage};
 use hami_contract::{NodeDevice, PodDevices};
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
@@ -149,6 +150,9 @@ pub struct PodRecord {
     pub signature: AllocationSignature,
     /// Problem decoding the allocation (the pod then books nothing).
     pub decode_error: Option<String>,
+    /// `hami.io/vgpu-mig-allocations` (contract §6.4); empty when absent or undecodable (HAMi
+    /// ignores an undecodable value).
+    pub mig: Vec<MigAllocation>,
 }
 
 fn all_init_done(pod: &Pod) -> bool {
@@ -208,6 +212,10 @@ impl PodRecord {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let terminal = matches!(phase, Some("Succeeded") | Some("Failed"));
         let signature = AllocationSignature::new(&devices, &annotations);
+        let mig = annotations
+            .get(ann::MIG_ALLOCATIONS)
+            .and_then(|v| hami_contract::mig::decode_allocations(v).ok())
+            .unwrap_or_default();
         Some(PodRecord {
             uid,
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
@@ -221,6 +229,7 @@ impl PodRecord {
             deleting: pod.metadata.deletion_timestamp.is_some(),
             signature,
             decode_error,
+            mig,
         })
     }
 
@@ -353,6 +362,8 @@ struct PodEntry {
     /// The signature's placement constraints when the signature is not kept.
     constraints: Box<[(Box<str>, Box<str>)]>,
     decode_error: Option<Box<str>>,
+    /// [`PodRecord::mig`], kept only for the pods that have MIG reservations.
+    mig: Option<Box<[MigAllocation]>>,
 }
 
 impl PodEntry {
@@ -371,6 +382,7 @@ impl PodEntry {
             deleting,
             signature,
             decode_error,
+            mig,
         } = rec;
         let devices = devices
             .0
@@ -419,6 +431,7 @@ impl PodEntry {
             signature,
             constraints,
             decode_error: decode_error.map(String::into_boxed_str),
+            mig: (!mig.is_empty()).then(|| mig.into_boxed_slice()),
         }
     }
 
@@ -485,6 +498,7 @@ impl PodEntry {
             deleting: self.deleting,
             signature,
             decode_error: self.decode_error.as_deref().map(str::to_owned),
+            mig: self.mig.as_deref().map(<[_]>::to_vec).unwrap_or_default(),
         }
     }
 }
@@ -560,6 +574,7 @@ fn annotation_read(key: &str) -> bool {
 /// by [`slim_pod`]: at 50,000 pods they were 12 MiB of the List buffers.
 fn pod_annotation_read(key: &str) -> bool {
     key == ann::DEVICES_ALLOCATED
+        || key == ann::MIG_ALLOCATIONS
         || key == ann::VGPU_NODE
         || key == ann::BIND_PHASE
         || hami_contract::identity::PLACEMENT_CONSTRAINT_ANNOTATIONS.contains(&key)
@@ -684,6 +699,9 @@ pub struct Reservation {
     pub devices: PodDevices,
     pub usage: Vec<DeviceUsage>,
     pub signature: AllocationSignature,
+    /// The MIG instances of the decision (`hami.io/vgpu-mig-allocations`), empty for most pods:
+    /// they occupy their placements while the pod is in flight.
+    pub mig: Vec<MigAllocation>,
     pub stage: BindStage,
     /// Loop tick at creation, for the sweep.
     pub created_tick: u64,
@@ -1126,9 +1144,21 @@ impl ClusterState {
         Some((p.node.as_deref()?, UsageRef::Compact(&p.usage)))
     }
 
+    /// The MIG reservations of `uid`'s effective usage ([`Self::effective`]).
+    fn effective_mig(&self, uid: &str) -> &[MigAllocation] {
+        if let Some(r) = self.reservations.get(uid) {
+            return &r.mig;
+        }
+        self.pods
+            .get(uid)
+            .and_then(|p| p.mig.as_deref())
+            .unwrap_or_default()
+    }
+
     fn build_node(&self, name: &str, exclude: Option<&str>) -> Option<NodeState> {
         let rec = self.nodes.get(name)?;
         let mut state = rec.base_state();
+        let has_mig = state.gpus.iter().any(|g| g.mode == fit::MIG_MODE);
         let mut uids: BTreeSet<&str> = self
             .by_node
             .get(name)
@@ -1145,6 +1175,14 @@ impl ClusterState {
                 && n == name
             {
                 usage.book(&mut state);
+                // HAMi's occupancy rebuild of MIG reservations (contract §6.4), only where
+                // there is something to do: a `mig` GPU on the node, or reservations.
+                let mig = self.effective_mig(uid);
+                if has_mig || !mig.is_empty() {
+                    let mut used: Vec<String> = Vec::new();
+                    usage.each(|u, _, _, _| used.push(u.to_owned()));
+                    fit::book_pod_mig(&mut state, used.iter().map(String::as_str), mig);
+                }
             }
         }
         Some(state)
@@ -1334,6 +1372,36 @@ impl ClusterState {
                         && u64::from(g.usedcores) + u64::from(u.cores) <= u64::from(g.totalcore)
                 })
         })
+    }
+
+    /// Whether the MIG reservations `mig` still fit on `node` next to every other pod's (the
+    /// bind-time re-check): each names a healthy `mig` GPU of the node, and no two placements on
+    /// one GPU overlap.
+    pub fn mig_fits(&self, node: &str, uid: &str, mig: &[MigAllocation]) -> bool {
+        if mig.is_empty() {
+            return true;
+        }
+        let Some(state) = self.build_node(node, Some(uid)) else {
+            return false;
+        };
+        let mut taken: Vec<(&str, hami_contract::mig::MigPlacement)> = Vec::new();
+        for a in mig {
+            let Some(g) = state.gpus.iter().find(|g| g.uuid == a.gpu_uuid) else {
+                return false;
+            };
+            let Some(m) = g.mig.as_deref().filter(|_| g.health) else {
+                return false;
+            };
+            if m.occupied().any(|p| p.overlaps(&a.placement))
+                || taken
+                    .iter()
+                    .any(|(u, p)| *u == a.gpu_uuid && p.overlaps(&a.placement))
+            {
+                return false;
+            }
+            taken.push((&a.gpu_uuid, a.placement));
+        }
+        true
     }
 
     /// The namespace's budget: the minimum of every quota object's limits, and the usage of

@@ -217,7 +217,13 @@ fn node_record(i: usize, spec: &NodeSpec) -> NodeRecord {
             device_type: TYPES[s.ty].to_owned(),
             numa: s.numa,
             mode: if s.mig { "mig" } else { "hami-core" }.to_owned(),
-            mig_profiles: Vec::new(),
+            // MIG GPUs register A100-40GB-like profiles (contract §6.4), so that MIG requests
+            // fit, fill placements and get refused (`CardMigTopologyInfeasible`) on both paths.
+            mig_profiles: if s.mig {
+                hami_contract::mig::encode_profiles(&a100_profiles())
+            } else {
+                Vec::new()
+            },
             health: s.health,
         })
         .collect();
@@ -334,6 +340,7 @@ fn book(state: &mut ClusterState, nodes: &[NodeSpec], i: usize, b: &Booking, uid
                 node: node_name,
                 usage: collapse_pod_usage(&nvidia, 0, false),
                 signature: AllocationSignature::new(&devices, &BTreeMap::new()),
+                mig: Vec::new(),
                 devices,
                 stage: match k {
                     4 => BindStage::Decided,
@@ -555,8 +562,48 @@ fn gpu_state() -> impl Strategy<Value = GpuState> {
             used,
             usedmem,
             usedcores: usedcores.min(s.core.max(1)),
+            mig: s.mig.then(|| {
+                let mut in_use = Vec::new();
+                // Some placements already in use, from the unused numbers.
+                for start in [0u32, 2, 4, 6] {
+                    if used & (1 << (start / 2)) != 0 {
+                        in_use.push(hami_contract::mig::MigAllocation {
+                            gpu_uuid: "x".into(),
+                            profile: "1g.5gb".into(),
+                            placement: hami_contract::mig::MigPlacement { start, size: 1 },
+                            ..Default::default()
+                        });
+                    }
+                }
+                Box::new(fit::MigGpu {
+                    profiles: a100_profiles(),
+                    in_use,
+                })
+            }),
         },
     )
+}
+
+/// A100-40GB's MIG profiles as HAMi's device plugin registers them (memory, core, placements).
+fn a100_profiles() -> Vec<hami_contract::mig::MigProfile> {
+    use hami_contract::mig::{MigPlacement, MigProfile};
+    let p = |name: &str, memory_mb, core, slice_count, starts: &[u32], size| MigProfile {
+        name: name.to_owned(),
+        memory_mb,
+        core,
+        slice_count,
+        placements: starts
+            .iter()
+            .map(|&start| MigPlacement { start, size })
+            .collect(),
+    };
+    vec![
+        p("1g.5gb", 4864, 15, 1, &[0, 1, 2, 3, 4, 5, 6], 1),
+        p("2g.10gb", 9856, 29, 2, &[0, 2, 4], 2),
+        p("3g.20gb", 19968, 43, 3, &[0, 4], 4),
+        p("4g.20gb", 19968, 58, 4, &[0], 4),
+        p("7g.40gb", 40192, 100, 7, &[0], 8),
+    ]
 }
 
 fn policy() -> impl Strategy<Value = Vec<GpuPolicyKey>> {

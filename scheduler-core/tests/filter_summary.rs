@@ -17,6 +17,7 @@ fn placement(fitting: Vec<(String, f32)>, failed: usize) -> Placement {
         signature: AllocationSignature::new(&devices, &BTreeMap::new()),
         devices,
         charge: Charge::default(),
+        mig: Vec::new(),
         fitting,
         failed: (0..failed)
             .map(|i| (format!("f{i}"), "x".to_owned()))

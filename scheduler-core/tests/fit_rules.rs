@@ -25,6 +25,7 @@ fn gpu(uuid: &str, index: u32, numa: u32) -> GpuState {
         used: 0,
         usedmem: 0,
         usedcores: 0,
+        mig: None,
     }
 }
 
@@ -271,11 +272,11 @@ fn every_card_reason_is_reported_in_hami_format() {
             "1/1 CardUuidMismatch",
         ),
         (
-            "mig mode is not served",
+            "mig GPU without profiles",
             Box::new(|g| g.mode = "mig".into()),
             one(1, 1000, UNSET, 0),
             opts(&[]),
-            "1/1 CardNotFoundCustomFilterRule",
+            "1/1 CardMigTopologyInfeasible",
         ),
     ];
     for (name, prep, ask, o, want) in cases {

@@ -58,6 +58,8 @@ pub struct BindPlan {
     /// The devices to write with the Binding; `None` for pods with no GPU request (a plain
     /// Binding, no annotations).
     pub devices: Option<PodDevices>,
+    /// `hami.io/vgpu-mig-allocations` to write with the devices (empty: none).
+    pub mig: Vec<hami_contract::mig::MigAllocation>,
     /// The node runs HAMi's device plugin: take HAMi's node lock for the pod before binding.
     pub hami_lock: bool,
 }
@@ -75,6 +77,10 @@ pub struct GpuMetrics {
     pub used: u32,
     pub usedmem: u32,
     pub usedcores: u32,
+    /// The GPU's operating mode as registered (`hami-core`, `mig`, …).
+    pub mode: String,
+    /// On a `mig` GPU, the instances in use (placed pods' reservations and in-flight ones).
+    pub mig: Vec<hami_contract::mig::MigAllocation>,
 }
 
 /// Per-quota numbers for metrics.
@@ -388,6 +394,7 @@ impl Engine {
         if ask.is_empty() {
             return Ok(BindPlan {
                 devices: None,
+                mig: Vec::new(),
                 hami_lock: false,
             });
         }
@@ -405,6 +412,7 @@ impl Engine {
                     devices: p.devices.clone(),
                     usage: p.usage.clone(),
                     signature: p.signature.clone(),
+                    mig: p.mig.clone(),
                     stage: BindStage::Decided,
                     created_tick: self.tick,
                 })
@@ -463,7 +471,9 @@ impl Engine {
                 reservation.node
             )));
         }
-        if !self.state.usage_fits(node, &uid, &reservation.usage) {
+        if !self.state.usage_fits(node, &uid, &reservation.usage)
+            || !self.state.mig_fits(node, &uid, &reservation.mig)
+        {
             self.state.release(&uid);
             return Err(Refusal::Rejected(format!(
                 "the GPU decision of pod {key} no longer fits node {node} (another placement took the capacity); it will be filtered again"
@@ -487,9 +497,11 @@ impl Engine {
         }
         reservation.stage = BindStage::Binding;
         let devices = reservation.devices.clone();
+        let mig = reservation.mig.clone();
         self.state.reserve(reservation);
         Ok(BindPlan {
             devices: Some(devices),
+            mig,
             hami_lock,
         })
     }
@@ -558,6 +570,8 @@ impl Engine {
                         used: g.used,
                         usedmem: g.usedmem,
                         usedcores: g.usedcores,
+                        mode: g.mode.clone(),
+                        mig: g.mig.as_ref().map(|m| m.in_use.clone()).unwrap_or_default(),
                     });
                 }
             }

@@ -323,7 +323,7 @@ async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilte
         }
         Verdict::Placed(p) => {
             if app.decision.writes.decision_at_filter {
-                let patch = decision_patch(&p.node, &p.devices, unix_now());
+                let patch = decision_patch(&p.node, &p.devices, &p.mig, unix_now());
                 let ns = pod.metadata.namespace.clone().unwrap_or_default();
                 let name = pod.metadata.name.clone().unwrap_or_default();
                 if let Err(e) = app.edge.patch_pod(&ns, &name, &uid, patch).await {
@@ -462,7 +462,7 @@ async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), Stri
     let metadata = plan
         .devices
         .as_ref()
-        .map(|d| binding_metadata(&args.node, d, unix_now()))
+        .map(|d| binding_metadata(&args.node, d, &plan.mig, unix_now()))
         .unwrap_or_default();
     if let Err(e) = app
         .edge

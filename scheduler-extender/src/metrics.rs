@@ -51,6 +51,7 @@ struct LegacyFamilies {
     quota_used: FloatFamily,
     vgpu_memory_allocated: FloatFamily,
     vgpu_core_allocated: FloatFamily,
+    mig_instance: FloatFamily,
 }
 
 /// `(name, value)` label pairs.
@@ -110,6 +111,11 @@ impl LegacyFamilies {
                 "vGPUCoreAllocated",
                 "vGPU core allocated from a container",
                 self.vgpu_core_allocated,
+            ),
+            (
+                "nodeGPUMigInstance",
+                "GPU Sharing mode. 0 for hami-core, 1 for mig, 2 for mps",
+                self.mig_instance,
             ),
         ];
         for (name, help, family) in named {
@@ -300,6 +306,46 @@ impl Metrics {
                 "GPU memory allocated ratio",
                 mem_ratio,
             );
+            // HAMi v2.10 `cmd/scheduler/metrics.go`: one series per realized MIG instance (the
+            // device plugin wrote its identity into the pod's reservation) on a `mig` GPU.
+            let mig_instance = family();
+            for g in snap.gpus.iter().filter(|g| g.mode == "mig") {
+                for a in g.mig.iter().filter(|a| a.is_realized()) {
+                    let (gi, ci) = (
+                        a.gpu_instance_id.unwrap_or_default().to_string(),
+                        a.compute_instance_id.unwrap_or_default().to_string(),
+                    );
+                    mig_instance
+                        .get_or_create(&labels([
+                            ("node", g.node.clone()),
+                            ("device_uuid", g.uuid.clone()),
+                            ("device_index", g.index.to_string()),
+                            ("mig_uuid", a.mig_uuid.clone()),
+                            ("profile", a.profile.clone()),
+                            ("gpu_instance_id", gi.clone()),
+                            ("compute_instance_id", ci),
+                            ("placement_start", a.placement.start.to_string()),
+                            ("placement_size", a.placement.size.to_string()),
+                        ]))
+                        .set(1.0);
+                    if self.legacy {
+                        legacy
+                            .mig_instance
+                            .get_or_create(&labels([
+                                ("nodeid", g.node.clone()),
+                                ("deviceuuid", g.uuid.clone()),
+                                ("deviceidx", g.index.to_string()),
+                                ("migname", format!("{}-{gi}", a.profile)),
+                            ]))
+                            .set(1.0);
+                    }
+                }
+            }
+            vgpu.register(
+                "hami_node_gpu_mig_instance_info",
+                "Realized MIG instance identity and scheduler placement",
+                mig_instance,
+            );
             let (v_mem, v_cores) = (family(), family());
             for c in &snap.containers {
                 let labels = vec![
@@ -395,18 +441,53 @@ mod tests {
     fn snapshot() -> MetricsSnapshot {
         MetricsSnapshot {
             leader: true,
-            gpus: vec![GpuMetrics {
-                node: "n1".into(),
-                uuid: "GPU-a".into(),
-                index: 0,
-                device_type: "NVIDIA-A100".into(),
-                count: 10,
-                totalmem: 40960,
-                totalcore: 100,
-                used: 1,
-                usedmem: 1024,
-                usedcores: 30,
-            }],
+            gpus: vec![
+                GpuMetrics {
+                    node: "n1".into(),
+                    uuid: "GPU-a".into(),
+                    index: 0,
+                    device_type: "NVIDIA-A100".into(),
+                    count: 10,
+                    totalmem: 40960,
+                    totalcore: 100,
+                    used: 1,
+                    usedmem: 1024,
+                    usedcores: 30,
+                    mode: "hami-core".into(),
+                    mig: Vec::new(),
+                },
+                GpuMetrics {
+                    node: "n1".into(),
+                    uuid: "GPU-m".into(),
+                    index: 1,
+                    device_type: "NVIDIA-A100".into(),
+                    count: 7,
+                    totalmem: 40960,
+                    totalcore: 100,
+                    used: 1,
+                    usedmem: 9856,
+                    usedcores: 15,
+                    mode: "mig".into(),
+                    mig: vec![
+                        hami_contract::mig::MigAllocation {
+                            gpu_uuid: "GPU-m".into(),
+                            profile: "2g.10gb".into(),
+                            placement: hami_contract::mig::MigPlacement { start: 0, size: 2 },
+                            mig_uuid: "MIG-runtime".into(),
+                            gpu_instance_id: Some(4),
+                            compute_instance_id: Some(0),
+                            ..Default::default()
+                        },
+                        hami_contract::mig::MigAllocation {
+                            // Not realized yet: no series.
+                            gpu_uuid: "GPU-m".into(),
+                            profile: "1g.5gb".into(),
+                            placement: hami_contract::mig::MigPlacement { start: 6, size: 1 },
+                            ..Default::default()
+                        },
+                    ],
+                },
+            ],
             containers: vec![ContainerDeviceMetrics {
                 namespace: "ns".into(),
                 node: "n1".into(),
@@ -443,5 +524,36 @@ mod tests {
         )
         .unwrap_or_else(|p| panic!("{}\n{text}", p.join("\n")));
         assert!(checked >= 15, "{checked} rows checked");
+    }
+
+    /// HAMi v2.10 `cmd/scheduler/metrics_test.go`
+    /// `TestClusterManagerCollectorExposesDynamicMigRuntimeIdentity`: the realized instance only.
+    #[test]
+    fn realized_mig_instances_are_exported_as_hami_does() {
+        let text = Metrics::default().render(&snapshot());
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("hami_node_gpu_mig_instance_info{"))
+            .collect();
+        assert_eq!(rows.len(), 1, "{text}");
+        for part in [
+            r#"node="n1""#,
+            r#"device_uuid="GPU-m""#,
+            r#"device_index="1""#,
+            r#"mig_uuid="MIG-runtime""#,
+            r#"profile="2g.10gb""#,
+            r#"gpu_instance_id="4""#,
+            r#"compute_instance_id="0""#,
+            r#"placement_start="0""#,
+            r#"placement_size="2""#,
+        ] {
+            assert!(rows[0].contains(part), "{part} in {}", rows[0]);
+        }
+        let legacy = Metrics {
+            legacy: true,
+            ..Metrics::default()
+        }
+        .render(&snapshot());
+        assert!(legacy.contains(r#"migname="2g.10gb-4""#), "{legacy}");
     }
 }

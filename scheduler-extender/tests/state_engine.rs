@@ -333,7 +333,7 @@ fn decided_pod(pod: &Pod, v: &Result<Verdict, Refusal>) -> Pod {
     let Ok(Verdict::Placed(p)) = v else {
         panic!("{v:?}")
     };
-    let patch = tessera_scheduler_core::patch::decision_patch(&p.node, &p.devices, 0);
+    let patch = tessera_scheduler_core::patch::decision_patch(&p.node, &p.devices, &p.mig, 0);
     let mut pod = pod.clone();
     pod.metadata.annotations = Some(patch.annotations);
     pod.metadata.labels = Some(patch.labels);

@@ -3,6 +3,87 @@
 
 use std::collections::{HashMap, HashSet};
 
+use hami_contract::mig::{MigAllocation, MigPlacement, MigProfile};
+
+/// The operating mode of a GPU whose instances the scheduler places (HAMi's `MigMode`).
+pub const MIG_MODE: &str = "mig";
+
+/// What a GPU in `mig` mode adds to its state (contract §6.4): the profiles its device plugin
+/// registered and the instances in use (placed pods' `hami.io/vgpu-mig-allocations`, in-flight
+/// reservations, and the earlier containers of the pod being fitted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigGpu {
+    /// As registered (`migProfiles`), in registration order.
+    pub profiles: Vec<MigProfile>,
+    /// HAMi's `MigAllocationsInUse`: profile, placement and, once the device plugin realized it,
+    /// the instance's identity (container and device indices are not meaningful here).
+    pub in_use: Vec<MigAllocation>,
+}
+
+impl MigGpu {
+    /// The placements in use (`occupiedMigPlacements`).
+    pub fn occupied(&self) -> impl Iterator<Item = MigPlacement> + '_ {
+        self.in_use.iter().map(|a| a.placement)
+    }
+
+    /// `selectMigCandidate` (HAMi `pkg/device/nvidia/device.go`): of the profiles with at least
+    /// `memory` MiB, by memory then slice count (stable), the first that has a placement
+    /// overlapping none of `occupied`; its placement is chosen by [`select_placement`].
+    pub fn select(
+        &self,
+        occupied: &[MigPlacement],
+        memory: u32,
+    ) -> Option<(&MigProfile, MigPlacement)> {
+        let mut candidates: Vec<&MigProfile> = self.profiles.iter().collect();
+        candidates.sort_by_key(|p| (p.memory_mb, p.slice_count));
+        candidates
+            .into_iter()
+            .filter(|p| p.memory_mb >= memory)
+            .find_map(|p| select_placement(&self.profiles, occupied, &p.name).map(|pl| (p, pl)))
+    }
+
+    /// The largest profile memory that [`Self::select`] could give now (`None`: no profile has a
+    /// free placement): a request fits iff its memory is at most this.
+    pub fn max_free_memory(&self) -> Option<u32> {
+        let occupied: Vec<MigPlacement> = self.occupied().collect();
+        self.profiles
+            .iter()
+            .filter(|p| select_placement(&self.profiles, &occupied, &p.name).is_some())
+            .map(|p| p.memory_mb)
+            .max()
+    }
+}
+
+/// Whether a profile's placements are tried from the highest start (`preferHighMigPlacement`,
+/// HAMi `mig_topology.go`: `1g.` and `3g.` profiles, which keeps the low slices free for the
+/// larger profiles that can only start there).
+pub fn prefers_high_placement(profile: &str) -> bool {
+    profile.starts_with("1g.") || profile.starts_with("3g.")
+}
+
+/// `selectMigPlacement` (HAMi `mig_topology.go`): the first placement of the profile named
+/// `name` (the first profile of that name), in `orderedMigPlacements` order, that overlaps
+/// nothing in `occupied`. A placement of size 0 is never chosen (Tessera: HAMi would hand it
+/// out, and it would occupy nothing).
+pub fn select_placement(
+    profiles: &[MigProfile],
+    occupied: &[MigPlacement],
+    name: &str,
+) -> Option<MigPlacement> {
+    let profile = profiles.iter().find(|p| p.name == name)?;
+    let free = |c: &&MigPlacement| c.size > 0 && !occupied.iter().any(|o| c.overlaps(o));
+    if prefers_high_placement(name) {
+        // A stable sort by descending start: of equal starts the first listed.
+        let mut ordered: Vec<&MigPlacement> = profile.placements.iter().collect();
+        ordered.sort_by_key(|p| std::cmp::Reverse(p.start));
+        ordered.into_iter().find(free).copied()
+    } else {
+        let mut ordered: Vec<&MigPlacement> = profile.placements.iter().collect();
+        ordered.sort_by_key(|p| p.start);
+        ordered.into_iter().find(free).copied()
+    }
+}
+
 /// One registered GPU with its current booking.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuState {
@@ -20,6 +101,8 @@ pub struct GpuState {
     pub used: u32,
     pub usedmem: u32,
     pub usedcores: u32,
+    /// Set for a GPU in `mig` mode ([`MIG_MODE`]), else `None`.
+    pub mig: Option<Box<MigGpu>>,
 }
 
 impl GpuState {
@@ -38,6 +121,23 @@ impl GpuState {
             used: 0,
             usedmem: 0,
             usedcores: 0,
+            mig: (d.mode == MIG_MODE).then(|| {
+                Box::new(MigGpu {
+                    // An undecodable list offers nothing: every request is then refused with
+                    // `CardMigTopologyInfeasible`.
+                    profiles: hami_contract::mig::decode_profiles(&d.mig_profiles)
+                        .unwrap_or_default(),
+                    in_use: Vec::new(),
+                })
+            }),
+        }
+    }
+
+    /// Books one MIG instance on this GPU (the MIG half of `AddResourceUsage`); ignored on a GPU
+    /// not in `mig` mode.
+    pub fn book_mig(&mut self, a: MigAllocation) {
+        if let Some(m) = self.mig.as_deref_mut() {
+            m.in_use.push(a);
         }
     }
 
@@ -148,6 +248,65 @@ pub fn book_pod(node: &mut NodeState, usage: &[hami_contract::usage::DeviceUsage
     for u in usage {
         if let Some(g) = node.gpus.iter_mut().find(|g| g.uuid == u.uuid) {
             g.book_usage(u.slots, u.mem, u.cores);
+        }
+    }
+}
+
+/// The MIG half of HAMi's occupancy rebuild for one placed pod (`getNodesUsage`,
+/// `pkg/scheduler/scheduler.go`), on a node whose usage `book_pod` already applied.
+/// `used` are the GPUs the pod's collapsed usage names (one entry per GPU), `allocations` its
+/// decoded `hami.io/vgpu-mig-allocations`. Per GPU the pod uses: a reservation there on a
+/// `hami-core` GPU marks the GPU unhealthy; else the GPU's first reservation is taken into
+/// use; with none, a `mig` GPU is marked unhealthy (its instance is somewhere unknown). The
+/// reservations left over are all taken into use on a `mig` GPU and mark any other GPU
+/// unhealthy. Tessera ignores reservations naming a GPU the node does not register, where
+/// HAMi marks every `mig` GPU of the node unhealthy (deviation G2).
+pub fn book_pod_mig<'a>(
+    node: &mut NodeState,
+    used: impl IntoIterator<Item = &'a str>,
+    allocations: &[MigAllocation],
+) {
+    let mut by_gpu: Vec<(&str, std::collections::VecDeque<&MigAllocation>)> = Vec::new();
+    for a in allocations {
+        match by_gpu.iter_mut().find(|(u, _)| *u == a.gpu_uuid) {
+            Some((_, l)) => l.push_back(a),
+            None => by_gpu.push((&a.gpu_uuid, std::iter::once(a).collect())),
+        }
+    }
+    for uuid in used {
+        let Some(g) = node.gpus.iter_mut().find(|g| g.uuid == uuid) else {
+            continue;
+        };
+        let list = by_gpu.iter_mut().find(|(u, _)| *u == uuid).map(|(_, l)| l);
+        match list {
+            Some(l) if !l.is_empty() => {
+                if g.mode == "hami-core" {
+                    g.health = false;
+                    continue;
+                }
+                if let Some(a) = l.pop_front() {
+                    g.book_mig(a.clone());
+                }
+            }
+            _ => {
+                if g.mode == MIG_MODE {
+                    g.health = false;
+                }
+            }
+        }
+    }
+    for (uuid, rest) in by_gpu {
+        if rest.is_empty() {
+            continue;
+        }
+        if let Some(g) = node.gpus.iter_mut().find(|g| g.uuid == uuid) {
+            if g.mode != MIG_MODE {
+                g.health = false;
+                continue;
+            }
+            for a in rest {
+                g.book_mig(a.clone());
+            }
         }
     }
 }

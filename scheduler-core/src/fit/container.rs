@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::capacity::{Charge, GpuState, NodeState, QuotaBudget, is_nvidia};
+use hami_contract::mig::MigPlacement;
+
+use super::capacity::{Charge, GpuState, MIG_MODE, NodeState, QuotaBudget, is_nvidia};
 use super::input::{GpuPolicyKey, GpuRequest, PlacementOptions};
 use super::reason::{self, format_reasons};
 use super::score::{DeviceScorer, compare_gpus, sort_keys, sort_order};
@@ -18,8 +20,20 @@ const STACK_GPUS: usize = 16;
 pub struct Pick {
     /// Position in [`NodeState::gpus`].
     pub gpu: usize,
+    /// While fitting, the request's memory and cores (what HAMi's `Fit` records); once the pod
+    /// is placed on a `mig` GPU ([`super::node::evaluate_picks`]), the chosen profile's memory and
+    /// core (`AddResourceUsage`), which is what the device annotations carry.
     pub mem: u32,
     pub cores: u32,
+    /// On a GPU in `mig` mode: the profile and placement of the instance.
+    pub mig: Option<MigPick>,
+}
+
+/// The MIG instance a [`Pick`] on a `mig` GPU reserves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigPick {
+    pub profile: String,
+    pub placement: MigPlacement,
 }
 
 /// One container's request against one node: what every step of fitting it reads.
@@ -91,6 +105,7 @@ impl ContainerFit<'_> {
         mutex: bool,
         extra: Charge,
         coresreq: u32,
+        earlier: &[Pick],
     ) -> Result<Pick, &'static str> {
         let opts = self.opts;
         // Without UUID selectors every card is allowed (skips a call per device).
@@ -100,16 +115,29 @@ impl ContainerFit<'_> {
             return Err(reason::CARD_UUID_MISMATCH);
         }
         let memreq = check_load(&Load::of(g), self.req, mutex, self.quota, extra, coresreq)?;
-        if g.mode == "mig" {
-            // MIG placement is not implemented in Tessera (docs/scheduler.md): never hand out a
-            // MIG-mode card as if it were a shareable one.
-            return Err(reason::CARD_NOT_FOUND_CUSTOM_FILTER_RULE);
-        }
+        // HAMi: `CustomFilterRule` (pkg/device/nvidia/device.go), the last check of `Fit`.
+        let mig = if g.mode == MIG_MODE {
+            Some(mig_candidate(g, i, earlier, memreq).ok_or(reason::CARD_MIG_TOPOLOGY_INFEASIBLE)?)
+        } else {
+            None
+        };
         Ok(Pick {
             gpu: i,
             mem: memreq,
             cores: coresreq,
+            mig,
         })
+    }
+
+    /// HAMi's `isMIGRequest`: the pod does not exclude `mig` by `nvidia.com/vgpu-mode` and one of
+    /// the node's NVIDIA GPUs is in `mig` mode.
+    fn is_mig_request(&self, selected: &[usize]) -> bool {
+        self.opts
+            .selectors
+            .vgpu_mode
+            .as_deref()
+            .is_none_or(|m| m.contains(MIG_MODE))
+            && selected.iter().any(|&i| self.gpus[i].mode == MIG_MODE)
     }
 
     /// [`Self::picks`] for the common request of one device without NUMA binding or topology:
@@ -134,7 +162,7 @@ impl ContainerFit<'_> {
             selected += 1;
             let checked = self
                 .check_device_first(g, type_selectors)
-                .and_then(|()| self.check_device_rest(g, i, mutex, self.charged, coresreq));
+                .and_then(|()| self.check_device_rest(g, i, mutex, self.charged, coresreq, &[]));
             match checked {
                 Err(r) => *counts.entry(r).or_insert(0) += 1,
                 Ok(pick) => {
@@ -222,7 +250,9 @@ impl ContainerFit<'_> {
         if nums == 0 {
             return Ok(Vec::new());
         }
-        if nums > selected.len() {
+        // HAMi: `isMIGRequest` (pkg/scheduler/score.go) lifts this check when a `mig` GPU may
+        // serve several of the devices.
+        if nums > selected.len() && !self.is_mig_request(selected) {
             return Err(reason::NODE_INSUFFICIENT_DEVICE.to_owned());
         }
         let type_selectors = self.has_type_selectors();
@@ -249,25 +279,33 @@ impl ContainerFit<'_> {
                 collected.clear();
                 prev_numa = Some(g.numa);
             }
-            coresreq = coresreq.min(100);
-            let mut extra = self.charged;
-            if self.quota.is_some() {
-                for p in &collected {
-                    extra = extra.add(p.mem, p.cores);
+            // HAMi: `Fit` visits a `mig` GPU again after each device it gave (`i++`), so that one
+            // GPU can serve several devices of the container; the checks run again, and
+            // `CustomFilterRule` sees the earlier instances.
+            loop {
+                coresreq = coresreq.min(100);
+                let mut extra = self.charged;
+                if self.quota.is_some() {
+                    for p in &collected {
+                        extra = extra.add(p.mem, p.cores);
+                    }
                 }
-            }
-            let pick = match self.check_device_rest(g, i, mutex, extra, coresreq) {
-                Ok(p) => p,
-                Err(r) => {
-                    bump(r, 1);
-                    continue;
+                let pick = match self.check_device_rest(g, i, mutex, extra, coresreq, &collected) {
+                    Ok(p) => p,
+                    Err(r) => {
+                        bump(r, 1);
+                        break;
+                    }
+                };
+                collected.push(pick);
+                if !topology {
+                    remaining -= 1;
+                    if remaining == 0 {
+                        return Ok(collected);
+                    }
                 }
-            };
-            collected.push(pick);
-            if !topology {
-                remaining -= 1;
-                if remaining == 0 {
-                    return Ok(collected);
+                if g.mode != MIG_MODE {
+                    break;
                 }
             }
         }
@@ -288,6 +326,24 @@ impl ContainerFit<'_> {
         }
         Err(format_reasons(&counts, selected.len()))
     }
+}
+
+/// `CustomFilterRule` of a `mig` GPU (HAMi `pkg/device/nvidia/device.go`): the instances in use,
+/// plus those the container's earlier devices on this GPU took (each chosen again by
+/// `selectMigCandidate`, as HAMi does), must leave a profile of at least `memreq` MiB with a free
+/// placement. Returns that profile and placement.
+fn mig_candidate(g: &GpuState, i: usize, earlier: &[Pick], memreq: u32) -> Option<MigPick> {
+    let m = g.mig.as_deref()?;
+    let mut occupied: Vec<MigPlacement> = m.occupied().collect();
+    for p in earlier.iter().filter(|p| p.gpu == i) {
+        let (_, placement) = m.select(&occupied, p.mem)?;
+        occupied.push(placement);
+    }
+    let (profile, placement) = m.select(&occupied, memreq)?;
+    Some(MigPick {
+        profile: profile.name.clone(),
+        placement,
+    })
 }
 
 #[cfg(test)]
@@ -340,6 +396,7 @@ mod tests {
                         used,
                         usedmem,
                         usedcores: usedcores.min(totalcore),
+                        mig: None,
                     }
                 },
             )

@@ -21,9 +21,10 @@ pub mod summary;
 mod topology;
 
 pub use capacity::{
-    Charge, GpuState, NodeState, QuotaBudget, TopologyScores, book_pod, is_nvidia, nvidia_mask,
+    Charge, GpuState, MIG_MODE, MigGpu, NodeState, QuotaBudget, TopologyScores, book_pod,
+    book_pod_mig, is_nvidia, nvidia_mask,
 };
-pub use container::{ContainerFit, Pick};
+pub use container::{ContainerFit, MigPick, Pick};
 pub use input::{
     GpuPolicyKey, GpuRequest, MEM_PERCENTAGE_UNSET, NodePolicyKey, PlacementOptions, PodAsk,
     Weights, gpu_request,

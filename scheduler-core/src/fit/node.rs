@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use hami_contract::mig::{MigAllocation, MigPlacement};
 use hami_contract::{ContainerDevice, NVIDIA_VENDOR, PodDevices};
 
 use super::capacity::{Charge, GpuState, NodeState, QuotaBudget};
-use super::container::{ContainerFit, Pick};
+use super::container::{ContainerFit, MigPick, Pick};
 use super::input::{NodePolicyKey, PlacementOptions, PodAsk};
 use super::score::node_score;
 
@@ -20,6 +21,9 @@ pub struct NodeFit {
     pub devices: PodDevices,
     /// Quota charge of the pod as placed (collapsed: max over init, sum over app).
     pub charge: Charge,
+    /// The MIG instances to carve (`hami.io/vgpu-mig-allocations`), one per device on a `mig`
+    /// GPU; empty when the pod has none.
+    pub mig: Vec<MigAllocation>,
 }
 
 /// What fitting one node found, before anything is copied out of the node: per container
@@ -50,8 +54,65 @@ impl NodePicks {
             score: self.score,
             devices: self.devices(node),
             charge: self.charge,
+            mig: self.mig_allocations(node),
         }
     }
+
+    /// The reservations of the picks on `mig` GPUs (HAMi `EncodeMigAllocations`):
+    /// `containerIndex` counts init containers first, then app containers (the index space of
+    /// the device annotations); `deviceIndex` is the position in that container's device list.
+    pub fn mig_allocations(&self, node: &NodeState) -> Vec<MigAllocation> {
+        let mut out = Vec::new();
+        for (c, picks) in self.containers.iter().enumerate() {
+            for (d, p) in picks.iter().enumerate() {
+                if let Some(m) = &p.mig {
+                    out.push(MigAllocation {
+                        container_index: u32::try_from(c).unwrap_or(u32::MAX),
+                        device_index: u32::try_from(d).unwrap_or(u32::MAX),
+                        gpu_uuid: node.gpus[p.gpu].uuid.clone(),
+                        profile: m.profile.clone(),
+                        placement: m.placement,
+                        ..MigAllocation::default()
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The MIG half of `AddResourceUsage` (HAMi `pkg/device/nvidia/device.go`) for one container's
+/// picks, in order: each pick on a `mig` GPU takes the instance `selectMigCandidate` gives for its
+/// memory next to the GPU's instances in use and the container's earlier ones, and books that
+/// profile's memory and core instead of the request.
+fn realize_mig(gpus: &[GpuState], picks: &mut [Pick]) -> Result<(), String> {
+    for k in 0..picks.len() {
+        let gi = picks[k].gpu;
+        let Some(m) = gpus.get(gi).and_then(|g| g.mig.as_deref()) else {
+            continue;
+        };
+        let mut occupied: Vec<MigPlacement> = m.occupied().collect();
+        occupied.extend(
+            picks[..k]
+                .iter()
+                .filter(|p| p.gpu == gi)
+                .filter_map(|p| p.mig.as_ref().map(|x| x.placement)),
+        );
+        let Some((profile, placement)) = m.select(&occupied, picks[k].mem) else {
+            return Err(format!(
+                "AddResourceUsage failed for device {}: MIG profile and placement allocation failed",
+                gpus[gi].uuid
+            ));
+        };
+        let p = &mut picks[k];
+        p.mem = profile.memory_mb;
+        p.cores = profile.core;
+        p.mig = Some(MigPick {
+            profile: profile.name.clone(),
+            placement,
+        });
+    }
+    Ok(())
 }
 
 /// Evaluates one node for one pod (`scoreNode`): init containers each on a fresh copy, app
@@ -83,7 +144,7 @@ pub fn evaluate_picks(
         match req {
             None => containers.push(Vec::new()),
             Some(r) => {
-                let picks = ContainerFit {
+                let mut picks = ContainerFit {
                     node,
                     gpus: &node.gpus,
                     req: r,
@@ -93,6 +154,7 @@ pub fn evaluate_picks(
                     nvidia,
                 }
                 .picks()?;
+                realize_mig(&node.gpus, &mut picks)?;
                 let c = picks
                     .iter()
                     .fold(Charge::default(), |c, p| c.add(p.mem, p.cores));
@@ -132,14 +194,24 @@ pub fn evaluate_picks(
                     charged: app_charge,
                     nvidia,
                 };
-                let picks = if multi {
+                let mut picks = if multi {
                     fit.picks_in_order(&mut order)?
                 } else {
                     fit.picks()?
                 };
+                realize_mig(&gpus, &mut picks)?;
                 for p in &picks {
                     if multi {
-                        gpus.to_mut()[p.gpu].book(p.mem, p.cores);
+                        let g = &mut gpus.to_mut()[p.gpu];
+                        g.book(p.mem, p.cores);
+                        if let Some(m) = &p.mig {
+                            g.book_mig(MigAllocation {
+                                gpu_uuid: g.uuid.clone(),
+                                profile: m.profile.clone(),
+                                placement: m.placement,
+                                ..MigAllocation::default()
+                            });
+                        }
                     }
                     app_charge = app_charge.add(p.mem, p.cores);
                 }

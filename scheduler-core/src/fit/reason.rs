@@ -13,6 +13,8 @@ pub const CARD_CORDONED: &str = "CardCordoned";
 pub const NUMA_NOT_FIT: &str = "NumaNotFit";
 pub const EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT: &str = "ExclusiveDeviceAllocateConflict";
 pub const CARD_NOT_FOUND_CUSTOM_FILTER_RULE: &str = "CardNotFoundCustomFilterRule";
+/// A `mig` GPU has no allowed profile with enough memory and a free placement (HAMi v2.10).
+pub const CARD_MIG_TOPOLOGY_INFEASIBLE: &str = "CardMigTopologyInfeasible";
 pub const NODE_INSUFFICIENT_DEVICE: &str = "NodeInsufficientDevice";
 pub const ALLOCATED_CARDS_INSUFFICIENT_REQUEST: &str = "AllocatedCardsInsufficientRequest";
 pub const RESOURCE_QUOTA_NOT_FIT: &str = "ResourceQuotaNotFit";

@@ -121,11 +121,22 @@ pub struct NodeSummary {
     /// The reason every request a [`QuickAsk`] stands for gets on this node, when that does not
     /// depend on the request: each NVIDIA GPU is unhealthy, cordoned or has no free slot (all
     /// checked before anything the request changes), or the node has none. The node is then
-    /// rejected in O(1), with the reason the full evaluation gives. (Boxed twice: one word
-    /// here.)
-    #[allow(clippy::box_collection)]
-    fixed: Option<Box<String>>,
+    /// rejected in O(1), with the reason the full evaluation gives; and, for a node with GPUs
+    /// in `mig` mode, what their MIG check reads. (Boxed: one word here, `None` for the usual
+    /// node.)
+    cold: Option<Box<Cold>>,
     gpus: HotGpus,
+}
+
+/// The rarely set part of a [`NodeSummary`].
+#[derive(Debug, Clone, PartialEq)]
+struct Cold {
+    /// See [`NodeSummary::cold`].
+    fixed: Option<String>,
+    /// Per GPU (in node order), for a `mig` GPU: the largest profile memory with a free
+    /// placement ([`super::capacity::MigGpu::max_free_memory`]). A request passes the GPU's
+    /// `CustomFilterRule` iff its memory is at most that, so the summary answers it exactly.
+    mig_max: Box<[Option<u32>]>,
 }
 
 impl Default for NodeSummary {
@@ -134,7 +145,10 @@ impl Default for NodeSummary {
         NodeSummary {
             score: 0.0,
             gpus: HotGpus::Inline(0, [HotGpu::default(); INLINE_GPUS]),
-            fixed: Some(Box::new(reason::NODE_INSUFFICIENT_DEVICE.to_owned())),
+            cold: Some(Box::new(Cold {
+                fixed: Some(reason::NODE_INSUFFICIENT_DEVICE.to_owned()),
+                mig_max: Box::default(),
+            })),
         }
     }
 }
@@ -220,7 +234,7 @@ impl NodeSummary {
             if node.cordoned.contains(&g.uuid) {
                 flags |= CORDONED;
             }
-            if g.mode == "mig" {
+            if g.mig.is_some() {
                 flags |= MIG;
             }
             HotGpu {
@@ -252,16 +266,30 @@ impl NodeSummary {
             }
         }
         let fixed = fixed.then(|| {
-            Box::new(if selected == 0 {
+            if selected == 0 {
                 reason::NODE_INSUFFICIENT_DEVICE.to_owned()
             } else {
                 counts.format(selected)
+            }
+        });
+        let any_mig = node.gpus.iter().any(|g| g.mig.is_some());
+        let cold = (fixed.is_some() || any_mig).then(|| {
+            Box::new(Cold {
+                fixed,
+                mig_max: if any_mig {
+                    node.gpus
+                        .iter()
+                        .map(|g| g.mig.as_deref().and_then(|m| m.max_free_memory()))
+                        .collect()
+                } else {
+                    Box::default()
+                },
             })
         });
         NodeSummary {
             score: node_score(&node.gpus),
             gpus,
-            fixed,
+            cold,
         }
     }
 }
@@ -318,12 +346,16 @@ impl QuickAsk {
     /// What the full evaluation of the request on the summarised node answers, but for the
     /// device: `Ok` when it fits, else the node's reason string.
     pub fn check(&self, node: &NodeSummary, quota: Option<&QuotaBudget>) -> Result<(), String> {
-        if let Some(r) = &node.fixed {
-            return Err(String::clone(r));
+        let mut mig_max: &[Option<u32>] = &[];
+        if let Some(c) = &node.cold {
+            if let Some(r) = &c.fixed {
+                return Err(r.clone());
+            }
+            mig_max = &c.mig_max;
         }
         let mut counts = Counts::new();
         let mut selected = 0usize;
-        for g in node.gpus.as_slice() {
+        for (i, g) in node.gpus.as_slice().iter().enumerate() {
             if g.flags & NVIDIA == 0 {
                 continue;
             }
@@ -339,7 +371,11 @@ impl QuickAsk {
                     self.coresreq,
                 ) {
                     Err(r) => r,
-                    Ok(_) if g.flags & MIG != 0 => reason::CARD_NOT_FOUND_CUSTOM_FILTER_RULE,
+                    // HAMi: `CustomFilterRule` of a `mig` GPU (pkg/device/nvidia/device.go).
+                    Ok(memreq) if g.flags & MIG != 0 => match mig_max.get(i).copied().flatten() {
+                        Some(max) if max >= memreq => return Ok(()),
+                        _ => reason::CARD_MIG_TOPOLOGY_INFEASIBLE,
+                    },
                     Ok(_) => return Ok(()),
                 },
             };
