@@ -217,7 +217,7 @@ mod tests {
         assert!(
             problems
                 .iter()
-                .any(|p| p.contains("deviation O1 is not a row"))
+                .any(|p| p.contains("deviation O2 is not a row"))
         );
     }
 
