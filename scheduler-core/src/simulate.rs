@@ -139,6 +139,82 @@ pub struct PodResult {
     /// Set when the pod could not be evaluated at all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Per refusing node, one line per MIG GPU: what the pod asked and which placements of
+    /// which profiles are free there.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub mig: BTreeMap<String, Vec<String>>,
+}
+
+/// Why the MIG GPUs of the nodes that refused `pod` with `CardMigTopologyInfeasible` did: the
+/// largest memory one of its devices asks for, against each profile's free placements.
+fn explain_mig(
+    state: &ClusterState,
+    cfg: &DecisionConfig,
+    pod: &Pod,
+    uid: &str,
+    failed: &BTreeMap<String, String>,
+) -> BTreeMap<String, Vec<String>> {
+    let (ask, _) = podspec::pod_ask(pod, &cfg.nvidia);
+    let requests: Vec<_> = ask.init.iter().chain(&ask.app).flatten().collect();
+    let mut out = BTreeMap::new();
+    for (node, reason) in failed {
+        if !reason.contains(crate::fit::reason::CARD_MIG_TOPOLOGY_INFEASIBLE) {
+            continue;
+        }
+        let Some(ns) = state.node_state(node, Some(uid)) else {
+            continue;
+        };
+        let mut lines = Vec::new();
+        for g in &ns.gpus {
+            let Some(mig) = &g.mig else { continue };
+            let want = requests
+                .iter()
+                .map(|r| {
+                    if r.memreq > 0 || r.mem_percentage_req == crate::fit::MEM_PERCENTAGE_UNSET {
+                        r.memreq
+                    } else {
+                        u32::try_from(u64::from(g.totalmem) * u64::from(r.mem_percentage_req) / 100)
+                            .unwrap_or(u32::MAX)
+                    }
+                })
+                .max()
+                .unwrap_or(0);
+            let free: Vec<String> = mig
+                .free_placements()
+                .into_iter()
+                .map(|(p, free)| {
+                    let at: Vec<String> = free.iter().map(|pl| pl.start.to_string()).collect();
+                    if at.is_empty() {
+                        format!("{} ({} MiB): none", p.name, p.memory_mb)
+                    } else {
+                        format!("{} ({} MiB) at {}", p.name, p.memory_mb, at.join(","))
+                    }
+                })
+                .collect();
+            let verdict = if mig
+                .select(&mig.occupied().collect::<Vec<_>>(), want)
+                .is_some()
+            {
+                "a profile fits"
+            } else {
+                "no free placement for a profile"
+            };
+            lines.push(format!(
+                "GPU {} ({}): {verdict} with >= {want} MiB; free: {}",
+                g.index,
+                g.uuid,
+                if free.is_empty() {
+                    "no profiles".to_owned()
+                } else {
+                    free.join("; ")
+                }
+            ));
+        }
+        if !lines.is_empty() {
+            out.insert(node.clone(), lines);
+        }
+    }
+    out
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -226,6 +302,7 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
             devices: String::new(),
             reasons: BTreeMap::new(),
             error: None,
+            mig: BTreeMap::new(),
         };
         let pod = match admitted(&pod, cfg) {
             Ok(p) => p,
@@ -243,7 +320,10 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
                 );
             }
             Verdict::Invalid(e) => result.error = Some(e),
-            Verdict::NoFit { failed } => result.reasons = failed,
+            Verdict::NoFit { failed } => {
+                result.mig = explain_mig(&state, cfg, &pod, &uid, &failed);
+                result.reasons = failed;
+            }
             Verdict::Placed(p) => {
                 let r = decide::reservation_for(&pod, &uid, &p, tick as u64);
                 state.reserve(r);

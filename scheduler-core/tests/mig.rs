@@ -310,3 +310,50 @@ fn container_indices_count_init_containers_first_and_the_binding_carries_them() 
     let decoded: Vec<MigAllocation> = decode_allocations(raw).expect("HAMi's decoder accepts it");
     assert_eq!(decoded, p.mig);
 }
+
+/// `simulate` places MIG requests and, when a MIG GPU refuses one, says per GPU what is free.
+#[test]
+fn simulate_explains_a_mig_refusal_per_gpu() {
+    use tessera_scheduler_core::simulate::{Input, run};
+    let n = node("n1", &["mig"]);
+    // A 3g.20gb at slices 4..8 is in use: memory is left for 20000 MiB, but no placement of the
+    // only profile that large (7g.40gb); 3g.20gb still can go at 0.
+    let busy = running(
+        "busy",
+        "n1",
+        "GPU-n1-0,NVIDIA,19968,43:;",
+        Some(
+            r#"[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-n1-0","profile":"3g.20gb","placement":{"start":4,"size":4}}]"#,
+        ),
+    );
+    let input = Input {
+        nodes: vec![n],
+        running: vec![busy],
+        pending: vec![
+            pod("big", 1, 20000, json!({}), false),
+            pod("mid", 1, 19000, json!({}), false),
+        ],
+        ..Input::default()
+    };
+    let out = run(&input, &DecisionConfig::default());
+    assert_eq!(out[0].node, None, "{:?}", out[0]);
+    let lines = out[0].mig.get("n1").unwrap_or_else(|| panic!("{:?}", out[0]));
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("GPU 0 (GPU-n1-0): no free placement for a profile with >= 20000 MiB"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].contains("3g.20gb (19968 MiB) at 0"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].contains("7g.40gb (40192 MiB): none"),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(out[1].node.as_deref(), Some("n1"));
+    assert!(out[1].mig.is_empty());
+}

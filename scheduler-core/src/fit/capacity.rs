@@ -42,6 +42,29 @@ impl MigGpu {
             .find_map(|p| select_placement(&self.profiles, occupied, &p.name).map(|pl| (p, pl)))
     }
 
+    /// Per registered profile, the placements free now, in the order HAMi tries them: what
+    /// `simulate` shows when a MIG GPU refuses a pod.
+    pub fn free_placements(&self) -> Vec<(&MigProfile, Vec<MigPlacement>)> {
+        let occupied: Vec<MigPlacement> = self.occupied().collect();
+        self.profiles
+            .iter()
+            .map(|p| {
+                let mut free: Vec<MigPlacement> = p
+                    .placements
+                    .iter()
+                    .filter(|c| c.size > 0 && !occupied.iter().any(|o| c.overlaps(o)))
+                    .copied()
+                    .collect();
+                if prefers_high_placement(&p.name) {
+                    free.sort_by_key(|c| std::cmp::Reverse(c.start));
+                } else {
+                    free.sort_by_key(|c| c.start);
+                }
+                (p, free)
+            })
+            .collect()
+    }
+
     /// The largest profile memory that [`Self::select`] could give now (`None`: no profile has a
     /// free placement): a request fits iff its memory is at most this.
     pub fn max_free_memory(&self) -> Option<u32> {
