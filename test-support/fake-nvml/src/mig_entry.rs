@@ -641,7 +641,6 @@ fn ci_profile(
 }
 
 fn ci_info(gp: &GiProfileSpec, (id, slices, count, sm): (u32, u32, u32, u32)) -> CiProfileInfo {
-    let _ = gp;
     CiProfileInfo {
         id,
         slice_count: slices,
@@ -971,10 +970,10 @@ pub(crate) fn mig_handle_by_uuid(g: &mut Global, uuid: &str) -> MigResult<*mut c
     };
     let found = with_mig(g, |s| {
         for (idx, d) in devices.iter().enumerate() {
-            if let Some(m) = s.gpus.get(&d.uuid) {
-                if let Some((gi, ci)) = m.mig_devices().iter().find(|(_, c)| c.uuid == uuid) {
-                    return Ok(Some((idx, *gi, ci.id)));
-                }
+            if let Some(m) = s.gpus.get(&d.uuid)
+                && let Some((gi, ci)) = m.mig_devices().iter().find(|(_, c)| c.uuid == uuid)
+            {
+                return Ok(Some((idx, *gi, ci.id)));
             }
         }
         Ok(None)
