@@ -34,6 +34,7 @@ impl Env {
             std::env::remove_var("FAKE_NVML_EVENTS");
             std::env::remove_var("FAKE_NVML_FAIL_INIT");
             std::env::remove_var("FAKE_GPU_STATE");
+            std::env::remove_var("FAKE_NVML_FAIL_CI_CREATE");
             if state {
                 std::env::set_var("FAKE_NVML_MIG_STATE", dir.path().join("mig-state.json"));
             } else {
@@ -263,6 +264,36 @@ fn create_overlap_destroy_and_recreate() {
     for i in mig.instances(0).expect("instances") {
         mig.destroy(0, i.gpu_instance_id).expect("destroy");
     }
+}
+
+#[test]
+fn a_failed_compute_instance_rolls_the_gpu_instance_back() {
+    let _g = lock();
+    let env = Env::new(ONE_A100, false);
+    let nvml = env.init();
+    let mig = NvmlMig::new(&nvml);
+    // SAFETY: SERIAL held.
+    unsafe { std::env::set_var("FAKE_NVML_FAIL_CI_CREATE", "1") };
+    let r = mig.create(0, "3g.40gb", pl(0, 4));
+    // SAFETY: SERIAL held.
+    unsafe { std::env::remove_var("FAKE_NVML_FAIL_CI_CREATE") };
+    match r {
+        Err(MigError::Nvml {
+            call: "nvmlGpuInstanceCreateComputeInstance",
+            gpu_index: 0,
+            code: 23,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        mig.instances(0).expect("instances").is_empty(),
+        "GI rolled back"
+    );
+    let ok = mig
+        .create(0, "3g.40gb", pl(0, 4))
+        .expect("the slices are free again");
+    mig.destroy(0, ok.gpu_instance_id).expect("destroy");
 }
 
 #[test]

@@ -723,6 +723,10 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
         }
         let gp = gi_profile(g, &c, id)?;
         ci_profile(gp, profile, 0)?;
+        // Fault injection: lets a test see what its caller does when the second step fails.
+        if std::env::var("FAKE_NVML_FAIL_CI_CREATE").is_ok_and(|v| v == "1") {
+            return Err(NVML_ERROR_INSUFFICIENT_RESOURCES);
+        }
         let ci_id = with_mig(g, |s| {
             s.gpus
                 .entry(c.uuid.clone())
