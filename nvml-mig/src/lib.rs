@@ -14,6 +14,9 @@
 
 use nvml_wrapper::Nvml;
 
+mod nvml_impl;
+pub use nvml_impl::{mig_memory_size_gb, profile_name};
+
 /// Why a MIG call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MigError {
@@ -77,7 +80,9 @@ pub struct GiProfile {
     /// NVIDIA's name, e.g. `1g.10gb`, `1g.10gb+me`, `7g.80gb` (the name `nvidia-smi mig -lgip`
     /// prints without its `MIG ` prefix, and the `nvidia.com/mig-<name>` resource suffix).
     pub name: String,
-    /// Memory slices of one instance.
+    /// Compute slices of one instance: NVML's `sliceCount`, the `<g>` of the name (3 for a
+    /// `3g.40gb`). The memory slices it occupies are the `size` of its [`placements`](Self::placements)
+    /// (4 for a `3g.40gb`).
     pub slice_count: u32,
     /// How many instances of this profile fit on an empty GPU.
     pub instance_count: u32,
@@ -92,7 +97,8 @@ pub struct GiProfile {
 /// A carved instance: one GPU instance and its one compute instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigInstance {
-    /// The MIG device's UUID (`MIG-…`), what `NVIDIA_VISIBLE_DEVICES` names.
+    /// The MIG device's UUID (`MIG-…`), what `NVIDIA_VISIBLE_DEVICES` names; empty for a GPU
+    /// instance without a compute instance (no MIG device exists for it).
     pub uuid: String,
     /// Its GPU-instance profile ([`GiProfile::id`]) and name.
     pub profile_id: u32,

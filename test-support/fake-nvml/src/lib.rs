@@ -7,6 +7,8 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+pub mod mig;
+mod mig_entry;
 pub mod scenario;
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
@@ -22,11 +24,14 @@ pub const NVML_SUCCESS: NvmlReturn = 0;
 pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
 pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
 pub const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
+pub const NVML_ERROR_NO_PERMISSION: NvmlReturn = 4;
 pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
 pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 pub const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
 pub const NVML_ERROR_TIMEOUT: NvmlReturn = 10;
 pub const NVML_ERROR_GPU_IS_LOST: NvmlReturn = 15;
+pub const NVML_ERROR_IN_USE: NvmlReturn = 19;
+pub const NVML_ERROR_INSUFFICIENT_RESOURCES: NvmlReturn = 23;
 pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
@@ -132,6 +137,8 @@ struct Global {
     lost: Vec<bool>,
     pending: std::collections::VecDeque<PendingEvent>,
     sets: Vec<Option<EventSet>>,
+    /// Where the MIG state lives (`FAKE_NVML_MIG_STATE`), chosen at init.
+    mig_store: Option<mig::Store>,
 }
 
 static GLOBAL: Mutex<Option<Global>> = Mutex::new(None);
@@ -296,6 +303,16 @@ fn init_impl() -> NvmlReturn {
         state.lost.clear();
     }
     state.lost.resize(scenario.devices.len(), false);
+    // The MIG state: the same file is kept; an in-process state lives until the last shutdown.
+    let fresh = mig::Store::from_env();
+    let keep = match (&state.mig_store, &fresh) {
+        (Some(mig::Store::File(a)), mig::Store::File(b)) => a == b,
+        (Some(mig::Store::Memory(_)), mig::Store::Memory(_)) => state.init_count > 0,
+        _ => false,
+    };
+    if !keep {
+        state.mig_store = Some(fresh);
+    }
     state.scenario = Some(scenario);
     state.init_count += 1;
     NVML_SUCCESS
@@ -337,6 +354,9 @@ pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
         NVML_ERROR_UNINITIALIZED => b"Uninitialized\0",
         NVML_ERROR_INVALID_ARGUMENT => b"Invalid Argument\0",
         NVML_ERROR_NOT_SUPPORTED => b"Not Supported\0",
+        NVML_ERROR_NO_PERMISSION => b"Insufficient Permissions\0",
+        NVML_ERROR_IN_USE => b"In use by another client\0",
+        NVML_ERROR_INSUFFICIENT_RESOURCES => b"Insufficient resources\0",
         NVML_ERROR_NOT_FOUND => b"Not Found\0",
         NVML_ERROR_INSUFFICIENT_SIZE => b"Insufficient Size\0",
         NVML_ERROR_DRIVER_NOT_LOADED => b"Driver Not Loaded\0",
@@ -463,6 +483,16 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
             .scenario
             .as_ref()
             .and_then(|s| s.devices.iter().position(|d| d.uuid == wanted));
+        if found.is_none() && wanted.starts_with("MIG-") {
+            return match mig_entry::mig_handle_by_uuid(g, &wanted) {
+                Ok(h) => {
+                    // SAFETY: checked non-null.
+                    unsafe { *device = h };
+                    NVML_SUCCESS
+                }
+                Err(c) => c,
+            };
+        }
         match found {
             Some(idx) if g.lost[idx] => NVML_ERROR_GPU_IS_LOST,
             Some(idx) => {
@@ -513,6 +543,10 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     len: c_uint,
 ) -> NvmlReturn {
+    if mig_entry::is_mig_handle(device) {
+        // SAFETY: caller's buffer contract.
+        return unsafe { mig_entry::mig_string(device, false, uuid, len) };
+    }
     with_device(device, |g, idx| {
         let s = g
             .scenario
@@ -529,6 +563,10 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     len: c_uint,
 ) -> NvmlReturn {
+    if mig_entry::is_mig_handle(device) {
+        // SAFETY: caller's buffer contract.
+        return unsafe { mig_entry::mig_string(device, true, name, len) };
+    }
     with_device(device, |g, idx| {
         let s = g
             .scenario
@@ -748,16 +786,31 @@ fn memory_of(g: &Global, idx: usize) -> Result<(u64, u64), NvmlReturn> {
     Ok((total, used))
 }
 
+/// Like `with_device`, for calls that also answer on a MIG device handle: `Err(total bytes)` of
+/// the MIG device instead of a device index.
+fn with_any_device(
+    handle: *mut c_void,
+    f: impl FnOnce(&mut Global, Result<usize, u64>) -> NvmlReturn,
+) -> NvmlReturn {
+    if mig_entry::is_mig_handle(handle) {
+        return with_init(|g| match mig_entry::mig_device_facts(g, handle) {
+            Ok((_, _, mib)) => f(g, Err(mib << 20)),
+            Err(c) => c,
+        });
+    }
+    with_device(handle, |g, idx| f(g, Ok(idx)))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: *mut c_void,
     memory: *mut NvmlMemory,
 ) -> NvmlReturn {
-    with_device(device, |g, idx| {
+    with_any_device(device, |g, idx| {
         if memory.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        match memory_of(g, idx) {
+        match idx.map_or_else(|mig| Ok((mig, 0)), |idx| memory_of(g, idx)) {
             Ok((total, used)) => {
                 // SAFETY: checked non-null.
                 unsafe {
@@ -779,7 +832,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: *mut c_void,
     memory: *mut NvmlMemoryV2,
 ) -> NvmlReturn {
-    with_device(device, |g, idx| {
+    with_any_device(device, |g, idx| {
         if memory.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
@@ -787,7 +840,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         if unsafe { (*memory).version } != NVML_MEMORY_V2_VERSION {
             return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
         }
-        match memory_of(g, idx) {
+        match idx.map_or_else(|mig| Ok((mig, 0)), |idx| memory_of(g, idx)) {
             Ok((total, used)) => {
                 // SAFETY: checked non-null.
                 unsafe {
@@ -813,13 +866,17 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
         if current.is_null() || pending.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        let on = g.scenario.as_ref().is_some_and(|s| s.devices[idx].mig_mode);
-        // SAFETY: checked non-null.
-        unsafe {
-            *current = on as c_uint;
-            *pending = on as c_uint;
+        match mig_entry::mig_mode(g, idx) {
+            Ok((cur, pend)) => {
+                // SAFETY: checked non-null.
+                unsafe {
+                    *current = cur as c_uint;
+                    *pending = pend as c_uint;
+                }
+                NVML_SUCCESS
+            }
+            Err(code) => code,
         }
-        NVML_SUCCESS
     })
 }
 

@@ -28,8 +28,16 @@ pub struct ScenarioDevice {
     pub memory_info_unsupported: bool,
     #[serde(default)]
     pub pci_bus_id: String,
+    /// MIG mode, current and pending (unless `mig_mode_pending` says otherwise).
     #[serde(default)]
     pub mig_mode: bool,
+    /// Optional: the pending MIG mode (applies after a GPU reset the fake never does); default
+    /// `mig_mode`.
+    #[serde(default)]
+    pub mig_mode_pending: Option<bool>,
+    /// Optional: MIG instances carved before the test starts (seed of the MIG state).
+    #[serde(default)]
+    pub mig_instances: Vec<ScenarioMigInstance>,
     #[serde(default)]
     pub utilization_gpu: u32,
     #[serde(default)]
@@ -56,6 +64,21 @@ pub struct ScenarioDevice {
     /// for the device.
     #[serde(default)]
     pub nvlinks: Vec<ScenarioNvLink>,
+}
+
+/// A GPU instance (and, by default, its one compute instance) carved before the test starts.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ScenarioMigInstance {
+    /// A profile name of the GPU's model, e.g. `3g.40gb` (a `MIG ` prefix is accepted).
+    pub profile: String,
+    /// First memory slice: one of the profile's placements.
+    pub start: u32,
+    /// Optional: also create the compute instance spanning the GPU instance. Default `true`.
+    #[serde(default = "default_true")]
+    pub ci: bool,
+    /// Optional: the MIG device's UUID; default derived from the GPU's UUID and the instance.
+    #[serde(default)]
+    pub uuid: Option<String>,
 }
 
 /// One NVLink of a device.
@@ -185,6 +208,7 @@ pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
         if d.uuid.is_empty() {
             return Err(ScenarioError::Invalid("a device has an empty uuid".into()));
         }
+        crate::mig::seed_device(d).map_err(ScenarioError::Invalid)?;
         if d.nvlinks.len() > NVLINK_MAX_LINKS {
             return Err(ScenarioError::Invalid(format!(
                 "device {} has more than {NVLINK_MAX_LINKS} nvlinks",
