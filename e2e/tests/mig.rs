@@ -67,21 +67,23 @@ async fn realized(c: &Cluster, name: &str) -> Vec<MigAllocation> {
     .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(30)))
 }
 
-/// Instances in the fake NVML's MIG state of `node`, as (GPU index, start, size, uuid).
-fn carved(c: &Cluster, node: &str) -> Vec<(u64, u64, u64, String)> {
+/// Instances in the fake NVML's MIG state of `node`, as (GPU UUID, start, size, MIG UUID)
+/// (state file format: test-support/fake-nvml/README.md).
+fn carved(c: &Cluster, node: &str) -> Vec<(String, u64, u64, String)> {
     let dir = &c.node(node).expect("node").dir;
     let text = std::fs::read_to_string(dir.join("nvml-mig-state.json")).unwrap_or_default();
     let state: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
     let mut out = Vec::new();
-    // The state file lists each GPU's live instances (test-support/fake-nvml/README.md).
-    for (gpu, instances) in state["gpus"].as_object().into_iter().flatten() {
-        let index = gpu.parse::<u64>().unwrap_or(u64::MAX);
-        for i in instances["instances"].as_array().into_iter().flatten() {
+    for (gpu, g) in state["gpus"].as_object().into_iter().flatten() {
+        for gi in g["gpu_instances"].as_array().into_iter().flatten() {
             out.push((
-                index,
-                i["start"].as_u64().unwrap_or_default(),
-                i["size"].as_u64().unwrap_or_default(),
-                i["uuid"].as_str().unwrap_or_default().to_owned(),
+                gpu.clone(),
+                gi["start"].as_u64().unwrap_or_default(),
+                gi["size"].as_u64().unwrap_or_default(),
+                gi["compute_instances"][0]["uuid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
             ));
         }
     }

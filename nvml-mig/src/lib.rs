@@ -138,22 +138,3 @@ pub trait MigControl: Send + Sync {
 pub struct NvmlMig<'n> {
     pub nvml: &'n Nvml,
 }
-
-// TEMPORARY (main checkout only, replaced by the real implementation at merge).
-impl MigControl for NvmlMig<'_> {
-    fn mig_mode(&self, _: u32) -> Result<MigModeState, MigError> {
-        Err(MigError::Missing { call: "tmp" })
-    }
-    fn profiles(&self, _: u32) -> Result<Vec<GiProfile>, MigError> {
-        Err(MigError::Missing { call: "tmp" })
-    }
-    fn instances(&self, _: u32) -> Result<Vec<MigInstance>, MigError> {
-        Err(MigError::Missing { call: "tmp" })
-    }
-    fn create(&self, _: u32, _: &str, _: Placement) -> Result<MigInstance, MigError> {
-        Err(MigError::Missing { call: "tmp" })
-    }
-    fn destroy(&self, _: u32, _: u32) -> Result<(), MigError> {
-        Err(MigError::Missing { call: "tmp" })
-    }
-}

@@ -337,7 +337,10 @@ fn simulate_explains_a_mig_refusal_per_gpu() {
     };
     let out = run(&input, &DecisionConfig::default());
     assert_eq!(out[0].node, None, "{:?}", out[0]);
-    let lines = out[0].mig.get("n1").unwrap_or_else(|| panic!("{:?}", out[0]));
+    let lines = out[0]
+        .mig
+        .get("n1")
+        .unwrap_or_else(|| panic!("{:?}", out[0]));
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(
         lines[0].starts_with("GPU 0 (GPU-n1-0): no free placement for a profile with >= 20000 MiB"),
