@@ -369,6 +369,10 @@ impl Cluster {
         self.nodes.iter().find(|n| n.name() == name)
     }
 
+    pub fn node_mut(&mut self, name: &str) -> Option<&mut GpuNode> {
+        self.nodes.iter_mut().find(|n| n.name() == name)
+    }
+
     /// What a GPU node of this cluster needs to start (its plugin binary, kubeconfig, fakes).
     pub fn node_env(&self) -> NodeEnv {
         NodeEnv {

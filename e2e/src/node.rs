@@ -217,8 +217,40 @@ pub struct GpuNode {
     pub events_file: PathBuf,
     pub state: Arc<Mutex<NodeState>>,
     plugin: Proc,
+    /// How the plugin was started, to start it again ([`GpuNode::restart_plugin`]).
+    plugin_launch: PluginLaunch,
     commands: mpsc::UnboundedSender<KubeletCommand>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// A plugin command line, kept to start the same plugin again.
+#[derive(Debug, Clone)]
+struct PluginLaunch {
+    program: std::ffi::OsString,
+    args: Vec<std::ffi::OsString>,
+    envs: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    log_dir: PathBuf,
+}
+
+impl PluginLaunch {
+    fn of(cmd: &Command, log_dir: &Path) -> PluginLaunch {
+        PluginLaunch {
+            program: cmd.get_program().to_owned(),
+            args: cmd.get_args().map(ToOwned::to_owned).collect(),
+            envs: cmd
+                .get_envs()
+                .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
+                .collect(),
+            log_dir: log_dir.to_path_buf(),
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)));
+        cmd
+    }
 }
 
 impl Drop for GpuNode {
@@ -260,6 +292,7 @@ impl GpuNode {
         let kubelet = FakeKubelet::start(socket_dir, true).await;
         let (mut cmd, events_file) = device_plugin_command(&spec, env, dir, &kubelet)?;
         cmd.args(["--health-recovery-seconds", "3"]);
+        let plugin_launch = PluginLaunch::of(&cmd, &env.log_dir);
         let plugin = Proc::spawn(
             &format!("device-plugin-{}", spec.name),
             &env.log_dir,
@@ -281,6 +314,7 @@ impl GpuNode {
             events_file,
             state,
             plugin,
+            plugin_launch,
             commands: tx,
             task,
         })
@@ -294,6 +328,19 @@ impl GpuNode {
     /// `kubelet.sock` comes back; the plugin must register again.
     pub fn restart_kubelet(&self) {
         let _ = self.commands.send(KubeletCommand::Restart);
+    }
+
+    /// Kills the device plugin (SIGKILL, as a crashed or evicted plugin pod) and starts it again
+    /// with the same command line; it registers with the kubelet again.
+    pub fn restart_plugin(&mut self) -> Result<()> {
+        self.plugin.kill();
+        let mut cmd = self.plugin_launch.command();
+        self.plugin = Proc::spawn(
+            &format!("device-plugin-{}", self.spec.name),
+            &self.plugin_launch.log_dir,
+            &mut cmd,
+        )?;
+        Ok(())
     }
 
     /// Appends one NVML event line for the fake NVML of this node.

@@ -103,7 +103,7 @@ async fn mig_and_shared_pods_share_a_cluster_and_mig_slices_are_never_double_boo
             r#"{{"nodeconfig":[{{"name":"{MIG_NODE}","operatingmode":"mig"}}]}}"#
         ));
     let shared = NodeSpec::uniform("shared-node", 2, "NVIDIA A100-SXM4-40GB", 40960);
-    let c = start(ClusterOptions::new("mig", vec![mig_node, shared])).await;
+    let mut c = start(ClusterOptions::new("mig", vec![mig_node, shared])).await;
     let before = carved(&c, MIG_NODE);
 
     // One MIG slice and one shared slice.
@@ -137,12 +137,43 @@ async fn mig_and_shared_pods_share_a_cluster_and_mig_slices_are_never_double_boo
             .any(|i| i.3 == slice[0].mig_uuid)
     );
 
+    // The plugin restarts (killed, as a crashed pod): it finds what it carved, and the next pod
+    // is carved beside it.
+    let registrations = c.node(MIG_NODE).expect("node").registrations();
+    c.node_mut(MIG_NODE)
+        .expect("node")
+        .restart_plugin()
+        .expect("plugin restarted");
+    eventually(
+        "the restarted plugin registered again",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let again = c.node(MIG_NODE).map(|n| n.registrations()).unwrap_or(0) > registrations;
+            async move { again.then_some(()) }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(30)));
+    create(&c, &mig_pod("after-restart", 9000, "mig")).await;
+    let after = realized(&c, "after-restart").await;
+    assert_ne!(
+        (&after[0].gpu_uuid, after[0].placement),
+        (&slice[0].gpu_uuid, slice[0].placement)
+    );
+    assert!(
+        carved(&c, MIG_NODE)
+            .iter()
+            .any(|i| i.3 == slice[0].mig_uuid),
+        "kept"
+    );
+
     // A burst of MIG pods: every reservation on its own slices.
-    let names: Vec<String> = (0..8).map(|i| format!("burst-{i}")).collect();
+    let names: Vec<String> = (0..7).map(|i| format!("burst-{i}")).collect();
     let burst: Vec<Pod> = names.iter().map(|n| mig_pod(n, 9000, "mig")).collect();
     futures::future::join_all(burst.iter().map(|p| create(&c, p))).await;
     let mut placements: BTreeMap<String, Vec<(u32, u32)>> = BTreeMap::new();
-    for a in std::iter::once(slice.clone()).chain({
+    for a in [slice.clone(), after.clone()].into_iter().chain({
         let mut all = Vec::new();
         for n in &names {
             all.push(realized(&c, n).await);
@@ -171,7 +202,10 @@ async fn mig_and_shared_pods_share_a_cluster_and_mig_slices_are_never_double_boo
 
     // Released: the instances go once their pods are gone; the pre-carved one stays.
     let pods: Api<Pod> = Api::namespaced(c.admin().clone(), "default");
-    for n in names.iter().chain(["slice".to_owned()].iter()) {
+    for n in names
+        .iter()
+        .chain(["slice".to_owned(), "after-restart".to_owned()].iter())
+    {
         let _ = pods
             .delete(n, &DeleteParams::default().grace_period(0))
             .await;
