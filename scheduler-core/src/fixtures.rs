@@ -1,5 +1,5 @@
 //! Kubernetes objects for tests, benchmarks and fuzz targets (feature `testing`): a registered GPU
-//! node, a pending GPU pod, a pod already running with an allocation.
+//! node, a pending GPU pod, a pod already running with an allocation, an A100's MIG profiles.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
@@ -43,4 +43,26 @@ pub fn running_pod(namespace: &str, name: &str, node: &str, allocated: &str) -> 
         "status": {"phase": "Running"},
     }))
     .unwrap_or_default()
+}
+
+/// A100-40GB's MIG profiles as HAMi's device plugin registers them (memory, core, placements).
+pub fn a100_mig_profiles() -> Vec<hami_contract::mig::MigProfile> {
+    use hami_contract::mig::{MigPlacement, MigProfile};
+    let p = |name: &str, memory_mb, core, slice_count, starts: &[u32], size| MigProfile {
+        name: name.to_owned(),
+        memory_mb,
+        core,
+        slice_count,
+        placements: starts
+            .iter()
+            .map(|&start| MigPlacement { start, size })
+            .collect(),
+    };
+    vec![
+        p("1g.5gb", 4864, 15, 1, &[0, 1, 2, 3, 4, 5, 6], 1),
+        p("2g.10gb", 9856, 29, 2, &[0, 2, 4], 2),
+        p("3g.20gb", 19968, 43, 3, &[0, 4], 4),
+        p("4g.20gb", 19968, 58, 4, &[0], 4),
+        p("7g.40gb", 40192, 100, 7, &[0], 8),
+    ]
 }

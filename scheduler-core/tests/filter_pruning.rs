@@ -220,7 +220,9 @@ fn node_record(i: usize, spec: &NodeSpec) -> NodeRecord {
             // MIG GPUs register A100-40GB-like profiles (contract §6.4), so that MIG requests
             // fit, fill placements and get refused (`CardMigTopologyInfeasible`) on both paths.
             mig_profiles: if s.mig {
-                hami_contract::mig::encode_profiles(&a100_profiles())
+                hami_contract::mig::encode_profiles(
+                    &tessera_scheduler_core::fixtures::a100_mig_profiles(),
+                )
             } else {
                 Vec::new()
             },
@@ -576,34 +578,12 @@ fn gpu_state() -> impl Strategy<Value = GpuState> {
                     }
                 }
                 Box::new(fit::MigGpu {
-                    profiles: a100_profiles(),
+                    profiles: tessera_scheduler_core::fixtures::a100_mig_profiles(),
                     in_use,
                 })
             }),
         },
     )
-}
-
-/// A100-40GB's MIG profiles as HAMi's device plugin registers them (memory, core, placements).
-fn a100_profiles() -> Vec<hami_contract::mig::MigProfile> {
-    use hami_contract::mig::{MigPlacement, MigProfile};
-    let p = |name: &str, memory_mb, core, slice_count, starts: &[u32], size| MigProfile {
-        name: name.to_owned(),
-        memory_mb,
-        core,
-        slice_count,
-        placements: starts
-            .iter()
-            .map(|&start| MigPlacement { start, size })
-            .collect(),
-    };
-    vec![
-        p("1g.5gb", 4864, 15, 1, &[0, 1, 2, 3, 4, 5, 6], 1),
-        p("2g.10gb", 9856, 29, 2, &[0, 2, 4], 2),
-        p("3g.20gb", 19968, 43, 3, &[0, 4], 4),
-        p("4g.20gb", 19968, 58, 4, &[0], 4),
-        p("7g.40gb", 40192, 100, 7, &[0], 8),
-    ]
 }
 
 fn policy() -> impl Strategy<Value = Vec<GpuPolicyKey>> {

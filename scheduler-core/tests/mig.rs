@@ -1,33 +1,13 @@
 //! Dynamic MIG placement (contract §6.4), each behaviour against the HAMi v2.10 source it
 //! follows.
 
-use hami_contract::mig::{MigAllocation, MigPlacement, MigProfile, decode_allocations};
+use hami_contract::mig::{MigAllocation, decode_allocations};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::decide::{Placement, Verdict, filter_pod, reservation_for};
 use tessera_scheduler_core::patch::binding_metadata;
 use tessera_scheduler_core::state::{ClusterState, NodeRecord};
-
-fn a100_profiles() -> Vec<MigProfile> {
-    let p = |name: &str, memory_mb, core, slice_count, starts: &[u32], size| MigProfile {
-        name: name.to_owned(),
-        memory_mb,
-        core,
-        slice_count,
-        placements: starts
-            .iter()
-            .map(|&start| MigPlacement { start, size })
-            .collect(),
-    };
-    vec![
-        p("1g.5gb", 4864, 15, 1, &[0, 1, 2, 3, 4, 5, 6], 1),
-        p("2g.10gb", 9856, 29, 2, &[0, 2, 4], 2),
-        p("3g.20gb", 19968, 43, 3, &[0, 4], 4),
-        p("4g.20gb", 19968, 58, 4, &[0], 4),
-        p("7g.40gb", 40192, 100, 7, &[0], 8),
-    ]
-}
 
 /// A node registering one GPU per entry of `modes` (`mig` GPUs with A100-40GB's profiles).
 fn node(name: &str, modes: &[&str]) -> Node {
@@ -38,7 +18,7 @@ fn node(name: &str, modes: &[&str]) -> Node {
             let mut d = json!({"id": format!("GPU-{name}-{i}"), "index": i, "count": if *mode == "mig" { 7 } else { 10 },
                 "devmem": 40960, "devcore": 100, "type": "NVIDIA-A100-SXM4-40GB", "mode": mode, "health": true});
             if *mode == "mig" {
-                d["migProfiles"] = serde_json::to_value(a100_profiles()).unwrap_or_default();
+                d["migProfiles"] = serde_json::to_value(tessera_scheduler_core::fixtures::a100_mig_profiles()).unwrap_or_default();
             }
             d
         })

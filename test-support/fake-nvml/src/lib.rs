@@ -284,7 +284,14 @@ fn init_impl() -> NvmlReturn {
     if std::env::var("FAKE_NVML_FAIL_INIT").is_ok_and(|v| v == "1") {
         return NVML_ERROR_DRIVER_NOT_LOADED;
     }
-    let scenario = match scenario::load_from_env() {
+    // A scenario's carved MIG instances must be possible ones (checked here, not in `scenario`,
+    // which knows nothing of the MIG tables).
+    let scenario = match scenario::load_from_env().and_then(|s| {
+        for d in &s.devices {
+            mig::seed_device(d).map_err(scenario::ScenarioError::Invalid)?;
+        }
+        Ok(s)
+    }) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("fake-nvml: nvmlInit fails: {e}");

@@ -208,7 +208,6 @@ pub fn parse(text: &str) -> Result<Scenario, ScenarioError> {
         if d.uuid.is_empty() {
             return Err(ScenarioError::Invalid("a device has an empty uuid".into()));
         }
-        crate::mig::seed_device(d).map_err(ScenarioError::Invalid)?;
         if d.nvlinks.len() > NVLINK_MAX_LINKS {
             return Err(ScenarioError::Invalid(format!(
                 "device {} has more than {NVLINK_MAX_LINKS} nvlinks",
