@@ -447,6 +447,9 @@ mod tests {
         p
     }
 
+    /// HAMi: pkg/device-plugin/nvidiadevice/nvinternal/plugin/migmgr.go `EnsureAllocation` (the
+    /// reserved profile at exactly the reserved placement, never another one; a repeat for the
+    /// same GPU, profile and placement gets the instance already carved).
     #[test]
     fn a_reservation_is_carved_once_at_its_placement_and_repeats_get_the_same_instance() {
         let control = Arc::new(MemoryMig::a100s(2));
@@ -473,6 +476,9 @@ mod tests {
         ));
     }
 
+    /// HAMi: migmgr.go `ReconcileActiveAllocations` and server.go `activeMigAllocationKeys`
+    /// (instances no active reservation names are destroyed), except that a pod being deleted
+    /// still holds its instance (deviation Q3).
     #[test]
     fn instances_die_with_their_reservation_and_not_before() {
         let control = Arc::new(MemoryMig::a100s(2));
@@ -516,6 +522,9 @@ mod tests {
         assert_eq!(active_reservations(NODE, &[other]), Some(BTreeSet::new()));
     }
 
+    /// HAMi: server.go `primeMigManagerFromAnnotations` / migmgr.go `AdoptAllocation` (a running
+    /// pod's realized reservation is adopted only when NVML shows that instance); Tessera's own
+    /// records and never destroying others' instances are deviation Q2.
     #[test]
     fn a_restarted_plugin_finds_what_it_carved_and_never_touches_the_rest() {
         let dir = tempfile::tempdir().expect("tmp");
