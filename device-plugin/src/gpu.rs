@@ -44,6 +44,14 @@ pub enum MigStrategy {
     Mixed,
 }
 
+/// NVML's placement in the contract's type (whose `overlaps` is the one overlap rule).
+pub fn contract_placement(p: nvml_mig::Placement) -> MigPlacement {
+    MigPlacement {
+        start: p.start,
+        size: p.size,
+    }
+}
+
 /// The kubelet resource of a MIG profile under the `mixed` strategy (NVIDIA's names).
 pub fn mig_resource_name(profile: &str) -> String {
     format!("nvidia.com/mig-{}", profile.replace('+', "."))
@@ -196,7 +204,7 @@ pub fn plan_gpus(
         if gpu.mig_enabled {
             if settings.operating_mode != MODE_MIG && settings.mig_strategy == MigStrategy::Single {
                 match static_instances(gpu) {
-                    Ok(instances) => managed.extend(instances),
+                    Ok(instances) => managed.extend(instances.into_iter().map(|(_, d)| d)),
                     Err(s) => skipped.push(s),
                 }
                 continue;
@@ -249,8 +257,8 @@ pub fn plan_gpus(
 /// The carved instances of a GPU in MIG mode, each as a device of its own with one replica
 /// (`single` and `mixed` strategies): the `MIG-…` UUID, the instance's memory, the parent's
 /// index, and NVML's MIG device name (`NVIDIA A100-SXM4-40GB MIG 1g.5gb`) as its type. Only
-/// instances with a compute instance can run work.
-pub fn static_instances(gpu: &GpuInfo) -> Result<Vec<ManagedGpu>, SkippedGpu> {
+/// instances with a compute instance can run work. Each comes with its profile name.
+fn static_instances(gpu: &GpuInfo) -> Result<Vec<(&str, ManagedGpu)>, SkippedGpu> {
     let Some(layout) = &gpu.mig else {
         return Err(SkippedGpu::MigModePending {
             uuid: gpu.uuid.clone(),
@@ -262,16 +270,19 @@ pub fn static_instances(gpu: &GpuInfo) -> Result<Vec<ManagedGpu>, SkippedGpu> {
         .instances
         .iter()
         .filter(|i| i.compute_instance_id.is_some())
-        .map(|i| ManagedGpu {
-            uuid: i.uuid.clone(),
-            index: gpu.index,
-            model_type: format!("{model} MIG {}", i.profile),
-            devmem: u32::try_from(i.memory_mib).unwrap_or(u32::MAX),
-            devcore: 100,
-            numa: gpu.numa_node,
-            replicas: 1,
-            mode: MODE_HAMI_CORE.to_owned(),
-            mig_profiles: Vec::new(),
+        .map(|i| {
+            let device = ManagedGpu {
+                uuid: i.uuid.clone(),
+                index: gpu.index,
+                model_type: format!("{model} MIG {}", i.profile),
+                devmem: u32::try_from(i.memory_mib).unwrap_or(u32::MAX),
+                devcore: 100,
+                numa: gpu.numa_node,
+                replicas: 1,
+                mode: MODE_HAMI_CORE.to_owned(),
+                mig_profiles: Vec::new(),
+            };
+            (i.profile.as_str(), device)
         })
         .collect())
 }
@@ -290,16 +301,10 @@ pub fn mixed_resources(
         if settings.filter.hides(&gpu.uuid, gpu.index) {
             continue;
         }
-        let Ok(instances) = static_instances(gpu) else {
-            continue;
-        };
-        for m in instances {
-            let profile = m
-                .model_type
-                .rsplit_once(" MIG ")
-                .map(|(_, p)| p.to_owned())
-                .unwrap_or_default();
-            out.entry(mig_resource_name(&profile)).or_default().push(m);
+        for (profile, device) in static_instances(gpu).unwrap_or_default() {
+            out.entry(mig_resource_name(profile))
+                .or_default()
+                .push(device);
         }
     }
     out
@@ -344,10 +349,7 @@ fn plan_mig_gpu(
         .instances
         .iter()
         .filter(|i| !owned_mig(&i.uuid))
-        .map(|i| MigPlacement {
-            start: i.placement.start,
-            size: i.placement.size,
-        })
+        .map(|i| contract_placement(i.placement))
         .collect();
     let mut count = 0;
     let mut profiles = Vec::new();
@@ -364,10 +366,7 @@ fn plan_mig_gpu(
             placements: p
                 .placements
                 .iter()
-                .map(|pl| MigPlacement {
-                    start: pl.start,
-                    size: pl.size,
-                })
+                .map(|pl| contract_placement(*pl))
                 .filter(|pl| !foreign.iter().any(|f| f.overlaps(pl)))
                 .collect(),
         });

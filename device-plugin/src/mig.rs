@@ -168,33 +168,28 @@ impl MigManager {
         let Ok(mut owned) = self.owned.lock() else {
             return;
         };
-        let mut live: Vec<(String, nvml_mig::MigInstance)> = Vec::new();
+        let mut live: Vec<(&str, nvml_mig::MigInstance)> = Vec::new();
+        // GPUs whose instances could not be listed: their records are kept as they are.
+        let mut unknown: BTreeSet<&str> = BTreeSet::new();
         for (uuid, index) in gpus {
             match self.control.instances(*index) {
-                Ok(list) => live.extend(list.into_iter().map(|i| (uuid.clone(), i))),
+                Ok(list) => live.extend(list.into_iter().map(|i| (uuid.as_str(), i))),
                 Err(e) => {
-                    // Unknown: keep this GPU's records as they are.
                     tracing::warn!(gpu = %uuid, error = %tessera_runtime::DisplayChain(&e), "cannot list MIG instances; keeping the GPU's records");
-                    live.extend(
-                        owned
-                            .iter()
-                            .filter(|o| &o.gpu_uuid == uuid)
-                            .map(|o| (uuid.clone(), as_instance(o))),
-                    );
+                    unknown.insert(uuid.as_str());
                 }
             }
         }
         let is_live = |o: &OwnedInstance| {
             live.iter().any(|(g, i)| {
-                g == &o.gpu_uuid
+                *g == o.gpu_uuid
                     && i.uuid == o.mig_uuid
                     && i.gpu_instance_id == o.gpu_instance_id
-                    && i.placement.start == o.placement.start
-                    && i.placement.size == o.placement.size
+                    && crate::gpu::contract_placement(i.placement) == o.placement
             })
         };
         owned.retain(|o| {
-            let keep = is_live(o);
+            let keep = unknown.contains(o.gpu_uuid.as_str()) || is_live(o);
             if !keep {
                 tracing::info!(mig = %o.mig_uuid, gpu = %o.gpu_uuid, "recorded MIG instance is gone; record dropped");
             }
@@ -318,21 +313,6 @@ impl MigManager {
             self.save(&owned);
         }
         out
-    }
-}
-
-fn as_instance(o: &OwnedInstance) -> nvml_mig::MigInstance {
-    nvml_mig::MigInstance {
-        uuid: o.mig_uuid.clone(),
-        profile_id: 0,
-        profile: o.profile.clone(),
-        placement: Placement {
-            start: o.placement.start,
-            size: o.placement.size,
-        },
-        gpu_instance_id: o.gpu_instance_id,
-        compute_instance_id: Some(o.compute_instance_id),
-        memory_mib: 0,
     }
 }
 

@@ -407,7 +407,11 @@ impl nvml_mig::MigControl for MemoryMig {
         }
         let mut all = self.instances.lock().map_err(|_| unavailable())?;
         let live = all.entry(gpu).or_default();
-        if live.iter().any(|i| i.placement.overlaps(&placement)) {
+        let wanted = crate::gpu::contract_placement(placement);
+        if live
+            .iter()
+            .any(|i| crate::gpu::contract_placement(i.placement).overlaps(&wanted))
+        {
             return Err(unavailable());
         }
         let n = self

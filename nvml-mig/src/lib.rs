@@ -65,13 +65,6 @@ pub struct Placement {
     pub size: u32,
 }
 
-impl Placement {
-    /// Whether two placements share a slice.
-    pub fn overlaps(&self, other: &Placement) -> bool {
-        self.start < other.start + other.size && other.start < self.start + self.size
-    }
-}
-
 /// One GPU-instance profile the GPU supports, as NVML reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GiProfile {

@@ -169,14 +169,7 @@ fn explain_mig(
             let Some(mig) = &g.mig else { continue };
             let want = requests
                 .iter()
-                .map(|r| {
-                    if r.memreq > 0 || r.mem_percentage_req == crate::fit::MEM_PERCENTAGE_UNSET {
-                        r.memreq
-                    } else {
-                        u32::try_from(u64::from(g.totalmem) * u64::from(r.mem_percentage_req) / 100)
-                            .unwrap_or(u32::MAX)
-                    }
-                })
+                .map(|r| r.memory_on(g.totalmem))
                 .max()
                 .unwrap_or(0);
             let free: Vec<String> = mig

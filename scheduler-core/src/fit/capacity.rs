@@ -48,20 +48,7 @@ impl MigGpu {
         let occupied: Vec<MigPlacement> = self.occupied().collect();
         self.profiles
             .iter()
-            .map(|p| {
-                let mut free: Vec<MigPlacement> = p
-                    .placements
-                    .iter()
-                    .filter(|c| c.size > 0 && !occupied.iter().any(|o| c.overlaps(o)))
-                    .copied()
-                    .collect();
-                if prefers_high_placement(&p.name) {
-                    free.sort_by_key(|c| std::cmp::Reverse(c.start));
-                } else {
-                    free.sort_by_key(|c| c.start);
-                }
-                (p, free)
-            })
+            .map(|p| (p, free_in_order(p, &occupied)))
             .collect()
     }
 
@@ -94,17 +81,25 @@ pub fn select_placement(
     name: &str,
 ) -> Option<MigPlacement> {
     let profile = profiles.iter().find(|p| p.name == name)?;
-    let free = |c: &&MigPlacement| c.size > 0 && !occupied.iter().any(|o| c.overlaps(o));
-    if prefers_high_placement(name) {
-        // A stable sort by descending start: of equal starts the first listed.
-        let mut ordered: Vec<&MigPlacement> = profile.placements.iter().collect();
-        ordered.sort_by_key(|p| std::cmp::Reverse(p.start));
-        ordered.into_iter().find(free).copied()
+    free_in_order(profile, occupied).into_iter().next()
+}
+
+/// The placements of `profile` that overlap nothing in `occupied` (size 0 never counts), in
+/// `orderedMigPlacements` order: `1g.`/`3g.` profiles from the highest start, others from the
+/// lowest; a stable sort, so of equal starts the first listed.
+fn free_in_order(profile: &MigProfile, occupied: &[MigPlacement]) -> Vec<MigPlacement> {
+    let mut free: Vec<MigPlacement> = profile
+        .placements
+        .iter()
+        .filter(|c| c.size > 0 && !occupied.iter().any(|o| c.overlaps(o)))
+        .copied()
+        .collect();
+    if prefers_high_placement(&profile.name) {
+        free.sort_by_key(|c| std::cmp::Reverse(c.start));
     } else {
-        let mut ordered: Vec<&MigPlacement> = profile.placements.iter().collect();
-        ordered.sort_by_key(|p| p.start);
-        ordered.into_iter().find(free).copied()
+        free.sort_by_key(|c| c.start);
     }
+    free
 }
 
 /// One registered GPU with its current booking.
