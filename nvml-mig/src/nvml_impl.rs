@@ -499,18 +499,28 @@ impl<'n> NvmlMig<'n> {
                     ERROR_NOT_FOUND,
                 )
             })?;
-        Ok(MigInstance {
-            uuid,
-            profile_id: profile.id,
-            profile: profile.name.clone(),
-            placement: Placement {
-                start: info.placement.start,
-                size: info.placement.size,
-            },
-            gpu_instance_id: info.id,
-            compute_instance_id: Some(cinfo.id),
-            memory_mib: profile.memory_mib,
-        })
+        Ok(instance(profile, &info, Some(cinfo.id), uuid))
+    }
+}
+
+/// A GPU instance of `profile` as NVML describes it, with its compute instance and MIG UUID.
+fn instance(
+    profile: &GiProfile,
+    info: &nvmlGpuInstanceInfo_t,
+    compute_instance_id: Option<u32>,
+    uuid: String,
+) -> MigInstance {
+    MigInstance {
+        uuid,
+        profile_id: profile.id,
+        profile: profile.name.clone(),
+        placement: Placement {
+            start: info.placement.start,
+            size: info.placement.size,
+        },
+        gpu_instance_id: info.id,
+        compute_instance_id,
+        memory_mib: profile.memory_mib,
     }
 }
 
@@ -569,18 +579,7 @@ impl MigControl for NvmlMig<'_> {
                 let uuid = ci
                     .and_then(|c| uuids.get(&(info.id, c)).cloned())
                     .unwrap_or_default();
-                out.push(MigInstance {
-                    uuid,
-                    profile_id: profile.id,
-                    profile: profile.name.clone(),
-                    placement: Placement {
-                        start: info.placement.start,
-                        size: info.placement.size,
-                    },
-                    gpu_instance_id: info.id,
-                    compute_instance_id: ci,
-                    memory_mib: profile.memory_mib,
-                });
+                out.push(instance(&profile, &info, ci, uuid));
             }
         }
         out.sort_by_key(|i| (i.placement, i.gpu_instance_id));
