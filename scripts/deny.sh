@@ -21,6 +21,10 @@ if [ "$installed" != "cargo-deny $CARGO_DENY_VERSION" ]; then
     nice cargo install --locked cargo-deny --version "$CARGO_DENY_VERSION"
 fi
 
+# cargo-deny reads the whole graph offline, every platform's crates included (Windows-only
+# ones too), which a build on this machine never downloads: fetch them first (crates.io is
+# reachable; a warm cache makes this a no-op).
+cargo fetch --locked >/dev/null
 echo "deny: advisories not checked: the RustSec advisory database is on GitHub, unreachable from here"
 # The inclusion graph of each duplicate-version warning is hidden (hundreds of lines); drop
 # --hide-inclusion-graph to see why a crate is in the tree.
