@@ -23,8 +23,9 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,id=tessera-device-plugin-target \
-    cargo build --locked --release -p tessera-device-plugin --bin tessera-device-plugin \
- && install -D -m 0755 target/release/tessera-device-plugin /out/tessera-device-plugin
+    cargo build --locked --release -p tessera-device-plugin --bin tessera-device-plugin --bin tessera-dra-plugin \
+ && install -D -m 0755 target/release/tessera-device-plugin /out/tessera-device-plugin \
+ && install -D -m 0755 target/release/tessera-dra-plugin /out/tessera-dra-plugin
 
 # --- libvgpu.so for glibc workloads (glibc 2.17 baseline) ---------------------------------------
 FROM ${SHIM_GLIBC_BASE} AS shim-glibc
@@ -75,6 +76,7 @@ FROM ${BUSYBOX_IMAGE} AS busybox
 # kubelet sockets) -------------------------------------------------------------------------------
 FROM gcr.io/distroless/cc-debian12
 COPY --from=plugin /out/tessera-device-plugin /usr/bin/tessera-device-plugin
+COPY --from=plugin /out/tessera-dra-plugin /usr/bin/tessera-dra-plugin
 COPY --from=shim-glibc /out/libvgpu.so /opt/tessera/lib/libvgpu.so
 # Empty unless built with SHIM_MUSL=1; the init container installs it only when present.
 COPY --from=shim-musl /out/ /opt/tessera/lib/musl/

@@ -349,6 +349,12 @@ expect "[http-only] extender on loopback only" "$H" '^            - --http-bind=
 expect "[http-only] kube-scheduler uses plain HTTP" "$H" 'urlPrefix: "http://127.0.0.1:443"'
 expect_not "[http-only] no webhook" "$H" '^kind: MutatingWebhookConfiguration$'
 expect_not "[http-only] no certificate Jobs or Secrets" "$H" '^kind: (Job|Secret)$'
+DRA="$WORK/dra.yaml"
+expect "[dra] the DeviceClass of driver gpu.tessera.dev" "$DRA" '^kind: DeviceClass$'
+expect "[dra] the class serves the extended resource" "$DRA" '^  extendedResourceName: example.com/gpu$'
+expect "[dra] the DRA plugin's DaemonSet" "$DRA" '^            - /usr/bin/tessera-dra-plugin$'
+expect "[dra] the device plugin stays off DRA nodes" "$DRA" '^                    operator: NotIn$'
+expect_not "[default] no DRA objects without dra.enabled" "$WORK/default.yaml" '(^kind: DeviceClass$|tessera-dra-plugin)'
 
 N="$WORK/webhook-disabled.yaml"
 expect_not "[webhook-disabled] no webhook" "$N" '^kind: MutatingWebhookConfiguration$'
@@ -525,6 +531,14 @@ if [[ -x "$BIN_DIR/tessera-device-plugin" ]]; then
 	for set in "${value_sets[@]}"; do check_args "[$set] tessera-device-plugin" "$BIN_DIR/tessera-device-plugin" "$WORK/$set.yaml" /usr/bin/tessera-device-plugin; done
 else
 	echo "skip: $BIN_DIR/tessera-device-plugin not built; device plugin flag check not run"
+fi
+if [[ -x "$BIN_DIR/tessera-dra-plugin" ]]; then
+	flags_file="$WORK/dra-plugin.flags"
+	for set in "${value_sets[@]}"; do container_flags "$WORK/$set.yaml" /usr/bin/tessera-dra-plugin; done | sort -u >"$flags_file"
+	check_flags tessera-dra-plugin "$BIN_DIR/tessera-dra-plugin"
+	for set in "${value_sets[@]}"; do check_args "[$set] tessera-dra-plugin" "$BIN_DIR/tessera-dra-plugin" "$WORK/$set.yaml" /usr/bin/tessera-dra-plugin; done
+else
+	echo "skip: $BIN_DIR/tessera-dra-plugin not built; DRA plugin flag check not run"
 fi
 
 if [[ "$FAILURES" -gt 0 ]]; then

@@ -1,6 +1,14 @@
 //! Generates the tonic/prost code for the kubelet APIs with a vendored `protoc`, so building
 //! needs no system protobuf compiler.
 
+/// Every vendored proto (README.md says where each comes from).
+const PROTOS: &[&str] = &[
+    "api.proto",
+    "podresources/v1/api.proto",
+    "dra/v1/api.proto",
+    "pluginregistration/v1/api.proto",
+];
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     // `std::env::set_var("PROTOC", ..)` is unsafe in edition 2024 (and the workspace forbids
@@ -10,8 +18,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_with_config(config, &["api.proto", "podresources/v1/api.proto"], &["."])?;
-    println!("cargo:rerun-if-changed=api.proto");
-    println!("cargo:rerun-if-changed=podresources/v1/api.proto");
+        .compile_with_config(config, PROTOS, &["."])?;
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+    }
     Ok(())
 }

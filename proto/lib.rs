@@ -2,7 +2,10 @@
 //!
 //! * [`deviceplugin::v1beta1`]: the device plugin API (`Registration` served by the kubelet,
 //!   `DevicePlugin` served by plugins);
-//! * [`podresources::v1`]: the pod-resources API (`PodResourcesLister`, served by the kubelet).
+//! * [`podresources::v1`]: the pod-resources API (`PodResourcesLister`, served by the kubelet);
+//! * [`dra::v1`]: the DRA plugin API (`DRAPlugin`, served by DRA drivers);
+//! * [`pluginregistration`]: the kubelet's plugin registration API (`Registration`, served by
+//!   plugins in the kubelet's plugin registry directory).
 //!
 //! Field names follow the protos mechanically (`ID` becomes `id`, `available_deviceIDs` becomes
 //! `available_device_i_ds`); wire compatibility depends only on field numbers and types.
@@ -49,6 +52,42 @@ pub mod podresources {
     }
 }
 
+/// DRA plugin API.
+pub mod dra {
+    /// Package `k8s.io.kubelet.pkg.apis.dra.v1`.
+    #[allow(
+        missing_docs,
+        clippy::all,
+        clippy::pedantic,
+        missing_debug_implementations
+    )]
+    pub mod v1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+
+        /// The name a plugin lists in `PluginInfo.supported_versions` for this API: the
+        /// kubelet's "<package's last part>.<service>", not the gRPC service name.
+        pub const SERVICE_VERSION: &str = "v1.DRAPlugin";
+    }
+}
+
+/// Plugin registration API (upstream package `pluginregistration`, directory `v1`).
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    missing_debug_implementations
+)]
+pub mod pluginregistration {
+    tonic::include_proto!("pluginregistration");
+
+    /// `PluginInfo.type` of a DRA driver.
+    pub const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
+    /// The kubelet's plugin registry directory (it watches it for registration sockets).
+    pub const REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+    /// The kubelet's directory for plugins' own sockets.
+    pub const PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+}
+
 /// gRPC over the kubelet's unix sockets, for both sides (plugins dial the kubelet's
 /// `Registration` and pod-resources sockets; the kubelet, or a test harness acting as one, dials
 /// the plugin's).
@@ -74,5 +113,25 @@ pub mod transport {
                 async move { UnixStream::connect(path).await.map(TokioIo::new) }
             }))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The kubelet calls the services by these full names; a package typo would compile and
+    /// never be called.
+    #[test]
+    fn dra_and_registration_service_names_are_the_kubelets() {
+        use tonic::server::NamedService;
+        type Dra = super::dra::v1::dra_plugin_server::DraPluginServer<()>;
+        type Reg = super::pluginregistration::registration_server::RegistrationServer<()>;
+        assert_eq!(
+            <Dra as NamedService>::NAME,
+            "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+        );
+        assert_eq!(
+            <Reg as NamedService>::NAME,
+            "pluginregistration.Registration"
+        );
     }
 }

@@ -569,7 +569,7 @@ impl Allocator {
             .map(|(_, _, i)| i.mig_uuid.clone())
             .collect();
         Ok((
-            crate::container_env::mig_container_response(&uuids, &self.settings),
+            crate::container_env::whole_devices_response(&uuids, &self.settings),
             annotation,
         ))
     }
@@ -719,20 +719,10 @@ pub fn empty_entries(current: &str, served: &BTreeSet<usize>) -> Result<String, 
 }
 
 fn prepare_cache_dir(dir: &str) -> Result<(), AllocateError> {
-    let err = |source: std::io::Error| AllocateError::CacheDir {
+    crate::container_env::prepare_cache_dir(dir).map_err(|source| AllocateError::CacheDir {
         dir: dir.to_owned(),
         source,
-    };
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err(e)),
-    }
-    std::fs::create_dir_all(dir).map_err(err)?;
-    use std::os::unix::fs::PermissionsExt;
-    // The shim runs as the container's user, which the plugin does not know.
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(err)?;
-    Ok(())
+    })
 }
 
 /// The gRPC form of a container's response.

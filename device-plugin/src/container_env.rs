@@ -125,6 +125,19 @@ pub fn write_limits_file(file: &LimitsFile) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// Empties and (re)creates a cache directory, mode 0777: the shim runs as the container's user,
+/// which the plugin does not know.
+pub fn prepare_cache_dir(dir: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
+}
+
 /// Why a container's response cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResponseError {
@@ -136,7 +149,9 @@ pub enum ResponseError {
     BadPodUid(String),
 }
 
-fn path_safe(s: &str) -> bool {
+/// The string can name a directory of its own: not empty, not `.` or `..`, only ASCII letters,
+/// digits, `-`, `_` and `.`.
+pub fn path_safe(s: &str) -> bool {
     !s.is_empty()
         && s != "."
         && s != ".."
@@ -144,10 +159,10 @@ fn path_safe(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
 }
 
-/// The response for a container served whole MIG instances (HAMi's MIG path): the instances by
-/// their `MIG-…` UUIDs and nothing of the shim. The hardware isolates an instance, and no two
-/// containers share one, so there is no limit to enforce.
-pub fn mig_container_response(
+/// The response for a container served devices without limits: the devices by their UUIDs and
+/// nothing of the shim. HAMi's MIG path (`MIG-…` UUIDs: the hardware isolates an instance, and no
+/// two containers share one, so there is no limit to enforce) and DRA's admin access.
+pub fn whole_devices_response(
     mig_uuids: &[String],
     settings: &ResponseSettings,
 ) -> ContainerResponse {
@@ -179,7 +194,6 @@ pub fn container_response(
     target: &ContainerTarget,
     settings: &ResponseSettings,
 ) -> Result<ContainerResponse, ResponseError> {
-    let first = devices.first().ok_or(ResponseError::NoDevices)?;
     if !path_safe(&target.pod_uid) {
         return Err(ResponseError::BadPodUid(target.pod_uid.clone()));
     }
@@ -188,6 +202,26 @@ pub fn container_response(
             target.container_name.clone(),
         ));
     }
+    let cache_dir = settings.container_cache_dir(&target.pod_uid, &target.container_name);
+    shim_response(
+        devices,
+        cache_dir,
+        &target.cache_id,
+        target.disable_control,
+        settings,
+    )
+}
+
+/// The environment and mounts that put the shim into a container with `devices`' limits, its
+/// host cache directory being `cache_dir` (a container's under `Allocate`, a claim's under DRA).
+pub fn shim_response(
+    devices: &[ContainerDevice],
+    cache_dir: String,
+    cache_id: &str,
+    disable_control: bool,
+    settings: &ResponseSettings,
+) -> Result<ContainerResponse, ResponseError> {
+    let first = devices.first().ok_or(ResponseError::NoDevices)?;
     let mut envs = BTreeMap::new();
     let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
     envs.insert("NVIDIA_VISIBLE_DEVICES".to_owned(), uuids.join(","));
@@ -206,7 +240,7 @@ pub fn container_response(
     // is mounted at CONTAINER_VGPU_DIR whatever the host's hook path (deviation V6).
     envs.insert(
         "CUDA_DEVICE_MEMORY_SHARED_CACHE".to_owned(),
-        format!("{CONTAINER_VGPU_DIR}/{}.cache", target.cache_id),
+        format!("{CONTAINER_VGPU_DIR}/{cache_id}.cache"),
     );
     if settings.memory_scaling > 1.0 {
         envs.insert("CUDA_OVERSUBSCRIBE".to_owned(), "true".to_owned());
@@ -229,7 +263,6 @@ pub fn container_response(
         );
     }
 
-    let cache_dir = settings.container_cache_dir(&target.pod_uid, &target.container_name);
     let mut mounts = vec![
         MountSpec {
             container_path: CONTAINER_SHIM_PATH.to_owned(),
@@ -264,7 +297,7 @@ pub fn container_response(
         host_path: limits_file.host_path.clone(),
         read_only: true,
     });
-    if !target.disable_control {
+    if !disable_control {
         mounts.push(MountSpec {
             container_path: CONTAINER_PRELOAD_PATH.to_owned(),
             host_path: format!("{vgpu_dir}/ld.so.preload"),

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod conflict;
 pub mod container_env;
 pub mod daemon;
+pub mod dra;
 pub mod edges;
 pub mod gpu;
 pub mod health;

@@ -73,6 +73,14 @@ pub trait GpuInventory: Send + Sync + 'static {
     /// or GPU that does not support a question (`NotSupported`, `InvalidArg`) is skipped, any
     /// other NVML error fails the whole read.
     fn topology(&self) -> Result<NodeTopology, InventoryError>;
+    /// The CUDA compute capability (major, minor) of GPU `index`, when NVML tells.
+    fn compute_capability(&self, _index: u32) -> Option<(u32, u32)> {
+        None
+    }
+    /// The driver's version string (`570.133.20`), when NVML tells.
+    fn driver_version(&self) -> Option<String> {
+        None
+    }
 }
 
 /// NVML's answer to a per-link question, with "this link or GPU cannot tell" as `None`.
@@ -290,6 +298,15 @@ impl GpuInventory for NvmlInventory {
             });
         }
         Ok(gpus)
+    }
+
+    fn compute_capability(&self, index: u32) -> Option<(u32, u32)> {
+        let cc = self.device(index).ok()?.cuda_compute_capability().ok()?;
+        Some((u32::try_from(cc.major).ok()?, u32::try_from(cc.minor).ok()?))
+    }
+
+    fn driver_version(&self) -> Option<String> {
+        self.nvml.sys_driver_version().ok()
     }
 
     fn answers(&self, uuid: &str) -> bool {

@@ -305,7 +305,7 @@ fn exclusive_allocate(
             return Err("tessera: container request has no devices".to_owned());
         }
         container_responses.push(crate::allocator::to_proto(
-            crate::container_env::mig_container_response(&uuids, settings),
+            crate::container_env::whole_devices_response(&uuids, settings),
         ));
     }
     Ok(dp::AllocateResponse {

@@ -48,6 +48,7 @@ pub struct Artifacts {
     pub helm: PathBuf,
     pub tessera_scheduler: PathBuf,
     pub tessera_device_plugin: PathBuf,
+    pub tessera_dra_plugin: PathBuf,
     pub shim: PathBuf,
     /// A directory holding `libcuda.so.1`/`libcuda.so` (fake CUDA) and `libnvidia-ml.so.1` (fake
     /// NVML) under their real names.
@@ -183,6 +184,7 @@ fn discover() -> Result<Artifacts, ArtifactError> {
         helm: var_path(&tools, "HELM")?,
         tessera_scheduler: existing(target.join("tessera-scheduler"))?,
         tessera_device_plugin: existing(target.join("tessera-device-plugin"))?,
+        tessera_dra_plugin: existing(target.join("tessera-dra-plugin"))?,
         shim: existing(target.join("libvgpu.so"))?,
         driver_dir,
         cuda_probe: probe,

@@ -208,6 +208,7 @@ pub struct ImageNames {
 pub struct HostInputs {
     pub tessera_scheduler: PathBuf,
     pub tessera_device_plugin: PathBuf,
+    pub tessera_dra_plugin: PathBuf,
     pub shim: PathBuf,
     pub kube_scheduler: PathBuf,
     /// `v1.34.4`: the tag of the default kube-scheduler name.
@@ -297,6 +298,7 @@ impl HostInputs {
         Ok(HostInputs {
             tessera_scheduler: without_debug_info(&a.tessera_scheduler)?,
             tessera_device_plugin: without_debug_info(&a.tessera_device_plugin)?,
+            tessera_dra_plugin: without_debug_info(&a.tessera_dra_plugin)?,
             shim: a.shim.clone(),
             kube_scheduler: a.kube_scheduler.clone(),
             k8s_version: a.k8s_version.clone(),
@@ -449,13 +451,14 @@ pub fn specs_for(h: &HostInputs, extra: &ImageNames) -> Result<Vec<ImageSpec>, I
 
     // docker/device-plugin.Dockerfile, final stage (FROM gcr.io/distroless/cc-debian12: root).
     // The musl shim (/opt/tessera/lib/musl/) is optional there and left out here.
-    let mut dp_files = distroless_cc(&[&h.tessera_device_plugin, &h.shim])?;
+    let mut dp_files = distroless_cc(&[&h.tessera_device_plugin, &h.tessera_dra_plugin, &h.shim])?;
     dp_files.extend([
         ImageFile::host(
             "/usr/bin/tessera-device-plugin",
             &h.tessera_device_plugin,
             0o755,
         ),
+        ImageFile::host("/usr/bin/tessera-dra-plugin", &h.tessera_dra_plugin, 0o755),
         ImageFile::host("/opt/tessera/lib/libvgpu.so", &h.shim, 0o644),
         ImageFile::host("/opt/tessera/bin/busybox", &h.busybox, 0o755),
     ]);

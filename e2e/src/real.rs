@@ -57,6 +57,10 @@ pub struct RealNodeSpec {
     pub driver: bool,
     /// Node labels besides `gpu=on` (HAMi's device-plugin node selector).
     pub labels: Vec<(String, String)>,
+    /// A DRA node: containerd v2 (CDI; `e2e/containerd-v2.sh` builds it once) and the label
+    /// [`DRA_NODE_LABEL`], so the chart's DRA plugin runs there instead of the device plugin.
+    /// A cluster with one turns on the control plane's DRA feature gates ([`DRA_FEATURE_GATES`]).
+    pub dra: bool,
 }
 
 impl RealNodeSpec {
@@ -65,9 +69,25 @@ impl RealNodeSpec {
             node,
             driver: true,
             labels: Vec::new(),
+            dra: false,
+        }
+    }
+
+    /// A GPU node whose GPUs are handed out through DRA.
+    pub fn dra(node: NodeSpec) -> RealNodeSpec {
+        RealNodeSpec {
+            dra: true,
+            ..RealNodeSpec::gpu(node)
         }
     }
 }
+
+/// The label of DRA nodes (the chart's default `dra.nodeSelector`).
+pub const DRA_NODE_LABEL: (&str, &str) = ("tessera.io/dra", "on");
+/// The alpha DRA gates of Kubernetes 1.34 the DRA path uses: GPUs shared by capacity, and
+/// DeviceClasses that serve an extended resource. Set on kube-apiserver, kube-scheduler and
+/// kube-controller-manager of a cluster with a DRA node (the kubelet needs none: DRA is GA).
+pub const DRA_FEATURE_GATES: &str = "DRAConsumableCapacity=true,DRAExtendedResource=true";
 
 /// How the chart is installed.
 #[derive(Debug, Clone)]
@@ -190,6 +210,8 @@ pub struct RealCluster {
     controller_manager: Option<Proc>,
     kube_scheduler: Option<Proc>,
     keep: bool,
+    /// `--feature-gates` of the control plane, if any.
+    feature_gates: Option<&'static str>,
     /// The chart's `<gpuHookPath>/vgpu` on every node.
     host_vgpu_dir: String,
     _net: ClusterNetwork,
@@ -269,6 +291,45 @@ pub fn node_tools() -> Result<&'static NodeTools> {
             ctr: get("CTR")?,
             runc: get("RUNC")?,
             cni_bin_dir: get("CNI_BIN_DIR")?,
+        })
+    })
+    .as_ref()
+    .map_err(|e| Error::msg(e.clone()))
+}
+
+/// containerd v2 for DRA nodes (`e2e/containerd-v2.sh`, which builds it from its Go module once).
+#[derive(Debug, Clone)]
+pub struct ContainerdV2 {
+    pub containerd: PathBuf,
+    pub ctr: PathBuf,
+    pub shim: PathBuf,
+}
+
+pub fn containerd_v2() -> Result<&'static ContainerdV2> {
+    static T: OnceLock<std::result::Result<ContainerdV2, String>> = OnceLock::new();
+    T.get_or_init(|| {
+        let root = crate::artifacts::workspace_root();
+        let out = Command::new(root.join("e2e/containerd-v2.sh"))
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .map_err(|e| format!("running e2e/containerd-v2.sh: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("e2e/containerd-v2.sh failed ({})", out.status));
+        }
+        let vars: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let get = |k: &str| {
+            vars.get(k)
+                .map(PathBuf::from)
+                .ok_or_else(|| format!("e2e/containerd-v2.sh printed no {k}"))
+        };
+        Ok(ContainerdV2 {
+            containerd: get("CONTAINERD_V2")?,
+            ctr: get("CTR_V2")?,
+            shim: get("SHIM_V2")?,
         })
     })
     .as_ref()
@@ -427,7 +488,12 @@ impl RealCluster {
             || crate::cluster::http_get(etcd_port, "/health"),
         )
         .await?;
-        let mut apiserver = start_apiserver(artifacts, &dir, etcd_port)?;
+        let feature_gates = opts
+            .nodes
+            .iter()
+            .any(|n| n.dra)
+            .then_some(DRA_FEATURE_GATES);
+        let mut apiserver = start_apiserver(artifacts, &dir, etcd_port, feature_gates)?;
         let admin = client_for(&admin_kc).await?;
         let user = client_for(&user_kc).await?;
         wait_apiserver(&admin, &mut apiserver).await?;
@@ -444,6 +510,7 @@ impl RealCluster {
             controller_manager: None,
             kube_scheduler: None,
             keep: false,
+            feature_gates,
             host_vgpu_dir: opts.chart.host_vgpu_dir(),
             _net: net,
         };
@@ -464,8 +531,18 @@ impl RealCluster {
                 },
             )
             .await?;
-            cluster.controller_manager = Some(start_controller_manager(artifacts, &dir, &kcm_kc)?);
-            cluster.kube_scheduler = Some(start_kube_scheduler(artifacts, &dir, &sched_kc)?);
+            cluster.controller_manager = Some(start_controller_manager(
+                artifacts,
+                &dir,
+                &kcm_kc,
+                feature_gates,
+            )?);
+            cluster.kube_scheduler = Some(start_kube_scheduler(
+                artifacts,
+                &dir,
+                &sched_kc,
+                feature_gates,
+            )?);
             // The ServiceAccount admission plugin needs each namespace's `default` account, which
             // kube-controller-manager creates: it is working once that exists.
             let sas: Api<ServiceAccount> = Api::namespaced(cluster.admin.clone(), "default");
@@ -509,7 +586,12 @@ impl RealCluster {
             a.kill();
         }
         tokio::time::sleep(down).await;
-        let mut a = start_apiserver(self.artifacts, &self.dir, self.etcd_port)?;
+        let mut a = start_apiserver(
+            self.artifacts,
+            &self.dir,
+            self.etcd_port,
+            self.feature_gates,
+        )?;
         let r = wait_apiserver(&self.admin, &mut a).await;
         self.apiserver = Some(a);
         r
@@ -623,15 +705,24 @@ impl RealCluster {
         )?;
         set_mode(&runtime, 0o755)?;
 
-        write(
-            &dir.join("containerd.toml"),
-            containerd_config(&dir, &cni_conf, &runtime, tools),
-        )?;
+        let v2 = if spec.dra {
+            Some(containerd_v2()?)
+        } else {
+            None
+        };
+        let config = match v2 {
+            Some(v2) => containerd_v2_config(&dir, &cni_conf, &runtime, tools, &v2.shim),
+            None => containerd_config(&dir, &cni_conf, &runtime, tools),
+        };
+        write(&dir.join("containerd.toml"), config)?;
         write(
             &dir.join("kubelet.yaml"),
             serde_json::to_string_pretty(&kubelet_config(&self.dir, ip))?,
         )?;
         let mut labels = vec![("gpu".to_owned(), "on".to_owned())];
+        if spec.dra {
+            labels.push((DRA_NODE_LABEL.0.to_owned(), DRA_NODE_LABEL.1.to_owned()));
+        }
         labels.extend(spec.labels.iter().cloned());
         let labels = labels
             .iter()
@@ -658,8 +749,11 @@ impl RealCluster {
         .env("NODE_LABELS", labels)
         .env("LOG_DIR", self.dir.join("logs"))
         .env("KUBELET", &self.artifacts.kubelet)
-        .env("CONTAINERD", &tools.containerd)
-        .env("CTR", &tools.ctr)
+        .env(
+            "CONTAINERD",
+            v2.map_or(&tools.containerd, |v| &v.containerd),
+        )
+        .env("CTR", v2.map_or(&tools.ctr, |v| &v.ctr))
         .env("HOOK_DIR", &self.host_vgpu_dir);
         let proc_ = Proc::spawn(&format!("{name}-node"), &self.dir.join("logs"), &mut cmd)?;
         Ok(RealNode {
@@ -1074,7 +1168,12 @@ fn set_mode(path: &Path, mode: u32) -> Result<()> {
     Ok(())
 }
 
-fn start_apiserver(a: &Artifacts, dir: &Path, etcd: u16) -> Result<Proc> {
+fn start_apiserver(
+    a: &Artifacts,
+    dir: &Path,
+    etcd: u16,
+    feature_gates: Option<&str>,
+) -> Result<Proc> {
     let p = |f: &str| dir.join(f).display().to_string();
     let mut cmd = Command::new(&a.kube_apiserver);
     cmd.arg(format!("--etcd-servers=http://127.0.0.1:{etcd}"))
@@ -1114,10 +1213,18 @@ fn start_apiserver(a: &Artifacts, dir: &Path, etcd: u16) -> Result<Proc> {
         .arg("--allow-privileged=true")
         .arg("--profiling=false")
         .arg("--v=1");
+    if let Some(g) = feature_gates {
+        cmd.arg(format!("--feature-gates={g}"));
+    }
     Ok(Proc::spawn("kube-apiserver", &dir.join("logs"), &mut cmd)?)
 }
 
-fn start_controller_manager(a: &Artifacts, dir: &Path, kubeconfig: &Path) -> Result<Proc> {
+fn start_controller_manager(
+    a: &Artifacts,
+    dir: &Path,
+    kubeconfig: &Path,
+    feature_gates: Option<&str>,
+) -> Result<Proc> {
     let mut cmd = Command::new(&a.kube_controller_manager);
     cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!(
@@ -1139,6 +1246,9 @@ fn start_controller_manager(a: &Artifacts, dir: &Path, kubeconfig: &Path) -> Res
         .arg("--cluster-name=tessera-e2e")
         .arg("--leader-elect=false")
         .arg("--v=1");
+    if let Some(g) = feature_gates {
+        cmd.arg(format!("--feature-gates={g}"));
+    }
     Ok(Proc::spawn(
         "kube-controller-manager",
         &dir.join("logs"),
@@ -1148,7 +1258,12 @@ fn start_controller_manager(a: &Artifacts, dir: &Path, kubeconfig: &Path) -> Res
 
 /// The control plane's own scheduler (profile `default-scheduler`): it places the chart's pods
 /// and every pod that asks for no GPU.
-fn start_kube_scheduler(a: &Artifacts, dir: &Path, kubeconfig: &Path) -> Result<Proc> {
+fn start_kube_scheduler(
+    a: &Artifacts,
+    dir: &Path,
+    kubeconfig: &Path,
+    feature_gates: Option<&str>,
+) -> Result<Proc> {
     let config = dir.join("kube-scheduler.yaml");
     let doc = json!({
         "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -1162,6 +1277,9 @@ fn start_kube_scheduler(a: &Artifacts, dir: &Path, kubeconfig: &Path) -> Result<
         .arg("--bind-address=127.0.0.1")
         .arg(format!("--secure-port={}", free_port()))
         .arg("--v=1");
+    if let Some(g) = feature_gates {
+        cmd.arg(format!("--feature-gates={g}"));
+    }
     Ok(Proc::spawn("kube-scheduler", &dir.join("logs"), &mut cmd)?)
 }
 
@@ -1199,6 +1317,55 @@ state = "/run/containerd"
 "#,
         root = node_dir.join("containerd").display(),
         pause = crate::images::PAUSE_IMAGE,
+        runtime = runtime.display(),
+        cni_bin = tools.cni_bin_dir.display(),
+        cni_conf = cni_conf.display(),
+    )
+}
+
+/// containerd v2's configuration for a DRA node (config version 3): what [`containerd_config`]
+/// sets, in v2's plugin names, plus CDI (on by default in v2; the kubelet's `CDI_devices` are
+/// applied from the specs in /etc/cdi and /var/run/cdi, the node's own /run) and the v2 shim by
+/// path (Debian's containerd package puts its 1.6 shim on PATH, which v2 would find first).
+fn containerd_v2_config(
+    node_dir: &Path,
+    cni_conf: &Path,
+    runtime: &Path,
+    tools: &NodeTools,
+    shim: &Path,
+) -> String {
+    format!(
+        r#"version = 3
+root = "{root}"
+state = "/run/containerd"
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{pause}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  # Root cannot lower oom_score_adj on these machines; without this runc fails every sandbox.
+  restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      runtime_path = "{shim}"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "{runtime}"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{cni_bin}"]
+    conf_dir = "{cni_conf}"
+"#,
+        root = node_dir.join("containerd").display(),
+        pause = crate::images::PAUSE_IMAGE,
+        shim = shim.display(),
         runtime = runtime.display(),
         cni_bin = tools.cni_bin_dir.display(),
         cni_conf = cni_conf.display(),

@@ -194,6 +194,46 @@ impl NodeTopology {
     }
 }
 
+impl NodeTopology {
+    /// For each GPU (position in `gpus`), the NVLink domain it belongs to: the lowest position of
+    /// the GPUs it reaches over NVLink, directly or through NVSwitches (by the same link rules as
+    /// the pair scores); `None` for a GPU with no NVLink to another GPU. Two GPUs with the same
+    /// domain can talk over NVLink (for the DRA driver's `nvlinkDomain` attribute).
+    pub fn nvlink_domains(&self) -> Vec<Option<usize>> {
+        let gpu_bus_ids: Vec<String> = self
+            .gpus
+            .iter()
+            .map(|g| normalise_bus_id(&g.pci_bus_id))
+            .collect();
+        let n = self.gpus.len();
+        // Union-find with the lowest position as each set's root.
+        let mut parent: Vec<usize> = (0..n).collect();
+        fn root(parent: &mut [usize], mut i: usize) -> usize {
+            while parent[i] != i {
+                parent[i] = parent[parent[i]];
+                i = parent[i];
+            }
+            i
+        }
+        let mut linked = vec![false; n];
+        for a in 0..n {
+            for b in a + 1..n {
+                if self.nvlink(a, b, &gpu_bus_ids).is_some()
+                    || self.nvlink(b, a, &gpu_bus_ids).is_some()
+                {
+                    linked[a] = true;
+                    linked[b] = true;
+                    let (ra, rb) = (root(&mut parent, a), root(&mut parent, b));
+                    parent[ra.max(rb)] = ra.min(rb);
+                }
+            }
+        }
+        (0..n)
+            .map(|i| linked[i].then(|| root(&mut parent, i)))
+            .collect()
+    }
+}
+
 /// The `hami.io/node-nvidia-score` entries for `uuids` (the GPUs the plugin registers, in
 /// register order), by HAMi's rule (module documentation).
 pub fn pair_scores(topology: &NodeTopology, uuids: &[String]) -> Result<PairScores, TopologyError> {
@@ -242,6 +282,34 @@ pub fn pair_scores(topology: &NodeTopology, uuids: &[String]) -> Result<PairScor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvlink_domains_group_gpus_that_reach_each_other() {
+        let end = |bus: &str| NvLinkEnd {
+            remote_pci_bus_id: Some(bus.to_owned()),
+            remote: Some(NvLinkRemote::Gpu),
+        };
+        let gpu = |i: usize, links: Vec<NvLinkEnd>| GpuLinks {
+            uuid: format!("GPU-{i}"),
+            pci_bus_id: format!("00000000:0{i}:00.0"),
+            nvlinks: links,
+        };
+        // 0-1 bridged, 2 alone, 3-4 bridged through 4's link only.
+        let t = NodeTopology {
+            gpus: vec![
+                gpu(0, vec![end("00000000:01:00.0")]),
+                gpu(1, vec![end("00000000:00:00.0")]),
+                gpu(2, vec![]),
+                gpu(3, vec![]),
+                gpu(4, vec![end("00000000:03:00.0")]),
+            ],
+            pcie: BTreeMap::new(),
+        };
+        assert_eq!(
+            t.nvlink_domains(),
+            [Some(0), Some(0), None, Some(3), Some(3)]
+        );
+    }
 
     fn gpu_link(bus: &str) -> NvLinkEnd {
         NvLinkEnd {

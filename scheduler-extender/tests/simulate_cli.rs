@@ -208,3 +208,47 @@ fn topology_aware_puts_a_two_gpu_pod_on_nvlinked_gpus() {
     let blind = gpus_of(by_pod(&lines, "default/nvlink-pair"));
     assert_eq!(nvlinks_between(&blind[0], &blind[1]), 0, "{blind:?}");
 }
+
+#[test]
+fn claims_are_reported_as_not_simulated_rather_than_misplaced() {
+    let dir = std::env::temp_dir().join(format!("tessera-simulate-dra-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("dra.yaml");
+    std::fs::write(
+        &file,
+        r#"
+apiVersion: v1
+kind: Node
+metadata: {name: dra-node}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: share, namespace: ml}
+spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.tessera.dev}}]}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer, namespace: ml}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: share}]
+  containers: [{name: app, image: cuda, resources: {claims: [{name: gpu}]}}]
+"#,
+    )
+    .unwrap();
+    let (ok, lines, err) = run(&["simulate", "-f", file.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(ok, "{err}");
+    let trainer = by_pod(&lines, "ml/trainer");
+    assert_eq!(trainer["node"], Value::Null);
+    assert!(
+        trainer["error"]
+            .as_str()
+            .unwrap()
+            .contains("ResourceClaims (DRA)"),
+        "{trainer}"
+    );
+    assert!(
+        err.contains("ResourceClaimTemplate ml/share (DRA objects are not simulated yet"),
+        "{err}"
+    );
+}

@@ -24,6 +24,7 @@
 
 {{- define "tessera.scheduler" -}}{{ include "tessera.fullname" . | trunc 53 | trimSuffix "-" }}-scheduler{{- end -}}
 {{- define "tessera.devicePlugin" -}}{{ include "tessera.fullname" . | trunc 49 | trimSuffix "-" }}-device-plugin{{- end -}}
+{{- define "tessera.draPlugin" -}}{{ include "tessera.fullname" . | trunc 52 | trimSuffix "-" }}-dra-plugin{{- end -}}
 {{- define "tessera.webhook" -}}{{ include "tessera.fullname" . | trunc 55 | trimSuffix "-" }}-webhook{{- end -}}
 {{/* Secret with the webhook/extender serving certificate (keys tls.crt, tls.key, ca.crt). */}}
 {{- define "tessera.servingSecret" -}}{{ include "tessera.scheduler" . }}-tls{{- end -}}
@@ -316,4 +317,51 @@ imagePullSecrets:
 {{- if and .Values.devicePlugin.enabled (eq (toString $dps.type) "NodePort") (or (lt (int $dps.httpPort) 30000) (gt (int $dps.httpPort) 32767)) -}}
 {{- fail (printf "devicePlugin.service.httpPort: %v is not a node port (30000-32767); with devicePlugin.service.type NodePort it is the Service's nodePort, as in HAMi (31992). Choose a port in that range, or type ClusterIP." $dps.httpPort) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The init container that installs the CUDA shim and ld.so.preload on the host, for the device
+     plugin's and the DRA plugin's DaemonSets: (list $ HOST_VGPU_DIR LIB_PATH). */}}
+{{- define "tessera.installVgpuHook" -}}
+{{- $ := index . 0 -}}
+{{- $hostVgpuDir := index . 1 -}}
+{{- $libPath := index . 2 -}}
+# Installs the CUDA shim and ld.so.preload on the host before the plugin advertises
+# anything. Each file is written beside its target and renamed over it: running
+# workloads keep the inode they mapped, and no container ever sees a half-written file.
+- name: install-vgpu-hook
+  image: {{ include "tessera.tesseraImage" (list $ $.Values.devicePlugin.image "tessera-gpu/tessera-device-plugin") }}
+  imagePullPolicy: {{ $.Values.devicePlugin.image.pullPolicy }}
+  command:
+    - /opt/tessera/bin/busybox
+    - sh
+    - -ec
+    - |
+      dir={{ $hostVgpuDir }}
+      /opt/tessera/bin/busybox mkdir -p "$dir/containers" "$dir/claims" "$dir/musl"
+      /opt/tessera/bin/busybox cp /opt/tessera/lib/libvgpu.so "$dir/.libvgpu.so.new"
+      /opt/tessera/bin/busybox mv -f "$dir/.libvgpu.so.new" "$dir/libvgpu.so"
+      # The musl build ships only in images built with SHIM_MUSL=1 (docker/README.md).
+      if [ -f /opt/tessera/lib/musl/libvgpu.so ]; then
+        /opt/tessera/bin/busybox cp /opt/tessera/lib/musl/libvgpu.so "$dir/musl/.libvgpu.so.new"
+        /opt/tessera/bin/busybox mv -f "$dir/musl/.libvgpu.so.new" "$dir/musl/libvgpu.so"
+        /opt/tessera/bin/busybox chmod 0644 "$dir/musl/libvgpu.so"
+      fi
+      # The path inside workload containers, where Allocate mounts the shim.
+      echo {{ $libPath }}/libvgpu.so > "$dir/.ld.so.preload.new"
+      /opt/tessera/bin/busybox mv -f "$dir/.ld.so.preload.new" "$dir/ld.so.preload"
+      # Root-owned and not world-writable: only the plugin makes the per-container
+      # directories (at Allocate); each container sees just its own.
+      /opt/tessera/bin/busybox chown 0:0 "$dir" "$dir/containers"
+      /opt/tessera/bin/busybox chmod 0755 "$dir" "$dir/musl" "$dir/containers"
+      /opt/tessera/bin/busybox chmod 0644 "$dir/libvgpu.so" "$dir/ld.so.preload"
+  securityContext:
+    runAsUser: 0
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop: [ALL]
+      add: [CHOWN, DAC_OVERRIDE, FOWNER]
+  volumeMounts:
+    - name: hook
+      mountPath: {{ $hostVgpuDir }}
 {{- end -}}

@@ -8,6 +8,7 @@ fn stand_ins() -> HostInputs {
     HostInputs {
         tessera_scheduler: exe.clone(),
         tessera_device_plugin: exe.clone(),
+        tessera_dra_plugin: exe.clone(),
         shim: exe.clone(),
         kube_scheduler: exe.clone(),
         k8s_version: "v1.34.4".into(),

@@ -1,0 +1,394 @@
+//! `tessera-dra-plugin`: the DRA kubelet plugin's command line and wiring.
+//!
+//! A binary of its own in the device plugin's crate and image, sharing its NVML discovery,
+//! health rules and the shim's container environment: a node runs either the device plugin or
+//! the DRA plugin (the chart's `dra.enabled` picks which DaemonSet a node gets), and the two
+//! take different flags (no HAMi device-config, node annotations or scheduler names here).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use tessera_runtime::{DisplayChain, LogArgs, spawn_task};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::DRIVER;
+use super::checkpoint::PreparedClaims;
+use super::plugin::{DraDriver, KubeClaims, ListenError};
+use super::publish::{ConsumableMode, SlicePublisher};
+use super::slice::{GpuFacts, slice_devices};
+use crate::container_env::ResponseSettings;
+use crate::gpu::GpuInfo;
+use crate::health::{DisableSpecError, HealthPolicy, HealthTracker};
+use crate::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
+
+/// The crates whose logs `-v` raises first.
+pub const OWN_CRATES: &[&str] = &["tessera_device_plugin", "hami_contract"];
+
+/// Tessera's DRA driver (gpu.tessera.dev): publishes this node's GPUs as a ResourceSlice and
+/// prepares the ResourceClaims kube-scheduler allocates on them, each with the memory and cores
+/// it was given enforced in the container by the HAMi-core shim.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "tessera-dra-plugin", version)]
+pub struct DraCli {
+    /// This node's name (the DaemonSet sets it from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Kubeconfig file; without it, KUBECONFIG, ~/.kube/config or the in-cluster config.
+    #[arg(long, env = "KUBECONFIG_PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Host directory holding `vgpu/libvgpu.so` (HAMi's HOOK_PATH); claims' directories go in
+    /// `<hook>/vgpu/claims`.
+    #[arg(long, env = "HOOK_PATH", default_value = "/usr/local")]
+    pub hook_path: String,
+    /// NVML library to load at run time.
+    #[arg(long, env = "NVML_LIB", default_value = "libnvidia-ml.so.1")]
+    pub nvml_lib: PathBuf,
+    /// sysfs root (NUMA nodes are read from `<root>/bus/pci/devices/<bus id>/numa_node`).
+    #[arg(long, env = "SYSFS_ROOT", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    /// The plugin's socket directory; the kubelet dials `<dir>/dra.sock` (the same path on the
+    /// node and in the plugin's container).
+    #[arg(
+        long,
+        env = "DRA_PLUGIN_DIR",
+        default_value = "/var/lib/kubelet/plugins/gpu.tessera.dev"
+    )]
+    pub plugin_dir: PathBuf,
+    /// The kubelet's plugin registry directory.
+    #[arg(
+        long,
+        env = "DRA_REGISTRY_DIR",
+        default_value = kubelet_proto::pluginregistration::REGISTRY_DIR
+    )]
+    pub registry_dir: PathBuf,
+    /// Where the CDI specs of prepared claims are written (a directory the runtime reads).
+    #[arg(long, env = "CDI_SPEC_DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
+    /// Offer shares of each GPU (`DRAConsumableCapacity`): `auto` (when the API server keeps the
+    /// fields), `on` or `off` (whole GPUs).
+    #[arg(long, env = "CONSUMABLE_CAPACITY", value_enum, default_value_t = ConsumableMode::Auto)]
+    pub consumable_capacity: ConsumableMode,
+    /// Also name the GPUs by NVIDIA's CDI names (`nvidia.com/gpu=<UUID>`) for runtimes that
+    /// inject the driver through NVIDIA's CDI spec.
+    #[arg(long, env = "CDI_DEVICES")]
+    pub cdi_devices: bool,
+    /// `libCudaLogLevel` for the shim (`LIBCUDA_LOG_LEVEL`); empty: not set.
+    #[arg(long, env = "LIBCUDA_LOG_LEVEL", default_value = "")]
+    pub lib_cuda_log_level: String,
+    /// Seconds a GPU must stay free of errors (and answer NVML) before it is offered again.
+    #[arg(long, env = "HEALTH_RECOVERY_SECONDS", default_value_t = 60)]
+    pub health_recovery_seconds: u64,
+    /// NVIDIA's DP_DISABLE_HEALTHCHECKS: `all`, `xids`, or extra XIDs to ignore (comma list).
+    #[arg(long, env = "DP_DISABLE_HEALTHCHECKS", default_value = "")]
+    pub disable_healthchecks: String,
+    /// Seconds between checks of the node's ResourceSlice (it is also checked at once after a
+    /// registration and a health change).
+    #[arg(long, env = "SLICE_CHECK_SECONDS", default_value_t = 15)]
+    pub slice_check_seconds: u64,
+    /// Seconds between looks for prepared claims whose ResourceClaim is gone.
+    #[arg(long, env = "STALE_CLAIM_SECONDS", default_value_t = 60)]
+    pub stale_claim_seconds: u64,
+    /// `--log-format`, `-v`/`--v` (klog verbosity) and `--debug`.
+    #[command(flatten)]
+    pub logging: LogArgs,
+}
+
+/// Why the DRA plugin could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DraStartError {
+    #[error("cannot use NVML")]
+    Nvml(#[source] InventoryError),
+    #[error(transparent)]
+    HealthChecks(#[from] DisableSpecError),
+    #[error("no Kubernetes client configuration")]
+    Client(#[source] kube::Error),
+    #[error("cannot read the kubeconfig {path}")]
+    ReadKubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("invalid kubeconfig")]
+    Kubeconfig(#[source] kube::config::KubeconfigError),
+    #[error(transparent)]
+    Listen(#[from] ListenError),
+    #[error("cannot install the signal handlers")]
+    Signals(#[source] std::io::Error),
+    #[error("cannot start the GPU health thread")]
+    HealthThread(#[source] std::io::Error),
+}
+
+async fn kube_client(cli: &DraCli) -> Result<kube::Client, DraStartError> {
+    match &cli.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+                DraStartError::ReadKubeconfig {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(DraStartError::Kubeconfig)?;
+            kube::Client::try_from(cfg).map_err(DraStartError::Client)
+        }
+        None => kube::Client::try_default()
+            .await
+            .map_err(DraStartError::Client),
+    }
+}
+
+/// Each NVLinked GPU's domain: the NVML index of the lowest GPU it reaches over NVLink. A
+/// topology NVML cannot give leaves every GPU without the attribute.
+fn nvlink_domains(inventory: &dyn GpuInventory) -> BTreeMap<String, u32> {
+    let topology = match inventory.topology() {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %DisplayChain(&e), "cannot read the NVLink topology; GPUs are published without nvlinkDomain");
+            return BTreeMap::new();
+        }
+    };
+    topology
+        .nvlink_domains()
+        .into_iter()
+        .zip(&topology.gpus)
+        .filter_map(|(root, g)| {
+            let root = u32::try_from(root?).ok()?;
+            Some((g.uuid.clone(), root))
+        })
+        .collect()
+}
+
+/// The shim's settings for claims (no oversubscription, HAMi's default core policy).
+fn response_settings(cli: &DraCli) -> ResponseSettings {
+    let vgpu = format!("{}/vgpu", cli.hook_path.trim_end_matches('/'));
+    // The versioned library when the installer put one there (as `Allocate` resolves it).
+    let versioned = format!("{vgpu}/libvgpu.so.{}", env!("CARGO_PKG_VERSION"));
+    let shim_host_path = if std::path::Path::new(&versioned).exists() {
+        versioned
+    } else {
+        format!("{vgpu}/libvgpu.so")
+    };
+    ResponseSettings {
+        hook_path: cli.hook_path.clone(),
+        memory_scaling: 1.0,
+        lib_cuda_log_level: cli.lib_cuda_log_level.clone(),
+        disable_core_limit: false,
+        core_policy: hami_contract::config::GpuCorePolicy::Default,
+        shim_host_path,
+        license_present: false,
+        cdi_devices: cli.cdi_devices,
+    }
+}
+
+/// Runs the plugin until SIGTERM/SIGINT: both sockets removed at the end (the kubelet then
+/// deregisters the driver and, 30 s later, deletes its slice unless a new plugin registered).
+pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
+    let policy = HealthPolicy {
+        recovery_quiet: Duration::from_secs(cli.health_recovery_seconds),
+        ..HealthPolicy::default()
+    }
+    .with_disable_spec(&cli.disable_healthchecks)?;
+    let inventory = Arc::new(
+        NvmlInventory::load(&cli.nvml_lib, cli.sysfs_root.clone()).map_err(DraStartError::Nvml)?,
+    );
+    let gpus: Vec<GpuInfo> = inventory.discover().map_err(DraStartError::Nvml)?;
+    let domains = nvlink_domains(inventory.as_ref());
+    let facts: Vec<(GpuInfo, GpuFacts)> = gpus
+        .iter()
+        .map(|g| {
+            let f = GpuFacts {
+                compute_capability: inventory.compute_capability(g.index),
+                nvlink_domain: domains.get(&g.uuid).copied(),
+            };
+            (g.clone(), f)
+        })
+        .collect();
+    let driver_version = inventory.driver_version();
+    tracing::info!(gpus = gpus.len(), driver = DRIVER, "GPUs discovered");
+
+    let shutdown = CancellationToken::new();
+    tessera_runtime::shutdown::cancel_on_signals(&shutdown).map_err(DraStartError::Signals)?;
+    let (unhealthy_tx, unhealthy_rx) = watch::channel(BTreeSet::<String>::new());
+    spawn_health_thread(
+        inventory.clone(),
+        policy,
+        gpus.iter().map(|g| g.uuid.clone()).collect(),
+        unhealthy_tx,
+        shutdown.clone(),
+    )?;
+
+    let client = kube_client(&cli).await?;
+    let prepared = PreparedClaims::load(cli.cdi_dir.clone(), response_settings(&cli));
+    tracing::info!(
+        claims = prepared.all().len(),
+        "prepared claims read back from the CDI spec directory"
+    );
+    let driver = Arc::new(DraDriver::new(
+        cli.node_name.clone(),
+        gpus,
+        Arc::new(KubeClaims(client.clone())),
+        prepared,
+    ));
+    let registered = Arc::new(Notify::new());
+
+    let publisher = SlicePublisher::new(
+        client.clone(),
+        cli.node_name.clone(),
+        cli.consumable_capacity,
+    );
+    spawn_task(
+        "resource-slice",
+        publish_slices(
+            publisher,
+            facts,
+            driver_version,
+            unhealthy_rx,
+            registered.clone(),
+            Duration::from_secs(cli.slice_check_seconds.max(1)),
+            shutdown.clone(),
+        ),
+    );
+    spawn_task(
+        "stale-claims",
+        remove_stale_claims(
+            driver.clone(),
+            Duration::from_secs(cli.stale_claim_seconds.max(1)),
+            shutdown.clone(),
+        ),
+    );
+    super::plugin::serve(
+        driver,
+        cli.plugin_dir.join("dra.sock"),
+        cli.registry_dir.join(format!("{DRIVER}-reg.sock")),
+        registered,
+        shutdown,
+    )
+    .await?;
+    Ok(())
+}
+
+async fn publish_slices(
+    mut publisher: SlicePublisher,
+    gpus: Vec<(GpuInfo, GpuFacts)>,
+    driver_version: Option<String>,
+    mut unhealthy: watch::Receiver<BTreeSet<String>>,
+    registered: Arc<Notify>,
+    period: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut retry = Duration::from_secs(1);
+    loop {
+        let bad = unhealthy.borrow_and_update().clone();
+        let devices_for = |sharing| {
+            let (devices, skipped) = slice_devices(
+                &gpus,
+                driver_version.as_deref(),
+                &|u| !bad.contains(u),
+                sharing,
+            );
+            for s in skipped {
+                tracing::debug!(reason = %s, "GPU not offered");
+            }
+            devices
+        };
+        let wait = match publisher.sync(&devices_for).await {
+            Ok(_) => {
+                retry = Duration::from_secs(1);
+                period
+            }
+            Err(e) => {
+                tracing::warn!(error = %DisplayChain(&e), "cannot publish the ResourceSlice; retrying");
+                retry = (retry * 2).min(period);
+                retry
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = registered.notified() => {}
+            changed = unhealthy.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+async fn remove_stale_claims(
+    driver: Arc<DraDriver>,
+    period: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        driver.remove_stale().await;
+    }
+}
+
+/// How long one NVML event wait blocks, and how often lost GPUs are polled and quiet ones
+/// probed.
+const EVENT_WAIT: Duration = Duration::from_secs(1);
+const HEALTH_POLL: Duration = Duration::from_secs(5);
+
+/// NVML events, lost-GPU polling and recovery on a blocking thread (NVML's event wait blocks);
+/// every change of the unhealthy set goes to `unhealthy`.
+fn spawn_health_thread(
+    inventory: Arc<NvmlInventory>,
+    policy: HealthPolicy,
+    uuids: Vec<String>,
+    unhealthy: watch::Sender<BTreeSet<String>>,
+    shutdown: CancellationToken,
+) -> Result<(), DraStartError> {
+    let span = tessera_runtime::task_span("gpu-health");
+    std::thread::Builder::new()
+        .name("gpu-health".into())
+        .spawn(move || {
+            let _entered = span.enter();
+            let mut tracker = HealthTracker::new(policy, uuids.iter().cloned());
+            let mut last_poll = Instant::now();
+            while !shutdown.is_cancelled() {
+                let mut changed = false;
+                match inventory.wait_event(EVENT_WAIT) {
+                    Ok(Some(ev)) => changed |= tracker.apply(&ev, Instant::now()),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %DisplayChain(&e), "NVML event wait failed");
+                        std::thread::sleep(EVENT_WAIT);
+                    }
+                }
+                if last_poll.elapsed() >= HEALTH_POLL {
+                    last_poll = Instant::now();
+                    let healthy: Vec<String> = uuids
+                        .iter()
+                        .filter(|u| tracker.is_healthy(u))
+                        .cloned()
+                        .collect();
+                    for ev in lost_gpus(inventory.as_ref(), &healthy) {
+                        changed |= tracker.apply(&ev, Instant::now());
+                    }
+                    for uuid in tracker.due_for_probe(Instant::now()) {
+                        changed |=
+                            tracker.probe_result(&uuid, inventory.answers(&uuid), Instant::now());
+                    }
+                }
+                if changed {
+                    let bad: BTreeSet<String> =
+                        tracker.unhealthy().into_iter().map(str::to_owned).collect();
+                    tracing::warn!(unhealthy = ?bad, "GPU health changed");
+                    let _ = unhealthy.send(bad);
+                }
+            }
+        })
+        .map_err(DraStartError::HealthThread)?;
+    Ok(())
+}

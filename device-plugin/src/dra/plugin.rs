@@ -1,0 +1,370 @@
+//! The kubelet's side of the driver: the registration service the kubelet's plugin watcher
+//! finds in its registry directory, and the DRAPlugin service it then calls to prepare and
+//! unprepare claims.
+//!
+//! The kubelet names only the claim (namespace, name, UID); the allocation is read from the API
+//! server ([`ClaimSource`]). Claims of one call are read concurrently and written one at a time
+//! (one lock over the prepared claims). Every claim of a request gets an entry in the response,
+//! with an error text when it failed: the kubelet retries those.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kubelet_proto::dra::v1 as dra;
+use kubelet_proto::pluginregistration as reg;
+use tessera_runtime::{DisplayChain, task_span};
+use tokio::net::UnixListener;
+use tokio::sync::{Mutex, Notify};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::DRIVER;
+use super::checkpoint::{ClaimRef, PreparedClaims};
+use super::claim::claim_shares;
+use crate::edges::EdgeError;
+use crate::gpu::GpuInfo;
+
+/// Reads ResourceClaims (the API server; tests: a map).
+pub trait ClaimSource: Send + Sync + 'static {
+    /// The claim, or `None` when it does not exist.
+    fn claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> BoxFuture<'_, Result<Option<ResourceClaim>, EdgeError>>;
+}
+
+/// [`ClaimSource`] on the API server.
+#[derive(Clone)]
+pub struct KubeClaims(pub kube::Client);
+
+impl std::fmt::Debug for KubeClaims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KubeClaims")
+    }
+}
+
+impl ClaimSource for KubeClaims {
+    fn claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> BoxFuture<'_, Result<Option<ResourceClaim>, EdgeError>> {
+        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.0.clone(), namespace);
+        let what = format!("cannot read ResourceClaim {namespace}/{name}");
+        let name = name.to_owned();
+        Box::pin(async move { api.get_opt(&name).await.map_err(EdgeError::kube(what)) })
+    }
+}
+
+/// The driver's node-local state: this node's GPUs and the claims prepared on them.
+pub struct DraDriver {
+    node: String,
+    gpus: Vec<GpuInfo>,
+    source: Arc<dyn ClaimSource>,
+    prepared: Mutex<PreparedClaims>,
+}
+
+impl std::fmt::Debug for DraDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraDriver")
+            .field("node", &self.node)
+            .field("gpus", &self.gpus.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DraDriver {
+    pub fn new(
+        node: String,
+        gpus: Vec<GpuInfo>,
+        source: Arc<dyn ClaimSource>,
+        prepared: PreparedClaims,
+    ) -> DraDriver {
+        DraDriver {
+            node,
+            gpus,
+            source,
+            prepared: Mutex::new(prepared),
+        }
+    }
+
+    /// The UIDs of the prepared claims.
+    pub async fn prepared_uids(&self) -> Vec<String> {
+        self.prepared.lock().await.all().keys().cloned().collect()
+    }
+
+    /// Prepares one claim: the devices for the kubelet's response, or why not.
+    pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<dra::Device>, String> {
+        let answer = |p: &super::checkpoint::PreparedClaim| {
+            p.devices
+                .iter()
+                .map(|d| dra::Device {
+                    request_names: d.requests.clone(),
+                    pool_name: d.pool.clone(),
+                    device_name: d.device.clone(),
+                    cdi_device_ids: d.cdi_ids.clone(),
+                })
+                .collect()
+        };
+        if let Some(p) = self.prepared.lock().await.get(&claim.uid) {
+            return Ok(answer(p));
+        }
+        let read = self
+            .source
+            .claim(&claim.namespace, &claim.name)
+            .await
+            .map_err(|e| DisplayChain(&e).to_string())?
+            .ok_or_else(|| format!("ResourceClaim {}/{} not found", claim.namespace, claim.name))?;
+        let shares =
+            claim_shares(&read, &claim.uid, &self.node, &self.gpus).map_err(|e| e.to_string())?;
+        let mut prepared = self.prepared.lock().await;
+        let p = prepared
+            .prepare(claim, &shares)
+            .map_err(|e| DisplayChain(&e).to_string())?;
+        tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, devices = p.devices.len(), "claim prepared");
+        Ok(answer(p))
+    }
+
+    /// Unprepares one claim (an unknown claim is already unprepared).
+    pub async fn unprepare(&self, uid: &str) -> Result<(), String> {
+        let mut prepared = self.prepared.lock().await;
+        let known = prepared.get(uid).is_some();
+        prepared
+            .unprepare(uid)
+            .map_err(|e| DisplayChain(&e).to_string())?;
+        if known {
+            tracing::info!(uid, "claim unprepared");
+        }
+        Ok(())
+    }
+
+    /// Unprepares the prepared claims whose ResourceClaim is gone (deleted, or deleted and
+    /// recreated under the same name): the kubelet never unprepared them (it lost its state, or
+    /// the plugin was down when it tried). A claim that cannot be read now is kept.
+    pub async fn remove_stale(&self) -> Vec<String> {
+        let claims: Vec<(String, String, String)> = {
+            let prepared = self.prepared.lock().await;
+            prepared
+                .all()
+                .iter()
+                .map(|(uid, c)| (uid.clone(), c.namespace.clone(), c.name.clone()))
+                .collect()
+        };
+        let mut removed = Vec::new();
+        for (uid, namespace, name) in claims {
+            let gone = match self.source.claim(&namespace, &name).await {
+                Ok(None) => true,
+                Ok(Some(c)) => c.metadata.uid.as_deref() != Some(uid.as_str()),
+                Err(e) => {
+                    tracing::debug!(error = %DisplayChain(&e), "cannot check a prepared claim");
+                    false
+                }
+            };
+            if gone {
+                tracing::info!(claim = %format!("{namespace}/{name}"), %uid, "claim is gone; cleaning up what it left");
+                if self.unprepare(&uid).await.is_ok() {
+                    removed.push(uid);
+                }
+            }
+        }
+        removed
+    }
+}
+
+/// The DRAPlugin gRPC service.
+#[derive(Debug, Clone)]
+pub struct DraService(pub Arc<DraDriver>);
+
+fn claim_ref(c: &dra::Claim) -> ClaimRef {
+    ClaimRef {
+        namespace: c.namespace.clone(),
+        name: c.name.clone(),
+        uid: c.uid.clone(),
+    }
+}
+
+#[tonic::async_trait]
+impl dra::dra_plugin_server::DraPlugin for DraService {
+    async fn node_prepare_resources(
+        &self,
+        request: tonic::Request<dra::NodePrepareResourcesRequest>,
+    ) -> Result<tonic::Response<dra::NodePrepareResourcesResponse>, tonic::Status> {
+        let claims = request.into_inner().claims;
+        let answers = futures::future::join_all(claims.iter().map(|c| async {
+            let r = self.0.prepare(&claim_ref(c)).await;
+            if let Err(e) = &r {
+                tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, error = %e, "cannot prepare claim");
+            }
+            (c.uid.clone(), r)
+        }))
+        .await;
+        let claims = answers
+            .into_iter()
+            .map(|(uid, r)| {
+                let entry = match r {
+                    Ok(devices) => dra::NodePrepareResourceResponse {
+                        devices,
+                        error: String::new(),
+                    },
+                    Err(error) => dra::NodePrepareResourceResponse {
+                        devices: Vec::new(),
+                        error,
+                    },
+                };
+                (uid, entry)
+            })
+            .collect();
+        Ok(tonic::Response::new(dra::NodePrepareResourcesResponse {
+            claims,
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: tonic::Request<dra::NodeUnprepareResourcesRequest>,
+    ) -> Result<tonic::Response<dra::NodeUnprepareResourcesResponse>, tonic::Status> {
+        let mut claims = std::collections::HashMap::new();
+        for c in request.into_inner().claims {
+            let error = self.0.unprepare(&c.uid).await.err().unwrap_or_default();
+            claims.insert(c.uid, dra::NodeUnprepareResourceResponse { error });
+        }
+        Ok(tonic::Response::new(dra::NodeUnprepareResourcesResponse {
+            claims,
+        }))
+    }
+}
+
+/// The registration service: tells the kubelet the driver's name and DRA socket; a successful
+/// registration wakes `registered` (the kubelet wipes the node's slices when it starts, so the
+/// publisher checks the slice again).
+#[derive(Debug, Clone)]
+pub struct RegistrationService {
+    pub endpoint: String,
+    pub registered: Arc<Notify>,
+}
+
+#[tonic::async_trait]
+impl reg::registration_server::Registration for RegistrationService {
+    async fn get_info(
+        &self,
+        _request: tonic::Request<reg::InfoRequest>,
+    ) -> Result<tonic::Response<reg::PluginInfo>, tonic::Status> {
+        Ok(tonic::Response::new(reg::PluginInfo {
+            r#type: reg::DRA_PLUGIN_TYPE.to_owned(),
+            name: DRIVER.to_owned(),
+            endpoint: self.endpoint.clone(),
+            supported_versions: vec![dra::SERVICE_VERSION.to_owned()],
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: tonic::Request<reg::RegistrationStatus>,
+    ) -> Result<tonic::Response<reg::RegistrationStatusResponse>, tonic::Status> {
+        let status = request.into_inner();
+        if status.plugin_registered {
+            tracing::info!("registered with the kubelet");
+            self.registered.notify_one();
+        } else {
+            tracing::error!(error = %status.error, "the kubelet refused the registration");
+        }
+        Ok(tonic::Response::new(reg::RegistrationStatusResponse {}))
+    }
+}
+
+/// Why a socket could not be served.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {path}")]
+pub struct ListenError {
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn bind(path: &Path) -> Result<UnixListener, ListenError> {
+    let err = |source| ListenError {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(err(e)),
+        _ => {}
+    }
+    UnixListener::bind(path).map_err(err)
+}
+
+/// How often the registration socket is checked (the kubelet's plugin watcher only notices a
+/// socket that is created; one deleted under us must be made again).
+const SOCKET_CHECK: Duration = Duration::from_secs(5);
+
+/// Serves the DRA socket and then the registration socket (the kubelet dials the DRA socket as
+/// soon as it registers the plugin) until `shutdown`; both sockets are removed at the end, which
+/// deregisters the plugin.
+pub async fn serve(
+    driver: Arc<DraDriver>,
+    dra_socket: PathBuf,
+    registration_socket: PathBuf,
+    registered: Arc<Notify>,
+    shutdown: CancellationToken,
+) -> Result<(), ListenError> {
+    let listener = bind(&dra_socket)?;
+    let stop = shutdown.clone();
+    let dra_server = tokio::spawn(
+        async move {
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            tonic::transport::Server::builder()
+                .add_service(dra::dra_plugin_server::DraPluginServer::new(DraService(
+                    driver,
+                )))
+                .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+                .await
+        }
+        .instrument(task_span("dra-server")),
+    );
+    tracing::info!(socket = %dra_socket.display(), "DRA service serving");
+    let registration = RegistrationService {
+        endpoint: dra_socket.display().to_string(),
+        registered,
+    };
+    while !shutdown.is_cancelled() {
+        let listener = bind(&registration_socket)?;
+        let stop = shutdown.child_token();
+        let server_stop = stop.clone();
+        let service = registration.clone();
+        let server = tokio::spawn(
+            async move {
+                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                tonic::transport::Server::builder()
+                    .add_service(reg::registration_server::RegistrationServer::new(service))
+                    .serve_with_incoming_shutdown(incoming, server_stop.cancelled_owned())
+                    .await
+            }
+            .instrument(task_span("dra-registration")),
+        );
+        tracing::info!(socket = %registration_socket.display(), "registration socket serving");
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(SOCKET_CHECK) => {}
+                _ = shutdown.cancelled() => break,
+            }
+            if !registration_socket.exists() {
+                tracing::warn!("the registration socket was removed; making it again");
+                break;
+            }
+        }
+        stop.cancel();
+        let _ = server.await;
+    }
+    let _ = std::fs::remove_file(&registration_socket);
+    let _ = dra_server.await;
+    let _ = std::fs::remove_file(&dra_socket);
+    tracing::info!("DRA plugin stopped; sockets removed");
+    Ok(())
+}

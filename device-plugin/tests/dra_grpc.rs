@@ -1,0 +1,281 @@
+//! The DRA plugin's gRPC services on real unix sockets, driven the way the kubelet drives them:
+//! registration (GetInfo, NotifyRegistrationStatus), then NodePrepareResources and
+//! NodeUnprepareResources for claims whose allocation is read from a (fake) API server.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kubelet_proto::dra::v1 as dra;
+use kubelet_proto::pluginregistration as reg;
+use kubelet_proto::transport::unix_channel;
+use serde_json::json;
+use tessera_device_plugin::dra::cdi;
+use tessera_device_plugin::dra::checkpoint::PreparedClaims;
+use tessera_device_plugin::dra::plugin::{ClaimSource, DraDriver, serve};
+use tessera_device_plugin::edges::EdgeError;
+use tessera_device_plugin::gpu::GpuInfo;
+use tessera_device_plugin::testing::{response_settings, t4};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "node-a";
+
+/// ResourceClaims by `namespace/name`.
+#[derive(Default, Clone)]
+struct Claims(Arc<Mutex<BTreeMap<String, ResourceClaim>>>);
+
+impl ClaimSource for Claims {
+    fn claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> BoxFuture<'_, Result<Option<ResourceClaim>, EdgeError>> {
+        let found = self
+            .0
+            .lock()
+            .unwrap()
+            .get(&format!("{namespace}/{name}"))
+            .cloned();
+        Box::pin(async move { Ok(found) })
+    }
+}
+
+impl Claims {
+    /// A claim allocated one share of `device`.
+    fn add(&self, name: &str, uid: &str, device: &str, memory: &str, cores: &str) {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"namespace": "ml", "name": name, "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}},
+            "status": {"allocation": {"devices": {"results": [{
+                "request": "gpu", "driver": "gpu.tessera.dev", "pool": NODE, "device": device,
+                "consumedCapacity": {"memory": memory, "cores": cores},
+            }]}}},
+        }))
+        .unwrap();
+        self.0.lock().unwrap().insert(format!("ml/{name}"), claim);
+    }
+
+    fn remove(&self, name: &str) {
+        self.0.lock().unwrap().remove(&format!("ml/{name}"));
+    }
+}
+
+fn gpus() -> Vec<GpuInfo> {
+    (0..2).map(|i| t4(&format!("GPU-{i}"), i)).collect()
+}
+
+struct Plugin {
+    driver: Arc<DraDriver>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn start(root: &Path, claims: &Claims) -> Plugin {
+    let prepared = PreparedClaims::load(root.join("cdi"), response_settings(&root.join("hook")));
+    let driver = Arc::new(DraDriver::new(
+        NODE.into(),
+        gpus(),
+        Arc::new(claims.clone()),
+        prepared,
+    ));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let (driver, shutdown) = (driver.clone(), shutdown.clone());
+        let root = root.to_path_buf();
+        async move {
+            serve(
+                driver,
+                root.join("plugins/gpu.tessera.dev/dra.sock"),
+                root.join("plugins_registry/gpu.tessera.dev-reg.sock"),
+                Arc::new(Notify::new()),
+                shutdown,
+            )
+            .await
+            .unwrap();
+        }
+    });
+    Plugin {
+        driver,
+        shutdown,
+        task,
+    }
+}
+
+impl Plugin {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+/// Dials a socket the plugin is about to create.
+async fn dial(path: &Path) -> tonic::transport::Channel {
+    for _ in 0..100 {
+        if let Ok(ch) = unix_channel(path, Duration::from_secs(1)).await {
+            return ch;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{} never served", path.display());
+}
+
+fn claim(name: &str, uid: &str) -> dra::Claim {
+    dra::Claim {
+        namespace: "ml".into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+fn spec_env(root: &Path, uid: &str) -> Vec<String> {
+    let spec: cdi::Spec =
+        serde_json::from_slice(&std::fs::read(cdi::spec_path(&root.join("cdi"), uid)).unwrap())
+            .unwrap();
+    spec.devices[0].container_edits.env.clone()
+}
+
+#[tokio::test]
+async fn the_kubelet_registers_the_driver_and_prepares_each_claim_with_its_own_share() {
+    let root = tempfile::tempdir().unwrap();
+    let claims = Claims::default();
+    let plugin = start(root.path(), &claims);
+
+    // Registration, as the kubelet's plugin watcher does it.
+    let ch = dial(
+        &root
+            .path()
+            .join("plugins_registry/gpu.tessera.dev-reg.sock"),
+    )
+    .await;
+    let mut registration = reg::registration_client::RegistrationClient::new(ch);
+    let info = registration
+        .get_info(reg::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, "gpu.tessera.dev");
+    assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
+    assert!(info.endpoint.ends_with("plugins/gpu.tessera.dev/dra.sock"));
+    registration
+        .notify_registration_status(reg::RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        })
+        .await
+        .unwrap();
+
+    // A heterogeneous burst onto one node: twenty claims of twenty sizes on two GPUs, prepared
+    // concurrently (one call per pod, as the kubelet makes them).
+    for i in 0..20u32 {
+        claims.add(
+            &format!("c{i}"),
+            &format!("uid-{i}"),
+            &format!("gpu-{}", i % 2),
+            &format!("{}Mi", 100 + i),
+            &(i + 1).to_string(),
+        );
+    }
+    let ch = dial(Path::new(&info.endpoint)).await;
+    let calls = (0..20u32).map(|i| {
+        let mut client = dra::dra_plugin_client::DraPluginClient::new(ch.clone());
+        async move {
+            client
+                .node_prepare_resources(dra::NodePrepareResourcesRequest {
+                    claims: vec![claim(&format!("c{i}"), &format!("uid-{i}"))],
+                })
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    });
+    let answers = futures::future::join_all(calls).await;
+    for (i, answer) in answers.iter().enumerate() {
+        let uid = format!("uid-{i}");
+        let entry = &answer.claims[&uid];
+        assert_eq!(entry.error, "");
+        assert_eq!(entry.devices.len(), 1);
+        assert_eq!(entry.devices[0].device_name, format!("gpu-{}", i % 2));
+        assert_eq!(entry.devices[0].pool_name, NODE);
+        assert_eq!(entry.devices[0].request_names, ["gpu"]);
+        assert_eq!(
+            entry.devices[0].cdi_device_ids,
+            [format!("tessera.dev/gpu-claim={uid}")]
+        );
+        let env = spec_env(root.path(), &uid);
+        assert!(env.contains(&format!("NVIDIA_VISIBLE_DEVICES=GPU-{}", i % 2)));
+        assert!(env.contains(&format!("CUDA_DEVICE_MEMORY_LIMIT_0={}m", 100 + i)));
+        assert!(env.contains(&format!("CUDA_DEVICE_SM_LIMIT={}", i + 1)));
+    }
+
+    // Every claim of a call gets an entry; a bad one says why and the others still work.
+    claims.add("too-big", "uid-big", "gpu-0", "16Gi", "10");
+    let mut client = dra::dra_plugin_client::DraPluginClient::new(ch.clone());
+    let answer = client
+        .node_prepare_resources(dra::NodePrepareResourcesRequest {
+            claims: vec![
+                claim("too-big", "uid-big"),
+                claim("missing", "uid-missing"),
+                claim("c0", "uid-0"),
+                claim("c1", "uid-stale"),
+            ],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        answer.claims["uid-big"].error.contains("outside"),
+        "{answer:?}"
+    );
+    assert!(answer.claims["uid-missing"].error.contains("not found"));
+    assert!(answer.claims["uid-stale"].error.contains("UID"));
+    assert_eq!(answer.claims["uid-0"].error, "");
+    assert!(!cdi::spec_path(&root.path().join("cdi"), "uid-big").exists());
+
+    // Unprepare removes the spec and the claim's directory; twice is fine.
+    for _ in 0..2 {
+        let answer = client
+            .node_unprepare_resources(dra::NodeUnprepareResourcesRequest {
+                claims: vec![claim("c3", "uid-3")],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer.claims["uid-3"].error, "");
+    }
+    assert!(!cdi::spec_path(&root.path().join("cdi"), "uid-3").exists());
+    assert!(!root.path().join("hook/vgpu/claims/uid-3").exists());
+    plugin.stop().await;
+    assert!(
+        !root
+            .path()
+            .join("plugins_registry/gpu.tessera.dev-reg.sock")
+            .exists()
+    );
+
+    // A restarted plugin answers from what it prepared, even if the API server now says
+    // otherwise, and cleans up after claims that are gone.
+    claims.add("c4", "uid-4", "gpu-1", "9Gi", "90");
+    claims.remove("c5");
+    let plugin = start(root.path(), &claims);
+    assert_eq!(plugin.driver.prepared_uids().await.len(), 19);
+    let ch = dial(&root.path().join("plugins/gpu.tessera.dev/dra.sock")).await;
+    let mut client = dra::dra_plugin_client::DraPluginClient::new(ch);
+    let answer = client
+        .node_prepare_resources(dra::NodePrepareResourcesRequest {
+            claims: vec![claim("c4", "uid-4")],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.claims["uid-4"].error, "");
+    assert!(spec_env(root.path(), "uid-4").contains(&"CUDA_DEVICE_MEMORY_LIMIT_0=104m".to_owned()));
+    let removed = plugin.driver.remove_stale().await;
+    assert_eq!(removed, ["uid-5"]);
+    assert!(!cdi::spec_path(&root.path().join("cdi"), "uid-5").exists());
+    plugin.stop().await;
+}

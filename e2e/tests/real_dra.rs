@@ -1,0 +1,398 @@
+//! DRA on real nodes: a node whose GPU is handed out through ResourceClaims (Tessera's DRA
+//! kubelet plugin, containerd v2 with CDI) beside a device-plugin node, in one cluster installed
+//! with `helm install --set dra.enabled=true`. kube-scheduler allocates every claim itself, from
+//! the plugin's ResourceSlice; what the test checks is what users see: the slice, pods Running or
+//! Pending, and what each container measures from inside.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use serde_json::json;
+use tessera_e2e::node::NodeSpec;
+use tessera_e2e::probe;
+use tessera_e2e::real::{
+    self, ChartValues, NAMESPACE, PROBE_IMAGE, RealCluster, RealClusterOptions, RealNodeSpec,
+};
+use tessera_e2e::{Error, Result, eventually};
+
+const MIB: u64 = 1024 * 1024;
+const A100_MIB: u64 = 40960;
+const TENANT: &str = "ml";
+const DRIVER: &str = "gpu.tessera.dev";
+
+/// What every share's container checks from inside: exactly its limit allocatable and one byte
+/// more refused, NVML showing the limit, and the SM limit it was given. Then it stays up, so its
+/// share stays booked while the next pods are placed.
+fn share_check(limit_bytes: u64) -> String {
+    format!(
+        "LIMIT={limit_bytes}; cuda_probe info && cuda_probe limit $LIMIT && cuda_probe nvml $LIMIT \
+         && echo \"SHARE_OK SM_LIMIT=${{CUDA_DEVICE_SM_LIMIT:-none}} MEM_LIMIT_0=${{CUDA_DEVICE_MEMORY_LIMIT_0:-none}}\" \
+         && sleep 3600"
+    )
+}
+
+/// A template for one share of any GPU of the class: `mib` of memory, `cores` percent.
+fn share_template(name: &str, mib: u64, cores: u32) -> ResourceClaimTemplate {
+    class_share_template(name, DRIVER, mib, cores)
+}
+
+/// The same from another DeviceClass (the chart also installs HAMi's DRA class name).
+fn class_share_template(name: &str, class: &str, mib: u64, cores: u32) -> ResourceClaimTemplate {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": TENANT},
+        "spec": {"spec": {"devices": {"requests": [{
+            "name": "gpu",
+            "exactly": {
+                "deviceClassName": class,
+                "capacity": {"requests": {"memory": format!("{mib}Mi"), "cores": cores.to_string()}},
+            },
+        }]}}},
+    }))
+    .expect("a template built from fixed JSON")
+}
+
+/// A pod whose one container uses a claim made from `template`.
+fn share_pod(name: &str, template: &str, limit_bytes: u64) -> Pod {
+    let mut pod = probe::pod(
+        TENANT,
+        name,
+        None,
+        Vec::new(),
+        vec![json!({
+            "name": "app",
+            "image": PROBE_IMAGE,
+            "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", share_check(limit_bytes)],
+            "resources": {"claims": [{"name": "gpu"}]},
+        })],
+    );
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    spec.resource_claims = Some(vec![
+        serde_json::from_value(json!({"name": "gpu", "resourceClaimTemplateName": template}))
+            .expect("a pod claim from fixed JSON"),
+    ]);
+    spec.termination_grace_period_seconds = Some(1);
+    pod
+}
+
+fn templates_api(c: &RealCluster) -> Api<ResourceClaimTemplate> {
+    Api::namespaced(c.admin().clone(), TENANT)
+}
+
+/// Waits until the pod's container log has `needle` (or fails early when it finished).
+async fn wait_log(c: &RealCluster, pod: &str, needle: &str, within: Duration) -> Result<String> {
+    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Ok(log) = c.logs(TENANT, pod, "app").await
+            && log.contains(needle)
+        {
+            return Ok(log);
+        }
+        let phase = pods
+            .get_opt(pod)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|p| p.status.and_then(|s| s.phase));
+        if matches!(phase.as_deref(), Some("Succeeded" | "Failed"))
+            || tokio::time::Instant::now() >= deadline
+        {
+            let log = c.logs(TENANT, pod, "app").await.unwrap_or_default();
+            return Err(Error::msg(format!(
+                "pod {pod} ({phase:?}) never logged {needle:?}; log:\n{log}\n{}",
+                c.describe_pods(TENANT).await
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The node's slice of the driver, once it has `devices` devices.
+async fn node_slice(c: &RealCluster, node: &str, devices: usize) -> Result<ResourceSlice> {
+    let slices: Api<ResourceSlice> = Api::all(c.admin().clone());
+    eventually(
+        &format!("the ResourceSlice of {node} with {devices} device(s)"),
+        Duration::from_secs(90),
+        Duration::from_millis(500),
+        || async {
+            let lp =
+                ListParams::default().fields(&format!("spec.nodeName={node},spec.driver={DRIVER}"));
+            slices.list(&lp).await.ok().and_then(|l| {
+                l.items
+                    .into_iter()
+                    .find(|s| s.spec.devices.as_ref().map_or(0, Vec::len) == devices)
+            })
+        },
+    )
+    .await
+}
+
+#[test]
+fn real_nodes_dra_claims_share_a_gpu_with_enforced_limits() -> Result<()> {
+    real::run(2, |net| async move {
+        let c = RealCluster::start(
+            net,
+            RealClusterOptions {
+                name: "dra".into(),
+                nodes: vec![
+                    RealNodeSpec::gpu(NodeSpec::uniform(
+                        "dp-node",
+                        1,
+                        "NVIDIA A100-SXM4-40GB",
+                        A100_MIB,
+                    )),
+                    RealNodeSpec::dra(NodeSpec::uniform(
+                        "dra-node",
+                        1,
+                        "NVIDIA A100-SXM4-40GB",
+                        A100_MIB,
+                    )),
+                ],
+                chart: ChartValues::Recommended(vec![("dra.enabled".into(), "true".into())]),
+            },
+        )
+        .await?;
+        c.tenant_namespace(TENANT).await?;
+        let r = dra_scenario(&c).await;
+        if r.is_err() {
+            eprintln!("{}", c.logs_tail(40));
+        }
+        r
+    })
+}
+
+async fn dra_scenario(c: &RealCluster) -> Result<()> {
+    // 1. The plugin publishes the GPU as one shareable device; the device plugin stays off the
+    //    DRA node and the DRA plugin off the device-plugin node.
+    let slice = node_slice(c, "dra-node", 1).await?;
+    let device = &slice.spec.devices.as_ref().unwrap()[0];
+    assert_eq!(device.allow_multiple_allocations, Some(true), "{device:?}");
+    let attrs = device.attributes.clone().unwrap_or_default();
+    assert!(
+        attrs["uuid"]
+            .string
+            .as_deref()
+            .is_some_and(|u| u.starts_with("GPU-")),
+        "{attrs:?}"
+    );
+    assert_eq!(
+        attrs["productName"].string.as_deref(),
+        Some("NVIDIA A100-SXM4-40GB")
+    );
+    let nodes: Api<Node> = Api::all(c.admin().clone());
+    let allocatable = |n: Node| {
+        n.status
+            .and_then(|s| s.allocatable)
+            .unwrap_or_default()
+            .contains_key("nvidia.com/gpu")
+    };
+    let dp_ready = eventually(
+        "dp-node to advertise nvidia.com/gpu",
+        Duration::from_secs(90),
+        Duration::from_millis(500),
+        || async {
+            nodes
+                .get("dp-node")
+                .await
+                .ok()
+                .filter(|n| allocatable(n.clone()))
+        },
+    )
+    .await;
+    dp_ready?;
+    assert!(
+        !allocatable(nodes.get("dra-node").await?),
+        "the device plugin ran on the DRA node"
+    );
+
+    // The examples of examples/dra are valid for this API server (a server-side dry run).
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let examples = c.artifacts.root.join("examples/dra");
+    for entry in std::fs::read_dir(&examples)? {
+        let path = entry?.path();
+        let text = std::fs::read_to_string(&path)?;
+        let kind = serde_yaml::from_str::<serde_json::Value>(&text)?["kind"].clone();
+        let r = match kind.as_str() {
+            Some("ResourceClaimTemplate") => templates_api(c)
+                .create(&dry, &serde_yaml::from_str(&text)?)
+                .await
+                .map(drop),
+            Some("Pod") => Api::<Pod>::namespaced(c.admin().clone(), TENANT)
+                .create(&dry, &serde_yaml::from_str(&text)?)
+                .await
+                .map(drop),
+            other => panic!("{}: unexpected kind {other:?}", path.display()),
+        };
+        r.map_err(|e| Error::msg(format!("{}: {e}", path.display())))?;
+    }
+
+    // 2. A device-plugin pod in the same cluster, through Tessera's extender as ever.
+    let dp_pod = probe::pod(
+        TENANT,
+        "dp-share",
+        None,
+        Vec::new(),
+        vec![json!({
+            "name": "app",
+            "image": PROBE_IMAGE,
+            "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", share_check(3000 * MIB)],
+            "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}},
+        })],
+    );
+    c.create_pod_as_user(&dp_pod).await?;
+
+    // 3. A burst of ten claims of ten sizes onto the one DRA GPU: 512 MiB .. 5 GiB, 5 .. 14 %
+    //    of its cores (27.5 GiB of 40). Each container must get exactly its own share.
+    let templates = templates_api(c);
+    let sizes: Vec<(u64, u32)> = (0..10u32)
+        .map(|i| (512 * u64::from(i + 1), 5 + i))
+        .collect();
+    for (i, (mib, cores)) in sizes.iter().enumerate() {
+        // Every other claim through HAMi's DRA class name: claims written for HAMi's DRA
+        // driver work unchanged.
+        let class = if i % 2 == 0 {
+            DRIVER
+        } else {
+            "hami-core-gpu.project-hami.io"
+        };
+        templates
+            .create(
+                &PostParams::default(),
+                &class_share_template(&format!("share-{i}"), class, *mib, *cores),
+            )
+            .await?;
+    }
+    for (i, (mib, _)) in sizes.iter().enumerate() {
+        c.create_pod_as_user(&share_pod(
+            &format!("share-{i}"),
+            &format!("share-{i}"),
+            mib * MIB,
+        ))
+        .await?;
+    }
+    for (i, (mib, cores)) in sizes.iter().enumerate() {
+        let log = wait_log(
+            c,
+            &format!("share-{i}"),
+            "SHARE_OK",
+            Duration::from_secs(180),
+        )
+        .await?;
+        assert!(
+            log.contains(&format!("SM_LIMIT={cores} MEM_LIMIT_0={mib}m")),
+            "share-{i} got another share:\n{log}"
+        );
+    }
+    let dp_log = wait_log(c, "dp-share", "SHARE_OK", Duration::from_secs(120)).await?;
+    assert!(dp_log.contains("MEM_LIMIT_0=3000m"), "{dp_log}");
+
+    // Every claim was allocated by kube-scheduler on the DRA node's GPU, with its own capacity.
+    let claims: Api<ResourceClaim> = Api::namespaced(c.admin().clone(), TENANT);
+    let mut booked_mib = 0u64;
+    for claim in claims.list(&ListParams::default()).await?.items {
+        let results = claim
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .unwrap_or_default();
+        assert_eq!(results.len(), 1);
+        assert_eq!(
+            (results[0].pool.as_str(), results[0].device.as_str()),
+            ("dra-node", "gpu-0")
+        );
+        let consumed = results[0].consumed_capacity.clone().unwrap_or_default();
+        let mem = hami_contract::quantity::parse(&consumed["memory"].0)
+            .map_err(|e| Error::msg(e.to_string()))?
+            .ceil() as u64;
+        booked_mib += mem / MIB;
+    }
+    assert_eq!(booked_mib, sizes.iter().map(|(m, _)| m).sum::<u64>());
+
+    // 4. No over-booking: 16 GiB does not fit in the 12.5 GiB left; the pod waits.
+    templates
+        .create(&PostParams::default(), &share_template("big", 16384, 10))
+        .await?;
+    c.create_pod_as_user(&share_pod("big", "big", 16384 * MIB))
+        .await?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    let big = pods.get("big").await?;
+    assert_eq!(
+        big.status.and_then(|s| s.phase).as_deref(),
+        Some("Pending"),
+        "16 GiB was placed beside 27.5 GiB on a 40 GiB GPU"
+    );
+
+    // 5. A plugin restart loses nothing: the new plugin reads the ten prepared claims back,
+    //    unprepares the one whose pod goes, and prepares the waiting pod's claim.
+    let plugin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), NAMESPACE);
+    let lp = ListParams::default().labels("app.kubernetes.io/component=dra-plugin");
+    let old = plugin_pods.list(&lp).await?.items;
+    assert_eq!(old.len(), 1, "one DRA plugin pod (on dra-node)");
+    let old_name = old[0].metadata.name.clone().unwrap_or_default();
+    plugin_pods
+        .delete(&old_name, &DeleteParams::default())
+        .await?;
+    let new_name = eventually(
+        "a new DRA plugin pod to be Ready",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            plugin_pods.list(&lp).await.ok().and_then(|l| {
+                l.items.into_iter().find_map(|p| {
+                    let name = p.metadata.name.clone()?;
+                    let ready = p.status?.container_statuses?.iter().all(|s| s.ready);
+                    (name != old_name && ready).then_some(name)
+                })
+            })
+        },
+    )
+    .await?;
+    let plugin_log = eventually(
+        "the new plugin to read back the prepared claims",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            c.logs(NAMESPACE, &new_name, "tessera-dra-plugin")
+                .await
+                .ok()
+                .filter(|l| l.contains("read back"))
+        },
+    )
+    .await?;
+    assert!(plugin_log.contains("claims=10"), "{plugin_log}");
+    // The running shares were never touched.
+    for i in 0..10 {
+        let p = pods.get(&format!("share-{i}")).await?;
+        assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Running"));
+    }
+    // Freeing 5 GiB lets the 16 GiB share in (12.5 + 5 = 17.5 GiB free).
+    pods.delete("share-9", &DeleteParams::default()).await?;
+    let log = wait_log(c, "big", "SHARE_OK", Duration::from_secs(180)).await?;
+    assert!(log.contains("SM_LIMIT=10 MEM_LIMIT_0=16384m"), "{log}");
+    let unprepared = c.logs(NAMESPACE, &new_name, "tessera-dra-plugin").await?;
+    assert!(unprepared.contains("claim unprepared"), "{unprepared}");
+
+    // Which pod ran where, for the record.
+    let mut placed = BTreeMap::new();
+    for p in pods.list(&ListParams::default()).await?.items {
+        placed.insert(
+            p.metadata.name.unwrap_or_default(),
+            p.spec.and_then(|s| s.node_name).unwrap_or_default(),
+        );
+    }
+    assert_eq!(placed.get("dp-share").map(String::as_str), Some("dp-node"));
+    assert_eq!(placed.get("big").map(String::as_str), Some("dra-node"));
+    Ok(())
+}
