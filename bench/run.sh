@@ -74,6 +74,7 @@ STEPS=(
     "scheduling|cargo bench --locked -q -p tessera-e2e --bench scheduling"
     "scheduling_scale|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_scale $sched_scale_args"
     "real_burst|cargo bench --locked -q -p tessera-e2e --bench real_burst"
+    "dra_burst|cargo bench --locked -q -p tessera-e2e --bench dra_burst"
 )
 # The CSV each step writes (memory_scale appends to memory.csv).
 csv_of() {

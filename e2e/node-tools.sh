@@ -6,9 +6,10 @@
 #   busybox-static (the shell inside the e2e images), iproute2 (the test's network namespace).
 #
 # Debian's packages rather than Go modules: they are what a Debian node runs, they install in
-# about a minute, and containerd 1.6 serves everything the device-plugin path needs (CDI, which
-# needs containerd >= 1.7, is for the DRA work). The kubelet and kube-controller-manager are built
-# from their Go modules by control-plane.sh, beside kube-apiserver.
+# about a minute, and containerd 1.6 serves everything the device-plugin path needs. DRA nodes
+# need CDI (containerd >= 1.7): e2e/containerd-v2.sh builds containerd v2 for them. The kubelet
+# and kube-controller-manager are built from their Go modules by control-plane.sh, beside
+# kube-apiserver.
 #
 # Needs root (apt-get). Prints `NAME=PATH` lines on stdout (eval-able); progress goes to stderr.
 set -euo pipefail
