@@ -78,18 +78,8 @@ pub enum StartError {
     Discovery(#[source] InventoryError),
     #[error("cannot start the health thread")]
     HealthThread(#[source] std::io::Error),
-    #[error("cannot read kubeconfig {}", path.display())]
-    ReadKubeconfig {
-        path: PathBuf,
-        #[source]
-        source: kube::config::KubeconfigError,
-    },
-    #[error("invalid kubeconfig")]
-    Kubeconfig(#[source] kube::config::KubeconfigError),
-    #[error("cannot build the Kubernetes client")]
-    Client(#[source] kube::Error),
-    #[error("no Kubernetes configuration (in-cluster or KUBECONFIG)")]
-    NoKubernetesConfig(#[source] kube::Error),
+    #[error(transparent)]
+    Kube(#[from] crate::kube_edges::ClientError),
     #[error("cannot listen on {addr}")]
     MetricsListen {
         addr: SocketAddr,
@@ -247,7 +237,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
     }
     tessera_runtime::shutdown::cancel_on_signals(&shutdown).map_err(StartError::Signals)?;
 
-    let client = kube_client(cli.kubeconfig.as_deref()).await?;
+    let client = crate::kube_edges::client(cli.kubeconfig.as_deref()).await?;
     let (events, events_rx) = NodeEvents::channel();
     crate::kube_edges::spawn_node_event_writer(client.clone(), &cli.node_name, events_rx);
     state.attach_events(events);
@@ -437,27 +427,6 @@ async fn print_register(state: &DeviceState, watch: Duration) {
             println!("{now}");
             printed = now;
         }
-    }
-}
-
-/// The Kubernetes client: `--kubeconfig` when given, otherwise the inferred configuration.
-async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, StartError> {
-    match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
-                StartError::ReadKubeconfig {
-                    path: path.to_path_buf(),
-                    source,
-                }
-            })?;
-            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .map_err(StartError::Kubeconfig)?;
-            kube::Client::try_from(cfg).map_err(StartError::Client)
-        }
-        None => kube::Client::try_default()
-            .await
-            .map_err(StartError::NoKubernetesConfig),
     }
 }
 

@@ -602,3 +602,42 @@ mod tests {
         );
     }
 }
+
+/// Why no Kubernetes client could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot read kubeconfig {}", path.display())]
+    ReadKubeconfig {
+        path: std::path::PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("invalid kubeconfig")]
+    Kubeconfig(#[source] kube::config::KubeconfigError),
+    #[error("cannot build the Kubernetes client")]
+    Client(#[source] kube::Error),
+    #[error("no Kubernetes configuration (in-cluster or KUBECONFIG)")]
+    NoKubernetesConfig(#[source] kube::Error),
+}
+
+/// The Kubernetes client of both plugins: `kubeconfig` when given, otherwise the inferred
+/// configuration (in-cluster, KUBECONFIG, ~/.kube/config).
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, ClientError> {
+    match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+                ClientError::ReadKubeconfig {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(ClientError::Kubeconfig)?;
+            kube::Client::try_from(cfg).map_err(ClientError::Client)
+        }
+        None => kube::Client::try_default()
+            .await
+            .map_err(ClientError::NoKubernetesConfig),
+    }
+}

@@ -55,7 +55,10 @@ async fn a_dropped_sharing_field_turns_the_slice_into_whole_gpus_and_an_unchange
                                  "metadata": {"name": "node-a", "uid": "node-uid"}})));
     let (req, send) = api.expect(Method::POST, SLICES).await;
     let mut created = body(req).await;
-    assert_eq!(created["metadata"]["generateName"], "node-a-gpu.tessera.dev-");
+    assert_eq!(
+        created["metadata"]["generateName"],
+        "node-a-gpu.tessera.dev-"
+    );
     assert_eq!(created["metadata"]["ownerReferences"][0]["uid"], "node-uid");
     assert_eq!(created["spec"]["driver"], "gpu.tessera.dev");
     assert_eq!(created["spec"]["nodeName"], "node-a");
@@ -75,7 +78,9 @@ async fn a_dropped_sharing_field_turns_the_slice_into_whole_gpus_and_an_unchange
     created["metadata"]["name"] = json!("node-a-gpu.tessera.dev-x1");
     created["metadata"]["resourceVersion"] = json!("11");
     for d in created["spec"]["devices"].as_array_mut().unwrap() {
-        d.as_object_mut().unwrap().remove("allowMultipleAllocations");
+        d.as_object_mut()
+            .unwrap()
+            .remove("allowMultipleAllocations");
         for cap in d["capacity"].as_object_mut().unwrap().values_mut() {
             cap.as_object_mut().unwrap().remove("requestPolicy");
         }
@@ -91,7 +96,11 @@ async fn a_dropped_sharing_field_turns_the_slice_into_whole_gpus_and_an_unchange
     let mut replaced = body(req).await;
     assert_eq!(replaced["spec"]["pool"]["generation"], 2);
     let devices = replaced["spec"]["devices"].as_array().unwrap();
-    assert!(devices.iter().all(|d| d.get("allowMultipleAllocations").is_none()));
+    assert!(
+        devices
+            .iter()
+            .all(|d| d.get("allowMultipleAllocations").is_none())
+    );
     assert!(
         devices
             .iter()

@@ -18,7 +18,7 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use tessera_e2e::node::NodeSpec;
@@ -152,20 +152,7 @@ async fn round(c: &RealCluster, path: Path, pods: usize) -> Result<Round> {
             })
             .collect(),
     };
-    api.delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await?;
-    eventually(
-        "the burst's pods to be gone",
-        Duration::from_secs(300),
-        Duration::from_millis(500),
-        || async {
-            api.list(&ListParams::default())
-                .await
-                .ok()
-                .filter(|l| l.items.is_empty())
-        },
-    )
-    .await?;
+    tessera_e2e::pods::delete_all(&api, Duration::from_secs(300)).await?;
     Ok(r)
 }
 

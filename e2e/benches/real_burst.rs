@@ -21,14 +21,14 @@ use futures::StreamExt;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::PostParams;
 use kube::runtime::watcher;
 use serde_json::json;
 use tessera_e2e::node::NodeSpec;
 use tessera_e2e::real::{
     self, ChartValues, PROBE_IMAGE, RealCluster, RealClusterOptions, RealNodeSpec,
 };
-use tessera_e2e::{Error, Result, eventually};
+use tessera_e2e::{Error, Result};
 
 use results::{Csv, Row, Stats};
 use tessera_bench_results as results;
@@ -199,20 +199,7 @@ async fn round(c: &RealCluster, pods: usize) -> Result<Round> {
             })
             .collect(),
     };
-    api.delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await?;
-    eventually(
-        "the burst's pods to be gone",
-        Duration::from_secs(300),
-        Duration::from_millis(500),
-        || async {
-            api.list(&ListParams::default())
-                .await
-                .ok()
-                .filter(|l| l.items.is_empty())
-        },
-    )
-    .await?;
+    tessera_e2e::pods::delete_all(&api, Duration::from_secs(300)).await?;
     Ok(r)
 }
 

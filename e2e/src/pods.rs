@@ -99,3 +99,23 @@ pub fn annotation<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
         .and_then(|a| a.get(key))
         .map(String::as_str)
 }
+
+/// Deletes every pod of `api`'s namespace and waits until they are all gone.
+pub async fn delete_all(api: &kube::Api<Pod>, within: std::time::Duration) -> crate::Result<()> {
+    use kube::api::{DeleteParams, ListParams};
+    api.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    crate::eventually(
+        "the namespace's pods to be gone",
+        within,
+        std::time::Duration::from_millis(500),
+        || async {
+            api.list(&ListParams::default())
+                .await
+                .ok()
+                .filter(|l| l.items.is_empty())
+        },
+    )
+    .await?;
+    Ok(())
+}

@@ -265,27 +265,40 @@ pub struct NodeTools {
     pub cni_bin_dir: PathBuf,
 }
 
+/// The `NAME=PATH` lines a tool script of `e2e/` prints (its progress goes to stderr).
+fn script_vars(script: &str) -> std::result::Result<BTreeMap<String, String>, String> {
+    let root = crate::artifacts::workspace_root();
+    let out = Command::new(root.join("e2e").join(script))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running e2e/{script}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("e2e/{script} failed ({})", out.status));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect())
+}
+
+/// `vars[key]` as a path, or which script failed to print it.
+fn script_path(
+    vars: &BTreeMap<String, String>,
+    script: &str,
+    key: &str,
+) -> std::result::Result<PathBuf, String> {
+    vars.get(key)
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("e2e/{script} printed no {key}"))
+}
+
 pub fn node_tools() -> Result<&'static NodeTools> {
     static T: OnceLock<std::result::Result<NodeTools, String>> = OnceLock::new();
     T.get_or_init(|| {
-        let root = crate::artifacts::workspace_root();
-        let out = Command::new(root.join("e2e/node-tools.sh"))
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .map_err(|e| format!("running e2e/node-tools.sh: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("e2e/node-tools.sh failed ({})", out.status));
-        }
-        let vars: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
-        let get = |k: &str| {
-            vars.get(k)
-                .map(PathBuf::from)
-                .ok_or_else(|| format!("e2e/node-tools.sh printed no {k}"))
-        };
+        let script = "node-tools.sh";
+        let vars = script_vars(script)?;
+        let get = |k: &str| script_path(&vars, script, k);
         Ok(NodeTools {
             containerd: get("CONTAINERD")?,
             ctr: get("CTR")?,
@@ -308,24 +321,9 @@ pub struct ContainerdV2 {
 pub fn containerd_v2() -> Result<&'static ContainerdV2> {
     static T: OnceLock<std::result::Result<ContainerdV2, String>> = OnceLock::new();
     T.get_or_init(|| {
-        let root = crate::artifacts::workspace_root();
-        let out = Command::new(root.join("e2e/containerd-v2.sh"))
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .map_err(|e| format!("running e2e/containerd-v2.sh: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("e2e/containerd-v2.sh failed ({})", out.status));
-        }
-        let vars: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
-        let get = |k: &str| {
-            vars.get(k)
-                .map(PathBuf::from)
-                .ok_or_else(|| format!("e2e/containerd-v2.sh printed no {k}"))
-        };
+        let script = "containerd-v2.sh";
+        let vars = script_vars(script)?;
+        let get = |k: &str| script_path(&vars, script, k);
         Ok(ContainerdV2 {
             containerd: get("CONTAINERD_V2")?,
             ctr: get("CTR_V2")?,

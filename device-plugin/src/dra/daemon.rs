@@ -105,42 +105,14 @@ pub enum DraStartError {
     Nvml(#[source] InventoryError),
     #[error(transparent)]
     HealthChecks(#[from] DisableSpecError),
-    #[error("no Kubernetes client configuration")]
-    Client(#[source] kube::Error),
-    #[error("cannot read the kubeconfig {path}")]
-    ReadKubeconfig {
-        path: PathBuf,
-        #[source]
-        source: kube::config::KubeconfigError,
-    },
-    #[error("invalid kubeconfig")]
-    Kubeconfig(#[source] kube::config::KubeconfigError),
+    #[error(transparent)]
+    Kube(#[from] crate::kube_edges::ClientError),
     #[error(transparent)]
     Listen(#[from] ListenError),
     #[error("cannot install the signal handlers")]
     Signals(#[source] std::io::Error),
     #[error("cannot start the GPU health thread")]
     HealthThread(#[source] std::io::Error),
-}
-
-async fn kube_client(cli: &DraCli) -> Result<kube::Client, DraStartError> {
-    match &cli.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
-                DraStartError::ReadKubeconfig {
-                    path: path.clone(),
-                    source,
-                }
-            })?;
-            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .map_err(DraStartError::Kubeconfig)?;
-            kube::Client::try_from(cfg).map_err(DraStartError::Client)
-        }
-        None => kube::Client::try_default()
-            .await
-            .map_err(DraStartError::Client),
-    }
 }
 
 /// Each NVLinked GPU's domain: the NVML index of the lowest GPU it reaches over NVLink. A
@@ -223,7 +195,7 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
         shutdown.clone(),
     )?;
 
-    let client = kube_client(&cli).await?;
+    let client = crate::kube_edges::client(cli.kubeconfig.as_deref()).await?;
     let prepared = PreparedClaims::load(cli.cdi_dir.clone(), response_settings(&cli));
     tracing::info!(
         claims = prepared.all().len(),
