@@ -68,7 +68,7 @@ pub struct DraCli {
     pub registry_dir: PathBuf,
     /// Where the CDI specs of prepared claims are written (a directory the runtime reads).
     #[arg(long, env = "CDI_SPEC_DIR", default_value = "/var/run/cdi")]
-    pub cdi_dir: PathBuf,
+    pub cdi_spec_dir: PathBuf,
     /// Offer shares of each GPU (`DRAConsumableCapacity`): `auto` (when the API server keeps the
     /// fields), `on` or `off` (whole GPUs).
     #[arg(long, env = "CONSUMABLE_CAPACITY", value_enum, default_value_t = ConsumableMode::Auto)]
@@ -196,7 +196,7 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
     )?;
 
     let client = crate::kube_edges::client(cli.kubeconfig.as_deref()).await?;
-    let prepared = PreparedClaims::load(cli.cdi_dir.clone(), response_settings(&cli));
+    let prepared = PreparedClaims::load(cli.cdi_spec_dir.clone(), response_settings(&cli));
     tracing::info!(
         claims = prepared.all().len(),
         "prepared claims read back from the CDI spec directory"
