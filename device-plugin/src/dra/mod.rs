@@ -13,6 +13,7 @@
 //! container gets). Edges: [`cdi`] and [`checkpoint`] (files), [`plugin`] (the kubelet's gRPC
 //! APIs), [`publish`] (the API server), [`daemon`] (the `tessera-dra-plugin` binary).
 
+pub mod authority;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim;

@@ -16,6 +16,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::dra::v1 as dra;
 use kubelet_proto::pluginregistration as reg;
 use tessera_runtime::{DisplayChain, task_span};
+use tokio::io::DuplexStream;
 use tokio::net::UnixListener;
 use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
@@ -300,6 +301,10 @@ fn bind(path: &Path) -> Result<UnixListener, ListenError> {
     UnixListener::bind(path).map_err(err)
 }
 
+/// The in-memory pipe between the authority relay and the registration server (its messages are
+/// a few hundred bytes).
+const RELAY_BUFFER: usize = 64 * 1024;
+
 /// How often the registration socket is checked (the kubelet's plugin watcher only notices a
 /// socket that is created; one deleted under us must be made again).
 const SOCKET_CHECK: Duration = Duration::from_secs(5);
@@ -338,15 +343,49 @@ pub async fn serve(
         let stop = shutdown.child_token();
         let server_stop = stop.clone();
         let service = registration.clone();
+        // The kubelet's connections reach the server through the authority relay
+        // (`super::authority`), each over an in-memory pipe.
+        let (pipes, incoming) = tokio::sync::mpsc::channel::<std::io::Result<DuplexStream>>(16);
         let server = tokio::spawn(
             async move {
-                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
                 tonic::transport::Server::builder()
                     .add_service(reg::registration_server::RegistrationServer::new(service))
-                    .serve_with_incoming_shutdown(incoming, server_stop.cancelled_owned())
+                    .serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::ReceiverStream::new(incoming),
+                        server_stop.cancelled_owned(),
+                    )
                     .await
             }
             .instrument(task_span("dra-registration")),
+        );
+        let accept_stop = stop.clone();
+        let acceptor = tokio::spawn(
+            async move {
+                loop {
+                    let conn = tokio::select! {
+                        c = listener.accept() => c,
+                        _ = accept_stop.cancelled() => return,
+                    };
+                    match conn {
+                        Ok((conn, _)) => {
+                            let (relay_end, server_end) = tokio::io::duplex(RELAY_BUFFER);
+                            if pipes.send(Ok(server_end)).await.is_err() {
+                                return;
+                            }
+                            tokio::spawn(async move {
+                                if let Err(e) = super::authority::relay(conn, relay_end).await {
+                                    tracing::debug!(error = %e, "registration connection ended");
+                                }
+                            });
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot accept on the registration socket");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            }
+            .instrument(task_span("dra-registration-accept")),
         );
         tracing::info!(socket = %registration_socket.display(), "registration socket serving");
         loop {
@@ -360,6 +399,7 @@ pub async fn serve(
             }
         }
         stop.cancel();
+        let _ = acceptor.await;
         let _ = server.await;
     }
     let _ = std::fs::remove_file(&registration_socket);
