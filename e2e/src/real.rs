@@ -715,7 +715,7 @@ impl RealCluster {
         write(&dir.join("containerd.toml"), config)?;
         write(
             &dir.join("kubelet.yaml"),
-            serde_json::to_string_pretty(&kubelet_config(&self.dir, ip))?,
+            serde_json::to_string_pretty(&kubelet_config(&self.dir, ip, spec.dra))?,
         )?;
         let mut labels = vec![("gpu".to_owned(), "on".to_owned())];
         if spec.dra {
@@ -1373,8 +1373,8 @@ state = "/run/containerd"
 /// The kubelet's configuration: webhook authentication and authorisation against the API
 /// server, the cluster CA for client certificates, its own address, and the settings this kind
 /// of machine needs (cgroupfs without QoS cgroups, no swap check, no eviction thresholds).
-fn kubelet_config(cluster_dir: &Path, ip: std::net::Ipv4Addr) -> serde_json::Value {
-    json!({
+fn kubelet_config(cluster_dir: &Path, ip: std::net::Ipv4Addr, dra: bool) -> serde_json::Value {
+    let mut config = json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "address": ip.to_string(),
@@ -1399,5 +1399,12 @@ fn kubelet_config(cluster_dir: &Path, ip: std::net::Ipv4Addr) -> serde_json::Val
         "resolvConf": "",
         "serializeImagePulls": false,
         "clusterDomain": "cluster.local",
-    })
+    });
+    if dra {
+        // The kubelet's part of serving an extended resource from a DeviceClass (KEP-5004):
+        // admitting the pod without the resource in allocatable, and giving each container the
+        // CDI devices of the claim kube-scheduler made for it.
+        config["featureGates"] = json!({"DRAExtendedResource": true});
+    }
+    config
 }

@@ -105,12 +105,64 @@ async fn wait_log(c: &RealCluster, pod: &str, needle: &str, within: Duration) ->
         {
             let log = c.logs(TENANT, pod, "app").await.unwrap_or_default();
             return Err(Error::msg(format!(
-                "pod {pod} ({phase:?}) never logged {needle:?}; log:\n{log}\n{}",
-                c.describe_pods(TENANT).await
+                "pod {pod} ({phase:?}) never logged {needle:?}; log:\n{log}\n{}\n{}",
+                c.describe_pods(TENANT).await,
+                describe_claims(c).await
             )));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Every claim of the tenant with what it was given, and the driver's slices, for failure
+/// messages.
+async fn describe_claims(c: &RealCluster) -> String {
+    let claims: Api<ResourceClaim> = Api::namespaced(c.admin().clone(), TENANT);
+    let slices: Api<ResourceSlice> = Api::all(c.admin().clone());
+    let mut out = String::from("claims:\n");
+    for claim in claims
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let results = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref())
+            .map(|r| {
+                r.iter()
+                    .map(|r| format!("{}/{} {:?}", r.pool, r.device, r.consumed_capacity))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_else(|| "not allocated".to_owned());
+        let reserved = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.reserved_for.as_ref())
+            .map_or(0, Vec::len);
+        out.push_str(&format!(
+            "  {} (reserved for {reserved}): {results}\n",
+            claim.metadata.name.unwrap_or_default()
+        ));
+    }
+    for s in slices
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        out.push_str(&format!(
+            "slice {} gen {}: {:?}\n",
+            s.metadata.name.unwrap_or_default(),
+            s.spec.pool.generation,
+            s.spec.devices
+        ));
+    }
+    out
 }
 
 /// The node's slice of the driver, once it has `devices` devices.
@@ -154,7 +206,11 @@ fn real_nodes_dra_claims_share_a_gpu_with_enforced_limits() -> Result<()> {
                         A100_MIB,
                     )),
                 ],
-                chart: ChartValues::Recommended(vec![("dra.enabled".into(), "true".into())]),
+                chart: ChartValues::Recommended(vec![
+                    ("dra.enabled".into(), "true".into()),
+                    // KEP-5004: `nvidia.com/gpu` served from the class on DRA nodes.
+                    ("dra.extendedResourceName".into(), "nvidia.com/gpu".into()),
+                ]),
             },
         )
         .await?;
@@ -281,11 +337,15 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
         .await?;
     }
     for (i, (mib, cores)) in sizes.iter().enumerate() {
+        // Up to six minutes: once in three runs (2026-12-02, with a build sharing the cores)
+        // kube-scheduler 1.34.4 left one claim of the burst unallocated although it fit
+        // ("cannot allocate all claims"); nothing in the burst requeues it, so it waits for the
+        // scheduler's five-minute flush of unschedulable pods (docs/dra.md).
         let log = wait_log(
             c,
             &format!("share-{i}"),
             "SHARE_OK",
-            Duration::from_secs(180),
+            Duration::from_secs(360),
         )
         .await?;
         assert!(
@@ -384,7 +444,7 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
     let unprepared = c.logs(NAMESPACE, &new_name, "tessera-dra-plugin").await?;
     assert!(unprepared.contains("claim unprepared"), "{unprepared}");
 
-    // Which pod ran where, for the record.
+    // Which pod ran where.
     let mut placed = BTreeMap::new();
     for p in pods.list(&ListParams::default()).await?.items {
         placed.insert(
@@ -394,5 +454,38 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
     }
     assert_eq!(placed.get("dp-share").map(String::as_str), Some("dp-node"));
     assert_eq!(placed.get("big").map(String::as_str), Some("dra-node"));
+
+    // 6. Existing pod specs (KEP-5004, DRAExtendedResource): with every share gone, a pod that
+    //    asks for `nvidia.com/gpu: 1` and is placed by kube-scheduler itself (the GPU scheduler's
+    //    webhook skips pods labelled `hami.io/webhook: ignore`) lands on the DRA node, which
+    //    advertises no `nvidia.com/gpu`, through a claim the scheduler makes from the class: the
+    //    whole GPU, with the shim.
+    tessera_e2e::pods::delete_all(&pods, Duration::from_secs(120)).await?;
+    let mut whole = probe::pod(
+        TENANT,
+        "whole-gpu",
+        Some("dra-node"),
+        Vec::new(),
+        vec![json!({
+            "name": "app",
+            "image": PROBE_IMAGE,
+            "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", share_check(A100_MIB * MIB)],
+            "resources": {"limits": {"nvidia.com/gpu": 1}},
+        })],
+    );
+    whole.metadata.labels = Some([("hami.io/webhook".to_owned(), "ignore".to_owned())].into());
+    c.create_pod_as_user(&whole).await?;
+    let log = wait_log(c, "whole-gpu", "SHARE_OK", Duration::from_secs(180)).await?;
+    assert!(
+        log.contains(&format!("SM_LIMIT=100 MEM_LIMIT_0={A100_MIB}m")),
+        "{log}"
+    );
+    let placed = pods.get("whole-gpu").await?;
+    let mapping = placed
+        .status
+        .and_then(|s| s.extended_resource_claim_status)
+        .expect("kube-scheduler records the claim it made for nvidia.com/gpu");
+    assert_eq!(mapping.request_mappings[0].resource_name, "nvidia.com/gpu");
     Ok(())
 }

@@ -23,7 +23,7 @@ const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
-/// The largest frame a peer may send before SETTINGS say otherwise (RFC 9113 §4.2); every frame
+/// The largest frame a peer may send before SETTINGS say otherwise (RFC 9113, section 4.2); every frame
 /// the relay writes stays within it.
 const MAX_FRAME: usize = 16_384;
 /// The largest frame the relay accepts from the kubelet (its own SETTINGS are h2's defaults, so
