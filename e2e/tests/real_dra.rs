@@ -307,11 +307,13 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
     );
     c.create_pod_as_user(&dp_pod).await?;
 
-    // 3. A burst of ten claims of ten sizes onto the one DRA GPU: 512 MiB .. 5 GiB, 5 .. 14 %
-    //    of its cores (27.5 GiB of 40). Each container must get exactly its own share.
+    // 3. A burst of ten claims of ten sizes onto the one DRA GPU: 256 MiB .. 2.5 GiB, 1 .. 10 %
+    //    of its cores (13.75 GiB and 55 % of 40 GiB and 100 %). Each container must get exactly
+    //    its own share. (With 95 % of the cores booked, kube-scheduler 1.34.4 sometimes left the
+    //    last claim unallocated although it fit: see the wait below and docs/dra.md.)
     let templates = templates_api(c);
     let sizes: Vec<(u64, u32)> = (0..10u32)
-        .map(|i| (512 * u64::from(i + 1), 5 + i))
+        .map(|i| (256 * u64::from(i + 1), 1 + i))
         .collect();
     for (i, (mib, cores)) in sizes.iter().enumerate() {
         // Every other claim through HAMi's DRA class name: claims written for HAMi's DRA
@@ -379,11 +381,11 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
     }
     assert_eq!(booked_mib, sizes.iter().map(|(m, _)| m).sum::<u64>());
 
-    // 4. No over-booking: 16 GiB does not fit in the 12.5 GiB left; the pod waits.
+    // 4. No over-booking: 28 GiB does not fit in the 26.25 GiB left; the pod waits.
     templates
-        .create(&PostParams::default(), &share_template("big", 16384, 10))
+        .create(&PostParams::default(), &share_template("big", 28672, 10))
         .await?;
-    c.create_pod_as_user(&share_pod("big", "big", 16384 * MIB))
+    c.create_pod_as_user(&share_pod("big", "big", 28672 * MIB))
         .await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
@@ -391,7 +393,7 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
     assert_eq!(
         big.status.and_then(|s| s.phase).as_deref(),
         Some("Pending"),
-        "16 GiB was placed beside 27.5 GiB on a 40 GiB GPU"
+        "28 GiB was placed beside 13.75 GiB on a 40 GiB GPU"
     );
 
     // 5. A plugin restart loses nothing: the new plugin reads the ten prepared claims back,
@@ -437,10 +439,10 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
         let p = pods.get(&format!("share-{i}")).await?;
         assert_eq!(p.status.and_then(|s| s.phase).as_deref(), Some("Running"));
     }
-    // Freeing 5 GiB lets the 16 GiB share in (12.5 + 5 = 17.5 GiB free).
+    // Freeing 2.5 GiB lets the 28 GiB share in (26.25 + 2.5 = 28.75 GiB free).
     pods.delete("share-9", &DeleteParams::default()).await?;
     let log = wait_log(c, "big", "SHARE_OK", Duration::from_secs(180)).await?;
-    assert!(log.contains("SM_LIMIT=10 MEM_LIMIT_0=16384m"), "{log}");
+    assert!(log.contains("SM_LIMIT=10 MEM_LIMIT_0=28672m"), "{log}");
     let unprepared = c.logs(NAMESPACE, &new_name, "tessera-dra-plugin").await?;
     assert!(unprepared.contains("claim unprepared"), "{unprepared}");
 
