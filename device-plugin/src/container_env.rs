@@ -1,5 +1,7 @@
 //! What one container gets from `Allocate` (contract §6.3): HAMi-core environment and mounts.
-//! Pure: the caller supplies the random cache id and whether optional host files exist.
+//! The responses are pure (the caller supplies the random cache id and whether optional host
+//! files exist); the file helpers beside them ([`resolve_shim_host_path`], [`prepare_cache_dir`],
+//! [`write_limits_file`]) are shared by `Allocate` and the DRA plugin's prepare.
 
 use std::collections::BTreeMap;
 
@@ -56,6 +58,18 @@ impl ResponseSettings {
     /// `<hook>/vgpu/containers/<podUID>_<container>`: the container's cache directory on the host.
     pub fn container_cache_dir(&self, pod_uid: &str, container: &str) -> String {
         format!("{}/containers/{pod_uid}_{container}", self.host_vgpu_dir())
+    }
+}
+
+/// The host path of the shim under `hook_path`: the versioned library when the installer put one
+/// there (`libvgpu.so.<plugin version>`), else `libvgpu.so`. Reads the file system.
+pub fn resolve_shim_host_path(hook_path: &str) -> String {
+    let vgpu_dir = format!("{}/vgpu", hook_path.trim_end_matches('/'));
+    let versioned = format!("{vgpu_dir}/libvgpu.so.{}", env!("CARGO_PKG_VERSION"));
+    if std::path::Path::new(&versioned).exists() {
+        versioned
+    } else {
+        format!("{vgpu_dir}/libvgpu.so")
     }
 }
 

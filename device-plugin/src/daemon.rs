@@ -453,12 +453,7 @@ fn allocator(
     metrics: &PluginMetrics,
 ) -> Result<Allocator, StartError> {
     let vgpu_dir = format!("{}/vgpu", cli.hook_path.trim_end_matches('/'));
-    let versioned = format!("{vgpu_dir}/libvgpu.so.{}", env!("CARGO_PKG_VERSION"));
-    let shim_host_path = if Path::new(&versioned).exists() {
-        versioned
-    } else {
-        format!("{vgpu_dir}/libvgpu.so")
-    };
+    let shim_host_path = crate::container_env::resolve_shim_host_path(&cli.hook_path);
     let mut allocator = Allocator::new(
         cli.node_name.clone(),
         ResponseSettings {

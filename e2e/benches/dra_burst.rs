@@ -10,7 +10,7 @@
 //! build of the daemons (`bench/run.sh` does both); root, like every real-node scenario.
 //! `TESSERA_BENCH_QUICK=1`: 12 pods per path.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -81,7 +81,8 @@ struct Round {
 
 async fn round(c: &RealCluster, path: Path, pods: usize) -> Result<Round> {
     let api: Api<Pod> = Api::namespaced(c.admin().clone(), NS);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Instant, bool)>();
+    // (name, UID, when, failed): a pod's phase as the watch first saw it, per UID.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String, Instant, bool)>();
     let watch_api = api.clone();
     let watch = tokio::spawn(async move {
         let mut stream = watcher(watch_api, watcher::Config::default()).boxed();
@@ -91,16 +92,17 @@ async fn round(c: &RealCluster, path: Path, pods: usize) -> Result<Round> {
             };
             let phase = p.status.as_ref().and_then(|s| s.phase.clone());
             let name = p.metadata.name.clone().unwrap_or_default();
+            let uid = p.metadata.uid.clone().unwrap_or_default();
             match phase.as_deref() {
                 Some("Running") => {
-                    let _ = tx.send((name, Instant::now(), false));
+                    let _ = tx.send((name, uid, Instant::now(), false));
                 }
                 Some("Failed") => {
                     eprintln!(
                         "burst: pod {name} failed: {:?}",
                         p.status.as_ref().map(|s| (&s.reason, &s.message))
                     );
-                    let _ = tx.send((name, Instant::now(), true));
+                    let _ = tx.send((name, uid, Instant::now(), true));
                 }
                 _ => {}
             }
@@ -123,24 +125,31 @@ async fn round(c: &RealCluster, path: Path, pods: usize) -> Result<Round> {
     .collect::<std::result::Result<_, _>>()?;
 
     let mut running: BTreeMap<String, Instant> = BTreeMap::new();
-    let mut rejected = 0usize;
+    // The UIDs already recreated: a failed pod is seen by several watch events.
+    let mut rejected: BTreeSet<String> = BTreeSet::new();
     let deadline = t0 + Duration::from_secs(if results::quick() { 180 } else { 600 });
     while running.len() < pods {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, rx.recv()).await {
-            Ok(Some((name, _, true))) => {
+            Ok(Some((_, uid, _, true))) if rejected.contains(&uid) => {}
+            Ok(Some((name, uid, _, true))) => {
                 // Rejected at the kubelet's admission (the device-plugin path can refuse a pod it
                 // cannot tell apart: docs/design/allocation-identity.md): recreated, as its owner
                 // would, and timed from its first create.
-                rejected += 1;
-                if rejected > pods {
+                rejected.insert(uid.clone());
+                if rejected.len() > pods {
                     watch.abort();
                     return Err(Error::msg(format!(
                         "{path:?} burst: more rejections than pods\n{}",
                         c.describe_pods(NS).await
                     )));
                 }
-                api.delete(&name, &DeleteParams::default()).await?;
+                // Only that pod: never a recreated one of the same name.
+                let dp = DeleteParams::default().preconditions(kube::api::Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                });
+                api.delete(&name, &dp).await?;
                 let gone = || async {
                     api.get_opt(&name)
                         .await
@@ -164,7 +173,7 @@ async fn round(c: &RealCluster, path: Path, pods: usize) -> Result<Round> {
                 api.create(&PostParams::default(), &burst_pod(path, i))
                     .await?;
             }
-            Ok(Some((name, at, false))) => {
+            Ok(Some((name, _, at, false))) => {
                 running.entry(name).or_insert(at);
             }
             _ => {
@@ -180,7 +189,7 @@ async fn round(c: &RealCluster, path: Path, pods: usize) -> Result<Round> {
     watch.abort();
     let last = running.values().max().copied().unwrap_or(t0);
     let r = Round {
-        rejected,
+        rejected: rejected.len(),
         all_running: last.duration_since(t0).as_secs_f64(),
         create_to_running: running
             .iter()

@@ -56,20 +56,35 @@ fn class_share_template(name: &str, class: &str, mib: u64, cores: u32) -> Resour
     .expect("a template built from fixed JSON")
 }
 
-/// A pod whose one container uses a claim made from `template`.
-fn share_pod(name: &str, template: &str, limit_bytes: u64) -> Pod {
-    let mut pod = probe::pod(
+/// A pod whose one container, `app`, runs [`share_check`] for `limit_bytes` with `resources`.
+fn probe_pod(
+    name: &str,
+    node: Option<&str>,
+    limit_bytes: u64,
+    resources: serde_json::Value,
+) -> Pod {
+    probe::pod(
         TENANT,
         name,
-        None,
+        node,
         Vec::new(),
         vec![json!({
             "name": "app",
             "image": PROBE_IMAGE,
             "imagePullPolicy": "Never",
             "command": ["/bin/sh", "-c", share_check(limit_bytes)],
-            "resources": {"claims": [{"name": "gpu"}]},
+            "resources": resources,
         })],
+    )
+}
+
+/// A pod whose one container uses a claim made from `template`.
+fn share_pod(name: &str, template: &str, limit_bytes: u64) -> Pod {
+    let mut pod = probe_pod(
+        name,
+        None,
+        limit_bytes,
+        json!({"claims": [{"name": "gpu"}]}),
     );
     let spec = pod.spec.get_or_insert_with(Default::default);
     spec.resource_claims = Some(vec![
@@ -292,18 +307,11 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
     }
 
     // 2. A device-plugin pod in the same cluster, through Tessera's extender as ever.
-    let dp_pod = probe::pod(
-        TENANT,
+    let dp_pod = probe_pod(
         "dp-share",
         None,
-        Vec::new(),
-        vec![json!({
-            "name": "app",
-            "image": PROBE_IMAGE,
-            "imagePullPolicy": "Never",
-            "command": ["/bin/sh", "-c", share_check(3000 * MIB)],
-            "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}},
-        })],
+        3000 * MIB,
+        json!({"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}}),
     );
     c.create_pod_as_user(&dp_pod).await?;
 
@@ -463,18 +471,11 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
     //    advertises no `nvidia.com/gpu`, through a claim the scheduler makes from the class: the
     //    whole GPU, with the shim.
     tessera_e2e::pods::delete_all(&pods, Duration::from_secs(120)).await?;
-    let mut whole = probe::pod(
-        TENANT,
+    let mut whole = probe_pod(
         "whole-gpu",
         Some("dra-node"),
-        Vec::new(),
-        vec![json!({
-            "name": "app",
-            "image": PROBE_IMAGE,
-            "imagePullPolicy": "Never",
-            "command": ["/bin/sh", "-c", share_check(A100_MIB * MIB)],
-            "resources": {"limits": {"nvidia.com/gpu": 1}},
-        })],
+        A100_MIB * MIB,
+        json!({"limits": {"nvidia.com/gpu": 1}}),
     );
     whole.metadata.labels = Some([("hami.io/webhook".to_owned(), "ignore".to_owned())].into());
     c.create_pod_as_user(&whole).await?;

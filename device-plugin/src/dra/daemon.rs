@@ -138,21 +138,13 @@ fn nvlink_domains(inventory: &dyn GpuInventory) -> BTreeMap<String, u32> {
 
 /// The shim's settings for claims (no oversubscription, HAMi's default core policy).
 fn response_settings(cli: &DraCli) -> ResponseSettings {
-    let vgpu = format!("{}/vgpu", cli.hook_path.trim_end_matches('/'));
-    // The versioned library when the installer put one there (as `Allocate` resolves it).
-    let versioned = format!("{vgpu}/libvgpu.so.{}", env!("CARGO_PKG_VERSION"));
-    let shim_host_path = if std::path::Path::new(&versioned).exists() {
-        versioned
-    } else {
-        format!("{vgpu}/libvgpu.so")
-    };
     ResponseSettings {
         hook_path: cli.hook_path.clone(),
         memory_scaling: 1.0,
         lib_cuda_log_level: cli.lib_cuda_log_level.clone(),
         disable_core_limit: false,
         core_policy: hami_contract::config::GpuCorePolicy::Default,
-        shim_host_path,
+        shim_host_path: crate::container_env::resolve_shim_host_path(&cli.hook_path),
         license_present: false,
         cdi_devices: cli.cdi_devices,
     }

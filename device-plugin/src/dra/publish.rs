@@ -196,16 +196,4 @@ impl SlicePublisher {
         ));
         Ok(Some(devices))
     }
-
-    /// Deletes this node's slices of the driver (an uninstall; the kubelet also wipes them 30 s
-    /// after the plugin deregisters).
-    pub async fn remove(&self) -> Result<(), EdgeError> {
-        let lp = ListParams::default()
-            .fields(&format!("spec.nodeName={},spec.driver={DRIVER}", self.node));
-        self.slices
-            .delete_collection(&DeleteParams::default(), &lp)
-            .await
-            .map_err(EdgeError::kube("cannot delete this node's ResourceSlices"))?;
-        Ok(())
-    }
 }
