@@ -117,14 +117,27 @@ fn throttle(blocks: u64) {
 }
 
 /// One controller step (pure): the new cost per block, from the old one, the limit `L` (%), the
-/// measured utilisation `U` (%) and the blocks launched `B`, both over the window `window_ns`.
+/// measured utilisation `U` (%) and the blocks launched `B`, both over the window `window_ns`,
+/// and whether the pacer held launches back in that window (`paced`).
 ///
 /// Model: one block costs `U·W / (100·B)` ns of device time, so running at `L` allows
-/// `B·L/U` blocks per window, i.e. a budget of `W·U / (B·L)` ns per block. The new value is the
-/// geometric mean of the old one and that target (a first-order filter in log space) when the
-/// measurement is within 2× of the limit, and the target itself when it is further off (a
-/// restart or a workload change); a step changes it by at most 64×.
-pub fn control_step(old_x1024: u64, limit: f64, util: f64, blocks: u64, window_ns: u64) -> u64 {
+/// `B·L/U` blocks per window, i.e. a budget of `W·U / (B·L)` ns per block. That is the target
+/// while the application sets the pace. While the pacer does, the target is `c·U/L` instead:
+/// the launch rate then also carries what the host lost (a late wake-up from the pacer's sleep,
+/// a CPU-starved or CFS-throttled launcher), which the model would read as the budget, leaving
+/// the device below `L` for good; the ratio has `U = L` as its only fixed point. Without lost
+/// time the two targets are equal. The new value is the geometric mean of the old one and the
+/// target (a first-order filter in log space) when the measurement is within 2× of the limit,
+/// and the target itself when it is further off (a restart or a workload change); a step changes
+/// it by at most 64×.
+pub fn control_step(
+    old_x1024: u64,
+    limit: f64,
+    util: f64,
+    blocks: u64,
+    window_ns: u64,
+    paced: bool,
+) -> u64 {
     if blocks == 0 {
         return old_x1024;
     }
@@ -132,11 +145,12 @@ pub fn control_step(old_x1024: u64, limit: f64, util: f64, blocks: u64, window_n
         // Work was launched but nothing measurable ran: relax (halve the cost).
         return old_x1024 / 2;
     }
-    let target = window_ns as f64 * util / (blocks as f64 * limit) * 1024.0;
+    let model = window_ns as f64 * util / (blocks as f64 * limit) * 1024.0;
     if old_x1024 == 0 {
-        return target.max(1.0) as u64;
+        return model.max(1.0) as u64;
     }
     let old = old_x1024 as f64;
+    let target = if paced { old * util / limit } else { model };
     let near = util >= limit / 2.0 && util <= limit * 2.0;
     let next = if near { (old * target).sqrt() } else { target };
     let next = next.clamp(old / 64.0, old * 64.0);
@@ -147,21 +161,22 @@ pub fn control_step(old_x1024: u64, limit: f64, util: f64, blocks: u64, window_n
 mod tests {
     use super::*;
 
-    /// A simulated device: each block costs `c` ns; the app launches as fast as allowed.
-    fn simulate(limit: f64, c: f64) -> f64 {
+    /// A simulated device: each block costs `c` ns; the app launches kernels of 40 blocks as fast
+    /// as allowed, and each launch the pacer holds back wakes `lost` ns late (a loaded host).
+    fn simulate(limit: f64, c: f64, lost: f64) -> f64 {
+        const BLOCKS: f64 = 40.0;
         let w = 500_000_000u64;
         let mut npb = 0u64;
         let mut util = 0.0;
         for _ in 0..40 {
-            // Blocks the pacer admits in a window (unlimited demand): W / (npb/1024), or the
-            // device's own maximum W / c when unpaced.
-            let admitted = if npb == 0 {
-                w as f64 / c
-            } else {
-                (w as f64 * 1024.0 / npb as f64).min(w as f64 / c)
-            };
+            // The launch period: the pacer's budget plus the late wake-up when the pacer binds,
+            // never faster than the device runs the kernel (its queue is full then).
+            let budget = BLOCKS * npb as f64 / 1024.0;
+            let paced = npb > 0 && budget + lost > BLOCKS * c;
+            let period = if paced { budget + lost } else { BLOCKS * c };
+            let admitted = w as f64 / period * BLOCKS;
             util = (admitted * c / w as f64 * 100.0).min(100.0);
-            npb = control_step(npb, limit, util, admitted as u64, w);
+            npb = control_step(npb, limit, util, admitted as u64, w, paced);
         }
         util
     }
@@ -170,16 +185,30 @@ mod tests {
     fn converges_to_the_limit_for_any_block_cost() {
         for limit in [10.0, 30.0, 50.0, 70.0] {
             for c in [1_000.0, 50_000.0, 2_000_000.0] {
-                let u = simulate(limit, c);
+                let u = simulate(limit, c, 0.0);
                 assert!((u - limit).abs() < 1.0, "limit {limit} cost {c}: {u}");
+            }
+        }
+    }
+
+    /// A launcher that wakes late (CPU contention, CFS throttling) still gets its limit: with
+    /// 40-block kernels of 50 µs blocks (2 ms each), wake-ups 0.2 to 1 ms late.
+    #[test]
+    fn converges_to_the_limit_when_wake_ups_are_late() {
+        for limit in [10.0, 30.0, 50.0, 70.0] {
+            for lost in [200_000.0, 1_000_000.0] {
+                let u = simulate(limit, 50_000.0, lost);
+                assert!((u - limit).abs() < 1.0, "limit {limit} lost {lost} ns: {u}");
             }
         }
     }
 
     #[test]
     fn idle_keeps_and_silence_relaxes() {
-        assert_eq!(control_step(5000, 30.0, 0.0, 0, 1), 5000);
-        assert_eq!(control_step(5000, 30.0, 0.0, 10, 1), 2500);
-        assert_eq!(control_step(0, 30.0, 0.0, 10, 1), 0);
+        for paced in [false, true] {
+            assert_eq!(control_step(5000, 30.0, 0.0, 0, 1, paced), 5000);
+            assert_eq!(control_step(5000, 30.0, 0.0, 10, 1, paced), 2500);
+            assert_eq!(control_step(0, 30.0, 0.0, 10, 1, paced), 0);
+        }
     }
 }

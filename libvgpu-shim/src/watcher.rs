@@ -181,6 +181,7 @@ fn run() {
         .collect();
     let mut nvml: Option<Nvml> = None;
     let mut last_blocks = [0u64; MAX_DEVICES];
+    let mut last_waits = [0u64; MAX_DEVICES];
     let mut tick: u32 = 0;
     // Count launches from the start, so the first control window has both numbers.
     let initially = match cfg.policy {
@@ -229,6 +230,9 @@ fn run() {
             let blocks = dl.blocks.load(Ordering::Relaxed);
             let launched = blocks.wrapping_sub(last_blocks[d]);
             last_blocks[d] = blocks;
+            let waits = dl.waits.load(Ordering::Relaxed);
+            let paced = waits != last_waits[d];
+            last_waits[d] = waits;
             if !enforce {
                 continue;
             }
@@ -241,12 +245,11 @@ fn run() {
             };
             region.set_sm_util(d, util.round() as u64);
             let old = dl.ns_per_block_x1024.load(Ordering::Relaxed);
-            let new =
-                limiter::control_step(old, region.sm_limit(d) as f64, util, launched, WINDOW_NS);
+            let limit = region.sm_limit(d) as f64;
+            let new = limiter::control_step(old, limit, util, launched, WINDOW_NS, paced);
             dl.ns_per_block_x1024.store(new, Ordering::Relaxed);
             log::info!(
-                "sm limiter dev {d}: util {util:.1}% blocks {launched} waits {} cost/block {:.0} ns -> {:.0} ns",
-                dl.waits.load(Ordering::Relaxed),
+                "sm limiter dev {d}: util {util:.1}% blocks {launched} waits {waits} cost/block {:.0} ns -> {:.0} ns",
                 old as f64 / 1024.0,
                 new as f64 / 1024.0
             );

@@ -1,6 +1,9 @@
 //! The SM limiter against the simulated GPU: a launch loop under `CUDA_DEVICE_SM_LIMIT=L`
-//! keeps the device's measured utilization within ±5 points of L over a 5-second window.
+//! keeps the device's measured utilization within ±5 points of L over a 5-second window, also
+//! when the host's CPUs are oversubscribed.
 
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shim_harness::*;
@@ -41,8 +44,12 @@ fn measure(dir: &std::path::Path, limit: u32) -> f64 {
     (b2 - b1) as f64 * 100.0 / (t2 - t1) as f64
 }
 
+/// One measurement at a time: the CPU-starved test must not starve the other one.
+static SERIAL: Mutex<()> = Mutex::new(());
+
 #[test]
 fn utilization_converges_to_the_sm_limit() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     // Unlimited first: the loop saturates the simulated device.
     let handles: Vec<_> = [10u32, 30, 50, 70]
@@ -90,4 +97,45 @@ fn utilization_converges_to_the_sm_limit() {
     }
     std::thread::sleep(Duration::from_millis(1));
     println!("{}", report.join("\n"));
+}
+
+/// A launcher that shares its CPUs with busy neighbours (a node packed with CPU work, a container
+/// throttled by its CPU limit) wakes late from every pacing sleep; the user still gets the SM
+/// share they asked for, not several points less (before the controller corrected for it, 70 %
+/// measured 59.9–65.2 % here).
+#[test]
+fn utilization_holds_the_sm_limit_on_an_oversubscribed_host() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let hogs: Vec<_> = (0..cpus * 4)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let handles: Vec<_> = [30u32, 70]
+        .into_iter()
+        .map(|limit| {
+            let dir = dir.path().to_path_buf();
+            std::thread::spawn(move || (limit, measure(&dir, limit)))
+        })
+        .collect();
+    let measured: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    stop.store(true, Ordering::Relaxed);
+    for h in hogs {
+        h.join().unwrap();
+    }
+    for (limit, util) in &measured {
+        assert!(
+            (util - f64::from(*limit)).abs() <= 5.0,
+            "{} CPU hogs: limit {limit}%: measured {util:.1}% (all: {measured:?})",
+            cpus * 4
+        );
+    }
 }
