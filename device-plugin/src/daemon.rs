@@ -16,7 +16,6 @@
 //! | `device-plugin-server` | the kubelet-facing gRPC server | per registration |
 
 use std::collections::BTreeSet;
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -614,8 +613,7 @@ fn restart_on_sighup() -> Arc<tokio::sync::Notify> {
     restart
 }
 
-/// The Prometheus /metrics, /healthz and /readyz listener (task `metrics-server`), until
-/// `shutdown`. /readyz answers 503 while the plugin is not registered with the kubelet.
+/// The device plugin's /metrics, /healthz and /readyz listener ([`crate::metrics::serve_http`]).
 async fn serve_metrics(
     addr: SocketAddr,
     metrics: &PluginMetrics,
@@ -623,40 +621,17 @@ async fn serve_metrics(
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, StartError> {
     let metrics = metrics.clone();
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::MetricsListen { addr, source })?;
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let m = metrics.clone();
-                async move { m.encode() }
-            }),
-        )
-        .route("/healthz", axum::routing::get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            axum::routing::get(move || {
-                let ready = readiness.is_ready();
-                async move {
-                    if ready {
-                        (axum::http::StatusCode::OK, "ok")
-                    } else {
-                        (
-                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                            "not registered with the kubelet",
-                        )
-                    }
-                }
-            }),
-        );
-    Ok(spawn_task(
-        "metrics-server",
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .into_future(),
-    ))
+    crate::metrics::serve_http(
+        addr,
+        Arc::new(move || metrics.encode()),
+        readiness,
+        shutdown,
+    )
+    .await
+    .map_err(|e| StartError::MetricsListen {
+        addr: e.addr,
+        source: e.source,
+    })
 }
 
 /// `--fail-on-init-error=false` and no usable NVML: say why once, keep /healthz (the

@@ -1,5 +1,6 @@
 //! Prometheus metrics: the plugin's own health plus HAMi's host GPU names (contract §8.2).
 
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -11,6 +12,60 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 type Labels = Vec<(String, String)>;
+
+/// The metrics listener could not bind its address.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr}")]
+pub struct MetricsListenError {
+    pub addr: std::net::SocketAddr,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Serves `/metrics` (the text `encode` gives), `/healthz` (the process answers) and `/readyz`
+/// (503 while `readiness` is unset: not registered with the kubelet) as task `metrics-server`,
+/// until `shutdown`. Both plugins' DaemonSets probe these.
+pub async fn serve_http(
+    addr: std::net::SocketAddr,
+    encode: Arc<dyn Fn() -> String + Send + Sync>,
+    readiness: crate::kubelet::Readiness,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, MetricsListenError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| MetricsListenError { addr, source })?;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let text = encode();
+                async move { text }
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let ready = readiness.is_ready();
+                async move {
+                    if ready {
+                        (axum::http::StatusCode::OK, "ok")
+                    } else {
+                        (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            "not registered with the kubelet",
+                        )
+                    }
+                }
+            }),
+        );
+    Ok(tessera_runtime::spawn_task(
+        "metrics-server",
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .into_future(),
+    ))
+}
 
 /// All metrics the plugin exports. Cheap to clone (shared handles).
 #[derive(Clone)]

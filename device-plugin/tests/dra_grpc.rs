@@ -161,6 +161,10 @@ async fn the_kubelet_registers_the_driver_and_prepares_each_claim_with_its_own_s
     assert_eq!(info.name, "gpu.tessera.dev");
     assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
     assert!(info.endpoint.ends_with("plugins/gpu.tessera.dev/dra.sock"));
+    assert!(
+        !plugin.driver.readiness().is_ready(),
+        "ready before the kubelet registered the driver"
+    );
     registration
         .notify_registration_status(reg::RegistrationStatus {
             plugin_registered: true,
@@ -168,6 +172,7 @@ async fn the_kubelet_registers_the_driver_and_prepares_each_claim_with_its_own_s
         })
         .await
         .unwrap();
+    assert!(plugin.driver.readiness().is_ready());
 
     // A heterogeneous burst onto one node: twenty claims of twenty sizes on two GPUs, prepared
     // concurrently (one call per pod, as the kubelet makes them).
@@ -249,6 +254,19 @@ async fn the_kubelet_registers_the_driver_and_prepares_each_claim_with_its_own_s
     }
     assert!(!cdi::spec_path(&root.path().join("cdi"), "uid-3").exists());
     assert!(!root.path().join("hook/vgpu/claims/uid-3").exists());
+
+    // What an operator sees on /metrics: 21 good prepares (20 claims and c0 again), 3 refused,
+    // one unprepare (the second was of a claim no longer prepared), 19 claims prepared now.
+    let metrics = plugin.driver.metrics().encode();
+    for line in [
+        r#"tessera_dra_plugin_prepares_total{result="success"} 21"#,
+        r#"tessera_dra_plugin_prepares_total{result="failure"} 3"#,
+        r#"tessera_dra_plugin_unprepares_total{result="success"} 1"#,
+        "tessera_dra_plugin_prepared_claims 19",
+        "tessera_dra_plugin_kubelet_registrations_total 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
     plugin.stop().await;
     assert!(
         !root

@@ -138,6 +138,18 @@ impl RealNode {
         &self.spec.node.name
     }
 
+    /// Appends one scripted NVML event (`{"device":0,"kind":"xid","xid":48}`) that the fake NVML
+    /// of every container on this node sees, the GPU plugin's included. A plugin started later
+    /// reads the file from its start, so it sees the event again.
+    pub fn nvml_event(&self, line: &serde_json::Value) -> Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.join("nvml-events.jsonl"))?;
+        writeln!(f, "{line}")?;
+        Ok(())
+    }
+
     /// The node's `<gpuHookPath>/vgpu/containers` (the per-container directories the plugin
     /// makes at `Allocate`), seen from the test.
     pub fn containers_dir(&self) -> PathBuf {
@@ -669,8 +681,14 @@ impl RealCluster {
         let scenario = dir.join("gpu-scenario.json");
         write(&scenario, spec.node.scenario_json())?;
         let driver_dir = &self.artifacts.driver_dir;
-        let mut mounts =
-            vec![json!({"host": scenario, "container": "/etc/tessera-fake-gpu/scenario.json"})];
+        // Scripted NVML events (XIDs, lost GPUs) for every container's fake NVML on this node:
+        // [`RealNode::nvml_event`] appends to it.
+        let events = dir.join("nvml-events.jsonl");
+        write(&events, "")?;
+        let mut mounts = vec![
+            json!({"host": scenario, "container": "/etc/tessera-fake-gpu/scenario.json"}),
+            json!({"host": events, "container": "/etc/tessera-fake-gpu/events.jsonl"}),
+        ];
         if spec.driver {
             for lib in ["libcuda.so.1", "libnvidia-ml.so.1"] {
                 mounts.push(json!({
@@ -687,6 +705,7 @@ impl RealCluster {
                 "mounts": mounts,
                 "env": [
                     "FAKE_NVML_SCENARIO=/etc/tessera-fake-gpu/scenario.json",
+                    "FAKE_NVML_EVENTS=/etc/tessera-fake-gpu/events.jsonl",
                     format!("FAKE_CUDA_MEMORY_MIB={memory_mib}"),
                 ],
                 "log": self.dir.join("logs").join(format!("{name}-nvidia-runtime.log")),

@@ -225,6 +225,12 @@ fn real_nodes_dra_claims_share_a_gpu_with_enforced_limits() -> Result<()> {
                     ("dra.enabled".into(), "true".into()),
                     // KEP-5004: `nvidia.com/gpu` served from the class on DRA nodes.
                     ("dra.extendedResourceName".into(), "nvidia.com/gpu".into()),
+                    // A GPU with an XID comes back after 30 s without errors (not 60), so
+                    // the health step is short but still sees the pod wait.
+                    (
+                        "dra.extraArgs".into(),
+                        "{--health-recovery-seconds=30}".into(),
+                    ),
                 ]),
             },
         )
@@ -465,7 +471,34 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
     assert_eq!(placed.get("dp-share").map(String::as_str), Some("dp-node"));
     assert_eq!(placed.get("big").map(String::as_str), Some("dra-node"));
 
-    // 6. Existing pod specs (KEP-5004, DRAExtendedResource): with every share gone, a pod that
+    // 6. Health: an XID on the DRA node's GPU takes it out of the ResourceSlice, so
+    //    kube-scheduler allocates no new claim on it; after the recovery time without errors it
+    //    is offered again and the waiting pod runs.
+    tessera_e2e::pods::delete_all(&pods, Duration::from_secs(120)).await?;
+    c.node("dra-node")
+        .expect("the DRA node")
+        .nvml_event(&json!({"device": 0, "kind": "xid", "xid": 48}))?;
+    node_slice(c, "dra-node", 0).await?;
+    templates
+        .create(
+            &PostParams::default(),
+            &share_template("after-xid", 1024, 10),
+        )
+        .await?;
+    c.create_pod_as_user(&share_pod("after-xid", "after-xid", 1024 * MIB))
+        .await?;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let waiting = pods.get("after-xid").await?;
+    assert_eq!(
+        waiting.status.and_then(|s| s.phase).as_deref(),
+        Some("Pending"),
+        "a claim was allocated on a GPU with an XID"
+    );
+    node_slice(c, "dra-node", 1).await?;
+    let log = wait_log(c, "after-xid", "SHARE_OK", Duration::from_secs(120)).await?;
+    assert!(log.contains("SM_LIMIT=10 MEM_LIMIT_0=1024m"), "{log}");
+
+    // 7. Existing pod specs (KEP-5004, DRAExtendedResource): with every share gone, a pod that
     //    asks for `nvidia.com/gpu: 1` and is placed by kube-scheduler itself (the GPU scheduler's
     //    webhook skips pods labelled `hami.io/webhook: ignore`) lands on the DRA node, which
     //    advertises no `nvidia.com/gpu`, through a claim the scheduler makes from the class: the

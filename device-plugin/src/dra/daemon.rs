@@ -90,6 +90,10 @@ pub struct DraCli {
     /// registration and a health change).
     #[arg(long, env = "SLICE_CHECK_SECONDS", default_value_t = 15)]
     pub slice_check_seconds: u64,
+    /// Address of the Prometheus /metrics, /healthz and /readyz (registered with the kubelet)
+    /// endpoint.
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:9394")]
+    pub metrics_addr: std::net::SocketAddr,
     /// Seconds between looks for prepared claims whose ResourceClaim is gone.
     #[arg(long, env = "STALE_CLAIM_SECONDS", default_value_t = 60)]
     pub stale_claim_seconds: u64,
@@ -113,6 +117,8 @@ pub enum DraStartError {
     Signals(#[source] std::io::Error),
     #[error("cannot start the GPU health thread")]
     HealthThread(#[source] std::io::Error),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsListenError),
 }
 
 /// Each NVLinked GPU's domain: the NVML index of the lowest GPU it reaches over NVLink. A
@@ -199,6 +205,18 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
         Arc::new(KubeClaims(client.clone())),
         prepared,
     ));
+    let metrics = driver.metrics().clone();
+    for (g, _) in &facts {
+        metrics.gpu_health(&g.uuid, true);
+    }
+    let encode = metrics.clone();
+    let metrics_server = crate::metrics::serve_http(
+        cli.metrics_addr,
+        Arc::new(move || encode.encode()),
+        driver.readiness().clone(),
+        shutdown.clone(),
+    )
+    .await?;
     let registered = Arc::new(Notify::new());
 
     let publisher = SlicePublisher::new(
@@ -210,8 +228,11 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
         "resource-slice",
         publish_slices(
             publisher,
-            facts,
-            driver_version,
+            metrics,
+            NodeGpus {
+                gpus: facts,
+                driver_version,
+            },
             unhealthy_rx,
             registered.clone(),
             Duration::from_secs(cli.slice_check_seconds.max(1)),
@@ -234,13 +255,23 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
         shutdown,
     )
     .await?;
+    let _ = tokio::time::timeout(Duration::from_secs(5), metrics_server).await;
     Ok(())
+}
+
+/// What the node offers: its GPUs with their facts, and the driver version.
+struct NodeGpus {
+    gpus: Vec<(GpuInfo, GpuFacts)>,
+    driver_version: Option<String>,
 }
 
 async fn publish_slices(
     mut publisher: SlicePublisher,
-    gpus: Vec<(GpuInfo, GpuFacts)>,
-    driver_version: Option<String>,
+    metrics: super::metrics::DraMetrics,
+    NodeGpus {
+        gpus,
+        driver_version,
+    }: NodeGpus,
     mut unhealthy: watch::Receiver<BTreeSet<String>>,
     registered: Arc<Notify>,
     period: Duration,
@@ -249,6 +280,9 @@ async fn publish_slices(
     let mut retry = Duration::from_secs(1);
     loop {
         let bad = unhealthy.borrow_and_update().clone();
+        for (g, _) in &gpus {
+            metrics.gpu_health(&g.uuid, !bad.contains(&g.uuid));
+        }
         let devices_for = |sharing| {
             let (devices, skipped) = slice_devices(
                 &gpus,
@@ -261,7 +295,9 @@ async fn publish_slices(
             }
             devices
         };
-        let wait = match publisher.sync(&devices_for).await {
+        let synced = publisher.sync(&devices_for).await;
+        metrics.slice_sync(synced.is_ok());
+        let wait = match synced {
             Ok(_) => {
                 retry = Duration::from_secs(1);
                 period

@@ -11,13 +11,14 @@
 //!
 //! Pure logic: [`slice`] (GPUs → ResourceSlice devices), [`claim`] (an allocated claim → what the
 //! container gets). Edges: [`cdi`] and [`checkpoint`] (files), [`plugin`] (the kubelet's gRPC
-//! APIs), [`publish`] (the API server), [`daemon`] (the `tessera-dra-plugin` binary).
+//! APIs), [`publish`] (the API server), [`metrics`] (Prometheus), [`daemon`] (the `tessera-dra-plugin` binary).
 
 pub mod authority;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim;
 pub mod daemon;
+pub mod metrics;
 pub mod plugin;
 pub mod publish;
 pub mod slice;

@@ -25,8 +25,10 @@ use tracing::Instrument;
 use super::DRIVER;
 use super::checkpoint::{ClaimRef, PreparedClaims};
 use super::claim::claim_shares;
+use super::metrics::DraMetrics;
 use crate::edges::EdgeError;
 use crate::gpu::GpuInfo;
+use crate::kubelet::Readiness;
 
 /// Reads ResourceClaims (the API server; tests: a map).
 pub trait ClaimSource: Send + Sync + 'static {
@@ -67,6 +69,9 @@ pub struct DraDriver {
     gpus: Vec<GpuInfo>,
     source: Arc<dyn ClaimSource>,
     prepared: Mutex<PreparedClaims>,
+    metrics: DraMetrics,
+    /// Set while the kubelet has this driver registered (`/readyz`).
+    readiness: Readiness,
 }
 
 impl std::fmt::Debug for DraDriver {
@@ -85,12 +90,25 @@ impl DraDriver {
         source: Arc<dyn ClaimSource>,
         prepared: PreparedClaims,
     ) -> DraDriver {
+        let metrics = DraMetrics::new();
+        metrics.set_prepared_claims(prepared.all().len());
         DraDriver {
             node,
             gpus,
             source,
             prepared: Mutex::new(prepared),
+            metrics,
+            readiness: Readiness::default(),
         }
+    }
+
+    pub fn metrics(&self) -> &DraMetrics {
+        &self.metrics
+    }
+
+    /// Whether the kubelet has this driver registered now.
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
     }
 
     /// The UIDs of the prepared claims.
@@ -100,6 +118,13 @@ impl DraDriver {
 
     /// Prepares one claim: the devices for the kubelet's response, or why not.
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<dra::Device>, String> {
+        let started = tokio::time::Instant::now();
+        let r = self.prepare_claim(claim).await;
+        self.metrics.observe_prepare(started.elapsed(), r.is_ok());
+        r
+    }
+
+    async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<dra::Device>, String> {
         let answer = |p: &super::checkpoint::PreparedClaim| {
             p.devices
                 .iter()
@@ -127,16 +152,23 @@ impl DraDriver {
             .prepare(claim, &shares)
             .map_err(|e| DisplayChain(&e).to_string())?;
         tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, devices = p.devices.len(), "claim prepared");
-        Ok(answer(p))
+        let devices = answer(p);
+        self.metrics.set_prepared_claims(prepared.all().len());
+        Ok(devices)
     }
 
     /// Unprepares one claim (an unknown claim is already unprepared).
     pub async fn unprepare(&self, uid: &str) -> Result<(), String> {
         let mut prepared = self.prepared.lock().await;
         let known = prepared.get(uid).is_some();
-        prepared
+        let r = prepared
             .unprepare(uid)
-            .map_err(|e| DisplayChain(&e).to_string())?;
+            .map_err(|e| DisplayChain(&e).to_string());
+        self.metrics.set_prepared_claims(prepared.all().len());
+        if known {
+            self.metrics.observe_unprepare(r.is_ok());
+        }
+        r?;
         if known {
             tracing::info!(uid, "claim unprepared");
         }
@@ -246,6 +278,8 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
 pub struct RegistrationService {
     pub endpoint: String,
     pub registered: Arc<Notify>,
+    pub readiness: Readiness,
+    pub metrics: DraMetrics,
 }
 
 #[tonic::async_trait]
@@ -269,6 +303,8 @@ impl reg::registration_server::Registration for RegistrationService {
         let status = request.into_inner();
         if status.plugin_registered {
             tracing::info!("registered with the kubelet");
+            self.readiness.set(true);
+            self.metrics.registered();
             self.registered.notify_one();
         } else {
             tracing::error!(error = %status.error, "the kubelet refused the registration");
@@ -320,6 +356,8 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), ListenError> {
     let listener = bind(&dra_socket)?;
+    let readiness = driver.readiness().clone();
+    let metrics = driver.metrics().clone();
     let stop = shutdown.clone();
     let dra_server = tokio::spawn(
         async move {
@@ -337,6 +375,8 @@ pub async fn serve(
     let registration = RegistrationService {
         endpoint: dra_socket.display().to_string(),
         registered,
+        readiness: readiness.clone(),
+        metrics,
     };
     while !shutdown.is_cancelled() {
         let listener = bind(&registration_socket)?;
@@ -395,6 +435,8 @@ pub async fn serve(
             }
             if !registration_socket.exists() {
                 tracing::warn!("the registration socket was removed; making it again");
+                // Not ready until the kubelet registers the new socket.
+                readiness.set(false);
                 break;
             }
         }
