@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::conflict::PluginConflict;
-use crate::metrics::PluginMetrics;
+use crate::metrics::{PluginMetrics, Readiness};
 use crate::node_events::NodeEvent;
 use crate::service::DevicePluginService;
 use crate::uds::{ConnectError, unix_channel};
@@ -42,30 +42,6 @@ pub struct KubeletSettings {
     pub restart: Arc<Notify>,
     /// Set while the plugin is registered with the current kubelet (`/readyz`).
     pub readiness: Readiness,
-}
-
-/// Whether the plugin serves the kubelet now: `/readyz`, the DaemonSet's readiness probe. A
-/// pod the kubelet admits while the plugin is not registered (after a kubelet restart, or while
-/// a new plugin pod starts) is rejected with `UnexpectedAdmissionError`, so a rollout must wait
-/// for this, not for the process to run.
-#[derive(Debug, Clone, Default)]
-pub struct Readiness(Arc<std::sync::atomic::AtomicBool>);
-
-impl Readiness {
-    /// Ready from the start: a plugin with nothing to serve (no usable driver) is not waited for.
-    pub fn always() -> Readiness {
-        let r = Readiness::default();
-        r.set(true);
-        r
-    }
-
-    pub fn set(&self, ready: bool) {
-        self.0.store(ready, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    pub fn is_ready(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Relaxed)
-    }
 }
 
 /// HAMi's socket name: `nvidia-` + the resource name's suffix.

@@ -28,7 +28,7 @@ pub struct MetricsListenError {
 pub async fn serve_http(
     addr: std::net::SocketAddr,
     encode: Arc<dyn Fn() -> String + Send + Sync>,
-    readiness: crate::kubelet::Readiness,
+    readiness: Readiness,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, MetricsListenError> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -572,6 +572,30 @@ pub struct VgpuSample {
 
 /// Pod UID → (namespace, name), from the pod cache.
 pub type PodNames = std::collections::BTreeMap<String, (String, String)>;
+
+/// Whether the plugin serves the kubelet now: `/readyz`, the DaemonSet's readiness probe. A
+/// pod the kubelet admits while the plugin is not registered (after a kubelet restart, or while
+/// a new plugin pod starts) is rejected with `UnexpectedAdmissionError`, so a rollout must wait
+/// for this, not for the process to run.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<std::sync::atomic::AtomicBool>);
+
+impl Readiness {
+    /// Ready from the start: a plugin with nothing to serve (no usable driver) is not waited for.
+    pub fn always() -> Readiness {
+        let r = Readiness::default();
+        r.set(true);
+        r
+    }
+
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
 
 #[cfg(test)]
 mod tests {

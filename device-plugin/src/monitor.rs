@@ -155,14 +155,38 @@ pub struct RegionPath {
 /// The region files under `containers_dir` (not opened yet), and the entries that cannot hold
 /// any. Never fails as a whole.
 pub fn region_paths(containers_dir: &Path) -> (Vec<RegionPath>, Vec<SkippedFile>) {
+    region_paths_named(containers_dir, parse_container_dir)
+}
+
+/// The region files of prepared DRA claims: `<claims_dir>/<claim UID>/<name>.cache`, one
+/// directory per claim shared by every container using it. Each [`RegionPath`] carries the
+/// claim UID as `pod_uid` and an empty `container`.
+pub fn claim_region_paths(claims_dir: &Path) -> (Vec<RegionPath>, Vec<SkippedFile>) {
+    region_paths_named(claims_dir, |name| {
+        crate::container_env::path_safe(name).then_some((name, ""))
+    })
+}
+
+/// Reads every region file of the prepared DRA claims under `claims_dir`
+/// ([`claim_region_paths`]). Never fails as a whole.
+pub fn scan_claims(claims_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
+    read_regions(claim_region_paths(claims_dir))
+}
+
+/// The region files in the directories of `dir` whose names `owner` accepts (as its
+/// `(pod UID, container)`), and the entries that cannot hold any.
+fn region_paths_named(
+    dir: &Path,
+    owner: fn(&str) -> Option<(&str, &str)>,
+) -> (Vec<RegionPath>, Vec<SkippedFile>) {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
-    let Ok(entries) = std::fs::read_dir(containers_dir) else {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return (out, skipped);
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some((uid, container)) = parse_container_dir(&name) else {
+        let Some((uid, container)) = owner(&name) else {
             continue;
         };
         // `file_type` does not follow symlinks: only real directories are entered.
@@ -216,7 +240,13 @@ pub struct FileId {
 
 /// Reads every region file under `containers_dir`. Never fails as a whole.
 pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
-    let (paths, mut skipped) = region_paths(containers_dir);
+    read_regions(region_paths(containers_dir))
+}
+
+/// Opens and parses the regions found by a directory walk.
+fn read_regions(
+    (paths, mut skipped): (Vec<RegionPath>, Vec<SkippedFile>),
+) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
     let mut out = Vec::new();
     for p in paths {
         match open_region(&p.path) {
@@ -934,8 +964,23 @@ mod tests {
     /// read a file outside the directory. Each is skipped with a reason.
     #[test]
     fn hostile_entries_are_skipped_without_following_blocking_or_growing() {
+        hostile_entries_are_skipped(scan, "uid1_main", "uid2_main");
+    }
+
+    /// A claim's directory is shared by every container using the claim, so it is read with
+    /// the same rules.
+    #[test]
+    fn hostile_entries_in_a_claims_directory_are_skipped_the_same_way() {
+        hostile_entries_are_skipped(scan_claims, "uid1", "uid2");
+    }
+
+    type Scan = fn(&Path) -> (Vec<VgpuSample>, Vec<SkippedFile>);
+
+    /// `dir_name`: a directory holding hostile entries; `linked_dir`: a directory that is a
+    /// symlink to the host's root.
+    fn hostile_entries_are_skipped(scan: Scan, dir_name: &str, linked_dir: &str) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let c = dir.path().join("uid1_main");
+        let c = dir.path().join(dir_name);
         std::fs::create_dir_all(&c).expect("mkdir");
         std::os::unix::fs::symlink("/dev/zero", c.join("zero.cache")).expect("symlink");
         std::os::unix::fs::symlink("/proc/1/root/etc/hostname", c.join("proc.cache"))
@@ -949,11 +994,12 @@ mod tests {
         let big = std::fs::File::create(c.join("big.cache")).expect("create");
         big.set_len(8 << 30).expect("set_len");
         // A hard link to a file outside the container's directory.
-        let outside = dir.path().join("secret");
+        let elsewhere = tempfile::tempdir().expect("tempdir");
+        let outside = elsewhere.path().join("secret");
         std::fs::write(&outside, b"secret").expect("write");
         std::fs::hard_link(&outside, c.join("link.cache")).expect("hard link");
         // A container directory that is a symlink (to the host's root).
-        std::os::unix::fs::symlink("/", dir.path().join("uid2_main")).expect("symlink");
+        std::os::unix::fs::symlink("/", dir.path().join(linked_dir)).expect("symlink");
 
         let (tx, rx) = std::sync::mpsc::channel();
         let root = dir.path().to_owned();
@@ -976,7 +1022,7 @@ mod tests {
         assert!(reason("fifo.cache").contains("not a regular file"));
         assert!(reason("big.cache").contains("too large"));
         assert!(reason("link.cache").contains("hard links"));
-        assert!(reason("uid2_main").contains("not a directory"));
+        assert!(reason(linked_dir).contains("not a directory"));
         assert_eq!(skipped.len(), 6, "{skipped:?}");
     }
 }

@@ -131,6 +131,29 @@ fn claim(name: &str, uid: &str) -> dra::Claim {
     }
 }
 
+/// A shim region as HAMi-core leaves it: one GPU with `limit` bytes and `cores` percent, one
+/// live process using `used` bytes.
+fn region(uuid: &str, limit: u64, cores: u64, used: u64) -> Vec<u8> {
+    use vgpu_region::{offset, slot};
+    let mut b = vec![0u8; vgpu_region::FILE_SIZE];
+    let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
+    put(offset::INITIALIZED_FLAG, &vgpu_region::MAGIC.to_ne_bytes());
+    put(offset::MAJOR_VERSION, &1u32.to_ne_bytes());
+    put(offset::MINOR_VERSION, &2u32.to_ne_bytes());
+    put(offset::DEVICE_NUM, &1u64.to_ne_bytes());
+    put(offset::UUIDS, uuid.as_bytes());
+    put(offset::LIMIT, &limit.to_ne_bytes());
+    put(offset::SM_LIMIT, &cores.to_ne_bytes());
+    put(offset::PROC_NUM, &1i32.to_ne_bytes());
+    put(offset::PROCS + slot::PID, &10i32.to_ne_bytes());
+    put(offset::PROCS + slot::STATUS, &1i32.to_ne_bytes());
+    put(
+        offset::PROCS + slot::USED + slot::MEM_TOTAL,
+        &used.to_ne_bytes(),
+    );
+    b
+}
+
 fn spec_env(root: &Path, uid: &str) -> Vec<String> {
     let spec: cdi::Spec =
         serde_json::from_slice(&std::fs::read(cdi::spec_path(&root.join("cdi"), uid)).unwrap())
@@ -267,6 +290,27 @@ async fn the_kubelet_registers_the_driver_and_prepares_each_claim_with_its_own_s
     ] {
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
+
+    // Each claim's usage, from the shim's region in the claim's directory (shared by every
+    // container using the claim), labelled with the claim: c0's process uses 64 MiB of its
+    // 100 MiB on GPU-0. A directory's junk is skipped, never fatal.
+    std::fs::write(
+        root.path().join("hook/vgpu/claims/uid-0/shim.cache"),
+        region("GPU-0", 100 << 20, 1, 64 << 20),
+    )
+    .unwrap();
+    std::fs::write(root.path().join("hook/vgpu/claims/uid-1/junk.cache"), b"x").unwrap();
+    plugin.driver.record_usage().await;
+    let metrics = plugin.driver.metrics().encode();
+    let labels = r#"{namespace="ml",claim="c0",vdevice_index="0",device_uuid="GPU-0"}"#;
+    for line in [
+        format!("tessera_dra_claim_memory_used_bytes{labels} 67108864.0"),
+        format!("tessera_dra_claim_memory_limit_bytes{labels} 104857600.0"),
+        format!("tessera_dra_claim_sm_limit_percent{labels} 1.0"),
+    ] {
+        assert!(metrics.contains(&line), "{line} missing from:\n{metrics}");
+    }
+    assert!(!metrics.contains(r#"claim="c1""#), "{metrics}");
     plugin.stop().await;
     assert!(
         !root

@@ -1107,6 +1107,24 @@ impl RealCluster {
         None
     }
 
+    /// `/metrics` of the DRA plugin on `node` (scraped at its pod's address, as Prometheus
+    /// scrapes it), or `None` while it does not answer.
+    pub async fn dra_plugin_metrics(&self, node: &str) -> Option<String> {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NAMESPACE);
+        let lp = ListParams::default()
+            .labels("app.kubernetes.io/component=dra-plugin")
+            .fields(&format!("spec.nodeName={node}"));
+        for p in pods.list(&lp).await.ok()?.items {
+            let Some(ip) = p.status.and_then(|s| s.pod_ip) else {
+                continue;
+            };
+            if let Some(m) = http_get_at(&ip, 9394, "/metrics").await {
+                return Some(m);
+            }
+        }
+        None
+    }
+
     /// The last lines of every log, for a failure message.
     pub fn logs_tail(&self, n: usize) -> String {
         crate::process::tail_all(&self.dir.join("logs"), n)

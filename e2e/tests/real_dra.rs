@@ -395,6 +395,47 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
     }
     assert_eq!(booked_mib, sizes.iter().map(|(m, _)| m).sum::<u64>());
 
+    // The plugin's usage monitor reads each claim's shim region (in the claim's directory) and
+    // shows an operator every claim with the limit its shim enforces.
+    let limit_lines = |metrics: &str| {
+        sizes
+            .iter()
+            .enumerate()
+            .filter(|(i, (mib, _))| {
+                let prefix =
+                    format!("tessera_dra_claim_memory_limit_bytes{{namespace=\"{TENANT}\",claim=\"share-{i}-");
+                let value = format!(" {}.0", mib * MIB);
+                metrics
+                    .lines()
+                    .any(|l| l.starts_with(&prefix) && l.ends_with(&value))
+            })
+            .count()
+    };
+    let last = std::sync::Mutex::new(String::new());
+    let shown = eventually(
+        "the DRA plugin's metrics show the ten claims' limits",
+        Duration::from_secs(90),
+        Duration::from_secs(2),
+        || async {
+            let m = c.dra_plugin_metrics("dra-node").await?;
+            let n = limit_lines(&m);
+            *last.lock().unwrap_or_else(|e| e.into_inner()) = m;
+            (n == sizes.len()).then_some(())
+        },
+    )
+    .await;
+    if let Err(e) = shown {
+        let last = last.lock().unwrap_or_else(|e| e.into_inner());
+        let claim_lines: Vec<&str> = last
+            .lines()
+            .filter(|l| l.starts_with("tessera_dra_claim_"))
+            .collect();
+        return Err(Error::msg(format!(
+            "{e}; its claim series:\n{}",
+            claim_lines.join("\n")
+        )));
+    }
+
     // 4. No over-booking: 28 GiB does not fit in the 26.25 GiB left; the pod waits.
     templates
         .create(&PostParams::default(), &share_template("big", 28672, 10))

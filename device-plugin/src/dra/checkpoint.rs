@@ -112,7 +112,8 @@ impl PreparedClaims {
         out
     }
 
-    fn claims_dir(&self) -> PathBuf {
+    /// `<hook>/vgpu/claims`: one directory per prepared claim (the shim's region and limits).
+    pub fn claims_dir(&self) -> PathBuf {
         PathBuf::from(self.settings.host_vgpu_dir()).join("claims")
     }
 

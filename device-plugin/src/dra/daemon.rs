@@ -97,6 +97,10 @@ pub struct DraCli {
     /// Seconds between looks for prepared claims whose ResourceClaim is gone.
     #[arg(long, env = "STALE_CLAIM_SECONDS", default_value_t = 60)]
     pub stale_claim_seconds: u64,
+    /// Seconds between reads of the prepared claims' shim regions into the
+    /// `tessera_dra_claim_*` usage metrics.
+    #[arg(long, env = "USAGE_MONITOR_SECONDS", default_value_t = 15)]
+    pub usage_monitor_seconds: u64,
     /// `--log-format`, `-v`/`--v` (klog verbosity) and `--debug`.
     #[command(flatten)]
     pub logging: LogArgs,
@@ -247,6 +251,14 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
             shutdown.clone(),
         ),
     );
+    spawn_task(
+        "claim-usage",
+        record_claim_usage(
+            driver.clone(),
+            Duration::from_secs(cli.usage_monitor_seconds.max(1)),
+            shutdown.clone(),
+        ),
+    );
     super::plugin::serve(
         driver,
         cli.plugin_dir.join("dra.sock"),
@@ -316,6 +328,16 @@ async fn publish_slices(
                     return;
                 }
             }
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+async fn record_claim_usage(driver: Arc<DraDriver>, period: Duration, shutdown: CancellationToken) {
+    loop {
+        driver.record_usage().await;
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
             _ = shutdown.cancelled() => return,
         }
     }

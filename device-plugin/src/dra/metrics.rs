@@ -1,8 +1,11 @@
-//! The DRA plugin's Prometheus metrics (`tessera_dra_plugin_*`): what an operator watches to see
-//! that claims get prepared, how fast, and which GPUs are offered. HAMi's DRA driver exports
-//! none, so there are no HAMi names to keep here.
+//! The DRA plugin's Prometheus metrics: what an operator watches to see that claims get prepared,
+//! how fast, and which GPUs are offered (`tessera_dra_plugin_*`), and what each claim uses of its
+//! share (`tessera_dra_claim_*`, from the shim's region in the claim's directory). HAMi's DRA
+//! driver exports none, so there are no HAMi names to keep here.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -11,7 +14,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::metrics::VgpuSample;
+
 type Labels = Vec<(String, String)>;
+type Values = Family<Labels, Gauge<f64, AtomicU64>>;
+
+/// Claim UID → (namespace, name) of the prepared claims.
+pub type ClaimNames = BTreeMap<String, (String, String)>;
 
 /// The plugin's metrics; clones share one registry.
 #[derive(Clone)]
@@ -24,6 +33,11 @@ pub struct DraMetrics {
     registrations: Counter,
     gpu_healthy: Family<Labels, Gauge>,
     slice_syncs: Family<Labels, Counter>,
+    claim_memory_used: Values,
+    claim_memory_limit: Values,
+    claim_sm_limit: Values,
+    claim_sm_util: Values,
+    claim_last_kernel: Values,
 }
 
 impl std::fmt::Debug for DraMetrics {
@@ -90,6 +104,31 @@ impl DraMetrics {
             "Checks of this node's ResourceSlice against the GPUs, by result",
             slice_syncs.clone(),
         );
+        let mut values = |name: &str, help: &str| {
+            let f = Values::default();
+            registry.register(name, help, f.clone());
+            f
+        };
+        let claim_memory_used = values(
+            "tessera_dra_claim_memory_used_bytes",
+            "GPU memory the claim's live processes use on the device (context, modules, buffers)",
+        );
+        let claim_memory_limit = values(
+            "tessera_dra_claim_memory_limit_bytes",
+            "The claim's memory limit on the device, as its shim enforces it",
+        );
+        let claim_sm_limit = values(
+            "tessera_dra_claim_sm_limit_percent",
+            "The claim's SM limit on the device in percent (0 or 100: none)",
+        );
+        let claim_sm_util = values(
+            "tessera_dra_claim_sm_utilization_percent",
+            "SM utilization of the claim's live processes on the device, summed, as the shim measures it",
+        );
+        let claim_last_kernel = values(
+            "tessera_dra_claim_last_kernel_elapsed_seconds",
+            "Seconds since the claim's last kernel launch (absent until one ran)",
+        );
         let build_info = Family::<Labels, Gauge>::default();
         build_info
             .get_or_create(&tessera_runtime::build_info_labels(env!(
@@ -110,6 +149,56 @@ impl DraMetrics {
             registrations,
             gpu_healthy,
             slice_syncs,
+            claim_memory_used,
+            claim_memory_limit,
+            claim_sm_limit,
+            claim_sm_util,
+            claim_last_kernel,
+        }
+    }
+
+    /// Replaces every per-claim series with `samples` (one per claim and device; `pod_uid` is
+    /// the claim's UID): claims that went away disappear. A sample whose claim is not in `names`
+    /// (prepared after the names were read) keeps its UID as the name. `now_unix_secs` dates
+    /// the last kernel.
+    pub fn set_claim_usage(&self, samples: &[VgpuSample], names: &ClaimNames, now_unix_secs: u64) {
+        for f in [
+            &self.claim_memory_used,
+            &self.claim_memory_limit,
+            &self.claim_sm_limit,
+            &self.claim_sm_util,
+            &self.claim_last_kernel,
+        ] {
+            f.clear();
+        }
+        for s in samples {
+            let (ns, name) = names
+                .get(&s.pod_uid)
+                .cloned()
+                .unwrap_or_else(|| (String::new(), s.pod_uid.clone()));
+            let labels = vec![
+                ("namespace".into(), ns),
+                ("claim".into(), name),
+                ("vdevice_index".into(), s.vdevice_index.to_string()),
+                ("device_uuid".into(), s.device_uuid.clone()),
+            ];
+            self.claim_memory_used
+                .get_or_create(&labels)
+                .set(s.memory_used_bytes as f64);
+            self.claim_memory_limit
+                .get_or_create(&labels)
+                .set(s.memory_limit_bytes as f64);
+            self.claim_sm_limit
+                .get_or_create(&labels)
+                .set(s.sm_limit as f64);
+            self.claim_sm_util
+                .get_or_create(&labels)
+                .set(s.sm_util as f64);
+            if s.last_kernel_time > 0 {
+                self.claim_last_kernel
+                    .get_or_create(&labels)
+                    .set(now_unix_secs.saturating_sub(s.last_kernel_time) as f64);
+            }
         }
     }
 
@@ -165,7 +254,28 @@ mod tests {
         m.registered();
         m.gpu_health("GPU-a", false);
         m.slice_sync(true);
+        let sample = |uid: &str, used: u64, last_kernel_time: u64| VgpuSample {
+            pod_uid: uid.into(),
+            container: String::new(),
+            vdevice_index: 0,
+            device_uuid: "GPU-a".into(),
+            memory_used_bytes: used,
+            memory_limit_bytes: 1 << 30,
+            context_bytes: 0,
+            module_bytes: 0,
+            buffer_bytes: 0,
+            sm_limit: 25,
+            sm_util: 12,
+            last_kernel_time,
+        };
+        let names = ClaimNames::from([("uid-1".into(), ("team".into(), "share".into()))]);
+        m.set_claim_usage(&[sample("uid-gone", 1, 0)], &names, 1000);
+        m.set_claim_usage(&[sample("uid-1", 512 << 20, 990)], &names, 1000);
         let text = m.encode();
+        assert!(
+            !text.contains("uid-gone"),
+            "a gone claim's series stayed:\n{text}"
+        );
         for line in [
             r#"tessera_dra_plugin_prepares_total{result="success"} 1"#,
             r#"tessera_dra_plugin_prepares_total{result="failure"} 1"#,
@@ -175,6 +285,11 @@ mod tests {
             r#"tessera_dra_plugin_gpu_healthy{device_uuid="GPU-a"} 0"#,
             r#"tessera_dra_plugin_resource_slice_syncs_total{result="success"} 1"#,
             "tessera_dra_plugin_prepare_duration_seconds_count 2",
+            r#"tessera_dra_claim_memory_used_bytes{namespace="team",claim="share",vdevice_index="0",device_uuid="GPU-a"} 536870912.0"#,
+            r#"tessera_dra_claim_memory_limit_bytes{namespace="team",claim="share",vdevice_index="0",device_uuid="GPU-a"} 1073741824.0"#,
+            r#"tessera_dra_claim_sm_limit_percent{namespace="team",claim="share",vdevice_index="0",device_uuid="GPU-a"} 25.0"#,
+            r#"tessera_dra_claim_sm_utilization_percent{namespace="team",claim="share",vdevice_index="0",device_uuid="GPU-a"} 12.0"#,
+            r#"tessera_dra_claim_last_kernel_elapsed_seconds{namespace="team",claim="share",vdevice_index="0",device_uuid="GPU-a"} 10.0"#,
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }

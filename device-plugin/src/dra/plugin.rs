@@ -25,10 +25,10 @@ use tracing::Instrument;
 use super::DRIVER;
 use super::checkpoint::{ClaimRef, PreparedClaims};
 use super::claim::claim_shares;
-use super::metrics::DraMetrics;
+use super::metrics::{ClaimNames, DraMetrics};
 use crate::edges::EdgeError;
 use crate::gpu::GpuInfo;
-use crate::kubelet::Readiness;
+use crate::metrics::Readiness;
 
 /// Reads ResourceClaims (the API server; tests: a map).
 pub trait ClaimSource: Send + Sync + 'static {
@@ -114,6 +114,41 @@ impl DraDriver {
     /// The UIDs of the prepared claims.
     pub async fn prepared_uids(&self) -> Vec<String> {
         self.prepared.lock().await.all().keys().cloned().collect()
+    }
+
+    /// One pass of the claims' usage monitor: each prepared claim's shim region (in its
+    /// directory, shared by every container using the claim) into the `tessera_dra_claim_*`
+    /// metrics. Files that cannot be read are logged and left out; they never stop the others.
+    pub async fn record_usage(&self) {
+        let (dir, names) = {
+            let prepared = self.prepared.lock().await;
+            let names: ClaimNames = prepared
+                .all()
+                .iter()
+                .map(|(uid, c)| (uid.clone(), (c.namespace.clone(), c.name.clone())))
+                .collect();
+            (prepared.claims_dir(), names)
+        };
+        // Blocking threads do not inherit the task's span; carry it over.
+        let span = tracing::Span::current();
+        let scanned = tokio::task::spawn_blocking(move || {
+            span.in_scope(|| crate::monitor::scan_claims(&dir))
+        })
+        .await;
+        let (samples, skipped) = match scanned {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %DisplayChain(&e), "the claims' region scan did not finish");
+                return;
+            }
+        };
+        for s in &skipped {
+            tracing::warn!(path = %s.path, reason = %DisplayChain(&s.reason), "claim region file skipped");
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.metrics.set_claim_usage(&samples, &names, now);
     }
 
     /// Prepares one claim: the devices for the kubelet's response, or why not.
