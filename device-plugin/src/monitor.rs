@@ -376,7 +376,27 @@ pub fn feedback_pass(
     clock: FeedbackClock,
     booked: &BTreeMap<String, BTreeSet<String>>,
 ) -> (Vec<FeedbackOutcome>, Vec<SkippedFile>) {
-    let (paths, mut skipped) = region_paths(containers_dir);
+    feedback_pass_over(region_paths(containers_dir), policy, clock, booked)
+}
+
+/// [`feedback_pass`] over the prepared DRA claims' regions ([`claim_region_paths`]): `booked`
+/// maps each claim's UID to the GPUs allocated to it. A claim's region is one container's in
+/// the decision: every container using the claim writes it.
+pub fn claims_feedback_pass(
+    claims_dir: &Path,
+    policy: CorePolicy,
+    clock: FeedbackClock,
+    booked: &BTreeMap<String, BTreeSet<String>>,
+) -> (Vec<FeedbackOutcome>, Vec<SkippedFile>) {
+    feedback_pass_over(claim_region_paths(claims_dir), policy, clock, booked)
+}
+
+fn feedback_pass_over(
+    (paths, mut skipped): (Vec<RegionPath>, Vec<SkippedFile>),
+    policy: CorePolicy,
+    clock: FeedbackClock,
+    booked: &BTreeMap<String, BTreeSet<String>>,
+) -> (Vec<FeedbackOutcome>, Vec<SkippedFile>) {
     let mut opened = Vec::with_capacity(paths.len());
     for p in paths {
         let opened_region = match booked.get(&p.pod_uid) {
@@ -599,31 +619,37 @@ impl VgpuFeedback {
         })
         .await
         .map_err(MonitorError::Feedback)?;
-        for s in &skipped {
-            tracing::debug!(path = %s.path, reason = %DisplayChain(&s.reason), "region file left out of the feedback");
-        }
-        for o in &outcomes {
-            let f = &o.feedback;
-            match &o.written {
-                Ok(true) => tracing::debug!(
-                    pod_uid = %o.region.pod_uid,
-                    container = %o.region.container,
-                    recent_kernel = f.recent_kernel,
-                    utilization_switch = f.utilization_switch,
-                    active = f.active,
-                    blocked = f.blocked,
-                    limited = f.limited,
-                    "feedback written"
-                ),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(
-                    path = %o.region.path.display(),
-                    error = %DisplayChain(e),
-                    "cannot write the feedback into a region file"
-                ),
-            }
-        }
+        log_feedback(&outcomes, &skipped);
         Ok(())
+    }
+}
+
+/// Logs a feedback pass: each write at debug, each failed write as a warning. Unreadable files
+/// are left at debug (the usage pass warns about them).
+pub fn log_feedback(outcomes: &[FeedbackOutcome], skipped: &[SkippedFile]) {
+    for s in skipped {
+        tracing::debug!(path = %s.path, reason = %DisplayChain(&s.reason), "region file left out of the feedback");
+    }
+    for o in outcomes {
+        let f = &o.feedback;
+        match &o.written {
+            Ok(true) => tracing::debug!(
+                owner = %o.region.pod_uid,
+                container = %o.region.container,
+                recent_kernel = f.recent_kernel,
+                utilization_switch = f.utilization_switch,
+                active = f.active,
+                blocked = f.blocked,
+                limited = f.limited,
+                "feedback written"
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                path = %o.region.path.display(),
+                error = %DisplayChain(e),
+                "cannot write the feedback into a region file"
+            ),
+        }
     }
 }
 

@@ -151,7 +151,24 @@ fn region(uuid: &str, limit: u64, cores: u64, used: u64) -> Vec<u8> {
         offset::PROCS + slot::USED + slot::MEM_TOTAL,
         &used.to_ne_bytes(),
     );
+    // As the shim initialises it: limited, and active for one period.
+    put(offset::UTILIZATION_SWITCH, &1i32.to_ne_bytes());
+    put(offset::RECENT_KERNEL, &2i32.to_ne_bytes());
+    put(offset::PRIORITY, &1i32.to_ne_bytes());
     b
+}
+
+/// A region's `(recent_kernel, utilization_switch)`.
+fn feedback_words(path: &Path) -> (i32, i32) {
+    let r = vgpu_region::RegionSnapshot::parse(&std::fs::read(path).unwrap()).unwrap();
+    (r.recent_kernel, r.utilization_switch)
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }
 
 fn spec_env(root: &Path, uid: &str) -> Vec<String> {
@@ -311,6 +328,36 @@ async fn the_kubelet_registers_the_driver_and_prepares_each_claim_with_its_own_s
         assert!(metrics.contains(&line), "{line} missing from:\n{metrics}");
     }
     assert!(!metrics.contains(r#"claim="c1""#), "{metrics}");
+
+    // The vGPU monitor's feedback over the claims' regions. c0 alone on GPU-0: its core limit
+    // is lifted (HAMi's default policy). A region of c1 (allocated GPU-1) naming GPU-0 does not
+    // count there: a claim cannot put another claim's limit back on.
+    let clock = || vgpu_region::feedback::FeedbackClock {
+        now_secs: now_secs(),
+        period_secs: 5,
+    };
+    let c0 = root.path().join("hook/vgpu/claims/uid-0/shim.cache");
+    std::fs::write(
+        root.path().join("hook/vgpu/claims/uid-1/shim.cache"),
+        region("GPU-0", 100 << 20, 2, 0),
+    )
+    .unwrap();
+    plugin.driver.feedback(clock()).await;
+    assert_eq!(feedback_words(&c0), (1, 0), "c0 alone is not limited");
+    // c2 starts on GPU-0 too: both limits are on from the next period.
+    let c2 = root.path().join("hook/vgpu/claims/uid-2/shim.cache");
+    let mut launching = std::fs::read(&c0).unwrap();
+    launching[vgpu_region::offset::LAST_KERNEL_TIME..][..8]
+        .copy_from_slice(&now_secs().to_ne_bytes());
+    std::fs::write(&c0, launching).unwrap();
+    std::fs::write(&c2, region("GPU-0", 102 << 20, 3, 0)).unwrap();
+    plugin.driver.feedback(clock()).await;
+    assert_eq!(feedback_words(&c0).1, 1, "c0 shares GPU-0 and is limited");
+    assert_eq!(
+        feedback_words(&c2),
+        (1, 1),
+        "c2 shares GPU-0 and is limited"
+    );
     plugin.stop().await;
     assert!(
         !root

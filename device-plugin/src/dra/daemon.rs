@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use tessera_runtime::{DisplayChain, LogArgs, spawn_task};
+use tessera_runtime::{DisplayChain, LogArgs, Schedule, spawn_periodic, spawn_task};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use vgpu_region::feedback::FeedbackClock;
 
 use super::DRIVER;
 use super::checkpoint::PreparedClaims;
@@ -101,6 +102,12 @@ pub struct DraCli {
     /// `tessera_dra_claim_*` usage metrics.
     #[arg(long, env = "USAGE_MONITOR_SECONDS", default_value_t = 15)]
     pub usage_monitor_seconds: u64,
+    /// Seconds between the vGPU monitor's feedback passes over the claims' regions (HAMi: 5):
+    /// a claim alone on its GPU runs without its core limit, claims sharing a GPU get theirs
+    /// back, a more important one (`CUDA_TASK_PRIORITY`) holds the others
+    /// (docs/design/sm-limiter.md). 0 turns it off: every core limit then stays on.
+    #[arg(long, env = "VGPU_FEEDBACK_PERIOD_SECONDS", default_value_t = vgpu_region::feedback::HAMI_PERIOD_SECS)]
+    pub vgpu_feedback_period_seconds: u64,
     /// `--log-format`, `-v`/`--v` (klog verbosity) and `--debug`.
     #[command(flatten)]
     pub logging: LogArgs,
@@ -243,22 +250,52 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
             shutdown.clone(),
         ),
     );
-    spawn_task(
+    let stale = driver.clone();
+    let stale_period = Duration::from_secs(cli.stale_claim_seconds.max(1));
+    spawn_periodic(
         "stale-claims",
-        remove_stale_claims(
-            driver.clone(),
-            Duration::from_secs(cli.stale_claim_seconds.max(1)),
-            shutdown.clone(),
-        ),
+        Schedule::every(stale_period).first_after(stale_period),
+        shutdown.clone(),
+        move || {
+            let driver = stale.clone();
+            async move {
+                driver.remove_stale().await;
+            }
+        },
     );
-    spawn_task(
+    let usage = driver.clone();
+    spawn_periodic(
         "claim-usage",
-        record_claim_usage(
-            driver.clone(),
-            Duration::from_secs(cli.usage_monitor_seconds.max(1)),
-            shutdown.clone(),
-        ),
+        Duration::from_secs(cli.usage_monitor_seconds.max(1)),
+        shutdown.clone(),
+        move || {
+            let driver = usage.clone();
+            async move { driver.record_usage().await }
+        },
     );
+    if cli.vgpu_feedback_period_seconds > 0 {
+        let feedback = driver.clone();
+        let period_secs = cli.vgpu_feedback_period_seconds;
+        spawn_periodic(
+            "vgpu-feedback",
+            Duration::from_secs(period_secs),
+            shutdown.clone(),
+            move || {
+                let driver = feedback.clone();
+                async move {
+                    let now_secs = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs());
+                    driver
+                        .feedback(FeedbackClock {
+                            now_secs,
+                            period_secs,
+                        })
+                        .await;
+                }
+            },
+        );
+    }
     super::plugin::serve(
         driver,
         cli.plugin_dir.join("dra.sock"),
@@ -330,30 +367,6 @@ async fn publish_slices(
             }
             _ = shutdown.cancelled() => return,
         }
-    }
-}
-
-async fn record_claim_usage(driver: Arc<DraDriver>, period: Duration, shutdown: CancellationToken) {
-    loop {
-        driver.record_usage().await;
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = shutdown.cancelled() => return,
-        }
-    }
-}
-
-async fn remove_stale_claims(
-    driver: Arc<DraDriver>,
-    period: Duration,
-    shutdown: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = shutdown.cancelled() => return,
-        }
-        driver.remove_stale().await;
     }
 }
 

@@ -7,6 +7,7 @@
 //! (one lock over the prepared claims). Every claim of a request gets an entry in the response,
 //! with an error text when it failed: the kubelet retries those.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,11 +22,13 @@ use tokio::net::UnixListener;
 use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use vgpu_region::feedback::{CorePolicy, FeedbackClock};
 
 use super::DRIVER;
 use super::checkpoint::{ClaimRef, PreparedClaims};
 use super::claim::claim_shares;
 use super::metrics::{ClaimNames, DraMetrics};
+use super::slice::device_name;
 use crate::edges::EdgeError;
 use crate::gpu::GpuInfo;
 use crate::metrics::Readiness;
@@ -149,6 +152,47 @@ impl DraDriver {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         self.metrics.set_claim_usage(&samples, &names, now);
+    }
+
+    /// One period of the vGPU monitor's feedback over the prepared claims' regions
+    /// ([`crate::monitor::claims_feedback_pass`]): a claim alone on its GPU runs without its
+    /// core limit, claims that share a GPU get theirs back, and a more important claim
+    /// (`CUDA_TASK_PRIORITY`) holds the others' launches. The claims' shims run HAMi's default
+    /// core policy.
+    pub async fn feedback(&self, clock: FeedbackClock) {
+        let (dir, booked) = {
+            let prepared = self.prepared.lock().await;
+            let booked: BTreeMap<String, BTreeSet<String>> = prepared
+                .all()
+                .iter()
+                .map(|(uid, c)| {
+                    let uuids = self
+                        .gpus
+                        .iter()
+                        .filter(|g| {
+                            let name = device_name(g.index);
+                            c.devices.iter().any(|d| d.device == name)
+                        })
+                        .map(|g| g.uuid.clone())
+                        .collect();
+                    (uid.clone(), uuids)
+                })
+                .collect();
+            (prepared.claims_dir(), booked)
+        };
+        let span = tracing::Span::current();
+        let passed = tokio::task::spawn_blocking(move || {
+            span.in_scope(|| {
+                crate::monitor::claims_feedback_pass(&dir, CorePolicy::Default, clock, &booked)
+            })
+        })
+        .await;
+        match passed {
+            Ok((outcomes, skipped)) => crate::monitor::log_feedback(&outcomes, &skipped),
+            Err(e) => {
+                tracing::warn!(error = %DisplayChain(&e), "the claims' feedback pass did not finish")
+            }
+        }
     }
 
     /// Prepares one claim: the devices for the kubelet's response, or why not.
