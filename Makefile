@@ -42,10 +42,15 @@ build:
 
 # Scenarios on the real control plane (e2e/control-plane.sh builds it once, kubelet and
 # kube-controller-manager included), on harness nodes and on real nodes (kubelet + containerd,
-# which e2e/node-tools.sh installs from Debian's packages once; root). One cluster at a time:
-# two cores cannot host several apiservers.
+# which e2e/node-tools.sh installs from Debian's packages once; root; containerd v2 for the DRA
+# nodes, e2e/containerd-v2.sh). The Go builds run here, before the tests: a test builds what is
+# missing inside its network namespace, where the module proxy cannot be reached, and the demo
+# test gives the cluster five minutes, not the 20 a cold build takes. One cluster at a time: two
+# cores cannot host several apiservers.
 e2e: build
 	./e2e/node-tools.sh >/dev/null
+	./e2e/control-plane.sh >/dev/null
+	./e2e/containerd-v2.sh >/dev/null
 	cargo test --locked -p tessera-e2e -- --test-threads=1
 
 # Helm lint/template/kubeconform on the chart; builds pinned helm and kubeconform with Go into

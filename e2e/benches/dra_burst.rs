@@ -207,6 +207,8 @@ fn main() -> Result<()> {
     let pods = if quick { 12 } else { 50 };
     let rounds = if quick { 1 } else { 2 };
     let csv = Csv::open("dra_burst");
+    // Built from its Go module on first use, outside the test's network namespace.
+    real::containerd_v2()?;
     real::run(2, move |net| async move {
         let c = RealCluster::start(
             net,

@@ -577,6 +577,9 @@ pub fn main(pods_file: &Path, once: bool) -> Result<()> {
                 use tokio::signal::unix::{SignalKind, signal};
                 let mut int = signal(SignalKind::interrupt())?;
                 let mut term = signal(SignalKind::terminate())?;
+                // Built from Go modules on first use: before the namespace, where the module
+                // proxy is out of reach.
+                crate::artifacts::artifacts()?;
                 let net = ClusterNetwork::enter(nodes)?;
                 // Dropping the demo's future (on a signal) drops the cluster, which stops and
                 // removes everything it started.

@@ -252,11 +252,16 @@ impl Drop for RealCluster {
 
 /// Runs `body` as a real-node test: on a thread of its own in a fresh network namespace, with a
 /// current-thread runtime (every socket and child process is made in that namespace).
+///
+/// The control plane is found (or built from its Go modules, on a machine that never built it)
+/// first, outside the namespace: inside it the Go module proxy cannot be reached. A test whose
+/// nodes run containerd v2 calls [`containerd_v2`] before this, for the same reason.
 pub fn run<F, Fut>(nodes: usize, body: F) -> Result<()>
 where
     F: FnOnce(ClusterNetwork) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<()>>,
 {
+    artifacts()?;
     std::thread::spawn(move || {
         let net = ClusterNetwork::enter(nodes)?;
         tokio::runtime::Builder::new_current_thread()

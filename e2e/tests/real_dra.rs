@@ -202,6 +202,8 @@ async fn node_slice(c: &RealCluster, node: &str, devices: usize) -> Result<Resou
 
 #[test]
 fn real_nodes_dra_claims_share_a_gpu_with_enforced_limits() -> Result<()> {
+    // Built from its Go module on first use, outside the test's network namespace.
+    real::containerd_v2()?;
     real::run(2, |net| async move {
         let c = RealCluster::start(
             net,

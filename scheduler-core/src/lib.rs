@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod decide;
+pub mod dra;
 pub mod extender;
 pub mod facts;
 pub mod fit;

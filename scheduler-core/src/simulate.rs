@@ -8,21 +8,14 @@ use serde::Deserialize;
 
 use crate::config::DecisionConfig;
 use crate::decide::{self, Verdict};
+use crate::dra::{DraObjects, DraState};
 use crate::podspec::{self, pod_key};
 use crate::quota::QuotaKeys;
 use crate::state::{ClusterState, NodeRecord};
 
-/// What simulate says of a pod that uses ResourceClaims: kube-scheduler allocates claims from
-/// the DRA driver's ResourceSlices, not the extender, and simulate does not model that yet.
-pub const DRA_NOT_SIMULATED: &str = "the pod uses ResourceClaims (DRA): kube-scheduler allocates them from the gpu.tessera.dev ResourceSlices, which simulate does not model yet (docs/dra.md)";
-
-/// The DRA kinds simulate reads past, saying why.
-const DRA_KINDS: &[&str] = &[
-    "ResourceClaim",
-    "ResourceClaimTemplate",
-    "DeviceClass",
-    "ResourceSlice",
-];
+/// What simulate says of a pod that uses ResourceClaims and also asks for Tessera's extended
+/// resources.
+pub const MIXED_DRA_AND_EXTENDER: &str = "the pod uses ResourceClaims and also asks for GPU resources of the device plugin; simulate models one or the other per pod";
 
 /// Why a simulate input could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +44,9 @@ pub struct Input {
     /// Pods to place, in file order.
     pub pending: Vec<Pod>,
     pub quotas: Vec<ResourceQuota>,
+    /// ResourceSlices, ResourceClaims, ResourceClaimTemplates and DeviceClasses, for the pods
+    /// that use claims ([`crate::dra`]).
+    pub dra: DraObjects,
     /// Kinds that were skipped (reported on stderr by the CLI).
     pub ignored: Vec<String>,
 }
@@ -79,6 +75,12 @@ impl Input {
     /// Reads multi-document YAML (or JSON); a `List` (`v1 List`, `NodeList`, …) is unpacked.
     pub fn parse(text: &str) -> Result<Self, SimulateError> {
         let mut input = Input::default();
+        input.add_text(text)?;
+        Ok(input)
+    }
+
+    /// Adds the objects of another file (documents are numbered within each file).
+    pub fn add_text(&mut self, text: &str) -> Result<(), SimulateError> {
         for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
             let doc_no = i + 1;
             let value =
@@ -95,9 +97,9 @@ impl Input {
                 name: String::new(),
                 problem: e.to_string(),
             })?;
-            input.add(doc_no, json)?;
+            self.add(doc_no, json)?;
         }
-        Ok(input)
+        Ok(())
     }
 
     fn add(&mut self, doc: usize, v: serde_json::Value) -> Result<(), SimulateError> {
@@ -133,10 +135,22 @@ impl Input {
                 .quotas
                 .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
             "" => return Err(err("object has no kind".to_owned())),
-            dra if DRA_KINDS.contains(&dra) => self.ignored.push(format!(
-                "{dra} {} (DRA objects are not simulated yet: docs/dra.md)",
-                object_name(&v)
-            )),
+            "ResourceSlice" => self
+                .dra
+                .slices
+                .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
+            "ResourceClaim" => self
+                .dra
+                .claims
+                .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
+            "ResourceClaimTemplate" => self
+                .dra
+                .templates
+                .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
+            "DeviceClass" => self
+                .dra
+                .classes
+                .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
             other => self.ignored.push(format!("{other} {}", object_name(&v))),
         }
         Ok(())
@@ -159,6 +173,9 @@ pub struct PodResult {
     /// which profiles are free there.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub mig: BTreeMap<String, Vec<String>>,
+    /// What simulate did not evaluate for this pod (DRA: CEL selectors, …).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Why the MIG GPUs of the nodes that refused `pod` with `CardMigTopologyInfeasible` did: the
@@ -280,6 +297,11 @@ fn with_uid(pod: &Pod) -> Pod {
     p
 }
 
+/// What simulate leaves out of `input`, and why (objects it cannot use as given).
+pub fn input_warnings(input: &Input) -> Vec<String> {
+    DraState::new(&input.dra).warnings
+}
+
 /// Places every pending pod in file order; each placement books capacity for the next.
 pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
     let mut state = ClusterState::new();
@@ -301,6 +323,7 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
         }
         state.upsert_quota(&q, &keys);
     }
+    let mut dra = DraState::new(&input.dra);
     let mut out = Vec::new();
     for (tick, pod) in input.pending.iter().enumerate() {
         let pod = with_uid(pod);
@@ -312,6 +335,7 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
             reasons: BTreeMap::new(),
             error: None,
             mig: BTreeMap::new(),
+            notes: Vec::new(),
         };
         let uses_claims = pod
             .spec
@@ -319,7 +343,16 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
             .and_then(|s| s.resource_claims.as_ref())
             .is_some_and(|c| !c.is_empty());
         if uses_claims {
-            result.error = Some(DRA_NOT_SIMULATED.to_owned());
+            if !podspec::pod_ask(&pod, &cfg.nvidia).0.is_empty() {
+                result.error = Some(MIXED_DRA_AND_EXTENDER.to_owned());
+            } else {
+                let placed = dra.place(&pod);
+                result.node = placed.node;
+                result.devices = placed.devices.join("; ");
+                result.reasons = placed.reasons;
+                result.notes = placed.notes;
+                result.error = placed.error;
+            }
             out.push(result);
             continue;
         }

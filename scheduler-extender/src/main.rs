@@ -63,9 +63,11 @@ impl PolicyArgs {
 enum Command {
     /// Place the pending pods of a file offline and print one JSON line per pod.
     Simulate {
-        /// Multi-document YAML (or a v1 List): Nodes, running Pods, ResourceQuotas, pending Pods.
-        #[arg(short = 'f', long = "file")]
-        file: PathBuf,
+        /// Multi-document YAML (or a v1 List): Nodes, running Pods, ResourceQuotas, pending Pods;
+        /// for pods that use claims, ResourceSlices, ResourceClaims, ResourceClaimTemplates and
+        /// DeviceClasses. Repeat to read several files, in order.
+        #[arg(short = 'f', long = "file", required = true)]
+        file: Vec<PathBuf>,
         #[command(flatten)]
         policy: PolicyArgs,
     },
@@ -88,12 +90,19 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Simulate { file, policy } => {
             let cfg = policy.decision_config()?;
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("reading {}", file.display()))?;
-            let input = tessera_scheduler_core::simulate::Input::parse(&text)
-                .with_context(|| format!("parsing {}", file.display()))?;
+            let mut input = tessera_scheduler_core::simulate::Input::default();
+            for file in &file {
+                let text = std::fs::read_to_string(file)
+                    .with_context(|| format!("reading {}", file.display()))?;
+                input
+                    .add_text(&text)
+                    .with_context(|| format!("parsing {}", file.display()))?;
+            }
             for skipped in &input.ignored {
                 tracing::warn!(object = %skipped, "ignoring object of a kind simulate does not use");
+            }
+            for problem in tessera_scheduler_core::simulate::input_warnings(&input) {
+                tracing::warn!(%problem, "simulate leaves part of the input out");
             }
             let mut out = std::io::stdout().lock();
             for line in tessera_scheduler_core::simulate::run(&input, &cfg) {
