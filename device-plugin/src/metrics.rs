@@ -81,14 +81,8 @@ pub struct PluginMetrics {
     host_memory_used: Family<Labels, Gauge<f64, AtomicU64>>,
     host_utilization: Family<Labels, Gauge<f64, AtomicU64>>,
     host_memory_controller: Family<Labels, Gauge<f64, AtomicU64>>,
-    vgpu_used: Family<Labels, Gauge<f64, AtomicU64>>,
-    vgpu_limit: Family<Labels, Gauge<f64, AtomicU64>>,
-    vgpu_context: Family<Labels, Gauge<f64, AtomicU64>>,
-    vgpu_module: Family<Labels, Gauge<f64, AtomicU64>>,
-    vgpu_buffer: Family<Labels, Gauge<f64, AtomicU64>>,
-    container_memory: Family<Labels, Gauge<f64, AtomicU64>>,
-    container_utilization: Family<Labels, Gauge<f64, AtomicU64>>,
-    container_last_kernel: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// `hami_vgpu_*` and `hami_container_*`: one series per (container, device).
+    vgpu: SampleSeries,
     mig_device: Family<Labels, Gauge<f64, AtomicU64>>,
     legacy: Option<Legacy>,
 }
@@ -202,38 +196,64 @@ impl PluginMetrics {
             registry.register(name, help, f.clone());
             f
         };
-        let vgpu_used = vgpu(
-            "hami_vgpu_memory_used_bytes",
-            "Device memory used by a container (shim accounting)",
-        );
-        let vgpu_limit = vgpu(
-            "hami_vgpu_memory_limit_bytes",
-            "Device memory limit of a container",
-        );
-        let vgpu_context = vgpu(
-            "hami_vgpu_memory_context_bytes",
-            "CUDA context memory of a container",
-        );
-        let vgpu_module = vgpu(
-            "hami_vgpu_memory_module_bytes",
-            "CUDA module memory of a container",
-        );
-        let vgpu_buffer = vgpu(
-            "hami_vgpu_memory_buffer_bytes",
-            "Buffer (data) memory of a container",
-        );
-        let container_memory = vgpu(
-            "hami_container_device_memory_bytes",
-            "Device memory used by a container (shim accounting; as hami_vgpu_memory_used_bytes)",
-        );
-        let container_utilization = vgpu(
-            "hami_container_device_utilization_ratio",
-            "SM utilization of a container's processes on the device (0-100, as the shim measures it)",
-        );
-        let container_last_kernel = vgpu(
-            "hami_container_last_kernel_elapsed_seconds",
-            "Seconds since the container last launched a kernel (absent before its first)",
-        );
+        let vgpu_series = SampleSeries(vec![
+            (
+                vgpu(
+                    "hami_vgpu_memory_used_bytes",
+                    "Device memory used by a container (shim accounting)",
+                ),
+                sample::memory_used,
+            ),
+            (
+                vgpu(
+                    "hami_vgpu_memory_limit_bytes",
+                    "Device memory limit of a container",
+                ),
+                sample::memory_limit,
+            ),
+            (
+                vgpu(
+                    "hami_vgpu_memory_context_bytes",
+                    "CUDA context memory of a container",
+                ),
+                |s, _| Some(s.context_bytes as f64),
+            ),
+            (
+                vgpu(
+                    "hami_vgpu_memory_module_bytes",
+                    "CUDA module memory of a container",
+                ),
+                |s, _| Some(s.module_bytes as f64),
+            ),
+            (
+                vgpu(
+                    "hami_vgpu_memory_buffer_bytes",
+                    "Buffer (data) memory of a container",
+                ),
+                |s, _| Some(s.buffer_bytes as f64),
+            ),
+            (
+                vgpu(
+                    "hami_container_device_memory_bytes",
+                    "Device memory used by a container (shim accounting; as hami_vgpu_memory_used_bytes)",
+                ),
+                sample::memory_used,
+            ),
+            (
+                vgpu(
+                    "hami_container_device_utilization_ratio",
+                    "SM utilization of a container's processes on the device (0-100, as the shim measures it)",
+                ),
+                sample::sm_util,
+            ),
+            (
+                vgpu(
+                    "hami_container_last_kernel_elapsed_seconds",
+                    "Seconds since the container last launched a kernel (absent before its first)",
+                ),
+                sample::last_kernel_elapsed,
+            ),
+        ]);
         let mig_device = vgpu(
             "hami_mig_device_info",
             "MIG runtime identity for a container allocation",
@@ -271,14 +291,7 @@ impl PluginMetrics {
         });
         PluginMetrics {
             registry: Arc::new(registry),
-            vgpu_used,
-            vgpu_limit,
-            vgpu_context,
-            vgpu_module,
-            vgpu_buffer,
-            container_memory,
-            container_utilization,
-            container_last_kernel,
+            vgpu: vgpu_series,
             mig_device,
             legacy,
             allocate_seconds,
@@ -430,18 +443,7 @@ impl PluginMetrics {
     /// Samples of pods not in `names` are labelled with the pod UID as name and an empty namespace.
     /// `now_unix_secs` dates `hami_container_last_kernel_elapsed_seconds`.
     pub fn set_vgpu(&self, samples: &[VgpuSample], names: &PodNames, now_unix_secs: u64) {
-        for f in [
-            &self.vgpu_used,
-            &self.vgpu_limit,
-            &self.vgpu_context,
-            &self.vgpu_module,
-            &self.vgpu_buffer,
-            &self.container_memory,
-            &self.container_utilization,
-            &self.container_last_kernel,
-        ] {
-            f.clear();
-        }
+        self.vgpu.clear();
         if let Some(l) = &self.legacy {
             for f in [
                 &l.vgpu_used,
@@ -465,33 +467,8 @@ impl PluginMetrics {
                 ("vdevice_index".into(), s.vdevice_index.to_string()),
                 ("device_uuid".into(), s.device_uuid.clone()),
             ];
-            self.vgpu_used
-                .get_or_create(&labels)
-                .set(s.memory_used_bytes as f64);
-            self.vgpu_limit
-                .get_or_create(&labels)
-                .set(s.memory_limit_bytes as f64);
-            self.vgpu_context
-                .get_or_create(&labels)
-                .set(s.context_bytes as f64);
-            self.vgpu_module
-                .get_or_create(&labels)
-                .set(s.module_bytes as f64);
-            self.vgpu_buffer
-                .get_or_create(&labels)
-                .set(s.buffer_bytes as f64);
-            self.container_memory
-                .get_or_create(&labels)
-                .set(s.memory_used_bytes as f64);
-            self.container_utilization
-                .get_or_create(&labels)
-                .set(s.sm_util as f64);
-            // HAMi: only once a kernel ran; never negative (a clock behind the shim's).
-            let elapsed = (s.last_kernel_time > 0)
-                .then(|| now_unix_secs.saturating_sub(s.last_kernel_time) as f64);
-            if let Some(e) = elapsed {
-                self.container_last_kernel.get_or_create(&labels).set(e);
-            }
+            self.vgpu.set(&labels, s, now_unix_secs);
+            let elapsed = sample::last_kernel_elapsed(s, now_unix_secs);
             if let Some(l) = &self.legacy {
                 // HAMi's legacy label names, same order.
                 let legacy_names = [
@@ -547,6 +524,60 @@ impl PluginMetrics {
             out.clear();
         }
         out
+    }
+}
+
+/// Gauges of `f64` values, one series per label set.
+pub(crate) type Values = Family<Labels, Gauge<f64, AtomicU64>>;
+
+/// One value of a usage sample at a time (Unix seconds); `None` leaves the series out.
+pub(crate) type SampleValue = fn(&VgpuSample, u64) -> Option<f64>;
+
+/// The families that show usage samples, each with the value it shows: replaced whole on every
+/// pass, so the series of containers (or claims) that went away disappear.
+#[derive(Clone)]
+pub(crate) struct SampleSeries(pub(crate) Vec<(Values, SampleValue)>);
+
+impl SampleSeries {
+    pub(crate) fn clear(&self) {
+        for (family, _) in &self.0 {
+            family.clear();
+        }
+    }
+
+    /// Sets every family's series for `labels` from `sample`.
+    pub(crate) fn set(&self, labels: &Labels, sample: &VgpuSample, now_unix_secs: u64) {
+        for (family, value) in &self.0 {
+            if let Some(v) = value(sample, now_unix_secs) {
+                family.get_or_create(labels).set(v);
+            }
+        }
+    }
+}
+
+/// The values of a usage sample the families show.
+pub(crate) mod sample {
+    use super::VgpuSample;
+
+    pub(crate) fn memory_used(s: &VgpuSample, _: u64) -> Option<f64> {
+        Some(s.memory_used_bytes as f64)
+    }
+
+    pub(crate) fn memory_limit(s: &VgpuSample, _: u64) -> Option<f64> {
+        Some(s.memory_limit_bytes as f64)
+    }
+
+    pub(crate) fn sm_util(s: &VgpuSample, _: u64) -> Option<f64> {
+        Some(s.sm_util as f64)
+    }
+
+    pub(crate) fn sm_limit(s: &VgpuSample, _: u64) -> Option<f64> {
+        Some(s.sm_limit as f64)
+    }
+
+    /// HAMi: only once a kernel ran; never negative (a clock behind the shim's).
+    pub(crate) fn last_kernel_elapsed(s: &VgpuSample, now_unix_secs: u64) -> Option<f64> {
+        (s.last_kernel_time > 0).then(|| now_unix_secs.saturating_sub(s.last_kernel_time) as f64)
     }
 }
 

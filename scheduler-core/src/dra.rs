@@ -675,6 +675,31 @@ impl DraState {
     }
 }
 
+/// The two attribute constraints.
+#[derive(Debug, Clone, Copy)]
+enum Rule {
+    Match,
+    Distinct,
+}
+
+impl Rule {
+    fn field(self) -> &'static str {
+        match self {
+            Rule::Match => "matchAttribute",
+            Rule::Distinct => "distinctAttribute",
+        }
+    }
+
+    fn refusal(self, attr: &str) -> String {
+        match self {
+            Rule::Match => format!("no devices with the same {attr} have room (matchAttribute)"),
+            Rule::Distinct => {
+                format!("not enough devices with distinct {attr} have room (distinctAttribute)")
+            }
+        }
+    }
+}
+
 struct Search<'a> {
     state: &'a DraState,
     on_node: &'a [usize],
@@ -801,45 +826,33 @@ impl Search<'_> {
                 .iter()
                 .filter(|t| applies(c, &t.request, &parent_of(t)))
                 .map(|t| &self.state.devices[t.device]);
-            if let Some(attr) = &c.match_attribute {
-                let attr = qualified(attr);
+            let checks = [
+                (c.match_attribute.as_ref(), Rule::Match),
+                (c.distinct_attribute.as_ref(), Rule::Distinct),
+            ];
+            for (attr, rule) in checks {
+                let Some(attr) = attr.map(|a| qualified(a)) else {
+                    continue;
+                };
                 let Some(mine) = device.attributes.get(&attr) else {
                     self.refused(format!(
-                        "request {}: {} has no attribute {attr} (matchAttribute)",
+                        "request {}: {} has no attribute {attr} ({})",
                         ask.name,
-                        device.label()
+                        device.label(),
+                        rule.field()
                     ));
                     return false;
                 };
-                if others
-                    .clone()
-                    .any(|o| o.attributes.get(&attr) != Some(mine))
-                {
-                    self.refused(format!(
-                        "request {}: no devices with the same {attr} have room (matchAttribute)",
-                        ask.name
-                    ));
-                    return false;
-                }
-            }
-            if let Some(attr) = &c.distinct_attribute {
-                let attr = qualified(attr);
-                let Some(mine) = device.attributes.get(&attr) else {
-                    self.refused(format!(
-                        "request {}: {} has no attribute {attr} (distinctAttribute)",
-                        ask.name,
-                        device.label()
-                    ));
-                    return false;
+                let broken = match rule {
+                    Rule::Match => others
+                        .clone()
+                        .any(|o| o.attributes.get(&attr) != Some(mine)),
+                    Rule::Distinct => others
+                        .clone()
+                        .any(|o| o.attributes.get(&attr) == Some(mine)),
                 };
-                if others
-                    .clone()
-                    .any(|o| o.attributes.get(&attr) == Some(mine))
-                {
-                    self.refused(format!(
-                        "request {}: not enough devices with distinct {attr} have room (distinctAttribute)",
-                        ask.name
-                    ));
+                if broken {
+                    self.refused(format!("request {}: {}", ask.name, rule.refusal(&attr)));
                     return false;
                 }
             }

@@ -60,6 +60,14 @@ fn object_name(v: &serde_json::Value) -> String {
     }
 }
 
+/// An object of the input as its Kubernetes type.
+fn typed<T: serde::de::DeserializeOwned>(
+    v: &serde_json::Value,
+    err: impl Fn(String) -> SimulateError,
+) -> Result<T, SimulateError> {
+    serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))
+}
+
 fn is_placed(pod: &Pod) -> bool {
     let annotations = pod.metadata.annotations.as_ref();
     let has = |k: &str| annotations.is_some_and(|a| a.contains_key(k));
@@ -117,11 +125,9 @@ impl Input {
                     self.add(doc, item)?;
                 }
             }
-            "Node" => self
-                .nodes
-                .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
+            "Node" => self.nodes.push(typed(&v, err)?),
             "Pod" => {
-                let pod: Pod = serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?;
+                let pod: Pod = typed(&v, err)?;
                 if pod.metadata.name.is_none() {
                     return Err(err("metadata.name is required".to_owned()));
                 }
@@ -131,26 +137,12 @@ impl Input {
                     self.pending.push(pod);
                 }
             }
-            "ResourceQuota" => self
-                .quotas
-                .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
+            "ResourceQuota" => self.quotas.push(typed(&v, err)?),
             "" => return Err(err("object has no kind".to_owned())),
-            "ResourceSlice" => self
-                .dra
-                .slices
-                .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
-            "ResourceClaim" => self
-                .dra
-                .claims
-                .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
-            "ResourceClaimTemplate" => self
-                .dra
-                .templates
-                .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
-            "DeviceClass" => self
-                .dra
-                .classes
-                .push(serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))?),
+            "ResourceSlice" => self.dra.slices.push(typed(&v, err)?),
+            "ResourceClaim" => self.dra.claims.push(typed(&v, err)?),
+            "ResourceClaimTemplate" => self.dra.templates.push(typed(&v, err)?),
+            "DeviceClass" => self.dra.classes.push(typed(&v, err)?),
             other => self.ignored.push(format!("{other} {}", object_name(&v))),
         }
         Ok(())

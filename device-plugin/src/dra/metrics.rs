@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -14,10 +13,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::metrics::VgpuSample;
+use crate::metrics::{SampleSeries, Values, VgpuSample, sample};
 
 type Labels = Vec<(String, String)>;
-type Values = Family<Labels, Gauge<f64, AtomicU64>>;
 
 /// Claim UID → (namespace, name) of the prepared claims.
 pub type ClaimNames = BTreeMap<String, (String, String)>;
@@ -33,11 +31,8 @@ pub struct DraMetrics {
     registrations: Counter,
     gpu_healthy: Family<Labels, Gauge>,
     slice_syncs: Family<Labels, Counter>,
-    claim_memory_used: Values,
-    claim_memory_limit: Values,
-    claim_sm_limit: Values,
-    claim_sm_util: Values,
-    claim_last_kernel: Values,
+    /// `tessera_dra_claim_*`: one series per (claim, device).
+    claim_usage: SampleSeries,
 }
 
 impl std::fmt::Debug for DraMetrics {
@@ -109,26 +104,43 @@ impl DraMetrics {
             registry.register(name, help, f.clone());
             f
         };
-        let claim_memory_used = values(
-            "tessera_dra_claim_memory_used_bytes",
-            "GPU memory the claim's live processes use on the device (context, modules, buffers)",
-        );
-        let claim_memory_limit = values(
-            "tessera_dra_claim_memory_limit_bytes",
-            "The claim's memory limit on the device, as its shim enforces it",
-        );
-        let claim_sm_limit = values(
-            "tessera_dra_claim_sm_limit_percent",
-            "The claim's SM limit on the device in percent (0 or 100: none)",
-        );
-        let claim_sm_util = values(
-            "tessera_dra_claim_sm_utilization_percent",
-            "SM utilization of the claim's live processes on the device, summed, as the shim measures it",
-        );
-        let claim_last_kernel = values(
-            "tessera_dra_claim_last_kernel_elapsed_seconds",
-            "Seconds since the claim's last kernel launch (absent until one ran)",
-        );
+        let claim_usage = SampleSeries(vec![
+            (
+                values(
+                    "tessera_dra_claim_memory_used_bytes",
+                    "GPU memory the claim's live processes use on the device (context, modules, buffers)",
+                ),
+                sample::memory_used,
+            ),
+            (
+                values(
+                    "tessera_dra_claim_memory_limit_bytes",
+                    "The claim's memory limit on the device, as its shim enforces it",
+                ),
+                sample::memory_limit,
+            ),
+            (
+                values(
+                    "tessera_dra_claim_sm_limit_percent",
+                    "The claim's SM limit on the device in percent (0 or 100: none)",
+                ),
+                sample::sm_limit,
+            ),
+            (
+                values(
+                    "tessera_dra_claim_sm_utilization_percent",
+                    "SM utilization of the claim's live processes on the device, summed, as the shim measures it",
+                ),
+                sample::sm_util,
+            ),
+            (
+                values(
+                    "tessera_dra_claim_last_kernel_elapsed_seconds",
+                    "Seconds since the claim's last kernel launch (absent until one ran)",
+                ),
+                sample::last_kernel_elapsed,
+            ),
+        ]);
         let build_info = Family::<Labels, Gauge>::default();
         build_info
             .get_or_create(&tessera_runtime::build_info_labels(env!(
@@ -149,11 +161,7 @@ impl DraMetrics {
             registrations,
             gpu_healthy,
             slice_syncs,
-            claim_memory_used,
-            claim_memory_limit,
-            claim_sm_limit,
-            claim_sm_util,
-            claim_last_kernel,
+            claim_usage,
         }
     }
 
@@ -162,15 +170,7 @@ impl DraMetrics {
     /// (prepared after the names were read) keeps its UID as the name. `now_unix_secs` dates
     /// the last kernel.
     pub fn set_claim_usage(&self, samples: &[VgpuSample], names: &ClaimNames, now_unix_secs: u64) {
-        for f in [
-            &self.claim_memory_used,
-            &self.claim_memory_limit,
-            &self.claim_sm_limit,
-            &self.claim_sm_util,
-            &self.claim_last_kernel,
-        ] {
-            f.clear();
-        }
+        self.claim_usage.clear();
         for s in samples {
             let (ns, name) = names
                 .get(&s.pod_uid)
@@ -182,23 +182,7 @@ impl DraMetrics {
                 ("vdevice_index".into(), s.vdevice_index.to_string()),
                 ("device_uuid".into(), s.device_uuid.clone()),
             ];
-            self.claim_memory_used
-                .get_or_create(&labels)
-                .set(s.memory_used_bytes as f64);
-            self.claim_memory_limit
-                .get_or_create(&labels)
-                .set(s.memory_limit_bytes as f64);
-            self.claim_sm_limit
-                .get_or_create(&labels)
-                .set(s.sm_limit as f64);
-            self.claim_sm_util
-                .get_or_create(&labels)
-                .set(s.sm_util as f64);
-            if s.last_kernel_time > 0 {
-                self.claim_last_kernel
-                    .get_or_create(&labels)
-                    .set(now_unix_secs.saturating_sub(s.last_kernel_time) as f64);
-            }
+            self.claim_usage.set(&labels, s, now_unix_secs);
         }
     }
 
