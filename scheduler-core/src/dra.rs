@@ -381,6 +381,12 @@ impl DraState {
             if let Some(name) = &pc.resource_claim_name {
                 let k = key(Some(ns), Some(name));
                 if let Some(node) = self.allocated.get(&k) {
+                    if let Some((other, elsewhere)) = pinned.as_ref().filter(|(_, n)| n != node) {
+                        out.error = Some(format!(
+                            "claim {k} is allocated on {node} and claim {other} on {elsewhere}: no node has both"
+                        ));
+                        return out;
+                    }
                     pinned = Some((k, node.clone()));
                     continue;
                 }

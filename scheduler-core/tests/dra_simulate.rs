@@ -165,6 +165,7 @@ fn allocated_claims_count_and_a_named_claim_is_allocated_once_for_every_pod_usin
             "third",
             &[("gpu", "claim:team-gpu"), ("more", "template:more")],
         ),
+        pod("fourth", &[("gpu", "claim:team-gpu"), ("old", "claim:old")]),
         share("more", "30Gi", "10"),
     ]);
     let first = result(&r, "first");
@@ -175,6 +176,13 @@ fn allocated_claims_count_and_a_named_claim_is_allocated_once_for_every_pod_usin
     assert_eq!(second.node.as_deref(), Some("b-node"));
     assert_eq!(second.devices, "");
     // The third must go where the claim is, and b-node has 20 GiB left.
+    // Two claims allocated on different nodes: nowhere.
+    assert_eq!(
+        result(&r, "fourth").error.as_deref(),
+        Some(
+            "claim ml/old is allocated on a-node and claim ml/team-gpu on b-node: no node has both"
+        )
+    );
     let third = result(&r, "third");
     assert_eq!(third.node, None);
     assert_eq!(
