@@ -35,6 +35,19 @@ pub fn build_info_labels(version: &str) -> Vec<(String, String)> {
     ]
 }
 
+/// Registers `hami_build_info` (constant 1, [`build_info_labels`]) in `registry`.
+pub fn register_build_info(registry: &mut prometheus_client::registry::Registry, version: &str) {
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    let build_info = Family::<Vec<(String, String)>, Gauge>::default();
+    build_info.get_or_create(&build_info_labels(version)).set(1);
+    registry.register(
+        "hami_build_info",
+        "Build metadata as labels, constant 1",
+        build_info,
+    );
+}
+
 /// Go's name for the architecture (HAMi's `platform` is `runtime.GOOS/GOARCH`).
 fn go_arch(rust: &str) -> &str {
     match rust {

@@ -6,7 +6,7 @@
 //! - [`task`]: named background and periodic tasks, each in a `tracing` span named after it,
 //!   stopping on shutdown and logging failures with their whole error chain;
 //! - [`DisplayChain`]: an error and its causes on one line, for logs;
-//! - [`build_info_labels`]: the labels of HAMi's `hami_build_info` gauge.
+//! - [`build_info_labels`], [`register_build_info`]: HAMi's `hami_build_info` gauge.
 
 pub mod build_info;
 pub mod chain;
@@ -14,11 +14,13 @@ pub mod logging;
 pub mod shutdown;
 pub mod task;
 
-pub use build_info::build_info_labels;
+pub use build_info::{build_info_labels, register_build_info};
 pub use chain::DisplayChain;
 pub use logging::{LogArgs, LogFormat, LoggingError, Verbosity};
 pub use shutdown::{
     ShutdownSignal, cancel_on_signals, shutdown_on_signals, wait_for_shutdown_signal,
 };
-pub use task::{Schedule, TaskOutcome, spawn_periodic, spawn_task, task_span};
+pub use task::{
+    Schedule, TaskOutcome, spawn_blocking_in_span, spawn_periodic, spawn_task, task_span,
+};
 pub use tokio_util::sync::CancellationToken;

@@ -19,6 +19,18 @@ pub fn task_span(name: &'static str) -> tracing::Span {
     tracing::info_span!("task", name = %name)
 }
 
+/// Runs blocking `work` (file walks, `NVML`) on tokio's blocking pool inside the caller's span:
+/// blocking threads do not inherit it, and what `work` logs should still say which task it
+/// belongs to.
+pub fn spawn_blocking_in_span<T, F>(work: F) -> JoinHandle<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(work))
+}
+
 /// What a task or one run of a periodic task returns: `()` (cannot fail) or `Result<(), E>`.
 pub trait TaskOutcome {
     /// The error, when this run failed.

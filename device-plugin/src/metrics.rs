@@ -120,82 +120,68 @@ impl PluginMetrics {
     /// `legacy`: also export HAMi's pre-v2.9 names (`HostGPUMemoryUsage`, …).
     pub fn with_legacy_names(legacy: bool) -> Self {
         let mut registry = Registry::default();
-        let allocate_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
-        registry.register(
+        let allocate_seconds = registered(
+            &mut registry,
             "tessera_device_plugin_allocate_duration_seconds",
             "Time to answer a kubelet Allocate call",
-            allocate_seconds.clone(),
+            Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
         );
-        let allocations = Family::<Labels, Counter>::default();
-        registry.register(
+        let allocations = registered(
+            &mut registry,
             "tessera_device_plugin_allocations",
             "Allocate calls by result (success, failure)",
-            allocations.clone(),
+            Family::<Labels, Counter>::default(),
         );
-        let identity = Family::<Labels, Counter>::default();
-        registry.register(
+        let identity = registered(
+            &mut registry,
             "tessera_device_plugin_identity_choices",
             "How Allocate identified the pod (continuing, elimination, hami_lock, unique, oldest_of_class, reask)",
-            identity.clone(),
+            Family::<Labels, Counter>::default(),
         );
-        let registrations = Counter::default();
-        registry.register(
+        let registrations = registered(
+            &mut registry,
             "tessera_device_plugin_kubelet_registrations",
             "Successful registrations with the kubelet",
-            registrations.clone(),
+            Counter::default(),
         );
-        let gpu_healthy = Family::<Labels, Gauge>::default();
-        registry.register(
+        let gpu_healthy = registered(
+            &mut registry,
             "tessera_device_plugin_gpu_healthy",
             "1 when the GPU is healthy, 0 when its replicas are reported unhealthy",
-            gpu_healthy.clone(),
+            Family::<Labels, Gauge>::default(),
         );
-        let plugin_conflicts = Family::<Labels, Gauge>::default();
-        registry.register(
+        let plugin_conflicts = registered(
+            &mut registry,
             "tessera_device_plugin_conflict",
             "1 while another device plugin is seen serving this node's GPUs (kind: socket_replaced, same_gpus, plugin_pod; source: the socket or pod); a replaced socket stays 1 until the plugin restarts",
-            plugin_conflicts.clone(),
+            Family::<Labels, Gauge>::default(),
         );
-        let annotation_patches = Family::<Labels, Counter>::default();
-        registry.register(
+        let annotation_patches = registered(
+            &mut registry,
             "tessera_device_plugin_node_annotation_patches",
             "Node register annotation patches by result",
-            annotation_patches.clone(),
+            Family::<Labels, Counter>::default(),
         );
-        let host_memory_used = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        registry.register(
+        let host_memory_used = registered(
+            &mut registry,
             "hami_host_gpu_memory_used_bytes",
             "GPU device memory used on the host",
-            host_memory_used.clone(),
+            Family::<Labels, Gauge<f64, AtomicU64>>::default(),
         );
-        let host_utilization = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        registry.register(
+        let host_utilization = registered(
+            &mut registry,
             "hami_host_gpu_utilization_ratio",
             "GPU core utilization on the host (0-100)",
-            host_utilization.clone(),
+            Family::<Labels, Gauge<f64, AtomicU64>>::default(),
         );
-        let host_memory_controller = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        registry.register(
+        let host_memory_controller = registered(
+            &mut registry,
             "hami_host_gpu_memory_controller_utilization_ratio",
             "GPU memory controller utilization on the host (0-100)",
-            host_memory_controller.clone(),
+            Family::<Labels, Gauge<f64, AtomicU64>>::default(),
         );
-        let build_info = Family::<Labels, Gauge>::default();
-        build_info
-            .get_or_create(&tessera_runtime::build_info_labels(env!(
-                "CARGO_PKG_VERSION"
-            )))
-            .set(1);
-        registry.register(
-            "hami_build_info",
-            "Build metadata as labels, constant 1",
-            build_info,
-        );
-        let mut vgpu = |name: &str, help: &str| {
-            let f = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-            registry.register(name, help, f.clone());
-            f
-        };
+        tessera_runtime::register_build_info(&mut registry, env!("CARGO_PKG_VERSION"));
+        let mut vgpu = |name: &str, help: &str| register_values(&mut registry, name, help);
         let vgpu_series = SampleSeries(vec![
             (
                 vgpu(
@@ -309,10 +295,7 @@ impl PluginMetrics {
 
     pub fn observe_allocate(&self, took: Duration, ok: bool) {
         self.allocate_seconds.observe(took.as_secs_f64());
-        let result = if ok { "success" } else { "failure" };
-        self.allocations
-            .get_or_create(&vec![("result".into(), result.into())])
-            .inc();
+        self.allocations.get_or_create(&result_labels(ok)).inc();
     }
 
     pub fn identity_choice(&self, reason: &str) {
@@ -345,9 +328,8 @@ impl PluginMetrics {
     }
 
     pub fn annotation_patch(&self, ok: bool) {
-        let result = if ok { "success" } else { "failure" };
         self.annotation_patches
-            .get_or_create(&vec![("result".into(), result.into())])
+            .get_or_create(&result_labels(ok))
             .inc();
     }
 
@@ -519,16 +501,46 @@ impl PluginMetrics {
 
     /// Text exposition format.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
-            out.clear();
-        }
-        out
+        encode_text(&self.registry)
     }
 }
 
 /// Gauges of `f64` values, one series per label set.
 pub(crate) type Values = Family<Labels, Gauge<f64, AtomicU64>>;
+
+/// `metric`, registered as `name` (the registry keeps a handle to the same values).
+pub(crate) fn registered<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// A family of `f64` gauges registered as `name`.
+pub(crate) fn register_values(registry: &mut Registry, name: &str, help: &str) -> Values {
+    registered(registry, name, help, Values::default())
+}
+
+/// `result="success"` or `result="failure"`.
+pub(crate) fn result_labels(ok: bool) -> Labels {
+    vec![(
+        "result".into(),
+        if ok { "success" } else { "failure" }.into(),
+    )]
+}
+
+/// A registry in the text exposition format (empty if it cannot be written, which a `String`
+/// never refuses).
+pub(crate) fn encode_text(registry: &Registry) -> String {
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
+        out.clear();
+    }
+    out
+}
 
 /// One value of a usage sample at a time (Unix seconds); `None` leaves the series out.
 pub(crate) type SampleValue = fn(&VgpuSample, u64) -> Option<f64>;

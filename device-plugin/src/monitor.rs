@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_runtime::DisplayChain;
+use tessera_runtime::{DisplayChain, spawn_blocking_in_span};
 use vgpu_region::feedback::{ContainerView, CorePolicy, Feedback, FeedbackClock};
 use vgpu_region::{MAX_DEVICES, RegionSnapshot};
 
@@ -524,10 +524,8 @@ pub enum MonitorError {
 impl VgpuMonitor {
     /// One pass. Files and directories that cannot be read or removed are logged and skipped.
     pub async fn pass(&self) -> Result<(), MonitorError> {
-        // Blocking threads do not inherit the task's span; carry it over.
-        let span = tracing::Span::current();
         let dir = self.containers_dir.clone();
-        let (samples, skipped) = tokio::task::spawn_blocking(move || span.in_scope(|| scan(&dir)))
+        let (samples, skipped) = spawn_blocking_in_span(move || scan(&dir))
             .await
             .map_err(MonitorError::Scan)?;
         for s in &skipped {
@@ -557,12 +555,10 @@ impl VgpuMonitor {
             .collect();
         let dir = self.containers_dir.clone();
         let grace = self.orphan_grace;
-        let span = tracing::Span::current();
-        let removed = tokio::task::spawn_blocking(move || {
-            span.in_scope(|| remove_stale_container_dirs(&dir, &live, grace))
-        })
-        .await
-        .map_err(MonitorError::Removal)?;
+        let removed =
+            spawn_blocking_in_span(move || remove_stale_container_dirs(&dir, &live, grace))
+                .await
+                .map_err(MonitorError::Removal)?;
         for (name, r) in removed {
             match r {
                 Ok(()) => tracing::info!(dir = %name, "removed a gone pod's container directory"),
@@ -610,15 +606,13 @@ impl VgpuFeedback {
             now_secs,
             period_secs: self.period.as_secs().max(1),
         };
-        let span = tracing::Span::current();
         let dir = self.containers_dir.clone();
         let policy = self.policy;
         let booked = booked_gpus(&self.pods.cached());
-        let (outcomes, skipped) = tokio::task::spawn_blocking(move || {
-            span.in_scope(|| feedback_pass(&dir, policy, clock, &booked))
-        })
-        .await
-        .map_err(MonitorError::Feedback)?;
+        let (outcomes, skipped) =
+            spawn_blocking_in_span(move || feedback_pass(&dir, policy, clock, &booked))
+                .await
+                .map_err(MonitorError::Feedback)?;
         log_feedback(&outcomes, &skipped);
         Ok(())
     }

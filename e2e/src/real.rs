@@ -1097,33 +1097,37 @@ impl RealCluster {
     /// The leading tessera-scheduler's `/metrics` (scraped at its pod's address, as Prometheus
     /// scrapes it), or `None` while no scheduler pod answers.
     pub async fn scheduler_metrics(&self) -> Option<String> {
-        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NAMESPACE);
         let lp = ListParams::default().labels("app.kubernetes.io/component=scheduler");
-        for p in pods.list(&lp).await.ok()?.items {
-            let Some(ip) = p.status.and_then(|s| s.pod_ip) else {
-                continue;
-            };
-            if let Some(m) = http_get_at(&ip, 9395, "/metrics").await
-                && m.lines().any(|l| l.trim() == "tessera_scheduler_leader 1")
-            {
-                return Some(m);
-            }
-        }
-        None
+        self.pod_metrics(lp, 9395, |m| {
+            m.lines().any(|l| l.trim() == "tessera_scheduler_leader 1")
+        })
+        .await
     }
 
-    /// `/metrics` of the DRA plugin on `node` (scraped at its pod's address, as Prometheus
-    /// scrapes it), or `None` while it does not answer.
+    /// `/metrics` of the DRA plugin on `node`, or `None` while it does not answer.
     pub async fn dra_plugin_metrics(&self, node: &str) -> Option<String> {
-        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NAMESPACE);
         let lp = ListParams::default()
             .labels("app.kubernetes.io/component=dra-plugin")
             .fields(&format!("spec.nodeName={node}"));
+        self.pod_metrics(lp, 9394, |_| true).await
+    }
+
+    /// The first `/metrics` on `port` of the chart's pods selected by `lp` that `wanted`
+    /// accepts, scraped at the pod's address.
+    async fn pod_metrics(
+        &self,
+        lp: ListParams,
+        port: u16,
+        wanted: impl Fn(&str) -> bool,
+    ) -> Option<String> {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NAMESPACE);
         for p in pods.list(&lp).await.ok()?.items {
             let Some(ip) = p.status.and_then(|s| s.pod_ip) else {
                 continue;
             };
-            if let Some(m) = http_get_at(&ip, 9394, "/metrics").await {
+            if let Some(m) = http_get_at(&ip, port, "/metrics").await
+                && wanted(&m)
+            {
                 return Some(m);
             }
         }

@@ -134,7 +134,7 @@ struct ClaimAsk {
 }
 
 /// The devices of every node and what is allocated on them.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct DraState {
     devices: Vec<DeviceState>,
     /// Claims allocated (input, or by an earlier simulated pod): `namespace/name` → node.
@@ -336,10 +336,10 @@ impl DraState {
             .and_then(|d| d.results.as_ref());
         let Some(results) = results else { return };
         for r in results.iter().filter(|r| r.driver == DRIVER) {
-            let Some(d) = self
+            let Some(device) = self
                 .devices
-                .iter_mut()
-                .find(|d| d.pool == r.pool && d.name == r.device)
+                .iter()
+                .position(|d| d.pool == r.pool && d.name == r.device)
             else {
                 self.warnings.push(format!(
                     "claim {claim_key}: device {}/{} is in no ResourceSlice of the input",
@@ -347,14 +347,33 @@ impl DraState {
                 ));
                 continue;
             };
-            d.allocations += 1;
-            for (name, q) in r.consumed_capacity.iter().flatten() {
-                let name = name.strip_prefix(&format!("{DRIVER}/")).unwrap_or(name);
-                if let (Some(c), Some(v)) = (d.capacity.get_mut(name), whole(q)) {
-                    c.free = c.free.saturating_sub(v);
-                }
+            let consumed = r
+                .consumed_capacity
+                .iter()
+                .flatten()
+                .filter_map(|(name, q)| {
+                    let name = name.strip_prefix(&format!("{DRIVER}/")).unwrap_or(name);
+                    Some((name.to_owned(), whole(q)?))
+                })
+                .collect();
+            self.book(&Taken {
+                request: r.request.clone(),
+                device,
+                consumed,
+            });
+            self.allocated
+                .insert(claim_key.to_owned(), self.devices[device].node.clone());
+        }
+    }
+
+    /// Counts one result against its device.
+    fn book(&mut self, t: &Taken) {
+        let d = &mut self.devices[t.device];
+        d.allocations += 1;
+        for (name, v) in &t.consumed {
+            if let Some(c) = d.capacity.get_mut(name) {
+                c.free = c.free.saturating_sub(*v);
             }
-            self.allocated.insert(claim_key.to_owned(), d.node.clone());
         }
     }
 
@@ -455,40 +474,31 @@ impl DraState {
             return out;
         }
         for node in nodes {
-            let mut trial = self.clone();
-            let mut lines = Vec::new();
+            // The results of the pod's claims so far on this node: booked only if all fit.
+            let mut earlier: Vec<Taken> = Vec::new();
             let mut failed = None;
             for ClaimAsk {
                 pod_claim,
-                claim_key,
                 requests,
                 constraints,
+                ..
             } in &asks
             {
-                match trial.allocate_on(&node, requests, constraints) {
+                match self.allocate_on(&node, requests, constraints, &earlier) {
                     Ok(taken) => {
                         for t in &taken {
-                            let d = &mut trial.devices[t.device];
-                            d.allocations += 1;
-                            for (name, v) in &t.consumed {
-                                if let Some(c) = d.capacity.get_mut(name) {
-                                    c.free = c.free.saturating_sub(*v);
-                                }
-                            }
                             let took = if t.consumed.is_empty() {
                                 "(the whole device)".to_owned()
                             } else {
                                 capacity_text(&t.consumed)
                             };
-                            lines.push(format!(
+                            out.devices.push(format!(
                                 "claim {pod_claim}, request {}: {} {took}",
                                 t.request,
-                                d.label(),
+                                self.devices[t.device].label(),
                             ));
                         }
-                        if let Some(k) = claim_key {
-                            trial.allocated.insert(k.clone(), node.clone());
-                        }
+                        earlier.extend(taken);
                     }
                     Err(why) => {
                         failed = Some(format!("claim {pod_claim}: {why}"));
@@ -496,17 +506,19 @@ impl DraState {
                     }
                 }
             }
-            match failed {
-                Some(why) => {
-                    out.reasons.insert(node, why);
-                }
-                None => {
-                    *self = trial;
-                    out.node = Some(node);
-                    out.devices = lines;
-                    return out;
-                }
+            if let Some(why) = failed {
+                out.devices.clear();
+                out.reasons.insert(node, why);
+                continue;
             }
+            for t in &earlier {
+                self.book(t);
+            }
+            for k in asks.iter().filter_map(|a| a.claim_key.as_ref()) {
+                self.allocated.insert(k.clone(), node.clone());
+            }
+            out.node = Some(node);
+            return out;
         }
         if let Some((k, node)) = pinned {
             out.reasons
@@ -601,16 +613,23 @@ impl DraState {
         Ok(out)
     }
 
-    /// What serving `ask` on device `i` would consume, given what this claim already took.
-    fn fits(&self, i: usize, ask: &Ask, taken: &[Taken]) -> Result<BTreeMap<String, i128>, String> {
+    /// What serving `ask` on device `i` would consume, given what the pod's earlier claims and
+    /// this claim already took.
+    fn fits(
+        &self,
+        i: usize,
+        ask: &Ask,
+        earlier: &[Taken],
+        taken: &[Taken],
+    ) -> Result<BTreeMap<String, i128>, String> {
+        let on_device = || earlier.iter().chain(taken).filter(move |t| t.device == i);
         let d = &self.devices[i];
         for k in ask.capacity.keys() {
             if !d.capacity.contains_key(k) {
                 return Err(format!("{} has no capacity {k}", d.label()));
             }
         }
-        let mine = taken.iter().filter(|t| t.device == i).count();
-        if !d.multiple && d.allocations + mine > 0 {
+        if !d.multiple && d.allocations + on_device().count() > 0 {
             return Err(format!("{} is allocated whole", d.label()));
         }
         let mut consumed = BTreeMap::new();
@@ -629,9 +648,7 @@ impl DraState {
                     asked.unwrap_or_default()
                 ));
             };
-            let already = taken
-                .iter()
-                .filter(|t| t.device == i)
+            let already = on_device()
                 .filter_map(|t| t.consumed.get(name))
                 .fold(0i128, |a, b| a.saturating_add(*b));
             let free = c.free.saturating_sub(already);
@@ -655,6 +672,7 @@ impl DraState {
         node: &str,
         requests: &[Vec<Ask>],
         constraints: &[DeviceConstraint],
+        earlier: &[Taken],
     ) -> Result<Vec<Taken>, String> {
         let on_node: Vec<usize> = (0..self.devices.len())
             .filter(|&i| self.devices[i].node == node)
@@ -662,6 +680,7 @@ impl DraState {
         let mut search = Search {
             state: self,
             on_node: &on_node,
+            earlier,
             constraints,
             budget: SEARCH_BUDGET,
             why: Vec::new(),
@@ -709,6 +728,9 @@ impl Rule {
 struct Search<'a> {
     state: &'a DraState,
     on_node: &'a [usize],
+    /// Results of the pod's earlier claims on this node (capacity only: constraints are per
+    /// claim).
+    earlier: &'a [Taken],
     constraints: &'a [DeviceConstraint],
     budget: usize,
     /// The refusals seen, for the reason (the first few, each once).
@@ -762,7 +784,7 @@ impl Search<'_> {
                 return false;
             }
             for &i in self.on_node {
-                match self.state.fits(i, ask, taken) {
+                match self.state.fits(i, ask, self.earlier, taken) {
                     Ok(consumed) if self.allowed(i, ask, taken) => taken.push(Taken {
                         request: ask.name.clone(),
                         device: i,
@@ -792,7 +814,7 @@ impl Search<'_> {
                 return false;
             }
             self.budget -= 1;
-            let consumed = match self.state.fits(i, ask, taken) {
+            let consumed = match self.state.fits(i, ask, self.earlier, taken) {
                 Ok(c) => c,
                 Err(e) => {
                     self.refused(format!("request {}: {e}", ask.name));

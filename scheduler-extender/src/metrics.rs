@@ -137,17 +137,7 @@ impl Metrics {
     /// Renders the text exposition format; state gauges come from `snap`.
     pub fn render(&self, snap: &MetricsSnapshot) -> String {
         let mut reg = Registry::default();
-        let build_info = Family::<Labels, Gauge>::default();
-        build_info
-            .get_or_create(&tessera_runtime::build_info_labels(env!(
-                "CARGO_PKG_VERSION"
-            )))
-            .set(1);
-        reg.register(
-            "hami_build_info",
-            "Build metadata as labels, constant 1",
-            build_info,
-        );
+        tessera_runtime::register_build_info(&mut reg, env!("CARGO_PKG_VERSION"));
         reg.register(
             "tessera_filter_duration_seconds",
             "Latency of /filter",

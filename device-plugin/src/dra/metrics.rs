@@ -13,7 +13,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::metrics::{SampleSeries, Values, VgpuSample, sample};
+use crate::metrics::{
+    SampleSeries, VgpuSample, encode_text, register_values, registered, result_labels, sample,
+};
 
 type Labels = Vec<(String, String)>;
 
@@ -47,63 +49,52 @@ impl Default for DraMetrics {
     }
 }
 
-fn result_label(ok: bool) -> Labels {
-    vec![(
-        "result".into(),
-        if ok { "success" } else { "failure" }.into(),
-    )]
-}
-
 impl DraMetrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let prepare_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
-        registry.register(
+        let prepare_seconds = registered(
+            &mut registry,
             "tessera_dra_plugin_prepare_duration_seconds",
             "Time to prepare one claim (reading it, writing its CDI spec), including claims already prepared",
-            prepare_seconds.clone(),
+            Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
         );
-        let prepares = Family::<Labels, Counter>::default();
-        registry.register(
+        let prepares = registered(
+            &mut registry,
             "tessera_dra_plugin_prepares",
             "Claims prepared for the kubelet, by result (success, failure)",
-            prepares.clone(),
+            Family::<Labels, Counter>::default(),
         );
-        let unprepares = Family::<Labels, Counter>::default();
-        registry.register(
+        let unprepares = registered(
+            &mut registry,
             "tessera_dra_plugin_unprepares",
             "Claims unprepared (by the kubelet or the stale-claim sweep), by result",
-            unprepares.clone(),
+            Family::<Labels, Counter>::default(),
         );
-        let prepared_claims = Gauge::default();
-        registry.register(
+        let prepared_claims = registered(
+            &mut registry,
             "tessera_dra_plugin_prepared_claims",
             "Claims prepared on this node now (their CDI specs)",
-            prepared_claims.clone(),
+            Gauge::default(),
         );
-        let registrations = Counter::default();
-        registry.register(
+        let registrations = registered(
+            &mut registry,
             "tessera_dra_plugin_kubelet_registrations",
             "Successful registrations with the kubelet",
-            registrations.clone(),
+            Counter::default(),
         );
-        let gpu_healthy = Family::<Labels, Gauge>::default();
-        registry.register(
+        let gpu_healthy = registered(
+            &mut registry,
             "tessera_dra_plugin_gpu_healthy",
             "1 when the GPU is healthy and offered in the ResourceSlice, 0 while it is left out",
-            gpu_healthy.clone(),
+            Family::<Labels, Gauge>::default(),
         );
-        let slice_syncs = Family::<Labels, Counter>::default();
-        registry.register(
+        let slice_syncs = registered(
+            &mut registry,
             "tessera_dra_plugin_resource_slice_syncs",
             "Checks of this node's ResourceSlice against the GPUs, by result",
-            slice_syncs.clone(),
+            Family::<Labels, Counter>::default(),
         );
-        let mut values = |name: &str, help: &str| {
-            let f = Values::default();
-            registry.register(name, help, f.clone());
-            f
-        };
+        let mut values = |name: &str, help: &str| register_values(&mut registry, name, help);
         let claim_usage = SampleSeries(vec![
             (
                 values(
@@ -141,17 +132,7 @@ impl DraMetrics {
                 sample::last_kernel_elapsed,
             ),
         ]);
-        let build_info = Family::<Labels, Gauge>::default();
-        build_info
-            .get_or_create(&tessera_runtime::build_info_labels(env!(
-                "CARGO_PKG_VERSION"
-            )))
-            .set(1);
-        registry.register(
-            "hami_build_info",
-            "Build metadata as labels, constant 1",
-            build_info,
-        );
+        tessera_runtime::register_build_info(&mut registry, env!("CARGO_PKG_VERSION"));
         DraMetrics {
             registry: Arc::new(registry),
             prepare_seconds,
@@ -188,11 +169,11 @@ impl DraMetrics {
 
     pub fn observe_prepare(&self, took: Duration, ok: bool) {
         self.prepare_seconds.observe(took.as_secs_f64());
-        self.prepares.get_or_create(&result_label(ok)).inc();
+        self.prepares.get_or_create(&result_labels(ok)).inc();
     }
 
     pub fn observe_unprepare(&self, ok: bool) {
-        self.unprepares.get_or_create(&result_label(ok)).inc();
+        self.unprepares.get_or_create(&result_labels(ok)).inc();
     }
 
     pub fn set_prepared_claims(&self, n: usize) {
@@ -211,16 +192,12 @@ impl DraMetrics {
     }
 
     pub fn slice_sync(&self, ok: bool) {
-        self.slice_syncs.get_or_create(&result_label(ok)).inc();
+        self.slice_syncs.get_or_create(&result_labels(ok)).inc();
     }
 
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
-            out.clear();
-        }
-        out
+        encode_text(&self.registry)
     }
 }
 

@@ -16,7 +16,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::dra::v1 as dra;
 use kubelet_proto::pluginregistration as reg;
-use tessera_runtime::{DisplayChain, task_span};
+use tessera_runtime::{DisplayChain, spawn_blocking_in_span, task_span};
 use tokio::io::DuplexStream;
 use tokio::net::UnixListener;
 use tokio::sync::{Mutex, Notify};
@@ -132,12 +132,7 @@ impl DraDriver {
                 .collect();
             (prepared.claims_dir(), names)
         };
-        // Blocking threads do not inherit the task's span; carry it over.
-        let span = tracing::Span::current();
-        let scanned = tokio::task::spawn_blocking(move || {
-            span.in_scope(|| crate::monitor::scan_claims(&dir))
-        })
-        .await;
+        let scanned = spawn_blocking_in_span(move || crate::monitor::scan_claims(&dir)).await;
         let (samples, skipped) = match scanned {
             Ok(s) => s,
             Err(e) => {
@@ -180,11 +175,8 @@ impl DraDriver {
                 .collect();
             (prepared.claims_dir(), booked)
         };
-        let span = tracing::Span::current();
-        let passed = tokio::task::spawn_blocking(move || {
-            span.in_scope(|| {
-                crate::monitor::claims_feedback_pass(&dir, CorePolicy::Default, clock, &booked)
-            })
+        let passed = spawn_blocking_in_span(move || {
+            crate::monitor::claims_feedback_pass(&dir, CorePolicy::Default, clock, &booked)
         })
         .await;
         match passed {
