@@ -94,6 +94,16 @@ pub struct Cli {
     /// (needs a CDI-enabled runtime with NVIDIA's CDI spec generated on the node).
     #[arg(long, env = "CDI_DEVICES")]
     pub cdi_devices: bool,
+    /// How GPUs are named to the NVIDIA container runtime (HAMi's and NVIDIA's
+    /// `deviceListStrategy`): `envvar` (`NVIDIA_VISIBLE_DEVICES=<UUIDs>`) or `volume-mounts`
+    /// (`/dev/null` mounts under /var/run/nvidia-container-devices, which a runtime that ignores
+    /// the variable in unprivileged containers still reads; docs/security.md, "Node runtime").
+    #[arg(long, env = "DEVICE_LIST_STRATEGY", default_value = "envvar")]
+    pub device_list_strategy: crate::nvidia_runtime::DeviceListStrategy,
+    /// The node's NVIDIA container runtime configuration, read at start to report a runtime that
+    /// would give any container the GPUs its own environment names.
+    #[arg(long, env = "NVIDIA_RUNTIME_CONFIG", default_value = crate::nvidia_runtime::DEFAULT_CONFIG_PATH)]
+    pub nvidia_runtime_config: std::path::PathBuf,
     /// Opt-in: also publish the memory and cores resources (e.g. nvidia.com/gpumem in MiB,
     /// nvidia.com/gpucores in percent) as node capacity, totals over the registered GPUs (HAMi
     /// #2839). With them in allocatable the kubelet admits those requests against the totals.

@@ -8,6 +8,10 @@ use std::collections::BTreeMap;
 use hami_contract::config::GpuCorePolicy;
 use hami_contract::devices::ContainerDevice;
 
+use crate::nvidia_runtime::{
+    DEVICE_LIST_MOUNT_SOURCE, DeviceListStrategy, VISIBLE_DEVICES_ENV, device_list,
+};
+
 /// Where the shim's files live inside every container (fixed by HAMi: `ld.so.preload` names it).
 pub const CONTAINER_VGPU_DIR: &str = "/usr/local/vgpu";
 /// The container's path of the shim library.
@@ -47,6 +51,8 @@ pub struct ResponseSettings {
     /// Also name the GPUs as CDI devices (`nvidia.com/gpu=<UUID>`, the NVIDIA CDI spec's names)
     /// for runtimes that inject devices through CDI.
     pub cdi_devices: bool,
+    /// How the GPUs are named to the NVIDIA container runtime (`deviceListStrategy`).
+    pub device_list: DeviceListStrategy,
 }
 
 impl ResponseSettings {
@@ -90,6 +96,17 @@ pub struct MountSpec {
     pub container_path: String,
     pub host_path: String,
     pub read_only: bool,
+}
+
+impl MountSpec {
+    /// One entry of a volume-mount device list.
+    fn device_list(container_path: String) -> MountSpec {
+        MountSpec {
+            container_path,
+            host_path: DEVICE_LIST_MOUNT_SOURCE.to_owned(),
+            read_only: true,
+        }
+    }
 }
 
 /// Environment and mounts for one container, plus the host directory the plugin must create
@@ -181,7 +198,9 @@ pub fn whole_devices_response(
     settings: &ResponseSettings,
 ) -> ContainerResponse {
     let mut envs = BTreeMap::new();
-    envs.insert("NVIDIA_VISIBLE_DEVICES".to_owned(), mig_uuids.join(","));
+    let uuids: Vec<&str> = mig_uuids.iter().map(String::as_str).collect();
+    let list = device_list(&uuids, settings.device_list);
+    envs.insert(VISIBLE_DEVICES_ENV.to_owned(), list.visible_devices);
     let cdi_devices = if settings.cdi_devices {
         mig_uuids
             .iter()
@@ -192,7 +211,7 @@ pub fn whole_devices_response(
     };
     ContainerResponse {
         envs,
-        mounts: Vec::new(),
+        mounts: list.mounts.into_iter().map(MountSpec::device_list).collect(),
         cdi_devices,
         cache_dir: String::new(),
         limits_file: LimitsFile {
@@ -238,7 +257,8 @@ pub fn shim_response(
     let first = devices.first().ok_or(ResponseError::NoDevices)?;
     let mut envs = BTreeMap::new();
     let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
-    envs.insert("NVIDIA_VISIBLE_DEVICES".to_owned(), uuids.join(","));
+    let list = device_list(&uuids, settings.device_list);
+    envs.insert(VISIBLE_DEVICES_ENV.to_owned(), list.visible_devices);
     for (i, d) in devices.iter().enumerate() {
         envs.insert(
             format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"),
@@ -318,6 +338,7 @@ pub fn shim_response(
             read_only: true,
         });
     }
+    mounts.extend(list.mounts.into_iter().map(MountSpec::device_list));
     if settings.license_present {
         mounts.push(MountSpec {
             container_path: "/tmp/license".to_owned(),
@@ -365,6 +386,7 @@ mod tests {
             shim_host_path: "/usr/local/vgpu/libvgpu.so".into(),
             license_present: false,
             cdi_devices: false,
+            device_list: Default::default(),
         }
     }
 
@@ -391,6 +413,38 @@ mod tests {
             ));
         }
         out
+    }
+
+    #[test]
+    fn volume_mounts_name_the_gpus_as_mounts_the_container_cannot_set() {
+        let volume = ResponseSettings {
+            device_list: DeviceListStrategy::VolumeMounts,
+            ..settings()
+        };
+        let r = container_response(
+            &[dev("GPU-aaa", 3000, 30), dev("GPU-bbb", 4000, 50)],
+            &target(false),
+            &volume,
+        )
+        .expect("valid");
+        let text = render(&r);
+        assert!(text.contains("env NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices\n"));
+        assert!(text.contains(
+            "mount /var/run/nvidia-container-devices/GPU-aaa <- /dev/null ro\n\
+             mount /var/run/nvidia-container-devices/GPU-bbb <- /dev/null ro\n"
+        ));
+        assert!(!text.contains("GPU-aaa,GPU-bbb"), "{text}");
+        // The whole-GPU path (MIG instances) names them the same way.
+        let whole = whole_devices_response(&["MIG-1".to_owned()], &volume);
+        assert_eq!(
+            whole.envs.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str),
+            Some("/var/run/nvidia-container-devices")
+        );
+        assert_eq!(
+            render(&whole),
+            "env NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices\n\
+             mount /var/run/nvidia-container-devices/MIG-1 <- /dev/null ro\n"
+        );
     }
 
     #[test]

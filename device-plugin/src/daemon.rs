@@ -240,6 +240,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
     let client = crate::kube_edges::client(cli.kubeconfig.as_deref()).await?;
     let (events, events_rx) = NodeEvents::channel();
     crate::kube_edges::spawn_node_event_writer(client.clone(), &cli.node_name, events_rx);
+    check_node_runtime(&cli, &metrics, &events);
     state.attach_events(events);
     // After the Events are attached, so asymmetric links reach the node's Events; before the
     // annotation task starts, so its first write carries the scores.
@@ -398,6 +399,37 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
 
 /// The kubelet's pod-resources `List`, for `Allocate` and for the node's
 /// `tessera.io/allocation-identity`.
+/// Reads the node's NVIDIA container runtime configuration once at start and reports (log,
+/// metric, and a Warning Event on the Node) a runtime that would give any container the GPUs its
+/// own environment names, or none to GPU containers.
+fn check_node_runtime(cli: &Cli, metrics: &PluginMetrics, events: &NodeEvents) {
+    use crate::nvidia_runtime::{RuntimeConfig, Verdict, assess};
+    let path = &cli.nvidia_runtime_config;
+    let config = match std::fs::read_to_string(path) {
+        Ok(text) => match RuntimeConfig::parse(&text) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %DisplayChain(&e), "NVIDIA container runtime configuration unreadable");
+                None
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "NVIDIA container runtime configuration unreadable");
+            None
+        }
+    };
+    let strategy = cli.device_list_strategy;
+    let verdict = assess(config, strategy);
+    metrics.runtime_verdict(&verdict);
+    if verdict == Verdict::Safe {
+        tracing::info!(path = %path.display(), "{}", verdict.explain(strategy));
+    } else {
+        tracing::warn!(path = %path.display(), verdict = verdict.label(), "{}", verdict.explain(strategy));
+        events.emit(NodeEvent::runtime_device_list(&verdict, strategy));
+    }
+}
+
 fn pod_resources_source(cli: &Cli, config: &Config) -> Arc<dyn PodResourcesSource> {
     Arc::new(KubeletPodResources {
         socket: cli.pod_resources_socket.clone(),
@@ -465,6 +497,7 @@ fn allocator(
             shim_host_path,
             license_present: Path::new(&format!("{vgpu_dir}/license")).exists(),
             cdi_devices: cli.cdi_devices,
+            device_list: cli.device_list_strategy,
         },
         state.managed_uuids.clone(),
         pods,

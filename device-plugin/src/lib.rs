@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod mig;
 pub mod monitor;
 pub mod node_events;
+pub mod nvidia_runtime;
 pub mod nvml;
 pub mod pod_resources;
 pub mod pods;

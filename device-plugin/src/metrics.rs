@@ -77,6 +77,7 @@ pub struct PluginMetrics {
     registrations: Counter,
     gpu_healthy: Family<Labels, Gauge>,
     plugin_conflicts: Family<Labels, Gauge>,
+    runtime_device_list: Family<Labels, Gauge>,
     annotation_patches: Family<Labels, Counter>,
     host_memory_used: Family<Labels, Gauge<f64, AtomicU64>>,
     host_utilization: Family<Labels, Gauge<f64, AtomicU64>>,
@@ -154,6 +155,12 @@ impl PluginMetrics {
             &mut registry,
             "tessera_device_plugin_conflict",
             "1 while another device plugin is seen serving this node's GPUs (kind: socket_replaced, same_gpus, plugin_pod; source: the socket or pod); a replaced socket stays 1 until the plugin restarts",
+            Family::<Labels, Gauge>::default(),
+        );
+        let runtime_device_list = registered(
+            &mut registry,
+            "tessera_device_plugin_runtime_device_list",
+            "1 for this node's verdict on its NVIDIA container runtime (verdict: safe, accepts_env: any container can name GPUs in its environment, ignores_device_list: GPU containers get no GPU, unknown: no runtime configuration found)",
             Family::<Labels, Gauge>::default(),
         );
         let annotation_patches = registered(
@@ -286,6 +293,7 @@ impl PluginMetrics {
             registrations,
             gpu_healthy,
             plugin_conflicts,
+            runtime_device_list,
             annotation_patches,
             host_memory_used,
             host_utilization,
@@ -325,6 +333,14 @@ impl PluginMetrics {
         } else {
             self.plugin_conflicts.remove(&labels);
         }
+    }
+
+    /// The node's runtime verdict (one series, the current one).
+    pub fn runtime_verdict(&self, verdict: &crate::nvidia_runtime::Verdict) {
+        self.runtime_device_list.clear();
+        self.runtime_device_list
+            .get_or_create(&vec![("verdict".into(), verdict.label().into())])
+            .set(1);
     }
 
     pub fn annotation_patch(&self, ok: bool) {

@@ -21,6 +21,10 @@ pub const REASON_ALLOCATE_REFUSED: &str = "AllocateRefused";
 /// Reason of the Warning Event for GPU pairs whose two ends report different links (HAMi's).
 pub const REASON_ASYMMETRIC_LINKS: &str = "AsymmetricGPUP2PLink";
 
+/// Reason of the Warning Event for a node whose NVIDIA container runtime would hand GPUs to any
+/// container that names them in its environment, or none to GPU containers.
+pub const REASON_RUNTIME_DEVICE_LIST: &str = "UnsafeGPUDeviceList";
+
 /// Events waiting to be written; beyond this new ones are dropped.
 pub const NODE_EVENT_QUEUE: usize = 256;
 
@@ -109,6 +113,17 @@ impl NodeEvent {
     /// Another device plugin serves this node's GPUs ([`PluginConflict`]).
     ///
     /// [`PluginConflict`]: crate::conflict::PluginConflict
+    pub fn runtime_device_list(
+        verdict: &crate::nvidia_runtime::Verdict,
+        strategy: crate::nvidia_runtime::DeviceListStrategy,
+    ) -> Self {
+        NodeEvent {
+            kind: NodeEventType::Warning,
+            reason: REASON_RUNTIME_DEVICE_LIST,
+            message: truncate(verdict.explain(strategy), 1000),
+        }
+    }
+
     pub fn plugin_conflict(conflict: &crate::conflict::PluginConflict) -> Self {
         NodeEvent {
             kind: NodeEventType::Warning,

@@ -210,6 +210,7 @@ pub fn response_settings(hook: &Path) -> ResponseSettings {
         shim_host_path: format!("{}/vgpu/libvgpu.so", hook.display()),
         license_present: false,
         cdi_devices: false,
+        device_list: Default::default(),
     }
 }
 

@@ -108,7 +108,11 @@ fn real_nodes_chart_identities_and_tenants_cannot_forge_or_escalate() -> Result<
             },
         )
         .await?;
-        if let Err(e) = attacks(&c).await {
+        let outcome = match attacks(&c).await {
+            Ok(()) => isolation_attacks(&c).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = outcome {
             panic!(
                 "{e}\n{}\n{}",
                 c.describe_pods(TENANT).await,
@@ -463,5 +467,293 @@ async fn attacks(c: &RealCluster) -> Result<()> {
             .and_then(|c| c.image.as_deref()),
         Some(PROBE_IMAGE)
     );
+    Ok(())
+}
+
+/// A pod of the tenant's namespace: `containers` (JSON) on the GPU node, `extra` merged into the
+/// spec.
+fn tenant_pod(name: &str, labels: Value, containers: Value, extra: Value) -> Result<Pod> {
+    let mut spec = json!({
+        "restartPolicy": "Never",
+        "nodeSelector": {"kubernetes.io/hostname": GPU_NODE},
+        "containers": containers,
+    });
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            s.insert(k.clone(), v.clone());
+        }
+    }
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": TENANT, "labels": labels},
+        "spec": spec,
+    }))?)
+}
+
+/// One container running the probe image for an hour.
+fn container(name: &str, resources: Value, more: Value) -> Value {
+    let mut c = json!({
+        "name": name, "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+        "command": ["/bin/sh", "-c", "sleep 3600"],
+        "resources": resources,
+    });
+    if let (Some(o), Some(m)) = (c.as_object_mut(), more.as_object()) {
+        for (k, v) in m {
+            o.insert(k.clone(), v.clone());
+        }
+    }
+    c
+}
+
+/// Issue 28's routes to more GPU than a pod booked, each tried by the tenant (its own identity,
+/// the `edit` role) and refused by the container-isolation policy, which no label skips; and the
+/// ordinary pods the policy must keep admitting.
+async fn isolation_attacks(c: &RealCluster) -> Result<()> {
+    const ISOLATION: &str = "Tessera admission policy";
+    let user_pods: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
+    let dry_post = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let gpu = json!({"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}});
+    let none = json!({});
+    let skip = json!({"hami.io/webhook": "ignore"});
+    let env = |pairs: &[(&str, &str)]| {
+        json!({"env": pairs.iter().map(|(k, v)| json!({"name": k, "value": v})).collect::<Vec<_>>()})
+    };
+
+    // 1. The webhook's opt-out label with the shim switched off, or a privileged container.
+    let mut attempts: Vec<(String, Pod)> = vec![
+        (
+            "GPU pod labelled hami.io/webhook=ignore with CUDA_DISABLE_CONTROL=true".to_owned(),
+            tenant_pod(
+                "no-shim",
+                skip.clone(),
+                json!([container("main", gpu.clone(), env(&[("CUDA_DISABLE_CONTROL", "true")]))]),
+                json!({}),
+            )?,
+        ),
+        (
+            "GPU pod labelled hami.io/webhook=ignore with a privileged container".to_owned(),
+            tenant_pod(
+                "privileged",
+                skip.clone(),
+                json!([container("main", gpu.clone(), json!({"securityContext": {"privileged": true}}))]),
+                json!({}),
+            )?,
+        ),
+        (
+            "privileged sidecar without a GPU request beside a GPU container".to_owned(),
+            tenant_pod(
+                "privileged-sidecar",
+                skip.clone(),
+                json!([
+                    container("main", gpu.clone(), json!({})),
+                    container("side", none.clone(), json!({"securityContext": {"privileged": true}})),
+                ]),
+                json!({}),
+            )?,
+        ),
+        (
+            "GPU pod raising its own limit in env (CUDA_DEVICE_MEMORY_LIMIT_0)".to_owned(),
+            tenant_pod(
+                "own-limit",
+                skip.clone(),
+                json!([container("main", gpu.clone(), env(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "15000m")]))]),
+                json!({}),
+            )?,
+        ),
+        (
+            "GPU pod with LD_PRELOAD".to_owned(),
+            tenant_pod(
+                "preload-env",
+                json!({}),
+                json!([container("main", gpu.clone(), env(&[("LD_PRELOAD", "/tmp/mine.so")]))]),
+                json!({}),
+            )?,
+        ),
+    ];
+    // 2. Its own files over the limits file, the preload file or the shim's directory: a
+    //    ConfigMap subPath file is root-owned and read-only, all the shim can check.
+    let cm_volume = json!({"volumes": [{"name": "cm", "configMap": {"name": "anything"}}]});
+    for (i, (path, sub)) in [
+        ("/usr/local/vgpu/vgpu-limits", Some("limits")),
+        ("/etc/ld.so.preload", Some("preload")),
+        ("/usr/local/vgpu", None),
+        ("/usr/local", None),
+        ("/etc", None),
+        ("/", None),
+        ("//usr//local/./vgpu/vgpu-limits", Some("limits")),
+        ("/usr/local/vgpu/../vgpu/vgpu-limits", Some("limits")),
+        ("/etc/ld.so.preload/", Some("preload")),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut mount = json!({"name": "cm", "mountPath": path});
+        if let Some(sub) = sub {
+            mount["subPath"] = json!(sub);
+        }
+        attempts.push((
+            format!("a volume mounted at {path}"),
+            tenant_pod(
+                &format!("mount-{i}"),
+                json!({}),
+                json!([container("main", gpu.clone(), json!({"volumeMounts": [mount]}))]),
+                cm_volume.clone(),
+            )?,
+        ));
+    }
+    // 3. NVIDIA_VISIBLE_DEVICES from a pod that booked no GPU (or more than it booked), in every
+    //    kind of container, as a value or by reference.
+    attempts.push((
+        "a pod without a GPU request setting NVIDIA_VISIBLE_DEVICES=all".to_owned(),
+        tenant_pod(
+            "all-gpus",
+            json!({}),
+            json!([container("main", none.clone(), env(&[("NVIDIA_VISIBLE_DEVICES", "all")]))]),
+            json!({}),
+        )?,
+    ));
+    attempts.push((
+        "an init container setting NVIDIA_VISIBLE_DEVICES from a ConfigMap key".to_owned(),
+        tenant_pod(
+            "all-gpus-init",
+            json!({}),
+            json!([container("main", none.clone(), json!({}))]),
+            json!({"initContainers": [container("init", none.clone(), json!({"env": [{
+                "name": "NVIDIA_VISIBLE_DEVICES",
+                "valueFrom": {"configMapKeyRef": {"name": "anything", "key": "k"}},
+            }]}))]}),
+        )?,
+    ));
+    attempts.push((
+        "a GPU pod replacing the device list Allocate returns".to_owned(),
+        tenant_pod(
+            "replace-list",
+            json!({}),
+            json!([container("main", gpu.clone(), env(&[("NVIDIA_VISIBLE_DEVICES", "GPU-0,GPU-1")]))]),
+            json!({}),
+        )?,
+    ));
+    attempts.push((
+        "a hostPath volume of the node's shim directory".to_owned(),
+        tenant_pod(
+            "host-shim",
+            json!({}),
+            json!([container("main", none.clone(), json!({"volumeMounts": [{"name": "h", "mountPath": "/data"}]}))]),
+            json!({"volumes": [{"name": "h", "hostPath": {"path": "/usr/local/vgpu/"}}]}),
+        )?,
+    ));
+    for (what, pod) in &attempts {
+        refused(
+            &format!("tenant: {what}"),
+            user_pods.create(&dry_post, pod).await,
+            &[ISOLATION],
+        )?;
+    }
+
+    // 4. Ephemeral containers (`kubectl debug`) added to the running GPU pod. The tenant is
+    //    given the right to add them, so the refusal is the policy's.
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "debugger", "namespace": TENANT},
+        "rules": [{"apiGroups": [""], "resources": ["pods/ephemeralcontainers"], "verbs": ["get", "patch", "update"]}],
+    }))?;
+    Api::<Role>::namespaced(c.admin().clone(), TENANT)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let rb: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "debugger", "namespace": TENANT},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "debugger"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": real::USER}],
+    }))?;
+    Api::<RoleBinding>::namespaced(c.admin().clone(), TENANT)
+        .create(&PostParams::default(), &rb)
+        .await?;
+    let debug = |name: &str, more: Value| {
+        let mut e = json!({
+            "name": name, "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", "sleep 3600"],
+        });
+        if let (Some(o), Some(m)) = (e.as_object_mut(), more.as_object()) {
+            for (k, v) in m {
+                o.insert(k.clone(), v.clone());
+            }
+        }
+        Patch::Strategic(json!({"spec": {"ephemeralContainers": [e]}}))
+    };
+    for (what, patch) in [
+        (
+            "kubectl debug with NVIDIA_VISIBLE_DEVICES=all on the GPU pod",
+            debug("debug-all", env(&[("NVIDIA_VISIBLE_DEVICES", "all")])),
+        ),
+        (
+            "a privileged ephemeral container in the GPU pod",
+            debug("debug-priv", json!({"securityContext": {"privileged": true}})),
+        ),
+    ] {
+        let result = eventually(
+            "the tenant's pods/ephemeralcontainers right to take effect",
+            Duration::from_secs(10),
+            Duration::from_millis(200),
+            || async {
+                match user_pods
+                    .patch_subresource("ephemeralcontainers", "victim", &dry(), &patch)
+                    .await
+                {
+                    Err(kube::Error::Api(e)) if e.code == 403 && !e.message.contains(ISOLATION) => {
+                        None
+                    }
+                    r => Some(r),
+                }
+            },
+        )
+        .await?;
+        refused(&format!("tenant: {what}"), result, &[ISOLATION])?;
+    }
+
+    // Positive controls: what ordinary GPU and CPU pods do stays admitted.
+    let ordinary = [
+        tenant_pod(
+            "ordinary-gpu",
+            json!({}),
+            json!([container("main", gpu.clone(), json!({
+                "env": [
+                    {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
+                    {"name": "LD_LIBRARY_PATH", "value": "/opt/lib"},
+                    {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+                ],
+                "volumeMounts": [
+                    {"name": "scratch", "mountPath": "/tmp"},
+                    {"name": "scratch", "mountPath": "/usr/local/vgpu-data", "subPath": "a"},
+                    {"name": "scratch", "mountPath": "/etc/app"},
+                ],
+            }))]),
+            json!({"volumes": [{"name": "scratch", "emptyDir": {}}]}),
+        )?,
+        tenant_pod(
+            "no-gpus",
+            json!({}),
+            json!([container("main", none.clone(), env(&[("NVIDIA_VISIBLE_DEVICES", "none")]))]),
+            json!({}),
+        )?,
+    ];
+    for pod in &ordinary {
+        user_pods.create(&dry_post, pod).await.map_err(|e| {
+            Error::msg(format!(
+                "an ordinary pod {} was refused: {e}",
+                pod.metadata.name.as_deref().unwrap_or_default()
+            ))
+        })?;
+    }
+    // A label change on a running pod (the policy checks what an UPDATE adds, nothing else).
+    user_pods
+        .patch(
+            "victim",
+            &dry(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "a"}}})),
+        )
+        .await
+        .map_err(|e| Error::msg(format!("a label update of a running pod was refused: {e}")))?;
     Ok(())
 }

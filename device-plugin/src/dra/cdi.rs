@@ -159,6 +159,7 @@ mod tests {
             shim_host_path: "/usr/local/vgpu/libvgpu.so".into(),
             license_present: false,
             cdi_devices: false,
+            device_list: Default::default(),
         };
         shim_response(
             &[ContainerDevice::nvidia("GPU-a", 8192, 25)],

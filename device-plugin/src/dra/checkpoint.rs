@@ -278,6 +278,7 @@ mod tests {
             shim_host_path: format!("{}/vgpu/libvgpu.so", hook.display()),
             license_present: false,
             cdi_devices: false,
+            device_list: Default::default(),
         }
     }
 

@@ -78,6 +78,16 @@ pub struct DraCli {
     /// inject the driver through NVIDIA's CDI spec.
     #[arg(long, env = "CDI_DEVICES")]
     pub cdi_devices: bool,
+    /// How GPUs are named to the NVIDIA container runtime (HAMi's and NVIDIA's
+    /// `deviceListStrategy`): `envvar` (`NVIDIA_VISIBLE_DEVICES=<UUIDs>`) or `volume-mounts`
+    /// (`/dev/null` mounts under /var/run/nvidia-container-devices, which a runtime that ignores
+    /// the variable in unprivileged containers still reads; docs/security.md, "Node runtime").
+    #[arg(long, env = "DEVICE_LIST_STRATEGY", default_value = "envvar")]
+    pub device_list_strategy: crate::nvidia_runtime::DeviceListStrategy,
+    /// The node's NVIDIA container runtime configuration, read at start to report a runtime that
+    /// would give any container the GPUs its own environment names.
+    #[arg(long, env = "NVIDIA_RUNTIME_CONFIG", default_value = crate::nvidia_runtime::DEFAULT_CONFIG_PATH)]
+    pub nvidia_runtime_config: std::path::PathBuf,
     /// `libCudaLogLevel` for the shim (`LIBCUDA_LOG_LEVEL`); empty: not set.
     #[arg(long, env = "LIBCUDA_LOG_LEVEL", default_value = "")]
     pub lib_cuda_log_level: String,
@@ -164,6 +174,7 @@ fn response_settings(cli: &DraCli) -> ResponseSettings {
         shim_host_path: crate::container_env::resolve_shim_host_path(&cli.hook_path),
         license_present: false,
         cdi_devices: cli.cdi_devices,
+        device_list: cli.device_list_strategy,
     }
 }
 
