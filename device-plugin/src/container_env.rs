@@ -211,7 +211,11 @@ pub fn whole_devices_response(
     };
     ContainerResponse {
         envs,
-        mounts: list.mounts.into_iter().map(MountSpec::device_list).collect(),
+        mounts: list
+            .mounts
+            .into_iter()
+            .map(MountSpec::device_list)
+            .collect(),
         cdi_devices,
         cache_dir: String::new(),
         limits_file: LimitsFile {

@@ -293,7 +293,10 @@ mod tests {
     #[test]
     fn strategies_read_as_helm_values_and_flags() {
         assert_eq!("envvar".parse(), Ok(DeviceListStrategy::Envvar));
-        assert_eq!("volume-mounts".parse(), Ok(DeviceListStrategy::VolumeMounts));
+        assert_eq!(
+            "volume-mounts".parse(),
+            Ok(DeviceListStrategy::VolumeMounts)
+        );
         let e = "cdi-cri".parse::<DeviceListStrategy>().unwrap_err();
         assert!(e.to_string().contains("--cdi-devices"), "{e}");
     }

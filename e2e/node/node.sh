@@ -47,6 +47,8 @@ for top in $(printf '%s\n' "${keep_tmp[@]}" | sort -u); do
 	mkdir -p "$top" && mount --bind "/run/host-tmp/${top#/tmp/}" "$top" || die "keep $top visible"
 done
 bind_own "$HOOK_DIR"
+# The NVIDIA container toolkit's configuration: the fake runtime and the device plugin read it.
+bind_own /etc/nvidia-container-runtime
 
 CONTAINERD_PID=0
 KUBELET_PID=0

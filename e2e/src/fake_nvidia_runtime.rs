@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tessera_device_plugin::nvidia_runtime::{RuntimeConfig, devices_from_mounts};
 
 /// Where the fake driver libraries go inside a container (Debian/Ubuntu's multiarch directory,
 /// where the NVIDIA container toolkit puts the real ones).
@@ -63,6 +64,11 @@ pub struct DriverConfig {
     /// A file to append what it did to (besides stderr for errors).
     #[serde(default)]
     pub log: Option<PathBuf>,
+    /// The NVIDIA container toolkit's `config.toml` (`/etc/nvidia-container-runtime/config.toml`
+    /// on a real node), read at every `create` as the toolkit reads it; absent: the toolkit's
+    /// defaults (the variable accepted from any container, no volume mounts).
+    #[serde(default)]
+    pub runtime_config: Option<PathBuf>,
 }
 
 impl DriverConfig {
@@ -89,6 +95,7 @@ impl DriverConfig {
             mounts,
             env,
             log,
+            runtime_config: None,
         }
     }
 
@@ -130,6 +137,12 @@ pub enum RuntimeError {
     Config { path: PathBuf, why: String },
     #[error("bundle {path}: {why}")]
     Bundle { path: PathBuf, why: String },
+    #[error("runtime config {path}: {source}")]
+    RuntimeConfig {
+        path: PathBuf,
+        #[source]
+        source: tessera_device_plugin::nvidia_runtime::ConfigError,
+    },
     #[error("exec {runc}: {source}")]
     Exec {
         runc: PathBuf,
@@ -225,20 +238,44 @@ pub fn wants_gpus(env: &[Value]) -> bool {
         })
 }
 
+/// Whether the container's spec gets GPUs from a runtime configured as `runtime`, as the NVIDIA
+/// container toolkit decides: with volume mounts accepted, mounts under
+/// `/var/run/nvidia-container-devices` name the devices and the variable is not read; otherwise
+/// the variable, which an unprivileged container (no `CAP_SYS_ADMIN` in its bounding set) may
+/// use only when `accept-nvidia-visible-devices-envvar-when-unprivileged` is on.
+pub fn gets_gpus(spec: &Value, runtime: &RuntimeConfig) -> bool {
+    if runtime.volume_mounts {
+        let destinations = spec["mounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["destination"].as_str());
+        if !devices_from_mounts(destinations).is_empty() {
+            return true;
+        }
+    }
+    let privileged = spec["process"]["capabilities"]["bounding"]
+        .as_array()
+        .is_some_and(|caps| caps.iter().any(|c| c.as_str() == Some("CAP_SYS_ADMIN")));
+    (runtime.env_when_unprivileged || privileged)
+        && spec["process"]["env"]
+            .as_array()
+            .is_some_and(|env| wants_gpus(env))
+}
+
 /// Edits an OCI runtime spec for a GPU container. Returns `false` (and leaves `spec` as it was)
-/// when the container does not ask for GPUs.
-pub fn inject(spec: &mut Value, cfg: &DriverConfig) -> Result<bool, String> {
+/// when the container gets no GPUs ([`gets_gpus`]).
+pub fn inject(
+    spec: &mut Value,
+    cfg: &DriverConfig,
+    runtime: &RuntimeConfig,
+) -> Result<bool, String> {
+    if !gets_gpus(spec, runtime) {
+        return Ok(false);
+    }
     let Some(obj) = spec.as_object_mut() else {
         return Err("config.json is not a JSON object".into());
     };
-    let wants = obj
-        .get("process")
-        .and_then(|p| p.get("env"))
-        .and_then(Value::as_array)
-        .is_some_and(|env| wants_gpus(env));
-    if !wants {
-        return Ok(false);
-    }
     let env = obj
         .get_mut("process")
         .and_then(|p| p.get_mut("env"))
@@ -271,6 +308,25 @@ pub fn inject(spec: &mut Value, cfg: &DriverConfig) -> Result<bool, String> {
 /// Reads `<bundle>/config.json`, and when the container asks for GPUs writes the edited spec
 /// back atomically (a temporary file in the bundle, then a rename). Returns whether it wrote.
 pub fn rewrite_bundle(bundle: &Path, cfg: &DriverConfig) -> Result<bool, RuntimeError> {
+    let runtime = match &cfg.runtime_config {
+        None => RuntimeConfig::default(),
+        Some(p) => match std::fs::read_to_string(p) {
+            Ok(text) => {
+                RuntimeConfig::parse(&text).map_err(|source| RuntimeError::RuntimeConfig {
+                    path: p.clone(),
+                    source,
+                })?
+            }
+            // As the toolkit: no file, its defaults.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => RuntimeConfig::default(),
+            Err(e) => {
+                return Err(RuntimeError::Config {
+                    path: p.clone(),
+                    why: e.to_string(),
+                });
+            }
+        },
+    };
     let path = bundle.join("config.json");
     let err = |why: String| RuntimeError::Bundle {
         path: path.clone(),
@@ -279,7 +335,7 @@ pub fn rewrite_bundle(bundle: &Path, cfg: &DriverConfig) -> Result<bool, Runtime
     let text = std::fs::read(&path).map_err(|e| err(format!("reading: {e}")))?;
     let mut spec: Value =
         serde_json::from_slice(&text).map_err(|e| err(format!("not JSON: {e}")))?;
-    if !inject(&mut spec, cfg).map_err(err)? {
+    if !inject(&mut spec, cfg, &runtime).map_err(err)? {
         return Ok(false);
     }
     let out = serde_json::to_vec(&spec).map_err(|e| err(e.to_string()))?;
@@ -401,7 +457,7 @@ mod tests {
             "FAKE_CUDA_MEMORY_MIB=99",
         ]);
         let before = spec.clone();
-        assert!(inject(&mut spec, &cfg()).unwrap());
+        assert!(inject(&mut spec, &cfg(), &RuntimeConfig::default()).unwrap());
         let env: Vec<&str> = spec["process"]["env"]
             .as_array()
             .unwrap()
@@ -445,7 +501,7 @@ mod tests {
         assert_eq!(spec["process"]["oomScoreAdj"], 1000);
         // A second pass changes nothing (containerd never creates twice, but it is harmless).
         let once = spec.clone();
-        assert!(inject(&mut spec, &cfg()).unwrap());
+        assert!(inject(&mut spec, &cfg(), &RuntimeConfig::default()).unwrap());
         assert_eq!(spec, once);
     }
 
@@ -461,20 +517,46 @@ mod tests {
         ] {
             let mut spec = sample(env);
             let before = spec.clone();
-            assert!(!inject(&mut spec, &cfg()).unwrap(), "{env:?}");
+            assert!(
+                !inject(&mut spec, &cfg(), &RuntimeConfig::default()).unwrap(),
+                "{env:?}"
+            );
             assert_eq!(spec, before);
         }
         // No process at all (a malformed spec is runc's to refuse, not ours).
         let mut spec = json!({"ociVersion": "1.0.2"});
-        assert!(!inject(&mut spec, &cfg()).unwrap());
+        assert!(!inject(&mut spec, &cfg(), &RuntimeConfig::default()).unwrap());
     }
 
     #[test]
     fn all_asks_for_gpus() {
         let mut spec = sample(&["NVIDIA_VISIBLE_DEVICES=all"]);
         spec.as_object_mut().unwrap().remove("mounts");
-        assert!(inject(&mut spec, &cfg()).unwrap());
+        assert!(inject(&mut spec, &cfg(), &RuntimeConfig::default()).unwrap());
         assert_eq!(spec["mounts"].as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_safe_runtime_reads_only_mounts_from_unprivileged_containers() {
+        let safe = RuntimeConfig {
+            env_when_unprivileged: false,
+            volume_mounts: true,
+        };
+        // The variable, however it got there (spec, envFrom, image): ignored.
+        let mut spec = sample(&["NVIDIA_VISIBLE_DEVICES=all"]);
+        assert!(!inject(&mut spec, &cfg(), &safe).unwrap());
+        // The mounts the device plugin's Allocate (or a DRA claim's CDI spec) adds: honoured.
+        let mut spec = sample(&["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"]);
+        spec["mounts"].as_array_mut().unwrap().push(json!({
+            "destination": "/var/run/nvidia-container-devices/GPU-a",
+            "type": "bind", "source": "/dev/null", "options": ["rbind", "ro"],
+        }));
+        assert!(inject(&mut spec, &cfg(), &safe).unwrap());
+        // A privileged container may still name GPUs in its environment (it sees every device
+        // node anyway).
+        let mut spec = sample(&["NVIDIA_VISIBLE_DEVICES=all"]);
+        spec["process"]["capabilities"]["bounding"] = json!(["CAP_CHOWN", "CAP_SYS_ADMIN"]);
+        assert!(inject(&mut spec, &cfg(), &safe).unwrap());
     }
 
     fn s(v: &[&str]) -> Vec<String> {

@@ -61,7 +61,44 @@ pub struct RealNodeSpec {
     /// [`DRA_NODE_LABEL`], so the chart's DRA plugin runs there instead of the device plugin.
     /// A cluster with one turns on the control plane's DRA feature gates ([`DRA_FEATURE_GATES`]).
     pub dra: bool,
+    /// The node's NVIDIA container runtime configuration.
+    pub runtime: NodeRuntime,
 }
+
+/// What the node's (fake) NVIDIA container runtime accepts as a container's device list: its
+/// `/etc/nvidia-container-runtime/config.toml`, which the runtime and the device plugin read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeRuntime {
+    /// The configuration docs/security.md asks for: the variable ignored in unprivileged
+    /// containers, the device list read from volume mounts (the chart's recommended
+    /// `devicePlugin.deviceListStrategy=volume-mounts`).
+    Safe,
+    /// No configuration file: the toolkit's defaults, which accept the variable from any
+    /// container (what HAMi's default `envvar` strategy needs).
+    ToolkitDefaults,
+}
+
+impl NodeRuntime {
+    /// The `config.toml` text, or `None` for no file.
+    fn config_toml(self) -> Option<&'static str> {
+        match self {
+            NodeRuntime::Safe => Some(
+                "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n\
+                 accept-nvidia-visible-devices-as-volume-mounts = true\n",
+            ),
+            NodeRuntime::ToolkitDefaults => None,
+        }
+    }
+}
+
+/// The NVIDIA container toolkit's configuration directory on a node (each node has its own,
+/// `e2e/node/node.sh`).
+pub const NVIDIA_RUNTIME_DIR: &str = "/etc/nvidia-container-runtime";
+
+/// `--set` pairs every [`ChartValues::Recommended`] install gets first: docs/helm.md's install
+/// on nodes whose runtime is [`NodeRuntime::Safe`].
+pub const RECOMMENDED_SETS: &[(&str, &str)] =
+    &[("devicePlugin.deviceListStrategy", "volume-mounts")];
 
 impl RealNodeSpec {
     pub fn gpu(node: NodeSpec) -> RealNodeSpec {
@@ -70,6 +107,7 @@ impl RealNodeSpec {
             driver: true,
             labels: Vec::new(),
             dra: false,
+            runtime: NodeRuntime::Safe,
         }
     }
 
@@ -714,8 +752,17 @@ impl RealCluster {
                     format!("FAKE_CUDA_MEMORY_MIB={memory_mib}"),
                 ],
                 "log": self.dir.join("logs").join(format!("{name}-nvidia-runtime.log")),
+                "runtime_config": format!("{NVIDIA_RUNTIME_DIR}/config.toml"),
             }))?,
         )?;
+        // The node's own /etc/nvidia-container-runtime (node.sh binds it over the host's).
+        let runtime_dir = dir
+            .join("fs")
+            .join(NVIDIA_RUNTIME_DIR.trim_start_matches('/'));
+        std::fs::create_dir_all(&runtime_dir)?;
+        if let Some(toml) = spec.runtime.config_toml() {
+            write(&runtime_dir.join("config.toml"), toml)?;
+        }
         let runtime = dir.join("nvidia-container-runtime");
         write(
             &runtime,
@@ -826,6 +873,9 @@ impl RealCluster {
         match values {
             ChartValues::Recommended(sets) => {
                 // docs/helm.md's install.
+                for (k, v) in RECOMMENDED_SETS {
+                    cmd.args(["--set", &format!("{k}={v}")]);
+                }
                 for (k, v) in sets {
                     cmd.args(["--set", &format!("{k}={v}")]);
                 }

@@ -7,14 +7,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_e2e::node::NodeSpec;
 use tessera_e2e::probe;
 use tessera_e2e::real::{
-    self, ChartValues, NAMESPACE, PROBE_IMAGE, RealCluster, RealClusterOptions, RealNodeSpec,
+    self, ChartValues, NAMESPACE, NodeRuntime, PROBE_IMAGE, RealCluster, RealClusterOptions,
+    RealNodeSpec,
 };
 use tessera_e2e::{Result, eventually};
 
@@ -437,14 +438,15 @@ fn real_nodes_hami_default_values_and_a_node_without_driver() -> Result<()> {
             tessera_e2e::artifacts::workspace_root().join("e2e/fixtures/hami-v2.10-values.yaml");
         let mut no_driver = RealNodeSpec::gpu(NodeSpec::uniform("cpu-node", 1, "none", 0));
         no_driver.driver = false;
+        // HAMi's `deviceListStrategy: envvar` needs a runtime that takes the device list from the
+        // environment: the toolkit's defaults (no configuration file), which the plugin reports.
+        let mut t4 = RealNodeSpec::gpu(NodeSpec::uniform("t4-node", 1, "Tesla T4", T4_MIB));
+        t4.runtime = NodeRuntime::ToolkitDefaults;
         let mut c = RealCluster::start(
             net,
             RealClusterOptions {
                 name: "real-hami-values".into(),
-                nodes: vec![
-                    RealNodeSpec::gpu(NodeSpec::uniform("t4-node", 1, "Tesla T4", T4_MIB)),
-                    no_driver,
-                ],
+                nodes: vec![t4, no_driver],
                 chart: ChartValues::File(fixture.clone()),
             },
         )
@@ -465,6 +467,30 @@ fn real_nodes_hami_default_values_and_a_node_without_driver() -> Result<()> {
         c.create_pod_as_user(&pod).await?;
         let (codes, logs) = outcome(&c, "mem-2000").await?;
         assert_eq!(codes.get("main"), Some(&0), "{logs:?}");
+
+        // The plugin says, on its Node, that this runtime hands GPUs to any container that names
+        // them in its environment.
+        let events: Api<Event> = Api::namespaced(c.admin().clone(), "default");
+        let warning = eventually(
+            "an UnsafeGPUDeviceList Event on t4-node",
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+            || async {
+                events
+                    .list(&ListParams::default().fields("involvedObject.name=t4-node"))
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some("UnsafeGPUDeviceList"))
+            },
+        )
+        .await?;
+        let message = warning.message.unwrap_or_default();
+        assert!(
+            message.contains("accepts NVIDIA_VISIBLE_DEVICES from unprivileged containers"),
+            "{message}"
+        );
 
         // The driverless node: its plugin runs, registers nothing, and says why.
         let nodes: Api<Node> = Api::all(c.admin().clone());

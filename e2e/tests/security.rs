@@ -518,9 +518,7 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
     let gpu = json!({"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}});
     let none = json!({});
     let skip = json!({"hami.io/webhook": "ignore"});
-    let env = |pairs: &[(&str, &str)]| {
-        json!({"env": pairs.iter().map(|(k, v)| json!({"name": k, "value": v})).collect::<Vec<_>>()})
-    };
+    let env = |pairs: &[(&str, &str)]| json!({"env": pairs.iter().map(|(k, v)| json!({"name": k, "value": v})).collect::<Vec<_>>()});
 
     // 1. The webhook's opt-out label with the shim switched off, or a privileged container.
     let mut attempts: Vec<(String, Pod)> = vec![
@@ -529,7 +527,11 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
             tenant_pod(
                 "no-shim",
                 skip.clone(),
-                json!([container("main", gpu.clone(), env(&[("CUDA_DISABLE_CONTROL", "true")]))]),
+                json!([container(
+                    "main",
+                    gpu.clone(),
+                    env(&[("CUDA_DISABLE_CONTROL", "true")])
+                )]),
                 json!({}),
             )?,
         ),
@@ -538,7 +540,11 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
             tenant_pod(
                 "privileged",
                 skip.clone(),
-                json!([container("main", gpu.clone(), json!({"securityContext": {"privileged": true}}))]),
+                json!([container(
+                    "main",
+                    gpu.clone(),
+                    json!({"securityContext": {"privileged": true}})
+                )]),
                 json!({}),
             )?,
         ),
@@ -549,7 +555,11 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
                 skip.clone(),
                 json!([
                     container("main", gpu.clone(), json!({})),
-                    container("side", none.clone(), json!({"securityContext": {"privileged": true}})),
+                    container(
+                        "side",
+                        none.clone(),
+                        json!({"securityContext": {"privileged": true}})
+                    ),
                 ]),
                 json!({}),
             )?,
@@ -559,7 +569,11 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
             tenant_pod(
                 "own-limit",
                 skip.clone(),
-                json!([container("main", gpu.clone(), env(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "15000m")]))]),
+                json!([container(
+                    "main",
+                    gpu.clone(),
+                    env(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "15000m")])
+                )]),
                 json!({}),
             )?,
         ),
@@ -568,7 +582,11 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
             tenant_pod(
                 "preload-env",
                 json!({}),
-                json!([container("main", gpu.clone(), env(&[("LD_PRELOAD", "/tmp/mine.so")]))]),
+                json!([container(
+                    "main",
+                    gpu.clone(),
+                    env(&[("LD_PRELOAD", "/tmp/mine.so")])
+                )]),
                 json!({}),
             )?,
         ),
@@ -599,7 +617,11 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
             tenant_pod(
                 &format!("mount-{i}"),
                 json!({}),
-                json!([container("main", gpu.clone(), json!({"volumeMounts": [mount]}))]),
+                json!([container(
+                    "main",
+                    gpu.clone(),
+                    json!({"volumeMounts": [mount]})
+                )]),
                 cm_volume.clone(),
             )?,
         ));
@@ -611,7 +633,11 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
         tenant_pod(
             "all-gpus",
             json!({}),
-            json!([container("main", none.clone(), env(&[("NVIDIA_VISIBLE_DEVICES", "all")]))]),
+            json!([container(
+                "main",
+                none.clone(),
+                env(&[("NVIDIA_VISIBLE_DEVICES", "all")])
+            )]),
             json!({}),
         )?,
     ));
@@ -632,7 +658,11 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
         tenant_pod(
             "replace-list",
             json!({}),
-            json!([container("main", gpu.clone(), env(&[("NVIDIA_VISIBLE_DEVICES", "GPU-0,GPU-1")]))]),
+            json!([container(
+                "main",
+                gpu.clone(),
+                env(&[("NVIDIA_VISIBLE_DEVICES", "GPU-0,GPU-1")])
+            )]),
             json!({}),
         )?,
     ));
@@ -641,7 +671,11 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
         tenant_pod(
             "host-shim",
             json!({}),
-            json!([container("main", none.clone(), json!({"volumeMounts": [{"name": "h", "mountPath": "/data"}]}))]),
+            json!([container(
+                "main",
+                none.clone(),
+                json!({"volumeMounts": [{"name": "h", "mountPath": "/data"}]})
+            )]),
             json!({"volumes": [{"name": "h", "hostPath": {"path": "/usr/local/vgpu/"}}]}),
         )?,
     ));
@@ -689,7 +723,10 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
         ),
         (
             "a privileged ephemeral container in the GPU pod",
-            debug("debug-priv", json!({"securityContext": {"privileged": true}})),
+            debug(
+                "debug-priv",
+                json!({"securityContext": {"privileged": true}}),
+            ),
         ),
     ] {
         let result = eventually(
@@ -717,24 +754,32 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
         tenant_pod(
             "ordinary-gpu",
             json!({}),
-            json!([container("main", gpu.clone(), json!({
-                "env": [
-                    {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
-                    {"name": "LD_LIBRARY_PATH", "value": "/opt/lib"},
-                    {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
-                ],
-                "volumeMounts": [
-                    {"name": "scratch", "mountPath": "/tmp"},
-                    {"name": "scratch", "mountPath": "/usr/local/vgpu-data", "subPath": "a"},
-                    {"name": "scratch", "mountPath": "/etc/app"},
-                ],
-            }))]),
+            json!([container(
+                "main",
+                gpu.clone(),
+                json!({
+                    "env": [
+                        {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
+                        {"name": "LD_LIBRARY_PATH", "value": "/opt/lib"},
+                        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+                    ],
+                    "volumeMounts": [
+                        {"name": "scratch", "mountPath": "/tmp"},
+                        {"name": "scratch", "mountPath": "/usr/local/vgpu-data", "subPath": "a"},
+                        {"name": "scratch", "mountPath": "/etc/app"},
+                    ],
+                })
+            )]),
             json!({"volumes": [{"name": "scratch", "emptyDir": {}}]}),
         )?,
         tenant_pod(
             "no-gpus",
             json!({}),
-            json!([container("main", none.clone(), env(&[("NVIDIA_VISIBLE_DEVICES", "none")]))]),
+            json!([container(
+                "main",
+                none.clone(),
+                env(&[("NVIDIA_VISIBLE_DEVICES", "none")])
+            )]),
             json!({}),
         )?,
     ];
@@ -746,6 +791,41 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
             ))
         })?;
     }
+    // 5. What admission cannot see: NVIDIA_VISIBLE_DEVICES=all through envFrom, in a pod that
+    //    booked no GPU, on the GPU node. Admitted; the node's runtime ignores the variable in an
+    //    unprivileged container, so the container gets no driver and no GPU.
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "all-gpus", "namespace": TENANT},
+        "data": {"NVIDIA_VISIBLE_DEVICES": "all"},
+    }))?;
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.user().clone(), TENANT)
+        .create(&PostParams::default(), &cm)
+        .await?;
+    let env_from = tenant_pod(
+        "env-from",
+        json!({}),
+        json!([{
+            "name": "main", "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+            "envFrom": [{"configMapRef": {"name": "all-gpus"}}],
+            "command": ["/bin/sh", "-c",
+                "echo visible=$NVIDIA_VISIBLE_DEVICES; \
+                 if [ -e /usr/lib/x86_64-linux-gnu/libcuda.so.1 ]; then echo DRIVER; else echo NO-DRIVER; fi; \
+                 cuda_probe info 2>&1 | head -n 3"],
+        }]),
+        json!({}),
+    )?;
+    user_pods.create(&PostParams::default(), &env_from).await?;
+    c.wait_finished(TENANT, "env-from", Duration::from_secs(120))
+        .await?;
+    let log = c.logs(TENANT, "env-from", "main").await?;
+    eprintln!("envFrom NVIDIA_VISIBLE_DEVICES=all on the GPU node:\n{log}");
+    if !log.contains("visible=all") || !log.contains("NO-DRIVER") {
+        return Err(Error::msg(format!(
+            "a pod without a GPU request set NVIDIA_VISIBLE_DEVICES=all through envFrom and got \
+             the driver (or the test did not run as meant): {log}"
+        )));
+    }
+
     // A label change on a running pod (the policy checks what an UPDATE adds, nothing else).
     user_pods
         .patch(
