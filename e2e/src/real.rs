@@ -1155,6 +1155,58 @@ impl RealCluster {
     }
 
     /// `/metrics` of the DRA plugin on `node`, or `None` while it does not answer.
+    /// A kube client that authenticates with `token` (the admin kubeconfig with its user's
+    /// credentials replaced by the token).
+    pub async fn client_with_token(&self, token: &str) -> Result<kube::Client> {
+        let text = std::fs::read_to_string(self.kubeconfig_admin())?;
+        let mut doc: serde_json::Value = serde_yaml::from_str(&text)?;
+        let users = doc["users"]
+            .as_array_mut()
+            .ok_or_else(|| Error::msg("kubeconfig without users"))?;
+        for u in users {
+            u["user"] = json!({ "token": token });
+        }
+        let kc = kube::config::Kubeconfig::from_yaml(&serde_yaml::to_string(&doc)?)?;
+        let cfg =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await?;
+        Ok(kube::Client::try_from(cfg)?)
+    }
+
+    /// A token of the chart's service account `sa` from the TokenRequest API, bound to `pod`
+    /// when given (then it carries the pod's node in its node claim, as the kubelet's do).
+    pub async fn service_account_token(&self, sa: &str, pod: Option<&Pod>) -> Result<String> {
+        let mut spec = json!({"audiences": [], "expirationSeconds": 600});
+        if let Some(p) = pod {
+            spec["boundObjectRef"] = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "name": p.metadata.name, "uid": p.metadata.uid,
+            });
+        }
+        let req: k8s_openapi::api::authentication::v1::TokenRequest =
+            serde_json::from_value(json!({"spec": spec}))?;
+        let sas: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), NAMESPACE);
+        let out: k8s_openapi::api::authentication::v1::TokenRequest = sas
+            .create_subresource("token", sa, &PostParams::default(), &req)
+            .await?;
+        Ok(out.status.map(|s| s.token).unwrap_or_default())
+    }
+
+    /// The chart's pod of `component` (`app.kubernetes.io/component`) on `node`.
+    pub async fn chart_pod_on(&self, component: &str, node: &str) -> Result<Pod> {
+        Api::<Pod>::namespaced(self.admin.clone(), NAMESPACE)
+            .list(
+                &ListParams::default()
+                    .labels(&format!("app.kubernetes.io/component={component}"))
+                    .fields(&format!("spec.nodeName={node}")),
+            )
+            .await?
+            .items
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::msg(format!("no {component} pod on {node}")))
+    }
+
     pub async fn dra_plugin_metrics(&self, node: &str) -> Option<String> {
         let lp = ListParams::default()
             .labels("app.kubernetes.io/component=dra-plugin")

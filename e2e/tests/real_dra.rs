@@ -290,6 +290,11 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
         "the device plugin ran on the DRA node"
     );
 
+    // A compromised DRA node: its plugin's own token (bound to its pod, so it carries the
+    // node claim) may write only dra-node's slices; another node's slice, forged or copied, is
+    // refused by the chart's policy, and so is a token without a node claim.
+    slice_writes_are_confined_to_the_plugins_node(c, &slice).await?;
+
     // The examples of examples/dra are valid for this API server (a server-side dry run).
     let dry = PostParams {
         dry_run: true,
@@ -566,5 +571,76 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
         .and_then(|s| s.extended_resource_claim_status)
         .expect("kube-scheduler records the claim it made for nvidia.com/gpu");
     assert_eq!(mapping.request_mappings[0].resource_name, "nvidia.com/gpu");
+    Ok(())
+}
+
+/// The DRA plugin's identity from another node's point of view (issue 28 item 8).
+async fn slice_writes_are_confined_to_the_plugins_node(
+    c: &RealCluster,
+    own: &ResourceSlice,
+) -> Result<()> {
+    const POLICY: &str = "Tessera admission policy";
+    let sa = "tessera-dra-plugin";
+    let plugin_pod = c.chart_pod_on("dra-plugin", "dra-node").await?;
+    let bound = c
+        .client_with_token(&c.service_account_token(sa, Some(&plugin_pod)).await?)
+        .await?;
+    let unbound = c
+        .client_with_token(&c.service_account_token(sa, None).await?)
+        .await?;
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let mut forged = own.clone();
+    forged.metadata = kube::api::ObjectMeta {
+        generate_name: Some(format!("dp-node-{DRIVER}-")),
+        ..Default::default()
+    };
+    forged.spec.node_name = Some("dp-node".into());
+    forged.spec.pool.name = "dp-node".into();
+    let refused = |what: &str, r: std::result::Result<ResourceSlice, kube::Error>| match r {
+        Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains(POLICY) => {
+            eprintln!("refused as expected: {what}: {}", e.message);
+            Ok(())
+        }
+        other => Err(tessera_e2e::Error::msg(format!(
+            "{what}: not refused by the policy: {other:?}"
+        ))),
+    };
+    let slices: Api<ResourceSlice> = Api::all(bound.clone());
+    refused(
+        "the DRA plugin of dra-node creates a slice for dp-node",
+        slices.create(&dry, &forged).await,
+    )?;
+    let mut moved = own.clone();
+    moved.spec.node_name = Some("dp-node".into());
+    refused(
+        "the DRA plugin of dra-node moves its slice to dp-node",
+        slices
+            .replace(
+                own.metadata.name.as_deref().unwrap_or_default(),
+                &dry,
+                &moved,
+            )
+            .await,
+    )?;
+    let mut own_copy = own.clone();
+    own_copy.metadata = kube::api::ObjectMeta {
+        generate_name: Some(format!("dra-node-{DRIVER}-")),
+        ..Default::default()
+    };
+    refused(
+        "a token of the DRA plugin without a node claim creates dra-node's slice",
+        Api::<ResourceSlice>::all(unbound)
+            .create(&dry, &own_copy)
+            .await,
+    )?;
+    // Positive control: its own node's slice.
+    slices.create(&dry, &own_copy).await.map_err(|e| {
+        tessera_e2e::Error::msg(format!(
+            "the DRA plugin cannot write its own node's slice: {e}"
+        ))
+    })?;
     Ok(())
 }

@@ -6,11 +6,10 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tessera_e2e::node::NodeSpec;
 use tessera_e2e::real::{
@@ -51,41 +50,6 @@ fn refused<T>(what: &str, r: std::result::Result<T, kube::Error>, by: &[&str]) -
         }
         Err(e) => Err(Error::msg(format!("{what}: unexpected error {e}"))),
     }
-}
-
-/// A kube client that authenticates with `token` (a copy of the admin kubeconfig with the
-/// token replaced).
-async fn client_with_token(c: &RealCluster, token: &str) -> Result<kube::Client> {
-    let text = std::fs::read_to_string(c.kubeconfig_admin())?;
-    let mut doc: Value = serde_yaml::from_str(&text)?;
-    let users = doc["users"]
-        .as_array_mut()
-        .ok_or_else(|| Error::msg("kubeconfig without users"))?;
-    for u in users {
-        u["user"] = json!({ "token": token });
-    }
-    let kc = kube::config::Kubeconfig::from_yaml(&serde_yaml::to_string(&doc)?)?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-        .await?;
-    Ok(kube::Client::try_from(cfg)?)
-}
-
-/// A token of the chart's service account `sa` from the TokenRequest API, bound to `pod` when
-/// given (then it carries the pod's node in its node claim).
-async fn sa_token(c: &RealCluster, sa: &str, pod: Option<&Pod>) -> Result<String> {
-    let mut spec = json!({"audiences": [], "expirationSeconds": 600});
-    if let Some(p) = pod {
-        spec["boundObjectRef"] = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "name": p.metadata.name, "uid": p.metadata.uid,
-        });
-    }
-    let req: TokenRequest = serde_json::from_value(json!({"spec": spec}))?;
-    let sas: Api<ServiceAccount> = Api::namespaced(c.admin().clone(), NAMESPACE);
-    let out: TokenRequest = sas
-        .create_subresource("token", sa, &PostParams::default(), &req)
-        .await?;
-    Ok(out.status.map(|s| s.token).unwrap_or_default())
 }
 
 #[test]
@@ -176,16 +140,19 @@ async fn attacks(c: &RealCluster) -> Result<()> {
     // The chart's identities, with tokens from the TokenRequest API.
     let plugin_sa = "tessera-device-plugin";
     let scheduler_sa = "tessera-scheduler";
-    let plugin_pod = Api::<Pod>::namespaced(c.admin().clone(), NAMESPACE)
-        .list(&ListParams::default().labels("app.kubernetes.io/component=device-plugin"))
-        .await?
-        .items
-        .into_iter()
-        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(GPU_NODE))
-        .ok_or_else(|| Error::msg("no device plugin pod on the GPU node"))?;
-    let plugin = client_with_token(c, &sa_token(c, plugin_sa, Some(&plugin_pod)).await?).await?;
-    let plugin_unbound = client_with_token(c, &sa_token(c, plugin_sa, None).await?).await?;
-    let scheduler = client_with_token(c, &sa_token(c, scheduler_sa, None).await?).await?;
+    let plugin_pod = c.chart_pod_on("device-plugin", GPU_NODE).await?;
+    let plugin = c
+        .client_with_token(
+            &c.service_account_token(plugin_sa, Some(&plugin_pod))
+                .await?,
+        )
+        .await?;
+    let plugin_unbound = c
+        .client_with_token(&c.service_account_token(plugin_sa, None).await?)
+        .await?;
+    let scheduler = c
+        .client_with_token(&c.service_account_token(scheduler_sa, None).await?)
+        .await?;
 
     let image_patch = Patch::Strategic(
         json!({"spec": {"containers": [{"name": "main", "image": "evil:latest"}]}}),
