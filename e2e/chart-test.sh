@@ -290,10 +290,28 @@ expect_not "no wildcard RBAC" "$D" "verbs: \\[.*\\*|resources: \\[.*\\*|apiGroup
 expect_not "no cluster-admin" "$D" 'name: cluster-admin'
 expect_count "lease access limited to the two Leases" "$D" "^      - $RELEASE-(scheduler-extender|kube-scheduler)\$" 2
 
-# Admission policies (templates/admission/policies.yaml): enforced by the API server, no selector.
-expect_count "three ValidatingAdmissionPolicies" "$D" '^kind: ValidatingAdmissionPolicy$' 3
-expect_count "each bound with Deny" "$D" '^  validationActions: \[Deny\]$' 3
-expect_count "policies fail closed" "$D" '^  failurePolicy: Fail$' 3
+# Admission policies (templates/admission/): enforced by the API server, no label selector.
+expect_count "four ValidatingAdmissionPolicies" "$D" '^kind: ValidatingAdmissionPolicy$' 4
+expect_count "each bound with Deny" "$D" '^  validationActions: \[Deny\]$' 4
+expect_count "policies fail closed" "$D" '^  failurePolicy: Fail$' 4
+expect "container isolation covers pods and ephemeral containers" "$D" '^        resources: \[pods, pods/ephemeralcontainers\]$'
+expect "container isolation refuses NVIDIA_VISIBLE_DEVICES from unprivileged containers" "$D" "e.name == 'NVIDIA_VISIBLE_DEVICES'"
+expect "container isolation guards the shim's paths" "$D" "\['/usr/local/vgpu', '/etc/ld.so.preload'\]"
+render "$WORK/policies.yaml" --show-only templates/admission/policies.yaml --show-only templates/admission/container-isolation.yaml
+expect_not "no policy has an object selector" "$WORK/policies.yaml" 'objectSelector:'
+render "$WORK/exempt.yaml" --set 'admissionPolicy.exemptNamespaces[0]=gpu-operator' --set 'global.gpuHookPath=/opt/hamihook'
+expect "exemptNamespaces extend the isolation policy's namespace exemption" "$WORK/exempt.yaml" '^            - gpu-operator$'
+expect "the isolation policy guards the node's hook directory" "$WORK/exempt.yaml" "p == '/opt/hamihook/vgpu'"
+render "$WORK/dra-policies.yaml" --set dra.enabled=true
+expect_count "with DRA, five ValidatingAdmissionPolicies" "$WORK/dra-policies.yaml" '^kind: ValidatingAdmissionPolicy$' 5
+expect "the DRA plugin writes only its own node's slices" "$WORK/dra-policies.yaml" 's.spec.nodeName == variables.nodeName'
+render "$WORK/volume-mounts.yaml" --set devicePlugin.deviceListStrategy=volume-mounts
+expect "deviceListStrategy reaches the device plugin" "$WORK/volume-mounts.yaml" '^            - --device-list-strategy=volume-mounts$'
+if render "$WORK/cdi-cri.yaml" --set devicePlugin.deviceListStrategy=cdi-cri 2>/dev/null; then
+	fail "deviceListStrategy cdi-cri must fail the install"
+else
+	pass "deviceListStrategy cdi-cri fails the install"
+fi
 expect "booking policy covers pods and pods/status" "$D" '^        resources: \[pods, pods/status\]$'
 expect "booking policy covers the annotations of Bindings" "$D" '^        resources: \[pods/binding\]$'
 expect "the extender's write order is rendered" "$D" '^            - --write-decision-at-filter=false$'
