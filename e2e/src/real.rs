@@ -73,7 +73,7 @@ pub enum NodeRuntime {
     /// containers, the device list read from volume mounts (the chart's recommended
     /// `devicePlugin.deviceListStrategy=volume-mounts`).
     Safe,
-    /// No configuration file: the toolkit's defaults, which accept the variable from any
+    /// The file the toolkit installs, with its defaults, which accept the variable from any
     /// container (what HAMi's default `envvar` strategy needs).
     ToolkitDefaults,
 }
@@ -86,7 +86,11 @@ impl NodeRuntime {
                 "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n\
                  accept-nvidia-visible-devices-as-volume-mounts = true\n",
             ),
-            NodeRuntime::ToolkitDefaults => None,
+            NodeRuntime::ToolkitDefaults => Some(
+                "#accept-nvidia-visible-devices-envvar-when-unprivileged = true\n\
+                 #accept-nvidia-visible-devices-as-volume-mounts = false\n\
+                 [nvidia-container-cli]\nldconfig = \"@/sbin/ldconfig\"\n",
+            ),
         }
     }
 }

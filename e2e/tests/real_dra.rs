@@ -613,18 +613,32 @@ async fn slice_writes_are_confined_to_the_plugins_node(
         "the DRA plugin of dra-node creates a slice for dp-node",
         slices.create(&dry, &forged).await,
     )?;
-    let mut moved = own.clone();
-    moved.spec.node_name = Some("dp-node".into());
-    refused(
-        "the DRA plugin of dra-node moves its slice to dp-node",
-        slices
-            .replace(
-                own.metadata.name.as_deref().unwrap_or_default(),
-                &dry,
-                &moved,
-            )
-            .await,
-    )?;
+    // A slice of another node (the administrator's, device-less, for the length of this
+    // check): the DRA node's plugin may neither change nor delete it.
+    let mut other = forged.clone();
+    other.spec.devices = Some(Vec::new());
+    let other = Api::<ResourceSlice>::all(c.admin().clone())
+        .create(&PostParams::default(), &other)
+        .await?;
+    let other_name = other.metadata.name.clone().unwrap_or_default();
+    let mut changed = other.clone();
+    changed.spec.pool.generation += 1;
+    let update = slices.replace(&other_name, &dry, &changed).await;
+    let delete = slices
+        .delete(
+            &other_name,
+            &kube::api::DeleteParams {
+                dry_run: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .map(|_| other.clone());
+    Api::<ResourceSlice>::all(c.admin().clone())
+        .delete(&other_name, &Default::default())
+        .await?;
+    refused("the DRA plugin of dra-node updates dp-node's slice", update)?;
+    refused("the DRA plugin of dra-node deletes dp-node's slice", delete)?;
     let mut own_copy = own.clone();
     own_copy.metadata = kube::api::ObjectMeta {
         generate_name: Some(format!("dra-node-{DRIVER}-")),
