@@ -138,6 +138,16 @@ pub struct ServeArgs {
     /// one with no request in flight. Lowered to fit the open-files limit.
     #[arg(long, env = "TESSERA_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
+    /// Open connections per listener from one source address at most: at the limit a new one
+    /// closes that address's oldest connection with no request in flight, else it is closed. So
+    /// one peer cannot fill --max-connections with busy connections.
+    #[arg(long, env = "TESSERA_MAX_CONNECTIONS_PER_PEER", default_value_t = 64)]
+    pub max_connections_per_peer: usize,
+    /// Requests in flight per listener from one source address at most, over all its
+    /// connections (HTTP/2 streams included); above it a request gets 429 at once. `/healthz`
+    /// and `/readyz` are exempt.
+    #[arg(long, env = "TESSERA_MAX_REQUESTS_PER_PEER", default_value_t = 128)]
+    pub max_requests_per_peer: usize,
     /// Seconds a client has to finish the TLS handshake.
     #[arg(
         long,
@@ -146,14 +156,12 @@ pub struct ServeArgs {
     )]
     pub tls_handshake_timeout_seconds: u64,
     /// Seconds a client has to send a request's headers (HTTP/1).
-    #[arg(
-        long,
-        env = "TESSERA_HEADER_READ_TIMEOUT_SECONDS",
-        default_value_t = 10
-    )]
+    #[arg(long, env = "TESSERA_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 5)]
     pub header_read_timeout_seconds: u64,
-    /// Seconds a client has to send a request's body.
-    #[arg(long, env = "TESSERA_BODY_READ_TIMEOUT_SECONDS", default_value_t = 10)]
+    /// Seconds a client has, once the headers are in, to send the request's body (a whole
+    /// request: at most the header and body deadlines together, 8 s by default). The API
+    /// server and kube-scheduler send theirs at once.
+    #[arg(long, env = "TESSERA_BODY_READ_TIMEOUT_SECONDS", default_value_t = 3)]
     pub body_read_timeout_seconds: u64,
     /// Seconds a connection may stay open with no request in flight.
     #[arg(
@@ -429,6 +437,8 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         body_timeout: secs(args.body_read_timeout_seconds),
         idle_timeout: secs(args.idle_connection_timeout_seconds),
         max_connections: args.max_connections.max(1),
+        max_connections_per_peer: args.max_connections_per_peer.max(1),
+        max_requests_per_peer: args.max_requests_per_peer.max(1),
     };
     // Not `spawn_task`: the servers' results end the daemon.
     let metrics = tokio::spawn(
