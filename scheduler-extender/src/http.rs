@@ -27,7 +27,7 @@ use tessera_scheduler_core::webhook::{self, WebhookConfig};
 
 use crate::edge::{ClusterEdge, EventType, PodEvent};
 use crate::engine::{Command, EngineHandle, Refusal};
-use crate::listen::{BodyTimeout, VerifiedClientCert};
+use crate::listen::{BodyTimeout, PeerCertificates, VerifiedClientCert};
 use crate::metrics::Metrics;
 
 /// HAMi's request body limit.
@@ -43,6 +43,9 @@ pub struct Auth {
     pub token: RwLock<Option<String>>,
     /// A client CA is configured: a verified client certificate authenticates.
     pub client_ca: bool,
+    /// `/webhook` answers only peers whose client certificate this verifies (the API server's,
+    /// `--webhook-client-ca-file`); `None`: anyone who reaches the port.
+    pub webhook_client: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
 }
 
 impl Auth {
@@ -69,6 +72,27 @@ impl Auth {
             }
         }
         Err("unauthenticated: /filter and /bind accept only kube-scheduler (client certificate or bearer token)".to_owned())
+    }
+}
+
+impl Auth {
+    /// `/webhook`: with a webhook client CA, only a certificate it issued.
+    fn check_webhook(&self, ext: &axum::http::Extensions) -> Result<(), String> {
+        let Some(verifier) = &self.webhook_client else {
+            return Ok(());
+        };
+        let verified = ext.get::<PeerCertificates>().is_some_and(|c| {
+            c.0.split_first().is_some_and(|(leaf, chain)| {
+                verifier
+                    .verify_client_cert(leaf, chain, rustls::pki_types::UnixTime::now())
+                    .is_ok()
+            })
+        });
+        if verified {
+            Ok(())
+        } else {
+            Err("forbidden: /webhook answers only the API server (a client certificate from the webhook client CA)".to_owned())
+        }
     }
 }
 
@@ -593,6 +617,12 @@ async fn webhook_handler<E: ClusterEdge>(
     req: axum::extract::Request,
 ) -> Response {
     let (parts, body) = req.into_parts();
+    if let Err(e) = app.auth.check_webhook(&parts.extensions) {
+        return json(
+            StatusCode::FORBIDDEN,
+            serde_json::json!({ "error": e }).to_string(),
+        );
+    }
     let body = match read_body(body, &parts.extensions).await {
         Ok(b) => b,
         Err(r) => return r,

@@ -42,6 +42,11 @@ use tokio_rustls::TlsAcceptor;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VerifiedClientCert(pub bool);
 
+/// Set on each request of a TLS connection whose peer presented a certificate: its chain, end
+/// entity first (verified at the handshake against the union of the configured client CAs).
+#[derive(Debug, Clone)]
+pub struct PeerCertificates(pub Arc<[rustls::pki_types::CertificateDer<'static>]>);
+
 /// Limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServeLimits {
@@ -488,12 +493,17 @@ async fn serve_conn<S>(
             };
             // With a client CA configured, rustls only completes the handshake with a
             // certificate it verified (or none at all).
-            let verified = tls_stream
+            let chain = tls_stream
                 .get_ref()
                 .1
                 .peer_certificates()
-                .is_some_and(|c| !c.is_empty());
-            let router = router.layer(axum::Extension(VerifiedClientCert(verified)));
+                .filter(|c| !c.is_empty())
+                .map(|c| PeerCertificates(c.to_vec().into()));
+            let router = router.layer(axum::Extension(VerifiedClientCert(chain.is_some())));
+            let router = match chain {
+                Some(c) => router.layer(axum::Extension(c)),
+                None => router,
+            };
             run_http(TokioIo::new(tls_stream), router, &state, evicted, limits).await;
         }
     }

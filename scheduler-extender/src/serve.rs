@@ -56,6 +56,13 @@ pub struct ServeArgs {
     /// CA bundle for client certificates: a verified client certificate may call /filter and /bind.
     #[arg(long, env = "TESSERA_CLIENT_CA_FILE", requires = "cert_file")]
     pub client_ca_file: Option<PathBuf>,
+    /// CA bundle of the API server's client certificate: with it, /webhook answers only callers
+    /// presenting a certificate this CA issued (403 otherwise). The API server presents one only
+    /// where its AdmissionConfiguration gives it one (docs/helm.md, "Webhook client
+    /// authentication"). Use a CA that issues nothing else, not the cluster CA. Off by default:
+    /// managed clusters do not let the operator configure the API server so.
+    #[arg(long, env = "TESSERA_WEBHOOK_CLIENT_CA_FILE", requires = "cert_file")]
+    pub webhook_client_ca_file: Option<PathBuf>,
     /// File holding the bearer token /filter and /bind callers must send. Reloaded when it changes.
     #[arg(long, env = "TESSERA_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
@@ -347,9 +354,22 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         Some(p) => Some(read_token(p)?),
         None => None,
     };
+    let webhook_client = match &args.webhook_client_ca_file {
+        Some(p) => Some(
+            tls::client_verifier(&[p.as_path()])
+                .with_context(|| format!("webhook client CA {}", p.display()))?,
+        ),
+        None => None,
+    };
+    if webhook_client.is_none() {
+        tracing::info!(
+            "/webhook answers any caller that reaches it: set --webhook-client-ca-file where the API server presents a client certificate (docs/helm.md)"
+        );
+    }
     let auth = Arc::new(Auth {
         token: RwLock::new(token),
         client_ca: args.client_ca_file.is_some(),
+        webhook_client,
     });
     if auth.is_open() {
         tracing::warn!(
@@ -420,6 +440,7 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: args.client_ca_file.clone(),
+                webhook_client_ca: args.webhook_client_ca_file.clone(),
             };
             let current = Arc::new(RwLock::new(tls::load(&files)?));
             spawn_task(

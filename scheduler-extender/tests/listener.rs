@@ -67,6 +67,7 @@ fn tls() -> Tls {
         cert: c,
         key: k,
         client_ca: None,
+        webhook_client_ca: None,
     })
     .unwrap();
     Tls {
