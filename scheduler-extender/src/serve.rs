@@ -366,9 +366,18 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
             "/webhook answers any caller that reaches it: set --webhook-client-ca-file where the API server presents a client certificate (docs/helm.md)"
         );
     }
+    // With both CAs, each authenticates for its own routes only.
+    let scheduler_client = match (&args.client_ca_file, &webhook_client) {
+        (Some(p), Some(_)) => Some(
+            tls::client_verifier(&[p.as_path()])
+                .with_context(|| format!("extender client CA {}", p.display()))?,
+        ),
+        _ => None,
+    };
     let auth = Arc::new(Auth {
         token: RwLock::new(token),
         client_ca: args.client_ca_file.is_some(),
+        scheduler_client,
         webhook_client,
     });
     if auth.is_open() {

@@ -171,6 +171,7 @@ mod mtls {
             auth: Arc::new(Auth {
                 token: RwLock::new(None),
                 client_ca: true,
+                scheduler_client: None,
                 webhook_client: None,
             }),
             decision: DecisionConfig::default(),
@@ -251,9 +252,11 @@ mod mtls {
 
     /// Issue 28: `/webhook` as a quota oracle. With a webhook client CA, only a certificate that
     /// CA issued (the API server's) gets an answer: no certificate, or kube-scheduler's
-    /// certificate from the extender client CA, gets 403 and learns nothing; probes still work.
+    /// certificate from the extender client CA, gets 403 and learns nothing; probes still work;
+    /// the API server's certificate does not open `/filter`.
     #[tokio::test]
-    async fn with_a_webhook_client_ca_only_the_api_servers_certificate_gets_a_webhook_answer() {
+    async fn with_a_webhook_client_ca_only_the_api_servers_certificate_gets_a_webhook_answer_and_only_kube_schedulers_opens_filter()
+     {
         let pki = pki();
         let (apiserver_ca, apiserver) = client_ca("kube-apiserver");
         let (_, stranger) = client_ca("kube-apiserver");
@@ -276,6 +279,10 @@ mod mtls {
             auth: Arc::new(Auth {
                 token: RwLock::new(None),
                 client_ca: true,
+                scheduler_client: Some(
+                    tessera_scheduler::tls::client_verifier(&[path("sched-ca.pem").as_path()])
+                        .unwrap(),
+                ),
                 webhook_client: Some(
                     tessera_scheduler::tls::client_verifier(&[path("api-ca.pem").as_path()])
                         .unwrap(),
@@ -315,6 +322,17 @@ mod mtls {
         let out = request(port, &pki, Some(&apiserver), &review).await;
         assert!(out.starts_with("HTTP/1.1 200"), "{out}");
         assert!(out.contains(r#""uid":"q1""#), "{out}");
+        // Each CA authenticates for its own routes: the API server's certificate does not open
+        // /filter, kube-scheduler's does.
+        let filter = r#"{"NodeNames":["n1"]}"#;
+        let filter = format!(
+            "POST /filter HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{filter}",
+            filter.len()
+        );
+        let out = request(port, &pki, Some(&apiserver), &filter).await;
+        assert!(out.starts_with("HTTP/1.1 401"), "{out}");
+        let out = request(port, &pki, Some(&pki.client), &filter).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
         let probe = "GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
         let out = request(port, &pki, None, probe).await;
         assert!(out.starts_with("HTTP/1.1 200"), "{out}");
