@@ -14,6 +14,11 @@
 //!   is closed), and at most `max_requests_per_peer` requests in flight over all of them (HTTP/2
 //!   streams included; above it a request is answered 429 at once). `/healthz` and `/readyz`
 //!   are exempt from the request limit: they cost nothing and are answered at once;
+//! * a fair share when several peers together fill the listener with busy connections (a
+//!   tenant's pods each have their own address): a new connection then closes the oldest
+//!   connection of the peer holding the most, if that peer holds more than one more than the
+//!   newcomer, even with a request in flight; only when every peer holds about as many as the
+//!   newcomer is the new connection closed;
 //! * accept errors back off (10 ms doubling to 1 s; descriptor exhaustion also closes the oldest
 //!   idle connection) and are logged at most once per period, with a count.
 
@@ -189,6 +194,36 @@ impl Conns {
     }
 }
 
+impl Conns {
+    /// Closes the oldest connection, busy or not, of the peer holding the most, if it holds
+    /// more than `newcomer + 1` (the connections the new one's peer already has).
+    fn evict_from_busiest(&mut self, newcomer: usize) -> bool {
+        let Some((peer, n)) = self
+            .peers
+            .iter()
+            .max_by_key(|(_, p)| p.conns)
+            .map(|(ip, p)| (*ip, p.conns))
+        else {
+            return false;
+        };
+        if n <= newcomer + 1 {
+            return false;
+        }
+        let victim = self
+            .open
+            .iter()
+            .find(|(_, s)| s.peer == peer)
+            .map(|(id, _)| *id);
+        match victim.and_then(|id| self.remove(id)) {
+            Some(s) => {
+                s.close.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// The open connections of one listener, oldest first, counted per peer.
 #[derive(Debug, Default)]
 pub struct Registry {
@@ -254,15 +289,20 @@ impl Registry {
     }
 
     /// Registers a new connection from `peer`. At the peer's limit the peer's own oldest idle
-    /// connection is closed to make room, at the listener's limit the oldest idle one of any
-    /// peer; when there is none, the new connection must be closed.
+    /// connection is closed to make room; at the listener's limit the oldest idle one of any
+    /// peer, else the oldest of the peer holding the most (see the module documentation); when
+    /// there is none, the new connection must be closed.
     pub fn admit(self: &Arc<Self>, peer: IpAddr, limits: ConnLimits) -> Result<Slot, Refused> {
         let mut g = self.inner.lock().map_err(|_| Refused::Full)?;
         let of_peer = g.peers.get(&peer).map_or(0, |p| p.conns);
         if of_peer >= limits.max_connections_per_peer.max(1) && !g.evict_idle(|s| s.peer == peer) {
             return Err(Refused::PeerFull);
         }
-        if g.open.len() >= limits.max_connections.max(1) && !g.evict_idle(|_| true) {
+        let of_peer = g.peers.get(&peer).map_or(0, |p| p.conns);
+        if g.open.len() >= limits.max_connections.max(1)
+            && !g.evict_idle(|_| true)
+            && !g.evict_from_busiest(of_peer)
+        {
             return Err(Refused::Full);
         }
         g.next_id += 1;
@@ -781,5 +821,33 @@ mod tests {
         assert_eq!(r.peer_len(flood), 0);
         drop((theirs, more));
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn peers_that_together_fill_the_listener_with_busy_connections_give_way_to_a_newcomer() {
+        let r = Arc::new(Registry::default());
+        let l = limits(6, 5);
+        let (a, b, c): (IpAddr, IpAddr, IpAddr) = (
+            "10.0.0.1".parse().unwrap(),
+            "10.0.0.2".parse().unwrap(),
+            "10.0.0.3".parse().unwrap(),
+        );
+        let busy = |ip| {
+            let s = r.admit(ip, l).expect("admitted");
+            let g = InFlight::enter(&s.state);
+            (s, g)
+        };
+        let _a: Vec<_> = (0..5).map(|_| busy(a)).collect();
+        let _b = busy(b);
+        // Full, every connection busy: the newcomer takes the place of the peer holding most.
+        let _c1 = busy(c);
+        let _c2 = busy(c);
+        assert_eq!((r.peer_len(a), r.peer_len(b), r.peer_len(c)), (3, 1, 2));
+        // a holds only one more than c: c's next connection is refused, b's is not.
+        assert_eq!(r.admit(c, l).err(), Some(Refused::Full));
+        let _b2 = busy(b);
+        assert_eq!((r.peer_len(a), r.peer_len(b), r.peer_len(c)), (2, 2, 2));
+        assert_eq!(r.admit(a, l).err(), Some(Refused::Full));
+        assert_eq!(r.len(), 6);
     }
 }

@@ -334,6 +334,44 @@ async fn a_thousand_busy_connections_from_one_peer_leave_healthz_and_another_ten
     drop(flood);
 }
 
+/// A tenant's pods each have their own address: eight peers together fill the listener with
+/// busy connections (each within its per-peer limit). The API server, a new peer, still gets
+/// its webhook call answered within 5 s, and `/healthz` answers: the peer holding the most
+/// gives way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_connections_from_many_peers_filling_the_listener_give_way_to_a_new_peer() {
+    let limits = ServeLimits {
+        header_timeout: Duration::from_secs(30),
+        body_timeout: Duration::from_secs(30),
+        max_connections: 32,
+        max_connections_per_peer: 8,
+        ..LIMITS
+    };
+    let port = start_with(None, limits).await;
+    let mut flood = Vec::new();
+    for i in 10..18 {
+        for _ in 0..8 {
+            if let Ok(mut s) = connect_from(&format!("127.0.0.{i}"), port).await {
+                let _ = s.write_all(STALLED_WEBHOOK.as_bytes()).await;
+                flood.push(s);
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for round in 0..3 {
+        let started = Instant::now();
+        let mut c = connect_from("127.0.0.3", port).await.unwrap();
+        let out = exchange(&mut c, &gpu_pod_review()).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "webhook {round}: {out:?}");
+        assert!(out.contains(r#""allowed":true"#), "{out}");
+        assert!(started.elapsed() < Duration::from_secs(5), "slow");
+        let mut c = connect_from("127.0.0.1", port).await.unwrap();
+        let out = exchange(&mut c, &get("/healthz")).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "/healthz {round}: {out:?}");
+    }
+    drop(flood);
+}
+
 /// One peer's requests in flight are bounded over its connections: above the limit a request
 /// is answered 429 at once (not queued), while its `/healthz` and another peer's requests go
 /// through.
