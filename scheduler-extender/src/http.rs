@@ -27,7 +27,7 @@ use tessera_scheduler_core::webhook::{self, WebhookConfig};
 
 use crate::edge::{ClusterEdge, EventType, PodEvent};
 use crate::engine::{Command, EngineHandle, Refusal};
-use crate::listen::{BodyTimeout, VerifiedClientCert};
+use crate::listen::{BodyTimeout, PeerCertificates, VerifiedClientCert};
 use crate::metrics::Metrics;
 
 /// HAMi's request body limit.
@@ -43,6 +43,13 @@ pub struct Auth {
     pub token: RwLock<Option<String>>,
     /// A client CA is configured: a verified client certificate authenticates.
     pub client_ca: bool,
+    /// With it, `/filter` and `/bind` accept only a certificate this verifies (the extender
+    /// client CA's), not any certificate the handshake accepted: the handshake also accepts the
+    /// webhook client CA's, which must not call `/filter` or `/bind`.
+    pub scheduler_client: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+    /// `/webhook` answers only peers whose client certificate this verifies (the API server's,
+    /// `--webhook-client-ca-file`); `None`: anyone who reaches the port.
+    pub webhook_client: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
 }
 
 impl Auth {
@@ -50,12 +57,21 @@ impl Auth {
         !self.client_ca && self.token.read().map(|t| t.is_none()).unwrap_or(false)
     }
 
-    fn check(&self, headers: &HeaderMap, cert: Option<VerifiedClientCert>) -> Result<(), String> {
+    fn check(
+        &self,
+        headers: &HeaderMap,
+        cert: Option<VerifiedClientCert>,
+        chain: Option<&PeerCertificates>,
+    ) -> Result<(), String> {
         if self.is_open() {
             return Ok(());
         }
         if self.client_ca && cert.is_some_and(|c| c.0) {
-            return Ok(());
+            match &self.scheduler_client {
+                None => return Ok(()),
+                Some(v) if verified_by(v.as_ref(), chain) => return Ok(()),
+                Some(_) => {}
+            }
         }
         let expected = self.token.read().ok().and_then(|t| t.clone());
         if let Some(expected) = expected {
@@ -70,6 +86,34 @@ impl Auth {
         }
         Err("unauthenticated: /filter and /bind accept only kube-scheduler (client certificate or bearer token)".to_owned())
     }
+}
+
+impl Auth {
+    /// `/webhook`: with a webhook client CA, only a certificate it issued.
+    fn check_webhook(&self, ext: &axum::http::Extensions) -> Result<(), String> {
+        let Some(verifier) = &self.webhook_client else {
+            return Ok(());
+        };
+        if verified_by(verifier.as_ref(), ext.get::<PeerCertificates>()) {
+            Ok(())
+        } else {
+            Err("forbidden: /webhook answers only the API server (a client certificate from the webhook client CA)".to_owned())
+        }
+    }
+}
+
+/// The peer's certificate chain is one `verifier` accepts.
+fn verified_by(
+    verifier: &dyn rustls::server::danger::ClientCertVerifier,
+    chain: Option<&PeerCertificates>,
+) -> bool {
+    chain.is_some_and(|c| {
+        c.0.split_first().is_some_and(|(leaf, rest)| {
+            verifier
+                .verify_client_cert(leaf, rest, rustls::pki_types::UnixTime::now())
+                .is_ok()
+        })
+    })
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -246,7 +290,11 @@ async fn extender_call<E: ClusterEdge>(
 ) -> Response {
     let started = Instant::now();
     let (parts, body) = req.into_parts();
-    if let Err(e) = app.auth.check(&parts.headers, cert_of(&parts.extensions)) {
+    if let Err(e) = app.auth.check(
+        &parts.headers,
+        cert_of(&parts.extensions),
+        parts.extensions.get::<PeerCertificates>(),
+    ) {
         app.metrics.decision(call.verb(), "Unauthenticated");
         return json(StatusCode::UNAUTHORIZED, call.refusal(e));
     }
@@ -593,6 +641,12 @@ async fn webhook_handler<E: ClusterEdge>(
     req: axum::extract::Request,
 ) -> Response {
     let (parts, body) = req.into_parts();
+    if let Err(e) = app.auth.check_webhook(&parts.extensions) {
+        return json(
+            StatusCode::FORBIDDEN,
+            serde_json::json!({ "error": e }).to_string(),
+        );
+    }
     let body = match read_body(body, &parts.extensions).await {
         Ok(b) => b,
         Err(r) => return r,

@@ -8,12 +8,24 @@
 //!   in flight: a handshake not finished, headers not complete, a keep-alive pause), so a flood of
 //!   idle connections cannot keep `/healthz` or a real caller out, and a connection serving a
 //!   request is never cut; when every connection is busy, the new one is closed;
+//! * per peer (source IP address) limits, so that one peer cannot fill the listener with
+//!   connections that each keep a request in flight: at most `max_connections_per_peer` open
+//!   connections (at that limit a new one closes the peer's own oldest idle connection, else it
+//!   is closed), and at most `max_requests_per_peer` requests in flight over all of them (HTTP/2
+//!   streams included; above it a request is answered 429 at once). `/healthz` and `/readyz`
+//!   are exempt from the request limit: they cost nothing and are answered at once;
+//! * a fair share when several peers together fill the listener with busy connections (a
+//!   tenant's pods each have their own address): a new connection then closes the oldest
+//!   connection of the peer holding the most, if that peer holds more than one more than the
+//!   newcomer, even with a request in flight; only when every peer holds about as many as the
+//!   newcomer is the new connection closed;
 //! * accept errors back off (10 ms doubling to 1 s; descriptor exhaustion also closes the oldest
 //!   idle connection) and are logged at most once per period, with a count.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -35,6 +47,11 @@ use tokio_rustls::TlsAcceptor;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VerifiedClientCert(pub bool);
 
+/// Set on each request of a TLS connection whose peer presented a certificate: its chain, end
+/// entity first (verified at the handshake against the union of the configured client CAs).
+#[derive(Debug, Clone)]
+pub struct PeerCertificates(pub Arc<[rustls::pki_types::CertificateDer<'static>]>);
+
 /// Limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServeLimits {
@@ -48,16 +65,22 @@ pub struct ServeLimits {
     pub idle_timeout: Duration,
     /// Open connections at most (see the module documentation).
     pub max_connections: usize,
+    /// Open connections of one source address at most.
+    pub max_connections_per_peer: usize,
+    /// Requests in flight from one source address at most (over all its connections).
+    pub max_requests_per_peer: usize,
 }
 
 impl Default for ServeLimits {
     fn default() -> Self {
         ServeLimits {
             handshake_timeout: Duration::from_secs(10),
-            header_timeout: Duration::from_secs(10),
-            body_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_secs(3),
             idle_timeout: Duration::from_secs(90),
             max_connections: 1024,
+            max_connections_per_peer: 64,
+            max_requests_per_peer: 128,
         }
     }
 }
@@ -83,6 +106,9 @@ pub fn effective_max_connections(wanted: usize, nofile: Option<usize>) -> usize 
 /// One open connection, as the registry sees it.
 #[derive(Debug)]
 struct ConnState {
+    peer: IpAddr,
+    /// Requests in flight of every connection of this peer.
+    peer_in_flight: Arc<AtomicUsize>,
     in_flight: AtomicUsize,
     /// Wakes the connection's task to close it (eviction).
     close: Notify,
@@ -103,14 +129,16 @@ impl ConnState {
     }
 }
 
-/// Counts a request in flight on its connection while alive.
+/// Counts a request in flight on its connection and for its peer while alive.
 struct InFlight(Arc<ConnState>);
 
 impl InFlight {
-    fn enter(state: &Arc<ConnState>) -> Self {
+    /// Enters a request; also returns the peer's requests in flight, this one included.
+    fn enter(state: &Arc<ConnState>) -> (Self, usize) {
         state.in_flight.fetch_add(1, Ordering::AcqRel);
+        let peer = state.peer_in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         state.touch();
-        InFlight(state.clone())
+        (InFlight(state.clone()), peer)
     }
 }
 
@@ -118,13 +146,104 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.touch();
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.peer_in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// The open connections of one listener, oldest first.
+/// Open connections and requests in flight of one source address.
+#[derive(Debug, Default)]
+struct Peer {
+    conns: usize,
+    in_flight: Arc<AtomicUsize>,
+}
+
+#[derive(Debug, Default)]
+struct Conns {
+    next_id: u64,
+    /// Oldest first.
+    open: BTreeMap<u64, Arc<ConnState>>,
+    peers: HashMap<IpAddr, Peer>,
+}
+
+impl Conns {
+    fn remove(&mut self, id: u64) -> Option<Arc<ConnState>> {
+        let s = self.open.remove(&id)?;
+        if let Some(p) = self.peers.get_mut(&s.peer) {
+            p.conns = p.conns.saturating_sub(1);
+            if p.conns == 0 {
+                self.peers.remove(&s.peer);
+            }
+        }
+        Some(s)
+    }
+
+    /// Closes the oldest connection with no request in flight among those `which` selects.
+    fn evict_idle(&mut self, which: impl Fn(&ConnState) -> bool) -> bool {
+        let victim = self
+            .open
+            .iter()
+            .find(|(_, s)| which(s) && s.in_flight.load(Ordering::Acquire) == 0)
+            .map(|(id, _)| *id);
+        match victim.and_then(|id| self.remove(id)) {
+            Some(s) => {
+                s.close.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Conns {
+    /// Closes the oldest connection, busy or not, of the peer holding the most, if it holds
+    /// more than `newcomer + 1` (the connections the new one's peer already has).
+    fn evict_from_busiest(&mut self, newcomer: usize) -> bool {
+        let Some((peer, n)) = self
+            .peers
+            .iter()
+            .max_by_key(|(_, p)| p.conns)
+            .map(|(ip, p)| (*ip, p.conns))
+        else {
+            return false;
+        };
+        if n <= newcomer + 1 {
+            return false;
+        }
+        let victim = self
+            .open
+            .iter()
+            .find(|(_, s)| s.peer == peer)
+            .map(|(id, _)| *id);
+        match victim.and_then(|id| self.remove(id)) {
+            Some(s) => {
+                s.close.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The open connections of one listener, oldest first, counted per peer.
 #[derive(Debug, Default)]
 pub struct Registry {
-    inner: Mutex<(u64, BTreeMap<u64, Arc<ConnState>>)>,
+    inner: Mutex<Conns>,
+}
+
+/// Connection limits the registry enforces at admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLimits {
+    pub max_connections: usize,
+    pub max_connections_per_peer: usize,
+}
+
+/// Why a new connection was closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The listener is at its connection limit and every connection is busy.
+    Full,
+    /// The peer is at its connection limit and each of its connections is busy.
+    PeerFull,
 }
 
 /// A registered connection; unregisters on drop.
@@ -138,7 +257,7 @@ pub struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Ok(mut g) = self.registry.inner.lock() {
-            g.1.remove(&self.id);
+            g.remove(self.id);
         }
     }
 }
@@ -146,47 +265,59 @@ impl Drop for Slot {
 impl Registry {
     /// Open connections.
     pub fn len(&self) -> usize {
-        self.inner.lock().map(|g| g.1.len()).unwrap_or(0)
+        self.inner.lock().map(|g| g.open.len()).unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Closes the oldest connection with no request in flight; false if there is none.
-    pub fn evict_idle(&self) -> bool {
-        let Ok(mut g) = self.inner.lock() else {
-            return false;
-        };
-        let victim =
-            g.1.iter()
-                .find(|(_, s)| s.in_flight.load(Ordering::Acquire) == 0)
-                .map(|(id, _)| *id);
-        match victim.and_then(|id| g.1.remove(&id)) {
-            Some(s) => {
-                s.close.notify_one();
-                true
-            }
-            None => false,
-        }
+    /// Open connections of `peer`.
+    pub fn peer_len(&self, peer: IpAddr) -> usize {
+        self.inner
+            .lock()
+            .map(|g| g.peers.get(&peer).map_or(0, |p| p.conns))
+            .unwrap_or(0)
     }
 
-    /// Registers a new connection, closing the oldest idle one at the limit; `None`: every
-    /// connection is busy, the new one must be closed.
-    pub fn admit(self: &Arc<Self>, max: usize) -> Option<Slot> {
-        if self.len() >= max && !self.evict_idle() {
-            return None;
+    /// Closes the oldest connection with no request in flight; false if there is none.
+    pub fn evict_idle(&self) -> bool {
+        self.inner
+            .lock()
+            .map(|mut g| g.evict_idle(|_| true))
+            .unwrap_or(false)
+    }
+
+    /// Registers a new connection from `peer`. At the peer's limit the peer's own oldest idle
+    /// connection is closed to make room; at the listener's limit the oldest idle one of any
+    /// peer, else the oldest of the peer holding the most (see the module documentation); when
+    /// there is none, the new connection must be closed.
+    pub fn admit(self: &Arc<Self>, peer: IpAddr, limits: ConnLimits) -> Result<Slot, Refused> {
+        let mut g = self.inner.lock().map_err(|_| Refused::Full)?;
+        let of_peer = g.peers.get(&peer).map_or(0, |p| p.conns);
+        if of_peer >= limits.max_connections_per_peer.max(1) && !g.evict_idle(|s| s.peer == peer) {
+            return Err(Refused::PeerFull);
         }
-        let mut g = self.inner.lock().ok()?;
-        g.0 += 1;
-        let id = g.0;
+        let of_peer = g.peers.get(&peer).map_or(0, |p| p.conns);
+        if g.open.len() >= limits.max_connections.max(1)
+            && !g.evict_idle(|_| true)
+            && !g.evict_from_busiest(of_peer)
+        {
+            return Err(Refused::Full);
+        }
+        g.next_id += 1;
+        let id = g.next_id;
+        let p = g.peers.entry(peer).or_default();
+        p.conns += 1;
         let state = Arc::new(ConnState {
+            peer,
+            peer_in_flight: p.in_flight.clone(),
             in_flight: AtomicUsize::new(0),
             close: Notify::new(),
             last_active: Mutex::new(Instant::now()),
         });
-        g.1.insert(id, state.clone());
-        Some(Slot {
+        g.open.insert(id, state.clone());
+        Ok(Slot {
             registry: self.clone(),
             id,
             state,
@@ -291,41 +422,55 @@ impl AcceptBackoff {
     }
 }
 
-/// A source of connections (a `TcpListener`, or a test's stand-in).
+/// A source of connections and their peers' addresses (a `TcpListener`, or a test's stand-in).
 pub trait Accept {
     type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
-    fn accept(&mut self) -> impl Future<Output = io::Result<Self::Stream>> + Send;
+    fn accept(&mut self) -> impl Future<Output = io::Result<(Self::Stream, IpAddr)>> + Send;
 }
 
 impl Accept for TcpListener {
     type Stream = TcpStream;
-    async fn accept(&mut self) -> io::Result<TcpStream> {
-        TcpListener::accept(self).await.map(|(s, _)| s)
+    async fn accept(&mut self) -> io::Result<(TcpStream, IpAddr)> {
+        // An IPv4 peer of a dual-stack socket counts as its IPv4 address.
+        TcpListener::accept(self)
+            .await
+            .map(|(s, a)| (s, a.ip().to_canonical()))
     }
 }
 
 /// Accepts forever: each stream goes to `on_conn` with its registry slot (or is dropped, i.e.
-/// closed, when every slot is busy). Errors back off and are logged at most once per period.
+/// closed, when the registry refuses it). Errors back off and are logged at most once per period.
 pub async fn accept_loop<A: Accept>(
     mut acceptor: A,
     registry: Arc<Registry>,
-    max_connections: usize,
+    limits: ConnLimits,
     mut on_conn: impl FnMut(A::Stream, Slot),
 ) {
     let mut backoff = AcceptBackoff::default();
     let mut refused = RateLimitedLog::new(Duration::from_secs(10));
+    let mut peer_refused = RateLimitedLog::new(Duration::from_secs(10));
     loop {
         match acceptor.accept().await {
-            Ok(stream) => {
+            Ok((stream, peer)) => {
                 backoff.on_success();
-                match registry.admit(max_connections) {
-                    Some(slot) => on_conn(stream, slot),
-                    None => {
+                match registry.admit(peer, limits) {
+                    Ok(slot) => on_conn(stream, slot),
+                    Err(Refused::Full) => {
                         if let Some(n) = refused.note(Instant::now()) {
                             tracing::warn!(
-                                max_connections,
+                                max_connections = limits.max_connections,
                                 not_logged = n,
                                 "connection limit reached with every connection busy: closing new connections"
+                            );
+                        }
+                    }
+                    Err(Refused::PeerFull) => {
+                        if let Some(n) = peer_refused.note(Instant::now()) {
+                            tracing::warn!(
+                                %peer,
+                                max_connections_per_peer = limits.max_connections_per_peer,
+                                not_logged = n,
+                                "a peer reached its connection limit with every one of its connections busy: closing its new connections"
                             );
                         }
                     }
@@ -388,16 +533,32 @@ async fn serve_conn<S>(
             };
             // With a client CA configured, rustls only completes the handshake with a
             // certificate it verified (or none at all).
-            let verified = tls_stream
+            let chain = tls_stream
                 .get_ref()
                 .1
                 .peer_certificates()
-                .is_some_and(|c| !c.is_empty());
-            let router = router.layer(axum::Extension(VerifiedClientCert(verified)));
+                .filter(|c| !c.is_empty())
+                .map(|c| PeerCertificates(c.to_vec().into()));
+            let router = router.layer(axum::Extension(VerifiedClientCert(chain.is_some())));
+            let router = match chain {
+                Some(c) => router.layer(axum::Extension(c)),
+                None => router,
+            };
             run_http(TokioIo::new(tls_stream), router, &state, evicted, limits).await;
         }
     }
     drop(slot);
+}
+
+/// The answer to a request over its peer's limit of requests in flight.
+fn too_many_requests(limit: usize) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        axum::http::StatusCode::TOO_MANY_REQUESTS,
+        [(axum::http::header::RETRY_AFTER, "1")],
+        format!("more than {limit} requests in flight from this address"),
+    )
+        .into_response()
 }
 
 async fn run_http<I>(
@@ -411,11 +572,16 @@ async fn run_http<I>(
 {
     let inner = TowerToHyperService::new(router);
     let st = state.clone();
-    let svc = hyper::service::service_fn(move |req| {
-        let guard = InFlight::enter(&st);
-        let fut = inner.call(req);
+    let per_peer = limits.max_requests_per_peer.max(1);
+    let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let (guard, peer_in_flight) = InFlight::enter(&st);
+        let exempt = matches!(req.uri().path(), "/healthz" | "/readyz");
+        let fut = (exempt || peer_in_flight <= per_peer).then(|| inner.call(req));
         async move {
-            let r = fut.await;
+            let r = match fut {
+                Some(fut) => fut.await,
+                None => Ok(too_many_requests(per_peer)),
+            };
             drop(guard);
             r
         }
@@ -473,7 +639,11 @@ pub async fn serve_listener(
         );
     }
     let registry = Arc::new(Registry::default());
-    accept_loop(listener, registry, max, move |stream, slot| {
+    let conn_limits = ConnLimits {
+        max_connections: max,
+        max_connections_per_peer: limits.max_connections_per_peer.min(max),
+    };
+    accept_loop(listener, registry, conn_limits, move |stream, slot| {
         let _ = stream.set_nodelay(true);
         let cfg = match &tls {
             None => None,
@@ -535,7 +705,7 @@ mod tests {
 
     impl Accept for Exhausted {
         type Stream = tokio::io::DuplexStream;
-        async fn accept(&mut self) -> io::Result<Self::Stream> {
+        async fn accept(&mut self) -> io::Result<(Self::Stream, IpAddr)> {
             self.0.fetch_add(1, Ordering::Relaxed);
             Err(io::Error::from_raw_os_error(24))
         }
@@ -573,8 +743,13 @@ mod tests {
             rt.block_on(async {
                 let registry = Arc::new(Registry::default());
                 // An idle connection is closed to free a descriptor.
-                let idle = registry.admit(10).expect("slot");
-                let run = accept_loop(Exhausted(calls.clone()), registry.clone(), 10, |_, _| {});
+                let idle = registry.admit(LOCAL, limits(10, 10)).expect("slot");
+                let run = accept_loop(
+                    Exhausted(calls.clone()),
+                    registry.clone(),
+                    limits(10, 10),
+                    |_, _| {},
+                );
                 let _ = tokio::time::timeout(Duration::from_millis(1500), run).await;
                 assert!(registry.is_empty(), "the idle connection was evicted");
                 drop(idle);
@@ -587,22 +762,92 @@ mod tests {
         assert_eq!(lines, 1, "{lines} log lines");
     }
 
+    const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    fn limits(max_connections: usize, max_connections_per_peer: usize) -> ConnLimits {
+        ConnLimits {
+            max_connections,
+            max_connections_per_peer,
+        }
+    }
+
     #[test]
     fn at_the_limit_the_oldest_idle_connection_makes_room_and_busy_ones_stay() {
         let r = Arc::new(Registry::default());
-        let a = r.admit(2).expect("a");
-        let b = r.admit(2).expect("b");
+        let l = limits(2, 2);
+        let a = r.admit(LOCAL, l).expect("a");
+        let b = r.admit(LOCAL, l).expect("b");
         let _busy = InFlight::enter(&a.state);
         // a is busy, b is idle: c takes b's place.
-        let c = r.admit(2).expect("c");
+        let c = r.admit(LOCAL, l).expect("c");
         assert_eq!(r.len(), 2);
         let _busy_c = InFlight::enter(&c.state);
         // Both busy: refused.
-        assert!(r.admit(2).is_none());
+        assert_eq!(r.admit(LOCAL, l).err(), Some(Refused::PeerFull));
         drop(b);
         assert_eq!(r.len(), 2);
         assert_eq!(effective_max_connections(1024, Some(256)), 112);
         assert_eq!(effective_max_connections(1024, None), 1024);
         assert_eq!(effective_max_connections(1024, Some(10)), 1);
+    }
+
+    #[test]
+    fn one_peer_with_every_connection_busy_leaves_room_for_another_peer() {
+        let r = Arc::new(Registry::default());
+        let l = limits(8, 5);
+        let flood: IpAddr = "127.0.0.2".parse().unwrap();
+        let other: IpAddr = "127.0.0.3".parse().unwrap();
+        let busy: Vec<_> = (0..5)
+            .map(|_| {
+                let s = r.admit(flood, l).expect("within the peer's limit");
+                let g = InFlight::enter(&s.state);
+                (s, g)
+            })
+            .collect();
+        for _ in 0..100 {
+            assert_eq!(r.admit(flood, l).err(), Some(Refused::PeerFull));
+        }
+        assert_eq!(r.peer_len(flood), 5);
+        let theirs: Vec<_> = (0..3).map(|_| r.admit(other, l).expect("other")).collect();
+        assert_eq!(r.len(), 8);
+        // The listener is full: another peer's idle connection makes room, never a busy one.
+        let more = r
+            .admit(other, l)
+            .expect("evicts an idle one of the other peer");
+        assert_eq!((r.peer_len(flood), r.peer_len(other)), (5, 3));
+        // The peer's requests in flight are counted over its connections.
+        assert_eq!(busy[0].0.state.peer_in_flight.load(Ordering::Acquire), 5);
+        drop(busy);
+        assert_eq!(r.peer_len(flood), 0);
+        drop((theirs, more));
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn peers_that_together_fill_the_listener_with_busy_connections_give_way_to_a_newcomer() {
+        let r = Arc::new(Registry::default());
+        let l = limits(6, 5);
+        let (a, b, c): (IpAddr, IpAddr, IpAddr) = (
+            "10.0.0.1".parse().unwrap(),
+            "10.0.0.2".parse().unwrap(),
+            "10.0.0.3".parse().unwrap(),
+        );
+        let busy = |ip| {
+            let s = r.admit(ip, l).expect("admitted");
+            let g = InFlight::enter(&s.state);
+            (s, g)
+        };
+        let _a: Vec<_> = (0..5).map(|_| busy(a)).collect();
+        let _b = busy(b);
+        // Full, every connection busy: the newcomer takes the place of the peer holding most.
+        let _c1 = busy(c);
+        let _c2 = busy(c);
+        assert_eq!((r.peer_len(a), r.peer_len(b), r.peer_len(c)), (3, 1, 2));
+        // a holds only one more than c: c's next connection is refused, b's is not.
+        assert_eq!(r.admit(c, l).err(), Some(Refused::Full));
+        let _b2 = busy(b);
+        assert_eq!((r.peer_len(a), r.peer_len(b), r.peer_len(c)), (2, 2, 2));
+        assert_eq!(r.admit(a, l).err(), Some(Refused::Full));
+        assert_eq!(r.len(), 6);
     }
 }

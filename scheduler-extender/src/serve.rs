@@ -56,6 +56,13 @@ pub struct ServeArgs {
     /// CA bundle for client certificates: a verified client certificate may call /filter and /bind.
     #[arg(long, env = "TESSERA_CLIENT_CA_FILE", requires = "cert_file")]
     pub client_ca_file: Option<PathBuf>,
+    /// CA bundle of the API server's client certificate: with it, /webhook answers only callers
+    /// presenting a certificate this CA issued (403 otherwise). The API server presents one only
+    /// where its AdmissionConfiguration gives it one (docs/helm.md, "Webhook client
+    /// authentication"). Use a CA that issues nothing else, not the cluster CA. Off by default:
+    /// managed clusters do not let the operator configure the API server so.
+    #[arg(long, env = "TESSERA_WEBHOOK_CLIENT_CA_FILE", requires = "cert_file")]
+    pub webhook_client_ca_file: Option<PathBuf>,
     /// File holding the bearer token /filter and /bind callers must send. Reloaded when it changes.
     #[arg(long, env = "TESSERA_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
@@ -138,6 +145,16 @@ pub struct ServeArgs {
     /// one with no request in flight. Lowered to fit the open-files limit.
     #[arg(long, env = "TESSERA_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
+    /// Open connections per listener from one source address at most: at the limit a new one
+    /// closes that address's oldest connection with no request in flight, else it is closed. So
+    /// one peer cannot fill --max-connections with busy connections.
+    #[arg(long, env = "TESSERA_MAX_CONNECTIONS_PER_PEER", default_value_t = 64)]
+    pub max_connections_per_peer: usize,
+    /// Requests in flight per listener from one source address at most, over all its
+    /// connections (HTTP/2 streams included); above it a request gets 429 at once. `/healthz`
+    /// and `/readyz` are exempt.
+    #[arg(long, env = "TESSERA_MAX_REQUESTS_PER_PEER", default_value_t = 128)]
+    pub max_requests_per_peer: usize,
     /// Seconds a client has to finish the TLS handshake.
     #[arg(
         long,
@@ -146,14 +163,12 @@ pub struct ServeArgs {
     )]
     pub tls_handshake_timeout_seconds: u64,
     /// Seconds a client has to send a request's headers (HTTP/1).
-    #[arg(
-        long,
-        env = "TESSERA_HEADER_READ_TIMEOUT_SECONDS",
-        default_value_t = 10
-    )]
+    #[arg(long, env = "TESSERA_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 5)]
     pub header_read_timeout_seconds: u64,
-    /// Seconds a client has to send a request's body.
-    #[arg(long, env = "TESSERA_BODY_READ_TIMEOUT_SECONDS", default_value_t = 10)]
+    /// Seconds a client has, once the headers are in, to send the request's body (a whole
+    /// request: at most the header and body deadlines together, 8 s by default). The API
+    /// server and kube-scheduler send theirs at once.
+    #[arg(long, env = "TESSERA_BODY_READ_TIMEOUT_SECONDS", default_value_t = 3)]
     pub body_read_timeout_seconds: u64,
     /// Seconds a connection may stay open with no request in flight.
     #[arg(
@@ -339,9 +354,31 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         Some(p) => Some(read_token(p)?),
         None => None,
     };
+    let webhook_client = match &args.webhook_client_ca_file {
+        Some(p) => Some(
+            tls::client_verifier(&[p.as_path()])
+                .with_context(|| format!("webhook client CA {}", p.display()))?,
+        ),
+        None => None,
+    };
+    if webhook_client.is_none() {
+        tracing::info!(
+            "/webhook answers any caller that reaches it: set --webhook-client-ca-file where the API server presents a client certificate (docs/helm.md)"
+        );
+    }
+    // With both CAs, each authenticates for its own routes only.
+    let scheduler_client = match (&args.client_ca_file, &webhook_client) {
+        (Some(p), Some(_)) => Some(
+            tls::client_verifier(&[p.as_path()])
+                .with_context(|| format!("extender client CA {}", p.display()))?,
+        ),
+        _ => None,
+    };
     let auth = Arc::new(Auth {
         token: RwLock::new(token),
         client_ca: args.client_ca_file.is_some(),
+        scheduler_client,
+        webhook_client,
     });
     if auth.is_open() {
         tracing::warn!(
@@ -412,6 +449,7 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: args.client_ca_file.clone(),
+                webhook_client_ca: args.webhook_client_ca_file.clone(),
             };
             let current = Arc::new(RwLock::new(tls::load(&files)?));
             spawn_task(
@@ -429,6 +467,8 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         body_timeout: secs(args.body_read_timeout_seconds),
         idle_timeout: secs(args.idle_connection_timeout_seconds),
         max_connections: args.max_connections.max(1),
+        max_connections_per_peer: args.max_connections_per_peer.max(1),
+        max_requests_per_peer: args.max_requests_per_peer.max(1),
     };
     // Not `spawn_task`: the servers' results end the daemon.
     let metrics = tokio::spawn(

@@ -1,5 +1,6 @@
-//! TLS with rustls: server certificate (reloaded when its files change), optional client CA for
-//! mTLS callers; the listener itself (limits, timeouts, the accept loop) is [`crate::listen`].
+//! TLS with rustls: server certificate (reloaded when its files change), optional client CAs for
+//! mTLS callers (kube-scheduler on `/filter` and `/bind`, the API server on `/webhook`); the
+//! listener itself (limits, timeouts, the accept loop) is [`crate::listen`].
 
 use std::io::BufReader;
 use std::net::SocketAddr;
@@ -10,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use axum::Router;
 use rustls::ServerConfig;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::danger::ClientCertVerifier;
 use tokio::net::TcpListener;
 
 use crate::listen::ServeLimits;
@@ -33,7 +35,10 @@ pub enum TlsError {
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// CA of kube-scheduler's client certificate (`/filter`, `/bind`).
     pub client_ca: Option<PathBuf>,
+    /// CA of the API server's client certificate (`/webhook`).
+    pub webhook_client_ca: Option<PathBuf>,
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
@@ -73,32 +78,42 @@ fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         })
 }
 
+/// A verifier of client certificates issued by the CAs in `cas` (PEM bundles); it also lets
+/// peers without a certificate complete the handshake (the handlers decide what they may call).
+pub fn client_verifier(cas: &[&Path]) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in cas {
+        for c in certs(ca)? {
+            roots
+                .add(c)
+                .map_err(|e| TlsError::Rustls(format!("{}: {e}", ca.display())))?;
+        }
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TlsError::Rustls(e.to_string()))
+}
+
 /// Builds the server configuration from the files.
 pub fn load(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Rustls(e.to_string()))?;
-    let builder = match &files.client_ca {
-        None => builder.with_no_client_auth(),
-        Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for c in certs(ca)? {
-                roots
-                    .add(c)
-                    .map_err(|e| TlsError::Rustls(format!("{}: {e}", ca.display())))?;
-            }
-            // The webhook's caller (kube-apiserver) may not present a client certificate, so
-            // the handshake allows anonymous peers; /filter and /bind then demand a verified one.
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                Arc::new(roots),
-                provider,
-            )
-            .allow_unauthenticated()
-            .build()
-            .map_err(|e| TlsError::Rustls(e.to_string()))?;
-            builder.with_client_cert_verifier(verifier)
-        }
+    let cas: Vec<&Path> = [&files.client_ca, &files.webhook_client_ca]
+        .into_iter()
+        .flatten()
+        .map(PathBuf::as_path)
+        .collect();
+    let builder = if cas.is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        // Peers without a certificate still complete the handshake (probes, token callers); a
+        // certificate, when sent, must come from one of the CAs. Which CA issued it decides what
+        // it authenticates for ([`crate::http::Auth`]).
+        builder.with_client_cert_verifier(client_verifier(&cas)?)
     };
     let mut cfg = builder
         .with_single_cert(certs(&files.cert)?, key(&files.key)?)
@@ -125,6 +140,7 @@ pub async fn watch_reload(
         Some(files.cert.clone()),
         Some(files.key.clone()),
         files.client_ca.clone(),
+        files.webhook_client_ca.clone(),
     ]
     .into_iter()
     .flatten()

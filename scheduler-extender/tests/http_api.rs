@@ -468,6 +468,8 @@ async fn callers_must_authenticate_when_a_token_is_configured() {
     let auth = Auth {
         token: std::sync::RwLock::new(Some("s3cret".to_owned())),
         client_ca: false,
+        scheduler_client: None,
+        webhook_client: None,
     };
     let h = harness_with(Engine::standalone(DecisionConfig::default()), auth).await;
     let pod = gpu_pod("default", "p1", 1, 3000, 30);

@@ -1,7 +1,8 @@
 //! The attacks of the security review against the listener, on loopback, each bounded in time:
 //! slow headers, a silent TLS peer, a slow body, and a flood of idle connections above the
 //! connection limit, which must not keep `/healthz`, `/readyz` or a request in flight from being
-//! served.
+//! served; and (issue 28) one peer holding many busy connections, which must not keep another
+//! peer's requests out.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
@@ -26,6 +27,8 @@ const LIMITS: ServeLimits = ServeLimits {
     body_timeout: Duration::from_secs(1),
     idle_timeout: Duration::from_secs(30),
     max_connections: 16,
+    max_connections_per_peer: 16,
+    max_requests_per_peer: 16,
 };
 
 fn app() -> axum::Router {
@@ -64,6 +67,7 @@ fn tls() -> Tls {
         cert: c,
         key: k,
         client_ca: None,
+        webhook_client_ca: None,
     })
     .unwrap();
     Tls {
@@ -75,11 +79,36 @@ fn tls() -> Tls {
 
 /// Starts a listener on a free loopback port; the task ends with the test's runtime.
 async fn start(tls: Option<&Tls>) -> u16 {
+    start_with(tls, LIMITS).await
+}
+
+async fn start_with(tls: Option<&Tls>, limits: ServeLimits) -> u16 {
+    // Every 127.0.0.0/8 address is loopback on Linux: the tests' peers connect from several.
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
     let cfg = tls.map(|t| Arc::new(RwLock::new(t.server.clone())));
-    tokio::spawn(serve_listener(l, app(), cfg, LIMITS));
+    tokio::spawn(serve_listener(l, app(), cfg, limits));
     port
+}
+
+/// A plain TCP connection to the listener from source address `from` (127.x.y.z).
+async fn connect_from(from: &str, port: u16) -> std::io::Result<TcpStream> {
+    let s = tokio::net::TcpSocket::new_v4()?;
+    s.bind(format!("{from}:0").parse().unwrap())?;
+    s.connect(([127, 0, 0, 1], port).into()).await
+}
+
+/// Headers and the first bytes of a `/webhook` body whose rest never comes: a request that
+/// stays in flight until the body deadline.
+const STALLED_WEBHOOK: &str = "POST /webhook HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"apiVersion\":";
+
+/// Another tenant's GPU pod, as the API server sends it to the webhook.
+fn gpu_pod_review() -> String {
+    let body = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"t2","operation":"CREATE","namespace":"tenant-b","userInfo":{"username":"bob"},"object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"train"},"spec":{"containers":[{"name":"main","image":"app","resources":{"limits":{"nvidia.com/gpu":"1","nvidia.com/gpumem":"1000"}}}]}}}}"#;
+    format!(
+        "POST /webhook HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
 }
 
 async fn connect_tls(port: u16, t: &Tls) -> tokio_rustls::client::TlsStream<TcpStream> {
@@ -223,6 +252,158 @@ async fn a_flood_of_idle_connections_does_not_keep_real_requests_out() {
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     assert!(out.contains(r#""allowed":true"#), "{out}");
     drop(idle);
+}
+
+/// Issue 28's done-when: 1,000 connections from one peer, each keeping a `/webhook` request in
+/// flight (its body stalled, the body deadline far away), leave `/healthz` answering and another
+/// tenant's GPU pod admitted by the webhook within 5 s. The listener runs with the default
+/// per-peer limits and a global limit below the flood (512), so without the per-peer limits the
+/// flood would hold every slot busy and the others would be refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_busy_connections_from_one_peer_leave_healthz_and_another_tenant_served() {
+    let limits = ServeLimits {
+        header_timeout: Duration::from_secs(60),
+        body_timeout: Duration::from_secs(60),
+        max_connections: 512,
+        ..ServeLimits::default()
+    };
+    // The flood and the listener hold about 1,100 descriptors.
+    let (_, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    let _ = nix::sys::resource::setrlimit(
+        nix::sys::resource::Resource::RLIMIT_NOFILE,
+        hard.min(8192),
+        hard,
+    );
+    let port = start_with(None, limits).await;
+    let mut flood = Vec::new();
+    for _ in 0..1000 {
+        // The listener closes what it does not admit; the flood keeps whatever it got.
+        if let Ok(mut s) = connect_from("127.0.0.2", port).await {
+            let _ = s.write_all(STALLED_WEBHOOK.as_bytes()).await;
+            flood.push(s);
+        }
+    }
+    assert!(flood.len() > 900, "only {} connections opened", flood.len());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    for round in 0..3 {
+        let started = Instant::now();
+        let mut c = connect_from("127.0.0.1", port).await.unwrap();
+        let out = exchange(&mut c, &get("/healthz")).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "/healthz {round}: {out:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "/healthz slow");
+
+        let started = Instant::now();
+        let mut c = connect_from("127.0.0.3", port).await.unwrap();
+        let out = exchange(&mut c, &gpu_pod_review()).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "webhook {round}: {out:?}");
+        assert!(out.contains(r#""allowed":true"#), "{out}");
+        assert!(out.contains(r#""uid":"t2""#), "{out}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the other tenant waited {:?}",
+            started.elapsed()
+        );
+    }
+    // The flooding peer still holds its connections in flight: nothing above was served by
+    // waiting for its requests to end.
+    // (Counted until the listener has accepted, and closed, the whole flood off its backlog.)
+    let per_peer = ServeLimits::default().max_connections_per_peer;
+    let mut alive = usize::MAX;
+    for _ in 0..50 {
+        alive = 0;
+        for s in &mut flood {
+            let mut b = [0u8; 1];
+            if tokio::time::timeout(Duration::from_millis(1), s.read(&mut b))
+                .await
+                .is_err()
+            {
+                alive += 1;
+            }
+        }
+        if alive <= per_peer {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        (1..=per_peer).contains(&alive),
+        "{alive} of the flood's requests still in flight"
+    );
+    drop(flood);
+}
+
+/// A tenant's pods each have their own address: eight peers together fill the listener with
+/// busy connections (each within its per-peer limit). The API server, a new peer, still gets
+/// its webhook call answered within 5 s, and `/healthz` answers: the peer holding the most
+/// gives way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_connections_from_many_peers_filling_the_listener_give_way_to_a_new_peer() {
+    let limits = ServeLimits {
+        header_timeout: Duration::from_secs(30),
+        body_timeout: Duration::from_secs(30),
+        max_connections: 32,
+        max_connections_per_peer: 8,
+        ..LIMITS
+    };
+    let port = start_with(None, limits).await;
+    let mut flood = Vec::new();
+    for i in 10..18 {
+        for _ in 0..8 {
+            if let Ok(mut s) = connect_from(&format!("127.0.0.{i}"), port).await {
+                let _ = s.write_all(STALLED_WEBHOOK.as_bytes()).await;
+                flood.push(s);
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for round in 0..3 {
+        let started = Instant::now();
+        let mut c = connect_from("127.0.0.3", port).await.unwrap();
+        let out = exchange(&mut c, &gpu_pod_review()).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "webhook {round}: {out:?}");
+        assert!(out.contains(r#""allowed":true"#), "{out}");
+        assert!(started.elapsed() < Duration::from_secs(5), "slow");
+        let mut c = connect_from("127.0.0.1", port).await.unwrap();
+        let out = exchange(&mut c, &get("/healthz")).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "/healthz {round}: {out:?}");
+    }
+    drop(flood);
+}
+
+/// One peer's requests in flight are bounded over its connections: above the limit a request
+/// is answered 429 at once (not queued), while its `/healthz` and another peer's requests go
+/// through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_over_its_requests_in_flight_gets_429_at_once_and_others_are_served() {
+    let limits = ServeLimits {
+        body_timeout: Duration::from_secs(30),
+        max_requests_per_peer: 4,
+        ..LIMITS
+    };
+    let port = start_with(None, limits).await;
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let mut s = connect_from("127.0.0.4", port).await.unwrap();
+        s.write_all(STALLED_WEBHOOK.as_bytes()).await.unwrap();
+        stalled.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let mut fifth = connect_from("127.0.0.4", port).await.unwrap();
+    let out = exchange(&mut fifth, &gpu_pod_review()).await;
+    assert!(out.starts_with("HTTP/1.1 429"), "{out:?}");
+    assert!(out.contains("retry-after: 1"), "{out:?}");
+    assert!(started.elapsed() < Duration::from_secs(2), "not at once");
+    // Probes are exempt, even from the same address.
+    let mut probe = connect_from("127.0.0.4", port).await.unwrap();
+    let out = exchange(&mut probe, &get("/healthz")).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out:?}");
+    let mut other = connect_from("127.0.0.5", port).await.unwrap();
+    let out = exchange(&mut other, &gpu_pod_review()).await;
+    assert!(out.contains(r#""allowed":true"#), "{out:?}");
+    drop(stalled);
 }
 
 /// The review's setup: the server process limited to 256 descriptors, 300 idle connections.

@@ -15,6 +15,7 @@ fn write_pair(dir: &std::path::Path, name: &str) -> TlsFiles {
         cert,
         key,
         client_ca: None,
+        webhook_client_ca: None,
     }
 }
 
@@ -161,6 +162,7 @@ mod mtls {
             cert,
             key,
             client_ca: Some(ca),
+            webhook_client_ca: None,
         })
         .unwrap();
         let app = Arc::new(App {
@@ -169,6 +171,8 @@ mod mtls {
             auth: Arc::new(Auth {
                 token: RwLock::new(None),
                 client_ca: true,
+                scheduler_client: None,
+                webhook_client: None,
             }),
             decision: DecisionConfig::default(),
             webhook: Default::default(),
@@ -192,5 +196,145 @@ mod mtls {
             scheduler.contains("extender args missing pod"),
             "{scheduler}"
         );
+    }
+
+    /// A CA and one client certificate it issued.
+    fn client_ca(cn: &str) -> (String, (CertificateDer<'static>, PrivateKeyDer<'static>)) {
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let mut cp = CertificateParams::new(vec![cn.to_owned()]).unwrap();
+        cp.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = cp.signed_by(&key, &ca).unwrap();
+        (
+            ca.pem(),
+            (
+                cert.der().clone(),
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            ),
+        )
+    }
+
+    /// One HTTPS request with an optional client certificate; the whole answer.
+    async fn request(
+        port: u16,
+        pki: &Pki,
+        client: Option<&(CertificateDer<'static>, PrivateKeyDer<'static>)>,
+        req: &str,
+    ) -> String {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(pki.ca_der.clone()).unwrap();
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+        let cfg = match client {
+            Some((c, k)) => builder
+                .with_client_auth_cert(vec![c.clone()], k.clone_key())
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .unwrap();
+        tls.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        let _ = tls.read_to_string(&mut out).await;
+        out
+    }
+
+    /// Issue 28: `/webhook` as a quota oracle. With a webhook client CA, only a certificate that
+    /// CA issued (the API server's) gets an answer: no certificate, or kube-scheduler's
+    /// certificate from the extender client CA, gets 403 and learns nothing; probes still work;
+    /// the API server's certificate does not open `/filter`.
+    #[tokio::test]
+    async fn with_a_webhook_client_ca_only_the_api_servers_certificate_gets_a_webhook_answer_and_only_kube_schedulers_opens_filter()
+     {
+        let pki = pki();
+        let (apiserver_ca, apiserver) = client_ca("kube-apiserver");
+        let (_, stranger) = client_ca("kube-apiserver");
+        let dir = tempfile::tempdir().unwrap();
+        let path = |n: &str| dir.path().join(n);
+        std::fs::write(path("c.pem"), &pki.server.0).unwrap();
+        std::fs::write(path("k.pem"), &pki.server.1).unwrap();
+        std::fs::write(path("sched-ca.pem"), &pki.ca_pem).unwrap();
+        std::fs::write(path("api-ca.pem"), &apiserver_ca).unwrap();
+        let cfg = load(&TlsFiles {
+            cert: path("c.pem"),
+            key: path("k.pem"),
+            client_ca: Some(path("sched-ca.pem")),
+            webhook_client_ca: Some(path("api-ca.pem")),
+        })
+        .unwrap();
+        let app = Arc::new(App {
+            engine: EngineHandle::spawn(Engine::standalone(DecisionConfig::default())),
+            edge: Arc::new(FakeEdge::new()),
+            auth: Arc::new(Auth {
+                token: RwLock::new(None),
+                client_ca: true,
+                scheduler_client: Some(
+                    tessera_scheduler::tls::client_verifier(&[path("sched-ca.pem").as_path()])
+                        .unwrap(),
+                ),
+                webhook_client: Some(
+                    tessera_scheduler::tls::client_verifier(&[path("api-ca.pem").as_path()])
+                        .unwrap(),
+                ),
+            }),
+            decision: DecisionConfig::default(),
+            webhook: Default::default(),
+            facts: Default::default(),
+            metrics: Metrics::default(),
+            ready: Arc::new(AtomicBool::new(true)),
+        });
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}").parse().unwrap();
+        tokio::spawn(serve(addr, router(app), Some(Arc::new(RwLock::new(cfg)))));
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+
+        let body = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"q1","operation":"CREATE","namespace":"victim","userInfo":{"username":"mallory"},"object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probe"},"spec":{"containers":[{"name":"main","image":"app","resources":{"limits":{"nvidia.com/gpu":"1","nvidia.com/gpumem":"40000"}}}]}}}}"#;
+        let review = format!(
+            "POST /webhook HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        for (who, cert) in [
+            ("no certificate", None),
+            ("kube-scheduler's certificate", Some(&pki.client)),
+        ] {
+            let out = request(port, &pki, cert, &review).await;
+            assert!(out.starts_with("HTTP/1.1 403"), "{who}: {out}");
+            assert!(!out.contains("allowed"), "{who}: {out}");
+        }
+        // A certificate from another CA fails the handshake itself.
+        let out = request(port, &pki, Some(&stranger), &review).await;
+        assert!(!out.contains("allowed"), "a stranger's certificate: {out}");
+        let out = request(port, &pki, Some(&apiserver), &review).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        assert!(out.contains(r#""uid":"q1""#), "{out}");
+        // Each CA authenticates for its own routes: the API server's certificate does not open
+        // /filter, kube-scheduler's does.
+        let filter = r#"{"NodeNames":["n1"]}"#;
+        let filter = format!(
+            "POST /filter HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{filter}",
+            filter.len()
+        );
+        let out = request(port, &pki, Some(&apiserver), &filter).await;
+        assert!(out.starts_with("HTTP/1.1 401"), "{out}");
+        let out = request(port, &pki, Some(&pki.client), &filter).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        let probe = "GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+        let out = request(port, &pki, None, probe).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     }
 }
