@@ -18,8 +18,6 @@ pub const CONTAINER_VGPU_DIR: &str = "/usr/local/vgpu";
 pub const CONTAINER_SHIM_PATH: &str = "/usr/local/vgpu/libvgpu.so";
 /// The container's preload file.
 pub const CONTAINER_PRELOAD_PATH: &str = "/etc/ld.so.preload";
-/// Lock directory shared by all shim instances on the node.
-pub const VGPU_LOCK_DIR: &str = "/tmp/vgpulock";
 /// Where the container sees its limits file (read-only). The shim reads its limits, region path
 /// and utilization policy from here in preference to its environment, which the container
 /// controls (libvgpu-shim/README.md, "Attacks the shim resists"; docs/contract-deviations.md V1).
@@ -312,11 +310,6 @@ pub fn shim_response(
             host_path: cache_dir.clone(),
             read_only: false,
         },
-        MountSpec {
-            container_path: VGPU_LOCK_DIR.to_owned(),
-            host_path: VGPU_LOCK_DIR.to_owned(),
-            read_only: false,
-        },
     ];
     let limits_file = LimitsFile {
         host_path: format!("{cache_dir}/{LIMITS_FILE_NAME}"),
@@ -469,7 +462,6 @@ env LIBCUDA_LOG_LEVEL=1
 env NVIDIA_VISIBLE_DEVICES=GPU-aaa,GPU-bbb
 mount /usr/local/vgpu/libvgpu.so <- /usr/local/vgpu/libvgpu.so ro
 mount /usr/local/vgpu <- /usr/local/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer rw
-mount /tmp/vgpulock <- /tmp/vgpulock rw
 mount /usr/local/vgpu/vgpu-limits <- /usr/local/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer/vgpu-limits ro
 mount /etc/ld.so.preload <- /usr/local/vgpu/ld.so.preload ro
 "
@@ -545,7 +537,6 @@ env GPU_CORE_UTILIZATION_POLICY=disable
 env NVIDIA_VISIBLE_DEVICES=GPU-aaa
 mount /usr/local/vgpu/libvgpu.so <- /opt/hook/vgpu/libvgpu.so.v0.1.0 ro
 mount /usr/local/vgpu <- /opt/hook/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer rw
-mount /tmp/vgpulock <- /tmp/vgpulock rw
 mount /usr/local/vgpu/vgpu-limits <- /opt/hook/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer/vgpu-limits ro
 mount /tmp/license <- /opt/hook/vgpu/license ro
 mount /usr/bin/vgpuvalidator <- /opt/hook/vgpu/vgpuvalidator ro

@@ -317,6 +317,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         pods: pods.clone(),
         metrics: metrics.clone(),
         orphan_grace: periods.orphan_dir_grace,
+        skip_log: Default::default(),
     };
     spawn_periodic(
         "vgpu-monitor",

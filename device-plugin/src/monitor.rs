@@ -144,6 +144,66 @@ pub struct SkippedFile {
     pub reason: SkipReason,
 }
 
+/// How often the monitor warns about the skipped entries of one container (or claim)
+/// directory; between warnings it logs them at debug. A container writes what it likes into its
+/// directory, so without this 300 empty files gave 300 warnings per pass (issue 28).
+pub const SKIPPED_WARN_PERIOD: Duration = Duration::from_secs(600);
+
+/// The skipped entries of one pass, grouped by the directory (container or claim) they are in:
+/// `(directory, count, the first entry)`, in directory order.
+pub fn group_skipped(skipped: &[SkippedFile]) -> Vec<(String, usize, &SkippedFile)> {
+    let mut groups: BTreeMap<String, (usize, &SkippedFile)> = BTreeMap::new();
+    for s in skipped {
+        let dir = Path::new(&s.path)
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        groups.entry(dir).or_insert((0, s)).0 += 1;
+    }
+    groups
+        .into_iter()
+        .map(|(dir, (count, first))| (dir, count, first))
+        .collect()
+}
+
+/// The monitor's log of skipped entries: at most one line per directory per pass, and a warning
+/// per directory at most once per [`SKIPPED_WARN_PERIOD`]. Directories that had nothing skipped
+/// in a pass are forgotten, so it holds no more than the node's directories.
+#[derive(Debug, Default)]
+pub struct SkipLog {
+    warned: std::sync::Mutex<BTreeMap<String, tokio::time::Instant>>,
+}
+
+impl SkipLog {
+    /// Logs one pass's `skipped` entries; `what` names them ("region file", "claim region file").
+    pub fn report(&self, what: &str, skipped: &[SkippedFile]) {
+        let now = tokio::time::Instant::now();
+        let groups = group_skipped(skipped);
+        let Ok(mut warned) = self.warned.lock() else {
+            return;
+        };
+        warned.retain(|dir, _| groups.iter().any(|(d, _, _)| d == dir));
+        for (dir, count, first) in groups {
+            let due = warned
+                .get(&dir)
+                .is_none_or(|last| now.duration_since(*last) >= SKIPPED_WARN_PERIOD);
+            if due {
+                warned.insert(dir.clone(), now);
+                tracing::warn!(
+                    %dir,
+                    skipped = count,
+                    first = %first.path,
+                    reason = %DisplayChain(&first.reason),
+                    "{what}s skipped (said at most once per {} s for this directory)",
+                    SKIPPED_WARN_PERIOD.as_secs()
+                );
+            } else {
+                tracing::debug!(%dir, skipped = count, first = %first.path, reason = %DisplayChain(&first.reason), "{what}s skipped");
+            }
+        }
+    }
+}
+
 /// A region file's place: `<containers_dir>/<podUID>_<container>/<name>.cache`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionPath {
@@ -498,6 +558,8 @@ pub struct VgpuMonitor {
     pub metrics: PluginMetrics,
     /// Age a container directory must have before it counts as orphaned.
     pub orphan_grace: Duration,
+    /// The rate limit of the warnings about what a container left in its directory.
+    pub skip_log: Arc<SkipLog>,
 }
 
 impl std::fmt::Debug for VgpuMonitor {
@@ -528,9 +590,7 @@ impl VgpuMonitor {
         let (samples, skipped) = spawn_blocking_in_span(move || scan(&dir))
             .await
             .map_err(MonitorError::Scan)?;
-        for s in &skipped {
-            tracing::warn!(path = %s.path, reason = %DisplayChain(&s.reason), "region file skipped");
-        }
+        self.skip_log.report("region file", &skipped);
         let cached = self.pods.cached();
         self.metrics.set_mig(&cached);
         let names = cached
@@ -707,6 +767,7 @@ mod tests {
             pods: Arc::new(api),
             metrics: PluginMetrics::with_legacy_names(false),
             orphan_grace: Duration::ZERO,
+            skip_log: Default::default(),
         };
         monitor.pass().await.expect("a pass");
         assert!(root.path().join("uid-live_c0").is_dir());
@@ -954,6 +1015,46 @@ mod tests {
                 "{what}: the other file was written"
             );
         }
+    }
+
+    #[test]
+    fn three_hundred_junk_files_in_one_container_are_one_line_per_pass() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = dir.path().join("0f1e2d3c-aaaa-bbbb-cccc-000000000001_main");
+        std::fs::create_dir(&c).expect("mkdir");
+        for i in 0..300 {
+            std::fs::write(c.join(format!("junk-{i}.cache")), b"").expect("write");
+        }
+        let (_, skipped) = scan(dir.path());
+        assert!(skipped.len() >= 256, "{}", skipped.len());
+        let groups = group_skipped(&skipped);
+        assert_eq!(groups.len(), 1, "one directory, one line");
+        assert_eq!(groups[0].0, c.display().to_string());
+        assert_eq!(groups[0].1, skipped.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_directory_is_warned_about_once_per_period_and_forgotten_when_clean() {
+        let skipped = vec![SkippedFile {
+            path: "/c/pod_main/x.cache".into(),
+            reason: SkipReason::NoBooking,
+        }];
+        let log = SkipLog::default();
+        let warned_at =
+            |log: &SkipLog| log.warned.lock().expect("lock").get("/c/pod_main").copied();
+        log.report("region file", &skipped);
+        let first = warned_at(&log).expect("warned");
+        tokio::time::advance(Duration::from_secs(60)).await;
+        log.report("region file", &skipped);
+        assert_eq!(warned_at(&log), Some(first), "not again within the period");
+        tokio::time::advance(SKIPPED_WARN_PERIOD).await;
+        log.report("region file", &skipped);
+        assert!(
+            warned_at(&log).expect("warned") > first,
+            "again after the period"
+        );
+        log.report("region file", &[]);
+        assert_eq!(warned_at(&log), None, "a clean directory is forgotten");
     }
 
     #[test]

@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use super::cdi::{self, Spec};
 use super::claim::{GpuShare, shim_devices};
 use crate::container_env::{
-    ResponseSettings, VGPU_LOCK_DIR, path_safe, prepare_cache_dir, shim_response,
-    whole_devices_response, write_limits_file,
+    ResponseSettings, path_safe, prepare_cache_dir, shim_response, whole_devices_response,
+    write_limits_file,
 };
 
 const ANNOTATION_NAMESPACE: &str = "tessera.dev/claim-namespace";
@@ -159,7 +159,6 @@ impl PreparedClaims {
         }
         let response = match shim_devices(shares) {
             Some(devices) => {
-                ensure_lock_dir().map_err(io_err(VGPU_LOCK_DIR))?;
                 let dir = self.claims_dir().join(&claim.uid);
                 let dir_text = dir.display().to_string();
                 prepare_cache_dir(&dir_text).map_err(io_err(&dir))?;
@@ -227,20 +226,6 @@ impl PreparedClaims {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(&dir)(e)),
             _ => Ok(()),
         }
-    }
-}
-
-/// The node's shim lock directory, which every shim container mounts. Under `Allocate` the
-/// runtime creates a missing host path of a mount; CDI mounts get no such help, so the plugin
-/// makes it (the chart mounts the host's directory into the plugin's container). World-writable
-/// with the sticky bit, as `/tmp`: the shims run as their containers' users.
-fn ensure_lock_dir() -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    match std::fs::create_dir(VGPU_LOCK_DIR) {
-        // One that exists keeps its owner's mode.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
-        Ok(()) => std::fs::set_permissions(VGPU_LOCK_DIR, std::fs::Permissions::from_mode(0o1777)),
     }
 }
 

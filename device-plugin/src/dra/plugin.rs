@@ -75,6 +75,8 @@ pub struct DraDriver {
     metrics: DraMetrics,
     /// Set while the kubelet has this driver registered (`/readyz`).
     readiness: Readiness,
+    /// The rate limit of the warnings about what containers left in claim directories.
+    skip_log: crate::monitor::SkipLog,
 }
 
 impl std::fmt::Debug for DraDriver {
@@ -102,6 +104,7 @@ impl DraDriver {
             prepared: Mutex::new(prepared),
             metrics,
             readiness: Readiness::default(),
+            skip_log: crate::monitor::SkipLog::default(),
         }
     }
 
@@ -140,9 +143,7 @@ impl DraDriver {
                 return;
             }
         };
-        for s in &skipped {
-            tracing::warn!(path = %s.path, reason = %DisplayChain(&s.reason), "claim region file skipped");
-        }
+        self.skip_log.report("claim region file", &skipped);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
