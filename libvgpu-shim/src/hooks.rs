@@ -334,15 +334,26 @@ type GetProcAddressV1 =
 type GetProcAddressV2 =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 
-/// Swaps a real driver pointer for the wrapper of that exact symbol (pointer identity), so the
-/// caller gets the same `_vN`/`_ptsz` variant the driver chose, wrapped.
-unsafe fn substitute(pfn: *mut *mut c_void) {
-    if pfn.is_null() || degraded() {
+/// Swaps the driver's answer to `cuGetProcAddress(symbol, version, flags)` for the wrapper of
+/// the variant that request selects ([`real::hook_for_request`]); names the shim does not hook
+/// keep the driver's pointer.
+unsafe fn substitute(
+    symbol: *const c_char,
+    cuda_version: c_int,
+    flags: u64,
+    pfn: *mut *mut c_void,
+) {
+    if pfn.is_null() || symbol.is_null() || degraded() {
         return;
     }
     // SAFETY: the caller's out-pointer, just written by the driver.
     let p = unsafe { *pfn };
-    if let Some(f) = real::hook_for_real(p) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: the caller passes a NUL-terminated name (the driver just accepted it).
+    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    if let Some(f) = real::hook_for_request(name, cuda_version, flags, p) {
         // SAFETY: as above.
         unsafe { *pfn = real::wrapper(f) };
     }
@@ -358,8 +369,8 @@ pub unsafe extern "C" fn cuGetProcAddress(
     guarded("cuGetProcAddress", CUDA_ERROR_UNKNOWN, || {
         let r = real_call!(cuGetProcAddress: GetProcAddressV1, symbol, pfn, cuda_version, flags);
         if r == CUDA_SUCCESS {
-            // SAFETY: `pfn` was written by the driver.
-            unsafe { substitute(pfn) };
+            // SAFETY: `pfn` was written by the driver; `symbol` is the caller's name.
+            unsafe { substitute(symbol, cuda_version, flags, pfn) };
         }
         r
     })
@@ -376,8 +387,8 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     guarded("cuGetProcAddress_v2", CUDA_ERROR_UNKNOWN, || {
         let r = real_call!(cuGetProcAddress_v2: GetProcAddressV2, symbol, pfn, cuda_version, flags, status);
         if r == CUDA_SUCCESS {
-            // SAFETY: `pfn` was written by the driver.
-            unsafe { substitute(pfn) };
+            // SAFETY: `pfn` was written by the driver; `symbol` is the caller's name.
+            unsafe { substitute(symbol, cuda_version, flags, pfn) };
         }
         r
     })

@@ -503,6 +503,35 @@ fn probe_driver_table() {
     PROBE_STATE.store(LOADED, Ordering::Release);
 }
 
+/// The hook to hand out for `cuGetProcAddress(name, version, flags)` that returned `p`.
+///
+/// For a name the shim hooks in several variants (`cuMemGetInfo` and `cuMemGetInfo_v2`, `_ptsz`),
+/// the variant is the one the requested version selects: the newest whose version is at most
+/// the requested one, per-thread when `flags` ask for it. Pointer identity ([`hook_for_real`])
+/// only picks between those two candidates (the driver decides per-thread or legacy stream),
+/// never an older ABI: a driver that returns the same entry point for every version would
+/// otherwise get the 32-bit wrappers, depending on which symbols happened to be resolved first.
+pub fn hook_for_request(name: &[u8], version: c_int, flags: u64, p: *mut c_void) -> Option<F> {
+    let newest = |per_thread: bool| {
+        PROC_NAMES
+            .iter()
+            .filter(|&&(_, api, since, pt)| {
+                api.to_bytes() == name && pt == per_thread && since <= version
+            })
+            .max_by_key(|&&(_, _, since, _)| since)
+            .map(|&(f, _, _, _)| f)
+    };
+    let (plain, per_thread) = (newest(false), newest(true));
+    if plain.is_none() && per_thread.is_none() {
+        return hook_for_real(p);
+    }
+    match hook_for_real(p) {
+        Some(f) if Some(f) == plain || Some(f) == per_thread => Some(f),
+        _ if flags & PER_THREAD_DEFAULT_STREAM != 0 => per_thread.or(plain),
+        _ => plain.or(per_thread),
+    }
+}
+
 /// The hook whose real function is `p`: by identity with the exported symbol, else with what
 /// the driver's `cuGetProcAddress` returned for that variant.
 pub fn hook_for_real(p: *mut c_void) -> Option<F> {

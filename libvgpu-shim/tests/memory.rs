@@ -165,6 +165,28 @@ fn cu_get_proc_address_wraps_internal_driver_entry_points() {
     }
 }
 
+/// A driver (or stub) whose `cuGetProcAddress` returns the same entry point for every version
+/// of a name (issue 28 item 11): asked for `cuMemGetInfo`, `cuMemAlloc`, `cuMemFree` at 12000
+/// before anything else resolved the exported symbols, the shim used to hand out the pre-3.2
+/// (32-bit) wrappers (0 MiB total, `cuMemFree` failing). The variant follows the version asked,
+/// whatever the call order: the probe's limit checks and `cuMemGetInfo` hold.
+#[test]
+fn cu_get_proc_address_of_a_version_agnostic_driver_gives_the_versions_abi() {
+    let limit = (64 * MIB).to_string();
+    for flags in ["0", "2"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = run(&mut probe(
+            &cache(&dir),
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
+                ("FAKE_CUDA_PROC_VERSION_AGNOSTIC", "1"),
+            ],
+            &["procaddr", &limit, "12000", flags],
+        ));
+        assert!(out.status.success(), "flags {flags}: {}", text(&out));
+    }
+}
+
 #[test]
 fn dlsym_override_keeps_rtld_next_caller_relative() {
     let dir = tempfile::tempdir().unwrap();

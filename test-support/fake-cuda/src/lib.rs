@@ -2154,6 +2154,25 @@ fn resolve(api: &str, cuda_version: c_int, flags: u64) -> Result<&'static ProcEn
     } else {
         best(false)
     };
+    // A version-agnostic driver (or stub) hands out its newest variant for every version asked.
+    static AGNOSTIC: OnceLock<bool> = OnceLock::new();
+    if *AGNOSTIC
+        .get_or_init(|| std::env::var("FAKE_CUDA_PROC_VERSION_AGNOSTIC").is_ok_and(|v| v == "1"))
+    {
+        let newest = |pt: bool| {
+            candidates
+                .iter()
+                .filter(|e| e.per_thread == pt)
+                .max_by_key(|e| e.since)
+                .copied()
+        };
+        return if per_thread {
+            newest(true).or_else(|| newest(false))
+        } else {
+            newest(false)
+        }
+        .ok_or(STATUS_VERSION_NOT_SUFFICIENT);
+    }
     found.ok_or(STATUS_VERSION_NOT_SUFFICIENT)
 }
 
