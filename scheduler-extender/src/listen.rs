@@ -71,6 +71,15 @@ pub struct ServeLimits {
     pub max_requests_per_peer: usize,
 }
 
+/// The default of `--max-connections-per-peer`. A single kube-apiserver is one peer, and a burst
+/// of pod creates makes one webhook call per pod at once, each on its own connection: 64
+/// refused the last calls of a 100-pod burst (e2e `burst_of_100_pods_onto_one_node_all_get_their_limits`),
+/// and the webhook fails closed. A quarter of the default listener leaves three quarters to
+/// everyone else.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 256;
+/// The default of `--max-requests-per-peer` (HTTP/2 multiplexes several on one connection).
+pub const DEFAULT_MAX_REQUESTS_PER_PEER: usize = 512;
+
 impl Default for ServeLimits {
     fn default() -> Self {
         ServeLimits {
@@ -79,8 +88,8 @@ impl Default for ServeLimits {
             body_timeout: Duration::from_secs(3),
             idle_timeout: Duration::from_secs(90),
             max_connections: 1024,
-            max_connections_per_peer: 64,
-            max_requests_per_peer: 128,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            max_requests_per_peer: DEFAULT_MAX_REQUESTS_PER_PEER,
         }
     }
 }

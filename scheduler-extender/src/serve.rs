@@ -148,12 +148,12 @@ pub struct ServeArgs {
     /// Open connections per listener from one source address at most: at the limit a new one
     /// closes that address's oldest connection with no request in flight, else it is closed. So
     /// one peer cannot fill --max-connections with busy connections.
-    #[arg(long, env = "TESSERA_MAX_CONNECTIONS_PER_PEER", default_value_t = 64)]
+    #[arg(long, env = "TESSERA_MAX_CONNECTIONS_PER_PEER", default_value_t = tessera_scheduler::listen::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
     pub max_connections_per_peer: usize,
     /// Requests in flight per listener from one source address at most, over all its
     /// connections (HTTP/2 streams included); above it a request gets 429 at once. `/healthz`
     /// and `/readyz` are exempt.
-    #[arg(long, env = "TESSERA_MAX_REQUESTS_PER_PEER", default_value_t = 128)]
+    #[arg(long, env = "TESSERA_MAX_REQUESTS_PER_PEER", default_value_t = tessera_scheduler::listen::DEFAULT_MAX_REQUESTS_PER_PEER)]
     pub max_requests_per_peer: usize,
     /// Seconds a client has to finish the TLS handshake.
     #[arg(
