@@ -324,21 +324,7 @@ async fn attacks(c: &RealCluster) -> Result<()> {
     )?;
 
     // pods/status: give the tenant the right to write it, so the refusal is the policy's.
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "pod-status-writer", "namespace": TENANT},
-        "rules": [{"apiGroups": [""], "resources": ["pods/status"], "verbs": ["get", "patch", "update"]}],
-    }))?;
-    Api::<Role>::namespaced(c.admin().clone(), TENANT)
-        .create(&PostParams::default(), &role)
-        .await?;
-    let rb: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "pod-status-writer", "namespace": TENANT},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-status-writer"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": real::USER}],
-    }))?;
-    Api::<RoleBinding>::namespaced(c.admin().clone(), TENANT)
-        .create(&PostParams::default(), &rb)
-        .await?;
+    grant_tenant(c, "pod-status-writer", "pods/status").await?;
     let status_strip = Patch::Merge(json!({"metadata": {"annotations": {
         "hami.io/vgpu-devices-allocated": null,
         "hami.io/vgpu-devices-to-allocate": booked,
@@ -434,6 +420,27 @@ async fn attacks(c: &RealCluster) -> Result<()> {
             .and_then(|c| c.image.as_deref()),
         Some(PROBE_IMAGE)
     );
+    Ok(())
+}
+
+/// Gives the tenant `get`, `patch` and `update` on `resource` in its namespace (a Role and its
+/// binding named `name`), so that a refusal that follows is the policy's, not RBAC's.
+async fn grant_tenant(c: &RealCluster, name: &str, resource: &str) -> Result<()> {
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": TENANT},
+        "rules": [{"apiGroups": [""], "resources": [resource], "verbs": ["get", "patch", "update"]}],
+    }))?;
+    Api::<Role>::namespaced(c.admin().clone(), TENANT)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let rb: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": TENANT},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": real::USER}],
+    }))?;
+    Api::<RoleBinding>::namespaced(c.admin().clone(), TENANT)
+        .create(&PostParams::default(), &rb)
+        .await?;
     Ok(())
 }
 
@@ -656,21 +663,7 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
 
     // 4. Ephemeral containers (`kubectl debug`) added to the running GPU pod. The tenant is
     //    given the right to add them, so the refusal is the policy's.
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "debugger", "namespace": TENANT},
-        "rules": [{"apiGroups": [""], "resources": ["pods/ephemeralcontainers"], "verbs": ["get", "patch", "update"]}],
-    }))?;
-    Api::<Role>::namespaced(c.admin().clone(), TENANT)
-        .create(&PostParams::default(), &role)
-        .await?;
-    let rb: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "debugger", "namespace": TENANT},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "debugger"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": real::USER}],
-    }))?;
-    Api::<RoleBinding>::namespaced(c.admin().clone(), TENANT)
-        .create(&PostParams::default(), &rb)
-        .await?;
+    grant_tenant(c, "debugger", "pods/ephemeralcontainers").await?;
     let debug = |name: &str, more: Value| {
         let mut e = json!({
             "name": name, "image": PROBE_IMAGE, "imagePullPolicy": "Never",
