@@ -334,15 +334,22 @@ type GetProcAddressV1 =
 type GetProcAddressV2 =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 
-/// Swaps a real driver pointer for the wrapper of that exact symbol (pointer identity), so the
-/// caller gets the same `_vN`/`_ptsz` variant the driver chose, wrapped.
-unsafe fn substitute(pfn: *mut *mut c_void) {
-    if pfn.is_null() || degraded() {
+/// Swaps the driver's answer to `cuGetProcAddress(symbol, …, cuda_version, flags)` for the
+/// wrapper of the same variant (`_vN` / `_ptsz`), so the caller gets the ABI it asked for,
+/// wrapped; see [`real::hook_for_proc`] for how the variant is told.
+unsafe fn substitute(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) {
+    if pfn.is_null() || symbol.is_null() || degraded() {
         return;
     }
-    // SAFETY: the caller's out-pointer, just written by the driver.
-    let p = unsafe { *pfn };
-    if let Some(f) = real::hook_for_real(p) {
+    // SAFETY: the caller's NUL-terminated name (the driver just read it) and out-pointer, just
+    // written by the driver.
+    let (name, p) = unsafe { (CStr::from_ptr(symbol).to_bytes(), *pfn) };
+    if let Some(f) = real::hook_for_proc(name, cuda_version, flags, p) {
         // SAFETY: as above.
         unsafe { *pfn = real::wrapper(f) };
     }
@@ -359,7 +366,7 @@ pub unsafe extern "C" fn cuGetProcAddress(
         let r = real_call!(cuGetProcAddress: GetProcAddressV1, symbol, pfn, cuda_version, flags);
         if r == CUDA_SUCCESS {
             // SAFETY: `pfn` was written by the driver.
-            unsafe { substitute(pfn) };
+            unsafe { substitute(symbol, pfn, cuda_version, flags) };
         }
         r
     })
@@ -377,7 +384,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         let r = real_call!(cuGetProcAddress_v2: GetProcAddressV2, symbol, pfn, cuda_version, flags, status);
         if r == CUDA_SUCCESS {
             // SAFETY: `pfn` was written by the driver.
-            unsafe { substitute(pfn) };
+            unsafe { substitute(symbol, pfn, cuda_version, flags) };
         }
         r
     })

@@ -165,6 +165,36 @@ fn cu_get_proc_address_wraps_internal_driver_entry_points() {
     }
 }
 
+/// Issue #28 item 11: a driver whose `cuGetProcAddress` returns the same entry point for every
+/// requested version of a name. Asked for `cuMemGetInfo`, `cuMemAlloc` and `cuMemFree` at
+/// version 12000, the shim hands out its v2 (64-bit) wrappers in every call order (before the
+/// fix, a probe of the driver's table that ran first mapped them to the pre-3.2 wrappers:
+/// `cuMemGetInfo` reported a wrong total and `cuMemFree` failed with 500), with internal entry
+/// points and with exported ones; asked at 3010 (a pre-3.2 caller), the legacy wrappers.
+#[test]
+fn cu_get_proc_address_with_a_version_agnostic_driver_gives_v2_hooks_in_any_call_order() {
+    let limit = (64 * MIB).to_string();
+    for internal in ["1", "0"] {
+        for order in ["probe-first", "legacy-first", "direct"] {
+            let dir = tempfile::tempdir().unwrap();
+            let out = run(&mut probe(
+                &cache(&dir),
+                &[
+                    ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
+                    ("FAKE_CUDA_PROC_AGNOSTIC", "1"),
+                    ("FAKE_CUDA_PROC_INTERNAL", internal),
+                ],
+                &["agnostic", &limit, order],
+            ));
+            assert!(
+                out.status.success(),
+                "internal entry points {internal}, order {order}: {}",
+                text(&out)
+            );
+        }
+    }
+}
+
 #[test]
 fn dlsym_override_keeps_rtld_next_caller_relative() {
     let dir = tempfile::tempdir().unwrap();

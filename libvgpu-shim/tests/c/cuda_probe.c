@@ -738,12 +738,66 @@ static int mode_modrace(size_t limit) {
     return done();
 }
 
+/* A driver whose cuGetProcAddress answers every requested version of a name with the same entry
+ * point (the fake with FAKE_CUDA_PROC_AGNOSTIC=1): cuMemGetInfo, cuMemAlloc and cuMemFree asked
+ * for at version 12000 must be the shim's v2 (64-bit) wrappers, whatever was asked before. ORDER:
+ *   probe-first   a per-thread cuLaunchKernel lookup first: with internal entry points it made the
+ *                 shim probe the driver's table before the v2 lookups (the order that broke)
+ *   legacy-first  the three names at version 3010 first (they must be the legacy wrappers)
+ *   direct        the v2 lookups first */
+static int mode_agnostic(size_t limit, const char *order) {
+    GetProc2 gpa = (GetProc2)dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2");
+    CHECK(gpa, "cuGetProcAddress_v2 missing");
+    if (!gpa) return done();
+    const char *names[] = { "cuMemGetInfo", "cuMemAlloc", "cuMemFree" };
+    void *fn[3] = {0};
+    Dl_info info;
+    int st = -1;
+    if (!strcmp(order, "probe-first")) {
+        void *l = 0;
+        EXPECT(gpa("cuLaunchKernel", &l, 12000, 2, &st), 0);
+    } else if (!strcmp(order, "legacy-first")) {
+        for (int i = 0; i < 3; i++) {
+            void *old = 0;
+            EXPECT(gpa(names[i], &old, 3010, 0, &st), 0);
+            CHECK(old && dladdr(old, &info) && info.dli_sname && strstr(info.dli_fname, "libvgpu") && !strcmp(info.dli_sname, names[i]),
+                  "%s@3010 is %s, not the shim's legacy wrapper", names[i], old && info.dli_sname ? info.dli_sname : "?");
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        EXPECT(gpa(names[i], &fn[i], 12000, 0, &st), 0);
+        char want[64];
+        snprintf(want, sizeof want, "%s_v2", names[i]);
+        CHECK(fn[i] && dladdr(fn[i], &info) && info.dli_sname && strstr(info.dli_fname, "libvgpu") && !strcmp(info.dli_sname, want),
+              "%s@12000 (%s) is %s from %s, not the shim's %s", names[i], order,
+              fn[i] && info.dli_sname ? info.dli_sname : "?", fn[i] ? info.dli_fname : "?", want);
+    }
+    if (failures) return done();
+    setup();
+    CUresult (*meminfo)(size_t *, size_t *) = fn[0];
+    CUresult (*alloc)(CUdeviceptr *, size_t) = fn[1];
+    CUresult (*freep)(CUdeviceptr) = fn[2];
+    size_t f = 0, t = 0;
+    CUdeviceptr p = 0, q = 0;
+    EXPECT(meminfo(&f, &t), 0);
+    CHECK(t == limit && f == limit, "meminfo free %zu total %zu, limit %zu", f, t, limit);
+    EXPECT(alloc(&p, limit), 0);
+    EXPECT(alloc(&q, 1), OOM);
+    EXPECT(freep(p), 0);
+    EXPECT(alloc(&p, limit), 0);
+    EXPECT(meminfo(&f, &t), 0);
+    CHECK(f == 0 && t == limit, "meminfo after a full allocation: free %zu total %zu", f, t);
+    EXPECT(freep(p), 0);
+    return done();
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, 0, _IONBF, 0);
     if (argc >= 3 && !strcmp(argv[1], "limit")) return mode_limit(strtoull(argv[2], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "modrace")) return mode_modrace(strtoull(argv[2], 0, 10));
     if (argc >= 5 && !strcmp(argv[1], "modpool")) return mode_modpool(strtoull(argv[2], 0, 10), argv[3], argv[4]);
     if (argc >= 5 && !strcmp(argv[1], "procaddr")) return mode_procaddr(strtoull(argv[2], 0, 10), atoi(argv[3]), strtoull(argv[4], 0, 10));
+    if (argc >= 4 && !strcmp(argv[1], "agnostic")) return mode_agnostic(strtoull(argv[2], 0, 10), argv[3]);
     if (argc >= 2 && !strcmp(argv[1], "dlsym")) return mode_dlsym();
     if (argc >= 5 && !strcmp(argv[1], "hold")) return mode_hold(strtoull(argv[2], 0, 10), argv[3], argv[4]);
     if (argc >= 4 && !strcmp(argv[1], "grab")) return mode_grab(strtoull(argv[2], 0, 10), atof(argv[3]));

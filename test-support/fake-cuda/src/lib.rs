@@ -24,6 +24,11 @@
 //! `cuMemPoolTrimTo` gives back down to its argument. `cuMemPoolGetAttribute` reports the
 //! threshold, `RESERVED_MEM_CURRENT/HIGH` and `USED_MEM_CURRENT/HIGH`.
 //!
+//! `cuGetProcAddress(_v2)`: `FAKE_CUDA_PROC_INTERNAL=1` returns internal entry points (same
+//! behaviour, other addresses than the exported symbols) for a few names, as some drivers do;
+//! `FAKE_CUDA_PROC_AGNOSTIC=1` answers every requested version of a name with its newest
+//! variant, as a version-agnostic driver or stub does.
+//!
 //! `fake_cuda_calls(name)` (exported) counts calls per entry point, so tests can check which
 //! exact variant (`_v2`, `_ptsz`…) a call reached.
 
@@ -1963,6 +1968,10 @@ mod internal {
         // SAFETY: same contract as cuMemAlloc_v2.
         unsafe { alloc(dptr, size, Kind::Device) }
     }
+    pub extern "C" fn mem_free_v2(dptr: CUdeviceptr) -> CUresult {
+        count("cuMemFree_v2");
+        free(dptr)
+    }
     pub unsafe extern "C" fn mem_get_info_v2(
         free_bytes: *mut usize,
         total: *mut usize,
@@ -1996,6 +2005,7 @@ fn internal_pointer(symbol: &str) -> Option<*const c_void> {
     Some(match symbol {
         "cuMemAlloc_v2" => internal::mem_alloc_v2 as *const c_void,
         "cuMemGetInfo_v2" => internal::mem_get_info_v2 as *const c_void,
+        "cuMemFree_v2" => internal::mem_free_v2 as *const c_void,
         "cuLaunchKernel_ptsz" => internal::launch_kernel_ptsz as *const c_void,
         _ => return None,
     })
@@ -2134,9 +2144,22 @@ fn proc_table() -> &'static [ProcEntry] {
     })
 }
 
+/// `FAKE_CUDA_PROC_AGNOSTIC=1`: `cuGetProcAddress` answers every requested version of a name
+/// with the same entry point (the newest variant), as a version-agnostic driver or stub does.
+fn version_agnostic() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FAKE_CUDA_PROC_AGNOSTIC").is_ok_and(|v| v == "1"))
+}
+
 /// The driver's rule: the newest variant of `api` that `cuda_version` knows, preferring the
-/// per-thread-stream variant when asked for and one exists.
+/// per-thread-stream variant when asked for and one exists. A version-agnostic driver ignores
+/// the version (the newest variant, whatever was asked for).
 fn resolve(api: &str, cuda_version: c_int, flags: u64) -> Result<&'static ProcEntry, c_int> {
+    let cuda_version = if version_agnostic() {
+        c_int::MAX
+    } else {
+        cuda_version
+    };
     let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
     let candidates: Vec<&ProcEntry> = proc_table().iter().filter(|e| e.api == api).collect();
     if candidates.is_empty() {
