@@ -67,6 +67,17 @@ hooked!(
     cuLaunchCooperativeKernel_ptsz,
     cuGraphLaunch,
     cuGraphLaunch_ptsz,
+    cuLaunch,
+    cuLaunchGrid,
+    cuLaunchGridAsync,
+    cuLaunchCooperativeKernelMultiDevice,
+    cuGraphInstantiate,
+    cuGraphInstantiate_v2,
+    cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithParams,
+    cuGraphInstantiateWithParams_ptsz,
+    cuGraphExecDestroy,
+    cuDeviceGraphMemTrim,
     cuModuleLoad,
     cuModuleLoadData,
     cuModuleLoadDataEx,
@@ -92,6 +103,15 @@ pub enum Aux {
     cuDeviceGetUuid_v2,
     cuDeviceGetMemPool,
     cuMemPoolGetAttribute,
+    cuStreamGetCtx,
+    cuCtxPushCurrent_v2,
+    cuCtxPopCurrent_v2,
+    cuGraphGetNodes,
+    cuGraphNodeGetType,
+    cuGraphMemAllocNodeGetParams,
+    cuGraphMemFreeNodeGetParams,
+    cuGraphChildGraphNodeGetGraph,
+    cuDeviceGetGraphMemAttribute,
     nvmlInit_v2,
     nvmlDeviceGetIndex,
     nvmlDeviceGetHandleByIndex_v2,
@@ -104,6 +124,15 @@ const AUX_NAMES: &[&str] = &[
     "cuDeviceGetUuid_v2\0",
     "cuDeviceGetMemPool\0",
     "cuMemPoolGetAttribute\0",
+    "cuStreamGetCtx\0",
+    "cuCtxPushCurrent_v2\0",
+    "cuCtxPopCurrent_v2\0",
+    "cuGraphGetNodes\0",
+    "cuGraphNodeGetType\0",
+    "cuGraphMemAllocNodeGetParams\0",
+    "cuGraphMemFreeNodeGetParams\0",
+    "cuGraphChildGraphNodeGetGraph\0",
+    "cuDeviceGetGraphMemAttribute\0",
     "nvmlInit_v2\0",
     "nvmlDeviceGetIndex\0",
     "nvmlDeviceGetHandleByIndex_v2\0",
@@ -346,8 +375,9 @@ pub fn hook_for(name: &[u8]) -> Option<F> {
         .map(|i| ALL[i])
 }
 
-/// How `cuGetProcAddress` names each hooked symbol: (API name, the CUDA version that
-/// introduced this variant, per-thread-default-stream variant).
+/// How `cuGetProcAddress` names each hooked symbol: (hook, API name, the CUDA version whose
+/// headers first map the name to this variant, per-thread-default-stream variant). A hook may
+/// appear under more than one name.
 const PROC_NAMES: &[(F, &CStr, c_int, bool)] = &[
     (F::cuInit, c"cuInit", 2000, false),
     (F::cuGetProcAddress, c"cuGetProcAddress", 11030, false),
@@ -417,6 +447,54 @@ const PROC_NAMES: &[(F, &CStr, c_int, bool)] = &[
     ),
     (F::cuGraphLaunch, c"cuGraphLaunch", 10000, false),
     (F::cuGraphLaunch_ptsz, c"cuGraphLaunch", 10000, true),
+    (F::cuLaunch, c"cuLaunch", 2000, false),
+    (F::cuLaunchGrid, c"cuLaunchGrid", 2000, false),
+    (F::cuLaunchGridAsync, c"cuLaunchGridAsync", 2000, false),
+    (
+        F::cuLaunchCooperativeKernelMultiDevice,
+        c"cuLaunchCooperativeKernelMultiDevice",
+        9000,
+        false,
+    ),
+    // CUDA 12's headers define `cuGraphInstantiate` as `cuGraphInstantiateWithFlags`.
+    (F::cuGraphInstantiate, c"cuGraphInstantiate", 10000, false),
+    (
+        F::cuGraphInstantiate_v2,
+        c"cuGraphInstantiate",
+        11000,
+        false,
+    ),
+    (
+        F::cuGraphInstantiateWithFlags,
+        c"cuGraphInstantiate",
+        12000,
+        false,
+    ),
+    (
+        F::cuGraphInstantiateWithFlags,
+        c"cuGraphInstantiateWithFlags",
+        11040,
+        false,
+    ),
+    (
+        F::cuGraphInstantiateWithParams,
+        c"cuGraphInstantiateWithParams",
+        12000,
+        false,
+    ),
+    (
+        F::cuGraphInstantiateWithParams_ptsz,
+        c"cuGraphInstantiateWithParams",
+        12000,
+        true,
+    ),
+    (F::cuGraphExecDestroy, c"cuGraphExecDestroy", 10000, false),
+    (
+        F::cuDeviceGraphMemTrim,
+        c"cuDeviceGraphMemTrim",
+        11040,
+        false,
+    ),
     (F::cuModuleLoad, c"cuModuleLoad", 2000, false),
     (F::cuModuleLoadData, c"cuModuleLoadData", 2000, false),
     (F::cuModuleLoadDataEx, c"cuModuleLoadDataEx", 2010, false),
@@ -632,4 +710,41 @@ pub fn current_device() -> Option<usize> {
         f(&mut dev)
     };
     (r == 0 && (0..vgpu_region::MAX_DEVICES as c_int).contains(&dev)).then_some(dev as usize)
+}
+
+/// The device of `stream`'s context (`cuStreamGetCtx`, then that context made current for one
+/// `cuCtxGetDevice`); the current context's device for the NULL stream, the special stream
+/// handles, or when the driver cannot say.
+pub fn stream_device(stream: *mut c_void) -> Option<usize> {
+    // CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the current context's streams.
+    if (stream as usize) <= 2 {
+        return current_device();
+    }
+    let (get_ctx, push, pop) = (
+        aux(Aux::cuStreamGetCtx),
+        aux(Aux::cuCtxPushCurrent_v2),
+        aux(Aux::cuCtxPopCurrent_v2),
+    );
+    if get_ctx.is_null() || push.is_null() || pop.is_null() {
+        return current_device();
+    }
+    let mut ctx: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `cuStreamGetCtx(CUstream, CUcontext*)`, `cuCtxPushCurrent_v2(CUcontext)`,
+    // `cuCtxPopCurrent_v2(CUcontext*)`; the push is undone before returning.
+    unsafe {
+        let get_ctx: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> c_int =
+            std::mem::transmute(get_ctx);
+        if get_ctx(stream, &mut ctx) != 0 || ctx.is_null() {
+            return current_device();
+        }
+        let push: unsafe extern "C" fn(*mut c_void) -> c_int = std::mem::transmute(push);
+        if push(ctx) != 0 {
+            return current_device();
+        }
+        let dev = current_device();
+        let pop: unsafe extern "C" fn(*mut *mut c_void) -> c_int = std::mem::transmute(pop);
+        let mut popped: *mut c_void = std::ptr::null_mut();
+        pop(&mut popped);
+        dev
+    }
 }

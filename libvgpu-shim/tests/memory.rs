@@ -195,6 +195,24 @@ fn cu_get_proc_address_with_a_version_agnostic_driver_gives_v2_hooks_in_any_call
     }
 }
 
+/// Issue #28 item 10: graph memory nodes. Before, `cuGraphAddMemAllocNode` was not counted at
+/// all: a graph could map any amount of device memory. Now a graph whose allocations do not
+/// fit is refused at instantiation (every instantiation entry point, directly and through
+/// `cuGetProcAddress`), an instantiated graph's allocations count until it is destroyed, an
+/// allocation that outlives its launch counts until it is freed, and memory the driver keeps
+/// cached for graphs counts until `cuDeviceGraphMemTrim`; the simulated card never holds more
+/// than the limit.
+#[test]
+fn graph_memory_nodes_are_counted_and_refused_over_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(&mut probe(
+        &cache(&dir),
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "64m")],
+        &["graphmem", &(64 * MIB).to_string()],
+    ));
+    assert_ok(&out);
+}
+
 #[test]
 fn dlsym_override_keeps_rtld_next_caller_relative() {
     let dir = tempfile::tempdir().unwrap();
@@ -333,6 +351,17 @@ fn exports_only_the_hooks() {
         "cuGetProcAddress_v2",
         "cuGraphLaunch",
         "cuGraphLaunch_ptsz",
+        "cuLaunch",
+        "cuLaunchGrid",
+        "cuLaunchGridAsync",
+        "cuLaunchCooperativeKernelMultiDevice",
+        "cuGraphInstantiate",
+        "cuGraphInstantiate_v2",
+        "cuGraphInstantiateWithFlags",
+        "cuGraphInstantiateWithParams",
+        "cuGraphInstantiateWithParams_ptsz",
+        "cuGraphExecDestroy",
+        "cuDeviceGraphMemTrim",
         "cuInit",
         "cuLaunchCooperativeKernel",
         "cuLaunchCooperativeKernel_ptsz",
