@@ -569,12 +569,20 @@ static int mode_info(void) {
 
 /* Launch BLOCKS-block kernels in a loop for SECONDS through PATH: kernel (cuLaunchKernel, the
  * default), launch (cuLaunch: one block), grid (cuLaunchGrid), gridasync (cuLaunchGridAsync),
- * multidevice (cuLaunchCooperativeKernelMultiDevice, one entry on a created stream) or graph
+ * multidevice (cuLaunchCooperativeKernelMultiDevice, one entry on a created stream),
+ * multidevice-other (the same on a stream of device 1 while device 0's context is current) or graph
  * (cuGraphLaunch of an executable graph: FAKE_CUDA_SM_COUNT blocks). */
 static int mode_busy(double seconds, unsigned blocks, const char *path) {
     setup();
     void *stream = 0, *graph = 0, *node = 0, *exec = 0;
-    if (cuStreamCreate(&stream, 0) != 0) return 1;
+    if (!strcmp(path, "multidevice-other")) {
+        /* The stream on device 1, the current context on device 0. */
+        CUcontext c0 = 0, c1 = 0;
+        CUdevice d1;
+        if (cuCtxGetCurrent(&c0) != 0 || cuDeviceGet(&d1, 1) != 0 || cuCtxCreate_v2(&c1, 0, d1) != 0 ||
+            cuStreamCreate(&stream, 0) != 0 || cuCtxSetCurrent(c0) != 0) return 1;
+        path = "multidevice";
+    } else if (cuStreamCreate(&stream, 0) != 0) return 1;
     if (!strcmp(path, "graph") && (cuGraphCreate(&graph, 0) != 0 || cuGraphAddEmptyNode(&node, graph, 0, 0) != 0 ||
                                    cuGraphInstantiateWithFlags(&exec, graph, 0) != 0)) return 1;
     CUDA_LAUNCH_PARAMS lp = { (void *)1, blocks, 1, 1, 128, 1, 1, 0, stream, 0 };
