@@ -1,4 +1,4 @@
-//! A fake `libcuda.so.1` for tests, never shipped: the ~50 driver entry points the shim and its
+//! A fake `libcuda.so.1` for tests, never shipped: the ~90 driver entry points the shim and its
 //! tests use, over a simulated GPU (memory capacity, allocations, kernels that occupy the device
 //! for a simulated time), plus `cuGetProcAddress(_v2)` with a versioned symbol table.
 //!
@@ -23,6 +23,21 @@
 //! `max(release threshold, live bytes)` (threshold 0 by default, like the driver), and
 //! `cuMemPoolTrimTo` gives back down to its argument. `cuMemPoolGetAttribute` reports the
 //! threshold, `RESERVED_MEM_CURRENT/HIGH` and `USED_MEM_CURRENT/HIGH`.
+//!
+//! Graphs with memory nodes: `cuGraphCreate`, `cuGraphAddMemAllocNode` (the address is assigned
+//! when the node is added), `cuGraphAddMemFreeNode`, `cuGraphAddEmptyNode`, the node queries and
+//! every `cuGraphInstantiate*`. A launch maps the executable graph's allocations from a per-device
+//! graph pool (growing it, OOM when the card is full; relaunching over an unfreed allocation
+//! fails) and frees what its free nodes free; an allocation no free node frees stays mapped after
+//! the launch and `cuGraphExecDestroy` until `cuMemFreeAsync` / `cuMemFree_v2`. Freed graph
+//! memory stays reserved in the pool until `cuDeviceGraphMemTrim`;
+//! `cuDeviceGetGraphMemAttribute` reports `USED_MEM_CURRENT` and `RESERVED_MEM_CURRENT`.
+//!
+//! Launches: `cuLaunch` (1 block), `cuLaunchGrid(Async)`, and
+//! `cuLaunchCooperativeKernelMultiDevice`, each entry on the device of its stream
+//! (`cuStreamCreate` makes a stream of the current context's device; `cuStreamGetCtx`).
+//!
+//! `fake_cuda_device_used(dev)` (exported) is what the simulated card holds for this process.
 //!
 //! `cuGetProcAddress(_v2)`: `FAKE_CUDA_PROC_INTERNAL=1` returns internal entry points (same
 //! behaviour, other addresses than the exported symbols) for a few names, as some drivers do;
