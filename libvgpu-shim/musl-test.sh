@@ -12,6 +12,8 @@
 #   dlsym     dlsym(RTLD_NEXT, ...) stays relative to the caller; handle lookups are hooked
 #   threads, fork
 #   modpool   module loads and memory kept by pools count (and their control run)
+#   graphmem  graph memory nodes are counted at instantiation (and its control run)
+#   agnostic  cuGetProcAddress with a version-agnostic driver gives the v2 hooks in any order
 #
 # plus a control run of `limit` without the shim, which must fail (the probe really checks).
 #
@@ -137,6 +139,13 @@ run "fork" pass yes CUDA_DEVICE_MEMORY_LIMIT=64m -- fork $limit
 # Module loads and pool memory (the ready file doubles as the go file: no checkpoint wait).
 run "modpool" pass yes CUDA_DEVICE_MEMORY_LIMIT=64m -- modpool $limit "$tmp/ready" "$tmp/ready"
 run "control: modpool without the shim fails" fail no -- modpool $limit "$tmp/ready" "$tmp/ready"
+# Graph memory nodes counted at instantiation; cuGetProcAddress with a version-agnostic driver.
+run "graphmem" pass yes CUDA_DEVICE_MEMORY_LIMIT=64m -- graphmem $limit
+run "control: graphmem without the shim fails" fail no CUDA_DEVICE_MEMORY_LIMIT=64m -- graphmem $limit
+for order in probe-first legacy-first direct; do
+    run "agnostic cuGetProcAddress, $order" pass yes CUDA_DEVICE_MEMORY_LIMIT=64m \
+        FAKE_CUDA_PROC_AGNOSTIC=1 FAKE_CUDA_PROC_INTERNAL=1 -- agnostic $limit $order
+done
 
 elapsed=$(($(date +%s) - start))
 if [ $failures != 0 ]; then

@@ -125,6 +125,8 @@ struct Tracker {
     modules: KeyMap,
     /// Memory-pool bookkeeping (`pools.rs`).
     pools: pools::PoolTracker,
+    /// Graph memory nodes (`graphs.rs`).
+    graphs: graphs::GraphTracker,
 }
 
 static TRACKER: Mutex<Option<Tracker>> = Mutex::new(None);
@@ -218,7 +220,7 @@ fn untrack(kind: Kind, key: u64) -> Option<(usize, u64)> {
 /// have shrunk) and the check is made once more.
 fn reserve(region: &region::Region, dev: usize, kind: Kind, bytes: u64) -> Result<(), ()> {
     region.reserve_as(dev, kind.field(), bytes).or_else(|()| {
-        if pools::reconcile_all() {
+        if pools::reconcile_all() | graphs::reconcile_all() {
             region.reserve_as(dev, kind.field(), bytes)
         } else {
             Err(())
@@ -262,8 +264,51 @@ fn uncount(kind: Kind, key: u64) {
     }
 }
 
+/// A lock between the threads of one process that a `fork` cannot leave held: it stores the
+/// holder's pid, and a pid other than ours is a lock inherited from a thread that does not
+/// exist in this process, taken over. Waiters sleep (the sections it guards call the driver).
+pub(crate) struct PidLock(std::sync::atomic::AtomicI32);
+
+pub(crate) struct PidGuard(&'static PidLock);
+
+impl PidLock {
+    pub(crate) const fn new() -> PidLock {
+        PidLock(std::sync::atomic::AtomicI32::new(0))
+    }
+
+    pub(crate) fn lock(&'static self) -> PidGuard {
+        loop {
+            let me = region::my_pid();
+            match self
+                .0
+                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return PidGuard(self),
+                Err(holder)
+                    if holder != me
+                        && self
+                            .0
+                            .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
+                            .is_ok() =>
+                {
+                    return PidGuard(self);
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_micros(200)),
+            }
+        }
+    }
+}
+
+impl Drop for PidGuard {
+    fn drop(&mut self) {
+        self.0.0.store(0, Ordering::Release);
+    }
+}
+
+mod graphs;
 mod modules;
 mod pools;
+pub use graphs::*;
 pub use modules::*;
 pub use pools::*;
 
@@ -334,26 +379,22 @@ type GetProcAddressV1 =
 type GetProcAddressV2 =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 
-/// Swaps the driver's answer to `cuGetProcAddress(symbol, version, flags)` for the wrapper of
-/// the variant that request selects ([`real::hook_for_request`]); names the shim does not hook
-/// keep the driver's pointer.
+/// Swaps the driver's answer to `cuGetProcAddress(symbol, …, cuda_version, flags)` for the
+/// wrapper of the same variant (`_vN` / `_ptsz`), so the caller gets the ABI it asked for,
+/// wrapped; see [`real::hook_for_proc`] for how the variant is told.
 unsafe fn substitute(
     symbol: *const c_char,
+    pfn: *mut *mut c_void,
     cuda_version: c_int,
     flags: u64,
-    pfn: *mut *mut c_void,
 ) {
     if pfn.is_null() || symbol.is_null() || degraded() {
         return;
     }
-    // SAFETY: the caller's out-pointer, just written by the driver.
-    let p = unsafe { *pfn };
-    if p.is_null() {
-        return;
-    }
-    // SAFETY: the caller passes a NUL-terminated name (the driver just accepted it).
-    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if let Some(f) = real::hook_for_request(name, cuda_version, flags, p) {
+    // SAFETY: the caller's NUL-terminated name (the driver just read it) and out-pointer, just
+    // written by the driver.
+    let (name, p) = unsafe { (CStr::from_ptr(symbol).to_bytes(), *pfn) };
+    if let Some(f) = real::hook_for_proc(name, cuda_version, flags, p) {
         // SAFETY: as above.
         unsafe { *pfn = real::wrapper(f) };
     }
@@ -369,8 +410,8 @@ pub unsafe extern "C" fn cuGetProcAddress(
     guarded("cuGetProcAddress", CUDA_ERROR_UNKNOWN, || {
         let r = real_call!(cuGetProcAddress: GetProcAddressV1, symbol, pfn, cuda_version, flags);
         if r == CUDA_SUCCESS {
-            // SAFETY: `pfn` was written by the driver; `symbol` is the caller's name.
-            unsafe { substitute(symbol, cuda_version, flags, pfn) };
+            // SAFETY: `pfn` was written by the driver.
+            unsafe { substitute(symbol, pfn, cuda_version, flags) };
         }
         r
     })
@@ -387,8 +428,8 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     guarded("cuGetProcAddress_v2", CUDA_ERROR_UNKNOWN, || {
         let r = real_call!(cuGetProcAddress_v2: GetProcAddressV2, symbol, pfn, cuda_version, flags, status);
         if r == CUDA_SUCCESS {
-            // SAFETY: `pfn` was written by the driver; `symbol` is the caller's name.
-            unsafe { substitute(symbol, cuda_version, flags, pfn) };
+            // SAFETY: `pfn` was written by the driver.
+            unsafe { substitute(symbol, pfn, cuda_version, flags) };
         }
         r
     })
@@ -534,6 +575,7 @@ pub extern "C" fn cuMemFree_v2(dptr: u64) -> CUresult {
         let r = real_call!(cuMemFree_v2: unsafe extern "C" fn(u64) -> CUresult, dptr);
         if r == CUDA_SUCCESS && dptr != 0 && !degraded() {
             uncount(Kind::Ptr, dptr);
+            graphs::freed(dptr);
         }
         r
     })
@@ -589,6 +631,7 @@ macro_rules! free_async {
                 let r = real_call!($name: unsafe extern "C" fn(u64, Stream) -> CUresult, dptr, stream);
                 if r == CUDA_SUCCESS && dptr != 0 && !degraded() {
                     pools::pool_free(dptr);
+                    graphs::freed(dptr);
                 }
                 r
             })
@@ -851,6 +894,7 @@ pub extern "C" fn cuMemFree(dptr: c_uint) -> CUresult {
         let r = real_call!(cuMemFree: unsafe extern "C" fn(c_uint) -> CUresult, dptr);
         if r == CUDA_SUCCESS && dptr != 0 && !degraded() {
             uncount(Kind::Ptr, dptr as u64);
+            graphs::freed(dptr as u64);
         }
         r
     })
@@ -1108,18 +1152,106 @@ launch_ex_hook!(cuLaunchKernelEx);
 launch_ex_hook!(cuLaunchKernelEx_ptsz);
 
 /// Graph launches are limited too (HAMi-core let them bypass the limit); a graph counts as one
-/// full-device wave, and the feedback loop corrects the estimate.
+/// full-device wave, and the feedback loop corrects the estimate. A graph with memory nodes
+/// also updates what its allocations hold (`graphs.rs`).
 macro_rules! graph_hook {
     ($name:ident) => {
         #[unsafe(no_mangle)]
         pub extern "C" fn $name(exec: *mut c_void, stream: Stream) -> CUresult {
             limiter::before_launch(limiter::GRAPH_BLOCKS);
-            real_call!($name: unsafe extern "C" fn(*mut c_void, Stream) -> CUresult, exec, stream)
+            let r = real_call!($name: unsafe extern "C" fn(*mut c_void, Stream) -> CUresult, exec, stream);
+            if r == CUDA_SUCCESS && graphs::any() && !degraded() {
+                guarded(stringify!($name), (), || graphs::launched(exec as u64));
+            }
+            r
         }
     };
 }
 graph_hook!(cuGraphLaunch);
 graph_hook!(cuGraphLaunch_ptsz);
+
+// The pre-4.0 launch API (deprecated, still exported by CUDA 12 and 13 drivers): the block
+// shape, parameters and shared memory were set beforehand (`cuFuncSetBlockShape`,
+// `cuParamSet*`), the grid is two `int`s. A negative dimension is refused by the driver; it is
+// charged as 0 blocks (the pacer charges every launch at least one).
+
+/// Blocks of a pre-4.0 grid.
+fn legacy_grid_blocks(width: c_int, height: c_int) -> u64 {
+    width.max(0) as u64 * height.max(1) as u64
+}
+
+/// `cuLaunch`: a 1 × 1 grid.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunch(f: *mut c_void) -> CUresult {
+    limiter::before_launch(1);
+    real_call!(cuLaunch: unsafe extern "C" fn(*mut c_void) -> CUresult, f)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunchGrid(f: *mut c_void, grid_width: c_int, grid_height: c_int) -> CUresult {
+    limiter::before_launch(legacy_grid_blocks(grid_width, grid_height));
+    real_call!(
+        cuLaunchGrid: unsafe extern "C" fn(*mut c_void, c_int, c_int) -> CUresult,
+        f, grid_width, grid_height
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunchGridAsync(
+    f: *mut c_void,
+    grid_width: c_int,
+    grid_height: c_int,
+    stream: Stream,
+) -> CUresult {
+    limiter::before_launch(legacy_grid_blocks(grid_width, grid_height));
+    real_call!(
+        cuLaunchGridAsync: unsafe extern "C" fn(*mut c_void, c_int, c_int, Stream) -> CUresult,
+        f, grid_width, grid_height, stream
+    )
+}
+
+/// `CUDA_LAUNCH_PARAMS`.
+#[repr(C)]
+pub struct LaunchParams {
+    pub function: *mut c_void,
+    pub grid_dim_x: c_uint,
+    pub grid_dim_y: c_uint,
+    pub grid_dim_z: c_uint,
+    pub block_dim_x: c_uint,
+    pub block_dim_y: c_uint,
+    pub block_dim_z: c_uint,
+    pub shared_mem_bytes: c_uint,
+    pub h_stream: Stream,
+    pub kernel_params: *mut *mut c_void,
+}
+
+/// One cooperative kernel per device (deprecated since CUDA 11.3, still exported): each entry
+/// is paced on the device of its own stream, so a launch on another device than the current
+/// context's is charged where it runs. A driver takes at most one entry per device; entries
+/// past the region's device count cannot be charged anywhere and are not read.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(
+    launch_params_list: *mut LaunchParams,
+    num_devices: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    if !launch_params_list.is_null() {
+        guarded("cuLaunchCooperativeKernelMultiDevice", (), || {
+            for i in 0..(num_devices as usize).min(vgpu_region::MAX_DEVICES) {
+                // SAFETY: the caller's array of `num_devices` entries (the driver reads it too).
+                let p = unsafe { &*launch_params_list.add(i) };
+                let blocks =
+                    p.grid_dim_x as u64 * p.grid_dim_y.max(1) as u64 * p.grid_dim_z.max(1) as u64;
+                let stream = p.h_stream;
+                limiter::before_launch_on(|| real::stream_device(stream), blocks);
+            }
+        });
+    }
+    real_call!(
+        cuLaunchCooperativeKernelMultiDevice: unsafe extern "C" fn(*mut LaunchParams, c_uint, c_uint) -> CUresult,
+        launch_params_list, num_devices, flags
+    )
+}
 
 // ---------------------------------------------------------------- NVML
 

@@ -59,19 +59,27 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Paces a launch of `blocks` blocks on the current context's device.
 #[inline]
 pub fn before_launch(blocks: u64) {
+    before_launch_on(crate::real::current_device, blocks);
+}
+
+/// Paces a launch of `blocks` blocks on the device `device` names (asked only while a limit is
+/// active: finding a stream's device costs driver calls).
+#[inline]
+pub fn before_launch_on(device: impl FnOnce() -> Option<usize>, blocks: u64) {
     if !LAUNCHED.load(Ordering::Relaxed) {
         LAUNCHED.store(true, Ordering::Relaxed);
     }
     if ACTIVE.load(Ordering::Relaxed) {
-        throttle(blocks);
+        throttle(device(), blocks);
     }
 }
 
 #[cold]
-fn throttle(blocks: u64) {
-    let Some(dev) = crate::real::current_device() else {
+fn throttle(dev: Option<usize>, blocks: u64) {
+    let Some(dev) = dev.filter(|&d| d < MAX_DEVICES) else {
         return;
     };
     let d = &DEVICES[dev];

@@ -67,6 +67,17 @@ hooked!(
     cuLaunchCooperativeKernel_ptsz,
     cuGraphLaunch,
     cuGraphLaunch_ptsz,
+    cuLaunch,
+    cuLaunchGrid,
+    cuLaunchGridAsync,
+    cuLaunchCooperativeKernelMultiDevice,
+    cuGraphInstantiate,
+    cuGraphInstantiate_v2,
+    cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithParams,
+    cuGraphInstantiateWithParams_ptsz,
+    cuGraphExecDestroy,
+    cuDeviceGraphMemTrim,
     cuModuleLoad,
     cuModuleLoadData,
     cuModuleLoadDataEx,
@@ -92,6 +103,15 @@ pub enum Aux {
     cuDeviceGetUuid_v2,
     cuDeviceGetMemPool,
     cuMemPoolGetAttribute,
+    cuStreamGetCtx,
+    cuCtxPushCurrent_v2,
+    cuCtxPopCurrent_v2,
+    cuGraphGetNodes,
+    cuGraphNodeGetType,
+    cuGraphMemAllocNodeGetParams,
+    cuGraphMemFreeNodeGetParams,
+    cuGraphChildGraphNodeGetGraph,
+    cuDeviceGetGraphMemAttribute,
     nvmlInit_v2,
     nvmlDeviceGetIndex,
     nvmlDeviceGetHandleByIndex_v2,
@@ -104,6 +124,15 @@ const AUX_NAMES: &[&str] = &[
     "cuDeviceGetUuid_v2\0",
     "cuDeviceGetMemPool\0",
     "cuMemPoolGetAttribute\0",
+    "cuStreamGetCtx\0",
+    "cuCtxPushCurrent_v2\0",
+    "cuCtxPopCurrent_v2\0",
+    "cuGraphGetNodes\0",
+    "cuGraphNodeGetType\0",
+    "cuGraphMemAllocNodeGetParams\0",
+    "cuGraphMemFreeNodeGetParams\0",
+    "cuGraphChildGraphNodeGetGraph\0",
+    "cuDeviceGetGraphMemAttribute\0",
     "nvmlInit_v2\0",
     "nvmlDeviceGetIndex\0",
     "nvmlDeviceGetHandleByIndex_v2\0",
@@ -304,7 +333,9 @@ pub fn ensure_nvml() -> bool {
     )
 }
 
-/// The real function behind hook `f` (NULL if the driver lacks it or is not loaded).
+/// The real function behind hook `f`: the driver's exported symbol, else the entry point its
+/// `cuGetProcAddress` names that variant with (a driver that exports less than it hands out);
+/// NULL if the driver lacks it or is not loaded.
 #[inline]
 pub fn get(f: F) -> *mut c_void {
     let p = REAL[f as usize].load(Ordering::Acquire);
@@ -316,11 +347,11 @@ pub fn get(f: F) -> *mut c_void {
     } else {
         ensure_cuda()
     };
-    if loaded {
-        REAL[f as usize].load(Ordering::Acquire)
-    } else {
-        std::ptr::null_mut()
+    if !loaded {
+        return std::ptr::null_mut();
     }
+    let p = REAL[f as usize].load(Ordering::Acquire);
+    if p.is_null() { probed_for(f) } else { p }
 }
 
 pub fn aux(a: Aux) -> *mut c_void {
@@ -344,8 +375,9 @@ pub fn hook_for(name: &[u8]) -> Option<F> {
         .map(|i| ALL[i])
 }
 
-/// How `cuGetProcAddress` names each hooked symbol: (API name, the CUDA version that
-/// introduced this variant, per-thread-default-stream variant).
+/// How `cuGetProcAddress` names each hooked symbol: (hook, API name, the CUDA version whose
+/// headers first map the name to this variant, per-thread-default-stream variant). A hook may
+/// appear under more than one name.
 const PROC_NAMES: &[(F, &CStr, c_int, bool)] = &[
     (F::cuInit, c"cuInit", 2000, false),
     (F::cuGetProcAddress, c"cuGetProcAddress", 11030, false),
@@ -415,6 +447,54 @@ const PROC_NAMES: &[(F, &CStr, c_int, bool)] = &[
     ),
     (F::cuGraphLaunch, c"cuGraphLaunch", 10000, false),
     (F::cuGraphLaunch_ptsz, c"cuGraphLaunch", 10000, true),
+    (F::cuLaunch, c"cuLaunch", 2000, false),
+    (F::cuLaunchGrid, c"cuLaunchGrid", 2000, false),
+    (F::cuLaunchGridAsync, c"cuLaunchGridAsync", 2000, false),
+    (
+        F::cuLaunchCooperativeKernelMultiDevice,
+        c"cuLaunchCooperativeKernelMultiDevice",
+        9000,
+        false,
+    ),
+    // CUDA 12's headers define `cuGraphInstantiate` as `cuGraphInstantiateWithFlags`.
+    (F::cuGraphInstantiate, c"cuGraphInstantiate", 10000, false),
+    (
+        F::cuGraphInstantiate_v2,
+        c"cuGraphInstantiate",
+        11000,
+        false,
+    ),
+    (
+        F::cuGraphInstantiateWithFlags,
+        c"cuGraphInstantiate",
+        12000,
+        false,
+    ),
+    (
+        F::cuGraphInstantiateWithFlags,
+        c"cuGraphInstantiateWithFlags",
+        11040,
+        false,
+    ),
+    (
+        F::cuGraphInstantiateWithParams,
+        c"cuGraphInstantiateWithParams",
+        12000,
+        false,
+    ),
+    (
+        F::cuGraphInstantiateWithParams_ptsz,
+        c"cuGraphInstantiateWithParams",
+        12000,
+        true,
+    ),
+    (F::cuGraphExecDestroy, c"cuGraphExecDestroy", 10000, false),
+    (
+        F::cuDeviceGraphMemTrim,
+        c"cuDeviceGraphMemTrim",
+        11040,
+        false,
+    ),
     (F::cuModuleLoad, c"cuModuleLoad", 2000, false),
     (F::cuModuleLoadData, c"cuModuleLoadData", 2000, false),
     (F::cuModuleLoadDataEx, c"cuModuleLoadDataEx", 2010, false),
@@ -443,14 +523,61 @@ const PROC_NAMES: &[(F, &CStr, c_int, bool)] = &[
     (F::cuMemPoolDestroy, c"cuMemPoolDestroy", 11020, false),
 ];
 
-/// What the driver's `cuGetProcAddress` returns for each hooked symbol. A driver may hand out
-/// internal entry points that differ from its exported symbols; asking it once for each hooked
-/// variant (at the version that introduced it) lets the substitution recognise those too.
-static PROBED: [AtomicPtr<c_void>; N] = [const { AtomicPtr::new(std::ptr::null_mut()) }; N];
+/// What the driver's `cuGetProcAddress` returned for each entry of [`PROC_NAMES`] (same index),
+/// asked at that entry's version and flags; NULL where it named no variant of its own (see
+/// [`probe_driver_table`]). A driver may hand out internal entry points that differ from its
+/// exported symbols, or (a version-agnostic driver or stub) one entry point for every version
+/// of a name: the probe is how the substitution recognises both.
+static PROBED: [AtomicPtr<c_void>; PROC_NAMES.len()] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; PROC_NAMES.len()];
 static PROBE_STATE: AtomicU8 = AtomicU8::new(UNLOADED);
 
-const PER_THREAD_DEFAULT_STREAM: u64 = 2;
+pub const PER_THREAD_DEFAULT_STREAM: u64 = 2;
 
+/// Asks the real `cuGetProcAddress(_v2)` for `api` at `version` with `flags`.
+fn driver_proc_address(api: &CStr, version: c_int, flags: u64) -> *mut c_void {
+    let v2 = REAL[F::cuGetProcAddress_v2 as usize].load(Ordering::Acquire);
+    let v1 = REAL[F::cuGetProcAddress as usize].load(Ordering::Acquire);
+    let mut p: *mut c_void = std::ptr::null_mut();
+    let r = if !v2.is_null() {
+        let mut status: c_int = 0;
+        // SAFETY: the driver's cuGetProcAddress_v2(name, void**, int, cuuint64_t, status*).
+        unsafe {
+            let g: unsafe extern "C" fn(
+                *const c_char,
+                *mut *mut c_void,
+                c_int,
+                u64,
+                *mut c_int,
+            ) -> c_int = std::mem::transmute(v2);
+            g(api.as_ptr(), &mut p, version, flags, &mut status)
+        }
+    } else if !v1.is_null() {
+        // SAFETY: the driver's cuGetProcAddress(name, void**, int, cuuint64_t).
+        unsafe {
+            let g: unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> c_int =
+                std::mem::transmute(v1);
+            g(api.as_ptr(), &mut p, version, flags)
+        }
+    } else {
+        -1
+    };
+    crate::log::write(
+        crate::log::INFO + 1,
+        &format!("probe {api:?}@{version} flags {flags}: {r} {p:?}"),
+    );
+    if r == 0 { p } else { std::ptr::null_mut() }
+}
+
+/// Asks the driver once for every entry of [`PROC_NAMES`], after the exported symbols are
+/// resolved (the answers are compared with them). An answer is not recorded when it says the
+/// driver has no such variant of its own:
+/// * a per-thread request answered with what the default-stream request gets (the API has no
+///   per-thread variant in this driver);
+/// * an answer that is the exported symbol of an *older* variant of the same name (this driver
+///   maps that version to the older ABI: the entry is not how it names the variant). A driver
+///   never answers a version with a newer ABI than it asked for, unless it ignores the version:
+///   that answer is recorded, and the caller's version decides (see [`hook_for_proc`]).
 fn probe_driver_table() {
     if PROBE_STATE
         .compare_exchange(UNLOADED, LOADING, Ordering::AcqRel, Ordering::Acquire)
@@ -458,89 +585,42 @@ fn probe_driver_table() {
     {
         return;
     }
-    let v2 = get(F::cuGetProcAddress_v2);
-    let v1 = get(F::cuGetProcAddress);
-    for &(f, api, since, per_thread) in PROC_NAMES {
+    if !ensure_cuda() {
+        // Not loaded yet (a re-entrant call from the driver's own initialisation): try again
+        // at the next lookup, never with a half-resolved table.
+        PROBE_STATE.store(UNLOADED, Ordering::Release);
+        return;
+    }
+    for (i, &(f, api, since, per_thread)) in PROC_NAMES.iter().enumerate() {
         let flags = if per_thread {
             PER_THREAD_DEFAULT_STREAM
         } else {
             0
         };
-        let mut p: *mut c_void = std::ptr::null_mut();
-        let r = if !v2.is_null() {
-            let mut status: c_int = 0;
-            // SAFETY: the driver's cuGetProcAddress_v2(name, void**, int, cuuint64_t, status*).
-            unsafe {
-                let g: unsafe extern "C" fn(
-                    *const c_char,
-                    *mut *mut c_void,
-                    c_int,
-                    u64,
-                    *mut c_int,
-                ) -> c_int = std::mem::transmute(v2);
-                g(api.as_ptr(), &mut p, since, flags, &mut status)
-            }
-        } else if !v1.is_null() {
-            // SAFETY: the driver's cuGetProcAddress(name, void**, int, cuuint64_t).
-            unsafe {
-                let g: unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> c_int =
-                    std::mem::transmute(v1);
-                g(api.as_ptr(), &mut p, since, flags)
-            }
-        } else {
-            -1
-        };
-        crate::log::write(
-            crate::log::INFO + 1,
-            &format!("probe {api:?}@{since} flags {flags}: {r} {p:?}"),
-        );
-        // A per-thread request for an API without such a variant returns the legacy one;
-        // record it only when it differs from that, so it maps to the right wrapper.
-        if r == 0 && !p.is_null() && !PROBED.iter().any(|q| q.load(Ordering::Relaxed) == p) {
-            PROBED[f as usize].store(p, Ordering::Release);
+        let p = driver_proc_address(api, since, flags);
+        if p.is_null() {
+            continue;
         }
+        if per_thread && p == driver_proc_address(api, since, 0) {
+            continue;
+        }
+        let older_variant = PROC_NAMES.iter().any(|&(g, other, other_since, _)| {
+            other == api
+                && g != f
+                && other_since < since
+                && REAL[g as usize].load(Ordering::Acquire) == p
+        });
+        if older_variant {
+            continue;
+        }
+        PROBED[i].store(p, Ordering::Release);
     }
     PROBE_STATE.store(LOADED, Ordering::Release);
 }
 
-/// The hook to hand out for `cuGetProcAddress(name, version, flags)` that returned `p`.
-///
-/// For a name the shim hooks in several variants (`cuMemGetInfo` and `cuMemGetInfo_v2`, `_ptsz`),
-/// the variant is the one the requested version selects: the newest whose version is at most
-/// the requested one, per-thread when `flags` ask for it. Pointer identity ([`hook_for_real`])
-/// only picks between those two candidates (the driver decides per-thread or legacy stream),
-/// never an older ABI: a driver that returns the same entry point for every version would
-/// otherwise get the 32-bit wrappers, depending on which symbols happened to be resolved first.
-pub fn hook_for_request(name: &[u8], version: c_int, flags: u64, p: *mut c_void) -> Option<F> {
-    let newest = |per_thread: bool| {
-        PROC_NAMES
-            .iter()
-            .filter(|&&(_, api, since, pt)| {
-                api.to_bytes() == name && pt == per_thread && since <= version
-            })
-            .max_by_key(|&&(_, _, since, _)| since)
-            .map(|&(f, _, _, _)| f)
-    };
-    let (plain, per_thread) = (newest(false), newest(true));
-    if plain.is_none() && per_thread.is_none() {
-        return hook_for_real(p);
-    }
-    match hook_for_real(p) {
-        Some(f) if Some(f) == plain || Some(f) == per_thread => Some(f),
-        _ if flags & PER_THREAD_DEFAULT_STREAM != 0 => per_thread.or(plain),
-        _ => plain.or(per_thread),
-    }
-}
-
-/// The hook whose real function is `p`: by identity with the exported symbol, else with what
-/// the driver's `cuGetProcAddress` returned for that variant.
-pub fn hook_for_real(p: *mut c_void) -> Option<F> {
-    if p.is_null() {
-        return None;
-    }
-    if let Some(i) = REAL.iter().position(|r| r.load(Ordering::Acquire) == p) {
-        return Some(ALL[i]);
-    }
+/// The driver's table has been probed (probing it now if needed; waiting, bounded, for another
+/// thread that is probing).
+fn ensure_probed() -> bool {
     if PROBE_STATE.load(Ordering::Acquire) != LOADED {
         probe_driver_table();
         // Another thread may be probing: wait for it (the probe only calls the driver).
@@ -551,10 +631,70 @@ pub fn hook_for_real(p: *mut c_void) -> Option<F> {
             std::thread::yield_now();
         }
     }
-    PROBED
+    PROBE_STATE.load(Ordering::Acquire) == LOADED
+}
+
+/// What the driver's `cuGetProcAddress` named variant `f` with, when it does not export `f`
+/// itself (NULL if it did not, or the table is not probed yet).
+fn probed_for(f: F) -> *mut c_void {
+    if PROBE_STATE.load(Ordering::Acquire) != LOADED {
+        return std::ptr::null_mut();
+    }
+    PROC_NAMES
+        .iter()
+        .zip(PROBED.iter())
+        .filter(|((g, ..), _)| *g == f)
+        .map(|(_, p)| p.load(Ordering::Acquire))
+        .find(|p| !p.is_null())
+        .unwrap_or(std::ptr::null_mut())
+}
+
+/// The hook to hand out for `cuGetProcAddress(name, version, flags)` when the driver answered
+/// `p`, or `None` when `p` is no variant the shim hooks (it is then returned unchanged).
+///
+/// The entries whose exported symbol or probed answer is `p` are the candidates. One variant
+/// among them: that one (the driver's own choice, whatever name it was asked for). Several: the
+/// driver hands this entry point out for several variants (it ignores the version, or exports
+/// aliases), so its ABI cannot be told from the pointer; the caller's request decides, as a
+/// version-aware driver would: among the candidates named `name`, the newest at or below
+/// `version`, the per-thread variant only when `flags` asks for it. The exported symbols are
+/// resolved and the table probed before any of this, so the answer does not depend on which
+/// lookups came first.
+pub fn hook_for_proc(name: &[u8], version: c_int, flags: u64, p: *mut c_void) -> Option<F> {
+    if p.is_null() || !ensure_cuda() {
+        return None;
+    }
+    let probed = ensure_probed();
+    let is_candidate = |i: usize| {
+        let f = PROC_NAMES[i].0;
+        REAL[f as usize].load(Ordering::Acquire) == p
+            || (probed && PROBED[i].load(Ordering::Acquire) == p)
+    };
+    // Exported symbols that are not in the table (none today) still map by identity.
+    let by_symbol = REAL
         .iter()
         .position(|r| r.load(Ordering::Acquire) == p)
-        .map(|i| ALL[i])
+        .map(|i| ALL[i]);
+    let Some(first) = (0..PROC_NAMES.len()).find(|&i| is_candidate(i)) else {
+        return by_symbol;
+    };
+    let first_f = PROC_NAMES[first].0;
+    if (0..PROC_NAMES.len())
+        .filter(|&i| is_candidate(i))
+        .all(|i| PROC_NAMES[i].0 == first_f)
+    {
+        return Some(first_f);
+    }
+    let per_thread = flags & PER_THREAD_DEFAULT_STREAM != 0;
+    (0..PROC_NAMES.len())
+        .filter(|&i| is_candidate(i) && PROC_NAMES[i].1.to_bytes() == name)
+        .max_by_key(|&i| {
+            let (_, _, since, pt) = PROC_NAMES[i];
+            let fits = since <= version;
+            (fits, pt == per_thread, if fits { since } else { -since })
+        })
+        .map(|i| PROC_NAMES[i].0)
+        .or(Some(first_f))
 }
 
 /// The real device of the calling thread's current context.
@@ -570,4 +710,41 @@ pub fn current_device() -> Option<usize> {
         f(&mut dev)
     };
     (r == 0 && (0..vgpu_region::MAX_DEVICES as c_int).contains(&dev)).then_some(dev as usize)
+}
+
+/// The device of `stream`'s context (`cuStreamGetCtx`, then that context made current for one
+/// `cuCtxGetDevice`); the current context's device for the NULL stream, the special stream
+/// handles, or when the driver cannot say.
+pub fn stream_device(stream: *mut c_void) -> Option<usize> {
+    // CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the current context's streams.
+    if (stream as usize) <= 2 {
+        return current_device();
+    }
+    let (get_ctx, push, pop) = (
+        aux(Aux::cuStreamGetCtx),
+        aux(Aux::cuCtxPushCurrent_v2),
+        aux(Aux::cuCtxPopCurrent_v2),
+    );
+    if get_ctx.is_null() || push.is_null() || pop.is_null() {
+        return current_device();
+    }
+    let mut ctx: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `cuStreamGetCtx(CUstream, CUcontext*)`, `cuCtxPushCurrent_v2(CUcontext)`,
+    // `cuCtxPopCurrent_v2(CUcontext*)`; the push is undone before returning.
+    unsafe {
+        let get_ctx: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> c_int =
+            std::mem::transmute(get_ctx);
+        if get_ctx(stream, &mut ctx) != 0 || ctx.is_null() {
+            return current_device();
+        }
+        let push: unsafe extern "C" fn(*mut c_void) -> c_int = std::mem::transmute(push);
+        if push(ctx) != 0 {
+            return current_device();
+        }
+        let dev = current_device();
+        let pop: unsafe extern "C" fn(*mut *mut c_void) -> c_int = std::mem::transmute(pop);
+        let mut popped: *mut c_void = std::ptr::null_mut();
+        pop(&mut popped);
+        dev
+    }
 }

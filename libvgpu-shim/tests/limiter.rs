@@ -9,15 +9,23 @@ use std::time::Duration;
 use shim_harness::*;
 use tessera_bench_results as results;
 
-const SCENARIO: &str = r#"{"devices": [{"uuid": "GPU-00000000-0000-0000-0000-000000000001", "memory_total_mib": 16384}]}"#;
+const SCENARIO: &str = r#"{"devices": [{"uuid": "GPU-00000000-0000-0000-0000-000000000001", "memory_total_mib": 16384}, {"uuid": "GPU-00000000-0000-0000-0000-000000000002", "memory_total_mib": 16384}]}"#;
 
 /// Runs the busy loop under `limit` and returns the device utilization (%) over five seconds,
 /// after a 3.5 s settling time.
 fn measure(dir: &std::path::Path, limit: u32) -> f64 {
-    let state = dir.join(format!("gpu-{limit}.state"));
-    let scenario = dir.join(format!("scenario-{limit}.json"));
+    measure_path(dir, limit, "kernel")
+}
+
+/// [`measure`] with the busy loop launching through `path` (see `mode_busy` in the probe); the
+/// utilization of the device the path launches on (device 1 for `multidevice-other`, whose
+/// launches run on another device than the current context's; two simulated devices).
+fn measure_path(dir: &std::path::Path, limit: u32, path: &str) -> f64 {
+    let dev = usize::from(path == "multidevice-other");
+    let state = dir.join(format!("gpu-{limit}-{path}.state"));
+    let scenario = dir.join(format!("scenario-{limit}-{path}.json"));
     std::fs::write(&scenario, SCENARIO).unwrap();
-    let cache = dir.join(format!("region-{limit}.cache"));
+    let cache = dir.join(format!("region-{limit}-{path}.cache"));
     let gpu = fake_gpu_state::open_path(Some(state.clone().into_os_string())).expect("state");
     let limit_s = limit.to_string();
     let mut child = probe(
@@ -29,18 +37,19 @@ fn measure(dir: &std::path::Path, limit: u32) -> f64 {
             ("FAKE_NVML_SCENARIO", scenario.to_str().unwrap()),
             ("FAKE_CUDA_SM_COUNT", "40"),
             ("FAKE_CUDA_BLOCK_NS", "200000"),
+            ("FAKE_CUDA_DEVICES", "2"),
         ],
-        &["busy", "9", "40"],
+        &["busy", "9", "40", path],
     )
     .stdout(std::process::Stdio::null())
     .spawn()
     .expect("busy");
     std::thread::sleep(Duration::from_millis(3500));
-    let (t1, b1) = (fake_gpu_state::now_ns(), gpu.devices[0].busy_done_ns());
+    let (t1, b1) = (fake_gpu_state::now_ns(), gpu.devices[dev].busy_done_ns());
     std::thread::sleep(Duration::from_secs(5));
-    let (t2, b2) = (fake_gpu_state::now_ns(), gpu.devices[0].busy_done_ns());
+    let (t2, b2) = (fake_gpu_state::now_ns(), gpu.devices[dev].busy_done_ns());
     let status = child.wait().expect("wait");
-    assert!(status.success());
+    assert!(status.success(), "busy loop through {path} failed");
     (b2 - b1) as f64 * 100.0 / (t2 - t1) as f64
 }
 
@@ -138,4 +147,45 @@ fn utilization_holds_the_sm_limit_on_an_oversubscribed_host() {
             cpus * 4
         );
     }
+}
+
+/// Issue #28 item 10: the launch entry points that went past the limiter (the pre-4.0
+/// `cuLaunch`, `cuLaunchGrid`, `cuLaunchGridAsync`, and `cuLaunchCooperativeKernelMultiDevice`
+/// on a stream of its own) are held to the SM limit like `cuLaunchKernel`, and so are graph
+/// launches. A multi-device launch is paced on the device of each entry's stream: with the
+/// current context on device 0 and the kernel on device 1, device 1 is held to the limit.
+/// Unlimited, the same loop through `cuLaunchGrid` saturates the device: without the pacer each
+/// of these paths took the whole device.
+#[test]
+fn every_launch_entry_point_is_held_to_the_sm_limit() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let limit = 30u32;
+    let handles: Vec<_> = [
+        "launch",
+        "grid",
+        "gridasync",
+        "multidevice",
+        "multidevice-other",
+        "graph",
+    ]
+    .into_iter()
+    .map(|path| {
+        let dir = dir.path().to_path_buf();
+        std::thread::spawn(move || (path, measure_path(&dir, limit, path)))
+    })
+    .collect();
+    let full = measure_path(dir.path(), 100, "grid");
+    let measured: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(
+        full > 95.0,
+        "unlimited cuLaunchGrid loop should saturate, got {full:.1}%"
+    );
+    for (path, util) in &measured {
+        assert!(
+            (util - f64::from(limit)).abs() <= 5.0,
+            "{path}: limit {limit}%: measured {util:.1}% (all: {measured:?})"
+        );
+    }
+    println!("{measured:?}");
 }

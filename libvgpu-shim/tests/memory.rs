@@ -165,26 +165,52 @@ fn cu_get_proc_address_wraps_internal_driver_entry_points() {
     }
 }
 
-/// A driver (or stub) whose `cuGetProcAddress` returns the same entry point for every version
-/// of a name (issue 28 item 11): asked for `cuMemGetInfo`, `cuMemAlloc`, `cuMemFree` at 12000
-/// before anything else resolved the exported symbols, the shim used to hand out the pre-3.2
-/// (32-bit) wrappers (0 MiB total, `cuMemFree` failing). The variant follows the version asked,
-/// whatever the call order: the probe's limit checks and `cuMemGetInfo` hold.
+/// Issue #28 item 11: a driver whose `cuGetProcAddress` returns the same entry point for every
+/// requested version of a name. Asked for `cuMemGetInfo`, `cuMemAlloc` and `cuMemFree` at
+/// version 12000, the shim hands out its v2 (64-bit) wrappers in every call order (before the
+/// fix, a probe of the driver's table that ran first mapped them to the pre-3.2 wrappers:
+/// `cuMemGetInfo` reported a wrong total and `cuMemFree` failed with 500), with internal entry
+/// points and with exported ones; asked at 3010 (a pre-3.2 caller), the legacy wrappers.
 #[test]
-fn cu_get_proc_address_of_a_version_agnostic_driver_gives_the_versions_abi() {
+fn cu_get_proc_address_with_a_version_agnostic_driver_gives_v2_hooks_in_any_call_order() {
     let limit = (64 * MIB).to_string();
-    for flags in ["0", "2"] {
-        let dir = tempfile::tempdir().unwrap();
-        let out = run(&mut probe(
-            &cache(&dir),
-            &[
-                ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
-                ("FAKE_CUDA_PROC_VERSION_AGNOSTIC", "1"),
-            ],
-            &["procaddr", &limit, "12000", flags],
-        ));
-        assert!(out.status.success(), "flags {flags}: {}", text(&out));
+    for internal in ["1", "0"] {
+        for order in ["probe-first", "legacy-first", "direct"] {
+            let dir = tempfile::tempdir().unwrap();
+            let out = run(&mut probe(
+                &cache(&dir),
+                &[
+                    ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
+                    ("FAKE_CUDA_PROC_AGNOSTIC", "1"),
+                    ("FAKE_CUDA_PROC_INTERNAL", internal),
+                ],
+                &["agnostic", &limit, order],
+            ));
+            assert!(
+                out.status.success(),
+                "internal entry points {internal}, order {order}: {}",
+                text(&out)
+            );
+        }
     }
+}
+
+/// Issue #28 item 10: graph memory nodes. Before, `cuGraphAddMemAllocNode` was not counted at
+/// all: a graph could map any amount of device memory. Now a graph whose allocations do not
+/// fit is refused at instantiation (every instantiation entry point, directly and through
+/// `cuGetProcAddress`), an instantiated graph's allocations count until it is destroyed, an
+/// allocation that outlives its launch counts until it is freed, and memory the driver keeps
+/// cached for graphs counts until `cuDeviceGraphMemTrim`; the simulated card never holds more
+/// than the limit.
+#[test]
+fn graph_memory_nodes_are_counted_and_refused_over_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(&mut probe(
+        &cache(&dir),
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "64m")],
+        &["graphmem", &(64 * MIB).to_string()],
+    ));
+    assert_ok(&out);
 }
 
 #[test]
@@ -325,6 +351,17 @@ fn exports_only_the_hooks() {
         "cuGetProcAddress_v2",
         "cuGraphLaunch",
         "cuGraphLaunch_ptsz",
+        "cuLaunch",
+        "cuLaunchGrid",
+        "cuLaunchGridAsync",
+        "cuLaunchCooperativeKernelMultiDevice",
+        "cuGraphInstantiate",
+        "cuGraphInstantiate_v2",
+        "cuGraphInstantiateWithFlags",
+        "cuGraphInstantiateWithParams",
+        "cuGraphInstantiateWithParams_ptsz",
+        "cuGraphExecDestroy",
+        "cuDeviceGraphMemTrim",
         "cuInit",
         "cuLaunchCooperativeKernel",
         "cuLaunchCooperativeKernel_ptsz",

@@ -13,41 +13,11 @@
 //! contexts than the current one.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::*;
 
-/// The pid of the process whose thread is measuring a load, 0 when none. A pid other than
-/// ours is a lock inherited through `fork` from a thread that does not exist here: taken over.
-static MEASURING: AtomicI32 = AtomicI32::new(0);
-
-struct Measuring;
-
-impl Measuring {
-    fn lock() -> Measuring {
-        loop {
-            let me = region::my_pid();
-            match MEASURING.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return Measuring,
-                Err(holder)
-                    if holder != me
-                        && MEASURING
-                            .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
-                            .is_ok() =>
-                {
-                    return Measuring;
-                }
-                Err(_) => std::thread::sleep(std::time::Duration::from_micros(200)),
-            }
-        }
-    }
-}
-
-impl Drop for Measuring {
-    fn drop(&mut self) {
-        MEASURING.store(0, Ordering::Release);
-    }
-}
+/// Held while a load is measured: loads in one process are measured one at a time.
+static MEASURING: PidLock = PidLock::new();
 
 /// The device's free memory as the real driver reports it (current context's device).
 fn device_free() -> Option<u64> {
@@ -80,7 +50,7 @@ fn measured_load(
         return load();
     };
     let region = region_with_watcher();
-    let _one_at_a_time = Measuring::lock();
+    let _one_at_a_time = MEASURING.lock();
     let before = (device_free(), region.usage(dev));
     let r = load();
     if r != CUDA_SUCCESS {

@@ -62,6 +62,28 @@ CUresult cuMemPoolGetAttribute(void *, int, void *);
 CUresult cuStreamSynchronize(void *);
 CUresult cuCtxGetCurrent(CUcontext *);
 CUresult cuCtxSetCurrent(CUcontext);
+/* Pre-4.0 and multi-device launches, streams. */
+typedef struct { void *function; unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes; void *hStream; void **kernelParams; } CUDA_LAUNCH_PARAMS;
+CUresult cuLaunch(void *);
+CUresult cuLaunchGrid(void *, int, int);
+CUresult cuLaunchGridAsync(void *, int, int, void *);
+CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *, unsigned, unsigned);
+CUresult cuStreamCreate(void **, unsigned);
+/* Graphs with memory nodes. */
+typedef struct { int allocType, handleTypes, locType, locId; void *win32; unsigned char tail[64]; const void *accessDescs; size_t accessDescCount; size_t bytesize; CUdeviceptr dptr; } CUDA_MEM_ALLOC_NODE_PARAMS;
+typedef struct { unsigned long long flags; void *hUploadStream; void *hErrNode_out; int result_out; } CUDA_GRAPH_INSTANTIATE_PARAMS;
+CUresult cuGraphCreate(void **, unsigned);
+CUresult cuGraphDestroy(void *);
+CUresult cuGraphAddMemAllocNode(void **, void *, void **, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+CUresult cuGraphAddMemFreeNode(void **, void *, void **, size_t, CUdeviceptr);
+CUresult cuGraphAddEmptyNode(void **, void *, void **, size_t);
+CUresult cuGraphInstantiate(void **, void *, void **, char *, size_t);
+CUresult cuGraphInstantiate_v2(void **, void *, void **, char *, size_t);
+CUresult cuGraphInstantiateWithFlags(void **, void *, unsigned long long);
+CUresult cuGraphInstantiateWithParams(void **, void *, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+CUresult cuGraphExecDestroy(void *);
+CUresult cuGraphLaunch(void *, void *);
+CUresult cuDeviceGraphMemTrim(CUdevice);
 /* The legacy (CUDA 3.1 ABI) entry points: 32-bit pointers and sizes. */
 typedef struct { unsigned Width, Height; int Format; unsigned NumChannels; } CUDA_ARRAY_DESCRIPTOR_v1;
 typedef struct { unsigned Width, Height, Depth; int Format; unsigned NumChannels, Flags; } CUDA_ARRAY3D_DESCRIPTOR_v1;
@@ -545,15 +567,165 @@ static int mode_info(void) {
     return done();
 }
 
-/* Launch BLOCKS-block kernels in a loop for SECONDS. */
-static int mode_busy(double seconds, unsigned blocks) {
+/* Launch BLOCKS-block kernels in a loop for SECONDS through PATH: kernel (cuLaunchKernel, the
+ * default), launch (cuLaunch: one block), grid (cuLaunchGrid), gridasync (cuLaunchGridAsync),
+ * multidevice (cuLaunchCooperativeKernelMultiDevice, one entry on a created stream),
+ * multidevice-other (the same on a stream of device 1 while device 0's context is current) or graph
+ * (cuGraphLaunch of an executable graph: FAKE_CUDA_SM_COUNT blocks). */
+static int mode_busy(double seconds, unsigned blocks, const char *path) {
     setup();
+    void *stream = 0, *graph = 0, *node = 0, *exec = 0;
+    if (!strcmp(path, "multidevice-other")) {
+        /* The stream on device 1, the current context on device 0. */
+        CUcontext c0 = 0, c1 = 0;
+        CUdevice d1;
+        if (cuCtxGetCurrent(&c0) != 0 || cuDeviceGet(&d1, 1) != 0 || cuCtxCreate_v2(&c1, 0, d1) != 0 ||
+            cuStreamCreate(&stream, 0) != 0 || cuCtxSetCurrent(c0) != 0) return 1;
+        path = "multidevice";
+    } else if (cuStreamCreate(&stream, 0) != 0) return 1;
+    if (!strcmp(path, "graph") && (cuGraphCreate(&graph, 0) != 0 || cuGraphAddEmptyNode(&node, graph, 0, 0) != 0 ||
+                                   cuGraphInstantiateWithFlags(&exec, graph, 0) != 0)) return 1;
+    CUDA_LAUNCH_PARAMS lp = { (void *)1, blocks, 1, 1, 128, 1, 1, 0, stream, 0 };
     double end = now_s() + seconds;
     long n = 0;
-    while (now_s() < end) { if (cuLaunchKernel((void *)1, blocks, 1, 1, 128, 1, 1, 0, 0, 0, 0) != 0) return 1; n++; }
+    while (now_s() < end) {
+        CUresult r;
+        if (!strcmp(path, "launch")) r = cuLaunch((void *)1);
+        else if (!strcmp(path, "grid")) r = cuLaunchGrid((void *)1, (int)blocks, 1);
+        else if (!strcmp(path, "gridasync")) r = cuLaunchGridAsync((void *)1, (int)blocks, 1, stream);
+        else if (!strcmp(path, "multidevice")) r = cuLaunchCooperativeKernelMultiDevice(&lp, 1, 0);
+        else if (!strcmp(path, "graph")) r = cuGraphLaunch(exec, 0);
+        else r = cuLaunchKernel((void *)1, blocks, 1, 1, 128, 1, 1, 0, 0, 0, 0);
+        if (r != 0) { printf("FAIL: %s launch returned %d\n", path, r); return 1; }
+        n++;
+    }
     cuCtxSynchronize();
     printf("launched %ld\n", n);
     return 0;
+}
+
+/* Graph memory nodes against LIMIT (the fake card: FAKE_CUDA_MEMORY_MIB). The fake maps a
+ * graph's allocations at launch, frees what free nodes free, and keeps freed graph memory cached
+ * until cuDeviceGraphMemTrim. USED is what the simulated GPU holds for this process. */
+typedef unsigned long long (*DeviceUsed)(int);
+static DeviceUsed device_used;
+static void expect_free(size_t want, int line);
+
+static void *alloc_graph(size_t bytes, int with_free, CUdeviceptr *dptr) {
+    void *g = 0, *a = 0, *f = 0;
+    EXPECT(cuGraphCreate(&g, 0), 0);
+    CUDA_MEM_ALLOC_NODE_PARAMS p; memset(&p, 0, sizeof p);
+    p.allocType = 1; p.locType = 1; p.locId = 0; p.bytesize = bytes;
+    EXPECT(cuGraphAddMemAllocNode(&a, g, 0, 0, &p), 0);
+    if (dptr) *dptr = p.dptr;
+    if (with_free) EXPECT(cuGraphAddMemFreeNode(&f, g, &a, 1, p.dptr), 0);
+    return g;
+}
+
+static int mode_graphmem(size_t limit) {
+    setup();
+    const size_t half = limit / 2, rest = limit - limit / 2;
+    device_used = (DeviceUsed)dlsym(RTLD_DEFAULT, "fake_cuda_device_used");
+    CHECK(device_used != 0, "fake_cuda_device_used");
+    if (!device_used) return done();
+    void *e = 0, *e2 = 0;
+    CUdeviceptr p = 0, d = 0;
+
+    /* 1. A graph whose allocation node is larger than the limit is refused at instantiation, by
+     *    every instantiation entry point and through cuGetProcAddress; nothing reaches the card. */
+    void *big = alloc_graph(limit + 1, 1, 0);
+    EXPECT(cuGraphInstantiateWithFlags(&e, big, 0), OOM);
+    EXPECT(cuGraphInstantiate(&e, big, 0, 0, 0), OOM);
+    EXPECT(cuGraphInstantiate_v2(&e, big, 0, 0, 0), OOM);
+    CUDA_GRAPH_INSTANTIATE_PARAMS ip; memset(&ip, 0, sizeof ip);
+    EXPECT(cuGraphInstantiateWithParams(&e, big, &ip), OOM);
+    GetProc2 gpa = (GetProc2)dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2");
+    struct { const char *name; int version; unsigned long long flags; const char *sym; } via[] = {
+        { "cuGraphInstantiate", 12000, 0, "cuGraphInstantiateWithFlags" },
+        { "cuGraphInstantiate", 11000, 0, "cuGraphInstantiate_v2" },
+        { "cuGraphInstantiateWithFlags", 12000, 0, "cuGraphInstantiateWithFlags" },
+        { "cuGraphInstantiateWithParams", 12000, 2, "cuGraphInstantiateWithParams_ptsz" },
+        { "cuGraphExecDestroy", 12000, 0, "cuGraphExecDestroy" },
+        { "cuDeviceGraphMemTrim", 12000, 0, "cuDeviceGraphMemTrim" },
+        { "cuLaunchGrid", 12000, 0, "cuLaunchGrid" },
+        { "cuLaunchGridAsync", 12000, 0, "cuLaunchGridAsync" },
+        { "cuLaunch", 12000, 0, "cuLaunch" },
+        { "cuLaunchCooperativeKernelMultiDevice", 12000, 0, "cuLaunchCooperativeKernelMultiDevice" },
+    };
+    for (unsigned i = 0; gpa && i < sizeof via / sizeof via[0]; i++) {
+        void *fn = 0; int st = -1; Dl_info info;
+        EXPECT(gpa(via[i].name, &fn, via[i].version, via[i].flags, &st), 0);
+        CHECK(fn && dladdr(fn, &info) && info.dli_sname && strstr(info.dli_fname, "libvgpu") && !strcmp(info.dli_sname, via[i].sym),
+              "%s@%d flags %llu is not the shim's %s", via[i].name, via[i].version, via[i].flags, via[i].sym);
+    }
+    void *fn = 0; int st = 0;
+    if (gpa) EXPECT(gpa("cuGraphInstantiate", &fn, 12000, 0, &st), 0);
+    if (fn) EXPECT(((CUresult (*)(void **, void *, unsigned long long))fn)(&e, big, 0), OOM);
+    if (gpa) EXPECT(gpa("cuGraphInstantiateWithParams", &fn, 12000, 2, &st), 0);
+    if (fn) EXPECT(((CUresult (*)(void **, void *, CUDA_GRAPH_INSTANTIATE_PARAMS *))fn)(&e, big, &ip), OOM);
+    EXPECT(cuGraphDestroy(big), 0);
+    expect_free(limit, __LINE__);
+    CHECK(device_used(0) == 0, "refused graphs put %llu bytes on the card", device_used(0));
+
+    /* 2. A graph's memory counts from its instantiation: what is left for the rest is the
+     *    limit less the graph's allocation; a graph that does not fit beside other memory is
+     *    refused too. In-graph alloc + free: after the executable graph is destroyed, the memory
+     *    the driver keeps cached for graphs stays charged until cuDeviceGraphMemTrim. */
+    void *g = alloc_graph(half, 1, 0);
+    EXPECT(cuMemAlloc_v2(&p, rest + 1), 0);
+    EXPECT(cuGraphInstantiateWithFlags(&e, g, 0), OOM);
+    EXPECT(cuMemFree_v2(p), 0);
+    EXPECT(cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    expect_free(rest, __LINE__);
+    EXPECT(cuMemAlloc_v2(&p, rest + 1), OOM);
+    EXPECT(cuMemAlloc_v2(&p, rest), 0);
+    EXPECT(cuGraphLaunch(e, 0), 0);
+    EXPECT(cuCtxSynchronize(), 0);
+    CHECK(device_used(0) <= limit, "graph launch: the card holds %llu of a %zu limit", device_used(0), limit);
+    EXPECT(cuGraphLaunch(e, 0), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+    EXPECT(cuGraphExecDestroy(e), 0);
+    expect_free(rest, __LINE__);
+    EXPECT(cuMemAlloc_v2(&p, rest + 1), OOM);
+    EXPECT(cuDeviceGraphMemTrim(0), 0);
+    expect_free(limit, __LINE__);
+    /* Instantiated again, the same graph counts again. */
+    EXPECT(cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    expect_free(rest, __LINE__);
+    EXPECT(cuGraphExecDestroy(e), 0);
+    expect_free(limit, __LINE__);
+    EXPECT(cuGraphDestroy(g), 0);
+
+    /* 3. An allocation no free node frees outlives the launch and the executable graph: charged
+     *    until the program frees it (cuMemFreeAsync), then the cached memory until a trim. */
+    g = alloc_graph(half, 0, &d);
+    EXPECT(cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    EXPECT(cuGraphLaunch(e, 0), 0);
+    EXPECT(cuGraphExecDestroy(e), 0);
+    EXPECT(cuGraphDestroy(g), 0);
+    expect_free(rest, __LINE__);
+    EXPECT(cuMemAlloc_v2(&p, rest + 1), OOM);
+    EXPECT(cuMemFreeAsync(d, 0), 0);
+    expect_free(rest, __LINE__);
+    EXPECT(cuDeviceGraphMemTrim(0), 0);
+    expect_free(limit, __LINE__);
+
+    /* 4. Freed without a launch in between, an executable graph's charge stays while it exists;
+     *    two graphs that each fit but not together: the second is refused. */
+    void *g1 = alloc_graph(half, 1, 0), *g2 = alloc_graph(rest + 1, 1, 0);
+    EXPECT(cuGraphInstantiateWithFlags(&e, g1, 0), 0);
+    EXPECT(cuGraphInstantiateWithFlags(&e2, g2, 0), OOM);
+    EXPECT(cuGraphExecDestroy(e), 0);
+    EXPECT(cuGraphInstantiateWithFlags(&e2, g2, 0), 0);
+    EXPECT(cuGraphLaunch(e2, 0), 0);
+    CHECK(device_used(0) <= limit, "second graph: the card holds %llu of a %zu limit", device_used(0), limit);
+    EXPECT(cuGraphExecDestroy(e2), 0);
+    EXPECT(cuDeviceGraphMemTrim(0), 0);
+    EXPECT(cuGraphDestroy(g1), 0);
+    EXPECT(cuGraphDestroy(g2), 0);
+    expect_free(limit, __LINE__);
+    CHECK(device_used(0) == 0, "at the end the card holds %llu", device_used(0));
+    return done();
 }
 
 /* Module loads and memory pools against LIMIT (the fake driver's modules take the bytes their
@@ -738,12 +910,66 @@ static int mode_modrace(size_t limit) {
     return done();
 }
 
+/* A driver whose cuGetProcAddress answers every requested version of a name with the same entry
+ * point (the fake with FAKE_CUDA_PROC_AGNOSTIC=1): cuMemGetInfo, cuMemAlloc and cuMemFree asked
+ * for at version 12000 must be the shim's v2 (64-bit) wrappers, whatever was asked before. ORDER:
+ *   probe-first   a per-thread cuLaunchKernel lookup first: with internal entry points it made the
+ *                 shim probe the driver's table before the v2 lookups (the order that broke)
+ *   legacy-first  the three names at version 3010 first (they must be the legacy wrappers)
+ *   direct        the v2 lookups first */
+static int mode_agnostic(size_t limit, const char *order) {
+    GetProc2 gpa = (GetProc2)dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2");
+    CHECK(gpa, "cuGetProcAddress_v2 missing");
+    if (!gpa) return done();
+    const char *names[] = { "cuMemGetInfo", "cuMemAlloc", "cuMemFree" };
+    void *fn[3] = {0};
+    Dl_info info;
+    int st = -1;
+    if (!strcmp(order, "probe-first")) {
+        void *l = 0;
+        EXPECT(gpa("cuLaunchKernel", &l, 12000, 2, &st), 0);
+    } else if (!strcmp(order, "legacy-first")) {
+        for (int i = 0; i < 3; i++) {
+            void *old = 0;
+            EXPECT(gpa(names[i], &old, 3010, 0, &st), 0);
+            CHECK(old && dladdr(old, &info) && info.dli_sname && strstr(info.dli_fname, "libvgpu") && !strcmp(info.dli_sname, names[i]),
+                  "%s@3010 is %s, not the shim's legacy wrapper", names[i], old && info.dli_sname ? info.dli_sname : "?");
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        EXPECT(gpa(names[i], &fn[i], 12000, 0, &st), 0);
+        char want[64];
+        snprintf(want, sizeof want, "%s_v2", names[i]);
+        CHECK(fn[i] && dladdr(fn[i], &info) && info.dli_sname && strstr(info.dli_fname, "libvgpu") && !strcmp(info.dli_sname, want),
+              "%s@12000 (%s) is %s from %s, not the shim's %s", names[i], order,
+              fn[i] && info.dli_sname ? info.dli_sname : "?", fn[i] ? info.dli_fname : "?", want);
+    }
+    if (failures) return done();
+    setup();
+    CUresult (*meminfo)(size_t *, size_t *) = fn[0];
+    CUresult (*alloc)(CUdeviceptr *, size_t) = fn[1];
+    CUresult (*freep)(CUdeviceptr) = fn[2];
+    size_t f = 0, t = 0;
+    CUdeviceptr p = 0, q = 0;
+    EXPECT(meminfo(&f, &t), 0);
+    CHECK(t == limit && f == limit, "meminfo free %zu total %zu, limit %zu", f, t, limit);
+    EXPECT(alloc(&p, limit), 0);
+    EXPECT(alloc(&q, 1), OOM);
+    EXPECT(freep(p), 0);
+    EXPECT(alloc(&p, limit), 0);
+    EXPECT(meminfo(&f, &t), 0);
+    CHECK(f == 0 && t == limit, "meminfo after a full allocation: free %zu total %zu", f, t);
+    EXPECT(freep(p), 0);
+    return done();
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, 0, _IONBF, 0);
     if (argc >= 3 && !strcmp(argv[1], "limit")) return mode_limit(strtoull(argv[2], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "modrace")) return mode_modrace(strtoull(argv[2], 0, 10));
     if (argc >= 5 && !strcmp(argv[1], "modpool")) return mode_modpool(strtoull(argv[2], 0, 10), argv[3], argv[4]);
     if (argc >= 5 && !strcmp(argv[1], "procaddr")) return mode_procaddr(strtoull(argv[2], 0, 10), atoi(argv[3]), strtoull(argv[4], 0, 10));
+    if (argc >= 4 && !strcmp(argv[1], "agnostic")) return mode_agnostic(strtoull(argv[2], 0, 10), argv[3]);
     if (argc >= 2 && !strcmp(argv[1], "dlsym")) return mode_dlsym();
     if (argc >= 5 && !strcmp(argv[1], "hold")) return mode_hold(strtoull(argv[2], 0, 10), argv[3], argv[4]);
     if (argc >= 4 && !strcmp(argv[1], "grab")) return mode_grab(strtoull(argv[2], 0, 10), atof(argv[3]));
@@ -754,7 +980,8 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "legacy")) return mode_legacy(strtoull(argv[2], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "forkexit")) return mode_forkexit(strtoull(argv[2], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "forkstorm")) return mode_forkstorm(strtoull(argv[2], 0, 10));
-    if (argc >= 4 && !strcmp(argv[1], "busy")) return mode_busy(atof(argv[2]), (unsigned)atoi(argv[3]));
+    if (argc >= 4 && !strcmp(argv[1], "busy")) return mode_busy(atof(argv[2]), (unsigned)atoi(argv[3]), argc >= 5 ? argv[4] : "kernel");
+    if (argc >= 3 && !strcmp(argv[1], "graphmem")) return mode_graphmem(strtoull(argv[2], 0, 10));
     fprintf(stderr, "usage: cuda_probe limit|procaddr|dlsym|hold|grab|busy ...\n");
     return 2;
 }

@@ -1,4 +1,4 @@
-//! A fake `libcuda.so.1` for tests, never shipped: the ~50 driver entry points the shim and its
+//! A fake `libcuda.so.1` for tests, never shipped: the ~90 driver entry points the shim and its
 //! tests use, over a simulated GPU (memory capacity, allocations, kernels that occupy the device
 //! for a simulated time), plus `cuGetProcAddress(_v2)` with a versioned symbol table.
 //!
@@ -23,6 +23,26 @@
 //! `max(release threshold, live bytes)` (threshold 0 by default, like the driver), and
 //! `cuMemPoolTrimTo` gives back down to its argument. `cuMemPoolGetAttribute` reports the
 //! threshold, `RESERVED_MEM_CURRENT/HIGH` and `USED_MEM_CURRENT/HIGH`.
+//!
+//! Graphs with memory nodes: `cuGraphCreate`, `cuGraphAddMemAllocNode` (the address is assigned
+//! when the node is added), `cuGraphAddMemFreeNode`, `cuGraphAddEmptyNode`, the node queries and
+//! every `cuGraphInstantiate*`. A launch maps the executable graph's allocations from a per-device
+//! graph pool (growing it, OOM when the card is full; relaunching over an unfreed allocation
+//! fails) and frees what its free nodes free; an allocation no free node frees stays mapped after
+//! the launch and `cuGraphExecDestroy` until `cuMemFreeAsync` / `cuMemFree_v2`. Freed graph
+//! memory stays reserved in the pool until `cuDeviceGraphMemTrim`;
+//! `cuDeviceGetGraphMemAttribute` reports `USED_MEM_CURRENT` and `RESERVED_MEM_CURRENT`.
+//!
+//! Launches: `cuLaunch` (1 block), `cuLaunchGrid(Async)`, and
+//! `cuLaunchCooperativeKernelMultiDevice`, each entry on the device of its stream
+//! (`cuStreamCreate` makes a stream of the current context's device; `cuStreamGetCtx`).
+//!
+//! `fake_cuda_device_used(dev)` (exported) is what the simulated card holds for this process.
+//!
+//! `cuGetProcAddress(_v2)`: `FAKE_CUDA_PROC_INTERNAL=1` returns internal entry points (same
+//! behaviour, other addresses than the exported symbols) for a few names, as some drivers do;
+//! `FAKE_CUDA_PROC_AGNOSTIC=1` answers every requested version of a name with its newest
+//! variant, as a version-agnostic driver or stub does.
 //!
 //! `fake_cuda_calls(name)` (exported) counts calls per entry point, so tests can check which
 //! exact variant (`_v2`, `_ptsz`…) a call reached.
@@ -131,6 +151,25 @@ struct Memory {
     default_pools: [u64; 16],
     /// Loaded modules and libraries: handle → (device, bytes).
     modules: HashMap<u64, (usize, u64)>,
+    /// Graphs (`cuGraphCreate`): handle → its nodes, in the order they were added.
+    graphs: HashMap<u64, Vec<u64>>,
+    /// Graph nodes: handle → (graph, what it does).
+    graph_nodes: HashMap<u64, (u64, GraphNode)>,
+    /// Executable graphs: handle → the memory nodes of the graph it was made from.
+    graph_execs: HashMap<u64, Vec<GraphNode>>,
+    /// Graph allocations mapped now: address → (device, bytes).
+    graph_live: HashMap<u64, (usize, u64)>,
+    /// Per device: (reserved, used) bytes of the graph memory pool. Freed graph memory stays
+    /// reserved (cached for later launches) until `cuDeviceGraphMemTrim`.
+    graph_pool: [(u64, u64); 16],
+}
+
+/// A graph node as the fake models it.
+#[derive(Clone, Copy)]
+enum GraphNode {
+    MemAlloc { dev: usize, bytes: u64, dptr: u64 },
+    MemFree { dptr: u64 },
+    Empty,
 }
 
 static MEMORY: Mutex<Option<Memory>> = Mutex::new(None);
@@ -706,6 +745,10 @@ fn free(dptr: CUdeviceptr) -> CUresult {
         return CUDA_SUCCESS;
     }
     with_memory(|m| match m.allocs.remove(&dptr) {
+        None if m.graph_live.contains_key(&dptr) => {
+            graph_free(m, dptr);
+            CUDA_SUCCESS
+        }
         Some(a) => {
             // A pool keeps a freed block (until a synchronisation or a trim gives it back).
             match a.pool.and_then(|p| m.pools.get_mut(&p)) {
@@ -1769,6 +1812,11 @@ fn launch(blocks: u64) -> CUresult {
     let Some(dev) = current_device() else {
         return CUDA_ERROR_INVALID_CONTEXT;
     };
+    launch_on(dev, blocks)
+}
+
+/// Queues a kernel of `blocks` blocks on `dev`'s simulated timeline.
+fn launch_on(dev: usize, blocks: u64) -> CUresult {
     let cfg = config();
     let waves = blocks.div_ceil(cfg.sm_count).max(1);
     let duration = waves.saturating_mul(cfg.block_ns);
@@ -1901,17 +1949,557 @@ pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
     unsafe { launch_ex(config) }
 }
 
-/// A graph launch runs one simulated kernel of `FAKE_CUDA_SM_COUNT` blocks.
+/// A graph launch runs one simulated kernel of `FAKE_CUDA_SM_COUNT` blocks; an executable graph
+/// with memory nodes first maps its allocations and frees what its free nodes free.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuGraphLaunch(_exec: *mut c_void, _stream: *mut c_void) -> CUresult {
+pub extern "C" fn cuGraphLaunch(exec: *mut c_void, _stream: *mut c_void) -> CUresult {
     count("cuGraphLaunch");
-    launch(config().sm_count)
+    graph_launch(exec as u64)
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuGraphLaunch_ptsz(_exec: *mut c_void, _stream: *mut c_void) -> CUresult {
+pub extern "C" fn cuGraphLaunch_ptsz(exec: *mut c_void, _stream: *mut c_void) -> CUresult {
     count("cuGraphLaunch_ptsz");
+    graph_launch(exec as u64)
+}
+
+// ---------------------------------------------------------------- legacy and multi-device launches
+
+/// `cuLaunch`: a 1 × 1 grid.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunch(_f: *mut c_void) -> CUresult {
+    count("cuLaunch");
+    launch(1)
+}
+
+fn legacy_grid(w: c_int, h: c_int) -> Result<u64, CUresult> {
+    if w <= 0 || h <= 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(w as u64 * h as u64)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunchGrid(_f: *mut c_void, w: c_int, h: c_int) -> CUresult {
+    count("cuLaunchGrid");
+    legacy_grid(w, h).map_or_else(|e| e, launch)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuLaunchGridAsync(
+    _f: *mut c_void,
+    w: c_int,
+    h: c_int,
+    _stream: *mut c_void,
+) -> CUresult {
+    count("cuLaunchGridAsync");
+    legacy_grid(w, h).map_or_else(|e| e, launch)
+}
+
+/// `CUDA_LAUNCH_PARAMS`.
+#[repr(C)]
+pub struct LaunchParams {
+    pub function: *mut c_void,
+    pub grid_dim_x: c_uint,
+    pub grid_dim_y: c_uint,
+    pub grid_dim_z: c_uint,
+    pub block_dim_x: c_uint,
+    pub block_dim_y: c_uint,
+    pub block_dim_z: c_uint,
+    pub shared_mem_bytes: c_uint,
+    pub h_stream: *mut c_void,
+    pub kernel_params: *mut *mut c_void,
+}
+
+/// One kernel per entry, each on the device of its stream (at most one entry per device).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(
+    list: *mut LaunchParams,
+    num_devices: c_uint,
+    _flags: c_uint,
+) -> CUresult {
+    count("cuLaunchCooperativeKernelMultiDevice");
+    require_init!();
+    if list.is_null() || num_devices == 0 || num_devices as usize > config().devices {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: the caller's array of `num_devices` entries.
+    let entries = unsafe { std::slice::from_raw_parts(list, num_devices as usize) };
+    let mut devices = Vec::new();
+    for e in entries {
+        let Some(dev) = stream_device(e.h_stream) else {
+            return CUDA_ERROR_INVALID_CONTEXT;
+        };
+        if devices.contains(&dev) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        devices.push(dev);
+    }
+    for (e, dev) in entries.iter().zip(devices) {
+        let r = launch_on(dev, grid_blocks(e.grid_dim_x, e.grid_dim_y, e.grid_dim_z));
+        if r != CUDA_SUCCESS {
+            return r;
+        }
+    }
+    CUDA_SUCCESS
+}
+
+// ---------------------------------------------------------------- streams
+
+/// Stream handles are addresses inside this array, one per device (a stream belongs to the
+/// context current when it was created; the NULL stream to the current context).
+static STREAMS: [u8; 16] = [0; 16];
+
+fn stream_device(stream: *mut c_void) -> Option<usize> {
+    let i = (stream as usize).wrapping_sub(STREAMS.as_ptr() as usize);
+    if i < config().devices {
+        Some(i)
+    } else {
+        current_device()
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, _flags: c_uint) -> CUresult {
+    count("cuStreamCreate");
+    require_init!();
+    let Some(dev) = current_device() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    if stream.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *stream = (&STREAMS[dev] as *const u8).cast_mut().cast() };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy_v2(_stream: *mut c_void) -> CUresult {
+    count("cuStreamDestroy_v2");
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx(stream: *mut c_void, ctx: *mut *mut c_void) -> CUresult {
+    count("cuStreamGetCtx");
+    require_init!();
+    if ctx.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(dev) = stream_device(stream) else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    // SAFETY: checked non-null.
+    unsafe { *ctx = ctx_handle(dev) };
+    CUDA_SUCCESS
+}
+
+// ---------------------------------------------------------------- graphs with memory nodes
+
+const NODE_TYPE_EMPTY: c_int = 5;
+const NODE_TYPE_MEM_ALLOC: c_int = 10;
+const NODE_TYPE_MEM_FREE: c_int = 11;
+const GRAPH_MEM_ATTR_USED_MEM_CURRENT: c_int = 0;
+const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`.
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location_type: c_int,
+    pub location_id: c_int,
+    pub win32_security_attributes: *mut c_void,
+    pub pool_props_tail: [u8; 64],
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: u64,
+}
+
+/// Graph, node and executable-graph handles: odd values far from anything else.
+fn new_handle(m: &mut Memory) -> u64 {
+    m.next_handle += 1;
+    0x6000_0000_0001 + 2 * m.next_handle
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphCreate(graph: *mut u64, _flags: c_uint) -> CUresult {
+    count("cuGraphCreate");
+    require_init!();
+    if graph.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    with_memory(|m| {
+        let h = new_handle(m);
+        m.graphs.insert(h, Vec::new());
+        // SAFETY: checked non-null.
+        unsafe { *graph = h };
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphDestroy(graph: u64) -> CUresult {
+    count("cuGraphDestroy");
+    require_init!();
+    with_memory(|m| match m.graphs.remove(&graph) {
+        Some(nodes) => {
+            for n in nodes {
+                m.graph_nodes.remove(&n);
+            }
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
+/// Adds `node` to `graph` and writes its handle.
+fn add_node(out: *mut u64, graph: u64, node: impl FnOnce(&mut Memory) -> GraphNode) -> CUresult {
+    require_init!();
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    with_memory(|m| {
+        if !m.graphs.contains_key(&graph) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let kind = node(m);
+        let h = new_handle(m);
+        m.graph_nodes.insert(h, (graph, kind));
+        m.graphs.entry(graph).or_default().push(h);
+        // SAFETY: checked non-null.
+        unsafe { *out = h };
+        CUDA_SUCCESS
+    })
+}
+
+/// An allocation node: its address is reserved now, its memory mapped at each launch.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut u64,
+    graph: u64,
+    _deps: *const u64,
+    _num_deps: usize,
+    params: *mut MemAllocNodeParams,
+) -> CUresult {
+    count("cuGraphAddMemAllocNode");
+    if params.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    let p = unsafe { &mut *params };
+    let dev = match usize::try_from(p.location_id) {
+        Ok(d) if p.location_type == 1 && d < config().devices => d,
+        _ => return CUDA_ERROR_INVALID_VALUE,
+    };
+    if p.bytesize == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let bytes = p.bytesize as u64;
+    let mut dptr = 0;
+    let r = add_node(node, graph, |m| {
+        let step = bytes.div_ceil(512) * 512;
+        m.next_addr += step;
+        dptr = m.next_addr - step;
+        GraphNode::MemAlloc { dev, bytes, dptr }
+    });
+    if r == CUDA_SUCCESS {
+        p.dptr = dptr;
+    }
+    r
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemFreeNode(
+    node: *mut u64,
+    graph: u64,
+    _deps: *const u64,
+    _num_deps: usize,
+    dptr: u64,
+) -> CUresult {
+    count("cuGraphAddMemFreeNode");
+    add_node(node, graph, |_| GraphNode::MemFree { dptr })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddEmptyNode(
+    node: *mut u64,
+    graph: u64,
+    _deps: *const u64,
+    _num_deps: usize,
+) -> CUresult {
+    count("cuGraphAddEmptyNode");
+    add_node(node, graph, |_| GraphNode::Empty)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphGetNodes(graph: u64, nodes: *mut u64, num: *mut usize) -> CUresult {
+    count("cuGraphGetNodes");
+    require_init!();
+    if num.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    with_memory(|m| {
+        let Some(list) = m.graphs.get(&graph) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        // SAFETY: checked non-null; `nodes` has room for `*num` handles when given.
+        unsafe {
+            if !nodes.is_null() {
+                let room = *num;
+                for i in 0..room {
+                    *nodes.add(i) = list.get(i).copied().unwrap_or(0);
+                }
+                *num = room.min(list.len());
+            } else {
+                *num = list.len();
+            }
+        }
+        CUDA_SUCCESS
+    })
+}
+
+fn graph_node(node: u64) -> Option<GraphNode> {
+    with_memory(|m| m.graph_nodes.get(&node).map(|(_, n)| *n))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphNodeGetType(node: u64, kind: *mut c_int) -> CUresult {
+    count("cuGraphNodeGetType");
+    require_init!();
+    let (Some(n), false) = (graph_node(node), kind.is_null()) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    let t = match n {
+        GraphNode::MemAlloc { .. } => NODE_TYPE_MEM_ALLOC,
+        GraphNode::MemFree { .. } => NODE_TYPE_MEM_FREE,
+        GraphNode::Empty => NODE_TYPE_EMPTY,
+    };
+    // SAFETY: checked non-null.
+    unsafe { *kind = t };
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphMemAllocNodeGetParams(
+    node: u64,
+    params: *mut MemAllocNodeParams,
+) -> CUresult {
+    count("cuGraphMemAllocNodeGetParams");
+    require_init!();
+    let (Some(GraphNode::MemAlloc { dev, bytes, dptr }), false) =
+        (graph_node(node), params.is_null())
+    else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    // SAFETY: checked non-null.
+    let p = unsafe { &mut *params };
+    p.alloc_type = 1;
+    p.location_type = 1;
+    p.location_id = dev as c_int;
+    p.bytesize = bytes as usize;
+    p.dptr = dptr;
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphMemFreeNodeGetParams(node: u64, dptr: *mut u64) -> CUresult {
+    count("cuGraphMemFreeNodeGetParams");
+    require_init!();
+    let (Some(GraphNode::MemFree { dptr: d }), false) = (graph_node(node), dptr.is_null()) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    // SAFETY: checked non-null.
+    unsafe { *dptr = d };
+    CUDA_SUCCESS
+}
+
+/// Makes an executable graph of `graph` (its nodes copied, as the driver does).
+fn instantiate(exec: *mut u64, graph: u64) -> CUresult {
+    require_init!();
+    if exec.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    with_memory(|m| {
+        let Some(list) = m.graphs.get(&graph) else {
+            return CUDA_ERROR_INVALID_VALUE;
+        };
+        let nodes: Vec<GraphNode> = list
+            .iter()
+            .filter_map(|n| m.graph_nodes.get(n).map(|(_, k)| *k))
+            .collect();
+        let h = new_handle(m);
+        m.graph_execs.insert(h, nodes);
+        // SAFETY: checked non-null.
+        unsafe { *exec = h };
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiate(
+    exec: *mut u64,
+    graph: u64,
+    _error_node: *mut u64,
+    _log: *mut c_char,
+    _log_size: usize,
+) -> CUresult {
+    count("cuGraphInstantiate");
+    instantiate(exec, graph)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiate_v2(
+    exec: *mut u64,
+    graph: u64,
+    _error_node: *mut u64,
+    _log: *mut c_char,
+    _log_size: usize,
+) -> CUresult {
+    count("cuGraphInstantiate_v2");
+    instantiate(exec, graph)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    exec: *mut u64,
+    graph: u64,
+    _flags: u64,
+) -> CUresult {
+    count("cuGraphInstantiateWithFlags");
+    instantiate(exec, graph)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams(
+    exec: *mut u64,
+    graph: u64,
+    _params: *mut c_void,
+) -> CUresult {
+    count("cuGraphInstantiateWithParams");
+    instantiate(exec, graph)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
+    exec: *mut u64,
+    graph: u64,
+    _params: *mut c_void,
+) -> CUresult {
+    count("cuGraphInstantiateWithParams_ptsz");
+    instantiate(exec, graph)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphExecDestroy(exec: u64) -> CUresult {
+    count("cuGraphExecDestroy");
+    require_init!();
+    // Allocations that outlive their launch stay mapped (the program frees them).
+    with_memory(|m| match m.graph_execs.remove(&exec) {
+        Some(_) => CUDA_SUCCESS,
+        None => CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
+/// A freed graph allocation goes back to the graph pool, which keeps the memory.
+fn graph_free(m: &mut Memory, dptr: u64) {
+    if let Some((dev, bytes)) = m.graph_live.remove(&dptr) {
+        m.graph_pool[dev].1 = m.graph_pool[dev].1.saturating_sub(bytes);
+    }
+}
+
+/// Maps the allocations of an executable graph (the pool grows by what it lacks, failing with
+/// OOM when the device is full), frees what its free nodes free, then runs one kernel of
+/// `FAKE_CUDA_SM_COUNT` blocks. Unknown handles (tests that launch a dummy) just run the kernel.
+fn graph_launch(exec: u64) -> CUresult {
+    require_init!();
+    let r = with_memory(|m| {
+        let Some(nodes) = m.graph_execs.get(&exec).cloned() else {
+            return CUDA_SUCCESS;
+        };
+        for n in nodes {
+            match n {
+                GraphNode::MemAlloc { dev, bytes, dptr } => {
+                    if m.graph_live.contains_key(&dptr) {
+                        // The last launch's allocation was never freed.
+                        return CUDA_ERROR_INVALID_VALUE;
+                    }
+                    let (reserved, used) = m.graph_pool[dev];
+                    let grow = (used + bytes).saturating_sub(reserved);
+                    if grow > 0 {
+                        if let Err(e) = charge(m, dev, grow) {
+                            return e;
+                        }
+                        m.graph_pool[dev].0 += grow;
+                    }
+                    m.graph_pool[dev].1 += bytes;
+                    m.graph_live.insert(dptr, (dev, bytes));
+                }
+                GraphNode::MemFree { dptr } => graph_free(m, dptr),
+                GraphNode::Empty => {}
+            }
+        }
+        CUDA_SUCCESS
+    });
+    if r != CUDA_SUCCESS {
+        return r;
+    }
     launch(config().sm_count)
+}
+
+/// Gives the graph pool's unused memory back to the device.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
+    count("cuDeviceGraphMemTrim");
+    require_init!();
+    let Some(d) = valid_device(dev) else {
+        return CUDA_ERROR_INVALID_DEVICE;
+    };
+    with_memory(|m| {
+        let (reserved, used) = m.graph_pool[d];
+        if reserved > used {
+            uncharge(m, d, reserved - used);
+            m.graph_pool[d].0 = used;
+        }
+    });
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
+    dev: CUdevice,
+    attr: c_int,
+    value: *mut u64,
+) -> CUresult {
+    count("cuDeviceGetGraphMemAttribute");
+    require_init!();
+    let Some(d) = valid_device(dev) else {
+        return CUDA_ERROR_INVALID_DEVICE;
+    };
+    if value.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let (reserved, used) = with_memory(|m| m.graph_pool[d]);
+    let v = match attr {
+        GRAPH_MEM_ATTR_USED_MEM_CURRENT => used,
+        GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT => reserved,
+        _ => return CUDA_ERROR_INVALID_VALUE,
+    };
+    // SAFETY: checked non-null.
+    unsafe { *value = v };
+    CUDA_SUCCESS
+}
+
+/// Test hook: device memory this process holds on `dev` as the simulated GPU sees it (every
+/// allocation, pool and graph reservation, module), whatever the shim counts.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_device_used(dev: c_int) -> u64 {
+    usize::try_from(dev)
+        .ok()
+        .filter(|&d| d < 16)
+        .map_or(0, |d| with_memory(|m| m.local_used[d]))
 }
 
 #[unsafe(no_mangle)]
@@ -1963,6 +2551,10 @@ mod internal {
         // SAFETY: same contract as cuMemAlloc_v2.
         unsafe { alloc(dptr, size, Kind::Device) }
     }
+    pub extern "C" fn mem_free_v2(dptr: CUdeviceptr) -> CUresult {
+        count("cuMemFree_v2");
+        free(dptr)
+    }
     pub unsafe extern "C" fn mem_get_info_v2(
         free_bytes: *mut usize,
         total: *mut usize,
@@ -1996,6 +2588,7 @@ fn internal_pointer(symbol: &str) -> Option<*const c_void> {
     Some(match symbol {
         "cuMemAlloc_v2" => internal::mem_alloc_v2 as *const c_void,
         "cuMemGetInfo_v2" => internal::mem_get_info_v2 as *const c_void,
+        "cuMemFree_v2" => internal::mem_free_v2 as *const c_void,
         "cuLaunchKernel_ptsz" => internal::launch_kernel_ptsz as *const c_void,
         _ => return None,
     })
@@ -2108,6 +2701,76 @@ fn proc_table() -> &'static [ProcEntry] {
             entry!("cuGraphLaunch", 10000, false, cuGraphLaunch),
             entry!("cuGraphLaunch", 10000, true, cuGraphLaunch_ptsz),
             entry!("cuGetExportTable", 3000, false, cuGetExportTable),
+            entry!("cuLaunch", 2000, false, cuLaunch),
+            entry!("cuLaunchGrid", 2000, false, cuLaunchGrid),
+            entry!("cuLaunchGridAsync", 2000, false, cuLaunchGridAsync),
+            entry!(
+                "cuLaunchCooperativeKernelMultiDevice",
+                9000,
+                false,
+                cuLaunchCooperativeKernelMultiDevice
+            ),
+            entry!("cuStreamCreate", 2000, false, cuStreamCreate),
+            entry!("cuStreamDestroy", 4000, false, cuStreamDestroy_v2),
+            entry!("cuStreamGetCtx", 9020, false, cuStreamGetCtx),
+            entry!("cuGraphCreate", 10000, false, cuGraphCreate),
+            entry!("cuGraphDestroy", 10000, false, cuGraphDestroy),
+            entry!(
+                "cuGraphAddMemAllocNode",
+                11040,
+                false,
+                cuGraphAddMemAllocNode
+            ),
+            entry!("cuGraphAddMemFreeNode", 11040, false, cuGraphAddMemFreeNode),
+            entry!("cuGraphAddEmptyNode", 10000, false, cuGraphAddEmptyNode),
+            entry!("cuGraphGetNodes", 10000, false, cuGraphGetNodes),
+            entry!("cuGraphNodeGetType", 10000, false, cuGraphNodeGetType),
+            entry!(
+                "cuGraphMemAllocNodeGetParams",
+                11040,
+                false,
+                cuGraphMemAllocNodeGetParams
+            ),
+            entry!(
+                "cuGraphMemFreeNodeGetParams",
+                11040,
+                false,
+                cuGraphMemFreeNodeGetParams
+            ),
+            entry!("cuGraphInstantiate", 10000, false, cuGraphInstantiate),
+            entry!("cuGraphInstantiate", 11000, false, cuGraphInstantiate_v2),
+            entry!(
+                "cuGraphInstantiate",
+                12000,
+                false,
+                cuGraphInstantiateWithFlags
+            ),
+            entry!(
+                "cuGraphInstantiateWithFlags",
+                11040,
+                false,
+                cuGraphInstantiateWithFlags
+            ),
+            entry!(
+                "cuGraphInstantiateWithParams",
+                12000,
+                false,
+                cuGraphInstantiateWithParams
+            ),
+            entry!(
+                "cuGraphInstantiateWithParams",
+                12000,
+                true,
+                cuGraphInstantiateWithParams_ptsz
+            ),
+            entry!("cuGraphExecDestroy", 10000, false, cuGraphExecDestroy),
+            entry!("cuDeviceGraphMemTrim", 11040, false, cuDeviceGraphMemTrim),
+            entry!(
+                "cuDeviceGetGraphMemAttribute",
+                11040,
+                false,
+                cuDeviceGetGraphMemAttribute
+            ),
             entry!("cuDeviceGetMemPool", 11020, false, cuDeviceGetMemPool),
             entry!(
                 "cuDeviceGetDefaultMemPool",
@@ -2134,9 +2797,22 @@ fn proc_table() -> &'static [ProcEntry] {
     })
 }
 
+/// `FAKE_CUDA_PROC_AGNOSTIC=1`: `cuGetProcAddress` answers every requested version of a name
+/// with the same entry point (the newest variant), as a version-agnostic driver or stub does.
+fn version_agnostic() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FAKE_CUDA_PROC_AGNOSTIC").is_ok_and(|v| v == "1"))
+}
+
 /// The driver's rule: the newest variant of `api` that `cuda_version` knows, preferring the
-/// per-thread-stream variant when asked for and one exists.
+/// per-thread-stream variant when asked for and one exists. A version-agnostic driver ignores
+/// the version (the newest variant, whatever was asked for).
 fn resolve(api: &str, cuda_version: c_int, flags: u64) -> Result<&'static ProcEntry, c_int> {
+    let cuda_version = if version_agnostic() {
+        c_int::MAX
+    } else {
+        cuda_version
+    };
     let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
     let candidates: Vec<&ProcEntry> = proc_table().iter().filter(|e| e.api == api).collect();
     if candidates.is_empty() {
@@ -2154,25 +2830,6 @@ fn resolve(api: &str, cuda_version: c_int, flags: u64) -> Result<&'static ProcEn
     } else {
         best(false)
     };
-    // A version-agnostic driver (or stub) hands out its newest variant for every version asked.
-    static AGNOSTIC: OnceLock<bool> = OnceLock::new();
-    if *AGNOSTIC
-        .get_or_init(|| std::env::var("FAKE_CUDA_PROC_VERSION_AGNOSTIC").is_ok_and(|v| v == "1"))
-    {
-        let newest = |pt: bool| {
-            candidates
-                .iter()
-                .filter(|e| e.per_thread == pt)
-                .max_by_key(|e| e.since)
-                .copied()
-        };
-        return if per_thread {
-            newest(true).or_else(|| newest(false))
-        } else {
-            newest(false)
-        }
-        .ok_or(STATUS_VERSION_NOT_SUFFICIENT);
-    }
     found.ok_or(STATUS_VERSION_NOT_SUFFICIENT)
 }
 
