@@ -17,7 +17,7 @@ use std::sync::atomic::AtomicU8;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use scenario::{EventLine, Scenario};
+use scenario::{EventLine, ProcessKind, Scenario};
 
 pub type NvmlReturn = c_uint;
 pub const NVML_SUCCESS: NvmlReturn = 0;
@@ -923,8 +923,16 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     })
 }
 
-/// Scripted processes followed by live processes of the simulated GPU (deduplicated by pid).
-fn process_list(g: &Global, idx: usize) -> Vec<(u32, u64)> {
+/// NVML's `NVML_VALUE_NOT_AVAILABLE`: a process's memory NVML cannot tell.
+pub const NVML_VALUE_NOT_AVAILABLE: c_ulonglong = c_ulonglong::MAX;
+
+/// What `gpuInstanceId` / `computeInstanceId` hold for a process on a GPU without MIG.
+const NO_INSTANCE: c_uint = c_uint::MAX;
+
+/// The processes NVML's `kind` list reports on device `idx`, in order: the scenario's processes
+/// of that kind, then (compute only: the fake CUDA makes compute contexts) the live processes of
+/// the simulated GPU not already listed. `(pid, used bytes or NVML_VALUE_NOT_AVAILABLE)`.
+fn process_list(g: &Global, idx: usize, kind: ProcessKind) -> Vec<(u32, u64)> {
     let mib = 1u64 << 20;
     let offset = g.scenario.as_ref().map_or(0, |s| s.pid_offset);
     let mut list: Vec<(u32, u64)> = g
@@ -934,11 +942,21 @@ fn process_list(g: &Global, idx: usize) -> Vec<(u32, u64)> {
             s.devices[idx]
                 .processes
                 .iter()
-                .map(|p| (p.pid, p.used_memory_mib.saturating_mul(mib)))
+                .filter(|p| p.kind == kind)
+                .map(|p| {
+                    let bytes = if p.used_memory_unavailable {
+                        NVML_VALUE_NOT_AVAILABLE
+                    } else {
+                        p.used_memory_mib.saturating_mul(mib)
+                    };
+                    (p.pid, bytes)
+                })
                 .collect()
         })
         .unwrap_or_default();
-    if let Some(state) = gpu() {
+    if kind == ProcessKind::Compute
+        && let Some(state) = gpu()
+    {
         for (pid, bytes) in state.devices[idx.min(fake_gpu_state::MAX_DEVICES - 1)].processes() {
             let host_pid = (pid as u32).wrapping_add(offset);
             if !list.iter().any(|&(p, _)| p == host_pid) {
@@ -949,22 +967,41 @@ fn process_list(g: &Global, idx: usize) -> Vec<(u32, u64)> {
     list
 }
 
+/// The body every `nvmlDevice*RunningProcesses*` entry point shares: NVML's two-call protocol.
+///
+/// * `count` NULL ⇒ `NVML_ERROR_INVALID_ARGUMENT`.
+/// * `*count` smaller than the number of processes ⇒ `*count` = that number and
+///   `NVML_ERROR_INSUFFICIENT_SIZE`, nothing written. `infos` may be NULL then: that is how a
+///   caller asks for the number (`*count = 0`).
+/// * No process ⇒ `*count = 0`, `NVML_SUCCESS` (NULL `infos` allowed: nothing to write).
+/// * Otherwise `infos` NULL ⇒ `NVML_ERROR_INVALID_ARGUMENT`; else the processes are written to
+///   `infos[0..n]`, `*count = n`, `NVML_SUCCESS`. Entries past `n` are left untouched.
+///
+/// `write(i, pid, bytes)` stores entry `i` in the caller's layout (v1 or v2/v3).
 unsafe fn running_processes(
     device: *mut c_void,
     count: *mut c_uint,
+    kind: ProcessKind,
+    infos_null: bool,
     mut write: impl FnMut(usize, u32, u64),
 ) -> NvmlReturn {
     with_device(device, |g, idx| {
         if count.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
-        let list = process_list(g, idx);
+        let list = process_list(g, idx, kind);
         // SAFETY: checked non-null.
         let capacity = unsafe { *count } as usize;
         // SAFETY: checked non-null.
         unsafe { *count = list.len() as c_uint };
         if capacity < list.len() {
             return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        if list.is_empty() {
+            return NVML_SUCCESS;
+        }
+        if infos_null {
+            return NVML_ERROR_INVALID_ARGUMENT;
         }
         for (i, &(pid, bytes)) in list.iter().enumerate() {
             write(i, pid, bytes);
@@ -973,26 +1010,59 @@ unsafe fn running_processes(
     })
 }
 
+/// [`running_processes`] into `nvmlProcessInfo_t` (the layout of `_v2` and `_v3`).
+///
+/// # Safety
+/// `count` is NULL or valid; `infos` is NULL or holds `*count` entries.
+unsafe fn running_processes_v2(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+    kind: ProcessKind,
+) -> NvmlReturn {
+    // SAFETY: entries are written only below the capacity the caller gave, into a non-NULL
+    // `infos` (checked by `running_processes` before any write).
+    unsafe {
+        running_processes(device, count, kind, infos.is_null(), |i, pid, bytes| {
+            *infos.add(i) = NvmlProcessInfo {
+                pid,
+                used_gpu_memory: bytes,
+                gpu_instance_id: NO_INSTANCE,
+                compute_instance_id: NO_INSTANCE,
+            };
+        })
+    }
+}
+
+/// [`running_processes`] into `nvmlProcessInfo_v1_t` (the unversioned entry points).
+///
+/// # Safety
+/// As [`running_processes_v2`].
+unsafe fn running_processes_v1(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV1,
+    kind: ProcessKind,
+) -> NvmlReturn {
+    // SAFETY: as in `running_processes_v2`, with the v1 layout.
+    unsafe {
+        running_processes(device, count, kind, infos.is_null(), |i, pid, bytes| {
+            *infos.add(i) = NvmlProcessInfoV1 {
+                pid,
+                used_gpu_memory: bytes,
+            };
+        })
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     device: *mut c_void,
     count: *mut c_uint,
     infos: *mut NvmlProcessInfo,
 ) -> NvmlReturn {
-    // SAFETY: `infos` holds `*count` entries per the NVML contract; it is only written when
-    // the capacity check passed.
-    unsafe {
-        running_processes(device, count, |i, pid, bytes| {
-            if !infos.is_null() {
-                *infos.add(i) = NvmlProcessInfo {
-                    pid,
-                    used_gpu_memory: bytes,
-                    gpu_instance_id: u32::MAX,
-                    compute_instance_id: u32::MAX,
-                };
-            }
-        })
-    }
+    // SAFETY: the NVML contract: `infos` holds `*count` entries.
+    unsafe { running_processes_v2(device, count, infos, ProcessKind::Compute) }
 }
 
 #[unsafe(no_mangle)]
@@ -1002,7 +1072,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     infos: *mut NvmlProcessInfo,
 ) -> NvmlReturn {
     // SAFETY: same contract and layout as `_v3`.
-    unsafe { nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos) }
+    unsafe { running_processes_v2(device, count, infos, ProcessKind::Compute) }
 }
 
 #[unsafe(no_mangle)]
@@ -1012,16 +1082,67 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     infos: *mut NvmlProcessInfoV1,
 ) -> NvmlReturn {
     // SAFETY: as for `_v3`, with the v1 layout.
-    unsafe {
-        running_processes(device, count, |i, pid, bytes| {
-            if !infos.is_null() {
-                *infos.add(i) = NvmlProcessInfoV1 {
-                    pid,
-                    used_gpu_memory: bytes,
-                };
-            }
-        })
-    }
+    unsafe { running_processes_v1(device, count, infos, ProcessKind::Compute) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: the NVML contract: `infos` holds `*count` entries.
+    unsafe { running_processes_v2(device, count, infos, ProcessKind::Graphics) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: same contract and layout as `_v3`.
+    unsafe { running_processes_v2(device, count, infos, ProcessKind::Graphics) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV1,
+) -> NvmlReturn {
+    // SAFETY: as for `_v3`, with the v1 layout.
+    unsafe { running_processes_v1(device, count, infos, ProcessKind::Graphics) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: the NVML contract: `infos` holds `*count` entries.
+    unsafe { running_processes_v2(device, count, infos, ProcessKind::Mps) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v2(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: same contract and layout as `_v3`.
+    unsafe { running_processes_v2(device, count, infos, ProcessKind::Mps) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV1,
+) -> NvmlReturn {
+    // SAFETY: as for `_v3`, with the v1 layout.
+    unsafe { running_processes_v1(device, count, infos, ProcessKind::Mps) }
 }
 
 /// Per-process SM utilization over the window since `last_seen` (µs, wall clock), at most 1 s.

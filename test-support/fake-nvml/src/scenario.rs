@@ -142,6 +142,28 @@ pub struct ScenarioProcess {
     pub pid: u32,
     #[serde(default)]
     pub used_memory_mib: u64,
+    /// Optional: which of NVML's process lists reports it. Default `compute`.
+    #[serde(default)]
+    pub kind: ProcessKind,
+    /// Optional: NVML cannot tell the process's memory (`NVML_VALUE_NOT_AVAILABLE`, as under
+    /// Windows WDDM or without the permission to see it); `used_memory_mib` is then ignored.
+    #[serde(default)]
+    pub used_memory_unavailable: bool,
+}
+
+/// The NVML list a scripted process appears in. A process with contexts of two kinds (CUDA and
+/// OpenGL interop) is scripted once per kind, as NVML lists it once per list.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessKind {
+    /// `nvmlDeviceGetComputeRunningProcesses*`: a CUDA (or other compute) context; under MPS
+    /// that is the MPS server, not its clients.
+    #[default]
+    Compute,
+    /// `nvmlDeviceGetGraphicsRunningProcesses*`: an OpenGL, Vulkan or DirectX context.
+    Graphics,
+    /// `nvmlDeviceGetMPSComputeRunningProcesses*`: a client of the MPS server.
+    Mps,
 }
 
 /// One line of the events file.
