@@ -447,16 +447,14 @@ async fn grant_tenant(c: &RealCluster, name: &str, resource: &str) -> Result<()>
 /// A pod of the tenant's namespace: `containers` (JSON) on the GPU node, `extra` merged into the
 /// spec.
 fn tenant_pod(name: &str, labels: Value, containers: Value, extra: Value) -> Result<Pod> {
-    let mut spec = json!({
-        "restartPolicy": "Never",
-        "nodeSelector": {"kubernetes.io/hostname": GPU_NODE},
-        "containers": containers,
-    });
-    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
-        for (k, v) in e {
-            s.insert(k.clone(), v.clone());
-        }
-    }
+    let spec = with_fields(
+        json!({
+            "restartPolicy": "Never",
+            "nodeSelector": {"kubernetes.io/hostname": GPU_NODE},
+            "containers": containers,
+        }),
+        extra,
+    );
     Ok(serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": TENANT, "labels": labels},
@@ -466,17 +464,24 @@ fn tenant_pod(name: &str, labels: Value, containers: Value, extra: Value) -> Res
 
 /// One container running the probe image for an hour.
 fn container(name: &str, resources: Value, more: Value) -> Value {
-    let mut c = json!({
-        "name": name, "image": PROBE_IMAGE, "imagePullPolicy": "Never",
-        "command": ["/bin/sh", "-c", "sleep 3600"],
-        "resources": resources,
-    });
-    if let (Some(o), Some(m)) = (c.as_object_mut(), more.as_object()) {
+    with_fields(
+        json!({
+            "name": name, "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", "sleep 3600"],
+            "resources": resources,
+        }),
+        more,
+    )
+}
+
+/// `base` (a JSON object) with the fields of `more` added or replaced.
+fn with_fields(mut base: Value, more: Value) -> Value {
+    if let (Some(o), Some(m)) = (base.as_object_mut(), more.as_object()) {
         for (k, v) in m {
             o.insert(k.clone(), v.clone());
         }
     }
-    c
+    base
 }
 
 /// Issue 28's routes to more GPU than a pod booked, each tried by the tenant (its own identity,
@@ -665,15 +670,13 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
     //    given the right to add them, so the refusal is the policy's.
     grant_tenant(c, "debugger", "pods/ephemeralcontainers").await?;
     let debug = |name: &str, more: Value| {
-        let mut e = json!({
-            "name": name, "image": PROBE_IMAGE, "imagePullPolicy": "Never",
-            "command": ["/bin/sh", "-c", "sleep 3600"],
-        });
-        if let (Some(o), Some(m)) = (e.as_object_mut(), more.as_object()) {
-            for (k, v) in m {
-                o.insert(k.clone(), v.clone());
-            }
-        }
+        let e = with_fields(
+            json!({
+                "name": name, "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "sleep 3600"],
+            }),
+            more,
+        );
         Patch::Strategic(json!({"spec": {"ephemeralContainers": [e]}}))
     };
     for (what, patch) in [

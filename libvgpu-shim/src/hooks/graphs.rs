@@ -246,20 +246,6 @@ fn graph_pool_reserved(dev: usize) -> Option<u64> {
     (r == CUDA_SUCCESS).then_some(v)
 }
 
-/// Applies a change of a charge to the region (outside the tracker's lock).
-fn apply(dev: usize, delta: i128) {
-    if delta == 0 {
-        return;
-    }
-    let region = region_with_watcher();
-    let field = vgpu_region::slot::MEM_DATA_SIZE;
-    if delta > 0 {
-        region.charge_as(dev, field, delta.min(u64::MAX as i128) as u64);
-    } else {
-        region.release_as(dev, field, (-delta).min(u64::MAX as i128) as u64);
-    }
-}
-
 /// Brings `dev`'s retained charge to what the driver holds for graphs beyond the live
 /// charges. True when the charge went down.
 fn reconcile(dev: usize) -> bool {
@@ -278,7 +264,7 @@ fn reconcile(dev: usize) -> bool {
         t.graphs.retained[dev] = target;
         delta
     });
-    apply(dev, delta);
+    super::pools::apply(dev, delta);
     delta < 0
 }
 

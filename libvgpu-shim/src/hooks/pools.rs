@@ -89,8 +89,9 @@ pub fn retained_bytes(reserved: u64, used: u64, threshold: u64) -> u64 {
     reserved.min(threshold.max(used)).saturating_sub(used)
 }
 
-/// Applies a change of a retained charge to the region (outside the tracker's lock).
-fn apply(dev: usize, delta: i128) {
+/// Applies a change of a retained charge (a pool's, or what the driver keeps for graphs) to the
+/// region's data size, outside the tracker's lock.
+pub(super) fn apply(dev: usize, delta: i128) {
     if delta == 0 {
         return;
     }
