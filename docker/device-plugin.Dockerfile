@@ -23,7 +23,7 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,id=tessera-device-plugin-target \
-    cargo build --locked --release -p tessera-device-plugin --bin tessera-device-plugin --bin tessera-dra-plugin \
+    cargo build --locked --release -p tessera-device-plugin -p tessera-dra-plugin \
  && install -D -m 0755 target/release/tessera-device-plugin /out/tessera-device-plugin \
  && install -D -m 0755 target/release/tessera-dra-plugin /out/tessera-dra-plugin
 

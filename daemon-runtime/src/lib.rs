@@ -7,6 +7,8 @@
 //!   stopping on shutdown and logging failures with their whole error chain;
 //! - [`DisplayChain`]: an error and its causes on one line, for logs;
 //! - [`build_info_labels`], [`register_build_info`]: HAMi's `hami_build_info` gauge.
+// Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod build_info;
 pub mod chain;

@@ -9,7 +9,12 @@ use clap::{ArgAction, Parser};
 use tessera_runtime::LogArgs;
 
 /// The crates whose logs `-v`/`--debug` raise first.
-pub const OWN_CRATES: &[&str] = &["tessera_device_plugin", "hami_contract", "vgpu_region"];
+pub const OWN_CRATES: &[&str] = &[
+    "tessera_device_plugin",
+    "tessera_node",
+    "hami_contract",
+    "vgpu_region",
+];
 
 /// Tessera device plugin: advertises GPUs to the kubelet and HAMi's scheduler, and gives each
 /// container its scheduler-decided share through the HAMi-core shim.
@@ -99,10 +104,10 @@ pub struct Cli {
     /// (`/dev/null` mounts under /var/run/nvidia-container-devices, which a runtime that ignores
     /// the variable in unprivileged containers still reads; docs/security.md, "Node runtime").
     #[arg(long, env = "DEVICE_LIST_STRATEGY", default_value = "envvar")]
-    pub device_list_strategy: crate::nvidia_runtime::DeviceListStrategy,
+    pub device_list_strategy: tessera_node::nvidia_runtime::DeviceListStrategy,
     /// The node's NVIDIA container runtime configuration, read at start to report a runtime that
     /// would give any container the GPUs its own environment names.
-    #[arg(long, env = "NVIDIA_RUNTIME_CONFIG", default_value = crate::nvidia_runtime::DEFAULT_CONFIG_PATH)]
+    #[arg(long, env = "NVIDIA_RUNTIME_CONFIG", default_value = tessera_node::nvidia_runtime::DEFAULT_CONFIG_PATH)]
     pub nvidia_runtime_config: std::path::PathBuf,
     /// Opt-in: also publish the memory and cores resources (e.g. nvidia.com/gpumem in MiB,
     /// nvidia.com/gpucores in percent) as node capacity, totals over the registered GPUs (HAMi
@@ -127,8 +132,8 @@ pub struct Cli {
     /// HAMi's `--mig-strategy`): `none` (nothing), `single` (each carved instance as one
     /// unshared `nvidia.com/gpu` device) or `mixed` (each carved instance as a
     /// `nvidia.com/mig-<profile>` device). A node in operating mode `mig` carves on demand instead.
-    #[arg(long, env = "MIG_STRATEGY", value_enum, default_value_t = crate::gpu::MigStrategy::None)]
-    pub mig_strategy: crate::gpu::MigStrategy,
+    #[arg(long, env = "MIG_STRATEGY", value_enum, default_value_t = tessera_node::gpu::MigStrategy::None)]
+    pub mig_strategy: tessera_node::gpu::MigStrategy,
     /// Also export HAMi's pre-v2.9 metric names (HostGPUMemoryUsage, vGPU_device_memory_usage_in_bytes, …).
     #[arg(long, alias = "legacy-metrics", env = "LEGACY_METRIC_NAMES")]
     pub legacy_metric_names: bool,
@@ -240,7 +245,9 @@ mod tests {
             assert!(!cli.logging.verbosity.debug);
             assert_eq!(
                 cli.log_directive().as_deref(),
-                Some("info,tessera_device_plugin=debug,hami_contract=debug,vgpu_region=debug")
+                Some(
+                    "info,tessera_device_plugin=debug,tessera_node=debug,hami_contract=debug,vgpu_region=debug"
+                )
             );
         }
         let cli = parse(&["-v=6"]).expect("v6");

@@ -26,23 +26,26 @@ use hami_contract::config::{ConfigError, DeviceConfig, NodeConfigFile};
 use tessera_runtime::{CancellationToken, DisplayChain, Schedule, spawn_periodic, spawn_task};
 use vgpu_region::feedback::CorePolicy;
 
-use crate::allocator::Allocator;
 use crate::cli::{Cli, Periods};
-use crate::conflict::{ConflictTracker, PluginConflict, ids_naming_our_gpus};
-use crate::container_env::ResponseSettings;
-use crate::edges::{PodResourcesSource, PodSource};
-use crate::gpu::{AdvertiseSettings, MODE_MIG, SettingsError, merge_rediscovered, plan_gpus};
-use crate::health::{DisableSpecError, HealthPolicy, HealthTracker};
-use crate::kube_edges::{CapacityNames, KubePatcher, KubePodSource, NodeAnnotator};
 use crate::kubelet::{KubeletError, KubeletSettings, socket_name_for};
-use crate::metrics::PluginMetrics;
-use crate::metrics::Readiness;
-use crate::mig::{MigManager, active_reservations};
-use crate::monitor::{VgpuFeedback, VgpuMonitor};
-use crate::node_events::{NodeEvent, NodeEvents};
-use crate::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
-use crate::pod_resources::KubeletPodResources;
-use crate::service::{DevicePluginService, DeviceState};
+use crate::service::DevicePluginService;
+use tessera_node::allocator::Allocator;
+use tessera_node::conflict::{ConflictTracker, PluginConflict, ids_naming_our_gpus};
+use tessera_node::container_env::ResponseSettings;
+use tessera_node::device_state::DeviceState;
+use tessera_node::edges::{PodResourcesSource, PodSource};
+use tessera_node::gpu::{
+    AdvertiseSettings, MODE_MIG, SettingsError, merge_rediscovered, plan_gpus,
+};
+use tessera_node::health::{DisableSpecError, HealthPolicy, HealthTracker};
+use tessera_node::kube_edges::{CapacityNames, KubePatcher, KubePodSource, NodeAnnotator};
+use tessera_node::metrics::PluginMetrics;
+use tessera_node::metrics::Readiness;
+use tessera_node::mig::{MigManager, active_reservations};
+use tessera_node::monitor::{VgpuFeedback, VgpuMonitor};
+use tessera_node::node_events::{NodeEvent, NodeEvents};
+use tessera_node::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
+use tessera_node::pod_resources::KubeletPodResources;
 
 /// Why the daemon could not start (or its kubelet server could not run). `main` prints it with
 /// its whole chain on one line.
@@ -79,7 +82,7 @@ pub enum StartError {
     #[error("cannot start the health thread")]
     HealthThread(#[source] std::io::Error),
     #[error(transparent)]
-    Kube(#[from] crate::kube_edges::ClientError),
+    Kube(#[from] tessera_node::kube_edges::ClientError),
     #[error("cannot listen on {addr}")]
     MetricsListen {
         addr: SocketAddr,
@@ -237,9 +240,9 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
     }
     tessera_runtime::shutdown::cancel_on_signals(&shutdown).map_err(StartError::Signals)?;
 
-    let client = crate::kube_edges::client(cli.kubeconfig.as_deref()).await?;
+    let client = tessera_node::kube_edges::client(cli.kubeconfig.as_deref()).await?;
     let (events, events_rx) = NodeEvents::channel();
-    crate::kube_edges::spawn_node_event_writer(client.clone(), &cli.node_name, events_rx);
+    tessera_node::kube_edges::spawn_node_event_writer(client.clone(), &cli.node_name, events_rx);
     check_node_runtime(&cli, &metrics, &events);
     state.attach_events(events);
     // After the Events are attached, so asymmetric links reach the node's Events; before the
@@ -404,7 +407,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
 /// metric, and a Warning Event on the Node) a runtime that would give any container the GPUs its
 /// own environment names, or none to GPU containers.
 fn check_node_runtime(cli: &Cli, metrics: &PluginMetrics, events: &NodeEvents) {
-    use crate::nvidia_runtime::{RuntimeConfig, Verdict, assess};
+    use tessera_node::nvidia_runtime::{RuntimeConfig, Verdict, assess};
     let path = &cli.nvidia_runtime_config;
     let config = match std::fs::read_to_string(path) {
         Ok(text) => match RuntimeConfig::parse(&text) {
@@ -486,7 +489,7 @@ fn allocator(
     metrics: &PluginMetrics,
 ) -> Result<Allocator, StartError> {
     let vgpu_dir = format!("{}/vgpu", cli.hook_path.trim_end_matches('/'));
-    let shim_host_path = crate::container_env::resolve_shim_host_path(&cli.hook_path);
+    let shim_host_path = tessera_node::container_env::resolve_shim_host_path(&cli.hook_path);
     let mut allocator = Allocator::new(
         cli.node_name.clone(),
         ResponseSettings {
@@ -524,13 +527,13 @@ fn allocator(
 fn spawn_mixed_mig_resources(
     cli: &Cli,
     config: &Config,
-    discovered: &[crate::gpu::GpuInfo],
+    discovered: &[tessera_node::gpu::GpuInfo],
     allocator: &Arc<Allocator>,
     periods: &Periods,
     restart: &Arc<tokio::sync::Notify>,
     shutdown: &CancellationToken,
 ) {
-    for (resource, instances) in crate::gpu::mixed_resources(discovered, &config.advertise) {
+    for (resource, instances) in tessera_node::gpu::mixed_resources(discovered, &config.advertise) {
         tracing::info!(%resource, devices = instances.len(), "serving MIG instances (migStrategy mixed)");
         let tracker = HealthTracker::new(
             config.health.clone(),
@@ -648,7 +651,7 @@ fn restart_on_sighup() -> Arc<tokio::sync::Notify> {
     restart
 }
 
-/// The device plugin's /metrics, /healthz and /readyz listener ([`crate::metrics::serve_http`]).
+/// The device plugin's /metrics, /healthz and /readyz listener ([`tessera_node::metrics::serve_http`]).
 async fn serve_metrics(
     addr: SocketAddr,
     metrics: &PluginMetrics,
@@ -656,7 +659,7 @@ async fn serve_metrics(
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, StartError> {
     let metrics = metrics.clone();
-    crate::metrics::serve_http(
+    tessera_node::metrics::serve_http(
         addr,
         Arc::new(move || metrics.encode()),
         readiness,

@@ -15,11 +15,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::conflict::PluginConflict;
-use crate::metrics::{PluginMetrics, Readiness};
-use crate::node_events::NodeEvent;
 use crate::service::DevicePluginService;
-use crate::uds::{ConnectError, unix_channel};
+use tessera_node::conflict::PluginConflict;
+use tessera_node::metrics::{PluginMetrics, Readiness};
+use tessera_node::node_events::NodeEvent;
+use tessera_node::uds::{ConnectError, unix_channel};
 
 /// Where and as what the plugin registers.
 #[derive(Debug, Clone)]

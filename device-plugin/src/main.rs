@@ -1,5 +1,7 @@
 //! `tessera-device-plugin`: parses the command line, installs logging and runs the daemon
 //! ([`tessera_device_plugin::daemon`]).
+// Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::process::ExitCode;
 

@@ -17,21 +17,20 @@ use nvml_mig::{MigControl, Placement};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use support::kubelet_harness::FakeKubelet;
-use tessera_device_plugin::allocator::Allocator;
-use tessera_device_plugin::edges::{NoPodResources, PodResourcesSource};
-use tessera_device_plugin::gpu::MigLayout;
-use tessera_device_plugin::gpu::{AdvertiseSettings, GpuInfo, plan_gpus};
-use tessera_device_plugin::health::{HealthEvent, HealthPolicy, HealthTracker};
-use tessera_device_plugin::identity::PodSnapshot;
 use tessera_device_plugin::kubelet::{KubeletSettings, run};
-use tessera_device_plugin::metrics::Readiness;
-use tessera_device_plugin::mig::MigManager;
-use tessera_device_plugin::node_events::{NodeEventType, NodeEvents};
-use tessera_device_plugin::pod_resources::KubeletPodResources;
-use tessera_device_plugin::service::{DevicePluginService, DeviceState};
-use tessera_device_plugin::testing::{
-    self, MemoryApi, MemoryMig, NODE, RESOURCE, response_settings, t4,
-};
+use tessera_device_plugin::service::DevicePluginService;
+use tessera_node::allocator::Allocator;
+use tessera_node::device_state::DeviceState;
+use tessera_node::edges::{NoPodResources, PodResourcesSource};
+use tessera_node::gpu::MigLayout;
+use tessera_node::gpu::{AdvertiseSettings, GpuInfo, plan_gpus};
+use tessera_node::health::{HealthEvent, HealthPolicy, HealthTracker};
+use tessera_node::identity::PodSnapshot;
+use tessera_node::metrics::Readiness;
+use tessera_node::mig::MigManager;
+use tessera_node::node_events::{NodeEventType, NodeEvents};
+use tessera_node::pod_resources::KubeletPodResources;
+use tessera_node::testing::{self, MemoryApi, MemoryMig, NODE, RESOURCE, response_settings, t4};
 use tokio_util::sync::CancellationToken;
 
 fn gpus() -> Vec<GpuInfo> {
@@ -703,7 +702,7 @@ async fn other_plugin_sockets_are_probed_for_their_devices() {
     assert_eq!(found[0].0, "nvidia.sock");
     let ours: BTreeSet<String> = ["GPU-0".to_owned()].into();
     assert_eq!(
-        tessera_device_plugin::conflict::ids_naming_our_gpus(&ours, &found[0].1),
+        tessera_node::conflict::ids_naming_our_gpus(&ours, &found[0].1),
         ["GPU-0-0", "GPU-0-1", "GPU-0-2", "GPU-0-3"]
     );
     p.shutdown.cancel();

@@ -13,6 +13,10 @@
 //! `TESSERA_E2E_PROFILE=release cargo bench -p tessera-e2e --bench device_plugin` after a release
 //! build of the daemons (`bench/run.sh` does both). `TESSERA_BENCH_QUICK=1`: 5 s windows instead
 //! of 30 s.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::collections::VecDeque;
 use std::process::Command;

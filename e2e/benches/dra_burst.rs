@@ -9,6 +9,10 @@
 //! `TESSERA_E2E_PROFILE=release cargo bench -p tessera-e2e --bench dra_burst` after a release
 //! build of the daemons (`bench/run.sh` does both); root, like every real-node scenario.
 //! `TESSERA_BENCH_QUICK=1`: 12 pods per path.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

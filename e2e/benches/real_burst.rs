@@ -12,6 +12,10 @@
 //! `TESSERA_E2E_PROFILE=release cargo bench -p tessera-e2e --bench real_burst` after a release
 //! build of the daemons (`bench/run.sh` does both); root, like every real-node scenario.
 //! `TESSERA_BENCH_QUICK=1`: 24 pods, one round per case.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use hami_contract::annotations::{BIND_PHASE, BIND_PHASE_SUCCESS};
 use std::collections::BTreeMap;

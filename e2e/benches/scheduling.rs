@@ -37,6 +37,10 @@
 //! already bound and booked on each node set before the runs, and the leading extender is
 //! restarted once to measure a leader change against that many objects in the API server.
 //! `TESSERA_BENCH_PERF_DIR=<dir>`: a system-wide `perf record` of every placement run.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -149,10 +149,10 @@ mod tests {
     use super::*;
 
     const LOG: &str = "\
-2026-12-01T22:40:01.1Z  INFO allocate: tessera_device_plugin::allocator: Allocate serves pod pod=ns/a container=init entry=0 reason=\"elimination\"
-2026-12-01T22:40:01.2Z  INFO allocate: tessera_device_plugin::allocator: Allocate serves pod pod=ns/a container=app0 entry=1 reason=\"continuing\"
+2026-12-01T22:40:01.1Z  INFO allocate: tessera_node::allocator: Allocate serves pod pod=ns/a container=init entry=0 reason=\"elimination\"
+2026-12-01T22:40:01.2Z  INFO allocate: tessera_node::allocator: Allocate serves pod pod=ns/a container=app0 entry=1 reason=\"continuing\"
 2026-12-01T22:40:01.3Z  INFO registered with the kubelet
-2026-12-01T22:40:01.4Z  INFO allocate: tessera_device_plugin::allocator: Allocate serves pod pod=ns/b container=app0 entry=0 reason=\"elimination\"
+2026-12-01T22:40:01.4Z  INFO allocate: tessera_node::allocator: Allocate serves pod pod=ns/b container=app0 entry=0 reason=\"elimination\"
 ";
 
     fn containers() -> BTreeMap<String, Vec<String>> {

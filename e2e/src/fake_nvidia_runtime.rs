@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tessera_device_plugin::nvidia_runtime::{RuntimeConfig, devices_from_mounts};
+use tessera_node::nvidia_runtime::{RuntimeConfig, devices_from_mounts};
 
 /// Where the fake driver libraries go inside a container (Debian/Ubuntu's multiarch directory,
 /// where the NVIDIA container toolkit puts the real ones).
@@ -141,7 +141,7 @@ pub enum RuntimeError {
     RuntimeConfig {
         path: PathBuf,
         #[source]
-        source: tessera_device_plugin::nvidia_runtime::ConfigError,
+        source: tessera_node::nvidia_runtime::ConfigError,
     },
     #[error("exec {runc}: {source}")]
     Exec {

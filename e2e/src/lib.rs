@@ -9,6 +9,10 @@
 //! value, logs to a file, and is killed when it drops; the logs are kept when a test fails.
 //!
 //! Test support only, never shipped.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 pub mod admission;
 pub mod artifacts;

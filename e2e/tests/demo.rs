@@ -2,6 +2,10 @@
 //! and what each placed pod sees inside, its kubeconfig works from the host's own network
 //! namespace, and Ctrl-C (SIGINT) leaves nothing behind: no process, mount, cgroup or file of
 //! the run. Root, as every real-node test.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};

@@ -8,6 +8,10 @@
 //! containers `continuing`, pods admitted in the order they were bound (the kubelet sorts one
 //! batch of its pod source by creation time, nothing else). Run with `--nocapture` to see both
 //! sequences.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -2,6 +2,10 @@
 //! `mig` (fake A100-80GB GPUs, two in MIG mode, one of them with an instance someone else carved)
 //! next to a shared node. Pods asking for MIG slices and shared slices are placed, allocated and
 //! released; a burst of MIG pods never double-books a placement; a plugin restart loses nothing.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;

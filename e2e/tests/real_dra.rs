@@ -3,6 +3,10 @@
 //! with `helm install --set dra.enabled=true`. kube-scheduler allocates every claim itself, from
 //! the plugin's ResourceSlice; what the test checks is what users see: the slice, pods Running or
 //! Pending, and what each container measures from inside.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;

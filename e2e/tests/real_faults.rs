@@ -5,6 +5,10 @@
 //! run with their own devices and limits (their latest report from inside), new pods are placed
 //! and see their own limits, a pod that only fits if the books forgot a running job is not
 //! placed, and no GPU is over-booked.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -6,6 +6,10 @@
 //! A pod the kubelet rejects at admission (the plugin fails closed, or is not registered while it
 //! restarts) is recreated under a new name, as its owner (a ReplicaSet, a Job) would: that is a
 //! cost, counted and printed. A container that runs with another pod's limits is the failure.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

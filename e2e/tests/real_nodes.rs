@@ -2,6 +2,10 @@
 //! `helm install`, and results are what a user sees: pod phases, exit codes and `kubectl logs`.
 //! Each test builds its own cluster in its own network namespace (root needed, as CI has).
 //! docs/e2e.md lists what is real here and what is still played.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;

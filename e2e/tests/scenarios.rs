@@ -1,5 +1,9 @@
 //! Scenarios on the real control plane (issue #6). Each test owns a whole cluster; run them one
 //! at a time (`--test-threads=1`): two cores cannot host several apiservers at once.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -3,6 +3,10 @@
 //! the chart's RBAC). Real nodes, the chart installed as docs/helm.md recommends. Writes that
 //! would disturb the cluster if they went through are server-side dry runs (admission policies
 //! run on dry runs too).
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::time::Duration;
 

@@ -19,6 +19,8 @@
 //! - [`identity`]: the allocation signature used to tell pending pods apart;
 //! - [`verbosity`]: HAMi's logging flags (klog `-v`, `--debug`) as a log filter;
 //! - [`metrics`]: HAMi's metric names and labels, and a reader of the text format to check them.
+// Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod annotations;
 pub mod config;

@@ -155,6 +155,8 @@ pub fn model_type_name(nvml_name: &str) -> String {
 /// Encodes the v2.8+ JSON array exactly as Go's `encoding/json` would (key order, omitempty,
 /// HTML-safe escaping of `<`, `>`, `&`, U+2028 and U+2029).
 pub fn encode_node_devices(devices: &[NodeDevice]) -> String {
+    // Strings and integers only, no maps with non-string keys: serialization cannot fail.
+    #[allow(clippy::expect_used, reason = "NodeDevice always serializes")]
     let json = serde_json::to_string(devices).expect("NodeDevice always serializes");
     go_html_escape(&json)
 }

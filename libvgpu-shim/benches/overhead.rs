@@ -10,6 +10,10 @@
 //!
 //! Rows go to `shim_overhead.csv` under `TESSERA_BENCH_CSV_DIR`; `TESSERA_BENCH_QUICK=1` runs two
 //! rounds, short loops, and callgrind on 1,000 calls.
+#![allow(
+    clippy::disallowed_types,
+    reason = "times real processes and threads, no tokio clock"
+)]
 
 use std::collections::BTreeMap;
 use std::process::Command;

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use vgpu_region::protocol::{env, limits_owned, limits_owned_names, parse_limits_file};
 use vgpu_region::{MAX_DEVICES, parse_hami_size};
 
 /// Policy from `GPU_CORE_UTILIZATION_POLICY` (exact strings, as HAMi-core compares them).
@@ -16,50 +17,14 @@ pub enum UtilizationPolicy {
     Disable,
 }
 
-/// Where the device plugin's `Allocate` mounts the container's limits, read-only (a root-owned
-/// 0444 file on the host, in the container's directory under the hook path). When it is there
-/// and trustworthy ([`read_limits_file`]), the limits, the region path and the utilization
-/// policy come from it and the environment's values are ignored.
-pub const LIMITS_FILE: &str = "/usr/local/vgpu/vgpu-limits";
-
-/// The variables the device plugin decides: a container must not change them.
-pub fn plugin_owned(name: &str) -> bool {
-    name.starts_with("CUDA_DEVICE_MEMORY_LIMIT")
-        || name.starts_with("CUDA_DEVICE_SM_LIMIT")
-        || name == "CUDA_DEVICE_MEMORY_SHARED_CACHE"
-        || name == "GPU_CORE_UTILIZATION_POLICY"
-}
-
-/// Every plugin-owned name the shim reads.
-fn plugin_owned_names() -> Vec<String> {
-    let mut v = vec![
-        "CUDA_DEVICE_MEMORY_LIMIT".to_owned(),
-        "CUDA_DEVICE_SM_LIMIT".to_owned(),
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE".to_owned(),
-        "GPU_CORE_UTILIZATION_POLICY".to_owned(),
-    ];
-    for i in 0..MAX_DEVICES {
-        v.push(format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"));
-        v.push(format!("CUDA_DEVICE_SM_LIMIT_{i}"));
-    }
-    v
-}
-
-/// The limits file's text: `NAME=value` lines (the same names and values as the environment
-/// `Allocate` sets); blank lines and `#` comments are skipped, names the plugin does not own are
-/// ignored.
-pub fn parse_limits_file(text: &str) -> HashMap<String, String> {
-    text.lines()
-        .map(str::trim_end)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .filter_map(|l| l.split_once('='))
-        .filter(|(k, _)| plugin_owned(k))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
+/// Where the node mounts the container's limits, read-only (a root-owned 0444 file on the
+/// host, in the container's directory under the hook path). When it is there and trustworthy
+/// ([`read_limits_file`]), the limits, the region path and the utilization policy come from it
+/// and the environment's values are ignored.
+pub const LIMITS_FILE: &str = vgpu_region::protocol::CONTAINER_LIMITS_PATH;
 
 /// Largest limits file read (the plugin writes a few hundred bytes).
-const MAX_LIMITS_FILE: u64 = 64 * 1024;
+const MAX_LIMITS_FILE: u64 = vgpu_region::protocol::MAX_LIMITS_FILE_BYTES;
 
 /// The kernel's overflow uid: how an unmapped owner (the host's root, seen from a user
 /// namespace) appears.
@@ -173,31 +138,30 @@ fn size_var(name: &str, get: &dyn Fn(&str) -> Option<String>, warnings: &mut Vec
 impl Config {
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Self {
         let mut warnings = Vec::new();
-        let fallback = size_var("CUDA_DEVICE_MEMORY_LIMIT", get, &mut warnings);
+        let fallback = size_var(env::MEMORY_LIMIT, get, &mut warnings);
         let memory_limit = std::array::from_fn(|i| {
-            let v = size_var(&format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"), get, &mut warnings);
+            let v = size_var(&env::memory_limit(i), get, &mut warnings);
             if v > 0 { v } else { fallback }
         });
-        let sm_fallback = match size_var("CUDA_DEVICE_SM_LIMIT", get, &mut warnings) {
+        let sm_fallback = match size_var(env::SM_LIMIT, get, &mut warnings) {
             0 => 100,
             v => v,
         };
-        let sm_limit = std::array::from_fn(|i| {
-            match size_var(&format!("CUDA_DEVICE_SM_LIMIT_{i}"), get, &mut warnings) {
+        let sm_limit =
+            std::array::from_fn(|i| match size_var(&env::sm_limit(i), get, &mut warnings) {
                 0 => sm_fallback,
                 v => v,
-            }
-        });
-        let policy = match get("GPU_CORE_UTILIZATION_POLICY").as_deref() {
+            });
+        let policy = match get(env::CORE_POLICY).as_deref() {
             Some("FORCE" | "force") => UtilizationPolicy::Force,
             Some("DISABLE" | "disable") => UtilizationPolicy::Disable,
             _ => UtilizationPolicy::Default,
         };
-        let priority = get("CUDA_TASK_PRIORITY").map_or(1, |v| atoi(&v));
-        let cache_path = get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+        let priority = get(env::TASK_PRIORITY).map_or(1, |v| atoi(&v));
+        let cache_path = get(env::SHARED_CACHE)
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| vgpu_region::DEFAULT_PATH.to_owned());
-        let log_level = get("LIBCUDA_LOG_LEVEL").map_or(2, |v| atoi(&v));
+        let log_level = get(env::LOG_LEVEL).map_or(2, |v| atoi(&v));
         Config {
             memory_limit,
             sm_limit,
@@ -221,7 +185,7 @@ impl Config {
             return Self::from_lookup(env);
         };
         let get = |name: &str| {
-            if plugin_owned(name) {
+            if limits_owned(name) {
                 file.get(name).cloned()
             } else {
                 env(name)
@@ -229,7 +193,7 @@ impl Config {
         };
         let mut c = Self::from_lookup(&get);
         c.from_limits_file = true;
-        let differ: Vec<String> = plugin_owned_names()
+        let differ: Vec<String> = limits_owned_names()
             .into_iter()
             .filter(|n| env(n).is_some_and(|v| file.get(n) != Some(&v)))
             .collect();

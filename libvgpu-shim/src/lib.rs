@@ -5,7 +5,8 @@
 //!
 //! The driver libraries are never linked: they are `dlopen`ed on first use. The only exported
 //! symbols are the hooks in [`hooks`] (pinned by a test with `nm -D`).
-
+// Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 mod config;

@@ -14,7 +14,7 @@ pub fn level() -> i32 {
     if l >= 0 {
         return l;
     }
-    let l = std::env::var("LIBCUDA_LOG_LEVEL")
+    let l = std::env::var(vgpu_region::protocol::env::LOG_LEVEL)
         .ok()
         .map_or(2, |v| crate::config::atoi(&v).max(0));
     LEVEL.store(l, Ordering::Relaxed);

@@ -121,7 +121,7 @@ fn created_region_files_have_exactly_the_documented_mode() {
 
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("not root: the other-user half is skipped");
+        skip("not root: the other-user half");
         return;
     }
     // The other user must be able to reach the probe, the shim and the fakes: a checkout under
@@ -133,8 +133,9 @@ fn created_region_files_have_exactly_the_documented_mode() {
         })
     });
     if !reachable {
-        eprintln!(
-            "the build outputs are not reachable by uid 65534 here: the other-user half is skipped"
+        skip(
+            "the build outputs are not reachable by uid 65534 here (a target directory under a \
+             root-only directory): the other-user half",
         );
         return;
     }
@@ -174,10 +175,10 @@ fn with_limits_file(cmd: &Command, limits: &str, mode: u32, read_only: bool) -> 
         .output()
         .ok()?;
     if !probe_check.status.success() {
-        eprintln!(
-            "mount namespaces unavailable ({}); skipped",
+        skip(&format!(
+            "mount namespaces unavailable ({})",
             String::from_utf8_lossy(&probe_check.stderr)
-        );
+        ));
         return None;
     }
     let mut wrapped = Command::new("unshare");
@@ -202,6 +203,39 @@ fn total_of(out: &Output) -> u64 {
         .find_map(|w| w.strip_prefix("total="))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no total in {}", text(out)))
+}
+
+/// What the node writes, the shim reads: the limits file the node agent builds for a container
+/// booked 1536 MiB and 30 % of a GPU (`Allocate` and DRA prepare build it the same way), mounted
+/// as the node mounts it, is what the shim enforces, whatever the container's environment says.
+#[test]
+fn the_limits_file_the_node_writes_is_what_the_shim_enforces() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = tessera_node::testing::response_settings(Path::new("/usr/local"));
+    let booked = [hami_contract::devices::ContainerDevice {
+        uuid: "GPU-protocol-0".into(),
+        vendor: "NVIDIA".into(),
+        usedmem: 1536,
+        usedcores: 30,
+    }];
+    let response = tessera_node::container_env::shim_response(
+        &booked,
+        dir.path().display().to_string(),
+        "protocol-test",
+        false,
+        &settings,
+    )
+    .expect("a response for one booked GPU");
+    let environment = [
+        ("FAKE_CUDA_MEMORY_MIB", "16384"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", "16384m"),
+    ];
+    let cmd = probe(&dir.path().join("unused.cache"), &environment, &["info"]);
+    let Some(out) = with_limits_file(&cmd, &response.limits_file.content, 0o444, true) else {
+        return;
+    };
+    assert_ok(&out);
+    assert_eq!(total_of(&out), 1536 * MIB, "{}", text(&out));
 }
 
 /// Attack 2a: inside the container, point `CUDA_DEVICE_MEMORY_SHARED_CACHE` at a new file and

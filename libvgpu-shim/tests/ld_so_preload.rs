@@ -55,7 +55,9 @@ fn limit_is_enforced_when_loaded_from_etc_ld_so_preload() {
     // SAFETY: getuid has no preconditions.
     let root = unsafe { libc::getuid() } == 0;
     if !root && !out.status.success() && stderr.contains("unshare") {
-        eprintln!("skipped: private mount namespaces need root here: {stderr}");
+        shim_harness::skip(&format!(
+            "private mount namespaces need root here: {stderr}"
+        ));
         return;
     }
     // The probe fails unless the allocation one byte past 64 MiB is refused, i.e. unless the

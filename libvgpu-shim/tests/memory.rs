@@ -1,5 +1,9 @@
 //! Memory limits under `LD_PRELOAD` against the fake driver: direct calls, `cuGetProcAddress`,
 //! `dlsym`, the environment's edge cases and the symbol surface.
+#![allow(
+    clippy::disallowed_types,
+    reason = "times real processes and threads, no tokio clock"
+)]
 
 use shim_harness::*;
 

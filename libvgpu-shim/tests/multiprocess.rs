@@ -1,5 +1,9 @@
 //! Container-wide accounting: four processes racing against one limit, `kill -9` cleanup, and
 //! the region file as the device plugin's monitor reads it.
+#![allow(
+    clippy::disallowed_types,
+    reason = "times real processes and threads, no tokio clock"
+)]
 
 use std::path::Path;
 use std::process::{Child, Stdio};

@@ -11,6 +11,8 @@
 //! placement); a compute instance (CI) runs inside a GI. Tessera always creates one CI that spans
 //! its GI, as NVIDIA's device plugin and HAMi do, so "an instance" below is one GI with its one CI,
 //! visible to CUDA as one MIG device with a `MIG-…` UUID.
+// Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use nvml_wrapper::Nvml;
 

@@ -16,6 +16,8 @@
 //! What does not: the decision loop that owns the state, the Kubernetes client, the HTTP and TLS
 //! servers and the metrics, all in `tessera-scheduler`. The dependency tree has no async runtime,
 //! client or server crate; `scripts/check-core-deps.sh` checks that.
+// Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod config;
 pub mod decide;

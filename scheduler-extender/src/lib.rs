@@ -9,6 +9,8 @@
 //! webhook and metrics routes), [`listen`] and [`tls`] (the listener), [`metrics`], and the
 //! binary (`serve`, `simulate`). `testing` (feature `testing`) is an in-process fake of the edge
 //! for tests and benchmarks.
+// Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod edge;
 pub mod engine;

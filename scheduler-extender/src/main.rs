@@ -1,4 +1,6 @@
 //! `tessera-scheduler`: the kube-scheduler extender daemon and its offline `simulate` tool.
+// Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::io::Write;
 use std::path::PathBuf;

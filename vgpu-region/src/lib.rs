@@ -7,10 +7,13 @@
 //! (`libvgpu-shim`) writes the file through these offsets; the device plugin's monitor reads it
 //! with [`RegionSnapshot::parse`], which never panics on any input; [`feedback`] is the
 //! monitor's decision on what to write back (`recent_kernel`, `utilization_switch`).
+// Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use thiserror::Error;
 
 pub mod feedback;
+pub mod protocol;
 
 /// `MULTIPROCESS_SHARED_REGION_MAGIC_FLAG`: `initialized_flag` once the header is complete.
 pub const MAGIC: i32 = 19_920_718;

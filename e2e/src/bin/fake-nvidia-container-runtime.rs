@@ -2,6 +2,10 @@
 //! containerd runtime. Puts the fake GPU driver into containers that ask for GPUs, then execs
 //! runc with its arguments unchanged. See `tessera_e2e::fake_nvidia_runtime`. Test support, never
 //! shipped.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode};

@@ -1,4 +1,8 @@
 //! `tessera-demo`: the README's first command (`make demo`). See `tessera_e2e::demo`.
+#![allow(
+    clippy::disallowed_types,
+    reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
+)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

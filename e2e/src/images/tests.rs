@@ -559,11 +559,11 @@ fn have(tool: &str) -> bool {
 
 fn throwaway_containerd() -> Option<Containerd> {
     if !have("containerd") || !have("ctr") {
-        eprintln!("skipped: containerd/ctr not installed (apt-get install -y containerd runc)");
+        shim_harness::skip("containerd/ctr not installed (apt-get install -y containerd runc)");
         return None;
     }
     if !is_root() {
-        eprintln!("skipped: containerd needs root");
+        shim_harness::skip("containerd needs root");
         return None;
     }
     // Short: the socket path must fit in sun_path.

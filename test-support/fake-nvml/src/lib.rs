@@ -4,7 +4,10 @@
 //!
 //! Test support only, never shipped. Every entry point catches panics and returns an NVML error
 //! code instead, so a bug here shows up as a failed call, not as an abort of the test process.
-
+#![allow(
+    clippy::disallowed_types,
+    reason = "test support: times real processes and threads, no tokio clock"
+)]
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 pub mod mig;

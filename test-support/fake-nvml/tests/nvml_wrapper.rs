@@ -1,4 +1,8 @@
 //! Loads the fake through the real `nvml-wrapper` crate, the way the device plugin does.
+#![allow(
+    clippy::disallowed_types,
+    reason = "test support: times real processes and threads, no tokio clock"
+)]
 
 use std::io::Write;
 use std::sync::Mutex;

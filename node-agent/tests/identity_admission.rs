@@ -10,8 +10,8 @@ use hami_contract::devices::{ContainerDevice, PodDevices};
 use hami_contract::identity::AllocationSignature;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tessera_device_plugin::allocator::empty_entries;
-use tessera_device_plugin::identity::{
+use tessera_node::allocator::empty_entries;
+use tessera_node::identity::{
     CallFacts, ChoiceReason, ContainerSpec, Ledger, PodResourcesView, PodSnapshot, pending_pods,
     select,
 };
@@ -626,8 +626,7 @@ fn without_rule_or_pod_resources_it_fails_closed_but_never_swaps() {
 
 /// A pod in namespace `ns` with one container `main` booked on GPU-0 (`mem` MiB, 10 cores).
 fn one_gpu_pod(name: &str, mem: u32, bind_time: u64) -> PodSnapshot {
-    let mut pod =
-        tessera_device_plugin::testing::bound_pod(NODE, name, &[&[("GPU-0", mem, 10)]], bind_time);
+    let mut pod = tessera_node::testing::bound_pod(NODE, name, &[&[("GPU-0", mem, 10)]], bind_time);
     pod.namespace = "ns".into();
     pod.containers[0].name = "main".into();
     pod

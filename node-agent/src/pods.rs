@@ -2,8 +2,8 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::container_env::DISABLE_CONTROL_ENV;
 use crate::identity::{ContainerSpec, PodSnapshot};
+use vgpu_region::protocol::env::DISABLE_CONTROL as DISABLE_CONTROL_ENV;
 
 fn container_spec(c: &Container, resource: &str, restartable_init: bool) -> ContainerSpec {
     let requests_resource = c

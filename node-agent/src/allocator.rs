@@ -726,7 +726,7 @@ fn prepare_cache_dir(dir: &str) -> Result<(), AllocateError> {
 }
 
 /// The gRPC form of a container's response.
-pub(crate) fn to_proto(r: ContainerResponse) -> dp::ContainerAllocateResponse {
+pub fn to_proto(r: ContainerResponse) -> dp::ContainerAllocateResponse {
     dp::ContainerAllocateResponse {
         envs: r.envs.into_iter().collect(),
         mounts: r

@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::metrics::{
+use tessera_node::metrics::{
     SampleSeries, VgpuSample, encode_text, register_values, registered, result_labels, sample,
 };
 

@@ -1,7 +1,7 @@
 //! `tessera-dra-plugin`: the DRA kubelet plugin's command line and wiring.
 //!
-//! A binary of its own in the device plugin's crate and image, sharing its NVML discovery,
-//! health rules and the shim's container environment: a node runs either the device plugin or
+//! A daemon of its own over the node library (`tessera_node`: NVML discovery, health rules, the
+//! shim's container environment), shipped in the device plugin's image: a node runs either the device plugin or
 //! the DRA plugin (the chart's `dra.enabled` picks which DaemonSet a node gets), and the two
 //! take different flags (no HAMi device-config, node annotations or scheduler names here).
 
@@ -22,13 +22,18 @@ use super::checkpoint::PreparedClaims;
 use super::plugin::{DraDriver, KubeClaims, ListenError};
 use super::publish::{ConsumableMode, SlicePublisher};
 use super::slice::{GpuFacts, slice_devices};
-use crate::container_env::ResponseSettings;
-use crate::gpu::GpuInfo;
-use crate::health::{DisableSpecError, HealthPolicy, HealthTracker};
-use crate::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
+use tessera_node::container_env::ResponseSettings;
+use tessera_node::gpu::GpuInfo;
+use tessera_node::health::{DisableSpecError, HealthPolicy, HealthTracker};
+use tessera_node::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
 
 /// The crates whose logs `-v` raises first.
-pub const OWN_CRATES: &[&str] = &["tessera_device_plugin", "hami_contract"];
+pub const OWN_CRATES: &[&str] = &[
+    "tessera_dra_plugin",
+    "tessera_node",
+    "hami_contract",
+    "vgpu_region",
+];
 
 /// Tessera's DRA driver (gpu.tessera.dev): publishes this node's GPUs as a ResourceSlice and
 /// prepares the ResourceClaims kube-scheduler allocates on them, each with the memory and cores
@@ -83,10 +88,10 @@ pub struct DraCli {
     /// (`/dev/null` mounts under /var/run/nvidia-container-devices, which a runtime that ignores
     /// the variable in unprivileged containers still reads; docs/security.md, "Node runtime").
     #[arg(long, env = "DEVICE_LIST_STRATEGY", default_value = "envvar")]
-    pub device_list_strategy: crate::nvidia_runtime::DeviceListStrategy,
+    pub device_list_strategy: tessera_node::nvidia_runtime::DeviceListStrategy,
     /// The node's NVIDIA container runtime configuration, read at start to report a runtime that
     /// would give any container the GPUs its own environment names.
-    #[arg(long, env = "NVIDIA_RUNTIME_CONFIG", default_value = crate::nvidia_runtime::DEFAULT_CONFIG_PATH)]
+    #[arg(long, env = "NVIDIA_RUNTIME_CONFIG", default_value = tessera_node::nvidia_runtime::DEFAULT_CONFIG_PATH)]
     pub nvidia_runtime_config: std::path::PathBuf,
     /// `libCudaLogLevel` for the shim (`LIBCUDA_LOG_LEVEL`); empty: not set.
     #[arg(long, env = "LIBCUDA_LOG_LEVEL", default_value = "")]
@@ -131,7 +136,7 @@ pub enum DraStartError {
     #[error(transparent)]
     HealthChecks(#[from] DisableSpecError),
     #[error(transparent)]
-    Kube(#[from] crate::kube_edges::ClientError),
+    Kube(#[from] tessera_node::kube_edges::ClientError),
     #[error(transparent)]
     Listen(#[from] ListenError),
     #[error("cannot install the signal handlers")]
@@ -139,7 +144,7 @@ pub enum DraStartError {
     #[error("cannot start the GPU health thread")]
     HealthThread(#[source] std::io::Error),
     #[error(transparent)]
-    Metrics(#[from] crate::metrics::MetricsListenError),
+    Metrics(#[from] tessera_node::metrics::MetricsListenError),
 }
 
 /// Each NVLinked GPU's domain: the NVML index of the lowest GPU it reaches over NVLink. A
@@ -171,7 +176,7 @@ fn response_settings(cli: &DraCli) -> ResponseSettings {
         lib_cuda_log_level: cli.lib_cuda_log_level.clone(),
         disable_core_limit: false,
         core_policy: hami_contract::config::GpuCorePolicy::Default,
-        shim_host_path: crate::container_env::resolve_shim_host_path(&cli.hook_path),
+        shim_host_path: tessera_node::container_env::resolve_shim_host_path(&cli.hook_path),
         license_present: false,
         cdi_devices: cli.cdi_devices,
         device_list: cli.device_list_strategy,
@@ -215,7 +220,7 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
         shutdown.clone(),
     )?;
 
-    let client = crate::kube_edges::client(cli.kubeconfig.as_deref()).await?;
+    let client = tessera_node::kube_edges::client(cli.kubeconfig.as_deref()).await?;
     let prepared = PreparedClaims::load(cli.cdi_spec_dir.clone(), response_settings(&cli));
     tracing::info!(
         claims = prepared.all().len(),
@@ -232,7 +237,7 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
         metrics.gpu_health(&g.uuid, true);
     }
     let encode = metrics.clone();
-    let metrics_server = crate::metrics::serve_http(
+    let metrics_server = tessera_node::metrics::serve_http(
         cli.metrics_addr,
         Arc::new(move || encode.encode()),
         driver.readiness().clone(),

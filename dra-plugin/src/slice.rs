@@ -24,7 +24,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{CORES, MEMORY};
-use crate::gpu::GpuInfo;
+use tessera_node::gpu::GpuInfo;
 
 /// How the devices of the slice may be shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

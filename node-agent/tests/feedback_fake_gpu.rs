@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use shim_harness::probe;
-use tessera_device_plugin::monitor::feedback_pass;
+use tessera_node::monitor::feedback_pass;
 use vgpu_region::RegionSnapshot;
 use vgpu_region::feedback::{CorePolicy, FeedbackClock};
 

@@ -29,9 +29,9 @@ use super::checkpoint::{ClaimRef, PreparedClaims};
 use super::claim::claim_shares;
 use super::metrics::{ClaimNames, DraMetrics};
 use super::slice::device_name;
-use crate::edges::EdgeError;
-use crate::gpu::GpuInfo;
-use crate::metrics::Readiness;
+use tessera_node::edges::EdgeError;
+use tessera_node::gpu::GpuInfo;
+use tessera_node::metrics::Readiness;
 
 /// Reads ResourceClaims (the API server; tests: a map).
 pub trait ClaimSource: Send + Sync + 'static {
@@ -76,7 +76,7 @@ pub struct DraDriver {
     /// Set while the kubelet has this driver registered (`/readyz`).
     readiness: Readiness,
     /// The rate limit of the warnings about what containers left in claim directories.
-    skip_log: crate::monitor::SkipLog,
+    skip_log: tessera_node::monitor::SkipLog,
 }
 
 impl std::fmt::Debug for DraDriver {
@@ -104,7 +104,7 @@ impl DraDriver {
             prepared: Mutex::new(prepared),
             metrics,
             readiness: Readiness::default(),
-            skip_log: crate::monitor::SkipLog::default(),
+            skip_log: tessera_node::monitor::SkipLog::default(),
         }
     }
 
@@ -135,7 +135,8 @@ impl DraDriver {
                 .collect();
             (prepared.claims_dir(), names)
         };
-        let scanned = spawn_blocking_in_span(move || crate::monitor::scan_claims(&dir)).await;
+        let scanned =
+            spawn_blocking_in_span(move || tessera_node::monitor::scan_claims(&dir)).await;
         let (samples, skipped) = match scanned {
             Ok(s) => s,
             Err(e) => {
@@ -151,7 +152,7 @@ impl DraDriver {
     }
 
     /// One period of the vGPU monitor's feedback over the prepared claims' regions
-    /// ([`crate::monitor::claims_feedback_pass`]): a claim alone on its GPU runs without its
+    /// ([`tessera_node::monitor::claims_feedback_pass`]): a claim alone on its GPU runs without its
     /// core limit, claims that share a GPU get theirs back, and a more important claim
     /// (`CUDA_TASK_PRIORITY`) holds the others' launches. The claims' shims run HAMi's default
     /// core policy.
@@ -177,11 +178,11 @@ impl DraDriver {
             (prepared.claims_dir(), booked)
         };
         let passed = spawn_blocking_in_span(move || {
-            crate::monitor::claims_feedback_pass(&dir, CorePolicy::Default, clock, &booked)
+            tessera_node::monitor::claims_feedback_pass(&dir, CorePolicy::Default, clock, &booked)
         })
         .await;
         match passed {
-            Ok((outcomes, skipped)) => crate::monitor::log_feedback(&outcomes, &skipped),
+            Ok((outcomes, skipped)) => tessera_node::monitor::log_feedback(&outcomes, &skipped),
             Err(e) => {
                 tracing::warn!(error = %DisplayChain(&e), "the claims' feedback pass did not finish")
             }

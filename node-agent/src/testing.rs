@@ -1,6 +1,11 @@
 //! Test doubles shared by this crate's tests and benchmarks (feature `testing`, never in the
 //! shipped binary): an in-memory apiserver for the allocator ([`MemoryApi`]), pod and GPU
 //! builders, and a `tower-test` mock of the apiserver's HTTP for the kube edge ([`apiserver`]).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test doubles (feature `testing`): a failed unwrap is a failed test"
+)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cdi::{self, Spec};
 use super::claim::{GpuShare, shim_devices};
-use crate::container_env::{
+use tessera_node::container_env::{
     ResponseSettings, path_safe, prepare_cache_dir, shim_response, whole_devices_response,
     write_limits_file,
 };
@@ -63,7 +63,7 @@ pub enum PrepareError {
         source: std::io::Error,
     },
     #[error("cannot build the container's environment")]
-    Response(#[source] crate::container_env::ResponseError),
+    Response(#[source] tessera_node::container_env::ResponseError),
 }
 
 fn io_err(path: impl AsRef<Path>) -> impl FnOnce(std::io::Error) -> PrepareError {
@@ -250,7 +250,7 @@ fn read_claim(path: &Path) -> Result<PreparedClaim, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dra::claim::ShareLimits;
+    use crate::claim::ShareLimits;
     use hami_contract::config::GpuCorePolicy;
 
     fn settings(hook: &Path) -> ResponseSettings {

@@ -8,24 +8,14 @@ use std::collections::BTreeMap;
 use hami_contract::config::GpuCorePolicy;
 use hami_contract::devices::ContainerDevice;
 
+use vgpu_region::protocol::{
+    CONTAINER_LIMITS_PATH, CONTAINER_PRELOAD_PATH, CONTAINER_SHIM_PATH, CONTAINER_VGPU_DIR,
+    LIMITS_FILE_NAME, env, render_limits_file, shared_cache_path,
+};
+
 use crate::nvidia_runtime::{
     DEVICE_LIST_MOUNT_SOURCE, DeviceListStrategy, VISIBLE_DEVICES_ENV, device_list,
 };
-
-/// Where the shim's files live inside every container (fixed by HAMi: `ld.so.preload` names it).
-pub const CONTAINER_VGPU_DIR: &str = "/usr/local/vgpu";
-/// The container's path of the shim library.
-pub const CONTAINER_SHIM_PATH: &str = "/usr/local/vgpu/libvgpu.so";
-/// The container's preload file.
-pub const CONTAINER_PRELOAD_PATH: &str = "/etc/ld.so.preload";
-/// Where the container sees its limits file (read-only). The shim reads its limits, region path
-/// and utilization policy from here in preference to its environment, which the container
-/// controls (libvgpu-shim/README.md, "Attacks the shim resists"; docs/contract-deviations.md V1).
-pub const CONTAINER_LIMITS_PATH: &str = "/usr/local/vgpu/vgpu-limits";
-/// The limits file's name in the container's host directory (`<cache_dir>/vgpu-limits`).
-pub const LIMITS_FILE_NAME: &str = "vgpu-limits";
-/// The container env variable that turns the shim off for a container.
-pub const DISABLE_CONTROL_ENV: &str = "CUDA_DISABLE_CONTROL";
 
 /// Node-wide settings that shape every container's response.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,14 +117,6 @@ pub struct LimitsFile {
     pub host_path: String,
     /// `NAME=value` lines: the plugin-owned variables exactly as in the environment.
     pub content: String,
-}
-
-/// The environment variables the shim takes from the limits file instead of the environment.
-fn limits_owned(name: &str) -> bool {
-    name.starts_with("CUDA_DEVICE_MEMORY_LIMIT")
-        || name.starts_with("CUDA_DEVICE_SM_LIMIT")
-        || name == "CUDA_DEVICE_MEMORY_SHARED_CACHE"
-        || name == "GPU_CORE_UTILIZATION_POLICY"
 }
 
 /// Writes `file` as a new root-owned (the plugin's user) 0444 file: never through a symlink or
@@ -262,28 +244,19 @@ pub fn shim_response(
     let list = device_list(&uuids, settings.device_list);
     envs.insert(VISIBLE_DEVICES_ENV.to_owned(), list.visible_devices);
     for (i, d) in devices.iter().enumerate() {
-        envs.insert(
-            format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"),
-            format!("{}m", d.usedmem),
-        );
+        envs.insert(env::memory_limit(i), format!("{}m", d.usedmem));
     }
-    envs.insert(
-        "CUDA_DEVICE_SM_LIMIT".to_owned(),
-        first.usedcores.to_string(),
-    );
+    envs.insert(env::SM_LIMIT.to_owned(), first.usedcores.to_string());
     let vgpu_dir = settings.host_vgpu_dir();
     // A path inside the container: the shim opens it there. The container's cache directory
     // is mounted at CONTAINER_VGPU_DIR whatever the host's hook path (deviation V6).
-    envs.insert(
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE".to_owned(),
-        format!("{CONTAINER_VGPU_DIR}/{cache_id}.cache"),
-    );
+    envs.insert(env::SHARED_CACHE.to_owned(), shared_cache_path(cache_id));
     if settings.memory_scaling > 1.0 {
-        envs.insert("CUDA_OVERSUBSCRIBE".to_owned(), "true".to_owned());
+        envs.insert(env::OVERSUBSCRIBE.to_owned(), "true".to_owned());
     }
     if !settings.lib_cuda_log_level.is_empty() {
         envs.insert(
-            "LIBCUDA_LOG_LEVEL".to_owned(),
+            env::LOG_LEVEL.to_owned(),
             settings.lib_cuda_log_level.clone(),
         );
     }
@@ -293,10 +266,7 @@ pub fn shim_response(
         settings.core_policy
     };
     if core_policy != GpuCorePolicy::Default {
-        envs.insert(
-            "GPU_CORE_UTILIZATION_POLICY".to_owned(),
-            core_policy.as_str().to_owned(),
-        );
+        envs.insert(env::CORE_POLICY.to_owned(), core_policy.as_str().to_owned());
     }
 
     let mut mounts = vec![
@@ -313,15 +283,7 @@ pub fn shim_response(
     ];
     let limits_file = LimitsFile {
         host_path: format!("{cache_dir}/{LIMITS_FILE_NAME}"),
-        content: std::iter::once(
-            "# written by tessera-device-plugin at Allocate; read by libvgpu.so\n".to_owned(),
-        )
-        .chain(
-            envs.iter()
-                .filter(|(k, _)| limits_owned(k))
-                .map(|(k, v)| format!("{k}={v}\n")),
-        )
-        .collect(),
+        content: render_limits_file(envs.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
     };
     mounts.push(MountSpec {
         container_path: CONTAINER_LIMITS_PATH.to_owned(),
@@ -468,7 +430,7 @@ mount /etc/ld.so.preload <- /usr/local/vgpu/ld.so.preload ro
         );
         assert_eq!(
             r.limits_file.content,
-            "# written by tessera-device-plugin at Allocate; read by libvgpu.so
+            "# written by the Tessera node agent (Allocate or DRA prepare); read by libvgpu.so
 CUDA_DEVICE_MEMORY_LIMIT_0=3000m
 CUDA_DEVICE_MEMORY_LIMIT_1=4000m
 CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/4f1c0000-0000-4000-8000-000000000000.cache

@@ -13,12 +13,12 @@ use kubelet_proto::dra::v1 as dra;
 use kubelet_proto::pluginregistration as reg;
 use kubelet_proto::transport::unix_channel;
 use serde_json::json;
-use tessera_device_plugin::dra::cdi;
-use tessera_device_plugin::dra::checkpoint::PreparedClaims;
-use tessera_device_plugin::dra::plugin::{ClaimSource, DraDriver, serve};
-use tessera_device_plugin::edges::EdgeError;
-use tessera_device_plugin::gpu::GpuInfo;
-use tessera_device_plugin::testing::{response_settings, t4};
+use tessera_dra_plugin::cdi;
+use tessera_dra_plugin::checkpoint::PreparedClaims;
+use tessera_dra_plugin::plugin::{ClaimSource, DraDriver, serve};
+use tessera_node::edges::EdgeError;
+use tessera_node::gpu::GpuInfo;
+use tessera_node::testing::{response_settings, t4};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 

@@ -20,7 +20,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 
 use super::DRIVER;
 use super::slice::{Sharing, consumable_fields_dropped};
-use crate::edges::EdgeError;
+use tessera_node::edges::EdgeError;
 
 /// Whether the slice offers shares (`--consumable-capacity`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

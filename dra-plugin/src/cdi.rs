@@ -1,7 +1,7 @@
 //! The CDI spec of a prepared claim: one CDI device per claim, `tessera.dev/gpu-claim=<claim
 //! UID>`, whose container edits are what `Allocate` gives a device-plugin container (the GPUs in
 //! `NVIDIA_VISIBLE_DEVICES`, the shim's mounts, the limits and the cache path), built by
-//! [`crate::container_env::shim_response`]. The runtime (containerd ≥ 1.7 with CDI) applies the
+//! [`tessera_node::container_env::shim_response`]. The runtime (containerd ≥ 1.7 with CDI) applies the
 //! edits to every container the kubelet names the device for.
 //!
 //! One device per claim rather than per request: the edits of two devices in one container would
@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::container_env::ContainerResponse;
+use tessera_node::container_env::ContainerResponse;
 
 /// The CDI kind (`vendor/class`) of Tessera's claim devices.
 pub const KIND: &str = "tessera.dev/gpu-claim";
@@ -145,9 +145,9 @@ pub fn remove_file(path: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::container_env::{ResponseSettings, shim_response};
     use hami_contract::config::GpuCorePolicy;
     use hami_contract::devices::ContainerDevice;
+    use tessera_node::container_env::{ResponseSettings, shim_response};
 
     fn response() -> ContainerResponse {
         let settings = ResponseSettings {

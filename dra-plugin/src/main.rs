@@ -1,10 +1,12 @@
 //! `tessera-dra-plugin`: parses the command line, installs logging and runs the DRA kubelet
-//! plugin ([`tessera_device_plugin::dra::daemon`]).
+//! plugin ([`tessera_dra_plugin::daemon`]).
+// Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use tessera_device_plugin::dra::daemon::{DraCli, OWN_CRATES, run};
+use tessera_dra_plugin::daemon::{DraCli, OWN_CRATES, run};
 use tessera_runtime::DisplayChain;
 
 #[tokio::main]

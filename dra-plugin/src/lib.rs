@@ -12,6 +12,8 @@
 //! Pure logic: [`slice`] (GPUs → ResourceSlice devices), [`claim`] (an allocated claim → what the
 //! container gets). Edges: [`cdi`] and [`checkpoint`] (files), [`plugin`] (the kubelet's gRPC
 //! APIs), [`publish`] (the API server), [`metrics`] (Prometheus), [`daemon`] (the `tessera-dra-plugin` binary).
+// Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod authority;
 pub mod cdi;

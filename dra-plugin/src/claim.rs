@@ -14,7 +14,7 @@ use hami_contract::devices::ContainerDevice;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 
 use super::{CORES, DRIVER, MEMORY};
-use crate::gpu::GpuInfo;
+use tessera_node::gpu::GpuInfo;
 
 /// The part of one GPU a claim was given.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,10 +4,10 @@
 
 use http::Method;
 use serde_json::{Value, json};
-use tessera_device_plugin::dra::publish::{ConsumableMode, SlicePublisher};
-use tessera_device_plugin::dra::slice::{GpuFacts, Sharing, slice_devices};
-use tessera_device_plugin::testing::apiserver::{mock_client, ok};
-use tessera_device_plugin::testing::t4;
+use tessera_dra_plugin::publish::{ConsumableMode, SlicePublisher};
+use tessera_dra_plugin::slice::{GpuFacts, Sharing, slice_devices};
+use tessera_node::testing::apiserver::{mock_client, ok};
+use tessera_node::testing::t4;
 
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 

@@ -1,6 +1,6 @@
 //! `Allocate` latency with the pod already in the informer cache (issue target: p99 < 20 ms).
 //! In-memory apiserver edges (no network), real response building and cache-dir creation.
-//! Run: `cargo bench -p tessera-device-plugin --bench allocate_latency` (rows also go to
+//! Run: `cargo bench -p tessera-node --bench allocate_latency` (rows also go to
 //! `allocate_latency.csv` under `TESSERA_BENCH_CSV_DIR`; `TESSERA_BENCH_QUICK=1`: 200 rounds).
 
 use std::sync::Arc;
@@ -9,10 +9,10 @@ use tokio::time::Instant;
 
 use hami_contract::annotations as keys;
 use kubelet_proto::deviceplugin::v1beta1 as dp;
-use tessera_device_plugin::allocator::Allocator;
-use tessera_device_plugin::edges::NoPodResources;
-use tessera_device_plugin::identity::PodSnapshot;
-use tessera_device_plugin::testing::{MemoryApi, NODE, bound_pod, response_settings};
+use tessera_node::allocator::Allocator;
+use tessera_node::edges::NoPodResources;
+use tessera_node::identity::PodSnapshot;
+use tessera_node::testing::{MemoryApi, NODE, bound_pod, response_settings};
 
 use results::{Csv, Row, Stats};
 use tessera_bench_results as results;

@@ -17,11 +17,11 @@ use serde_json::{Value, json};
 use tessera_runtime::{DisplayChain, spawn_task};
 use tokio_util::sync::CancellationToken;
 
+use crate::device_state::DeviceState;
 use crate::edges::{EdgeError, PodPatcher, PodResourcesSource, PodSource};
 use crate::identity::PodSnapshot;
 use crate::metrics::PluginMetrics;
 use crate::pods::snapshot;
-use crate::service::DeviceState;
 
 /// `{"metadata":{"annotations":{…}}}`; `None` values delete the key (JSON merge patch null).
 pub fn annotations_patch(annotations: &BTreeMap<String, Option<String>>) -> Value {

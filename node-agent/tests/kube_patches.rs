@@ -8,13 +8,13 @@ use std::time::Duration;
 use hami_contract::nodelock::NodeLock;
 use http::Method;
 use serde_json::json;
-use tessera_device_plugin::edges::{EdgeError, NoPodResources, PodPatcher, PodResourcesSource};
-use tessera_device_plugin::gpu::{AdvertiseSettings, plan_gpus};
-use tessera_device_plugin::health::{HealthPolicy, HealthTracker};
-use tessera_device_plugin::kube_edges::{KubePatcher, NodeAnnotator};
-use tessera_device_plugin::service::DeviceState;
-use tessera_device_plugin::testing::apiserver::{mock_client, node, ok, pod, unavailable};
-use tessera_device_plugin::testing::t4;
+use tessera_node::device_state::DeviceState;
+use tessera_node::edges::{EdgeError, NoPodResources, PodPatcher, PodResourcesSource};
+use tessera_node::gpu::{AdvertiseSettings, plan_gpus};
+use tessera_node::health::{HealthPolicy, HealthTracker};
+use tessera_node::kube_edges::{KubePatcher, NodeAnnotator};
+use tessera_node::testing::apiserver::{mock_client, node, ok, pod, unavailable};
+use tessera_node::testing::t4;
 use tessera_runtime::DisplayChain;
 use tokio_util::sync::CancellationToken;
 
@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 fn annotator(
     patcher: KubePatcher,
     state: Arc<DeviceState>,
-    capacity: Option<tessera_device_plugin::kube_edges::CapacityNames>,
+    capacity: Option<tessera_node::kube_edges::CapacityNames>,
 ) -> NodeAnnotator {
     NodeAnnotator {
         patcher,
@@ -44,7 +44,7 @@ impl PodResourcesSource for AnsweringPodResources {
         &self,
     ) -> futures::future::BoxFuture<
         '_,
-        Result<Option<tessera_device_plugin::identity::PodResourcesView>, EdgeError>,
+        Result<Option<tessera_node::identity::PodResourcesView>, EdgeError>,
     > {
         Box::pin(async { Ok(Some(Default::default())) })
     }
@@ -193,7 +193,7 @@ async fn register_annotation_survives_an_apiserver_outage_and_follows_health() {
 
     // A health change is written at once, without waiting for the period.
     state.health_event(
-        &tessera_device_plugin::health::HealthEvent::Xid {
+        &tessera_node::health::HealthEvent::Xid {
             uuid: "GPU-a".into(),
             xid: 79,
         },
@@ -234,7 +234,7 @@ async fn opt_in_capacity_is_patched_on_the_status_subresource() {
         None,
     );
     let stop = CancellationToken::new();
-    let names = tessera_device_plugin::kube_edges::CapacityNames {
+    let names = tessera_node::kube_edges::CapacityNames {
         memory: "nvidia.com/gpumem".into(),
         cores: "nvidia.com/gpucores".into(),
     };

@@ -522,10 +522,10 @@ impl PluginMetrics {
 }
 
 /// Gauges of `f64` values, one series per label set.
-pub(crate) type Values = Family<Labels, Gauge<f64, AtomicU64>>;
+pub type Values = Family<Labels, Gauge<f64, AtomicU64>>;
 
 /// `metric`, registered as `name` (the registry keeps a handle to the same values).
-pub(crate) fn registered<M: prometheus_client::registry::Metric + Clone>(
+pub fn registered<M: prometheus_client::registry::Metric + Clone>(
     registry: &mut Registry,
     name: &str,
     help: &str,
@@ -536,12 +536,12 @@ pub(crate) fn registered<M: prometheus_client::registry::Metric + Clone>(
 }
 
 /// A family of `f64` gauges registered as `name`.
-pub(crate) fn register_values(registry: &mut Registry, name: &str, help: &str) -> Values {
+pub fn register_values(registry: &mut Registry, name: &str, help: &str) -> Values {
     registered(registry, name, help, Values::default())
 }
 
 /// `result="success"` or `result="failure"`.
-pub(crate) fn result_labels(ok: bool) -> Labels {
+pub fn result_labels(ok: bool) -> Labels {
     vec![(
         "result".into(),
         if ok { "success" } else { "failure" }.into(),
@@ -550,7 +550,7 @@ pub(crate) fn result_labels(ok: bool) -> Labels {
 
 /// A registry in the text exposition format (empty if it cannot be written, which a `String`
 /// never refuses).
-pub(crate) fn encode_text(registry: &Registry) -> String {
+pub fn encode_text(registry: &Registry) -> String {
     let mut out = String::new();
     if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
         out.clear();
@@ -559,22 +559,30 @@ pub(crate) fn encode_text(registry: &Registry) -> String {
 }
 
 /// One value of a usage sample at a time (Unix seconds); `None` leaves the series out.
-pub(crate) type SampleValue = fn(&VgpuSample, u64) -> Option<f64>;
+pub type SampleValue = fn(&VgpuSample, u64) -> Option<f64>;
 
 /// The families that show usage samples, each with the value it shows: replaced whole on every
 /// pass, so the series of containers (or claims) that went away disappear.
 #[derive(Clone)]
-pub(crate) struct SampleSeries(pub(crate) Vec<(Values, SampleValue)>);
+pub struct SampleSeries(pub Vec<(Values, SampleValue)>);
+
+impl std::fmt::Debug for SampleSeries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SampleSeries")
+            .field("families", &self.0.len())
+            .finish()
+    }
+}
 
 impl SampleSeries {
-    pub(crate) fn clear(&self) {
+    pub fn clear(&self) {
         for (family, _) in &self.0 {
             family.clear();
         }
     }
 
     /// Sets every family's series for `labels` from `sample`.
-    pub(crate) fn set(&self, labels: &Labels, sample: &VgpuSample, now_unix_secs: u64) {
+    pub fn set(&self, labels: &Labels, sample: &VgpuSample, now_unix_secs: u64) {
         for (family, value) in &self.0 {
             if let Some(v) = value(sample, now_unix_secs) {
                 family.get_or_create(labels).set(v);
@@ -584,27 +592,27 @@ impl SampleSeries {
 }
 
 /// The values of a usage sample the families show.
-pub(crate) mod sample {
+pub mod sample {
     use super::VgpuSample;
 
-    pub(crate) fn memory_used(s: &VgpuSample, _: u64) -> Option<f64> {
+    pub fn memory_used(s: &VgpuSample, _: u64) -> Option<f64> {
         Some(s.memory_used_bytes as f64)
     }
 
-    pub(crate) fn memory_limit(s: &VgpuSample, _: u64) -> Option<f64> {
+    pub fn memory_limit(s: &VgpuSample, _: u64) -> Option<f64> {
         Some(s.memory_limit_bytes as f64)
     }
 
-    pub(crate) fn sm_util(s: &VgpuSample, _: u64) -> Option<f64> {
+    pub fn sm_util(s: &VgpuSample, _: u64) -> Option<f64> {
         Some(s.sm_util as f64)
     }
 
-    pub(crate) fn sm_limit(s: &VgpuSample, _: u64) -> Option<f64> {
+    pub fn sm_limit(s: &VgpuSample, _: u64) -> Option<f64> {
         Some(s.sm_limit as f64)
     }
 
     /// HAMi: only once a kernel ran; never negative (a clock behind the shim's).
-    pub(crate) fn last_kernel_elapsed(s: &VgpuSample, now_unix_secs: u64) -> Option<f64> {
+    pub fn last_kernel_elapsed(s: &VgpuSample, now_unix_secs: u64) -> Option<f64> {
         (s.last_kernel_time > 0).then(|| now_unix_secs.saturating_sub(s.last_kernel_time) as f64)
     }
 }
