@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fails when a crate that must stay free of I/O pulls an I/O crate into its build:
-# tessera-scheduler-core (the scheduler's pure decisions), hami-contract (the shared codecs) and
+# tessera-scheduler-core (the scheduler's pure decisions), tessera-node-core (the node's), hami-contract (the shared codecs) and
 # vgpu-region (the shared-region layout and the monitor's feedback decision).
 # Normal and build dependencies only: tests and benchmarks may use anything.
 #
@@ -17,7 +17,7 @@ io_crates=(
     rustls tokio-rustls
     tonic prometheus-client tracing-subscriber nvml-wrapper reqwest mio socket2
 )
-pure_crates=(tessera-scheduler-core hami-contract vgpu-region)
+pure_crates=(tessera-scheduler-core tessera-node-core hami-contract vgpu-region)
 
 pattern="^($(IFS='|'; echo "${io_crates[*]}")) v"
 status=0

@@ -16,9 +16,9 @@ use vgpu_region::feedback::{ContainerView, CorePolicy, Feedback, FeedbackClock};
 use vgpu_region::{MAX_DEVICES, RegionSnapshot};
 
 use crate::edges::{EdgeError, PodSource};
-use crate::identity::PodSnapshot;
 use crate::metrics::PluginMetrics;
 pub use crate::metrics::{PodNames, VgpuSample};
+pub use tessera_node_core::accounting::{RegionPath, booked_gpus};
 
 /// Largest file the monitor reads: the shim's region file (`vgpu_region::FILE_SIZE`); a larger
 /// file is not one, and nothing past this size is ever read.
@@ -204,14 +204,6 @@ impl SkipLog {
     }
 }
 
-/// A region file's place: `<containers_dir>/<podUID>_<container>/<name>.cache`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RegionPath {
-    pub pod_uid: String,
-    pub container: String,
-    pub path: PathBuf,
-}
-
 /// The region files under `containers_dir` (not opened yet), and the entries that cannot hold
 /// any. Never fails as a whole.
 pub fn region_paths(containers_dir: &Path) -> (Vec<RegionPath>, Vec<SkippedFile>) {
@@ -392,25 +384,6 @@ pub fn write_feedback(
         }
     }
     Ok(true)
-}
-
-/// The GPUs booked to each pod (by UID): every UUID of its `hami.io/vgpu-devices-allocated` and
-/// `hami.io/vgpu-devices-to-allocate` annotations, which the scheduler writes and no container
-/// can. A pod with neither (or only undecodable ones) is absent.
-pub fn booked_gpus(pods: &[PodSnapshot]) -> BTreeMap<String, BTreeSet<String>> {
-    use hami_contract::annotations as keys;
-    use hami_contract::devices::PodDevices;
-    pods.iter()
-        .filter_map(|pod| {
-            let gpus: BTreeSet<String> = [keys::DEVICES_ALLOCATED, keys::DEVICES_TO_ALLOCATE]
-                .into_iter()
-                .filter_map(|key| pod.annotations.get(key))
-                .filter_map(|value| PodDevices::decode(value).ok())
-                .flat_map(|devices| devices.0.into_iter().flatten().map(|d| d.uuid))
-                .collect();
-            (!gpus.is_empty()).then(|| (pod.uid.clone(), gpus))
-        })
-        .collect()
 }
 
 /// One region's outcome in a feedback pass.

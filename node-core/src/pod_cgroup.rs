@@ -1,5 +1,5 @@
 //! Which pod and container a process belongs to, from the text of its `/proc/<pid>/cgroup`
-//! (pure; the read is [`crate::gpu_processes::read_proc_cgroup`]).
+//! (pure; the read is `tessera_node::gpu_processes::read_proc_cgroup`).
 //!
 //! The kubelet puts every container in a cgroup under its pod's, whose name carries the pod UID;
 //! the container runtime names the container's cgroup after the container ID. The layouts

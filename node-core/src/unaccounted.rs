@@ -95,10 +95,10 @@ pub enum RegionOwner {
 }
 
 impl RegionOwner {
-    /// The owner of a region file found by [`crate::monitor::region_paths`] (container) or
-    /// [`crate::monitor::claim_region_paths`] (claim: `pod_uid` holds the claim's UID and
+    /// The owner of a region file found by `tessera_node::monitor::region_paths` (container) or
+    /// `tessera_node::monitor::claim_region_paths` (claim: `pod_uid` holds the claim's UID and
     /// `container` is empty).
-    pub fn of_path(path: &crate::monitor::RegionPath) -> Self {
+    pub fn of_path(path: &crate::accounting::RegionPath) -> Self {
         if path.container.is_empty() {
             RegionOwner::Claim {
                 claim_uid: path.pod_uid.clone(),
@@ -194,7 +194,7 @@ pub struct Observation {
     pub processes: Vec<GpuProcess>,
     /// (b) Every shim region read this pass (containers' and claims').
     pub regions: Vec<ShimRegion>,
-    /// (c) The GPUs each pod (by UID) was booked: [`crate::monitor::booked_gpus`].
+    /// (c) The GPUs each pod (by UID) was booked: [`crate::accounting::booked_gpus`].
     pub booked: BTreeMap<String, BTreeSet<String>>,
     /// (c) DRA claims on this node, by claim UID.
     pub claims: BTreeMap<String, ClaimBooking>,
