@@ -309,6 +309,20 @@ expect_count "with DRA, five ValidatingAdmissionPolicies" "$WORK/dra-policies.ya
 expect "the DRA plugin writes only its own node's slices" "$WORK/dra-policies.yaml" 's.spec.nodeName == variables.nodeName'
 render "$WORK/volume-mounts.yaml" --set devicePlugin.deviceListStrategy=volume-mounts
 expect "deviceListStrategy reaches the device plugin" "$WORK/volume-mounts.yaml" '^            - --device-list-strategy=volume-mounts$'
+expect "the unaccounted-process watch reports by default" "$D" '^            - --unaccounted-process-policy=report$'
+expect_not "report never grants pod deletion" "$D" '^    verbs: \[delete\]$'
+render "$WORK/evict.yaml" --set devicePlugin.unaccountedProcesses.policy=evict --set 'devicePlugin.unaccountedProcesses.allowedHostCgroups[0]=/system.slice/nvidia-persistenced.service'
+expect "evict reaches the device plugin" "$WORK/evict.yaml" '^            - --unaccounted-process-policy=evict$'
+expect "allowed host cgroups reach the device plugin" "$WORK/evict.yaml" '^            - --unaccounted-allowed-host-cgroups=/system.slice/nvidia-persistenced.service$'
+expect "evict grants pod deletion" "$WORK/evict.yaml" '^    verbs: \[delete\]$'
+expect "evict lets the plugin delete pods, on its own node only" "$WORK/evict.yaml" "request.operation == 'DELETE' && !variables.isNode && !has\(request.subResource\) && true"
+render "$WORK/unaccounted-off.yaml" --set devicePlugin.unaccountedProcesses.policy=off
+expect "off reaches the device plugin" "$WORK/unaccounted-off.yaml" '^            - --unaccounted-process-policy=off$'
+if render "$WORK/unaccounted-bad.yaml" --set devicePlugin.unaccountedProcesses.policy=kill 2>/dev/null; then
+	fail "an unknown unaccountedProcesses.policy must fail the install"
+else
+	pass "an unknown unaccountedProcesses.policy fails the install"
+fi
 if render "$WORK/cdi-cri.yaml" --set devicePlugin.deviceListStrategy=cdi-cri 2>/dev/null; then
 	fail "deviceListStrategy cdi-cri must fail the install"
 else

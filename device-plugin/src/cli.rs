@@ -109,6 +109,30 @@ pub struct Cli {
     /// would give any container the GPUs its own environment names.
     #[arg(long, env = "NVIDIA_RUNTIME_CONFIG", default_value = tessera_node::nvidia_runtime::DEFAULT_CONFIG_PATH)]
     pub nvidia_runtime_config: std::path::PathBuf,
+    /// What the node does about a GPU process no allocation accounts for (a process in a pod
+    /// not booked that GPU, a booked process without the shim, a process in no pod), once two
+    /// passes running saw it: `report` (a Warning Event on the pod or the Node, the
+    /// `tessera_device_plugin_unaccounted_gpu_processes` metric, a log line), `evict` (report,
+    /// then evict the pod: deleted with its UID as precondition, as the kubelet evicts) or `off`. Needs `hostPID`.
+    #[arg(long, env = "UNACCOUNTED_PROCESS_POLICY", default_value = "report")]
+    pub unaccounted_process_policy: tessera_node::process_watch::UnaccountedPolicy,
+    /// Host cgroups whose processes may use the GPUs (comma list of path prefixes matched on `/`
+    /// boundaries, e.g. `/system.slice/nvidia-mps.service`; `/` allows every host process).
+    #[arg(
+        long,
+        env = "UNACCOUNTED_ALLOWED_HOST_CGROUPS",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub unaccounted_allowed_host_cgroups: Vec<String>,
+    /// Seconds between passes of the unaccounted-process watch (a lasting process is acted on
+    /// within two).
+    #[arg(long, env = "UNACCOUNTED_PERIOD_SECONDS", default_value_t = 15)]
+    pub unaccounted_period_seconds: u64,
+    /// The host's `/proc` (the plugin runs with `hostPID`): each GPU process's cgroup and PID
+    /// namespace are read there.
+    #[arg(long, env = "PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
     /// Opt-in: also publish the memory and cores resources (e.g. nvidia.com/gpumem in MiB,
     /// nvidia.com/gpucores in percent) as node capacity, totals over the registered GPUs (HAMi
     /// #2839). With them in allocatable the kubelet admits those requests against the totals.
@@ -162,6 +186,7 @@ impl Cli {
             annotation: Duration::from_secs(self.annotation_period_seconds.max(1)),
             vgpu_feedback: (self.vgpu_feedback_period_seconds > 0)
                 .then(|| Duration::from_secs(self.vgpu_feedback_period_seconds)),
+            unaccounted: Duration::from_secs(self.unaccounted_period_seconds.max(1)),
             ..Periods::default()
         }
     }
@@ -178,6 +203,8 @@ pub struct Periods {
     pub vgpu_monitor: Duration,
     /// vGPU monitor feedback into the regions (`--vgpu-feedback-period-seconds`); `None`: off.
     pub vgpu_feedback: Option<Duration>,
+    /// The unaccounted-process watch (`--unaccounted-period-seconds`).
+    pub unaccounted: Duration,
     /// Age a container directory must reach before it may be removed as a gone pod's (it is
     /// made at `Allocate`, before its pod could be missing from a list).
     pub orphan_dir_grace: Duration,
@@ -206,6 +233,7 @@ impl Default for Periods {
             annotation_retry: Duration::from_secs(5),
             vgpu_monitor: Duration::from_secs(15),
             vgpu_feedback: Some(Duration::from_secs(vgpu_region::feedback::HAMI_PERIOD_SECS)),
+            unaccounted: Duration::from_secs(15),
             orphan_dir_grace: Duration::from_secs(30),
             ledger_gc: Duration::from_secs(30),
             mig_reconcile: Duration::from_secs(5),

@@ -8,6 +8,7 @@
 //! | `gpu-health` (thread) | NVML events, lost GPUs, recovery, host metrics, rediscovery | [`Periods::health_poll`], [`Periods::rediscovery`] |
 //! | `node-annotation` | `hami.io/node-nvidia-register` (and opt-in `hami.io/node-nvidia-score`, capacity) | on change and [`Periods::annotation`] |
 //! | `vgpu-monitor` | container usage metrics, gone pods' directories | [`Periods::vgpu_monitor`] |
+//! | `gpu-process-watch` | GPU processes no allocation accounts for: Event, metric, log; eviction under `evict` (`--unaccounted-process-policy`) | [`Periods::unaccounted`] |
 //! | `vgpu-feedback` | `recent_kernel` and `utilization_switch` into the regions (priority, elastic core limit) | [`Periods::vgpu_feedback`] |
 //! | `ledger-gc` | drops ledger entries of pods no longer pending | [`Periods::ledger_gc`] |
 //! | `pod-watch`, `node-watch` | informers | continuously |
@@ -37,7 +38,9 @@ use tessera_node::edges::{PodResourcesSource, PodSource};
 use tessera_node::gpu::{
     AdvertiseSettings, MODE_MIG, SettingsError, merge_rediscovered, plan_gpus,
 };
+use tessera_node::gpu_processes::ProcReader;
 use tessera_node::health::{DisableSpecError, HealthPolicy, HealthTracker};
+use tessera_node::kube_edges::KubeEvictor;
 use tessera_node::kube_edges::{CapacityNames, KubePatcher, KubePodSource, NodeAnnotator};
 use tessera_node::metrics::PluginMetrics;
 use tessera_node::metrics::Readiness;
@@ -46,6 +49,7 @@ use tessera_node::monitor::{VgpuFeedback, VgpuMonitor};
 use tessera_node::node_events::{NodeEvent, NodeEvents};
 use tessera_node::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
 use tessera_node::pod_resources::KubeletPodResources;
+use tessera_node::process_watch::{ProcessWatch, UnaccountedPolicy};
 
 /// Why the daemon could not start (or its kubelet server could not run). `main` prints it with
 /// its whole chain on one line.
@@ -244,6 +248,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
     let (events, events_rx) = NodeEvents::channel();
     tessera_node::kube_edges::spawn_node_event_writer(client.clone(), &cli.node_name, events_rx);
     check_node_runtime(&cli, &metrics, &events);
+    let node_events = events.clone();
     state.attach_events(events);
     // After the Events are attached, so asymmetric links reach the node's Events; before the
     // annotation task starts, so its first write carries the scores.
@@ -257,6 +262,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         &resource,
         &shutdown,
     ));
+    let evict_client = client.clone();
     let patcher = KubePatcher::new(client, &cli.node_name);
     let mut allocator = allocator(&cli, &config, &state, pods.clone(), &patcher, &metrics)?;
     if let Some(manager) = &mig {
@@ -299,37 +305,21 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         }
         .run(shutdown.clone()),
     );
-    let containers_dir = PathBuf::from(format!(
-        "{}/vgpu/containers",
-        cli.hook_path.trim_end_matches('/')
-    ));
-    if let Some(period) = periods.vgpu_feedback {
-        let feedback = VgpuFeedback {
-            containers_dir: containers_dir.clone(),
+    spawn_usage_monitors(
+        UsageMonitors {
+            cli: &cli,
+            config: &config,
+            periods,
             pods: pods.clone(),
-            policy: node_core_policy(&config.nvidia),
-            period,
-        };
-        spawn_periodic("vgpu-feedback", period, shutdown.clone(), move || {
-            let feedback = feedback.clone();
-            async move { feedback.pass().await }
-        });
-    }
-    let monitor = VgpuMonitor {
-        containers_dir,
-        pods: pods.clone(),
-        metrics: metrics.clone(),
-        orphan_grace: periods.orphan_dir_grace,
-        skip_log: Default::default(),
-    };
-    spawn_periodic(
-        "vgpu-monitor",
-        periods.vgpu_monitor,
-        shutdown.clone(),
-        move || {
-            let monitor = monitor.clone();
-            async move { monitor.pass().await }
+            state: state.clone(),
+            gpus: inventory.clone(),
+            metrics: metrics.clone(),
+            events: node_events,
+            evictor: Arc::new(KubeEvictor {
+                client: evict_client,
+            }),
         },
+        &shutdown,
     );
     {
         let allocator = allocator.clone();
@@ -399,6 +389,82 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
     crate::kubelet::run(settings, make, shutdown, Some(metrics))
         .await
         .map_err(StartError::Kubelet)
+}
+
+/// What the usage monitors share.
+struct UsageMonitors<'a> {
+    cli: &'a Cli,
+    config: &'a Config,
+    periods: Periods,
+    pods: Arc<KubePodSource>,
+    state: Arc<DeviceState>,
+    gpus: Arc<NvmlInventory>,
+    metrics: PluginMetrics,
+    events: NodeEvents,
+    evictor: Arc<KubeEvictor>,
+}
+
+/// The vGPU monitor (usage metrics, gone pods' directories), its feedback loop into the
+/// regions, and the unaccounted-process watch.
+fn spawn_usage_monitors(m: UsageMonitors<'_>, shutdown: &CancellationToken) {
+    let containers_dir = PathBuf::from(format!(
+        "{}/vgpu/containers",
+        m.cli.hook_path.trim_end_matches('/')
+    ));
+    if let Some(period) = m.periods.vgpu_feedback {
+        let feedback = VgpuFeedback {
+            containers_dir: containers_dir.clone(),
+            pods: m.pods.clone(),
+            policy: node_core_policy(&m.config.nvidia),
+            period,
+        };
+        spawn_periodic("vgpu-feedback", period, shutdown.clone(), move || {
+            let feedback = feedback.clone();
+            async move { feedback.pass().await }
+        });
+    }
+    let monitor = VgpuMonitor {
+        containers_dir: containers_dir.clone(),
+        pods: m.pods.clone(),
+        metrics: m.metrics.clone(),
+        orphan_grace: m.periods.orphan_dir_grace,
+        skip_log: Default::default(),
+    };
+    spawn_periodic(
+        "vgpu-monitor",
+        m.periods.vgpu_monitor,
+        shutdown.clone(),
+        move || {
+            let monitor = monitor.clone();
+            async move { monitor.pass().await }
+        },
+    );
+    if m.cli.unaccounted_process_policy == UnaccountedPolicy::Off {
+        return;
+    }
+    let watch = ProcessWatch {
+        containers_dir,
+        state: m.state,
+        gpus: m.gpus,
+        proc: Arc::new(ProcReader::new(&m.cli.proc_root)),
+        pods: m.pods,
+        allowed_host_cgroups: m.cli.unaccounted_allowed_host_cgroups.clone(),
+        policy: m.cli.unaccounted_process_policy,
+        evictor: m.evictor,
+        events: m.events,
+        metrics: m.metrics,
+        confirmer: Arc::default(),
+        said_blind: Arc::default(),
+    };
+    spawn_periodic(
+        "gpu-process-watch",
+        m.periods.unaccounted,
+        shutdown.clone(),
+        move || {
+            let watch = watch.clone();
+            async move { watch.pass().await.map(|_| ()) }
+        },
+    );
 }
 
 /// The kubelet's pod-resources `List`, for `Allocate` and for the node's

@@ -488,12 +488,26 @@ async fn write_node_events(
                 Err(e) => tracing::debug!(error = %DisplayChain(&e), "cannot read the node's UID"),
             }
         }
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("Node".to_owned()),
-            name: Some(node.clone()),
-            uid: uid.clone(),
-            ..Default::default()
+        let reference = match &event.regarding {
+            crate::node_events::EventObject::Node => k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(node.clone()),
+                uid: uid.clone(),
+                ..Default::default()
+            },
+            crate::node_events::EventObject::Pod {
+                namespace,
+                name,
+                uid,
+            } => k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Pod".to_owned()),
+                namespace: Some(namespace.clone()),
+                name: Some(name.clone()),
+                uid: Some(uid.clone()),
+                ..Default::default()
+            },
         };
         let ev = Event {
             type_: match event.kind {
@@ -639,5 +653,46 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client
         None => kube::Client::try_default()
             .await
             .map_err(ClientError::NoKubernetesConfig),
+    }
+}
+
+/// [`crate::process_watch::PodEvictor`]: deletes the pod with its UID as a precondition, as
+/// the kubelet's own evictions do (a PodDisruptionBudget does not hold back the removal of a
+/// pod that uses GPUs outside its booking); the device-plugin-scope admission policy allows the
+/// plugin this for pods on its own node only.
+#[derive(Clone)]
+pub struct KubeEvictor {
+    pub client: kube::Client,
+}
+
+impl std::fmt::Debug for KubeEvictor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeEvictor").finish_non_exhaustive()
+    }
+}
+
+impl crate::process_watch::PodEvictor for KubeEvictor {
+    fn evict(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> futures::future::BoxFuture<'_, Result<(), EdgeError>> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let what = format!("cannot evict pod {namespace}/{name}");
+        let name = name.to_owned();
+        let params = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        Box::pin(async move {
+            pods.delete(&name, &params)
+                .await
+                .map(|_| ())
+                .map_err(EdgeError::kube(what))
+        })
     }
 }

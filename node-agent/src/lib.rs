@@ -30,6 +30,7 @@ pub mod monitor;
 pub mod node_events;
 pub mod nvml;
 pub mod pod_resources;
+pub mod process_watch;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod uds;

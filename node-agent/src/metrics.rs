@@ -79,6 +79,9 @@ pub struct PluginMetrics {
     plugin_conflicts: Family<Labels, Gauge>,
     runtime_device_list: Family<Labels, Gauge>,
     annotation_patches: Family<Labels, Counter>,
+    unaccounted_processes: Family<Labels, Gauge>,
+    undetermined_processes: Gauge,
+    unaccounted_actions: Family<Labels, Counter>,
     host_memory_used: Family<Labels, Gauge<f64, AtomicU64>>,
     host_utilization: Family<Labels, Gauge<f64, AtomicU64>>,
     host_memory_controller: Family<Labels, Gauge<f64, AtomicU64>>,
@@ -167,6 +170,24 @@ impl PluginMetrics {
             &mut registry,
             "tessera_device_plugin_node_annotation_patches",
             "Node register annotation patches by result",
+            Family::<Labels, Counter>::default(),
+        );
+        let unaccounted_processes = registered(
+            &mut registry,
+            "tessera_device_plugin_unaccounted_gpu_processes",
+            "GPU processes no allocation accounts for, confirmed over two monitor passes (reason: GpuNotBooked, GpuProcessWithoutShim, GpuProcessOutsidePods, as the Events)",
+            Family::<Labels, Gauge>::default(),
+        );
+        let undetermined_processes = registered(
+            &mut registry,
+            "tessera_device_plugin_undetermined_gpu_processes",
+            "GPU processes whose /proc entry could not be read in the last pass (exited meanwhile; all of them without hostPID)",
+            Gauge::default(),
+        );
+        let unaccounted_actions = registered(
+            &mut registry,
+            "tessera_device_plugin_unaccounted_actions",
+            "What the plugin did about pods with unaccounted GPU processes (action: reported, evicted, eviction_failed)",
             Family::<Labels, Counter>::default(),
         );
         let host_memory_used = registered(
@@ -295,6 +316,9 @@ impl PluginMetrics {
             plugin_conflicts,
             runtime_device_list,
             annotation_patches,
+            unaccounted_processes,
+            undetermined_processes,
+            unaccounted_actions,
             host_memory_used,
             host_utilization,
             host_memory_controller,
@@ -309,6 +333,25 @@ impl PluginMetrics {
     pub fn identity_choice(&self, reason: &str) {
         self.identity
             .get_or_create(&vec![("reason".into(), reason.into())])
+            .inc();
+    }
+
+    /// The confirmed unaccounted processes of the last pass, counted per reason code; reasons
+    /// with none read 0.
+    pub fn set_unaccounted(&self, per_reason: &[(&'static str, usize)], undetermined: usize) {
+        for (reason, count) in per_reason {
+            self.unaccounted_processes
+                .get_or_create(&vec![("reason".into(), (*reason).into())])
+                .set(i64::try_from(*count).unwrap_or(i64::MAX));
+        }
+        self.undetermined_processes
+            .set(i64::try_from(undetermined).unwrap_or(i64::MAX));
+    }
+
+    /// One action on a pod with unaccounted processes (`reported`, `evicted`, `eviction_failed`).
+    pub fn unaccounted_action(&self, action: &'static str) {
+        self.unaccounted_actions
+            .get_or_create(&vec![("action".into(), action.into())])
             .inc();
     }
 

@@ -296,13 +296,24 @@ pub fn scan(containers_dir: &Path) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
 }
 
 /// Opens and parses the regions found by a directory walk.
-fn read_regions(
+fn read_regions(found: (Vec<RegionPath>, Vec<SkippedFile>)) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
+    let (regions, skipped) = read_shim_regions(found);
+    let samples = regions
+        .iter()
+        .flat_map(|(p, region)| samples(&p.pod_uid, &p.container, region))
+        .collect();
+    (samples, skipped)
+}
+
+/// Opens, checks and parses each region a directory walk found; those that cannot be read are
+/// added to the skipped entries.
+pub fn read_shim_regions(
     (paths, mut skipped): (Vec<RegionPath>, Vec<SkippedFile>),
-) -> (Vec<VgpuSample>, Vec<SkippedFile>) {
+) -> (Vec<(RegionPath, RegionSnapshot)>, Vec<SkippedFile>) {
     let mut out = Vec::new();
     for p in paths {
         match open_region(&p.path) {
-            Ok((_, region)) => out.extend(samples(&p.pod_uid, &p.container, &region)),
+            Ok((_, region)) => out.push((p, region)),
             Err(reason) => skipped.push(SkippedFile {
                 path: p.path.display().to_string(),
                 reason,

@@ -35,12 +35,27 @@ pub enum NodeEventType {
     Warning,
 }
 
-/// One Event about the plugin's Node.
+/// The object an Event is about.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum EventObject {
+    /// The plugin's Node.
+    #[default]
+    Node,
+    /// A pod on the node (`kubectl describe pod` shows it).
+    Pod {
+        namespace: String,
+        name: String,
+        uid: String,
+    },
+}
+
+/// One Event the node agent writes: about its Node, or about a pod on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeEvent {
     pub kind: NodeEventType,
     pub reason: &'static str,
     pub message: String,
+    pub regarding: EventObject,
 }
 
 impl NodeEvent {
@@ -60,6 +75,7 @@ impl NodeEvent {
             kind: NodeEventType::Warning,
             reason: REASON_GPU_UNHEALTHY,
             message,
+            regarding: EventObject::Node,
         }
     }
 
@@ -73,6 +89,7 @@ impl NodeEvent {
                  Healthy again",
                 quiet.as_secs()
             ),
+            regarding: EventObject::Node,
         }
     }
 
@@ -88,6 +105,7 @@ impl NodeEvent {
             reason: REASON_ALLOCATE_REFUSED,
             // The API server refuses an Event note over 1 kB (events.k8s.io/v1).
             message: truncate(message, 1000),
+            regarding: EventObject::Node,
         }
     }
 
@@ -107,6 +125,7 @@ impl NodeEvent {
                 ),
                 1000,
             ),
+            regarding: EventObject::Node,
         }
     }
 
@@ -121,6 +140,7 @@ impl NodeEvent {
             kind: NodeEventType::Warning,
             reason: REASON_RUNTIME_DEVICE_LIST,
             message: truncate(verdict.explain(strategy), 1000),
+            regarding: EventObject::Node,
         }
     }
 
@@ -129,6 +149,7 @@ impl NodeEvent {
             kind: NodeEventType::Warning,
             reason: crate::conflict::REASON_CONFLICT,
             message: truncate(conflict.message(), 1000),
+            regarding: EventObject::Node,
         }
     }
 }

@@ -418,3 +418,12 @@ pub fn lost_gpus(inventory: &dyn GpuInventory, uuids: &[String]) -> Vec<HealthEv
         .map(|u| HealthEvent::Lost { uuid: u.clone() })
         .collect()
 }
+
+impl crate::gpu_processes::GpuProcessSource for NvmlInventory {
+    fn processes_on(
+        &self,
+        gpu_uuid: &str,
+    ) -> Result<crate::gpu_processes::ProcessesOnGpu, crate::gpu_processes::GpuProcessError> {
+        self.nvml.processes_on(gpu_uuid)
+    }
+}
