@@ -448,7 +448,13 @@ fn spawn_usage_monitors(m: UsageMonitors<'_>, shutdown: &CancellationToken) {
         gpus: m.gpus,
         proc: Arc::new(ProcReader::new(&m.cli.proc_root)),
         pods: m.pods,
-        allowed_host_cgroups: m.cli.unaccounted_allowed_host_cgroups.clone(),
+        allowed_host_cgroups: m
+            .cli
+            .unaccounted_allowed_host_cgroups
+            .iter()
+            .filter(|c| !c.is_empty())
+            .cloned()
+            .collect(),
         policy: m.cli.unaccounted_process_policy,
         evictor: m.evictor,
         events: m.events,

@@ -9,6 +9,7 @@ use kubelet_proto::deviceplugin::v1beta1::device_plugin_server::DevicePlugin;
 use tessera_runtime::DisplayChain;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use tessera_node::allocator::Allocator;
 use tessera_node::device_state::DeviceState;
@@ -118,11 +119,19 @@ impl DevicePlugin for DevicePluginService {
         &self,
         request: Request<dp::PreferredAllocationRequest>,
     ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
+        let req = request.into_inner();
+        // `pod`, `pod_uid`: recorded once the pod is identified (tessera_node::allocator).
+        let span = tracing::info_span!(
+            "get_preferred_allocation",
+            containers = req.container_requests.len(),
+            pod = tracing::field::Empty,
+            pod_uid = tracing::field::Empty,
+        );
         if self.exclusive {
-            return Ok(Response::new(exclusive_preferred(request.into_inner())));
+            return Ok(Response::new(exclusive_preferred(req)));
         }
         Ok(Response::new(
-            self.allocator.preferred(request.into_inner()).await,
+            self.allocator.preferred(req).instrument(span).await,
         ))
     }
 
@@ -130,13 +139,23 @@ impl DevicePlugin for DevicePluginService {
         &self,
         request: Request<dp::AllocateRequest>,
     ) -> Result<Response<dp::AllocateResponse>, Status> {
+        let req = request.into_inner();
+        // `pod`, `pod_uid`: recorded once the pod is identified (tessera_node::allocator), so a
+        // pod's Allocate can be found in the node's log by its UID.
+        let span = tracing::info_span!(
+            "allocate",
+            containers = req.container_requests.len(),
+            pod = tracing::field::Empty,
+            pod_uid = tracing::field::Empty,
+        );
         if self.exclusive {
-            return exclusive_allocate(&self.state, &self.allocator.settings, request.into_inner())
+            return exclusive_allocate(&self.state, &self.allocator.settings, req)
                 .map(Response::new)
                 .map_err(Status::invalid_argument);
         }
         self.allocator
-            .allocate(request.into_inner())
+            .allocate(req)
+            .instrument(span)
             .await
             .map(Response::new)
             .map_err(|e| {

@@ -25,7 +25,7 @@ use tracing::Instrument;
 use vgpu_region::feedback::{CorePolicy, FeedbackClock};
 
 use super::DRIVER;
-use super::checkpoint::{ClaimRef, PreparedClaims};
+use super::checkpoint::{ClaimRef, PrepareError, PreparedClaims};
 use super::claim::claim_shares;
 use super::metrics::{ClaimNames, DraMetrics};
 use super::slice::device_name;
@@ -190,14 +190,14 @@ impl DraDriver {
     }
 
     /// Prepares one claim: the devices for the kubelet's response, or why not.
-    pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<dra::Device>, String> {
+    pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<dra::Device>, ClaimPrepareError> {
         let started = tokio::time::Instant::now();
         let r = self.prepare_claim(claim).await;
         self.metrics.observe_prepare(started.elapsed(), r.is_ok());
         r
     }
 
-    async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<dra::Device>, String> {
+    async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<dra::Device>, ClaimPrepareError> {
         let answer = |p: &super::checkpoint::PreparedClaim| {
             p.devices
                 .iter()
@@ -216,14 +216,16 @@ impl DraDriver {
             .source
             .claim(&claim.namespace, &claim.name)
             .await
-            .map_err(|e| DisplayChain(&e).to_string())?
-            .ok_or_else(|| format!("ResourceClaim {}/{} not found", claim.namespace, claim.name))?;
-        let shares =
-            claim_shares(&read, &claim.uid, &self.node, &self.gpus).map_err(|e| e.to_string())?;
+            .map_err(ClaimPrepareError::Read)?
+            .ok_or_else(|| ClaimPrepareError::NotFound {
+                claim: format!("{}/{}", claim.namespace, claim.name),
+            })?;
+        let shares = claim_shares(&read, &claim.uid, &self.node, &self.gpus)
+            .map_err(ClaimPrepareError::Refused)?;
         let mut prepared = self.prepared.lock().await;
         let p = prepared
             .prepare(claim, &shares)
-            .map_err(|e| DisplayChain(&e).to_string())?;
+            .map_err(ClaimPrepareError::Files)?;
         tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, devices = p.devices.len(), "claim prepared");
         let devices = answer(p);
         self.metrics.set_prepared_claims(prepared.all().len());
@@ -231,12 +233,10 @@ impl DraDriver {
     }
 
     /// Unprepares one claim (an unknown claim is already unprepared).
-    pub async fn unprepare(&self, uid: &str) -> Result<(), String> {
+    pub async fn unprepare(&self, uid: &str) -> Result<(), PrepareError> {
         let mut prepared = self.prepared.lock().await;
         let known = prepared.get(uid).is_some();
-        let r = prepared
-            .unprepare(uid)
-            .map_err(|e| DisplayChain(&e).to_string());
+        let r = prepared.unprepare(uid);
         self.metrics.set_prepared_claims(prepared.all().len());
         if known {
             self.metrics.observe_unprepare(r.is_ok());
@@ -281,6 +281,20 @@ impl DraDriver {
     }
 }
 
+/// Why a claim could not be prepared: the kubelet gets the whole chain as the claim's error
+/// (`DisplayChain`), and retries.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimPrepareError {
+    #[error("cannot read the ResourceClaim")]
+    Read(#[source] EdgeError),
+    #[error("ResourceClaim {claim} not found")]
+    NotFound { claim: String },
+    #[error("this node cannot serve the claim")]
+    Refused(#[source] super::claim::ClaimError),
+    #[error("cannot write the claim's files")]
+    Files(#[source] PrepareError),
+}
+
 /// The DRAPlugin gRPC service.
 #[derive(Debug, Clone)]
 pub struct DraService(pub Arc<DraDriver>);
@@ -300,12 +314,24 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
         request: tonic::Request<dra::NodePrepareResourcesRequest>,
     ) -> Result<tonic::Response<dra::NodePrepareResourcesResponse>, tonic::Status> {
         let claims = request.into_inner().claims;
-        let answers = futures::future::join_all(claims.iter().map(|c| async {
-            let r = self.0.prepare(&claim_ref(c)).await;
-            if let Err(e) = &r {
-                tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), uid = %c.uid, error = %e, "cannot prepare claim");
+        let answers = futures::future::join_all(claims.iter().map(|c| {
+            let span = tracing::info_span!(
+                "node_prepare_resources",
+                claim = %format!("{}/{}", c.namespace, c.name),
+                claim_uid = %c.uid,
+            );
+            async {
+                let r = self
+                    .0
+                    .prepare(&claim_ref(c))
+                    .await
+                    .map_err(|e| DisplayChain(&e).to_string());
+                if let Err(e) = &r {
+                    tracing::warn!(error = %e, "cannot prepare claim");
+                }
+                (c.uid.clone(), r)
             }
-            (c.uid.clone(), r)
+            .instrument(span)
         }))
         .await;
         let claims = answers
@@ -335,7 +361,19 @@ impl dra::dra_plugin_server::DraPlugin for DraService {
     ) -> Result<tonic::Response<dra::NodeUnprepareResourcesResponse>, tonic::Status> {
         let mut claims = std::collections::HashMap::new();
         for c in request.into_inner().claims {
-            let error = self.0.unprepare(&c.uid).await.err().unwrap_or_default();
+            let span = tracing::info_span!(
+                "node_unprepare_resources",
+                claim = %format!("{}/{}", c.namespace, c.name),
+                claim_uid = %c.uid,
+            );
+            let error = self
+                .0
+                .unprepare(&c.uid)
+                .instrument(span)
+                .await
+                .err()
+                .map(|e| DisplayChain(&e).to_string())
+                .unwrap_or_default();
             claims.insert(c.uid, dra::NodeUnprepareResourceResponse { error });
         }
         Ok(tonic::Response::new(dra::NodeUnprepareResourcesResponse {

@@ -47,6 +47,9 @@ pub struct DriverMount {
     pub host: PathBuf,
     /// Where it appears in the container (absolute).
     pub container: String,
+    /// Mounted read-write (the node's shared simulated GPU state); read-only otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub writable: bool,
 }
 
 /// The node's driver file, `--driver-config <path>`.
@@ -87,6 +90,7 @@ impl DriverConfig {
             .map(|lib| DriverMount {
                 host: driver_dir.join(lib),
                 container: format!("{DRIVER_LIB_DIR}/{lib}"),
+                writable: false,
             })
             .collect();
         mounts.extend(extra);
@@ -299,7 +303,11 @@ pub fn inject(
             "destination": m.container,
             "type": "bind",
             "source": m.host,
-            "options": ["rbind", "rprivate", "nosuid", "nodev", "ro"],
+            "options": if m.writable {
+                serde_json::json!(["rbind", "rprivate", "nosuid", "nodev"])
+            } else {
+                serde_json::json!(["rbind", "rprivate", "nosuid", "nodev", "ro"])
+            },
         }));
     }
     Ok(true)
@@ -415,6 +423,7 @@ mod tests {
             vec![DriverMount {
                 host: "/node/scenario.json".into(),
                 container: "/run/fake-gpu/scenario.json".into(),
+                writable: false,
             }],
             vec![
                 "FAKE_NVML_SCENARIO=/run/fake-gpu/scenario.json".into(),

@@ -63,6 +63,11 @@ pub struct RealNodeSpec {
     pub dra: bool,
     /// The node's NVIDIA container runtime configuration.
     pub runtime: NodeRuntime,
+    /// One simulated GPU state for the whole node (`FAKE_GPU_STATE`, mounted read-write into
+    /// every GPU container and the device plugin), so the plugin's NVML lists the processes of
+    /// every container, by the PID its own namespace sees, as a real driver does. Off: each
+    /// container has a GPU of its own.
+    pub shared_gpu_state: bool,
 }
 
 /// What the node's (fake) NVIDIA container runtime accepts as a container's device list: its
@@ -99,6 +104,10 @@ impl NodeRuntime {
 /// `e2e/node/node.sh`).
 pub const NVIDIA_RUNTIME_DIR: &str = "/etc/nvidia-container-runtime";
 
+/// Where a node's shared simulated GPU state appears in its GPU containers
+/// ([`RealNodeSpec::shared_gpu_state`]).
+pub const SHARED_GPU_STATE: &str = "/etc/tessera-fake-gpu/state";
+
 /// `--set` pairs every [`ChartValues::Recommended`] install gets first: docs/helm.md's install
 /// on nodes whose runtime is [`NodeRuntime::Safe`].
 pub const RECOMMENDED_SETS: &[(&str, &str)] =
@@ -112,6 +121,7 @@ impl RealNodeSpec {
             labels: Vec::new(),
             dra: false,
             runtime: NodeRuntime::Safe,
+            shared_gpu_state: false,
         }
     }
 
@@ -207,6 +217,18 @@ impl RealNode {
         let children =
             std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).ok()?;
         children.split_whitespace().next()?.parse().ok()
+    }
+
+    /// `program` to run inside the node's PID and mount namespaces (not in any pod: a process
+    /// of the node itself), through `nsenter`.
+    pub fn command_in(&self, program: &Path) -> Result<Command> {
+        let pid = self
+            .init_pid()
+            .ok_or_else(|| Error::msg(format!("node {} is not running", self.name())))?;
+        let mut cmd = Command::new("nsenter");
+        cmd.args(["-t", &pid.to_string(), "-p", "-m", "--"])
+            .arg(program);
+        Ok(cmd)
     }
 
     fn signal(&self, sig: &str) -> Result<()> {
@@ -736,6 +758,17 @@ impl RealCluster {
             json!({"host": scenario, "container": "/etc/tessera-fake-gpu/scenario.json"}),
             json!({"host": events, "container": "/etc/tessera-fake-gpu/events.jsonl"}),
         ];
+        let mut driver_env = vec![
+            "FAKE_NVML_SCENARIO=/etc/tessera-fake-gpu/scenario.json".to_owned(),
+            "FAKE_NVML_EVENTS=/etc/tessera-fake-gpu/events.jsonl".to_owned(),
+        ];
+        if spec.shared_gpu_state {
+            let state = dir.join("gpu-state");
+            write(&state, "")?;
+            set_mode(&state, 0o666)?;
+            mounts.push(json!({"host": state, "container": SHARED_GPU_STATE, "writable": true}));
+            driver_env.push(format!("FAKE_GPU_STATE={SHARED_GPU_STATE}"));
+        }
         if spec.driver {
             for lib in ["libcuda.so.1", "libnvidia-ml.so.1"] {
                 mounts.push(json!({
@@ -750,11 +783,10 @@ impl RealCluster {
             serde_json::to_string_pretty(&json!({
                 "runc": tools.runc,
                 "mounts": mounts,
-                "env": [
-                    "FAKE_NVML_SCENARIO=/etc/tessera-fake-gpu/scenario.json",
-                    "FAKE_NVML_EVENTS=/etc/tessera-fake-gpu/events.jsonl",
-                    format!("FAKE_CUDA_MEMORY_MIB={memory_mib}"),
-                ],
+                "env": driver_env
+                    .into_iter()
+                    .chain([format!("FAKE_CUDA_MEMORY_MIB={memory_mib}")])
+                    .collect::<Vec<_>>(),
                 "log": self.dir.join("logs").join(format!("{name}-nvidia-runtime.log")),
                 "runtime_config": format!("{NVIDIA_RUNTIME_DIR}/config.toml"),
             }))?,
@@ -1209,6 +1241,13 @@ impl RealCluster {
             .into_iter()
             .next()
             .ok_or_else(|| Error::msg(format!("no {component} pod on {node}")))
+    }
+
+    pub async fn device_plugin_metrics(&self, node: &str) -> Option<String> {
+        let lp = ListParams::default()
+            .labels("app.kubernetes.io/component=device-plugin")
+            .fields(&format!("spec.nodeName={node}"));
+        self.pod_metrics(lp, 9394, |_| true).await
     }
 
     pub async fn dra_plugin_metrics(&self, node: &str) -> Option<String> {

@@ -8,12 +8,13 @@
     reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
 )]
 
+use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tessera_e2e::node::NodeSpec;
 use tessera_e2e::real::{
@@ -26,6 +27,8 @@ const OTHER: &str = "team-b";
 const POLICY: &str = "Tessera admission policy";
 const GPU_NODE: &str = "a100-node";
 const OTHER_NODE: &str = "t4-node";
+/// The unaccounted-process watch's period on this cluster (the chart's default is 15 s).
+const WATCH_PERIOD_SECS: u64 = 2;
 
 fn dry() -> PatchParams {
     PatchParams {
@@ -70,14 +73,31 @@ fn real_nodes_chart_identities_and_tenants_cannot_forge_or_escalate() -> Result<
                         "NVIDIA A100-SXM4-40GB",
                         40960,
                     )),
-                    RealNodeSpec::gpu(NodeSpec::uniform(OTHER_NODE, 1, "Tesla T4", 15360)),
+                    // One simulated GPU for the whole node, so its plugin's NVML lists every
+                    // container's processes, as a real driver does (unaccounted_processes).
+                    RealNodeSpec {
+                        shared_gpu_state: true,
+                        ..RealNodeSpec::gpu(NodeSpec::uniform(OTHER_NODE, 1, "Tesla T4", 15360))
+                    },
                 ],
-                chart: ChartValues::Recommended(Vec::new()),
+                chart: ChartValues::Recommended(vec![
+                    (
+                        "devicePlugin.unaccountedProcesses.periodSeconds".into(),
+                        WATCH_PERIOD_SECS.to_string(),
+                    ),
+                    // Debug lines: a failure here shows what each pass compared, and what the
+                    // extender answered for each pod (its spans carry the pod's UID).
+                    ("devicePlugin.extraArgs[0]".into(), "--v=4".into()),
+                    ("scheduler.extender.extraArgs[0]".into(), "--v=4".into()),
+                ]),
             },
         )
         .await?;
         let outcome = match attacks(&c).await {
-            Ok(()) => isolation_attacks(&c).await,
+            Ok(()) => match isolation_attacks(&c).await {
+                Ok(()) => unaccounted_processes(&c).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         if let Err(e) = outcome {
@@ -802,5 +822,202 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
         )
         .await
         .map_err(|e| Error::msg(format!("a label update of a running pod was refused: {e}")))?;
+    Ok(())
+}
+
+/// Issue 28, item 3: the node sees every process on its GPUs. On the node with one shared
+/// simulated GPU, a GPU pod holding memory through the shim is accounted and never reported;
+/// a pod of the tenant with no GPU booking that reaches the GPU anyway (the driver and the GPU's
+/// state by hostPath, as a pod with `/dev/nvidia*` mounted would) is reported on the pod within
+/// two passes, and so is a process in no pod (on the Node). Evicting is the unit tests'
+/// (`process_watch`): the shared cluster runs the default policy, `report`.
+async fn unaccounted_processes(c: &RealCluster) -> Result<()> {
+    let user_pods: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
+    let admin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    let running = |name: &'static str| {
+        let admin_pods = admin_pods.clone();
+        async move {
+            eventually(
+                &format!("pod {name} Running"),
+                Duration::from_secs(120),
+                Duration::from_millis(250),
+                || async {
+                    admin_pods.get_opt(name).await.ok().flatten().filter(|p| {
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    })
+                },
+            )
+            .await
+        }
+    };
+    let on_other = json!({"nodeSelector": {"kubernetes.io/hostname": OTHER_NODE}});
+    let hold = json!({"command": ["cuda_probe", "hold", "1048576", "/", "/tmp/held"]});
+
+    // The honest pod: 1000 MiB booked, held through the shim.
+    let honest = tenant_pod(
+        "honest",
+        json!({}),
+        json!([container(
+            "main",
+            json!({"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}),
+            hold.clone()
+        )]),
+        on_other.clone(),
+    )?;
+    user_pods.create(&PostParams::default(), &honest).await?;
+    let honest = running("honest").await?;
+
+    // The stowaway: no GPU request, the node's driver and GPU state by hostPath.
+    let node = c.node(OTHER_NODE).ok_or_else(|| Error::msg("no t4-node"))?;
+    let driver = c.artifacts.driver_dir.join("libcuda.so.1");
+    let state = node.dir.join("gpu-state");
+    let stowaway = tenant_pod(
+        "stowaway",
+        json!({}),
+        json!([container(
+            "main",
+            json!({}),
+            with_fields(
+                hold,
+                json!({
+                    "env": [
+                        {"name": "FAKE_GPU_STATE", "value": tessera_e2e::real::SHARED_GPU_STATE},
+                        {"name": "FAKE_CUDA_MEMORY_MIB", "value": "15360"},
+                    ],
+                    "volumeMounts": [
+                        {"name": "driver", "mountPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "readOnly": true},
+                        {"name": "state", "mountPath": tessera_e2e::real::SHARED_GPU_STATE},
+                    ],
+                })
+            )
+        )]),
+        with_fields(
+            on_other,
+            json!({"volumes": [
+                {"name": "driver", "hostPath": {"path": driver, "type": "File"}},
+                {"name": "state", "hostPath": {"path": state, "type": "File"}},
+            ]}),
+        ),
+    )?;
+    user_pods.create(&PostParams::default(), &stowaway).await?;
+    let stowaway = running("stowaway").await?;
+
+    // A process in no pod: the fake CUDA run on the node itself, outside every pod's cgroup
+    // (`timeout`: it is the node's, and outlives nsenter).
+    let mut host = node
+        .command_in(Path::new("/usr/bin/timeout"))?
+        .arg("120")
+        .arg(&c.artifacts.cuda_probe)
+        .args(["hold", "1048576", "/", "/dev/null"])
+        .env("LD_LIBRARY_PATH", &c.artifacts.driver_dir)
+        .env("FAKE_GPU_STATE", &state)
+        .env("FAKE_CUDA_MEMORY_MIB", "15360")
+        .spawn()?;
+
+    let events: Api<Event> = Api::namespaced(c.admin().clone(), TENANT);
+    let uid_of = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
+    let warnings_on = |uid: String| {
+        let events = events.clone();
+        async move {
+            events
+                .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+        }
+    };
+    // Two passes confirm; a few more for the Event to be written and the pod's start.
+    let within = Duration::from_secs(WATCH_PERIOD_SECS * 2 + 30);
+    let found = eventually(
+        "a GpuNotBooked Event on the stowaway pod",
+        within,
+        Duration::from_millis(500),
+        || async {
+            warnings_on(uid_of(&stowaway))
+                .await
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("GpuNotBooked"))
+        },
+    )
+    .await;
+    let node_events: Api<Event> = Api::namespaced(c.admin().clone(), "default");
+    let outside = eventually(
+        "a GpuProcessOutsidePods Event on the node",
+        within,
+        Duration::from_millis(500),
+        || async {
+            node_events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("GpuProcessOutsidePods"))
+        },
+    )
+    .await;
+    let _ = host.kill();
+    let _ = host.wait();
+    if found.is_err() || outside.is_err() {
+        // What the plugin saw: its log's last lines and its unaccounted-process series.
+        let plugin = c.chart_pod_on("device-plugin", OTHER_NODE).await?;
+        let name = plugin.metadata.name.unwrap_or_default();
+        let log = c
+            .logs(NAMESPACE, &name, "tessera-device-plugin")
+            .await
+            .unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        let metrics = c
+            .device_plugin_metrics(OTHER_NODE)
+            .await
+            .unwrap_or_default();
+        let series: Vec<&str> = metrics
+            .lines()
+            .filter(|l| l.contains("unaccounted") || l.contains("undetermined"))
+            .collect();
+        return Err(Error::msg(format!(
+            "stowaway: {:?}; outside pods: {:?}\nplugin metrics:\n{}\nplugin log (newest first):\n{}",
+            found.err().map(|e| e.to_string()),
+            outside.err().map(|e| e.to_string()),
+            series.join("\n"),
+            tail.join("\n")
+        )));
+    }
+    let found = found?;
+    let message = found.message.unwrap_or_default();
+    if !message.contains("GPU-") {
+        return Err(Error::msg(format!(
+            "the stowaway's Event does not name the GPU: {message}"
+        )));
+    }
+    let metrics = eventually(
+        "the plugin's metric of the unaccounted process",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            c.device_plugin_metrics(OTHER_NODE).await.filter(|m| {
+                m.contains(
+                    "tessera_device_plugin_unaccounted_gpu_processes{reason=\"GpuNotBooked\"} 1",
+                )
+            })
+        },
+    )
+    .await;
+    metrics?;
+    // The honest pod, accounted all along, got no such Event.
+    let honest_warnings: Vec<String> = warnings_on(uid_of(&honest))
+        .await
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .filter(|r| r.starts_with("GpuProcess") || r == "GpuNotBooked")
+        .collect();
+    if !honest_warnings.is_empty() {
+        return Err(Error::msg(format!(
+            "the honest pod was reported: {honest_warnings:?}"
+        )));
+    }
+    for name in ["stowaway", "honest"] {
+        c.delete_pod(TENANT, name).await?;
+    }
     Ok(())
 }

@@ -5,6 +5,9 @@
 
 use std::fmt;
 
+use jiff::SignedDuration;
+use jiff::civil::DateTime;
+
 /// How long a `Requesting_` value stays fresh before the allocatable check decides (seconds).
 pub const REQUESTING_TIMEOUT_SECS: i64 = 60;
 
@@ -79,42 +82,8 @@ impl fmt::Display for Handshake {
     }
 }
 
-fn is_leap(y: i64) -> bool {
-    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
-}
-
-fn days_in_month(y: i64, m: u32) -> u32 {
-    match m {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if is_leap(y) => 29,
-        _ => 28,
-    }
-}
-
-/// Days from 1970-01-01 to y-m-d (proleptic Gregorian; Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
+/// The epoch the wall-clock seconds count from.
+const EPOCH: DateTime = DateTime::constant(1970, 1, 1, 0, 0, 0, 0);
 
 /// Parses Go's `time.DateTime` layout `2006-01-02 15:04:05` exactly (4-digit year, 2-digit
 /// fields, real calendar dates) into seconds since 1970-01-01 00:00:00 *of the same wall clock*:
@@ -138,13 +107,13 @@ pub fn parse_go_datetime(text: &str) -> Option<i64> {
             None
         }
     };
-    let (y, mo, d) = (i64::from(num(0..4)?), num(5..7)?, num(8..10)?);
-    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || d == 0 || d > days_in_month(y, mo) || h > 23 || mi > 59 || s > 59
-    {
-        return None;
-    }
-    Some(days_from_civil(y, mo, d) * 86_400 + i64::from(h * 3600 + mi * 60 + s))
+    let field = |range| num(range).and_then(|n| i8::try_from(n).ok());
+    let year = num(0..4).and_then(|n| i16::try_from(n).ok())?;
+    let (month, day) = (field(5..7)?, field(8..10)?);
+    let (hour, minute, second) = (field(11..13)?, field(14..16)?, field(17..19)?);
+    // jiff refuses what is not a real date or time of day.
+    let at = DateTime::new(year, month, day, hour, minute, second, 0).ok()?;
+    Some(at.duration_since(EPOCH).as_secs())
 }
 
 /// Formats seconds since 1970-01-01 00:00:00 (wall clock) as Go `time.DateTime`. Years outside
@@ -153,14 +122,17 @@ pub fn format_go_datetime(secs: i64) -> String {
     const MIN: i64 = -62_167_219_200; // 0000-01-01 00:00:00
     const MAX: i64 = 253_402_300_799; // 9999-12-31 23:59:59
     let secs = secs.clamp(MIN, MAX);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
+    let at = EPOCH
+        .checked_add(SignedDuration::from_secs(secs))
+        .unwrap_or(EPOCH);
     format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        at.year(),
+        at.month(),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second()
     )
 }
 
@@ -190,6 +162,24 @@ mod tests {
         ] {
             assert_eq!(parse_go_datetime(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn the_whole_range_formats_and_parses_back() {
+        for secs in [
+            -62_167_219_200,
+            -1,
+            0,
+            951_782_400,
+            1_749_805_660,
+            253_402_300_799,
+        ] {
+            let text = format_go_datetime(secs);
+            assert_eq!(parse_go_datetime(&text), Some(secs), "{text}");
+        }
+        assert_eq!(format_go_datetime(i64::MIN), "0000-01-01 00:00:00");
+        assert_eq!(format_go_datetime(i64::MAX), "9999-12-31 23:59:59");
+        assert_eq!(format_go_datetime(-1), "1969-12-31 23:59:59");
     }
 
     #[test]

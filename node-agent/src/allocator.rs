@@ -337,6 +337,7 @@ impl Allocator {
                 tracing::warn!(count, error = %e, "Allocate refused: pod not identified");
             })?;
         let pod_key = format!("{}/{}", choice.namespace, choice.name);
+        record_pod(&pod_key, &choice.uid);
         if let Some(m) = &self.metrics {
             m.identity_choice(choice.reason.as_str());
         }
@@ -598,7 +599,10 @@ impl Allocator {
                     )
                     .await
                 {
-                    Ok((choice, _)) => choice.devices.iter().map(|d| d.uuid.clone()).collect(),
+                    Ok((choice, _)) => {
+                        record_pod(&format!("{}/{}", choice.namespace, choice.name), &choice.uid);
+                        choice.devices.iter().map(|d| d.uuid.clone()).collect()
+                    }
                     Err(e) => {
                         tracing::debug!(error = %e, "GetPreferredAllocation: no confident identity, neutral answer");
                         Vec::new()
@@ -746,6 +750,15 @@ pub fn to_proto(r: ContainerResponse) -> dp::ContainerAllocateResponse {
             .map(|name| dp::CdiDevice { name })
             .collect(),
     }
+}
+
+/// Names the identified pod on the current request's span (the daemon's `allocate` or
+/// `get_preferred_allocation`, with empty `pod` and `pod_uid` fields): every later line of the
+/// call carries them, and a pod is followed across the extender and the node by its UID.
+fn record_pod(pod: &str, uid: &str) {
+    let span = tracing::Span::current();
+    span.record("pod", pod);
+    span.record("pod_uid", uid);
 }
 
 #[cfg(test)]

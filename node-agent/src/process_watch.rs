@@ -24,7 +24,8 @@ use crate::metrics::PluginMetrics;
 use crate::monitor::{booked_gpus, read_shim_regions, region_paths};
 use crate::node_events::{EventObject, NodeEvent, NodeEventType, NodeEvents};
 use crate::unaccounted::{
-    Confirmer, Exemptions, Findings, Observation, Reason, RegionOwner, ShimRegion, classify,
+    Confirmer, ContainerName, Exemptions, Findings, Observation, Reason, RegionOwner, ShimRegion,
+    classify,
 };
 
 /// What the node does about a pod with an unaccounted GPU process.
@@ -152,6 +153,20 @@ impl ProcessWatch {
                 .collect(),
         };
         let booked = booked_gpus(&pods);
+        let container_names = pods
+            .iter()
+            .flat_map(|p| {
+                p.container_ids.iter().map(|(id, name)| {
+                    (
+                        id.clone(),
+                        ContainerName {
+                            pod_uid: p.uid.clone(),
+                            name: name.clone(),
+                        },
+                    )
+                })
+            })
+            .collect();
         let gpus = self.gpus.clone();
         let proc = self.proc.clone();
         let uuids: Vec<String> = self.state.gpus().into_iter().map(|g| g.uuid).collect();
@@ -159,7 +174,7 @@ impl ProcessWatch {
         let observation = spawn_blocking_in_span(move || {
             let listed = list_all(gpus.as_ref(), &uuids);
             for e in &listed.failed {
-                tracing::debug!(error = %DisplayChain(e), "GPU processes not listed this pass");
+                tracing::warn!(error = %DisplayChain(e), "GPU processes not listed this pass");
             }
             let (regions, _skipped) = read_shim_regions(region_paths(&dir));
             let regions = regions
@@ -174,6 +189,7 @@ impl ProcessWatch {
                 regions,
                 booked,
                 identities,
+                container_names,
                 ..Default::default()
             }
         })
@@ -181,6 +197,16 @@ impl ProcessWatch {
         .map_err(WatchError::Observe)?;
         let findings = classify(&observation, &exemptions);
         let listed = observation.processes.len();
+        tracing::debug!(
+            processes = listed,
+            regions = observation.regions.len(),
+            identified = observation.identities.len(),
+            accounted = findings.accounted,
+            unaccounted = findings.unaccounted.len(),
+            allowed_host = findings.allowed_host.len(),
+            undetermined = findings.undetermined.len(),
+            "GPU processes compared with the bookings"
+        );
         if listed > 0
             && findings.undetermined.len() == listed
             && !self

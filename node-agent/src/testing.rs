@@ -187,6 +187,7 @@ pub fn bound_pod(
             })
             .collect(),
         started_containers: Default::default(),
+        container_ids: Default::default(),
     }
 }
 

@@ -196,6 +196,7 @@ impl Sim {
             init_containers: init,
             containers: app,
             started_containers: BTreeSet::new(),
+            container_ids: Default::default(),
         };
         let signature = AllocationSignature::new(&planned, &BTreeMap::new());
         let creation = self.pods.len();

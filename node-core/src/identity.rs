@@ -44,6 +44,9 @@ pub struct PodSnapshot {
     pub containers: Vec<ContainerSpec>,
     /// Containers (init or app) the kubelet has started: their status is running or terminated.
     pub started_containers: BTreeSet<String>,
+    /// The runtime's container IDs in the pod's status (without the `containerd://` scheme),
+    /// each with its container's name.
+    pub container_ids: BTreeMap<String, String>,
 }
 
 impl PodSnapshot {

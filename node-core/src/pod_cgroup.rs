@@ -61,6 +61,13 @@ pub enum CgroupOwner {
     /// without the leading `/..` segments of a path relative to the reader's cgroup namespace,
     /// so an operator can allow it by name.
     Host { cgroup: String },
+    /// In a container runtime's cgroup that names no pod (a kubelet with `cgroupsPerQOS: false`
+    /// puts containers under the runtime's own parent, e.g. `/k8s.io/<id>`): the pod is the one
+    /// whose status names `container_id` (`status.containerStatuses[].containerID`), if any.
+    Container {
+        container_id: String,
+        cgroup: String,
+    },
 }
 
 /// The owner of a process from the whole text of its `/proc/<pid>/cgroup`. The v2 line is
@@ -82,6 +89,15 @@ pub fn owner_from_proc_cgroup(text: &str) -> CgroupOwner {
     let ordered: Vec<&str> = v2.chain(v1).map(|(_, path)| *path).collect();
     if let Some(pod) = ordered.iter().find_map(|path| pod_of_cgroup_path(path)) {
         return CgroupOwner::Pod(pod);
+    }
+    if let Some((container_id, path)) = ordered.iter().find_map(|path| {
+        let last = cut(path).rsplit('/').find(|s| !s.is_empty())?;
+        full_container_id(last).map(|id| (id, *path))
+    }) {
+        return CgroupOwner::Container {
+            container_id,
+            cgroup: without_parent_segments(path),
+        };
     }
     CgroupOwner::Host {
         cgroup: ordered
@@ -181,9 +197,32 @@ fn container_id(segment: &str) -> Option<String> {
     ok.then(|| id.to_owned())
 }
 
+/// A runtime's full container ID in a cgroup segment (64 hex digits, as containerd, CRI-O and
+/// Docker make them): only such a segment is taken for a container outside a pod's cgroup.
+fn full_container_id(segment: &str) -> Option<String> {
+    container_id(segment).filter(|id| id.len() == 64 && id.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_outside_pod_cgroups_is_named_by_its_id() {
+        let text = format!("4:memory:/process_api/abc/k8s.io/{CID}\n1:cpu:/\n0::/\n");
+        assert_eq!(
+            owner_from_proc_cgroup(&text),
+            CgroupOwner::Container {
+                container_id: CID.into(),
+                cgroup: format!("/process_api/abc/k8s.io/{CID}"),
+            }
+        );
+        // A short or non-hex last segment is a host cgroup, not a container.
+        assert!(matches!(
+            owner_from_proc_cgroup("0::/user.slice/user-0.slice/session-1.scope\n"),
+            CgroupOwner::Host { .. }
+        ));
+    }
 
     const UID: &str = "0b7e3c1a-5d2f-4e6a-9c8b-1a2b3c4d5e6f";
     const UID_: &str = "0b7e3c1a_5d2f_4e6a_9c8b_1a2b3c4d5e6f";
@@ -334,10 +373,11 @@ mod tests {
             "/kubepods.slice/kubepods-burstable-pod.slice".to_owned(),
             format!("/kubepods/burstable/pod{}", "a".repeat(65)),
         ] {
+            // Never a pod; a container ID found in it counts only if a pod's status names it.
             assert!(
-                matches!(
+                !matches!(
                     owner_from_proc_cgroup(&format!("0::{path}\n")),
-                    CgroupOwner::Host { .. }
+                    CgroupOwner::Pod(_)
                 ),
                 "{path}"
             );

@@ -78,6 +78,22 @@ pub fn snapshot(pod: &Pod, resource: &str) -> PodSnapshot {
             })
             .map(|cs| cs.name.clone())
             .collect(),
+        container_ids: pod
+            .status
+            .as_ref()
+            .into_iter()
+            .flat_map(|s| {
+                s.init_container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(s.container_statuses.iter().flatten())
+            })
+            .filter_map(|cs| {
+                let id = cs.container_id.as_deref()?;
+                let id = id.split_once("://").map_or(id, |(_, id)| id);
+                (!id.is_empty()).then(|| (id.to_owned(), cs.name.clone()))
+            })
+            .collect(),
     }
 }
 

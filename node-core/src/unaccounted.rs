@@ -220,11 +220,15 @@ pub struct Exemptions {
 impl Exemptions {
     /// Whether a host process in `cgroup` is allowed.
     pub fn allows_host_cgroup(&self, cgroup: &str) -> bool {
-        self.host_cgroups.iter().any(|prefix| {
-            cgroup.strip_prefix(prefix.as_str()).is_some_and(|rest| {
-                rest.is_empty() || rest.starts_with('/') || prefix.ends_with('/')
+        // An empty entry (an empty flag value, a stray comma) allows nothing.
+        self.host_cgroups
+            .iter()
+            .filter(|p| !p.is_empty())
+            .any(|prefix| {
+                cgroup.strip_prefix(prefix.as_str()).is_some_and(|rest| {
+                    rest.is_empty() || rest.starts_with('/') || prefix.ends_with('/')
+                })
             })
-        })
     }
 }
 
@@ -431,8 +435,20 @@ pub fn classify(observation: &Observation, exemptions: &Exemptions) -> Findings 
                 reason,
             }
         };
-        let pod = match &identity.owner {
-            CgroupOwner::Host { cgroup } => {
+        // A container outside pod cgroups belongs to the pod whose status names its ID.
+        let resolved: Option<PodCgroup> = match &identity.owner {
+            CgroupOwner::Container { container_id, .. } => observation
+                .container_names
+                .get(container_id)
+                .map(|n| PodCgroup {
+                    pod_uid: n.pod_uid.clone(),
+                    container_id: Some(container_id.clone()),
+                }),
+            _ => None,
+        };
+        let pod = match (&identity.owner, &resolved) {
+            (_, Some(pod)) => pod,
+            (CgroupOwner::Host { cgroup } | CgroupOwner::Container { cgroup, .. }, None) => {
                 if exemptions.allows_host_cgroup(cgroup) {
                     findings.allowed_host.push(at);
                 } else {
@@ -443,7 +459,7 @@ pub fn classify(observation: &Observation, exemptions: &Exemptions) -> Findings 
                 }
                 continue;
             }
-            CgroupOwner::Pod(pod) => pod,
+            (CgroupOwner::Pod(pod), None) => pod,
         };
         let uid = pod.pod_uid.as_str();
         // The container's name, only when the name map agrees on the pod.
@@ -552,6 +568,16 @@ impl Confirmer {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_empty_allowed_cgroup_allows_nothing() {
+        let ex = Exemptions {
+            host_cgroups: vec![String::new()],
+            ..Default::default()
+        };
+        assert!(!ex.allows_host_cgroup("/user.slice/session-1.scope"));
+        assert!(!ex.allows_host_cgroup("/"));
+    }
 
     const G0: &str = "GPU-0";
     const G1: &str = "GPU-1";

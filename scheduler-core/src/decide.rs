@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use hami_contract::PodDevices;
 use hami_contract::identity::AllocationSignature;
+use hami_contract::policy::AnnotationError;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::config::DecisionConfig;
@@ -17,6 +18,44 @@ use crate::state::{
 /// Reason for a node skipped because a pending pod there could be confused with this one.
 pub const PENDING_CONFLICT: &str = "PendingAllocationConflict";
 
+/// Why a candidate node was not chosen. `Display` is the node's entry in the extender's
+/// `FailedNodes` (HAMi's reason string for a fit failure); it serializes as that string.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeFailure {
+    /// The pod does not fit the node's devices.
+    #[error(transparent)]
+    Fit(#[from] fit::FitFailure),
+    /// The cluster state has no such node.
+    #[error("node unregistered")]
+    Unknown,
+    /// The node is known but takes no GPU pod: why (`node unregistered: …`).
+    #[error("{0}")]
+    Unregistered(String),
+    /// The pod fits, but pod `other` is still being allocated on the node and could be taken for
+    /// this one (or the node runs HAMi's device plugin, which takes one pod at a time).
+    #[error(
+        "{}: pod {other} is still being allocated here {}",
+        PENDING_CONFLICT,
+        pending_why(.hami_plugin)
+    )]
+    PendingConflict { other: String, hami_plugin: bool },
+}
+
+/// The end of [`NodeFailure::PendingConflict`]'s message.
+fn pending_why(hami_plugin: &bool) -> &'static str {
+    if *hami_plugin {
+        "and HAMi's device plugin here takes one pod at a time"
+    } else {
+        "and could be taken for this one"
+    }
+}
+
+impl serde::Serialize for NodeFailure {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 /// What filtering one pod concluded. (One per filter, moved once: the size of `Placed` does not
 /// matter.)
 #[derive(Debug, Clone, PartialEq)]
@@ -25,10 +64,10 @@ pub enum Verdict {
     /// The pod asks for no managed resource: pass the candidates through untouched.
     NotGpu,
     /// The pod cannot be evaluated (bad annotation).
-    Invalid(String),
-    /// No candidate fits; reason per node.
+    Invalid(AnnotationError),
+    /// No candidate fits; why, per node.
     NoFit {
-        failed: BTreeMap<String, String>,
+        failed: BTreeMap<String, NodeFailure>,
     },
     Placed(Placement),
 }
@@ -44,7 +83,7 @@ pub struct Placement {
     pub mig: Vec<hami_contract::mig::MigAllocation>,
     /// Every node that fits, with its score (names shared with the loop's cache).
     pub fitting: Vec<(std::sync::Arc<str>, f32)>,
-    pub failed: BTreeMap<String, String>,
+    pub failed: BTreeMap<String, NodeFailure>,
 }
 
 fn annotations(pod: &Pod) -> BTreeMap<String, String> {
@@ -82,8 +121,8 @@ impl Best<'_> {
 /// What one slice of the candidates concluded.
 #[derive(Debug, Default)]
 struct Chunk<'c> {
-    /// Reason per failed node, in candidate order (a map is built once, at the end).
-    failed: Vec<(String, String)>,
+    /// Why each failed node failed, in candidate order (a map is built once, at the end).
+    failed: Vec<(String, NodeFailure)>,
     fitting: Vec<(std::sync::Arc<str>, f32)>,
     best: Option<Best<'c>>,
 }
@@ -176,15 +215,14 @@ impl EvalInput<'_> {
         out: &mut Chunk<'c>,
     ) {
         match slot.map(|s| self.state.quick_at(s)) {
-            None => out
-                .failed
-                .push((name.to_owned(), "node unregistered".to_owned())),
+            None => out.failed.push((name.to_owned(), NodeFailure::Unknown)),
             Some(QuickCandidate::Unregistered(why)) => {
-                out.failed.push((name.to_owned(), why.to_owned()));
+                out.failed
+                    .push((name.to_owned(), NodeFailure::Unregistered(why.to_owned())));
             }
             Some(QuickCandidate::Usable(shared_name, summary)) => {
                 match quick.check(summary, self.quota) {
-                    Err(r) => out.failed.push((name.to_owned(), r)),
+                    Err(r) => out.failed.push((name.to_owned(), r.into())),
                     Ok(()) => {
                         out.fitting.push((shared_name.to_owned(), summary.score));
                         if self.prefers(summary.score, &out.best) {
@@ -200,12 +238,12 @@ impl EvalInput<'_> {
     fn full_one(&self, name: &str, out: &mut Chunk<'_>) {
         let (node, nvidia, shared_name) = match self.state.candidate(name, self.uid, self.uid_on) {
             None => {
-                out.failed
-                    .push((name.to_owned(), "node unregistered".to_owned()));
+                out.failed.push((name.to_owned(), NodeFailure::Unknown));
                 return;
             }
             Some(Candidate::Unregistered(why)) => {
-                out.failed.push((name.to_owned(), why.to_owned()));
+                out.failed
+                    .push((name.to_owned(), NodeFailure::Unregistered(why.to_owned())));
                 return;
             }
             Some(Candidate::Usable(node, nvidia, shared_name)) => (node, nvidia, shared_name),
@@ -214,7 +252,7 @@ impl EvalInput<'_> {
         // compared by score alone.
         match fit::evaluate_picks(&node, Some(nvidia), self.ask, self.opts, self.quota) {
             Err(r) => {
-                out.failed.push((name.to_owned(), r));
+                out.failed.push((name.to_owned(), r.into()));
             }
             Ok(f) => {
                 let conflict = if self.pending_nodes.contains(name) {
@@ -235,16 +273,10 @@ impl EvalInput<'_> {
                     None
                 };
                 if let Some(other) = conflict {
-                    let why = if self.state.is_hami_plugin_node(name) {
-                        "and HAMi's device plugin here takes one pod at a time"
-                    } else {
-                        "and could be taken for this one"
-                    };
+                    let hami_plugin = self.state.is_hami_plugin_node(name);
                     out.failed.push((
                         name.to_owned(),
-                        format!(
-                            "{PENDING_CONFLICT}: pod {other} is still being allocated here {why}"
-                        ),
+                        NodeFailure::PendingConflict { other, hami_plugin },
                     ));
                 } else {
                     out.fitting.push((shared_name.to_owned(), f.score));
@@ -464,7 +496,7 @@ fn filter(
 /// The reasons by node, as inserting them one by one in candidate order would leave them (a
 /// node named twice keeps its last reason), built in one pass: the candidates usually come
 /// sorted, and a map built from a sorted list costs no comparisons beyond the sort's check.
-fn failure_map(mut failed: Vec<(String, String)>) -> BTreeMap<String, String> {
+fn failure_map(mut failed: Vec<(String, NodeFailure)>) -> BTreeMap<String, NodeFailure> {
     // Stable: equal names stay in candidate order; of those the last reason is kept.
     failed.sort_by(|a, b| a.0.cmp(&b.0));
     failed.dedup_by(|later, kept| {
@@ -506,12 +538,15 @@ pub fn reservation_for(pod: &Pod, uid: &str, placement: &Placement, tick: u64) -
 
 /// HAMi's per-reason summary for the `FilteringFailed` event:
 /// `<count> nodes <Reason>(<n1,n2>)` per reason, `; `-joined.
-pub fn failure_summary(failed: &BTreeMap<String, String>) -> String {
+pub fn failure_summary(failed: &BTreeMap<String, NodeFailure>) -> String {
     if failed.is_empty() {
         return "no available node, 0 nodes do not meet".to_owned();
     }
     let mut by_reason: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for (node, reason) in failed {
+        // From the rendered reason, as HAMi does from its string: a reason text (an
+        // unregistered node's) may itself hold `, ` or `:`.
+        let reason = reason.to_string();
         for part in reason.split(", ") {
             let key = part
                 .split_once(' ')

@@ -9,17 +9,27 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::decide::NodeFailure;
+
 /// Why an extender request body was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum WireError {
     #[error("request body is not valid JSON: {0}")]
-    Json(String),
+    Json(#[source] serde_json::Error),
     #[error("request body must be a JSON object")]
     NotAnObject,
+    /// A field does not decode as its type.
+    #[error("{field}: {source}")]
+    Decode {
+        field: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A field has the right type but not an accepted value.
     #[error("{field}: {problem}")]
     Field {
         field: &'static str,
-        problem: String,
+        problem: &'static str,
     },
 }
 
@@ -36,7 +46,7 @@ fn object(body: &[u8]) -> Result<serde_json::Map<String, Value>, WireError> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(WireError::NotAnObject),
-        Err(e) => Err(WireError::Json(e.to_string())),
+        Err(e) => Err(WireError::Json(e)),
     }
 }
 
@@ -57,16 +67,15 @@ pub struct ExtenderArgs {
 impl ExtenderArgs {
     pub fn decode(body: &[u8]) -> Result<Self, WireError> {
         let obj = object(body)?;
-        let pod =
-            match field(&obj, "Pod") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(serde_json::from_value::<Pod>(v.clone()).map_err(|e| {
-                    WireError::Field {
-                        field: "Pod",
-                        problem: e.to_string(),
-                    }
-                })?),
-            };
+        let pod = match field(&obj, "Pod") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(serde_json::from_value::<Pod>(v.clone()).map_err(|source| {
+                WireError::Decode {
+                    field: "Pod",
+                    source,
+                }
+            })?),
+        };
         let nodes = match field(&obj, "Nodes") {
             None | Some(Value::Null) => None,
             Some(v) => {
@@ -77,23 +86,23 @@ impl ExtenderArgs {
                         Some(_) => {
                             return Err(WireError::Field {
                                 field: "Nodes",
-                                problem: "items must be an array".to_owned(),
+                                problem: "items must be an array",
                             });
                         }
                     },
                     _ => {
                         return Err(WireError::Field {
                             field: "Nodes",
-                            problem: "must be a NodeList object".to_owned(),
+                            problem: "must be a NodeList object",
                         });
                     }
                 };
                 let mut nodes = Vec::with_capacity(items.len());
                 for item in items {
-                    let node = serde_json::from_value::<Node>(item.clone()).map_err(|e| {
-                        WireError::Field {
+                    let node = serde_json::from_value::<Node>(item.clone()).map_err(|source| {
+                        WireError::Decode {
                             field: "Nodes",
-                            problem: e.to_string(),
+                            source,
                         }
                     })?;
                     nodes.push((node, item));
@@ -103,12 +112,12 @@ impl ExtenderArgs {
         };
         let node_names = match field(&obj, "NodeNames") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(
-                serde_json::from_value::<Vec<String>>(v.clone()).map_err(|e| WireError::Field {
+            Some(v) => Some(serde_json::from_value::<Vec<String>>(v.clone()).map_err(
+                |source| WireError::Decode {
                     field: "NodeNames",
-                    problem: e.to_string(),
-                })?,
-            ),
+                    source,
+                },
+            )?),
         };
         Ok(ExtenderArgs {
             pod,
@@ -131,7 +140,8 @@ pub struct NodeListOut {
 pub struct ExtenderFilterResult {
     pub nodes: Option<NodeListOut>,
     pub node_names: Option<Vec<String>>,
-    pub failed_nodes: Option<BTreeMap<String, String>>,
+    /// Why each refused node was refused (each serialized as HAMi's reason string).
+    pub failed_nodes: Option<BTreeMap<String, NodeFailure>>,
     pub failed_and_unresolvable_nodes: Option<BTreeMap<String, String>>,
     pub error: String,
 }
@@ -166,15 +176,15 @@ impl ExtenderBindingArgs {
                 Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
                 None | Some(Value::Null) => Err(WireError::Field {
                     field: name,
-                    problem: "missing".to_owned(),
+                    problem: "missing",
                 }),
                 Some(Value::String(_)) => Err(WireError::Field {
                     field: name,
-                    problem: "empty".to_owned(),
+                    problem: "empty",
                 }),
                 Some(_) => Err(WireError::Field {
                     field: name,
-                    problem: "must be a string".to_owned(),
+                    problem: "must be a string",
                 }),
             }
         };

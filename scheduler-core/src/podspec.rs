@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use hami_contract::NvidiaConfig;
-use hami_contract::policy::{NodePolicy, PodSchedulingOptions};
+use hami_contract::policy::{AnnotationError, NodePolicy, PodSchedulingOptions};
 use hami_contract::request::{ContainerResources, resolve_pod};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
@@ -29,7 +29,7 @@ impl Default for PolicyDefaults {
 
 impl PolicyDefaults {
     /// Parses the two flag values with the same codec as the pod annotations.
-    pub fn parse(gpu: &str, node: &str) -> Result<Self, String> {
+    pub fn parse(gpu: &str, node: &str) -> Result<Self, AnnotationError> {
         let mut annotations = BTreeMap::new();
         annotations.insert(
             hami_contract::annotations::GPU_SCHEDULER_POLICY.to_owned(),
@@ -39,7 +39,7 @@ impl PolicyDefaults {
             hami_contract::annotations::NODE_SCHEDULER_POLICY.to_owned(),
             node.to_owned(),
         );
-        let o = PodSchedulingOptions::from_annotations(&annotations).map_err(|e| e.to_string())?;
+        let o = PodSchedulingOptions::from_annotations(&annotations)?;
         Ok(PolicyDefaults {
             gpu: o
                 .gpu_policy
@@ -105,8 +105,8 @@ pub fn pod_ask(pod: &Pod, cfg: &NvidiaConfig) -> (PodAsk, Vec<String>) {
 pub fn placement_options(
     annotations: &BTreeMap<String, String>,
     defaults: &PolicyDefaults,
-) -> Result<PlacementOptions, String> {
-    let o = PodSchedulingOptions::from_annotations(annotations).map_err(|e| e.to_string())?;
+) -> Result<PlacementOptions, AnnotationError> {
+    let o = PodSchedulingOptions::from_annotations(annotations)?;
     let gpu_policy = o
         .gpu_policy
         .as_ref()

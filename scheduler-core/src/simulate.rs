@@ -7,8 +7,9 @@ use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use serde::Deserialize;
 
 use crate::config::DecisionConfig;
-use crate::decide::{self, Verdict};
+use crate::decide::{self, NodeFailure, Verdict};
 use crate::dra::{DraObjects, DraState};
+use crate::fit::FitReason;
 use crate::podspec::{self, pod_key};
 use crate::quota::QuotaKeys;
 use crate::state::{ClusterState, NodeRecord};
@@ -25,13 +26,30 @@ pub enum SimulateError {
         doc: usize,
         source: serde_yaml::Error,
     },
+    #[error("document {doc}: {kind} {name:?}: {source}")]
+    Decode {
+        doc: usize,
+        kind: String,
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("document {doc}: {kind} {name:?}: {problem}")]
     Object {
         doc: usize,
         kind: String,
         name: String,
-        problem: String,
+        problem: &'static str,
     },
+}
+
+/// Why the admission webhook would deny a pod of the input ([`admitted`]).
+#[derive(Debug, thiserror::Error)]
+#[error("the admission webhook would deny this pod: container {container}: {source}")]
+pub struct AdmissionDenied {
+    pub container: String,
+    #[source]
+    pub source: hami_contract::request::RequestError,
 }
 
 /// The objects of an input file, in file order.
@@ -63,9 +81,9 @@ fn object_name(v: &serde_json::Value) -> String {
 /// An object of the input as its Kubernetes type.
 fn typed<T: serde::de::DeserializeOwned>(
     v: &serde_json::Value,
-    err: impl Fn(String) -> SimulateError,
+    err: impl Fn(serde_json::Error) -> SimulateError,
 ) -> Result<T, SimulateError> {
-    serde_json::from_value(v.clone()).map_err(|e| err(e.to_string()))
+    serde_json::from_value(v.clone()).map_err(err)
 }
 
 fn is_placed(pod: &Pod) -> bool {
@@ -99,11 +117,11 @@ impl Input {
             if value.is_null() {
                 continue;
             }
-            let json = serde_json::to_value(&value).map_err(|e| SimulateError::Object {
+            let json = serde_json::to_value(&value).map_err(|source| SimulateError::Decode {
                 doc: doc_no,
                 kind: String::new(),
                 name: String::new(),
-                problem: e.to_string(),
+                source,
             })?;
             self.add(doc_no, json)?;
         }
@@ -112,7 +130,13 @@ impl Input {
 
     fn add(&mut self, doc: usize, v: serde_json::Value) -> Result<(), SimulateError> {
         let kind = v["kind"].as_str().unwrap_or("").to_owned();
-        let err = |problem: String| SimulateError::Object {
+        let err = |source: serde_json::Error| SimulateError::Decode {
+            doc,
+            kind: kind.clone(),
+            name: object_name(&v),
+            source,
+        };
+        let invalid = |problem: &'static str| SimulateError::Object {
             doc,
             kind: kind.clone(),
             name: object_name(&v),
@@ -129,7 +153,7 @@ impl Input {
             "Pod" => {
                 let pod: Pod = typed(&v, err)?;
                 if pod.metadata.name.is_none() {
-                    return Err(err("metadata.name is required".to_owned()));
+                    return Err(invalid("metadata.name is required"));
                 }
                 if is_placed(&pod) {
                     self.running.push(pod);
@@ -138,7 +162,7 @@ impl Input {
                 }
             }
             "ResourceQuota" => self.quotas.push(typed(&v, err)?),
-            "" => return Err(err("object has no kind".to_owned())),
+            "" => return Err(invalid("object has no kind")),
             "ResourceSlice" => self.dra.slices.push(typed(&v, err)?),
             "ResourceClaim" => self.dra.claims.push(typed(&v, err)?),
             "ResourceClaimTemplate" => self.dra.templates.push(typed(&v, err)?),
@@ -177,13 +201,16 @@ fn explain_mig(
     cfg: &DecisionConfig,
     pod: &Pod,
     uid: &str,
-    failed: &BTreeMap<String, String>,
+    failed: &BTreeMap<String, NodeFailure>,
 ) -> BTreeMap<String, Vec<String>> {
     let (ask, _) = podspec::pod_ask(pod, &cfg.nvidia);
     let requests: Vec<_> = ask.init.iter().chain(&ask.app).flatten().collect();
     let mut out = BTreeMap::new();
     for (node, reason) in failed {
-        if !reason.contains(crate::fit::reason::CARD_MIG_TOPOLOGY_INFEASIBLE) {
+        let NodeFailure::Fit(fit) = reason else {
+            continue;
+        };
+        if !fit.has(FitReason::CardMigTopologyInfeasible) {
             continue;
         }
         let Some(ns) = state.node_state(node, Some(uid)) else {
@@ -235,6 +262,14 @@ fn explain_mig(
     out
 }
 
+/// The reasons as simulate prints them (the extender's `FailedNodes` strings).
+fn reason_strings(failed: BTreeMap<String, NodeFailure>) -> BTreeMap<String, String> {
+    failed
+        .into_iter()
+        .map(|(node, why)| (node, why.to_string()))
+        .collect()
+}
+
 fn uid_of(pod: &Pod) -> String {
     pod.metadata
         .uid
@@ -244,7 +279,7 @@ fn uid_of(pod: &Pod) -> String {
 
 /// Applies the webhook's resource defaults (count, `gpucores: 100` for whole cards) the way the
 /// admission webhook would have before the pod reached the scheduler.
-fn admitted(pod: &Pod, cfg: &DecisionConfig) -> Result<Pod, String> {
+fn admitted(pod: &Pod, cfg: &DecisionConfig) -> Result<Pod, AdmissionDenied> {
     let mut p = pod.clone();
     let Some(spec) = p.spec.as_mut() else {
         return Ok(p);
@@ -256,11 +291,11 @@ fn admitted(pod: &Pod, cfg: &DecisionConfig) -> Result<Pod, String> {
         .chain(spec.containers.iter_mut());
     for c in containers {
         let res = podspec::container_resources(c);
-        let m = hami_contract::request::webhook_mutation(&res, &cfg.nvidia).map_err(|e| {
-            format!(
-                "the admission webhook would deny this pod: container {}: {e}",
-                c.name
-            )
+        let m = hami_contract::request::webhook_mutation(&res, &cfg.nvidia).map_err(|source| {
+            AdmissionDenied {
+                container: c.name.clone(),
+                source,
+            }
         })?;
         if m.add_limits.is_empty() {
             continue;
@@ -351,7 +386,7 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
         let pod = match admitted(&pod, cfg) {
             Ok(p) => p,
             Err(e) => {
-                result.error = Some(e);
+                result.error = Some(e.to_string());
                 out.push(result);
                 continue;
             }
@@ -363,17 +398,17 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
                     "the pod requests no GPU resource managed by Tessera; kube-scheduler places it without the extender".to_owned(),
                 );
             }
-            Verdict::Invalid(e) => result.error = Some(e),
+            Verdict::Invalid(e) => result.error = Some(e.to_string()),
             Verdict::NoFit { failed } => {
                 result.mig = explain_mig(&state, cfg, &pod, &uid, &failed);
-                result.reasons = failed;
+                result.reasons = reason_strings(failed);
             }
             Verdict::Placed(p) => {
                 let r = decide::reservation_for(&pod, &uid, &p, tick as u64);
                 state.reserve(r);
                 result.node = Some(p.node.clone());
                 result.devices = p.devices.encode();
-                result.reasons = p.failed;
+                result.reasons = reason_strings(p.failed);
             }
         }
         out.push(result);

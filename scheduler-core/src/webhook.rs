@@ -1,5 +1,6 @@
 //! The mutating admission webhook (contract §7), as a pure function from an AdmissionReview to
-//! the answer. HAMi's mutations come from `hami_contract::request::webhook_mutation`.
+//! the answer, both typed by kube-core's `admission` module. HAMi's mutations come from
+//! `hami_contract::request::webhook_mutation`.
 //!
 //! Tessera additions: any scheduler-owned annotation (`hami.io/vgpu-*`, `hami.io/bind-phase`, …)
 //! set or changed by anyone but the trusted service accounts is denied, on CREATE and UPDATE,
@@ -21,6 +22,11 @@ use hami_contract::NvidiaConfig;
 use hami_contract::annotations::is_scheduler_owned;
 use hami_contract::request::{ContainerResources, PodRequests, resolve_pod, webhook_mutation};
 use k8s_openapi::api::core::v1::Pod;
+use kube_core::admission::{
+    AdmissionRequest, AdmissionResponse, AdmissionReview, ConvertAdmissionReviewError,
+    META_API_VERSION_V1, META_KIND, Operation, SerializePatchError,
+};
+use kube_core::{DynamicObject, Status};
 use serde_json::{Value, json};
 
 use crate::facts::ClusterFacts;
@@ -70,11 +76,62 @@ pub fn is_control_env(name: &str) -> bool {
         .any(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// The AdmissionRequest of a review, as the API server sends it (`object` and `oldObject` kept
+/// as they came).
+pub type Request = AdmissionRequest<DynamicObject>;
+
+/// Why a request body gets no AdmissionReview answer (HTTP 400), or the answer could not be
+/// written (HTTP 500).
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("request body is not a JSON AdmissionReview")]
+    NotJson(#[source] serde_json::Error),
+    #[error("request body is not an AdmissionReview: {0}")]
+    NotAReview(#[source] serde_json::Error),
+    #[error("AdmissionReview has no request.uid")]
+    NoRequest(#[source] ConvertAdmissionReviewError),
+    #[error("request.object is not a Pod: {0}")]
+    NotAPod(#[source] serde_json::Error),
+    #[error("encoding the answer: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("encoding the patch: {0}")]
+    EncodePatch(#[source] SerializePatchError),
+}
+
+impl WebhookError {
+    /// The HTTP status of the answer.
+    pub fn status(&self) -> u16 {
+        match self {
+            WebhookError::Encode(_) | WebhookError::EncodePatch(_) => 500,
+            _ => 400,
+        }
+    }
+}
+
 /// HTTP status and JSON body of the answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WebhookAnswer {
     pub status: u16,
+    /// The AdmissionReview answer ([`encode_review`]), or `{"error": …}` when there is none.
     pub body: Value,
+}
+
+impl WebhookAnswer {
+    /// The answer to a body that gets no AdmissionReview back.
+    pub fn error(e: &WebhookError) -> Self {
+        /// The body of an error answer.
+        #[derive(serde::Serialize)]
+        struct ErrorBody {
+            error: String,
+        }
+        WebhookAnswer {
+            status: e.status(),
+            body: serde_json::to_value(ErrorBody {
+                error: e.to_string(),
+            })
+            .unwrap_or(Value::Null),
+        }
+    }
 }
 
 /// Standard base64 with padding (the encoding of `[]byte` in Kubernetes JSON).
@@ -83,155 +140,258 @@ pub fn base64_encode(data: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(data)
 }
 
-fn review(api_version: &str, response: Value) -> Value {
-    json!({"apiVersion": api_version, "kind": "AdmissionReview", "response": response})
+/// The JSON of an answer as the API server reads it. kube-core serializes `response.patch` (a Go
+/// `[]byte`) as an array of numbers (kube-rs#1781); Kubernetes JSON has `[]byte` as base64, as
+/// Go's `encoding/json` writes it. And as Go leaves out a nil `*Status` (`omitempty`), an
+/// allowed answer carries no empty `status`.
+pub fn encode_review(review: &AdmissionReview<DynamicObject>) -> Result<Value, WebhookError> {
+    let mut body = serde_json::to_value(review).map_err(WebhookError::Encode)?;
+    if let Some(response) = body.get_mut("response").and_then(Value::as_object_mut) {
+        if let Some(bytes) = review.response.as_ref().and_then(|r| r.patch.as_deref()) {
+            response.insert("patch".to_owned(), Value::String(base64_encode(bytes)));
+        }
+        if response
+            .get("status")
+            .and_then(Value::as_object)
+            .is_some_and(serde_json::Map::is_empty)
+        {
+            response.remove("status");
+        }
+    }
+    Ok(body)
 }
 
-fn allow(api_version: &str, uid: &str, patch: Option<Value>, warnings: &[String]) -> WebhookAnswer {
-    let mut r = json!({"uid": uid, "allowed": true});
-    if let Some(p) = patch
-        && p.as_array().is_some_and(|a| !a.is_empty())
-    {
-        let bytes = serde_json::to_vec(&p).unwrap_or_default();
-        r["patchType"] = json!("JSONPatch");
-        r["patch"] = json!(base64_encode(&bytes));
-    }
-    if !warnings.is_empty() {
-        r["warnings"] = json!(warnings);
-    }
-    WebhookAnswer {
-        status: 200,
-        body: review(api_version, r),
-    }
-}
-
-fn deny(api_version: &str, uid: &str, message: &str) -> WebhookAnswer {
-    WebhookAnswer {
-        status: 200,
-        body: review(
-            api_version,
-            json!({"uid": uid, "allowed": false,
-                   "status": {"metadata": {}, "status": "Failure", "message": message, "reason": "Forbidden", "code": 403}}),
-        ),
+/// The answer to one review.
+fn answer(response: AdmissionResponse) -> WebhookAnswer {
+    match encode_review(&response.into_review()) {
+        Ok(body) => WebhookAnswer { status: 200, body },
+        Err(e) => WebhookAnswer::error(&e),
     }
 }
 
-fn owned_annotations(obj: &Value) -> Vec<(String, Value)> {
-    obj["metadata"]["annotations"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .filter(|(k, _)| is_scheduler_owned(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        })
-        .unwrap_or_default()
+/// What the webhook decided for one request.
+#[derive(Debug)]
+enum Decision {
+    /// Admit as it is.
+    Allow,
+    /// Admit with these changes (none: as it is).
+    Mutate(json_patch::Patch),
+    /// Refuse, saying why.
+    Deny(String),
+}
+
+/// Builds the AdmissionResponse of `decision` for `req`.
+fn respond(req: &Request, decision: Decision) -> Result<AdmissionResponse, WebhookError> {
+    let response = AdmissionResponse::from(req);
+    match decision {
+        Decision::Allow => Ok(response),
+        Decision::Mutate(patch) if patch.0.is_empty() => Ok(response),
+        Decision::Mutate(patch) => response
+            .with_patch(patch)
+            .map_err(WebhookError::EncodePatch),
+        Decision::Deny(message) => {
+            let mut response = response.deny(&message);
+            response.result = Status {
+                metadata: Some(Default::default()),
+                ..Status::failure(&message, "Forbidden").with_code(403)
+            };
+            Ok(response)
+        }
+    }
+}
+
+fn owned_annotations(obj: &DynamicObject) -> Vec<(&String, &String)> {
+    obj.metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| is_scheduler_owned(k))
+        .collect()
 }
 
 /// Scheduler-owned keys added, changed or removed between `old` and `new`.
-fn forged_keys(old: Option<&Value>, new: &Value) -> Vec<String> {
+fn forged_keys(old: Option<&DynamicObject>, new: &DynamicObject) -> Vec<String> {
     let before = old.map(owned_annotations).unwrap_or_default();
     let after = owned_annotations(new);
     let mut keys = BTreeSet::new();
     for (k, v) in &after {
         if !before.iter().any(|(bk, bv)| bk == k && bv == v) {
-            keys.insert(k.clone());
+            keys.insert((*k).clone());
         }
     }
     for (k, _) in &before {
         if !after.iter().any(|(ak, _)| ak == k) {
-            keys.insert(k.clone());
+            keys.insert((*k).clone());
         }
     }
     keys.into_iter().collect()
 }
 
-/// Answers one AdmissionReview request body, with what this replica knows of the cluster.
-pub fn handle(body: &[u8], cfg: &WebhookConfig, facts: &ClusterFacts) -> WebhookAnswer {
-    let bad = |msg: String| WebhookAnswer {
-        status: 400,
-        body: json!({"error": msg}),
-    };
-    let Ok(review_in) = serde_json::from_slice::<Value>(body) else {
-        return bad("request body is not a JSON AdmissionReview".to_owned());
-    };
-    let api_version = review_in["apiVersion"]
-        .as_str()
-        .unwrap_or("admission.k8s.io/v1")
-        .to_owned();
-    let req = &review_in["request"];
-    let Some(uid) = req["uid"].as_str() else {
-        return bad("AdmissionReview has no request.uid".to_owned());
-    };
-    let operation = req["operation"].as_str().unwrap_or("");
-    let user = req["userInfo"]["username"].as_str().unwrap_or("");
-    let object = &req["object"];
-    if !object.is_object() {
-        return allow(&api_version, uid, None, &[]);
-    }
-    let old = req["oldObject"].as_object().map(|_| &req["oldObject"]);
+/// The request fields the API server always sends that a review may leave out: the group,
+/// version and kind of a Pod review, its resource, and an anonymous caller.
+const REQUEST_DEFAULTS: [(&str, &str); 3] = [
+    ("kind", r#"{"group": "", "version": "v1", "kind": "Pod"}"#),
+    (
+        "resource",
+        r#"{"group": "", "version": "v1", "resource": "pods"}"#,
+    ),
+    ("userInfo", "{}"),
+];
 
-    // Scheduler-owned annotations: only the trusted service accounts may write them.
-    if matches!(operation, "CREATE" | "UPDATE") && !cfg.trusted_users.contains(user) {
-        let forged = forged_keys(if operation == "UPDATE" { old } else { None }, object);
-        if !forged.is_empty() {
-            return deny(
-                &api_version,
-                uid,
-                &format!(
-                    "annotation(s) {} are written only by the GPU scheduler and device plugin; remove them from the pod",
-                    forged.join(", ")
-                ),
-            );
+/// Reads a request body as an AdmissionReview. The API server always sends the review's
+/// `apiVersion` and `kind` and the request's `kind`, `resource` and `userInfo`; the webhook reads
+/// only the last (it is registered for pods), so a review that leaves them out is read as a Pod
+/// review of `admission.k8s.io/v1` by an anonymous caller (trusted by no one).
+pub fn parse(body: &[u8]) -> Result<Request, WebhookError> {
+    let mut review: Value = serde_json::from_slice(body).map_err(WebhookError::NotJson)?;
+    if let Some(top) = review.as_object_mut() {
+        top.entry("apiVersion")
+            .or_insert_with(|| Value::from(META_API_VERSION_V1));
+        top.entry("kind").or_insert_with(|| Value::from(META_KIND));
+        if let Some(req) = top.get_mut("request").and_then(Value::as_object_mut) {
+            for (key, default) in REQUEST_DEFAULTS {
+                if !req.contains_key(key) {
+                    let v = serde_json::from_str(default).map_err(WebhookError::NotAReview)?;
+                    req.insert(key.to_owned(), v);
+                }
+            }
         }
     }
-    if operation != "CREATE" {
-        return allow(&api_version, uid, None, &[]);
-    }
-    let pod: Pod = match serde_json::from_value(object.clone()) {
-        Ok(p) => p,
-        Err(e) => return bad(format!("request.object is not a Pod: {e}")),
-    };
-    // `request.namespace` is always set; the object's may not be on CREATE.
-    let namespace = req["namespace"]
-        .as_str()
-        .filter(|n| !n.is_empty())
-        .or(pod.metadata.namespace.as_deref())
-        .unwrap_or("default")
-        .to_owned();
-    mutate(&api_version, uid, object, &pod, &namespace, cfg, facts)
+    let review: AdmissionReview<DynamicObject> =
+        serde_json::from_value(review).map_err(WebhookError::NotAReview)?;
+    review.try_into().map_err(WebhookError::NoRequest)
 }
 
+/// Answers one AdmissionReview request body, with what this replica knows of the cluster.
+pub fn handle(body: &[u8], cfg: &WebhookConfig, facts: &ClusterFacts) -> WebhookAnswer {
+    match parse(body) {
+        Ok(req) => review(&req, cfg, facts),
+        Err(e) => WebhookAnswer::error(&e),
+    }
+}
+
+/// Answers one parsed request ([`parse`]).
+pub fn review(req: &Request, cfg: &WebhookConfig, facts: &ClusterFacts) -> WebhookAnswer {
+    match decide(req, cfg, facts).and_then(|d| respond(req, d)) {
+        Ok(response) => answer(response),
+        Err(e) => WebhookAnswer::error(&e),
+    }
+}
+
+/// The decision for one request.
+fn decide(
+    req: &Request,
+    cfg: &WebhookConfig,
+    facts: &ClusterFacts,
+) -> Result<Decision, WebhookError> {
+    let Some(object) = req.object.as_ref() else {
+        return Ok(Decision::Allow);
+    };
+    let user = req.user_info.username.as_deref().unwrap_or("");
+    // Scheduler-owned annotations: only the trusted service accounts may write them.
+    let checked = matches!(req.operation, Operation::Create | Operation::Update);
+    if checked && !cfg.trusted_users.contains(user) {
+        let old = match req.operation {
+            Operation::Update => req.old_object.as_ref(),
+            _ => None,
+        };
+        let forged = forged_keys(old, object);
+        if !forged.is_empty() {
+            return Ok(Decision::Deny(format!(
+                "annotation(s) {} are written only by the GPU scheduler and device plugin; remove them from the pod",
+                forged.join(", ")
+            )));
+        }
+    }
+    if req.operation != Operation::Create {
+        return Ok(Decision::Allow);
+    }
+    let pod: Pod = serde_json::to_value(object)
+        .and_then(serde_json::from_value)
+        .map_err(WebhookError::NotAPod)?;
+    // `request.namespace` is always set; the object's may not be on CREATE.
+    let namespace = req
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .or(pod.metadata.namespace.as_deref())
+        .unwrap_or("default");
+    Ok(mutate(&object.data, &pod, namespace, cfg, facts))
+}
+
+/// HAMi's mutation of a pod on CREATE (limits and env per container, `runtimeClassName`,
+/// `schedulerName`) as a JSON patch of `original` (the object as it came), or why the pod is
+/// denied.
 fn mutate(
-    api_version: &str,
-    uid: &str,
     original: &Value,
     pod: &Pod,
     namespace: &str,
     cfg: &WebhookConfig,
     facts: &ClusterFacts,
-) -> WebhookAnswer {
+) -> Decision {
     let Some(spec) = pod.spec.as_ref() else {
-        return deny(api_version, uid, "pod has no containers");
+        return Decision::Deny("pod has no containers".to_owned());
     };
     if spec.containers.is_empty() {
-        return deny(api_version, uid, "pod has no containers");
+        return Decision::Deny("pod has no containers".to_owned());
     }
     if !cfg.allow_control_env_namespaces.contains(namespace)
         && let Some(why) = control_env_denial(spec, namespace, cfg)
     {
-        return deny(api_version, uid, &why);
+        return Decision::Deny(why);
     }
     let current_scheduler = spec.scheduler_name.as_deref().unwrap_or("");
     if !current_scheduler.is_empty()
         && (current_scheduler != "default-scheduler" || !cfg.force_overwrite_default_scheduler)
         && current_scheduler != cfg.scheduler_name
     {
-        return allow(api_version, uid, None, &[]);
+        return Decision::Allow;
     }
     let mut mutated = original.clone();
-    let mut has_resource = false;
-    let warnings: Vec<String> = Vec::new();
+    let containers = match mutate_containers(spec, &mut mutated, cfg) {
+        Ok(c) => c,
+        Err(why) => return Decision::Deny(why.to_string()),
+    };
+    if containers.has_resource {
+        if let Some(name) = containers.privileged {
+            return Decision::Deny(format!("container {name} is privileged"));
+        }
+        if !cfg.nvidia.runtime_class_name.is_empty() && spec.runtime_class_name.is_none() {
+            mutated["spec"]["runtimeClassName"] = json!(cfg.nvidia.runtime_class_name);
+        }
+        if !cfg.scheduler_name.is_empty() {
+            if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
+                return Decision::Deny("pod has node assigned".to_owned());
+            }
+            mutated["spec"]["schedulerName"] = json!(cfg.scheduler_name);
+        }
+        let [init, app] = &containers.resources;
+        let requests = resolve_pod(init, app, &cfg.nvidia);
+        if let Some(why) = never_fits(&requests, init, app, namespace, cfg, facts) {
+            return Decision::Deny(why);
+        }
+    }
+    Decision::Mutate(json_patch::diff(original, &mutated))
+}
+
+/// What [`mutate_containers`] found.
+struct MutatedContainers {
+    /// Some container asks for a GPU resource.
+    has_resource: bool,
+    /// The first privileged container.
+    privileged: Option<String>,
+    /// The init and app containers as mutated (limits added), for the checks against cluster
+    /// facts.
+    resources: [Vec<ContainerResources>; 2],
+}
+
+/// Adds HAMi's limits and env to every container of `mutated` (the pod's JSON); `Err`: a
+/// request HAMi would refuse (the denial says why).
+fn mutate_containers(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    mutated: &mut Value,
+    cfg: &WebhookConfig,
+) -> Result<MutatedContainers, hami_contract::request::RequestError> {
     let lists: [(&str, Vec<&k8s_openapi::api::core::v1::Container>); 2] = [
         (
             "initContainers",
@@ -239,74 +399,56 @@ fn mutate(
         ),
         ("containers", spec.containers.iter().collect()),
     ];
-    let mut privileged: Option<String> = None;
-    // The containers as mutated (limits added), for the checks against cluster facts.
-    let mut mutated_res: [Vec<ContainerResources>; 2] = [Vec::new(), Vec::new()];
+    let mut out = MutatedContainers {
+        has_resource: false,
+        privileged: None,
+        resources: [Vec::new(), Vec::new()],
+    };
     for (list, (field, containers)) in lists.iter().enumerate() {
         for (i, c) in containers.iter().enumerate() {
             let mut res = container_resources(c);
-            let m = match webhook_mutation(&res, &cfg.nvidia) {
-                Ok(m) => m,
-                Err(e) => return deny(api_version, uid, &e.to_string()),
-            };
+            let m = webhook_mutation(&res, &cfg.nvidia)?;
             for (k, v) in &m.add_limits {
                 res.limits.insert(k.clone(), v.clone());
             }
-            if let Some(out) = mutated_res.get_mut(list) {
+            if let Some(out) = out.resources.get_mut(list) {
                 out.push(res);
             }
-            let target = &mut mutated["spec"][*field][i];
-            for (k, v) in &m.add_limits {
-                if !target["resources"].is_object() {
-                    target["resources"] = json!({});
-                }
-                if !target["resources"]["limits"].is_object() {
-                    target["resources"]["limits"] = json!({});
-                }
-                target["resources"]["limits"][k] = json!(v);
-            }
-            for (k, v) in &m.add_env {
-                if !target["env"].is_array() {
-                    target["env"] = json!([]);
-                }
-                if let Some(env) = target["env"].as_array_mut() {
-                    env.retain(|e| e["name"].as_str() != Some(k.as_str()));
-                    env.push(json!({"name": k, "value": v}));
-                }
-            }
-            has_resource |= m.has_resource;
-            if privileged.is_none()
+            apply_mutation(&mut mutated["spec"][*field][i], &m);
+            out.has_resource |= m.has_resource;
+            if out.privileged.is_none()
                 && c.security_context
                     .as_ref()
                     .and_then(|s| s.privileged)
                     .unwrap_or(false)
             {
-                privileged = Some(c.name.clone());
+                out.privileged = Some(c.name.clone());
             }
         }
     }
-    if has_resource {
-        if let Some(name) = privileged {
-            return deny(api_version, uid, &format!("container {name} is privileged"));
+    Ok(out)
+}
+
+/// One container's limits and env (`target`: the container's JSON).
+fn apply_mutation(target: &mut Value, m: &hami_contract::request::ContainerMutation) {
+    for (k, v) in &m.add_limits {
+        if !target["resources"].is_object() {
+            target["resources"] = json!({});
         }
-        if !cfg.nvidia.runtime_class_name.is_empty() && spec.runtime_class_name.is_none() {
-            mutated["spec"]["runtimeClassName"] = json!(cfg.nvidia.runtime_class_name);
+        if !target["resources"]["limits"].is_object() {
+            target["resources"]["limits"] = json!({});
         }
-        if !cfg.scheduler_name.is_empty() {
-            if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
-                return deny(api_version, uid, "pod has node assigned");
-            }
-            mutated["spec"]["schedulerName"] = json!(cfg.scheduler_name);
+        target["resources"]["limits"][k] = json!(v);
+    }
+    for (k, v) in &m.add_env {
+        if !target["env"].is_array() {
+            target["env"] = json!([]);
         }
-        let [init, app] = &mutated_res;
-        let requests = resolve_pod(init, app, &cfg.nvidia);
-        if let Some(why) = never_fits(&requests, init, app, namespace, cfg, facts) {
-            return deny(api_version, uid, &why);
+        if let Some(env) = target["env"].as_array_mut() {
+            env.retain(|e| e["name"].as_str() != Some(k.as_str()));
+            env.push(json!({"name": k, "value": v}));
         }
     }
-    let patch = json_patch::diff(original, &mutated);
-    let patch = serde_json::to_value(&patch).unwrap_or(Value::Array(Vec::new()));
-    allow(api_version, uid, Some(patch), &warnings)
 }
 
 /// Tessera: a GPU pod (one of its containers names a GPU resource) that sets a control

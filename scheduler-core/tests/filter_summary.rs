@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use hami_contract::PodDevices;
 use hami_contract::identity::AllocationSignature;
-use tessera_scheduler_core::decide::{Placement, success_summary};
+use tessera_scheduler_core::decide::{NodeFailure, Placement, success_summary};
 use tessera_scheduler_core::fit::Charge;
 
 fn placement(fitting: Vec<(String, f32)>, failed: usize) -> Placement {
@@ -20,7 +20,7 @@ fn placement(fitting: Vec<(String, f32)>, failed: usize) -> Placement {
         mig: Vec::new(),
         fitting,
         failed: (0..failed)
-            .map(|i| (format!("f{i}"), "x".to_owned()))
+            .map(|i| (format!("f{i}"), NodeFailure::Unregistered("x".to_owned())))
             .collect(),
     }
 }

@@ -58,7 +58,9 @@ fn one(nums: u32, mem: u32, pct: u32, cores: u32) -> PodAsk {
 }
 
 fn eval(n: &NodeState, ask: &PodAsk, o: &PlacementOptions) -> Result<String, String> {
-    fit::evaluate_node(n, ask, o, None).map(|f| f.devices.encode())
+    fit::evaluate_node(n, ask, o, None)
+        .map(|f| f.devices.encode())
+        .map_err(|e| e.to_string())
 }
 
 #[test]
@@ -404,7 +406,10 @@ fn quota_blocks_cards_over_the_namespace_budget() {
         ..Default::default()
     };
     let r = fit::evaluate_node(&n, &one(1, 1000, UNSET, 0), &opts(&[]), Some(&q));
-    assert_eq!(r.map(|f| f.node), Err("1/1 ResourceQuotaNotFit".to_owned()));
+    assert_eq!(
+        r.map(|f| f.node).map_err(|e| e.to_string()),
+        Err("1/1 ResourceQuotaNotFit".to_owned())
+    );
     let zero = QuotaBudget {
         cores_limit: Some(0),
         ..Default::default()
@@ -423,7 +428,9 @@ fn quota_blocks_cards_over_the_namespace_budget() {
         ],
     };
     assert_eq!(
-        fit::evaluate_node(&n, &two, &opts(&[]), Some(&q)).map(|f| f.charge),
+        fit::evaluate_node(&n, &two, &opts(&[]), Some(&q))
+            .map(|f| f.charge)
+            .map_err(|e| e.to_string()),
         Err("1/1 ResourceQuotaNotFit".to_owned())
     );
     let ok = fit::evaluate_node(&n, &one(1, 1000, UNSET, 20), &opts(&[]), Some(&q)).unwrap();

@@ -6,27 +6,46 @@ use std::future::Future;
 use k8s_openapi::api::core::v1::Pod;
 use tessera_scheduler_core::patch::MetadataPatch;
 
-/// A failed API call. `retryable` is true for conflicts, timeouts and server errors.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct EdgeError {
-    pub message: String,
-    pub not_found: bool,
+/// Why a side effect on the cluster failed, with its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    /// The API call failed (the API server refused it, or it did not get there).
+    #[error("{0}")]
+    Api(#[source] Box<kube::Error>),
+    /// HAMi's node lock on `node` names another pod (`value`).
+    #[error("node {node} is locked by HAMi's node lock ({value})")]
+    HamiLockBusy { node: String, value: String },
+    /// HAMi's node lock on `node` names a pod that still exists.
+    #[error("node {node} is locked for pod {namespace}/{name} (HAMi's node lock)")]
+    HamiLockHeld {
+        node: String,
+        namespace: String,
+        name: String,
+    },
+    /// Every attempt to write HAMi's node lock on `node` met a newer version of the node.
+    #[error("node {node}: HAMi's node lock kept changing while it was being taken")]
+    HamiLockContended { node: String },
+}
+
+impl From<kube::Error> for EdgeError {
+    fn from(e: kube::Error) -> Self {
+        EdgeError::Api(Box::new(e))
+    }
 }
 
 impl EdgeError {
-    pub fn new(message: impl Into<String>) -> Self {
-        EdgeError {
-            message: message.into(),
-            not_found: false,
-        }
+    /// An error answer of the API server (`code`, `reason`, `message`), as the client reports
+    /// it; for fakes of the edge.
+    pub fn status(code: u16, reason: &str, message: &str) -> Self {
+        kube::Error::Api(Box::new(
+            kube::core::Status::failure(message, reason).with_code(code),
+        ))
+        .into()
     }
 
-    pub fn not_found(message: impl Into<String>) -> Self {
-        EdgeError {
-            message: message.into(),
-            not_found: true,
-        }
+    /// The API server answered 404: the object does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, EdgeError::Api(e) if matches!(e.as_ref(), kube::Error::Api(s) if s.is_not_found()))
     }
 }
 

@@ -447,7 +447,9 @@ impl Engine {
             Verdict::Placed(p) => Ok(decide::reservation_for(live, uid, &p, self.tick)),
             Verdict::NoFit { failed } => Err(Refusal::Rejected(format!(
                 "pod {key} was filtered by another tessera-scheduler replica and no longer fits node {node} ({}); it will be filtered again",
-                failed.get(node).map_or("not a candidate", String::as_str)
+                failed
+                    .get(node)
+                    .map_or_else(|| "not a candidate".to_owned(), ToString::to_string)
             ))),
             Verdict::Invalid(e) => Err(Refusal::Rejected(format!("pod {key}: {e}"))),
             Verdict::NotGpu => Err(Refusal::Rejected(format!(

@@ -14,19 +14,23 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hami_contract::annotations as ann;
 use http_body_util::{BodyExt, Limited};
+use k8s_openapi::api::core::v1::Pod;
 use prometheus_client::metrics::histogram::Histogram;
+use tessera_runtime::DisplayChain;
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::decide::{self, Verdict};
 use tessera_scheduler_core::extender::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, NodeListOut,
+    WireError,
 };
 use tessera_scheduler_core::facts::SharedFacts;
 use tessera_scheduler_core::patch::{bind_phase_patch, binding_metadata, decision_patch};
 use tessera_scheduler_core::podspec;
-use tessera_scheduler_core::webhook::{self, WebhookConfig};
+use tessera_scheduler_core::webhook::{self, WebhookAnswer, WebhookConfig};
+use tracing::Instrument;
 
-use crate::edge::{ClusterEdge, EventType, PodEvent};
-use crate::engine::{Command, EngineHandle, Refusal};
+use crate::edge::{ClusterEdge, EdgeError, EventType, PodEvent};
+use crate::engine::{BindPlan, Command, EngineHandle, Refusal};
 use crate::listen::{BodyTimeout, PeerCertificates, VerifiedClientCert};
 use crate::metrics::Metrics;
 
@@ -35,6 +39,71 @@ pub const MAX_BODY: usize = 1 << 20;
 
 /// Body deadline when the listener set none.
 pub const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why a caller may not call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error(
+        "unauthenticated: /filter and /bind accept only kube-scheduler (client certificate or bearer token)"
+    )]
+    NotTheScheduler,
+    #[error(
+        "forbidden: /webhook answers only the API server (a client certificate from the webhook client CA)"
+    )]
+    NotTheApiServer,
+}
+
+/// Why `/bind` did not bind; `Display` is the answer's `Error` and the `BindingFailed` event.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("{0}")]
+    BadRequest(#[source] WireError),
+    #[error("pod {key} not found")]
+    PodNotFound { key: String },
+    #[error("reading pod {key}: {source}")]
+    ReadPod {
+        key: String,
+        #[source]
+        source: EdgeError,
+    },
+    #[error("pod {key} has UID {found}, not {expected}: it was recreated")]
+    Recreated {
+        key: String,
+        found: String,
+        expected: String,
+    },
+    #[error("{0}")]
+    Refused(#[source] Refusal),
+    #[error("binding pod {key} to node {node}: {source}")]
+    Api {
+        key: String,
+        node: String,
+        #[source]
+        source: EdgeError,
+    },
+}
+
+/// `namespace/name` of a pod, written only when a log line needs it (span fields).
+#[derive(Debug, Clone, Copy)]
+struct PodRef<'a> {
+    namespace: &'a str,
+    name: &'a str,
+}
+
+impl<'a> PodRef<'a> {
+    fn of(pod: &'a Pod) -> Self {
+        PodRef {
+            namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
+            name: pod.metadata.name.as_deref().unwrap_or_default(),
+        }
+    }
+}
+
+impl std::fmt::Display for PodRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
 
 /// Who may call `/filter` and `/bind`.
 #[derive(Debug, Default)]
@@ -62,7 +131,7 @@ impl Auth {
         headers: &HeaderMap,
         cert: Option<VerifiedClientCert>,
         chain: Option<&PeerCertificates>,
-    ) -> Result<(), String> {
+    ) -> Result<(), AuthError> {
         if self.is_open() {
             return Ok(());
         }
@@ -84,20 +153,20 @@ impl Auth {
                 return Ok(());
             }
         }
-        Err("unauthenticated: /filter and /bind accept only kube-scheduler (client certificate or bearer token)".to_owned())
+        Err(AuthError::NotTheScheduler)
     }
 }
 
 impl Auth {
     /// `/webhook`: with a webhook client CA, only a certificate it issued.
-    fn check_webhook(&self, ext: &axum::http::Extensions) -> Result<(), String> {
+    fn check_webhook(&self, ext: &axum::http::Extensions) -> Result<(), AuthError> {
         let Some(verifier) = &self.webhook_client else {
             return Ok(());
         };
         if verified_by(verifier.as_ref(), ext.get::<PeerCertificates>()) {
             Ok(())
         } else {
-            Err("forbidden: /webhook answers only the API server (a client certificate from the webhook client CA)".to_owned())
+            Err(AuthError::NotTheApiServer)
         }
     }
 }
@@ -273,7 +342,11 @@ impl ExtenderCall {
         match self {
             ExtenderCall::Filter => filter_body(app, body).await.to_json(),
             ExtenderCall::Bind => ExtenderBindingResult {
-                error: bind_body(app, body).await.err().unwrap_or_default(),
+                error: bind_body(app, body)
+                    .await
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
             }
             .to_json(),
         }
@@ -296,7 +369,7 @@ async fn extender_call<E: ClusterEdge>(
         parts.extensions.get::<PeerCertificates>(),
     ) {
         app.metrics.decision(call.verb(), "Unauthenticated");
-        return json(StatusCode::UNAUTHORIZED, call.refusal(e));
+        return json(StatusCode::UNAUTHORIZED, call.refusal(e.to_string()));
     }
     let body = match read_body(body, &parts.extensions).await {
         Ok(b) => b,
@@ -320,20 +393,38 @@ async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilte
         app.metrics.decision("filter", "MissingPod");
         return ExtenderFilterResult::error("extender args missing pod");
     };
-    if args.node_names.is_none()
-        && let Some(nodes) = args.nodes
-    {
-        return filter_full_nodes(app, &pod, nodes);
-    }
-    let names = args.node_names.unwrap_or_default();
+    let span = tracing::info_span!(
+        "filter",
+        pod = %PodRef::of(&pod),
+        pod_uid = pod.metadata.uid.as_deref().unwrap_or_default(),
+    );
+    let answer = async {
+        if args.node_names.is_none()
+            && let Some(nodes) = args.nodes
+        {
+            return filter_full_nodes(app, &pod, nodes);
+        }
+        filter_pod(app, &pod, args.node_names.unwrap_or_default()).await
+    };
+    answer.instrument(span).await
+}
+
+/// `/filter` of one pod over the named candidate nodes: the decision loop decides; the answer,
+/// its event and (with `--write-decision-at-filter`) the decision written to the pod.
+async fn filter_pod<E: ClusterEdge>(
+    app: &App<E>,
+    pod: &Pod,
+    names: Vec<String>,
+) -> ExtenderFilterResult {
     let verdict = match app.engine.filter(pod.clone(), names.clone()).await {
         Ok(v) => v,
         Err(r) => {
             app.metrics.decision("filter", refusal_code(&r));
+            tracing::debug!(refusal = %r, "filter refused");
             return ExtenderFilterResult::error(r.to_string());
         }
     };
-    let key = podspec::pod_key(&pod);
+    let key = podspec::pod_key(pod);
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let event = |kind, reason: &str, message: String| PodEvent {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
@@ -346,6 +437,7 @@ async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilte
     match verdict {
         Verdict::NotGpu => {
             app.metrics.decision("filter", "NotGpu");
+            tracing::debug!("not a GPU pod: every candidate passes");
             ExtenderFilterResult {
                 node_names: Some(names),
                 ..Default::default()
@@ -357,6 +449,7 @@ async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilte
         }
         Verdict::NoFit { failed } => {
             app.metrics.decision("filter", "NoFit");
+            tracing::debug!(nodes = failed.len(), "no candidate fits");
             app.edge
                 .event(event(
                     EventType::Warning,
@@ -385,6 +478,7 @@ async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilte
                 }
             }
             app.metrics.decision("filter", "success");
+            tracing::debug!(node = %p.node, "placed");
             if app.decision.writes.success_events {
                 app.edge
                     .event(event(
@@ -425,7 +519,7 @@ fn filter_full_nodes<E: ClusterEdge>(
             }),
             ..Default::default()
         },
-        Verdict::Invalid(e) => ExtenderFilterResult::error(e),
+        Verdict::Invalid(e) => ExtenderFilterResult::error(e.to_string()),
         Verdict::NoFit { failed } => ExtenderFilterResult {
             failed_nodes: Some(failed),
             ..Default::default()
@@ -453,43 +547,53 @@ fn refusal_code(r: &Refusal) -> &'static str {
 /// `/bind`: one API write for a pod this replica filtered, the Binding carrying the decision
 /// (`tessera_scheduler_core::patch::binding_metadata`); a read first only when another replica
 /// filtered it.
-async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), String> {
+async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), BindError> {
     let args = ExtenderBindingArgs::decode(body).map_err(|e| {
         app.metrics.decision("bind", "BadRequest");
-        e.to_string()
+        BindError::BadRequest(e)
     })?;
+    let span = tracing::info_span!(
+        "bind",
+        pod = %PodRef { namespace: &args.pod_namespace, name: &args.pod_name },
+        pod_uid = %args.pod_uid,
+        node = %args.node,
+    );
+    let result = bind(app, &args).instrument(span.clone()).await;
+    let _entered = span.enter();
+    match &result {
+        Ok(()) => tracing::debug!("bound"),
+        Err(e) => tracing::debug!(error = %e, "bind failed"),
+    }
+    result
+}
+
+/// The steps of one bind: admit it, take HAMi's node lock where the node needs it, write the
+/// Binding, report.
+async fn bind<E: ClusterEdge>(app: &App<E>, args: &ExtenderBindingArgs) -> Result<(), BindError> {
     let key = format!("{}/{}", args.pod_namespace, args.pod_name);
-    let event = |kind, reason: &str, message: String| PodEvent {
-        namespace: args.pod_namespace.clone(),
-        name: args.pod_name.clone(),
-        uid: args.pod_uid.clone(),
-        kind,
-        reason: reason.to_owned(),
-        message,
-    };
-    let admitted = match app
-        .engine
-        .bind_reserved(args.pod_uid.clone(), args.node.clone())
-        .await
-    {
-        Ok(Some(plan)) => Ok(plan),
-        Ok(None) => {
-            let live = read_live_pod(app, &args, &key).await?;
-            app.engine.bind_begin(live, args.node.clone()).await
-        }
-        Err(r) => Err(r),
-    };
-    let plan = match admitted {
+    let plan = match admit_bind(app, args, &key).await {
         Ok(p) => p,
-        Err(r) => {
-            app.metrics.decision("bind", refusal_code(&r));
-            app.edge
-                .event(event(EventType::Warning, "BindingFailed", r.to_string()))
-                .await;
-            return Err(r.to_string());
+        Err(e) => {
+            if let BindError::Refused(r) = &e {
+                app.metrics.decision("bind", refusal_code(r));
+                app.edge
+                    .event(pod_event(
+                        args,
+                        EventType::Warning,
+                        "BindingFailed",
+                        e.to_string(),
+                    ))
+                    .await;
+            }
+            return Err(e);
         }
     };
     let gpu = plan.devices.is_some();
+    let failed = |source| BindError::Api {
+        key: key.clone(),
+        node: args.node.clone(),
+        source,
+    };
     if plan.hami_lock {
         // HAMi's device plugin on this node finds the pod under admission by the node lock
         // (`GetPendingPod`), so it must name this pod before the kubelet can see it bound.
@@ -498,13 +602,7 @@ async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), Stri
             .lock_hami_node(&args.node, &args.pod_namespace, &args.pod_name)
             .await
         {
-            return bind_failed(
-                app,
-                &args,
-                gpu,
-                format!("binding pod {key} to node {}: {e}", args.node),
-            )
-            .await;
+            return bind_failed(app, args, gpu, failed(e)).await;
         }
     }
     let metadata = plan
@@ -524,16 +622,38 @@ async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), Stri
         .await
     {
         if plan.hami_lock {
-            release_hami_lock(app, &args).await;
+            release_hami_lock(app, args).await;
         }
-        return bind_failed(
-            app,
-            &args,
-            gpu,
-            format!("binding pod {key} to node {}: {e}", args.node),
-        )
-        .await;
+        return bind_failed(app, args, gpu, failed(e)).await;
     }
+    bound(app, args, &key, gpu).await;
+    Ok(())
+}
+
+/// The decision loop's admission of the bind: from its own reservation, else from the pod as
+/// the API server has it now.
+async fn admit_bind<E: ClusterEdge>(
+    app: &App<E>,
+    args: &ExtenderBindingArgs,
+    key: &str,
+) -> Result<BindPlan, BindError> {
+    let admitted = match app
+        .engine
+        .bind_reserved(args.pod_uid.clone(), args.node.clone())
+        .await
+    {
+        Ok(Some(plan)) => Ok(plan),
+        Ok(None) => {
+            let live = read_live_pod(app, args, key).await?;
+            app.engine.bind_begin(live, args.node.clone()).await
+        }
+        Err(r) => Err(r),
+    };
+    admitted.map_err(BindError::Refused)
+}
+
+/// A bind done: the loop learns it, the metrics and (with `--pod-events all`) an event say so.
+async fn bound<E: ClusterEdge>(app: &App<E>, args: &ExtenderBindingArgs, key: &str, gpu: bool) {
     if gpu {
         app.engine
             .send(Command::BindDone {
@@ -545,14 +665,31 @@ async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), Stri
     app.metrics.decision("bind", "success");
     if app.decision.writes.success_events {
         app.edge
-            .event(event(
+            .event(pod_event(
+                args,
                 EventType::Normal,
                 "BindingSucceed",
                 format!("Successfully binding node [{}] to {key}", args.node),
             ))
             .await;
     }
-    Ok(())
+}
+
+/// An event about the pod of a bind.
+fn pod_event(
+    args: &ExtenderBindingArgs,
+    kind: EventType,
+    reason: &str,
+    message: String,
+) -> PodEvent {
+    PodEvent {
+        namespace: args.pod_namespace.clone(),
+        name: args.pod_name.clone(),
+        uid: args.pod_uid.clone(),
+        kind,
+        reason: reason.to_owned(),
+        message,
+    }
 }
 
 /// Releases the HAMi node lock taken for a bind that failed (HAMi's scheduler does the same), if
@@ -563,7 +700,7 @@ async fn release_hami_lock<E: ClusterEdge>(app: &App<E>, args: &ExtenderBindingA
         .release_hami_node_lock(&args.node, &args.pod_namespace, &args.pod_name)
         .await
     {
-        tracing::warn!(node = %args.node, error = %e, "could not release HAMi's node lock after a failed bind; it expires in 5 minutes or is cleared once the pod is gone");
+        tracing::warn!(node = %args.node, error = %DisplayChain(&e), "could not release HAMi's node lock after a failed bind; it expires in 5 minutes or is cleared once the pod is gone");
     }
 }
 
@@ -572,25 +709,30 @@ async fn read_live_pod<E: ClusterEdge>(
     app: &App<E>,
     args: &ExtenderBindingArgs,
     key: &str,
-) -> Result<k8s_openapi::api::core::v1::Pod, String> {
+) -> Result<Pod, BindError> {
     let live = match app.edge.get_pod(&args.pod_namespace, &args.pod_name).await {
         Ok(Some(p)) => p,
         Ok(None) => {
             app.metrics.decision("bind", "PodNotFound");
-            return Err(format!("pod {key} not found"));
+            return Err(BindError::PodNotFound {
+                key: key.to_owned(),
+            });
         }
-        Err(e) => {
+        Err(source) => {
             app.metrics.decision("bind", "ApiError");
-            return Err(format!("reading pod {key}: {e}"));
+            return Err(BindError::ReadPod {
+                key: key.to_owned(),
+                source,
+            });
         }
     };
     if live.metadata.uid.as_deref() != Some(args.pod_uid.as_str()) {
         app.metrics.decision("bind", "UidMismatch");
-        return Err(format!(
-            "pod {key} has UID {}, not {}: it was recreated",
-            live.metadata.uid.as_deref().unwrap_or(""),
-            args.pod_uid
-        ));
+        return Err(BindError::Recreated {
+            key: key.to_owned(),
+            found: live.metadata.uid.clone().unwrap_or_default(),
+            expected: args.pod_uid.clone(),
+        });
     }
     Ok(live)
 }
@@ -602,8 +744,8 @@ async fn bind_failed<E: ClusterEdge>(
     app: &App<E>,
     args: &ExtenderBindingArgs,
     gpu: bool,
-    msg: String,
-) -> Result<(), String> {
+    error: BindError,
+) -> Result<(), BindError> {
     if gpu {
         if app.decision.writes.decision_at_filter {
             let failed = bind_phase_patch(ann::BIND_PHASE_FAILED);
@@ -612,7 +754,7 @@ async fn bind_failed<E: ClusterEdge>(
                 .patch_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, failed)
                 .await
             {
-                tracing::warn!(pod = %args.pod_name, error = %e, "could not mark the failed bind on the pod");
+                tracing::warn!(pod = %args.pod_name, error = %DisplayChain(&e), "could not mark the failed bind on the pod");
             }
         }
         app.engine
@@ -624,16 +766,14 @@ async fn bind_failed<E: ClusterEdge>(
     }
     app.metrics.decision("bind", "ApiError");
     app.edge
-        .event(PodEvent {
-            namespace: args.pod_namespace.clone(),
-            name: args.pod_name.clone(),
-            uid: args.pod_uid.clone(),
-            kind: EventType::Warning,
-            reason: "BindingFailed".to_owned(),
-            message: msg.clone(),
-        })
+        .event(pod_event(
+            args,
+            EventType::Warning,
+            "BindingFailed",
+            error.to_string(),
+        ))
         .await;
-    Err(msg)
+    Err(error)
 }
 
 async fn webhook_handler<E: ClusterEdge>(
@@ -644,20 +784,55 @@ async fn webhook_handler<E: ClusterEdge>(
     if let Err(e) = app.auth.check_webhook(&parts.extensions) {
         return json(
             StatusCode::FORBIDDEN,
-            serde_json::json!({ "error": e }).to_string(),
+            serde_json::json!({ "error": e.to_string() }).to_string(),
         );
     }
     let body = match read_body(body, &parts.extensions).await {
         Ok(b) => b,
         Err(r) => return r,
     };
+    let answer = match webhook::parse(&body) {
+        Ok(req) => review(&app, &req),
+        Err(e) => {
+            tracing::debug!(error = %DisplayChain(&e), "not an AdmissionReview");
+            WebhookAnswer::error(&e)
+        }
+    };
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
+    json(status, answer.body.to_string())
+}
+
+/// The webhook's answer to one AdmissionReview, in a span that names the pod.
+fn review<E: ClusterEdge>(app: &App<E>, req: &webhook::Request) -> WebhookAnswer {
+    let meta = req.object.as_ref().map(|o| &o.metadata);
+    // On CREATE the API server may not have named the pod yet (`generateName`).
+    let name = [req.name.as_str()]
+        .into_iter()
+        .chain(meta.and_then(|m| m.name.as_deref()))
+        .chain(meta.and_then(|m| m.generate_name.as_deref()))
+        .find(|n| !n.is_empty())
+        .unwrap_or_default();
+    let span = tracing::info_span!(
+        "webhook",
+        pod = %PodRef {
+            namespace: req.namespace.as_deref().unwrap_or_default(),
+            name,
+        },
+        pod_uid = meta.and_then(|m| m.uid.as_deref()).unwrap_or_default(),
+        operation = ?req.operation,
+    );
+    let _entered = span.enter();
     let answer = {
         let facts = app
             .facts
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        webhook::handle(&body, &app.webhook, &facts)
+        webhook::review(req, &app.webhook, &facts)
     };
-    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
-    json(status, answer.body.to_string())
+    tracing::debug!(
+        status = answer.status,
+        allowed = answer.body["response"]["allowed"].as_bool(),
+        "admission answered"
+    );
+    answer
 }

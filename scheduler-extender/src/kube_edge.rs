@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType as KubeEventType, Recorder, Reporter};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tessera_scheduler_core::config::DecisionConfig;
@@ -27,10 +27,7 @@ use crate::edge::{ClusterEdge, EdgeError, EventType, PodEvent};
 use crate::engine::{Command, EngineHandle, Observation, Unschedulable};
 
 fn edge_err(e: kube::Error) -> EdgeError {
-    match &e {
-        kube::Error::Api(s) if s.code == 404 => EdgeError::not_found(e.to_string()),
-        _ => EdgeError::new(e.to_string()),
-    }
+    EdgeError::from(e)
 }
 
 /// `ClusterEdge` over a kube client.
@@ -89,7 +86,13 @@ async fn publish_event(recorder: &Recorder, event: PodEvent) {
         secondary: None,
     };
     if let Err(e) = recorder.publish(&ev, &reference).await {
-        tracing::debug!(error = %e, reason = %event.reason, "could not record event");
+        tracing::debug!(
+            error = %tessera_runtime::DisplayChain(&e),
+            reason = %event.reason,
+            pod = %format_args!("{}/{}", event.namespace, event.name),
+            pod_uid = %event.uid,
+            "could not record event"
+        );
     }
 }
 
@@ -144,18 +147,22 @@ impl ClusterEdge for KubeEdge {
         node: &str,
         metadata: MetadataPatch,
     ) -> Result<(), EdgeError> {
-        let mut meta = json!({"name": name, "namespace": namespace, "uid": uid});
-        if !metadata.annotations.is_empty() {
-            meta["annotations"] = json!(metadata.annotations);
-        }
-        if !metadata.labels.is_empty() {
-            meta["labels"] = json!(metadata.labels);
-        }
-        let binding = json!({
-            "apiVersion": "v1", "kind": "Binding",
-            "metadata": meta,
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        });
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(namespace.to_owned()),
+                uid: Some(uid.to_owned()),
+                annotations: (!metadata.annotations.is_empty()).then_some(metadata.annotations),
+                labels: (!metadata.labels.is_empty()).then_some(metadata.labels),
+                ..Default::default()
+            },
+            target: ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(node.to_owned()),
+                ..Default::default()
+            },
+        };
         Api::<Pod>::namespaced(self.client.clone(), namespace)
             .create_subresource::<_, serde_json::Value>(
                 "binding",
@@ -199,10 +206,10 @@ impl ClusterEdge for KubeEdge {
             match acquire_step(value.as_deref(), namespace, name, age) {
                 AcquireStep::Held => return Ok(()),
                 AcquireStep::Busy => {
-                    return Err(EdgeError::new(format!(
-                        "node {node} is locked by HAMi's node lock ({})",
-                        value.unwrap_or_default()
-                    )));
+                    return Err(EdgeError::HamiLockBusy {
+                        node: node.to_owned(),
+                        value: value.unwrap_or_default(),
+                    });
                 }
                 AcquireStep::TakeIfGone {
                     namespace: holder_ns,
@@ -213,9 +220,11 @@ impl ClusterEdge for KubeEdge {
                         .await
                         .map_err(edge_err)?;
                     if held.is_some() {
-                        return Err(EdgeError::new(format!(
-                            "node {node} is locked for pod {holder_ns}/{holder} (HAMi's node lock)"
-                        )));
+                        return Err(EdgeError::HamiLockHeld {
+                            node: node.to_owned(),
+                            namespace: holder_ns,
+                            name: holder,
+                        });
                     }
                 }
                 AcquireStep::Take => {}
@@ -239,9 +248,9 @@ impl ClusterEdge for KubeEdge {
                 Err(e) => return Err(edge_err(e)),
             }
         }
-        Err(EdgeError::new(format!(
-            "node {node}: HAMi's node lock kept changing while it was being taken"
-        )))
+        Err(EdgeError::HamiLockContended {
+            node: node.to_owned(),
+        })
     }
 
     async fn release_hami_node_lock(
@@ -561,6 +570,9 @@ enum Change {
     Quota(Box<watcher::Event<ResourceQuota>>),
 }
 
+/// The longest pause between restarts of a term's watchers ([`watcher::DefaultBackoff`]'s).
+const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
+
 /// Feeds the decision loop while this replica leads: on every new term, fresh watchers List
 /// everything (quorum reads), the loop rebuilds from that complete view, then every later change
 /// follows on the same channel, in order. Objects are reduced to what the state reads
@@ -571,6 +583,8 @@ pub async fn run_sync(
     mut leadership: watch::Receiver<Option<u64>>,
     ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) {
+    // The watchers back off on their own; this paces restarts of the whole set, should it end.
+    let mut restarts = watcher::DefaultBackoff::default();
     loop {
         let term = *leadership.borrow_and_update();
         engine.send(Command::Leadership(term)).await;
@@ -584,7 +598,7 @@ pub async fn run_sync(
         tokio::select! {
             _ = sync_term(client.clone(), engine.clone(), term, ready.clone()) => {
                 tracing::warn!(term, "informers stopped; restarting");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(restarts.next().unwrap_or(MAX_RESTART_PAUSE)).await;
             }
             r = leadership.changed() => {
                 if r.is_err() {
@@ -596,161 +610,232 @@ pub async fn run_sync(
     }
 }
 
+/// One watcher's progress within a term: before the rebuild, its first List; after it, the
+/// keys of a re-List (a watcher re-lists after e.g. 410 Gone and reports its complete view:
+/// objects missing from it were deleted while the watch was down).
+#[derive(Debug, Default)]
+struct WatchProgress {
+    /// The first List is complete.
+    listed: bool,
+    /// Keys seen by a re-List in progress.
+    relisted: Option<Vec<String>>,
+}
+
+/// The observations a watch event makes, for objects of one kind; `K` is the key a re-List
+/// keeps, `listed` takes the objects of the first List (before the rebuild).
+struct EventRoute<'a, T> {
+    progress: &'a mut WatchProgress,
+    rebuilt: bool,
+    kind: ResyncKind,
+    key: fn(&T) -> String,
+    upsert: fn(T) -> Observation,
+    delete: fn(T) -> Observation,
+}
+
+impl<T> EventRoute<'_, T> {
+    /// Routes one event: into `first_list` before the rebuild, else into observations.
+    fn route(self, ev: watcher::Event<T>, first_list: &mut Vec<T>, obs: &mut Vec<Observation>) {
+        match ev {
+            watcher::Event::InitApply(o) if !self.rebuilt => first_list.push(o),
+            watcher::Event::InitDone if !self.rebuilt => self.progress.listed = true,
+            watcher::Event::Init => {
+                if self.rebuilt {
+                    self.progress.relisted = Some(Vec::new());
+                }
+            }
+            watcher::Event::InitApply(o) => {
+                if let Some(keys) = self.progress.relisted.as_mut() {
+                    keys.push((self.key)(&o));
+                }
+                obs.push((self.upsert)(o));
+            }
+            watcher::Event::InitDone => {
+                if let Some(keep) = self.progress.relisted.take() {
+                    obs.push(Observation::Resync {
+                        kind: self.kind,
+                        keep,
+                    });
+                }
+            }
+            watcher::Event::Apply(o) => obs.push((self.upsert)(o)),
+            watcher::Event::Delete(o) => obs.push((self.delete)(o)),
+        }
+    }
+}
+
+/// What one term's sync has gathered: the first Lists (objects reduced as they arrive, so a
+/// List is never held whole), the changes seen meanwhile, and each watcher's progress.
+struct TermSync {
+    engine: EngineHandle,
+    term: u64,
+    ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// From the term's first List to serving: what a leader change costs
+    /// (docs/benchmarks.md).
+    started: tokio::time::Instant,
+    nodes: Vec<Node>,
+    pods: Vec<Pod>,
+    quotas: Vec<ResourceQuota>,
+    /// Node, pod and quota watchers.
+    progress: [WatchProgress; 3],
+    rebuilt: bool,
+    /// Changes seen before the rebuild, sent once it is done.
+    backlog: Vec<Observation>,
+}
+
+fn quota_key(q: &ResourceQuota) -> String {
+    format!("{}/{}", q.namespace().unwrap_or_default(), q.name_any())
+}
+
+impl TermSync {
+    /// The observations of one change (the first Lists are kept aside until complete).
+    fn observe(&mut self, change: Change) -> Vec<Observation> {
+        let mut obs = Vec::new();
+        let rebuilt = self.rebuilt;
+        let [nodes, pods, quotas] = &mut self.progress;
+        match change {
+            Change::Node(ev) => EventRoute {
+                progress: nodes,
+                rebuilt,
+                kind: ResyncKind::Nodes,
+                key: |n: &Node| n.name_any(),
+                upsert: |n| Observation::NodeUpsert(Box::new(slim_node(n))),
+                delete: |n| Observation::NodeDelete(n.name_any()),
+            }
+            .route(slim(*ev, slim_node), &mut self.nodes, &mut obs),
+            Change::Pod(ev) => EventRoute {
+                progress: pods,
+                rebuilt,
+                kind: ResyncKind::Pods,
+                key: |p: &Pod| p.metadata.uid.clone().unwrap_or_default(),
+                upsert: |p| Observation::PodUpsert(Box::new(p)),
+                delete: |p| Observation::PodDelete {
+                    uid: p.metadata.uid.clone().unwrap_or_default(),
+                },
+            }
+            .route(slim(*ev, slim_pod), &mut self.pods, &mut obs),
+            Change::Quota(ev) => EventRoute {
+                progress: quotas,
+                rebuilt,
+                kind: ResyncKind::Quotas,
+                key: quota_key,
+                upsert: |q| Observation::QuotaUpsert(Box::new(q)),
+                delete: |q| Observation::QuotaDelete {
+                    namespace: q.namespace().unwrap_or_default(),
+                    name: q.name_any(),
+                },
+            }
+            .route(*ev, &mut self.quotas, &mut obs),
+        }
+        obs
+    }
+
+    /// Every first List is complete.
+    fn listed(&self) -> bool {
+        self.progress.iter().all(|p| p.listed)
+    }
+
+    /// Hands the observations to the loop: after the rebuild at once; before it, kept until the
+    /// first Lists are complete, then the rebuild and the backlog.
+    async fn forward(&mut self, obs: Vec<Observation>) {
+        if self.rebuilt {
+            for o in obs {
+                self.engine.send(Command::Observe(o)).await;
+            }
+            return;
+        }
+        self.backlog.extend(obs);
+        if self.listed() {
+            self.rebuild().await;
+        }
+    }
+
+    /// Rebuilds the loop's state from the first Lists, then replays the backlog: serving.
+    async fn rebuild(&mut self) {
+        let (node_count, pod_count) = (self.nodes.len(), self.pods.len());
+        self.engine
+            .send(Command::Rebuild {
+                term: self.term,
+                nodes: std::mem::take(&mut self.nodes),
+                pods: std::mem::take(&mut self.pods),
+                quotas: std::mem::take(&mut self.quotas),
+            })
+            .await;
+        self.engine.barrier().await;
+        let seconds = self.started.elapsed().as_secs_f64();
+        for o in self.backlog.drain(..) {
+            self.engine.send(Command::Observe(o)).await;
+        }
+        self.rebuilt = true;
+        self.ready.store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(
+            term = self.term,
+            nodes = node_count,
+            pods = pod_count,
+            list_and_rebuild_seconds = seconds,
+            "cluster state rebuilt; serving decisions"
+        );
+    }
+}
+
+/// The event with its object reduced by `f` (what the state reads of it).
+fn slim<T>(ev: watcher::Event<T>, f: fn(T) -> T) -> watcher::Event<T> {
+    match ev {
+        watcher::Event::Apply(o) => watcher::Event::Apply(f(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(f(o)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(f(o)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+/// The term's watchers, merged into one stream of changes in arrival order. Each restarts with
+/// kube-runtime's backoff after an error (exponential, jittered, reset once it runs again).
+fn term_changes(
+    client: Client,
+) -> impl futures::Stream<Item = Result<Change, watcher::Error>> + Send {
+    let cfg = watcher::Config::default();
+    let nodes = watcher(Api::<Node>::all(client.clone()), cfg.clone())
+        .default_backoff()
+        .map_ok(|e| Change::Node(Box::new(e)))
+        .boxed();
+    let pods = watcher(Api::<Pod>::all(client.clone()), cfg.clone())
+        .default_backoff()
+        .map_ok(|e| Change::Pod(Box::new(e)))
+        .boxed();
+    let quotas = watcher(Api::<ResourceQuota>::all(client), cfg)
+        .default_backoff()
+        .map_ok(|e| Change::Quota(Box::new(e)))
+        .boxed();
+    futures::stream::select_all([nodes, pods, quotas])
+}
+
 async fn sync_term(
     client: Client,
     engine: EngineHandle,
     term: u64,
     ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) {
-    // From the term's first List to serving: what a leader change costs (docs/benchmarks.md).
-    let started = tokio::time::Instant::now();
-    let cfg = watcher::Config::default();
-    let nodes = watcher(Api::<Node>::all(client.clone()), cfg.clone())
-        .map_ok(|e| Change::Node(Box::new(e)))
-        .boxed();
-    let pods = watcher(Api::<Pod>::all(client.clone()), cfg.clone())
-        .map_ok(|e| Change::Pod(Box::new(e)))
-        .boxed();
-    let quotas = watcher(Api::<ResourceQuota>::all(client), cfg)
-        .map_ok(|e| Change::Quota(Box::new(e)))
-        .boxed();
-    let mut all = futures::stream::select_all([nodes, pods, quotas]);
-    let (mut n_buf, mut p_buf, mut q_buf) = (Vec::new(), Vec::new(), Vec::new());
-    let mut done = [false; 3];
-    let mut rebuilt = false;
-    let mut backlog: Vec<Observation> = Vec::new();
-    // A watcher that re-lists after the rebuild (e.g. 410 Gone) reports its complete view: objects
-    // missing from it were deleted while the watch was down.
-    let mut relisted: [Option<Vec<String>>; 3] = [None, None, None];
-    while let Some(item) = all.next().await {
-        let change = match item {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "watch error (retrying)");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
+    let mut sync = TermSync {
+        engine,
+        term,
+        ready,
+        started: tokio::time::Instant::now(),
+        nodes: Vec::new(),
+        pods: Vec::new(),
+        quotas: Vec::new(),
+        progress: Default::default(),
+        rebuilt: false,
+        backlog: Vec::new(),
+    };
+    let mut changes = std::pin::pin!(term_changes(client));
+    while let Some(item) = changes.next().await {
+        match item {
+            Ok(change) => {
+                let obs = sync.observe(change);
+                sync.forward(obs).await;
             }
-        };
-        let mut obs = Vec::new();
-        match change {
-            Change::Node(ev) => match *ev {
-                watcher::Event::InitApply(n) if !rebuilt => n_buf.push(slim_node(n)),
-                watcher::Event::InitDone if !rebuilt => done[0] = true,
-                watcher::Event::Init => {
-                    if rebuilt {
-                        relisted[0] = Some(Vec::new());
-                    }
-                }
-                watcher::Event::InitApply(n) => {
-                    if let Some(keys) = relisted[0].as_mut() {
-                        keys.push(n.name_any());
-                    }
-                    obs.push(Observation::NodeUpsert(Box::new(slim_node(n))))
-                }
-                watcher::Event::InitDone => {
-                    if let Some(keep) = relisted[0].take() {
-                        obs.push(Observation::Resync {
-                            kind: ResyncKind::Nodes,
-                            keep,
-                        });
-                    }
-                }
-                watcher::Event::Apply(n) => {
-                    obs.push(Observation::NodeUpsert(Box::new(slim_node(n))))
-                }
-                watcher::Event::Delete(n) => obs.push(Observation::NodeDelete(n.name_any())),
-            },
-            Change::Pod(ev) => match *ev {
-                watcher::Event::InitApply(p) if !rebuilt => p_buf.push(slim_pod(p)),
-                watcher::Event::InitDone if !rebuilt => done[1] = true,
-                watcher::Event::Init => {
-                    if rebuilt {
-                        relisted[1] = Some(Vec::new());
-                    }
-                }
-                watcher::Event::InitApply(p) => {
-                    if let Some(keys) = relisted[1].as_mut() {
-                        keys.push(p.metadata.uid.clone().unwrap_or_default());
-                    }
-                    obs.push(Observation::PodUpsert(Box::new(slim_pod(p))))
-                }
-                watcher::Event::InitDone => {
-                    if let Some(keep) = relisted[1].take() {
-                        obs.push(Observation::Resync {
-                            kind: ResyncKind::Pods,
-                            keep,
-                        });
-                    }
-                }
-                watcher::Event::Apply(p) => obs.push(Observation::PodUpsert(Box::new(slim_pod(p)))),
-                watcher::Event::Delete(p) => obs.push(Observation::PodDelete {
-                    uid: p.metadata.uid.clone().unwrap_or_default(),
-                }),
-            },
-            Change::Quota(ev) => match *ev {
-                watcher::Event::InitApply(q) if !rebuilt => q_buf.push(q),
-                watcher::Event::InitDone if !rebuilt => done[2] = true,
-                watcher::Event::Init => {
-                    if rebuilt {
-                        relisted[2] = Some(Vec::new());
-                    }
-                }
-                watcher::Event::InitApply(q) => {
-                    if let Some(keys) = relisted[2].as_mut() {
-                        keys.push(format!(
-                            "{}/{}",
-                            q.namespace().unwrap_or_default(),
-                            q.name_any()
-                        ));
-                    }
-                    obs.push(Observation::QuotaUpsert(Box::new(q)))
-                }
-                watcher::Event::InitDone => {
-                    if let Some(keep) = relisted[2].take() {
-                        obs.push(Observation::Resync {
-                            kind: ResyncKind::Quotas,
-                            keep,
-                        });
-                    }
-                }
-                watcher::Event::Apply(q) => obs.push(Observation::QuotaUpsert(Box::new(q))),
-                watcher::Event::Delete(q) => obs.push(Observation::QuotaDelete {
-                    namespace: q.namespace().unwrap_or_default(),
-                    name: q.name_any(),
-                }),
-            },
-        }
-        if !rebuilt {
-            backlog.extend(obs);
-            if done.iter().all(|d| *d) {
-                let (node_count, pod_count) = (n_buf.len(), p_buf.len());
-                engine
-                    .send(Command::Rebuild {
-                        term,
-                        nodes: std::mem::take(&mut n_buf),
-                        pods: std::mem::take(&mut p_buf),
-                        quotas: std::mem::take(&mut q_buf),
-                    })
-                    .await;
-                engine.barrier().await;
-                let seconds = started.elapsed().as_secs_f64();
-                for o in backlog.drain(..) {
-                    engine.send(Command::Observe(o)).await;
-                }
-                rebuilt = true;
-                ready.store(true, std::sync::atomic::Ordering::Relaxed);
-                tracing::info!(
-                    term,
-                    nodes = node_count,
-                    pods = pod_count,
-                    list_and_rebuild_seconds = seconds,
-                    "cluster state rebuilt; serving decisions"
-                );
-            }
-        } else {
-            for o in obs {
-                engine.send(Command::Observe(o)).await;
-            }
+            // The watcher backs off before it tries again.
+            Err(e) => tracing::warn!(error = %e, "watch error (retrying)"),
         }
     }
 }
@@ -785,12 +870,14 @@ pub async fn run_facts(client: Client, cfg: DecisionConfig, facts: SharedFacts) 
         Api::<PartialObjectMeta<Node>>::all(client.clone()),
         watcher::Config::default(),
     )
+    .default_backoff()
     .map_ok(|e| FactChange::Node(Box::new(e)))
     .boxed();
     let quotas = watcher(
         Api::<ResourceQuota>::all(client),
         watcher::Config::default(),
     )
+    .default_backoff()
     .map_ok(|e| FactChange::Quota(Box::new(e)))
     .boxed();
     let mut all = futures::stream::select_all([nodes, quotas]);
@@ -800,8 +887,8 @@ pub async fn run_facts(client: Client, cfg: DecisionConfig, facts: SharedFacts) 
         let change = match item {
             Ok(c) => c,
             Err(e) => {
+                // The watcher backs off before it tries again.
                 tracing::warn!(error = %e, "webhook facts: watch error (retrying)");
-                tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         };

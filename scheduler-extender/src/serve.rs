@@ -242,6 +242,8 @@ pub fn run(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
     rt.block_on(serve(args, cfg))
 }
 
+/// `serve`, as a list of tasks: connect, start the decision loop and the background tasks
+/// (leadership, informers, sweeps), set up who may call what, then serve until a signal.
 async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
     // One process-wide crypto provider for rustls (kube's client and our listeners); an `Err`
     // only means one is installed already.
@@ -259,46 +261,10 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         &args.scheduler_name,
         Some(identity.clone()),
     ));
-
     let (requeue_tx, requeue_rx) = tokio::sync::mpsc::unbounded_channel();
     let engine = EngineHandle::spawn(Engine::new(cfg.clone()).with_requeue(requeue_tx));
     spawn_task("requeue", run_requeue((*edge).clone(), requeue_rx));
-
-    let (lead_tx, lead_rx) = tokio::sync::watch::channel(None);
-    if args.leader_elect {
-        let follow = match &args.follow_lease {
-            None => None,
-            Some(v) => {
-                let host = args
-                    .follow_lease_holder_prefix
-                    .clone()
-                    .unwrap_or_else(|| identity.clone());
-                let f = parse_follow_lease(v, &args.leader_elect_resource_namespace, &host)?;
-                tracing::info!(lease = %format!("{}/{}", f.namespace, f.name), holder_prefix = %format!("{}_", f.host),
-                    "leadership follows this lease: contending only while this pod holds it");
-                Some(f)
-            }
-        };
-        let lease = LeaseConfig {
-            namespace: args.leader_elect_resource_namespace.clone(),
-            name: args.leader_elect_resource_name.clone(),
-            identity: identity.clone(),
-            lease_duration: Duration::from_secs(args.lease_duration_seconds.max(2)),
-            retry_period: Duration::from_secs((args.lease_duration_seconds / 5).max(1)),
-            follow,
-        };
-        spawn_task(
-            "leader-election",
-            run_leader_election(client.clone(), lease, lead_tx, engine.clone()),
-        );
-    } else {
-        if args.follow_lease.is_some() {
-            tracing::warn!("--follow-lease has no effect with --leader-elect=false");
-        }
-        let _ = lead_tx.send(Some(0));
-        // Keep the sender alive: the receiver treats a dropped sender as shutdown.
-        std::mem::forget(lead_tx);
-    }
+    let leadership = start_leadership(&args, &client, &identity, &engine)?;
     // Every replica serves the webhook, so every replica keeps its cluster facts.
     let facts: SharedFacts = Default::default();
     spawn_task(
@@ -308,9 +274,76 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
     let ready = Arc::new(AtomicBool::new(false));
     spawn_task(
         "cluster-sync",
-        run_sync(client.clone(), engine.clone(), lead_rx, ready.clone()),
+        run_sync(client, engine.clone(), leadership, ready.clone()),
     );
     let shutdown = CancellationToken::new();
+    start_sweeps(&engine, &edge, &shutdown);
+    let auth = auth(&args, &shutdown)?;
+    let app = Arc::new(App {
+        engine,
+        edge,
+        auth,
+        webhook: webhook_config(&args, &cfg),
+        decision: cfg,
+        facts,
+        metrics: Metrics::new(args.legacy_metrics),
+        ready,
+    });
+    let tls_cfg = tls_config(&args)?;
+    let result = run_servers(&args, app, tls_cfg).await;
+    shutdown.cancel();
+    result
+}
+
+/// Leader election on the Lease (or, with `--leader-elect=false`, leadership from the start):
+/// the receiver of the leadership term.
+fn start_leadership(
+    args: &ServeArgs,
+    client: &kube::Client,
+    identity: &str,
+    engine: &EngineHandle,
+) -> anyhow::Result<tokio::sync::watch::Receiver<Option<u64>>> {
+    let (lead_tx, lead_rx) = tokio::sync::watch::channel(None);
+    if !args.leader_elect {
+        if args.follow_lease.is_some() {
+            tracing::warn!("--follow-lease has no effect with --leader-elect=false");
+        }
+        let _ = lead_tx.send(Some(0));
+        // Keep the sender alive: the receiver treats a dropped sender as shutdown.
+        std::mem::forget(lead_tx);
+        return Ok(lead_rx);
+    }
+    let follow = match &args.follow_lease {
+        None => None,
+        Some(v) => {
+            let host = args
+                .follow_lease_holder_prefix
+                .clone()
+                .unwrap_or_else(|| identity.to_owned());
+            let f = parse_follow_lease(v, &args.leader_elect_resource_namespace, &host)?;
+            tracing::info!(lease = %format!("{}/{}", f.namespace, f.name), holder_prefix = %format!("{}_", f.host),
+                "leadership follows this lease: contending only while this pod holds it");
+            Some(f)
+        }
+    };
+    let lease = LeaseConfig {
+        namespace: args.leader_elect_resource_namespace.clone(),
+        name: args.leader_elect_resource_name.clone(),
+        identity: identity.to_owned(),
+        lease_duration: Duration::from_secs(args.lease_duration_seconds.max(2)),
+        retry_period: Duration::from_secs((args.lease_duration_seconds / 5).max(1)),
+        follow,
+    };
+    spawn_task(
+        "leader-election",
+        run_leader_election(client.clone(), lease, lead_tx, engine.clone()),
+    );
+    Ok(lead_rx)
+}
+
+/// The periodic sweeps: reservations of pods that no longer exist, and HAMi node locks whose
+/// pod will never reach Allocate.
+fn start_sweeps(engine: &EngineHandle, edge: &Arc<KubeEdge>, shutdown: &CancellationToken) {
     {
         let engine = engine.clone();
         spawn_periodic(
@@ -323,33 +356,34 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
             },
         );
     }
-
-    {
-        // HAMi node locks whose pod will never reach Allocate (deleted, failed, rejected): HAMi
-        // keeps them for 5 minutes, and its device plugin serves nobody else meanwhile.
-        let (engine, edge) = (engine.clone(), edge.clone());
-        spawn_periodic(
-            "hami-lock-sweep",
-            Schedule::every(PERIOD).first_after(PERIOD),
-            shutdown.clone(),
-            move || {
-                let (engine, edge) = (engine.clone(), edge.clone());
-                async move {
-                    for (node, value) in engine.stale_hami_locks().await {
-                        match edge.clear_hami_node_lock(&node, &value).await {
-                            Ok(()) => {
-                                tracing::info!(%node, lock = %value, "cleared a HAMi node lock whose pod is no longer pending allocation")
-                            }
-                            Err(e) => {
-                                tracing::warn!(%node, error = %e, "could not clear a stale HAMi node lock")
-                            }
+    // HAMi node locks whose pod will never reach Allocate (deleted, failed, rejected): HAMi
+    // keeps them for 5 minutes, and its device plugin serves nobody else meanwhile.
+    let (engine, edge) = (engine.clone(), edge.clone());
+    spawn_periodic(
+        "hami-lock-sweep",
+        Schedule::every(PERIOD).first_after(PERIOD),
+        shutdown.clone(),
+        move || {
+            let (engine, edge) = (engine.clone(), edge.clone());
+            async move {
+                for (node, value) in engine.stale_hami_locks().await {
+                    match edge.clear_hami_node_lock(&node, &value).await {
+                        Ok(()) => {
+                            tracing::info!(%node, lock = %value, "cleared a HAMi node lock whose pod is no longer pending allocation")
+                        }
+                        Err(e) => {
+                            tracing::warn!(%node, error = %tessera_runtime::DisplayChain(&e), "could not clear a stale HAMi node lock")
                         }
                     }
                 }
-            },
-        );
-    }
+            }
+        },
+    );
+}
 
+/// Who may call what: the bearer token (reloaded while it changes), the client CAs of
+/// kube-scheduler and of the API server.
+fn auth(args: &ServeArgs, shutdown: &CancellationToken) -> anyhow::Result<Arc<Auth>> {
     let token = match &args.token_file {
         Some(p) => Some(read_token(p)?),
         None => None,
@@ -406,7 +440,11 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
             },
         );
     }
+    Ok(auth)
+}
 
+/// The webhook's settings from the flags.
+fn webhook_config(args: &ServeArgs, cfg: &DecisionConfig) -> WebhookConfig {
     let trusted: BTreeSet<String> = if args.webhook_trusted_user.is_empty() {
         let ns = &args.leader_elect_resource_namespace;
         [
@@ -418,50 +456,43 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
     } else {
         args.webhook_trusted_user.iter().cloned().collect()
     };
-    let app = Arc::new(App {
-        engine,
-        edge,
-        auth,
-        webhook: WebhookConfig {
-            nvidia: cfg.nvidia.clone(),
-            scheduler_name: args.scheduler_name.clone(),
-            force_overwrite_default_scheduler: args.force_overwrite_default_scheduler,
-            trusted_users: trusted,
-            allow_control_env_namespaces: args
-                .webhook_allow_control_env_namespaces
-                .iter()
-                .map(|n| n.trim().to_owned())
-                .filter(|n| !n.is_empty())
-                .collect(),
-        },
-        decision: cfg,
-        facts,
-        metrics: Metrics {
-            legacy: args.legacy_metrics,
-            ..Metrics::default()
-        },
-        ready,
-    });
+    WebhookConfig {
+        nvidia: cfg.nvidia.clone(),
+        scheduler_name: args.scheduler_name.clone(),
+        force_overwrite_default_scheduler: args.force_overwrite_default_scheduler,
+        trusted_users: trusted,
+        allow_control_env_namespaces: args
+            .webhook_allow_control_env_namespaces
+            .iter()
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect(),
+    }
+}
 
-    let tls_cfg = match (&args.cert_file, &args.key_file) {
-        (Some(cert), Some(key)) => {
-            let files = TlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
-                client_ca: args.client_ca_file.clone(),
-                webhook_client_ca: args.webhook_client_ca_file.clone(),
-            };
-            let current = Arc::new(RwLock::new(tls::load(&files)?));
-            spawn_task(
-                "tls-reload",
-                tls::watch_reload(files, current.clone(), PERIOD),
-            );
-            Some(current)
-        }
-        _ => None,
+/// The listener's TLS configuration (reloaded when its files change), if HTTPS is on.
+fn tls_config(args: &ServeArgs) -> anyhow::Result<Option<Arc<RwLock<Arc<rustls::ServerConfig>>>>> {
+    let (Some(cert), Some(key)) = (&args.cert_file, &args.key_file) else {
+        return Ok(None);
     };
+    let files = TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: args.client_ca_file.clone(),
+        webhook_client_ca: args.webhook_client_ca_file.clone(),
+    };
+    let current = Arc::new(RwLock::new(tls::load(&files)?));
+    spawn_task(
+        "tls-reload",
+        tls::watch_reload(files, current.clone(), PERIOD),
+    );
+    Ok(Some(current))
+}
+
+/// The listeners' limits from the flags.
+fn serve_limits(args: &ServeArgs) -> ServeLimits {
     let secs = |s: u64| Duration::from_secs(s.max(1));
-    let limits = ServeLimits {
+    ServeLimits {
         handshake_timeout: secs(args.tls_handshake_timeout_seconds),
         header_timeout: secs(args.header_read_timeout_seconds),
         body_timeout: secs(args.body_read_timeout_seconds),
@@ -469,7 +500,16 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         max_connections: args.max_connections.max(1),
         max_connections_per_peer: args.max_connections_per_peer.max(1),
         max_requests_per_peer: args.max_requests_per_peer.max(1),
-    };
+    }
+}
+
+/// Serves the extender and the metrics listeners until one ends or a signal comes.
+async fn run_servers<E: ClusterEdge>(
+    args: &ServeArgs,
+    app: Arc<App<E>>,
+    tls_cfg: Option<Arc<RwLock<Arc<rustls::ServerConfig>>>>,
+) -> anyhow::Result<()> {
+    let limits = serve_limits(args);
     // Not `spawn_task`: the servers' results end the daemon.
     let metrics = tokio::spawn(
         tls::serve_with(
@@ -484,7 +524,7 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         tls::serve_with(args.http_bind, router(app), tls_cfg, limits)
             .instrument(task_span("extender-server")),
     );
-    let result = tokio::select! {
+    tokio::select! {
         r = main => r.context("extender server task")?.context("extender server"),
         r = metrics => r.context("metrics server task")?.context("metrics server"),
         s = wait_for_shutdown_signal() => {
@@ -492,9 +532,7 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
             tracing::info!(signal = %s, "shutting down");
             Ok(())
         }
-    };
-    shutdown.cancel();
-    result
+    }
 }
 
 /// The pace of the reservation sweep and of the token and certificate reloads.

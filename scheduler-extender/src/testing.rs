@@ -137,10 +137,18 @@ impl ClusterEdge for FakeEdge {
         let updated = {
             let mut pods = lock(&self.pods);
             let Some(pod) = pods.get_mut(&(namespace.to_owned(), name.to_owned())) else {
-                return Err(EdgeError::not_found(format!("pods \"{name}\" not found")));
+                return Err(EdgeError::status(
+                    404,
+                    "NotFound",
+                    &format!("pods \"{name}\" not found"),
+                ));
             };
             if !uid.is_empty() && pod.metadata.uid.as_deref() != Some(uid) {
-                return Err(EdgeError::new("precondition failed: UID mismatch"));
+                return Err(EdgeError::status(
+                    409,
+                    "Conflict",
+                    "precondition failed: UID mismatch",
+                ));
             }
             pod.metadata
                 .annotations
@@ -176,19 +184,35 @@ impl ClusterEdge for FakeEdge {
             )
             .is_ok()
         {
-            return Err(EdgeError::new("injected Binding failure"));
+            return Err(EdgeError::status(
+                500,
+                "InternalError",
+                "injected Binding failure",
+            ));
         }
         let updated = {
             let mut pods = lock(&self.pods);
             let Some(pod) = pods.get_mut(&(namespace.to_owned(), name.to_owned())) else {
-                return Err(EdgeError::not_found(format!("pods \"{name}\" not found")));
+                return Err(EdgeError::status(
+                    404,
+                    "NotFound",
+                    &format!("pods \"{name}\" not found"),
+                ));
             };
             if pod.metadata.uid.as_deref() != Some(uid) {
-                return Err(EdgeError::new("precondition failed: UID mismatch"));
+                return Err(EdgeError::status(
+                    409,
+                    "Conflict",
+                    "precondition failed: UID mismatch",
+                ));
             }
             let spec = pod.spec.get_or_insert_with(Default::default);
             if spec.node_name.is_some() {
-                return Err(EdgeError::new(format!("pod {name} is already assigned")));
+                return Err(EdgeError::status(
+                    409,
+                    "Conflict",
+                    &format!("pod {name} is already assigned"),
+                ));
             }
             spec.node_name = Some(node.to_owned());
             // As the API server does: the Binding's annotations, in the same update; its labels
@@ -215,15 +239,22 @@ impl ClusterEdge for FakeEdge {
         // The fake's locks are always fresh: its clock does not move.
         match acquire_step(current.as_deref(), namespace, name, Some(0)) {
             AcquireStep::Held => return Ok(()),
-            AcquireStep::Busy => return Err(EdgeError::new(format!("node {node} is locked"))),
+            AcquireStep::Busy => {
+                return Err(EdgeError::HamiLockBusy {
+                    node: node.to_owned(),
+                    value: current.clone().unwrap_or_default(),
+                });
+            }
             AcquireStep::TakeIfGone {
                 namespace: ns,
                 name: holder,
             } => {
                 if lock(&self.pods).contains_key(&(ns.clone(), holder.clone())) {
-                    return Err(EdgeError::new(format!(
-                        "node {node} is locked for pod {ns}/{holder}"
-                    )));
+                    return Err(EdgeError::HamiLockHeld {
+                        node: node.to_owned(),
+                        namespace: ns,
+                        name: holder,
+                    });
                 }
             }
             AcquireStep::Take => {}

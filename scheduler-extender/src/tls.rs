@@ -27,7 +27,15 @@ pub enum TlsError {
     #[error("{path}: no PEM {what} found")]
     Empty { path: PathBuf, what: &'static str },
     #[error("TLS configuration: {0}")]
-    Rustls(String),
+    Rustls(#[source] rustls::Error),
+    #[error("TLS configuration: {path}: {source}")]
+    Ca {
+        path: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("TLS configuration: {0}")]
+    ClientVerifier(#[source] rustls::server::VerifierBuilderError),
 }
 
 /// Where the PEM files are.
@@ -85,15 +93,16 @@ pub fn client_verifier(cas: &[&Path]) -> Result<Arc<dyn ClientCertVerifier>, Tls
     let mut roots = rustls::RootCertStore::empty();
     for ca in cas {
         for c in certs(ca)? {
-            roots
-                .add(c)
-                .map_err(|e| TlsError::Rustls(format!("{}: {e}", ca.display())))?;
+            roots.add(c).map_err(|source| TlsError::Ca {
+                path: ca.to_path_buf(),
+                source,
+            })?;
         }
     }
     rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
         .allow_unauthenticated()
         .build()
-        .map_err(|e| TlsError::Rustls(e.to_string()))
+        .map_err(TlsError::ClientVerifier)
 }
 
 /// Builds the server configuration from the files.
@@ -101,7 +110,7 @@ pub fn load(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Rustls(e.to_string()))?;
+        .map_err(TlsError::Rustls)?;
     let cas: Vec<&Path> = [&files.client_ca, &files.webhook_client_ca]
         .into_iter()
         .flatten()
@@ -117,7 +126,7 @@ pub fn load(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     };
     let mut cfg = builder
         .with_single_cert(certs(&files.cert)?, key(&files.key)?)
-        .map_err(|e| TlsError::Rustls(e.to_string()))?;
+        .map_err(TlsError::Rustls)?;
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }
@@ -162,7 +171,7 @@ pub async fn watch_reload(
                 tracing::info!("reloaded TLS certificate");
             }
             Err(e) => {
-                tracing::warn!(error = %e, "new TLS files are not usable yet; keeping the old certificate")
+                tracing::warn!(error = %tessera_runtime::DisplayChain(&e), "new TLS files are not usable yet; keeping the old certificate")
             }
         }
     }

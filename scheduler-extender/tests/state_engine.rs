@@ -31,7 +31,11 @@ fn placed(v: &Result<Verdict, Refusal>) -> Option<String> {
 
 fn reasons(v: &Result<Verdict, Refusal>) -> String {
     match v {
-        Ok(Verdict::NoFit { failed }) => failed.values().cloned().collect::<Vec<_>>().join("; "),
+        Ok(Verdict::NoFit { failed }) => failed
+            .values()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; "),
         other => format!("{other:?}"),
     }
 }
@@ -301,7 +305,7 @@ fn large_candidate_lists_choose_like_a_sequential_pass() {
     match &v {
         Ok(Verdict::Placed(p)) => {
             assert_eq!(p.fitting.len(), 899);
-            assert_eq!(p.failed["n005"], "2/2 CardInsufficientMemory");
+            assert_eq!(p.failed["n005"].to_string(), "2/2 CardInsufficientMemory");
         }
         other => panic!("{other:?}"),
     }
@@ -321,10 +325,20 @@ fn large_candidate_lists_choose_like_a_sequential_pass() {
 
 fn failed_reasons(v: &Result<Verdict, Refusal>) -> std::collections::BTreeMap<String, String> {
     match v {
-        Ok(Verdict::Placed(p)) => p.failed.clone(),
-        Ok(Verdict::NoFit { failed }) => failed.clone(),
+        Ok(Verdict::Placed(p)) => reason_strings(&p.failed),
+        Ok(Verdict::NoFit { failed }) => reason_strings(failed),
         other => panic!("{other:?}"),
     }
+}
+
+/// The reasons as the extender's `FailedNodes` carries them.
+fn reason_strings(
+    failed: &std::collections::BTreeMap<String, tessera_scheduler_core::decide::NodeFailure>,
+) -> std::collections::BTreeMap<String, String> {
+    failed
+        .iter()
+        .map(|(node, why)| (node.clone(), why.to_string()))
+        .collect()
 }
 
 /// The pod as the informer shows it once a filter patch landed (`--write-decision-at-filter`,

@@ -1,13 +1,11 @@
 //! One container's request onto one node's NVIDIA devices (`fitInDevices` + NVIDIA `Fit`), every
 //! check and reason in HAMi's order (contract §5.3).
 
-use std::collections::BTreeMap;
-
 use hami_contract::mig::MigPlacement;
 
 use super::capacity::{Charge, GpuState, MIG_MODE, NodeState, QuotaBudget, is_nvidia};
 use super::input::{GpuPolicyKey, GpuRequest, PlacementOptions};
-use super::reason::{self, format_reasons};
+use super::reason::{FitFailure, FitReason, ReasonCounts};
 use super::score::{DeviceScorer, compare_gpus, sort_keys, sort_order};
 use super::summary::{Load, check_load};
 use super::topology::pick_by_topology;
@@ -54,8 +52,9 @@ pub struct ContainerFit<'a> {
 }
 
 impl ContainerFit<'_> {
-    /// Fits the request onto the node's NVIDIA devices. On failure returns HAMi's reason string.
-    pub fn picks(&self) -> Result<Vec<Pick>, String> {
+    /// Fits the request onto the node's NVIDIA devices. On failure returns why not (HAMi's
+    /// reason string as `Display`).
+    pub fn picks(&self) -> Result<Vec<Pick>, FitFailure> {
         if self.req.nums == 1
             && !self.opts.selectors.numa_bind
             && !self.opts.has(GpuPolicyKey::TopologyAware)
@@ -80,18 +79,18 @@ impl ContainerFit<'_> {
     }
 
     /// The per-device checks of NVIDIA `Fit` that come before the NUMA grouping, in HAMi's order.
-    fn check_device_first(&self, g: &GpuState, type_selectors: bool) -> Result<(), &'static str> {
+    fn check_device_first(&self, g: &GpuState, type_selectors: bool) -> Result<(), FitReason> {
         let opts = self.opts;
         if !g.health {
-            return Err(reason::CARD_NOT_HEALTH);
+            return Err(FitReason::CardNotHealth);
         }
         if self.node.cordoned.contains(&g.uuid) {
-            return Err(reason::CARD_CORDONED);
+            return Err(FitReason::CardCordoned);
         }
         if !((!type_selectors || opts.selectors.type_allowed(&g.device_type))
             && (opts.selectors.vgpu_mode.is_none() || opts.selectors.mode_allowed(&g.mode)))
         {
-            return Err(reason::CARD_TYPE_MISMATCH);
+            return Err(FitReason::CardTypeMismatch);
         }
         Ok(())
     }
@@ -106,18 +105,18 @@ impl ContainerFit<'_> {
         extra: Charge,
         coresreq: u32,
         earlier: &[Pick],
-    ) -> Result<Pick, &'static str> {
+    ) -> Result<Pick, FitReason> {
         let opts = self.opts;
         // Without UUID selectors every card is allowed (skips a call per device).
         let uuid_selectors =
             !(opts.selectors.use_uuid.is_empty() && opts.selectors.nouse_uuid.is_empty());
         if uuid_selectors && !opts.selectors.uuid_allowed(&g.uuid) {
-            return Err(reason::CARD_UUID_MISMATCH);
+            return Err(FitReason::CardUuidMismatch);
         }
         let memreq = check_load(&Load::of(g), self.req, mutex, self.quota, extra, coresreq)?;
         // HAMi: `CustomFilterRule` (pkg/device/nvidia/device.go), the last check of `Fit`.
         let mig = if g.mode == MIG_MODE {
-            Some(mig_candidate(g, i, earlier, memreq).ok_or(reason::CARD_MIG_TOPOLOGY_INFEASIBLE)?)
+            Some(mig_candidate(g, i, earlier, memreq).ok_or(FitReason::CardMigTopologyInfeasible)?)
         } else {
             None
         };
@@ -144,7 +143,7 @@ impl ContainerFit<'_> {
     /// the result is the greatest passing device in HAMi's order (Fit walks the sorted list from
     /// its end and stops at the first that passes), and on failure the reason counts do not
     /// depend on the order. So one pass without sorting gives the same answer.
-    fn one_device(&self) -> Result<Vec<Pick>, String> {
+    fn one_device(&self) -> Result<Vec<Pick>, FitFailure> {
         let (gpus, req, opts) = (self.gpus, self.req, self.opts);
         let keys = sort_keys(opts);
         let keys = keys.as_slice();
@@ -152,7 +151,7 @@ impl ContainerFit<'_> {
         let mutex = opts.has(GpuPolicyKey::Mutex);
         let coresreq = req.coresreq.min(100);
         let scorer = DeviceScorer::new(req, opts.weights);
-        let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+        let mut counts = ReasonCounts::default();
         let mut selected = 0usize;
         let mut best: Option<(usize, f32, Pick)> = None;
         for (i, g) in gpus.iter().enumerate() {
@@ -164,7 +163,7 @@ impl ContainerFit<'_> {
                 .check_device_first(g, type_selectors)
                 .and_then(|()| self.check_device_rest(g, i, mutex, self.charged, coresreq, &[]));
             match checked {
-                Err(r) => *counts.entry(r).or_insert(0) += 1,
+                Err(r) => counts.bump(r),
                 Ok(pick) => {
                     let score = scorer.score(g);
                     // The stable sort keeps equal devices in list order, so of equals the later
@@ -179,16 +178,16 @@ impl ContainerFit<'_> {
             }
         }
         if selected == 0 {
-            return Err(reason::NODE_INSUFFICIENT_DEVICE.to_owned());
+            return Err(FitFailure::NodeInsufficientDevice);
         }
         match best {
             Some((_, _, pick)) => Ok(vec![pick]),
-            None => Err(format_reasons(&counts, selected)),
+            None => Err(FitFailure::Devices(counts.with_total(selected))),
         }
     }
 
     /// [`Self::picks`] the way HAMi does it: sort, then walk the sorted list from its end.
-    fn sorted(&self) -> Result<Vec<Pick>, String> {
+    fn sorted(&self) -> Result<Vec<Pick>, FitFailure> {
         let n = self.gpus.len();
         let mut order_stack = [0usize; STACK_GPUS];
         let mut order_heap = Vec::new();
@@ -207,14 +206,14 @@ impl ContainerFit<'_> {
     /// Fits the request the way HAMi does for a pod's later app containers: `order` (positions
     /// of `gpus`, every one once) is the node's device list as the previous container left it;
     /// it is sorted in place for this request, and stays sorted for the next container.
-    pub fn picks_in_order(&self, order: &mut [usize]) -> Result<Vec<Pick>, String> {
+    pub fn picks_in_order(&self, order: &mut [usize]) -> Result<Vec<Pick>, FitFailure> {
         let (gpus, req, opts) = (self.gpus, self.req, self.opts);
         // Scratch space on the stack for the usual node size (this runs for every candidate node
         // of every filter).
         let n = gpus.len();
         if order.len() != n {
             // A caller's bug, not input: answer as HAMi would for an empty device list.
-            return Err(reason::NODE_INSUFFICIENT_DEVICE.to_owned());
+            return Err(FitFailure::NodeInsufficientDevice);
         }
         let mut score_stack = [0f32; STACK_GPUS];
         let mut score_heap = Vec::new();
@@ -253,13 +252,13 @@ impl ContainerFit<'_> {
         // HAMi: `isMIGRequest` (pkg/scheduler/score.go) lifts this check when a `mig` GPU may
         // serve several of the devices.
         if nums > selected.len() && !self.is_mig_request(selected) {
-            return Err(reason::NODE_INSUFFICIENT_DEVICE.to_owned());
+            return Err(FitFailure::NodeInsufficientDevice);
         }
         let type_selectors = self.has_type_selectors();
         let topology = opts.has(GpuPolicyKey::TopologyAware);
         let mutex = opts.has(GpuPolicyKey::Mutex);
-        let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
-        let mut bump = |r: &'static str, n: usize| *counts.entry(r).or_insert(0) += n;
+        let mut counts = ReasonCounts::default();
+        let mut bump = |r: FitReason, n: usize| counts.add(r, n);
         let mut remaining = nums;
         let mut collected: Vec<Pick> = Vec::with_capacity(nums);
         let mut prev_numa: Option<u32> = None;
@@ -273,7 +272,7 @@ impl ContainerFit<'_> {
             }
             if opts.selectors.numa_bind && prev_numa != Some(g.numa) {
                 if !collected.is_empty() {
-                    bump(reason::NUMA_NOT_FIT, collected.len());
+                    bump(FitReason::NumaNotFit, collected.len());
                 }
                 remaining = nums;
                 collected.clear();
@@ -320,11 +319,11 @@ impl ContainerFit<'_> {
         }
         if !collected.is_empty() {
             bump(
-                reason::ALLOCATED_CARDS_INSUFFICIENT_REQUEST,
+                FitReason::AllocatedCardsInsufficientRequest,
                 collected.len(),
             );
         }
-        Err(format_reasons(&counts, selected.len()))
+        Err(FitFailure::Devices(counts.with_total(selected.len())))
     }
 }
 

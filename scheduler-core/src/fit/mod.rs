@@ -8,8 +8,9 @@
 //! to be placed), [`capacity`] (a node's GPUs with their bookings, a namespace's quota budget),
 //! [`score`] (HAMi's scores and device order), [`container`] (one container onto one node's
 //! devices, with `topology` for the topology-aware choice), [`node`] (a whole pod onto a node,
-//! and the choice among nodes), [`reason`] (the reason strings of a refusal), [`summary`] (a node
-//! reduced to what the common request's checks read, for the filter's quick path).
+//! and the choice among nodes), [`reason`] (why a pod does not fit, [`FitFailure`], whose
+//! `Display` is HAMi's reason string), [`summary`] (a node reduced to what the common request's
+//! checks read, for the filter's quick path).
 
 pub mod capacity;
 pub mod container;
@@ -32,6 +33,6 @@ pub use input::{
 pub use node::{
     FilterOutcome, NodeFit, NodePicks, evaluate_node, evaluate_picks, filter, select_node,
 };
-pub use reason::format_reasons;
+pub use reason::{FitFailure, FitReason, ReasonCounts};
 pub use score::{device_score, node_score};
 pub use summary::{NodeSummary, QuickAsk};

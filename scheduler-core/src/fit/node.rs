@@ -9,6 +9,7 @@ use hami_contract::{ContainerDevice, NVIDIA_VENDOR, PodDevices};
 use super::capacity::{Charge, GpuState, NodeState, QuotaBudget};
 use super::container::{ContainerFit, MigPick, Pick};
 use super::input::{NodePolicyKey, PlacementOptions, PodAsk};
+use super::reason::FitFailure;
 use super::score::node_score;
 
 /// A node that can take the pod: its score and the per-container devices.
@@ -85,7 +86,7 @@ impl NodePicks {
 /// picks, in order: each pick on a `mig` GPU takes the instance `selectMigCandidate` gives for its
 /// memory next to the GPU's instances in use and the container's earlier ones, and books that
 /// profile's memory and core instead of the request.
-fn realize_mig(gpus: &[GpuState], picks: &mut [Pick]) -> Result<(), String> {
+fn realize_mig(gpus: &[GpuState], picks: &mut [Pick]) -> Result<(), FitFailure> {
     for k in 0..picks.len() {
         let gi = picks[k].gpu;
         let Some(m) = gpus.get(gi).and_then(|g| g.mig.as_deref()) else {
@@ -99,10 +100,9 @@ fn realize_mig(gpus: &[GpuState], picks: &mut [Pick]) -> Result<(), String> {
                 .filter_map(|p| p.mig.as_ref().map(|x| x.placement)),
         );
         let Some((profile, placement)) = m.select(&occupied, picks[k].mem) else {
-            return Err(format!(
-                "AddResourceUsage failed for device {}: MIG profile and placement allocation failed",
-                gpus[gi].uuid
-            ));
+            return Err(FitFailure::MigAllocation {
+                device: gpus[gi].uuid.clone(),
+            });
         };
         let p = &mut picks[k];
         p.mem = profile.memory_mb;
@@ -116,13 +116,13 @@ fn realize_mig(gpus: &[GpuState], picks: &mut [Pick]) -> Result<(), String> {
 }
 
 /// Evaluates one node for one pod (`scoreNode`): init containers each on a fresh copy, app
-/// containers cumulatively. Returns the node's reason string on failure.
+/// containers cumulatively. On failure says why (HAMi's reason string as `Display`).
 pub fn evaluate_node(
     node: &NodeState,
     ask: &PodAsk,
     opts: &PlacementOptions,
     quota: Option<&QuotaBudget>,
-) -> Result<NodeFit, String> {
+) -> Result<NodeFit, FitFailure> {
     evaluate_picks(node, None, ask, opts, quota).map(|p| p.into_fit(node))
 }
 
@@ -135,7 +135,7 @@ pub fn evaluate_picks(
     ask: &PodAsk,
     opts: &PlacementOptions,
     quota: Option<&QuotaBudget>,
-) -> Result<NodePicks, String> {
+) -> Result<NodePicks, FitFailure> {
     let nvidia = nvidia.filter(|m| m.len() == node.gpus.len());
     let score = node_score(&node.gpus);
     let mut containers: Vec<Vec<Pick>> = Vec::with_capacity(ask.init.len() + ask.app.len());
@@ -266,8 +266,8 @@ pub struct FilterOutcome {
     pub chosen: Option<NodeFit>,
     /// All fitting nodes with their scores (for the `FilteringSucceed` event).
     pub fitting: Vec<(String, f32)>,
-    /// Reason per failed node.
-    pub failed: BTreeMap<String, String>,
+    /// Why each failed node does not fit.
+    pub failed: BTreeMap<String, FitFailure>,
 }
 
 /// Evaluates every candidate and selects one.

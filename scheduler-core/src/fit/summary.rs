@@ -8,11 +8,9 @@
 //! capacity checks are one function ([`check_load`]) that both paths call. The device a fitting
 //! node would give is not computed here: the filter evaluates fully the node it chooses.
 
-use std::collections::BTreeMap;
-
 use super::capacity::{Charge, GpuState, NodeState, QuotaBudget};
 use super::input::{GpuPolicyKey, GpuRequest, PlacementOptions, PodAsk};
-use super::reason::{self, format_reasons};
+use super::reason::{FitFailure, FitReason, ReasonCounts};
 use super::score::node_score;
 
 /// The numbers of one GPU that Fit's capacity checks read.
@@ -49,30 +47,30 @@ pub(super) fn check_load(
     quota: Option<&QuotaBudget>,
     extra: Charge,
     coresreq: u32,
-) -> Result<u32, &'static str> {
+) -> Result<u32, FitReason> {
     if g.count <= g.used {
-        return Err(reason::CARD_TIME_SLICING_EXHAUSTED);
+        return Err(FitReason::CardTimeSlicingExhausted);
     }
     if mutex && g.used > 0 {
-        return Err(reason::EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT);
+        return Err(FitReason::ExclusiveDeviceAllocateConflict);
     }
     let memreq = req.memory_on(g.totalmem);
     if let Some(q) = quota
         && !q.allows(extra.add(memreq, coresreq))
     {
-        return Err(reason::RESOURCE_QUOTA_NOT_FIT);
+        return Err(FitReason::ResourceQuotaNotFit);
     }
     if i64::from(g.totalmem) - i64::from(g.usedmem) < i64::from(memreq) {
-        return Err(reason::CARD_INSUFFICIENT_MEMORY);
+        return Err(FitReason::CardInsufficientMemory);
     }
     if i64::from(g.totalcore) - i64::from(g.usedcores) < i64::from(coresreq) {
-        return Err(reason::CARD_INSUFFICIENT_CORE);
+        return Err(FitReason::CardInsufficientCore);
     }
     if g.totalcore == 100 && coresreq == 100 && g.used > 0 {
-        return Err(reason::EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT);
+        return Err(FitReason::ExclusiveDeviceAllocateConflict);
     }
     if g.totalcore != 0 && g.usedcores == g.totalcore && coresreq == 0 {
-        return Err(reason::CARD_COMPUTE_UNITS_EXHAUSTED);
+        return Err(FitReason::CardComputeUnitsExhausted);
     }
     Ok(memreq)
 }
@@ -132,7 +130,7 @@ pub struct NodeSummary {
 #[derive(Debug, Clone, PartialEq)]
 struct Cold {
     /// See [`NodeSummary::cold`].
-    fixed: Option<String>,
+    fixed: Option<FitFailure>,
     /// Per GPU (in node order), for a `mig` GPU: the largest profile memory with a free
     /// placement ([`super::capacity::MigGpu::max_free_memory`]). A request passes the GPU's
     /// `CustomFilterRule` iff its memory is at most that, so the summary answers it exactly.
@@ -146,73 +144,10 @@ impl Default for NodeSummary {
             score: 0.0,
             gpus: HotGpus::Inline(0, [HotGpu::default(); INLINE_GPUS]),
             cold: Some(Box::new(Cold {
-                fixed: Some(reason::NODE_INSUFFICIENT_DEVICE.to_owned()),
+                fixed: Some(FitFailure::NodeInsufficientDevice),
                 mig_max: Box::default(),
             })),
         }
-    }
-}
-
-/// At most this many distinct reasons come out of the quick check (one per check it runs).
-const QUICK_REASONS: usize = 10;
-
-/// Reason counts on the stack: the check stops at the first fitting GPU, so a map would
-/// often be built for nothing.
-#[derive(Debug)]
-struct Counts {
-    entries: [(&'static str, usize); QUICK_REASONS],
-    len: usize,
-}
-
-impl Counts {
-    fn new() -> Self {
-        Counts {
-            entries: [("", 0); QUICK_REASONS],
-            len: 0,
-        }
-    }
-
-    fn bump(&mut self, r: &'static str) {
-        if let Some(e) = self.entries[..self.len].iter_mut().find(|e| e.0 == r) {
-            e.1 += 1;
-        } else if self.len < QUICK_REASONS {
-            self.entries[self.len] = (r, 1);
-            self.len += 1;
-        }
-    }
-
-    fn format(&self, total: usize) -> String {
-        if let [(r, n)] = &self.entries[..self.len] {
-            // One reason (the usual refusal): what `format_reasons` writes, without its map
-            // and the formatting machinery (thousands of refused nodes per filter).
-            let mut out = String::with_capacity(r.len() + 8);
-            push_decimal(&mut out, *n);
-            out.push('/');
-            push_decimal(&mut out, total);
-            out.push(' ');
-            out.push_str(r);
-            return out;
-        }
-        let map: BTreeMap<&'static str, usize> = self.entries[..self.len].iter().copied().collect();
-        format_reasons(&map, total)
-    }
-}
-
-/// Appends `n` in decimal (what `{n}` formats).
-fn push_decimal(out: &mut String, n: usize) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for d in &digits[i..] {
-        out.push(char::from(*d));
     }
 }
 
@@ -252,7 +187,7 @@ impl NodeSummary {
             }
             _ => HotGpus::Heap(hot.collect()),
         };
-        let mut counts = Counts::new();
+        let mut counts = ReasonCounts::default();
         let mut selected = 0usize;
         let mut fixed = true;
         for g in gpus.as_slice().iter().filter(|g| g.flags & NVIDIA != 0) {
@@ -267,9 +202,9 @@ impl NodeSummary {
         }
         let fixed = fixed.then(|| {
             if selected == 0 {
-                reason::NODE_INSUFFICIENT_DEVICE.to_owned()
+                FitFailure::NodeInsufficientDevice
             } else {
-                counts.format(selected)
+                FitFailure::Devices(counts.with_total(selected))
             }
         });
         let any_mig = node.gpus.iter().any(|g| g.mig.is_some());
@@ -295,13 +230,13 @@ impl NodeSummary {
 }
 
 /// The reason a GPU fails every quick request for, before any check the request changes.
-fn fixed_reason(g: &HotGpu) -> Option<&'static str> {
+fn fixed_reason(g: &HotGpu) -> Option<FitReason> {
     if g.flags & UNHEALTHY != 0 {
-        Some(reason::CARD_NOT_HEALTH)
+        Some(FitReason::CardNotHealth)
     } else if g.flags & CORDONED != 0 {
-        Some(reason::CARD_CORDONED)
+        Some(FitReason::CardCordoned)
     } else if g.load.count <= g.load.used {
-        Some(reason::CARD_TIME_SLICING_EXHAUSTED)
+        Some(FitReason::CardTimeSlicingExhausted)
     } else {
         None
     }
@@ -344,8 +279,8 @@ impl QuickAsk {
     }
 
     /// What the full evaluation of the request on the summarised node answers, but for the
-    /// device: `Ok` when it fits, else the node's reason string.
-    pub fn check(&self, node: &NodeSummary, quota: Option<&QuotaBudget>) -> Result<(), String> {
+    /// device: `Ok` when it fits, else why not.
+    pub fn check(&self, node: &NodeSummary, quota: Option<&QuotaBudget>) -> Result<(), FitFailure> {
         let mut mig_max: &[Option<u32>] = &[];
         if let Some(c) = &node.cold {
             if let Some(r) = &c.fixed {
@@ -353,7 +288,7 @@ impl QuickAsk {
             }
             mig_max = &c.mig_max;
         }
-        let mut counts = Counts::new();
+        let mut counts = ReasonCounts::default();
         let mut selected = 0usize;
         for (i, g) in node.gpus.as_slice().iter().enumerate() {
             if g.flags & NVIDIA == 0 {
@@ -374,7 +309,7 @@ impl QuickAsk {
                     // HAMi: `CustomFilterRule` of a `mig` GPU (pkg/device/nvidia/device.go).
                     Ok(memreq) if g.flags & MIG != 0 => match mig_max.get(i).copied().flatten() {
                         Some(max) if max >= memreq => return Ok(()),
-                        _ => reason::CARD_MIG_TOPOLOGY_INFEASIBLE,
+                        _ => FitReason::CardMigTopologyInfeasible,
                     },
                     Ok(_) => return Ok(()),
                 },
@@ -382,8 +317,8 @@ impl QuickAsk {
             counts.bump(r);
         }
         if selected == 0 {
-            return Err(reason::NODE_INSUFFICIENT_DEVICE.to_owned());
+            return Err(FitFailure::NodeInsufficientDevice);
         }
-        Err(counts.format(selected))
+        Err(FitFailure::Devices(counts.with_total(selected)))
     }
 }

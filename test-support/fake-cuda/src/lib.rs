@@ -385,6 +385,49 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
     CUDA_SUCCESS
 }
 
+/// The UUIDs of the GPUs the container was given, in device order, as a real driver numbers
+/// them: `NVIDIA_VISIBLE_DEVICES` when it lists UUIDs, else the device list mounted under
+/// `/var/run/nvidia-container-devices` (`volume-mounts`). Empty: every device keeps the fixed
+/// `0c0c…` UUID the tests without a device list expect.
+fn visible_uuids() -> &'static [String] {
+    static UUIDS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    UUIDS.get_or_init(|| {
+        let from_env: Vec<String> = std::env::var("NVIDIA_VISIBLE_DEVICES")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|u| u.starts_with("GPU-"))
+            .map(str::to_owned)
+            .collect();
+        if !from_env.is_empty() {
+            return from_env;
+        }
+        let mut mounted: Vec<String> = std::fs::read_dir("/var/run/nvidia-container-devices")
+            .map(|dir| {
+                dir.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| n.starts_with("GPU-"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        mounted.sort();
+        mounted
+    })
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` as the 16 bytes `cuDeviceGetUuid` returns.
+fn uuid_bytes(uuid: &str) -> Option<[u8; 16]> {
+    let hex: String = uuid.strip_prefix("GPU-")?.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
 unsafe fn device_uuid(uuid: *mut u8, dev: CUdevice) -> CUresult {
     require_init!();
     if valid_device(dev).is_none() {
@@ -393,8 +436,14 @@ unsafe fn device_uuid(uuid: *mut u8, dev: CUdevice) -> CUresult {
     if uuid.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let mut bytes = [0x0cu8; 16];
-    bytes[15] = dev as u8;
+    let bytes = visible_uuids()
+        .get(dev as usize)
+        .and_then(|u| uuid_bytes(u))
+        .unwrap_or_else(|| {
+            let mut bytes = [0x0cu8; 16];
+            bytes[15] = dev as u8;
+            bytes
+        });
     // SAFETY: CUuuid is 16 bytes.
     unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), uuid, 16) };
     CUDA_SUCCESS

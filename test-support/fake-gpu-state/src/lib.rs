@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub const MAGIC: u64 = 0x3154_5347_4b41_4646; // "FFAKGST1" little-endian tag
+pub const MAGIC: u64 = 0x3254_5347_4b41_4646; // "FFAKGST2" little-endian tag
 pub const MAX_DEVICES: usize = 16;
 pub const RING: usize = 4096;
 pub const MAX_PROCS: usize = 64;
@@ -30,8 +30,13 @@ pub struct Interval {
 
 #[repr(C)]
 pub struct ProcEntry {
+    /// The PID in the process's own PID namespace (`getpid()`).
     pub pid: AtomicU64,
     pub used_bytes: AtomicU64,
+    /// The inode of that PID namespace (0: unknown). A real driver reports host PIDs; with this
+    /// the fake NVML can too when it runs in an ancestor namespace (a `hostPID` device plugin
+    /// looking at containers' processes): [`DeviceState::processes`].
+    pub pidns: AtomicU64,
 }
 
 #[repr(C)]
@@ -78,6 +83,46 @@ pub fn realtime_us() -> u64 {
     // SAFETY: `ts` is a valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
     (ts.tv_sec as u64).wrapping_mul(1_000_000) + ts.tv_nsec as u64 / 1000
+}
+
+/// The inode of this process's PID namespace (0 when `/proc` cannot tell).
+pub fn own_pidns() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
+/// The PID, as this process sees it, of the process that is `ns_pid` in PID namespace `pidns`:
+/// `ns_pid` itself in our own namespace; otherwise the process in `/proc` whose namespace is
+/// `pidns` and whose innermost `NSpid` is `ns_pid` (found only from an ancestor namespace).
+pub fn pid_seen_here(ns_pid: u64, pidns: u64) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    if pidns == 0 || pidns == own_pidns() {
+        return pid_alive(ns_pid).then_some(ns_pid);
+    }
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if std::fs::metadata(entry.path().join("ns/pid")).map_or(0, |m| m.ino()) != pidns {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let innermost = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|v| v.split_whitespace().last())
+            .and_then(|v| v.parse::<u64>().ok());
+        if innermost == Some(ns_pid) && pid_alive(pid) {
+            return Some(pid);
+        }
+    }
+    None
 }
 
 pub fn pid_alive(pid: u64) -> bool {
@@ -284,40 +329,55 @@ impl DeviceState {
     /// Adds (or with a negative delta, removes) device memory used by `pid`.
     pub fn add_memory(&self, pid: u64, delta: i64) {
         let _guard = self.lock();
+        let ns = own_pidns();
         let mut free_slot = None;
         for entry in &self.procs {
             let p = entry.pid.load(Ordering::Relaxed);
-            if p == pid {
+            // The same PID in another namespace (every container's first process is 1) is
+            // another process.
+            let entry_ns = entry.pidns.load(Ordering::Relaxed);
+            if p == pid && (entry_ns == ns || entry_ns == 0 || ns == 0) {
                 let cur = entry.used_bytes.load(Ordering::Relaxed) as i64;
                 entry
                     .used_bytes
                     .store((cur + delta).max(0) as u64, Ordering::Relaxed);
                 return;
             }
-            if free_slot.is_none() && (p == 0 || !pid_alive(p)) {
+            if free_slot.is_none() && (p == 0 || (entry_ns == ns && !pid_alive(p))) {
                 free_slot = Some(entry);
             }
         }
         if let Some(entry) = free_slot {
             entry.pid.store(pid, Ordering::Relaxed);
+            entry.pidns.store(ns, Ordering::Relaxed);
             entry
                 .used_bytes
                 .store(delta.max(0) as u64, Ordering::Relaxed);
         }
     }
 
-    /// Live processes holding device memory (or a context), with their bytes.
+    /// Live processes holding device memory (or a context), with their bytes, by the PID this
+    /// process sees them under: a process of another PID namespace is translated when this
+    /// process sees it (an ancestor namespace, as NVML reports host PIDs) and left out when it
+    /// does not (a sibling container, or a process that is gone).
     pub fn processes(&self) -> Vec<(u64, u64)> {
-        let _guard = self.lock();
-        self.procs
-            .iter()
-            .map(|e| {
-                (
-                    e.pid.load(Ordering::Relaxed),
-                    e.used_bytes.load(Ordering::Relaxed),
-                )
-            })
-            .filter(|&(pid, _)| pid_alive(pid))
+        let entries: Vec<(u64, u64, u64)> = {
+            let _guard = self.lock();
+            self.procs
+                .iter()
+                .map(|e| {
+                    (
+                        e.pid.load(Ordering::Relaxed),
+                        e.pidns.load(Ordering::Relaxed),
+                        e.used_bytes.load(Ordering::Relaxed),
+                    )
+                })
+                .filter(|&(pid, _, _)| pid != 0)
+                .collect()
+        };
+        entries
+            .into_iter()
+            .filter_map(|(pid, ns, bytes)| pid_seen_here(pid, ns).map(|here| (here, bytes)))
             .collect()
     }
 
