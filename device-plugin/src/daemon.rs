@@ -191,35 +191,12 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         }
         Err(e) => return idle_without_nvml(&cli, &periods, &e).await,
     };
-    // Dynamic MIG: the node carves the instances the scheduler reserves (contract §6.4).
-    let mig = (config.advertise.operating_mode == MODE_MIG).then(|| {
-        Arc::new(MigManager::load(
-            Arc::new(inventory.mig()),
-            Some(mig_checkpoint_path(&cli)),
-        ))
-    });
-    let discovered = inventory.discover().map_err(StartError::Discovery)?;
-    let (managed, skipped) = plan_gpus(&discovered, &config.advertise, &owned_by(&mig));
-    for s in &skipped {
-        tracing::warn!(reason = %s, "GPU not advertised");
-    }
-    tracing::info!(
-        gpus = managed.len(),
-        split = config.advertise.split_count,
-        "GPUs discovered"
-    );
-
     let metrics = PluginMetrics::with_legacy_names(cli.legacy_metric_names);
-    let tracker = HealthTracker::new(
-        config.health.clone(),
-        managed.iter().map(|g| g.uuid.clone()),
-    );
-    let state = DeviceState::new(
-        managed,
-        tracker,
-        config.advertise.enable_numa_topology,
-        Some(metrics.clone()),
-    );
+    let NodeGpus {
+        mig,
+        discovered,
+        state,
+    } = node_gpus(&cli, &config, &inventory, &metrics)?;
     let shutdown = CancellationToken::new();
     spawn_health_thread(
         HealthThread {
@@ -321,37 +298,8 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         },
         &shutdown,
     );
-    {
-        let allocator = allocator.clone();
-        spawn_periodic(
-            "ledger-gc",
-            Schedule::every(periods.ledger_gc).first_after(periods.ledger_gc),
-            shutdown.clone(),
-            move || {
-                let allocator = allocator.clone();
-                async move { allocator.gc_ledger().await }
-            },
-        );
-    }
-    spawn_periodic(
-        "plugin-conflicts",
-        Schedule::every(CONFLICT_SCAN).first_after(CONFLICT_SCAN_FIRST),
-        shutdown.clone(),
-        {
-            let scan = ConflictScan {
-                socket_dir: cli.socket_dir.clone(),
-                own_socket: socket_name_for(&resource),
-                pods: pods.clone(),
-                state: state.clone(),
-                metrics: metrics.clone(),
-                tracker: Arc::default(),
-            };
-            move || {
-                let scan = scan.clone();
-                async move { scan.pass().await }
-            }
-        },
-    );
+    spawn_ledger_gc(&allocator, &periods, &shutdown);
+    spawn_conflict_scan(&cli, &resource, &pods, &state, &metrics, &shutdown);
     let restart = restart_on_sighup();
     spawn_mixed_mig_resources(
         &cli,
@@ -389,6 +337,96 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
     crate::kubelet::run(settings, make, shutdown, Some(metrics))
         .await
         .map_err(StartError::Kubelet)
+}
+
+/// What NVML shows of the node, as the plugin will advertise it.
+struct NodeGpus {
+    /// Dynamic MIG: the node carves the instances the scheduler reserves (contract §6.4).
+    mig: Option<Arc<MigManager>>,
+    discovered: Vec<tessera_node::gpu::GpuInfo>,
+    state: Arc<DeviceState>,
+}
+
+/// Discovers the GPUs, decides which are advertised (and how), and starts their device state.
+fn node_gpus(
+    cli: &Cli,
+    config: &Config,
+    inventory: &NvmlInventory,
+    metrics: &PluginMetrics,
+) -> Result<NodeGpus, StartError> {
+    let mig = (config.advertise.operating_mode == MODE_MIG).then(|| {
+        Arc::new(MigManager::load(
+            Arc::new(inventory.mig()),
+            Some(mig_checkpoint_path(cli)),
+        ))
+    });
+    let discovered = inventory.discover().map_err(StartError::Discovery)?;
+    let (managed, skipped) = plan_gpus(&discovered, &config.advertise, &owned_by(&mig));
+    for s in &skipped {
+        tracing::warn!(reason = %s, "GPU not advertised");
+    }
+    tracing::info!(
+        gpus = managed.len(),
+        split = config.advertise.split_count,
+        "GPUs discovered"
+    );
+    let tracker = HealthTracker::new(
+        config.health.clone(),
+        managed.iter().map(|g| g.uuid.clone()),
+    );
+    let state = DeviceState::new(
+        managed,
+        tracker,
+        config.advertise.enable_numa_topology,
+        Some(metrics.clone()),
+    );
+    Ok(NodeGpus {
+        mig,
+        discovered,
+        state,
+    })
+}
+
+/// Drops ledger entries of pods no longer pending (first run one period after start).
+fn spawn_ledger_gc(allocator: &Arc<Allocator>, periods: &Periods, shutdown: &CancellationToken) {
+    let allocator = allocator.clone();
+    spawn_periodic(
+        "ledger-gc",
+        Schedule::every(periods.ledger_gc).first_after(periods.ledger_gc),
+        shutdown.clone(),
+        move || {
+            let allocator = allocator.clone();
+            async move { allocator.gc_ledger().await }
+        },
+    );
+}
+
+/// Watches for another device plugin serving this node's GPUs.
+fn spawn_conflict_scan(
+    cli: &Cli,
+    resource: &str,
+    pods: &Arc<KubePodSource>,
+    state: &Arc<DeviceState>,
+    metrics: &PluginMetrics,
+    shutdown: &CancellationToken,
+) {
+    let scan = ConflictScan {
+        socket_dir: cli.socket_dir.clone(),
+        own_socket: socket_name_for(resource),
+        pods: pods.clone(),
+        state: state.clone(),
+        metrics: metrics.clone(),
+        tracker: Arc::default(),
+    };
+    spawn_periodic(
+        "plugin-conflicts",
+        Schedule::every(CONFLICT_SCAN).first_after(CONFLICT_SCAN_FIRST),
+        shutdown.clone(),
+        move || {
+            let scan = scan.clone();
+            async move { scan.pass().await }
+        },
+    );
 }
 
 /// What the usage monitors share.

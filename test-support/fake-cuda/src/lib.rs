@@ -417,7 +417,11 @@ fn visible_uuids() -> &'static [String] {
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` as the 16 bytes `cuDeviceGetUuid` returns.
 fn uuid_bytes(uuid: &str) -> Option<[u8; 16]> {
-    let hex: String = uuid.strip_prefix("GPU-")?.chars().filter(|c| *c != '-').collect();
+    let hex: String = uuid
+        .strip_prefix("GPU-")?
+        .chars()
+        .filter(|c| *c != '-')
+        .collect();
     if hex.len() != 32 {
         return None;
     }
