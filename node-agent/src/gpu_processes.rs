@@ -25,6 +25,7 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 
+pub use crate::pod_cgroup::ns_pid_from_status;
 use crate::pod_cgroup::owner_from_proc_cgroup;
 use crate::unaccounted::{GpuProcess, ProcessIdentity, ProcessKind};
 
@@ -280,19 +281,6 @@ impl ProcReader {
             .map_err(|e| gone_or(&path, e))?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
-}
-
-/// The last PID of the `NSpid:` line of a `/proc/<pid>/status` text: the process's PID in its
-/// own (innermost) PID namespace, which is what a shim inside the container records.
-pub fn ns_pid_from_status(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .next_back()?
-        .parse()
-        .ok()
-        .filter(|pid| *pid > 0)
 }
 
 #[cfg(test)]

@@ -197,6 +197,19 @@ fn container_id(segment: &str) -> Option<String> {
     ok.then(|| id.to_owned())
 }
 
+/// The last PID of the `NSpid:` line of a `/proc/<pid>/status` text: the process's PID in its
+/// own (innermost) PID namespace, which is what a shim inside the container records.
+pub fn ns_pid_from_status(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .next_back()?
+        .parse()
+        .ok()
+        .filter(|pid| *pid > 0)
+}
+
 /// A runtime's full container ID in a cgroup segment (64 hex digits, as containerd, CRI-O and
 /// Docker make them): only such a segment is taken for a container outside a pod's cgroup.
 fn full_container_id(segment: &str) -> Option<String> {
