@@ -60,16 +60,7 @@ pub fn snapshot(pod: &Pod, resource: &str) -> PodSnapshot {
                     .collect()
             })
             .unwrap_or_default(),
-        started_containers: pod
-            .status
-            .as_ref()
-            .into_iter()
-            .flat_map(|s| {
-                s.init_container_statuses
-                    .iter()
-                    .flatten()
-                    .chain(s.container_statuses.iter().flatten())
-            })
+        started_containers: container_statuses(pod)
             .filter(|cs| {
                 let ran = |st: Option<&k8s_openapi::api::core::v1::ContainerState>| {
                     st.is_some_and(|st| st.running.is_some() || st.terminated.is_some())
@@ -78,16 +69,7 @@ pub fn snapshot(pod: &Pod, resource: &str) -> PodSnapshot {
             })
             .map(|cs| cs.name.clone())
             .collect(),
-        container_ids: pod
-            .status
-            .as_ref()
-            .into_iter()
-            .flat_map(|s| {
-                s.init_container_statuses
-                    .iter()
-                    .flatten()
-                    .chain(s.container_statuses.iter().flatten())
-            })
+        container_ids: container_statuses(pod)
             .filter_map(|cs| {
                 let id = cs.container_id.as_deref()?;
                 let id = id.split_once("://").map_or(id, |(_, id)| id);
@@ -95,6 +77,18 @@ pub fn snapshot(pod: &Pod, resource: &str) -> PodSnapshot {
             })
             .collect(),
     }
+}
+
+/// The statuses of the pod's init and app containers.
+fn container_statuses(
+    pod: &Pod,
+) -> impl Iterator<Item = &k8s_openapi::api::core::v1::ContainerStatus> {
+    pod.status.as_ref().into_iter().flat_map(|s| {
+        s.init_container_statuses
+            .iter()
+            .flatten()
+            .chain(s.container_statuses.iter().flatten())
+    })
 }
 
 #[cfg(test)]

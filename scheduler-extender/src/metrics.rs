@@ -184,6 +184,35 @@ fn labels<const N: usize>(pairs: [(&str, String); N]) -> Labels {
     pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
+/// Families registered once and replaced whole on every scrape, by name and help.
+trait NamedFamilies {
+    fn families(&self) -> Vec<(&'static str, &'static str, &FloatFamily)>;
+
+    fn register(&self, reg: &mut Registry) {
+        for (name, help, family) in self.families() {
+            reg.register(name, help, family.clone());
+        }
+    }
+
+    fn clear(&self) {
+        for (_, _, family) in self.families() {
+            family.clear();
+        }
+    }
+}
+
+impl NamedFamilies for StateFamilies {
+    fn families(&self) -> Vec<(&'static str, &'static str, &FloatFamily)> {
+        self.named().to_vec()
+    }
+}
+
+impl NamedFamilies for LegacyFamilies {
+    fn families(&self) -> Vec<(&'static str, &'static str, &FloatFamily)> {
+        self.named().to_vec()
+    }
+}
+
 /// The leader's state in HAMi's names (`zone="vGPU"`).
 #[derive(Default)]
 struct StateFamilies {
@@ -264,18 +293,6 @@ impl StateFamilies {
                 &self.q_limit,
             ),
         ]
-    }
-
-    fn register(&self, reg: &mut Registry) {
-        for (name, help, family) in self.named() {
-            reg.register(name, help, family.clone());
-        }
-    }
-
-    fn clear(&self) {
-        for (_, _, family) in self.named() {
-            family.clear();
-        }
     }
 
     fn set_gpu(&self, g: &GpuMetrics) {
@@ -468,18 +485,6 @@ impl LegacyFamilies {
                 &self.mig_instance,
             ),
         ]
-    }
-
-    fn register(&self, reg: &mut Registry) {
-        for (name, help, family) in self.named() {
-            reg.register(name, help, family.clone());
-        }
-    }
-
-    fn clear(&self) {
-        for (_, _, family) in self.named() {
-            family.clear();
-        }
     }
 
     fn set_gpu(&self, g: &GpuMetrics) {
