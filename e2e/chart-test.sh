@@ -465,18 +465,21 @@ else
 	fail "[hami-v2.10] values parity (e2e/hami-values-test.py)"
 fi
 # The counts docs/helm.md and the README state are the ones the parity test counted.
-if counts=$(tail -1 "$WORK/hami-keys.log" | grep -oE '[0-9]+ leaf keys.*: [0-9]+ honoured, [0-9]+ refused, [0-9]+ vendor-skipped'); then
-	read -r total honoured refused skipped < <(grep -oE '[0-9]+' <<<"$counts" | tr '\n' ' ')
-	if grep -qE "^\| honoured \| $honoured \|" "$ROOT/docs/helm.md" &&
-		grep -qE "^\| refused \| $refused \|" "$ROOT/docs/helm.md" &&
-		grep -qE "^\| vendor-skipped \| $skipped \|" "$ROOT/docs/helm.md" &&
-		grep -q "each of the $total keys of HAMi's values" "$ROOT/README.md"; then
-		pass "docs/helm.md and the README state the counted keys ($total: $honoured honoured, $refused refused, $skipped vendor-skipped)"
-	else
-		fail "docs/helm.md's disposition table or the README's key count differs from the parity test's: $counts"
-	fi
+summary=$(tail -1 "$WORK/hami-keys.log")
+count_of() { grep -oE "[0-9]+ $1" <<<"$summary" | head -1 | cut -d' ' -f1 || true; }
+total=$(count_of 'leaf keys')
+honoured=$(count_of honoured)
+refused=$(count_of refused)
+skipped=$(count_of vendor-skipped)
+if [[ -z "$total" || -z "$honoured" || -z "$refused" || -z "$skipped" ]]; then
+	fail "the parity test's summary line has no counts: $summary"
+elif grep -qE "^\| honoured \| $honoured \|" "$ROOT/docs/helm.md" &&
+	grep -qE "^\| refused \| $refused \|" "$ROOT/docs/helm.md" &&
+	grep -qE "^\| vendor-skipped \| $skipped \|" "$ROOT/docs/helm.md" &&
+	grep -q "each of the $total keys of HAMi's values" "$ROOT/README.md"; then
+	pass "docs/helm.md and the README state the counted keys ($total: $honoured honoured, $refused refused, $skipped vendor-skipped)"
 else
-	fail "the parity test's summary line has no counts"
+	fail "docs/helm.md's disposition table or the README's key count differs from the parity test's: $summary"
 fi
 if render "$WORK/old-kube.yaml" -f "$HAMI_VALUES" --show-only templates/scheduler/deployment.yaml --kube-version v1.21.0 2>/dev/null; then
 	fail "[hami-v2.10] Kubernetes 1.21 must be refused (Chart.yaml kubeVersion)"
