@@ -315,7 +315,7 @@ render "$WORK/evict.yaml" --set devicePlugin.unaccountedProcesses.policy=evict -
 expect "evict reaches the device plugin" "$WORK/evict.yaml" '^            - --unaccounted-process-policy=evict$'
 expect "allowed host cgroups reach the device plugin" "$WORK/evict.yaml" '^            - --unaccounted-allowed-host-cgroups=/system.slice/nvidia-persistenced.service$'
 expect "evict grants pod deletion" "$WORK/evict.yaml" '^    verbs: \[delete\]$'
-expect "evict lets the plugin delete pods, on its own node only" "$WORK/evict.yaml" "request.operation == 'DELETE' && !variables.isNode && !has\(request.subResource\) && true"
+expect "evict lets the plugin delete pods, on its own node only" "$WORK/evict.yaml" "request.operation == 'DELETE' && !variables.isNode && \(!has\(request.subResource\) \|\| request.subResource == ''\) && true"
 render "$WORK/unaccounted-off.yaml" --set devicePlugin.unaccountedProcesses.policy=off
 expect "off reaches the device plugin" "$WORK/unaccounted-off.yaml" '^            - --unaccounted-process-policy=off$'
 if render "$WORK/unaccounted-bad.yaml" --set devicePlugin.unaccountedProcesses.policy=kill 2>/dev/null; then

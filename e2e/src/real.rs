@@ -1228,6 +1228,17 @@ impl RealCluster {
         Ok(out.status.map(|s| s.token).unwrap_or_default())
     }
 
+    /// The chart's (first) pod of `component` (`app.kubernetes.io/component`), on any node.
+    pub async fn chart_pod_on_any(&self, component: &str) -> Result<Pod> {
+        Api::<Pod>::namespaced(self.admin.clone(), NAMESPACE)
+            .list(&ListParams::default().labels(&format!("app.kubernetes.io/component={component}")))
+            .await?
+            .items
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::msg(format!("no {component} pod")))
+    }
+
     /// The chart's pod of `component` (`app.kubernetes.io/component`) on `node`.
     pub async fn chart_pod_on(&self, component: &str, node: &str) -> Result<Pod> {
         Api::<Pod>::namespaced(self.admin.clone(), NAMESPACE)

@@ -62,7 +62,7 @@ fn refused<T>(what: &str, r: std::result::Result<T, kube::Error>, by: &[&str]) -
 #[test]
 fn real_nodes_chart_identities_and_tenants_cannot_forge_or_escalate() -> Result<()> {
     real::run(2, |net| async move {
-        let c = RealCluster::start(
+        let mut c = RealCluster::start(
             net,
             RealClusterOptions {
                 name: "real-security".into(),
@@ -95,7 +95,13 @@ fn real_nodes_chart_identities_and_tenants_cannot_forge_or_escalate() -> Result<
         .await?;
         let outcome = match attacks(&c).await {
             Ok(()) => match isolation_attacks(&c).await {
-                Ok(()) => unaccounted_processes(&c).await,
+                Ok(()) => match unaccounted_processes(&c).await {
+                    Ok(()) => match listener_flood(&c).await {
+                        Ok(()) => unaccounted_evicted(&mut c).await,
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),
@@ -850,9 +856,6 @@ async fn unaccounted_processes(c: &RealCluster) -> Result<()> {
             .await
         }
     };
-    let on_other = json!({"nodeSelector": {"kubernetes.io/hostname": OTHER_NODE}});
-    let hold = json!({"command": ["cuda_probe", "hold", "1048576", "/", "/tmp/held"]});
-
     // The honest pod: 1000 MiB booked, held through the shim.
     let honest = tenant_pod(
         "honest",
@@ -860,47 +863,21 @@ async fn unaccounted_processes(c: &RealCluster) -> Result<()> {
         json!([container(
             "main",
             json!({"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}),
-            hold.clone()
+            json!({"command": ["cuda_probe", "hold", "1048576", "/", "/tmp/held"]})
         )]),
-        on_other.clone(),
+        json!({"nodeSelector": {"kubernetes.io/hostname": OTHER_NODE}}),
     )?;
     user_pods.create(&PostParams::default(), &honest).await?;
     let honest = running("honest").await?;
 
     // The stowaway: no GPU request, the node's driver and GPU state by hostPath.
-    let node = c.node(OTHER_NODE).ok_or_else(|| Error::msg("no t4-node"))?;
-    let driver = c.artifacts.driver_dir.join("libcuda.so.1");
-    let state = node.dir.join("gpu-state");
-    let stowaway = tenant_pod(
-        "stowaway",
-        json!({}),
-        json!([container(
-            "main",
-            json!({}),
-            with_fields(
-                hold,
-                json!({
-                    "env": [
-                        {"name": "FAKE_GPU_STATE", "value": tessera_e2e::real::SHARED_GPU_STATE},
-                        {"name": "FAKE_CUDA_MEMORY_MIB", "value": "15360"},
-                    ],
-                    "volumeMounts": [
-                        {"name": "driver", "mountPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "readOnly": true},
-                        {"name": "state", "mountPath": tessera_e2e::real::SHARED_GPU_STATE},
-                    ],
-                })
-            )
-        )]),
-        with_fields(
-            on_other,
-            json!({"volumes": [
-                {"name": "driver", "hostPath": {"path": driver, "type": "File"}},
-                {"name": "state", "hostPath": {"path": state, "type": "File"}},
-            ]}),
-        ),
-    )?;
+    let stowaway = stowaway_pod(c, "stowaway")?;
     user_pods.create(&PostParams::default(), &stowaway).await?;
     let stowaway = running("stowaway").await?;
+    let node = c
+        .node(OTHER_NODE)
+        .ok_or_else(|| Error::msg("no t4-node"))?;
+    let state = node.dir.join("gpu-state");
 
     // A process in no pod: the fake CUDA run on the node itself, outside every pod's cgroup
     // (`timeout`: it is the node's, and outlives nsenter).
@@ -1018,6 +995,201 @@ async fn unaccounted_processes(c: &RealCluster) -> Result<()> {
     }
     for name in ["stowaway", "honest"] {
         c.delete_pod(TENANT, name).await?;
+    }
+    Ok(())
+}
+
+/// Issue 28, item 4: busy connections from one peer do not stop GPU pod creation. A tenant's pod
+/// keeps 1,000 connections open to the extender's listener (the webhook's port), each reopened
+/// as soon as it is closed; meanwhile another namespace's GPU pod is admitted (the API server
+/// calls the webhook, which fails closed) within 5 s, and the extender stays Ready, unrestarted.
+async fn listener_flood(c: &RealCluster) -> Result<()> {
+    const CONNECTIONS: usize = 1000;
+    let scheduler = c.chart_pod_on_any("scheduler").await?;
+    let ip = scheduler
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .ok_or_else(|| Error::msg("the scheduler pod has no IP"))?;
+    let node = scheduler
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .ok_or_else(|| Error::msg("the scheduler pod has no node"))?;
+    let restarts = |p: &Pod| -> i32 {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .map_or(0, |cs| cs.iter().map(|c| c.restart_count).sum())
+    };
+    let restarts_before = restarts(&scheduler);
+    // One slot per connection: open, hold without a byte, reopen when the listener closes it.
+    let script = format!(
+        "i=0; while [ $i -lt {CONNECTIONS} ]; do \
+           (while :; do sleep 60 | nc {ip} 443 >/dev/null 2>&1; done) & i=$((i+1)); \
+         done; echo flooding; wait"
+    );
+    let flood = tenant_pod(
+        "flood",
+        json!({}),
+        json!([container(
+            "main",
+            json!({}),
+            json!({"command": ["/bin/sh", "-c", script]})
+        )]),
+        json!({"nodeSelector": {"kubernetes.io/hostname": node}}),
+    )?;
+    let user_pods: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
+    user_pods.create(&PostParams::default(), &flood).await?;
+    let admin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    eventually(
+        "the flood pod running",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        || async {
+            admin_pods.get_opt("flood").await.ok().flatten().filter(|p| {
+                p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+        },
+    )
+    .await?;
+    // Let every slot connect and the listener reach its per-peer limit.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let other_pods: Api<Pod> = Api::namespaced(c.user().clone(), OTHER);
+    let mut slowest = Duration::ZERO;
+    for i in 0..3 {
+        let name = format!("admitted-{i}");
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": OTHER},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [container(
+                    "main",
+                    json!({"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "500"}}),
+                    json!({})
+                )],
+            },
+        }))?;
+        let started = std::time::Instant::now();
+        other_pods
+            .create(&PostParams::default(), &pod)
+            .await
+            .map_err(|e| Error::msg(format!("GPU pod {name} not admitted during the flood: {e}")))?;
+        slowest = slowest.max(started.elapsed());
+        other_pods.delete(&name, &Default::default()).await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    eprintln!("during a {CONNECTIONS}-connection flood from one pod: slowest GPU pod admission {slowest:?}");
+    if slowest > Duration::from_secs(5) {
+        return Err(Error::msg(format!(
+            "a GPU pod took {slowest:?} to be admitted during the flood (limit 5 s)"
+        )));
+    }
+    let after = c.chart_pod_on_any("scheduler").await?;
+    let ready = after
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if !ready || restarts(&after) != restarts_before {
+        return Err(Error::msg(format!(
+            "the extender during the flood: ready={ready}, restarts {} -> {}",
+            restarts_before,
+            restarts(&after)
+        )));
+    }
+    c.delete_pod(TENANT, "flood").await?;
+    Ok(())
+}
+
+/// A pod of the tenant without a GPU request that reaches the node's (simulated) GPU anyway: the
+/// driver and the GPU's state by hostPath, holding memory in 1 MiB pieces.
+fn stowaway_pod(c: &RealCluster, name: &str) -> Result<Pod> {
+    let node = c
+        .node(OTHER_NODE)
+        .ok_or_else(|| Error::msg("no t4-node"))?;
+    let driver = c.artifacts.driver_dir.join("libcuda.so.1");
+    let state = node.dir.join("gpu-state");
+    tenant_pod(
+        name,
+        json!({}),
+        json!([container(
+            "main",
+            json!({}),
+            json!({
+                "command": ["cuda_probe", "hold", "1048576", "/", "/tmp/held"],
+                "env": [
+                    {"name": "FAKE_GPU_STATE", "value": tessera_e2e::real::SHARED_GPU_STATE},
+                    {"name": "FAKE_CUDA_MEMORY_MIB", "value": "15360"},
+                ],
+                "volumeMounts": [
+                    {"name": "driver", "mountPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "readOnly": true},
+                    {"name": "state", "mountPath": tessera_e2e::real::SHARED_GPU_STATE},
+                ],
+            })
+        )]),
+        json!({
+            "nodeSelector": {"kubernetes.io/hostname": OTHER_NODE},
+            "volumes": [
+                {"name": "driver", "hostPath": {"path": driver, "type": "File"}},
+                {"name": "state", "hostPath": {"path": state, "type": "File"}},
+            ],
+        }),
+    )
+}
+
+/// With `devicePlugin.unaccountedProcesses.policy: evict` (an upgrade of the release), the
+/// stowaway is evicted within two passes: the plugin's delete passes the scope policy (its own
+/// node's pod) and the RBAC the chart grants only under `evict`.
+async fn unaccounted_evicted(c: &mut RealCluster) -> Result<()> {
+    c.helm_upgrade_set(&[("devicePlugin.unaccountedProcesses.policy", "evict")])
+        .await?;
+    c.wait_plugin_rolled_out().await?;
+    let user_pods: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
+    user_pods
+        .create(&PostParams::default(), &stowaway_pod(c, "stowaway-2")?)
+        .await?;
+    let admin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    let seen_running = eventually(
+        "stowaway-2 Running",
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+        || async {
+            admin_pods.get_opt("stowaway-2").await.ok().flatten().filter(|p| {
+                p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+        },
+    )
+    .await?;
+    let uid = seen_running.metadata.uid.clone().unwrap_or_default();
+    eventually(
+        "stowaway-2 evicted (deleted) by the device plugin",
+        Duration::from_secs(WATCH_PERIOD_SECS * 2 + 40),
+        Duration::from_millis(500),
+        || async {
+            match admin_pods.get_opt("stowaway-2").await {
+                Ok(None) => Some(()),
+                Ok(Some(p)) => (p.metadata.uid.as_deref() != Some(uid.as_str())
+                    || p.metadata.deletion_timestamp.is_some())
+                .then_some(()),
+                Err(_) => None,
+            }
+        },
+    )
+    .await?;
+    let events: Api<Event> = Api::namespaced(c.admin().clone(), TENANT);
+    let announced = events
+        .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
+        .await?
+        .items
+        .into_iter()
+        .any(|e| e.reason.as_deref() == Some("EvictingForUnaccountedGPUProcess"));
+    if !announced {
+        return Err(Error::msg(
+            "stowaway-2 was deleted without the Event that says why",
+        ));
     }
     Ok(())
 }
