@@ -1231,7 +1231,9 @@ impl RealCluster {
     /// The chart's (first) pod of `component` (`app.kubernetes.io/component`), on any node.
     pub async fn chart_pod_on_any(&self, component: &str) -> Result<Pod> {
         Api::<Pod>::namespaced(self.admin.clone(), NAMESPACE)
-            .list(&ListParams::default().labels(&format!("app.kubernetes.io/component={component}")))
+            .list(
+                &ListParams::default().labels(&format!("app.kubernetes.io/component={component}")),
+            )
             .await?
             .items
             .into_iter()

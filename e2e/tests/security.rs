@@ -874,9 +874,7 @@ async fn unaccounted_processes(c: &RealCluster) -> Result<()> {
     let stowaway = stowaway_pod(c, "stowaway")?;
     user_pods.create(&PostParams::default(), &stowaway).await?;
     let stowaway = running("stowaway").await?;
-    let node = c
-        .node(OTHER_NODE)
-        .ok_or_else(|| Error::msg("no t4-node"))?;
+    let node = c.node(OTHER_NODE).ok_or_else(|| Error::msg("no t4-node"))?;
     let state = node.dir.join("gpu-state");
 
     // A process in no pod: the fake CUDA run on the node itself, outside every pod's cgroup
@@ -1047,9 +1045,12 @@ async fn listener_flood(c: &RealCluster) -> Result<()> {
         Duration::from_secs(60),
         Duration::from_millis(250),
         || async {
-            admin_pods.get_opt("flood").await.ok().flatten().filter(|p| {
-                p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-            })
+            admin_pods
+                .get_opt("flood")
+                .await
+                .ok()
+                .flatten()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
         },
     )
     .await?;
@@ -1076,12 +1077,16 @@ async fn listener_flood(c: &RealCluster) -> Result<()> {
         other_pods
             .create(&PostParams::default(), &pod)
             .await
-            .map_err(|e| Error::msg(format!("GPU pod {name} not admitted during the flood: {e}")))?;
+            .map_err(|e| {
+                Error::msg(format!("GPU pod {name} not admitted during the flood: {e}"))
+            })?;
         slowest = slowest.max(started.elapsed());
         other_pods.delete(&name, &Default::default()).await?;
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    eprintln!("during a {CONNECTIONS}-connection flood from one pod: slowest GPU pod admission {slowest:?}");
+    eprintln!(
+        "during a {CONNECTIONS}-connection flood from one pod: slowest GPU pod admission {slowest:?}"
+    );
     if slowest > Duration::from_secs(5) {
         return Err(Error::msg(format!(
             "a GPU pod took {slowest:?} to be admitted during the flood (limit 5 s)"
@@ -1107,9 +1112,7 @@ async fn listener_flood(c: &RealCluster) -> Result<()> {
 /// A pod of the tenant without a GPU request that reaches the node's (simulated) GPU anyway: the
 /// driver and the GPU's state by hostPath, holding memory in 1 MiB pieces.
 fn stowaway_pod(c: &RealCluster, name: &str) -> Result<Pod> {
-    let node = c
-        .node(OTHER_NODE)
-        .ok_or_else(|| Error::msg("no t4-node"))?;
+    let node = c.node(OTHER_NODE).ok_or_else(|| Error::msg("no t4-node"))?;
     let driver = c.artifacts.driver_dir.join("libcuda.so.1");
     let state = node.dir.join("gpu-state");
     tenant_pod(
@@ -1157,9 +1160,12 @@ async fn unaccounted_evicted(c: &mut RealCluster) -> Result<()> {
         Duration::from_secs(120),
         Duration::from_millis(250),
         || async {
-            admin_pods.get_opt("stowaway-2").await.ok().flatten().filter(|p| {
-                p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-            })
+            admin_pods
+                .get_opt("stowaway-2")
+                .await
+                .ok()
+                .flatten()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
         },
     )
     .await?;
