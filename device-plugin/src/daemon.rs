@@ -486,13 +486,8 @@ fn spawn_usage_monitors(m: UsageMonitors<'_>, shutdown: &CancellationToken) {
         gpus: m.gpus,
         proc: Arc::new(ProcReader::new(&m.cli.proc_root)),
         pods: m.pods,
-        allowed_host_cgroups: m
-            .cli
-            .unaccounted_allowed_host_cgroups
-            .iter()
-            .filter(|c| !c.is_empty())
-            .cloned()
-            .collect(),
+        // An empty entry (the flag's default) allows nothing: `Exemptions::allows_host_cgroup`.
+        allowed_host_cgroups: m.cli.unaccounted_allowed_host_cgroups.clone(),
         policy: m.cli.unaccounted_process_policy,
         evictor: m.evictor,
         events: m.events,

@@ -245,24 +245,17 @@ impl ProcessWatch {
             undetermined: confirmed.undetermined.len(),
             ..Default::default()
         };
-        let per_reason: Vec<(&'static str, usize)> = [
-            Reason::NotBooked.code(),
-            Reason::NoShimRegion.code(),
-            Reason::NotInAPod {
-                cgroup: String::new(),
-            }
-            .code(),
-        ]
-        .into_iter()
-        .map(|code| {
-            let n = confirmed
-                .unaccounted
-                .iter()
-                .filter(|p| p.reason.code() == code)
-                .count();
-            (code, n)
-        })
-        .collect();
+        let per_reason: Vec<(&'static str, usize)> = Reason::CODES
+            .into_iter()
+            .map(|code| {
+                let n = confirmed
+                    .unaccounted
+                    .iter()
+                    .filter(|p| p.reason.code() == code)
+                    .count();
+                (code, n)
+            })
+            .collect();
         self.metrics
             .set_unaccounted(&per_reason, summary.undetermined);
         for p in confirmed.outside_pods() {
@@ -286,7 +279,7 @@ impl ProcessWatch {
             };
             let reason = processes
                 .first()
-                .map_or("GpuNotBooked", |p| p.reason.code());
+                .map_or(Reason::CODES[0], |p| p.reason.code());
             let regarding = EventObject::Pod {
                 namespace: pod.namespace.clone(),
                 name: pod.name.clone(),

@@ -244,12 +244,19 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every [`Reason::code`], in the report's order: the metric has a series for each.
+    pub const CODES: [&'static str; 3] = [
+        "GpuNotBooked",
+        "GpuProcessWithoutShim",
+        "GpuProcessOutsidePods",
+    ];
+
     /// A stable machine name: the Event reason and the metric label.
     pub fn code(&self) -> &'static str {
         match self {
-            Reason::NotBooked => "GpuNotBooked",
-            Reason::NoShimRegion => "GpuProcessWithoutShim",
-            Reason::NotInAPod { .. } => "GpuProcessOutsidePods",
+            Reason::NotBooked => Self::CODES[0],
+            Reason::NoShimRegion => Self::CODES[1],
+            Reason::NotInAPod { .. } => Self::CODES[2],
         }
     }
 }
