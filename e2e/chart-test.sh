@@ -290,7 +290,8 @@ expect "the extender reads tls.crt/tls.key of the chart's Secret" "$D" "^       
 expect_not "no certificate Jobs (no third-party image)" "$D" '^kind: Job$|kube-webhook-certgen'
 expect_not "no wildcard RBAC" "$D" "verbs: \\[.*\\*|resources: \\[.*\\*|apiGroups: \\[.*\\*"
 expect_not "no cluster-admin" "$D" 'name: cluster-admin'
-expect_count "lease access limited to the two Leases" "$D" "^      - $RELEASE-(scheduler-extender|kube-scheduler)\$" 2
+# The extender's Role names its Lease and (read only) kube-scheduler's; kube-scheduler's Role its own.
+expect_count "lease access limited to the two Leases" "$D" "^      - $RELEASE-(scheduler-extender|kube-scheduler)\$" 3
 
 # Admission policies (templates/admission/): enforced by the API server, no label selector.
 expect_count "four ValidatingAdmissionPolicies" "$D" '^kind: ValidatingAdmissionPolicy$' 4
@@ -299,6 +300,43 @@ expect_count "policies fail closed" "$D" '^  failurePolicy: Fail$' 4
 expect "container isolation covers pods and ephemeral containers" "$D" '^        resources: \[pods, pods/ephemeralcontainers\]$'
 expect "container isolation refuses NVIDIA_VISIBLE_DEVICES from unprivileged containers" "$D" "e.name == 'NVIDIA_VISIBLE_DEVICES'"
 expect "container isolation guards the shim's paths" "$D" "m\.mountPath\.matches\(r'.*usr.*local.*vgpu.*etc.*ld\\\\\.so\\\\\.preload"
+# Two identities in the scheduler pod (issue 28, item 5): the extender's token (the pod's account)
+# and kube-scheduler's own (its token Secret), each mounted into its own container only.
+render "$WORK/sched-identities.yaml" --show-only templates/scheduler/deployment.yaml --show-only templates/scheduler/rbac.yaml
+if report="$(python3 - "$WORK/sched-identities.yaml" "$RELEASE" <<'PY' 2>&1
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+release = sys.argv[2]
+extender, kube = f"{release}-scheduler", f"{release}-kube-scheduler"
+pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+assert pod["serviceAccountName"] == extender, pod["serviceAccountName"]
+assert pod.get("automountServiceAccountToken") is False, "the pod mounts a token for every container"
+volumes = {v["name"]: v for v in pod["volumes"]}
+assert volumes["kube-scheduler-token"]["secret"]["secretName"] == f"{kube}-token"
+assert any("serviceAccountToken" in s for s in volumes["extender-token"]["projected"]["sources"])
+want = {"kube-scheduler": ["kube-scheduler-token"], "tessera-scheduler": ["extender-token"]}
+for c in pod["containers"]:
+    tokens = [m["name"] for m in c.get("volumeMounts", []) if m["mountPath"].startswith("/var/run/secrets/kubernetes.io")]
+    assert tokens == want[c["name"]], (c["name"], tokens)
+secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == f"{kube}-token")
+assert secret["type"] == "kubernetes.io/service-account-token"
+assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == kube
+for b in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+    subjects = {s["name"] for s in b["subjects"]}
+    if b["roleRef"]["name"] in ("system:kube-scheduler", "system:volume-scheduler", "extension-apiserver-authentication-reader"):
+        assert subjects == {kube}, (b["metadata"]["name"], subjects)
+extender_rules = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == extender)["rules"]
+verbs = {v for r in extender_rules for v in r["verbs"]}
+assert "delete" not in verbs and not any("resourceclaims" in " ".join(r["resources"]) for r in extender_rules), extender_rules
+print("ok")
+PY
+)"; then
+	pass "scheduler pod: the extender's token and kube-scheduler's own, each in its container only; the extender cannot delete pods or write claims"
+else
+	printf '%s\n' "$report" >&2
+	fail "scheduler pod identities"
+fi
+
 render "$WORK/policies.yaml" --show-only templates/admission/policies.yaml --show-only templates/admission/container-isolation.yaml
 expect_not "no policy has an object selector" "$WORK/policies.yaml" 'objectSelector:'
 render "$WORK/exempt.yaml" --set 'admissionPolicy.exemptNamespaces[0]=gpu-operator' --set 'global.gpuHookPath=/opt/hamihook'
@@ -322,6 +360,32 @@ if render "$WORK/unaccounted-bad.yaml" --set devicePlugin.unaccountedProcesses.p
 	fail "an unknown unaccountedProcesses.policy must fail the install"
 else
 	pass "an unknown unaccountedProcesses.policy fails the install"
+fi
+# The DRA plugin runs the same watch on DRA nodes (dra.unaccountedProcesses), with the same flags.
+expect "[dra] the DRA plugin may delete no pod under report" "$WORK/dra-policies.yaml" "variables.isSlice \|\| \(request.operation == 'DELETE' && \(!has\(request.subResource\) \|\| request.subResource == ''\) && false\)"
+render "$WORK/dra-watch.yaml" --set dra.enabled=true --show-only templates/dra/daemonset.yaml --show-only templates/dra/rbac.yaml
+expect "[dra] the unaccounted-process watch reports by default" "$WORK/dra-watch.yaml" '^            - --unaccounted-process-policy=report$'
+expect "[dra] the watch's period reaches the DRA plugin" "$WORK/dra-watch.yaml" '^            - --unaccounted-period-seconds=15$'
+expect "[dra] the watching DRA plugin has the host's PIDs" "$WORK/dra-watch.yaml" '^      hostPID: true$'
+expect "[dra] the watch reads its node's pods" "$WORK/dra-watch.yaml" '^    verbs: \[list, watch\]$'
+expect "[dra] the watch writes Events" "$WORK/dra-watch.yaml" '^    resources: \[events\]$'
+expect_not "[dra] report never grants the DRA plugin pod deletion" "$WORK/dra-watch.yaml" '^    verbs: \[delete\]$'
+render "$WORK/dra-evict.yaml" --set dra.enabled=true --set dra.unaccountedProcesses.policy=evict --set 'dra.unaccountedProcesses.allowedHostCgroups[0]=/system.slice/nvidia-persistenced.service' --set dra.unaccountedProcesses.periodSeconds=5
+expect "[dra] evict reaches the DRA plugin" "$WORK/dra-evict.yaml" '^            - --unaccounted-process-policy=evict$'
+expect "[dra] allowed host cgroups reach the DRA plugin" "$WORK/dra-evict.yaml" '^            - --unaccounted-allowed-host-cgroups=/system.slice/nvidia-persistenced.service$'
+expect "[dra] the watch's period is the value's" "$WORK/dra-evict.yaml" '^            - --unaccounted-period-seconds=5$'
+expect_count "[dra] evict grants pod deletion to the DRA plugin only" "$WORK/dra-evict.yaml" '^    verbs: \[delete\]$' 1
+expect "[dra] evict lets the DRA plugin delete pods" "$WORK/dra-evict.yaml" "variables.isSlice \|\| \(request.operation == 'DELETE' && \(!has\(request.subResource\) \|\| request.subResource == ''\) && true\)"
+expect "[dra] the DRA plugin deletes only pods on its own node" "$WORK/dra-evict.yaml" "variables.isSlice \|\| \(oldObject != null && has\(oldObject.spec.nodeName\) && oldObject.spec.nodeName == variables.nodeName\)"
+expect_count "[dra] still five ValidatingAdmissionPolicies" "$WORK/dra-evict.yaml" '^kind: ValidatingAdmissionPolicy$' 5
+render "$WORK/dra-unaccounted-off.yaml" --set dra.enabled=true --set dra.unaccountedProcesses.policy=off --show-only templates/dra/daemonset.yaml --show-only templates/dra/rbac.yaml
+expect "[dra] off reaches the DRA plugin" "$WORK/dra-unaccounted-off.yaml" '^            - --unaccounted-process-policy=off$'
+expect_not "[dra] without the watch no hostPID" "$WORK/dra-unaccounted-off.yaml" 'hostPID'
+expect_not "[dra] without the watch no pods or Events" "$WORK/dra-unaccounted-off.yaml" 'resources: \[(pods|events)\]'
+if render "$WORK/dra-unaccounted-bad.yaml" --set dra.enabled=true --set dra.unaccountedProcesses.policy=kill 2>/dev/null; then
+	fail "an unknown dra.unaccountedProcesses.policy must fail the install"
+else
+	pass "an unknown dra.unaccountedProcesses.policy fails the install"
 fi
 if render "$WORK/cdi-cri.yaml" --set devicePlugin.deviceListStrategy=cdi-cri 2>/dev/null; then
 	fail "deviceListStrategy cdi-cri must fail the install"
@@ -382,7 +446,8 @@ H="$WORK/http-only.yaml"
 expect "[http-only] extender on loopback only" "$H" '^            - --http-bind=127.0.0.1:443$'
 expect "[http-only] kube-scheduler uses plain HTTP" "$H" 'urlPrefix: "http://127.0.0.1:443"'
 expect_not "[http-only] no webhook" "$H" '^kind: MutatingWebhookConfiguration$'
-expect_not "[http-only] no certificate Jobs or Secrets" "$H" '^kind: (Job|Secret)$'
+# (kube-scheduler's service-account token Secret is not a certificate.)
+expect_not "[http-only] no certificate Jobs or Secrets" "$H" '^kind: Job$|^type: kubernetes.io/tls$'
 DRA="$WORK/dra.yaml"
 expect "[dra] the DeviceClass of driver gpu.tessera.dev" "$DRA" '^kind: DeviceClass$'
 expect "[dra] the class serves the extended resource" "$DRA" '^  extendedResourceName: example.com/gpu$'
@@ -400,7 +465,7 @@ expect "[cert-manager] CA injected into the webhook" "$C" "cert-manager.io/injec
 expect_count "[cert-manager] serving and client certificates plus CA" "$C" '^kind: Certificate$' 3
 expect "[cert-manager] client certificate for kube-scheduler" "$C" '^  usages: \[client auth, digital signature, key encipherment\]$'
 expect_not "[cert-manager] no certificate Jobs" "$C" '^kind: Job$'
-expect_not "[cert-manager] no Helm-issued certificates" "$C" '^kind: Secret$|checksum/serving-cert'
+expect_not "[cert-manager] no Helm-issued certificates" "$C" '^type: kubernetes.io/tls$|checksum/serving-cert'
 expect_count "[cert-manager] ServiceMonitors for both daemons" "$C" '^kind: ServiceMonitor$' 2
 expect "[cert-manager] Grafana dashboard" "$C" '"uid": "tessera-gpu"'
 

@@ -125,6 +125,12 @@ pub struct Cli {
         default_value = ""
     )]
     pub unaccounted_allowed_host_cgroups: Vec<String>,
+    /// MiB per process that a pod's GPU processes may use, by NVML's count, beyond the pod's
+    /// memory booking on a GPU before the watch reports the pod (`GpuMemoryOverBooking`, under
+    /// `--unaccounted-process-policy`): what the driver reserves for a process outside any
+    /// allocation the shim sees (its context, local memory).
+    #[arg(long, env = "UNACCOUNTED_MEMORY_ALLOWANCE_MIB", default_value_t = 1024)]
+    pub unaccounted_memory_allowance_mib: u64,
     /// Seconds between passes of the unaccounted-process watch (a lasting process is acted on
     /// within two).
     #[arg(long, env = "UNACCOUNTED_PERIOD_SECONDS", default_value_t = 15)]

@@ -49,7 +49,7 @@ use tessera_node::monitor::{VgpuFeedback, VgpuMonitor};
 use tessera_node::node_events::{NodeEvent, NodeEvents};
 use tessera_node::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
 use tessera_node::pod_resources::KubeletPodResources;
-use tessera_node::process_watch::{ProcessWatch, UnaccountedPolicy};
+use tessera_node::process_watch::{HamiBookings, ProcessWatch, UnaccountedPolicy};
 
 /// Why the daemon could not start (or its kubelet server could not run). `main` prints it with
 /// its whole chain on one line.
@@ -481,8 +481,11 @@ fn spawn_usage_monitors(m: UsageMonitors<'_>, shutdown: &CancellationToken) {
         return;
     }
     let watch = ProcessWatch {
-        containers_dir,
-        state: m.state,
+        bookings: Arc::new(HamiBookings {
+            containers_dir,
+            state: m.state,
+            memory_allowance_mib: m.cli.unaccounted_memory_allowance_mib,
+        }),
         gpus: m.gpus,
         proc: Arc::new(ProcReader::new(&m.cli.proc_root)),
         pods: m.pods,

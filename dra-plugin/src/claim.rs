@@ -8,7 +8,7 @@
 //! was booked) and `CUDA_DEVICE_SM_LIMIT` the cores. A GPU allocated whole (no consumed capacity)
 //! gives the claim all its memory and 100 % of its cores.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use hami_contract::devices::ContainerDevice;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
@@ -210,6 +210,36 @@ pub fn shim_devices(shares: &[GpuShare]) -> Option<Vec<ContainerDevice>> {
         .collect()
 }
 
+/// The UIDs of the pods `claim` is reserved for (`status.reservedFor` entries of the core
+/// group's `pods`): the pods whose processes its GPUs account for. kube-scheduler reserves the
+/// claim for a pod before the kubelet prepares it, so every pod using a prepared claim is there.
+/// Other consumers (a workload controller's reservation) run no process and are left out.
+pub fn reserved_pods(claim: &ResourceClaim) -> BTreeSet<String> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or_default().is_empty())
+        .filter(|c| !c.uid.is_empty())
+        .map(|c| c.uid.clone())
+        .collect()
+}
+
+/// Whether `claim`, prepared on this node (pool `node`), gives its containers the GPUs without
+/// the shim (admin access: [`shim_devices`] is `None`). A claim that no longer reads as one this
+/// node serves says no: its processes are then held to the shim's regions, never exempted on a
+/// guess.
+pub fn prepared_without_shim(
+    claim: &ResourceClaim,
+    uid: &str,
+    node: &str,
+    gpus: &[GpuInfo],
+) -> bool {
+    claim_shares(claim, uid, node, gpus).is_ok_and(|shares| shim_devices(&shares).is_none())
+}
+
 /// The requests of `shares`, each with the devices serving it (for the kubelet's response).
 pub fn devices_by_request(shares: &[GpuShare]) -> BTreeMap<&str, Vec<&str>> {
     let mut out: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
@@ -396,8 +426,41 @@ mod tests {
     fn admin_access_sees_the_gpu_without_the_shim() {
         let mut r = result("gpu", "node-a", "gpu-0", &[]);
         r.admin_access = Some(true);
-        let shares = claim_shares(&claim(vec![r]), "uid-1", "node-a", &gpus()).unwrap();
+        let admin = claim(vec![r]);
+        let shares = claim_shares(&admin, "uid-1", "node-a", &gpus()).unwrap();
         assert_eq!(shares[0].limits, None);
         assert!(shim_devices(&shares).is_none());
+        assert!(prepared_without_shim(&admin, "uid-1", "node-a", &gpus()));
+        let shared = claim(vec![result("gpu", "node-a", "gpu-0", &[("cores", "10")])]);
+        assert!(!prepared_without_shim(&shared, "uid-1", "node-a", &gpus()));
+        // A claim that no longer reads as this node's is held to the shim.
+        assert!(!prepared_without_shim(&admin, "uid-2", "node-a", &gpus()));
+    }
+
+    #[test]
+    fn the_pods_a_claim_is_reserved_for_are_its_pod_consumers() {
+        use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
+        let consumer =
+            |group: Option<&str>, resource: &str, uid: &str| ResourceClaimConsumerReference {
+                api_group: group.map(str::to_owned),
+                name: format!("n-{uid}"),
+                resource: resource.into(),
+                uid: uid.into(),
+            };
+        let mut c = claim(vec![result("gpu", "node-a", "gpu-0", &[])]);
+        assert!(reserved_pods(&c).is_empty(), "not reserved yet");
+        if let Some(status) = c.status.as_mut() {
+            status.reserved_for = Some(vec![
+                consumer(None, "pods", "pod-1"),
+                consumer(Some(""), "pods", "pod-2"),
+                consumer(Some("apps"), "deployments", "dep-1"),
+                consumer(Some("example.com"), "pods", "not-a-pod"),
+                consumer(None, "pods", ""),
+            ]);
+        }
+        assert_eq!(
+            reserved_pods(&c),
+            ["pod-1".to_owned(), "pod-2".to_owned()].into()
+        );
     }
 }

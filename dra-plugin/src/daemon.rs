@@ -3,7 +3,9 @@
 //! A daemon of its own over the node library (`tessera_node`: NVML discovery, health rules, the
 //! shim's container environment), shipped in the device plugin's image: a node runs either the device plugin or
 //! the DRA plugin (the chart's `dra.enabled` picks which DaemonSet a node gets), and the two
-//! take different flags (no HAMi device-config, node annotations or scheduler names here).
+//! take different flags (no HAMi device-config, node annotations or scheduler names here). Both
+//! run the unaccounted-process watch (task `gpu-process-watch`, `--unaccounted-process-policy`),
+//! here against the claims prepared on the node.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -24,8 +26,12 @@ use super::publish::{ConsumableMode, SlicePublisher};
 use super::slice::{GpuFacts, slice_devices};
 use tessera_node::container_env::ResponseSettings;
 use tessera_node::gpu::GpuInfo;
+use tessera_node::gpu_processes::ProcReader;
 use tessera_node::health::{DisableSpecError, HealthPolicy, HealthTracker};
+use tessera_node::kube_edges::{KubeEvictor, KubePodSource};
+use tessera_node::node_events::NodeEvents;
 use tessera_node::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
+use tessera_node::process_watch::{ProcessWatch, UnaccountedPolicy};
 
 /// The crates whose logs `-v` raises first.
 pub const OWN_CRATES: &[&str] = &[
@@ -123,10 +129,38 @@ pub struct DraCli {
     /// (docs/design/sm-limiter.md). 0 turns it off: every core limit then stays on.
     #[arg(long, env = "VGPU_FEEDBACK_PERIOD_SECONDS", default_value_t = vgpu_region::feedback::HAMI_PERIOD_SECS)]
     pub vgpu_feedback_period_seconds: u64,
+    /// What the node does about a GPU process no allocation accounts for (a process in a pod
+    /// not booked that GPU, a booked process without the shim, a process in no pod), once two
+    /// passes running saw it: `report` (a Warning Event on the pod or the Node, the
+    /// `tessera_dra_plugin_unaccounted_gpu_processes` metric, a log line), `evict` (report,
+    /// then evict the pod: deleted with its UID as precondition, as the kubelet evicts) or `off`. Needs `hostPID`.
+    #[arg(long, env = "UNACCOUNTED_PROCESS_POLICY", default_value = "report")]
+    pub unaccounted_process_policy: UnaccountedPolicy,
+    /// Host cgroups whose processes may use the GPUs (comma list of path prefixes matched on `/`
+    /// boundaries, e.g. `/system.slice/nvidia-mps.service`; `/` allows every host process).
+    #[arg(
+        long,
+        env = "UNACCOUNTED_ALLOWED_HOST_CGROUPS",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub unaccounted_allowed_host_cgroups: Vec<String>,
+    /// Seconds between passes of the unaccounted-process watch (a lasting process is acted on
+    /// within two).
+    #[arg(long, env = "UNACCOUNTED_PERIOD_SECONDS", default_value_t = 15)]
+    pub unaccounted_period_seconds: u64,
+    /// The host's `/proc` (the plugin runs with `hostPID`): each GPU process's cgroup and PID
+    /// namespace are read there.
+    #[arg(long, env = "PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
     /// `--log-format`, `-v`/`--v` (klog verbosity) and `--debug`.
     #[command(flatten)]
     pub logging: LogArgs,
 }
+
+/// The `reportingController` of the DRA plugin's Events (the device plugin's say
+/// `tessera-device-plugin`).
+pub const EVENT_REPORTER: &str = "tessera-dra-plugin";
 
 /// Why the DRA plugin could not start.
 #[derive(Debug, thiserror::Error)]
@@ -289,6 +323,7 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
             async move { driver.record_usage().await }
         },
     );
+    spawn_process_watch(&cli, &client, &driver, &inventory, &shutdown);
     if cli.vgpu_feedback_period_seconds > 0 {
         let feedback = driver.clone();
         let period_secs = cli.vgpu_feedback_period_seconds;
@@ -322,6 +357,64 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
     .await?;
     let _ = tokio::time::timeout(Duration::from_secs(5), metrics_server).await;
     Ok(())
+}
+
+/// Task `gpu-process-watch`: the device plugin's unaccounted-process watch over this node's
+/// claims ([`ProcessWatch`], the driver as its [`tessera_node::process_watch::BookingSource`]):
+/// a process on a GPU that no claim of its pod holds, a claim's process no region of that claim
+/// lists, or a process in no pod is reported (Event, metric, log) and under `evict` its pod
+/// evicted. With `off` nothing starts: no pod informer, no Event writer (the chart then grants
+/// neither).
+fn spawn_process_watch(
+    cli: &DraCli,
+    client: &kube::Client,
+    driver: &Arc<DraDriver>,
+    inventory: &Arc<NvmlInventory>,
+    shutdown: &CancellationToken,
+) {
+    if cli.unaccounted_process_policy == UnaccountedPolicy::Off {
+        return;
+    }
+    // The resource name only marks the containers that request a device plugin's resource,
+    // which the watch does not look at: a DRA node has none.
+    let pods = Arc::new(KubePodSource::start_pods_only(
+        client.clone(),
+        &cli.node_name,
+        "",
+        shutdown,
+    ));
+    let (events, events_rx) = NodeEvents::channel();
+    tessera_node::kube_edges::spawn_event_writer(
+        client.clone(),
+        &cli.node_name,
+        EVENT_REPORTER,
+        events_rx,
+    );
+    let watch = ProcessWatch {
+        bookings: driver.clone(),
+        gpus: inventory.clone(),
+        proc: Arc::new(ProcReader::new(&cli.proc_root)),
+        pods,
+        // An empty entry (the flag's default) allows nothing: `Exemptions::allows_host_cgroup`.
+        allowed_host_cgroups: cli.unaccounted_allowed_host_cgroups.clone(),
+        policy: cli.unaccounted_process_policy,
+        evictor: Arc::new(KubeEvictor {
+            client: client.clone(),
+        }),
+        events,
+        metrics: driver.metrics().clone(),
+        confirmer: Arc::default(),
+        said_blind: Arc::default(),
+    };
+    spawn_periodic(
+        "gpu-process-watch",
+        Duration::from_secs(cli.unaccounted_period_seconds.max(1)),
+        shutdown.clone(),
+        move || {
+            let watch = watch.clone();
+            async move { watch.pass().await.map(|_| ()) }
+        },
+    );
 }
 
 /// What the node offers: its GPUs with their facts, and the driver version.
@@ -442,4 +535,65 @@ fn spawn_health_thread(
         })
         .map_err(DraStartError::HealthThread)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<DraCli, clap::Error> {
+        DraCli::try_parse_from(
+            ["tessera-dra-plugin", "--node-name", "n"]
+                .iter()
+                .chain(args.iter()),
+        )
+    }
+
+    #[test]
+    fn the_unaccounted_process_watch_takes_the_device_plugins_flags_and_defaults() {
+        use clap::CommandFactory;
+        DraCli::command().debug_assert();
+        let cli = parse(&[]).expect("defaults");
+        assert_eq!(cli.unaccounted_process_policy, UnaccountedPolicy::Report);
+        assert_eq!(cli.unaccounted_period_seconds, 15);
+        assert_eq!(cli.proc_root, PathBuf::from("/proc"));
+        // The flag's empty default is one empty entry, which allows nothing.
+        assert!(
+            cli.unaccounted_allowed_host_cgroups
+                .iter()
+                .all(String::is_empty)
+        );
+        let cli = parse(&[
+            "--unaccounted-process-policy=evict",
+            "--unaccounted-allowed-host-cgroups=/system.slice/a.service,/system.slice/b.service",
+            "--unaccounted-period-seconds=5",
+            "--proc-root=/host/proc",
+        ])
+        .expect("the chart's flags");
+        assert_eq!(cli.unaccounted_process_policy, UnaccountedPolicy::Evict);
+        assert_eq!(
+            cli.unaccounted_allowed_host_cgroups,
+            ["/system.slice/a.service", "/system.slice/b.service"]
+        );
+        assert_eq!(cli.unaccounted_period_seconds, 5);
+        assert_eq!(cli.proc_root, PathBuf::from("/host/proc"));
+        assert!(parse(&["--unaccounted-process-policy=kill"]).is_err());
+        let env_of = |id: &str| {
+            DraCli::command()
+                .get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+        };
+        for (id, env) in [
+            ("unaccounted_process_policy", "UNACCOUNTED_PROCESS_POLICY"),
+            (
+                "unaccounted_allowed_host_cgroups",
+                "UNACCOUNTED_ALLOWED_HOST_CGROUPS",
+            ),
+            ("unaccounted_period_seconds", "UNACCOUNTED_PERIOD_SECONDS"),
+            ("proc_root", "PROC_ROOT"),
+        ] {
+            assert_eq!(env_of(id).as_deref(), Some(env), "{id}");
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! The DRA plugin's Prometheus metrics: what an operator watches to see that claims get prepared,
-//! how fast, and which GPUs are offered (`tessera_dra_plugin_*`), and what each claim uses of its
-//! share (`tessera_dra_claim_*`, from the shim's region in the claim's directory). HAMi's DRA
-//! driver exports none, so there are no HAMi names to keep here.
+//! how fast, which GPUs are offered and which GPU processes no claim accounts for
+//! (`tessera_dra_plugin_*`; the last under the device plugin's names, re-prefixed), and what each
+//! claim uses of its share (`tessera_dra_claim_*`, from the shim's region in the claim's
+//! directory). HAMi's DRA driver exports none, so there are no HAMi names to keep here.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use prometheus_client::registry::Registry;
 use tessera_node::metrics::{
     SampleSeries, VgpuSample, encode_text, register_values, registered, result_labels, sample,
 };
+use tessera_node::process_watch::UnaccountedMetrics;
 
 type Labels = Vec<(String, String)>;
 
@@ -33,6 +35,9 @@ pub struct DraMetrics {
     registrations: Counter,
     gpu_healthy: Family<Labels, Gauge>,
     slice_syncs: Family<Labels, Counter>,
+    unaccounted_processes: Family<Labels, Gauge>,
+    undetermined_processes: Gauge,
+    unaccounted_actions: Family<Labels, Counter>,
     /// `tessera_dra_claim_*`: one series per (claim, device).
     claim_usage: SampleSeries,
 }
@@ -94,6 +99,26 @@ impl DraMetrics {
             "Checks of this node's ResourceSlice against the GPUs, by result",
             Family::<Labels, Counter>::default(),
         );
+        // The device plugin's unaccounted-process series (`tessera_device_plugin_*`), under this
+        // plugin's prefix: one dashboard query per prefix covers both kinds of node.
+        let unaccounted_processes = registered(
+            &mut registry,
+            "tessera_dra_plugin_unaccounted_gpu_processes",
+            "GPU processes no claim accounts for, confirmed over two passes (reason: GpuNotBooked, GpuProcessWithoutShim, GpuProcessOutsidePods, as the Events)",
+            Family::<Labels, Gauge>::default(),
+        );
+        let undetermined_processes = registered(
+            &mut registry,
+            "tessera_dra_plugin_undetermined_gpu_processes",
+            "GPU processes whose /proc entry could not be read in the last pass (exited meanwhile; all of them without hostPID)",
+            Gauge::default(),
+        );
+        let unaccounted_actions = registered(
+            &mut registry,
+            "tessera_dra_plugin_unaccounted_actions",
+            "What the plugin did about pods with unaccounted GPU processes (action: reported, evicted, eviction_failed)",
+            Family::<Labels, Counter>::default(),
+        );
         let mut values = |name: &str, help: &str| register_values(&mut registry, name, help);
         let claim_usage = SampleSeries(vec![
             (
@@ -142,6 +167,9 @@ impl DraMetrics {
             registrations,
             gpu_healthy,
             slice_syncs,
+            unaccounted_processes,
+            undetermined_processes,
+            unaccounted_actions,
             claim_usage,
         }
     }
@@ -201,6 +229,24 @@ impl DraMetrics {
     }
 }
 
+impl UnaccountedMetrics for DraMetrics {
+    fn set_unaccounted(&self, per_reason: &[(&'static str, usize)], undetermined: usize) {
+        for (reason, count) in per_reason {
+            self.unaccounted_processes
+                .get_or_create(&vec![("reason".into(), (*reason).into())])
+                .set(i64::try_from(*count).unwrap_or(i64::MAX));
+        }
+        self.undetermined_processes
+            .set(i64::try_from(undetermined).unwrap_or(i64::MAX));
+    }
+
+    fn unaccounted_action(&self, action: &'static str) {
+        self.unaccounted_actions
+            .get_or_create(&vec![("action".into(), action.into())])
+            .inc();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +261,8 @@ mod tests {
         m.registered();
         m.gpu_health("GPU-a", false);
         m.slice_sync(true);
+        m.set_unaccounted(&[("GpuNotBooked", 2), ("GpuProcessWithoutShim", 0)], 1);
+        m.unaccounted_action("evicted");
         let sample = |uid: &str, used: u64, last_kernel_time: u64| VgpuSample {
             pod_uid: uid.into(),
             container: String::new(),
@@ -246,6 +294,10 @@ mod tests {
             r#"tessera_dra_plugin_gpu_healthy{device_uuid="GPU-a"} 0"#,
             r#"tessera_dra_plugin_resource_slice_syncs_total{result="success"} 1"#,
             "tessera_dra_plugin_prepare_duration_seconds_count 2",
+            r#"tessera_dra_plugin_unaccounted_gpu_processes{reason="GpuNotBooked"} 2"#,
+            r#"tessera_dra_plugin_unaccounted_gpu_processes{reason="GpuProcessWithoutShim"} 0"#,
+            "tessera_dra_plugin_undetermined_gpu_processes 1",
+            r#"tessera_dra_plugin_unaccounted_actions_total{action="evicted"} 1"#,
             r#"tessera_dra_claim_memory_used_bytes{namespace="team",claim="share",vdevice_index="0",device_uuid="GPU-a"} 536870912.0"#,
             r#"tessera_dra_claim_memory_limit_bytes{namespace="team",claim="share",vdevice_index="0",device_uuid="GPU-a"} 1073741824.0"#,
             r#"tessera_dra_claim_sm_limit_percent{namespace="team",claim="share",vdevice_index="0",device_uuid="GPU-a"} 25.0"#,

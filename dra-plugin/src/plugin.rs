@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::dra::v1 as dra;
@@ -25,13 +26,16 @@ use tracing::Instrument;
 use vgpu_region::feedback::{CorePolicy, FeedbackClock};
 
 use super::DRIVER;
-use super::checkpoint::{ClaimRef, PrepareError, PreparedClaims};
-use super::claim::claim_shares;
+use super::checkpoint::{ClaimRef, PrepareError, PreparedClaim, PreparedClaims};
+use super::claim::{claim_shares, prepared_without_shim, reserved_pods};
 use super::metrics::{ClaimNames, DraMetrics};
 use super::slice::device_name;
 use tessera_node::edges::EdgeError;
 use tessera_node::gpu::GpuInfo;
+use tessera_node::identity::PodSnapshot;
 use tessera_node::metrics::Readiness;
+use tessera_node::process_watch::{BookingSource, Bookings, RegionDir};
+use tessera_node::unaccounted::ClaimBooking;
 
 /// Reads ResourceClaims (the API server; tests: a map).
 pub trait ClaimSource: Send + Sync + 'static {
@@ -162,18 +166,7 @@ impl DraDriver {
             let booked: BTreeMap<String, BTreeSet<String>> = prepared
                 .all()
                 .iter()
-                .map(|(uid, c)| {
-                    let uuids = self
-                        .gpus
-                        .iter()
-                        .filter(|g| {
-                            let name = device_name(g.index);
-                            c.devices.iter().any(|d| d.device == name)
-                        })
-                        .map(|g| g.uuid.clone())
-                        .collect();
-                    (uid.clone(), uuids)
-                })
+                .map(|(uid, c)| (uid.clone(), self.claim_gpus(c)))
                 .collect();
             (prepared.claims_dir(), booked)
         };
@@ -187,6 +180,80 @@ impl DraDriver {
                 tracing::warn!(error = %DisplayChain(&e), "the claims' feedback pass did not finish")
             }
         }
+    }
+
+    /// The UUIDs of the GPUs a prepared claim was given (its devices, `gpu-<index>`).
+    fn claim_gpus(&self, claim: &PreparedClaim) -> BTreeSet<String> {
+        self.gpus
+            .iter()
+            .filter(|g| {
+                let name = device_name(g.index);
+                claim.devices.iter().any(|d| d.device == name)
+            })
+            .map(|g| g.uuid.clone())
+            .collect()
+    }
+
+    /// What accounts for GPU use on this node now, for the unaccounted-process watch
+    /// ([`BookingSource`]): every prepared claim with its GPUs and the pods its ResourceClaim
+    /// is reserved for, read from the API server (the kubelet names only the claim, so the
+    /// plugin never learnt its pods), and the claims' region directory. No HAMi booking
+    /// annotation counts on a DRA node: no device plugin allocates from them here. A claim that
+    /// cannot be read fails the pass (its pods' processes would otherwise look unbooked); one
+    /// that is gone, or was recreated under its name, books nothing (the stale-claim sweep
+    /// unprepares it).
+    pub async fn claim_bookings(&self) -> Result<Bookings, EdgeError> {
+        let (dir, claims) = {
+            let prepared = self.prepared.lock().await;
+            let claims: Vec<(String, String, String, BTreeSet<String>)> = prepared
+                .all()
+                .iter()
+                .map(|(uid, c)| {
+                    let gpus = self.claim_gpus(c);
+                    (uid.clone(), c.namespace.clone(), c.name.clone(), gpus)
+                })
+                .collect();
+            (prepared.claims_dir(), claims)
+        };
+        // The futures are made before the stream (not by a closure inside it), so the pass's
+        // future stays `Send` for every lifetime of the claims' names.
+        let reads: Vec<_> = claims
+            .iter()
+            .map(|(_, namespace, name, _)| self.source.claim(namespace, name))
+            .collect();
+        let reads: Vec<Result<Option<ResourceClaim>, EdgeError>> = futures::stream::iter(reads)
+            .buffered(CLAIM_READS_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut booked = BTreeMap::new();
+        let mut shimless_pods = BTreeSet::new();
+        for ((uid, _, _, gpus), read) in claims.into_iter().zip(reads) {
+            let pods = match read? {
+                Some(claim) if claim.metadata.uid.as_deref() == Some(uid.as_str()) => {
+                    let pods = reserved_pods(&claim);
+                    // An admin-access claim gives its containers the GPUs without the shim (a
+                    // monitoring tool, in a namespace the API server lets have admin access):
+                    // its pods are accounted without a region on the GPUs they were given, as
+                    // the device plugin's operator-allowed shimless containers are.
+                    if prepared_without_shim(&claim, &uid, &self.node, &self.gpus) {
+                        shimless_pods.extend(pods.iter().cloned());
+                    }
+                    pods
+                }
+                _ => BTreeSet::new(),
+            };
+            booked.insert(uid, ClaimBooking { gpus, pods });
+        }
+        Ok(Bookings {
+            gpus: self.gpus.iter().map(|g| g.uuid.clone()).collect(),
+            booked: BTreeMap::new(),
+            claims: booked,
+            shimless_pods,
+            regions: vec![RegionDir::Claims(dir)],
+            // A claim's memory share is not split among the pods that share it: no pod's
+            // memory is judged on a DRA node yet.
+            memory: None,
+        })
     }
 
     /// Prepares one claim: the devices for the kubelet's response, or why not.
@@ -280,6 +347,19 @@ impl DraDriver {
         removed
     }
 }
+
+impl BookingSource for DraDriver {
+    fn bookings<'a>(
+        &'a self,
+        _pods: &'a [PodSnapshot],
+    ) -> BoxFuture<'a, Result<Bookings, EdgeError>> {
+        Box::pin(self.claim_bookings())
+    }
+}
+
+/// ResourceClaims read at once by one pass of the unaccounted-process watch: a node with many
+/// claims is not a burst of requests to the API server.
+const CLAIM_READS_IN_FLIGHT: usize = 8;
 
 /// Why a claim could not be prepared: the kubelet gets the whole chain as the claim's error
 /// (`DisplayChain`), and retries.

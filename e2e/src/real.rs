@@ -527,6 +527,7 @@ impl RealCluster {
             &dir.join("apiserver-kubelet-client.key"),
             &kubelet_client.key,
         )?;
+        write_webhook_client(&dir)?;
         let sa = service_account_key()?;
         write(&dir.join("sa.key"), &sa.key)?;
         write(&dir.join("sa.pub"), &sa.cert)?;
@@ -913,7 +914,12 @@ impl RealCluster {
                     cmd.args(["--set", &format!("{k}={v}")]);
                 }
                 for (k, v) in sets {
-                    cmd.args(["--set", &format!("{k}={v}")]);
+                    if v == CLUSTER_WEBHOOK_CLIENT_CA {
+                        let ca = self.dir.join(WEBHOOK_CLIENT_CA);
+                        cmd.args(["--set-file", &format!("{k}={}", ca.display())]);
+                    } else {
+                        cmd.args(["--set", &format!("{k}={v}")]);
+                    }
                 }
             }
             ChartValues::File(f) => {
@@ -1370,6 +1376,58 @@ fn set_mode(path: &Path, mode: u32) -> Result<()> {
     Ok(())
 }
 
+/// The API server's client certificate for admission webhooks, issued by a CA of its own
+/// (`webhook-client-ca.crt`: what docs/helm.md's "Webhook client authentication" puts in
+/// `scheduler.admissionWebhook.clientAuth.caBundle`, so no other certificate of the cluster opens
+/// `/webhook`), and the AdmissionConfiguration that makes the API server present it to every
+/// webhook. A webhook that asks for no client certificate is unaffected.
+fn write_webhook_client(dir: &Path) -> Result<()> {
+    let pki = Pki::new()?;
+    write(&dir.join(WEBHOOK_CLIENT_CA), pki.ca_pem())?;
+    let client = pki.client_in("kube-apiserver-webhook-client", &[])?;
+    write(&dir.join("webhook-client.crt"), &client.cert)?;
+    write(&dir.join("webhook-client.key"), &client.key)?;
+    let kubeconfig = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "users": [{
+            "name": "*",
+            "user": {
+                "client-certificate": dir.join("webhook-client.crt"),
+                "client-key": dir.join("webhook-client.key"),
+            },
+        }],
+    });
+    write(
+        &dir.join("webhook-kubeconfig.yaml"),
+        serde_yaml::to_string(&kubeconfig)?,
+    )?;
+    let webhook = json!({
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "WebhookAdmissionConfiguration",
+        "kubeConfigFile": dir.join("webhook-kubeconfig.yaml"),
+    });
+    let admission = json!({
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AdmissionConfiguration",
+        "plugins": [
+            {"name": "ValidatingAdmissionWebhook", "configuration": webhook},
+            {"name": "MutatingAdmissionWebhook", "configuration": webhook},
+        ],
+    });
+    write(
+        &dir.join("admission.yaml"),
+        serde_yaml::to_string(&admission)?,
+    )
+}
+
+/// The CA of the API server's webhook client certificate, in a cluster's directory; as a chart
+/// value ([`ChartValues::Recommended`]) the word [`CLUSTER_WEBHOOK_CLIENT_CA`] stands for it.
+const WEBHOOK_CLIENT_CA: &str = "webhook-client-ca.crt";
+
+/// A [`ChartValues::Recommended`] value that `helm install` gets as the contents of the cluster's
+/// webhook client CA (`--set-file`).
+pub const CLUSTER_WEBHOOK_CLIENT_CA: &str = "<cluster webhook client CA>";
+
 fn start_apiserver(
     a: &Artifacts,
     dir: &Path,
@@ -1391,6 +1449,10 @@ fn start_apiserver(
         .arg(format!("--token-auth-file={}", p("tokens.csv")))
         .arg("--authorization-mode=Node,RBAC")
         .arg("--enable-admission-plugins=NodeRestriction")
+        .arg(format!(
+            "--admission-control-config-file={}",
+            p("admission.yaml")
+        ))
         // Webhook Services are reached at their endpoints (no kube-proxy in this network).
         .arg("--enable-aggregator-routing=true")
         .arg(format!(

@@ -89,23 +89,30 @@ fn real_nodes_chart_identities_and_tenants_cannot_forge_or_escalate() -> Result<
                     // extender answered for each pod (its spans carry the pod's UID).
                     ("devicePlugin.extraArgs[0]".into(), "--v=4".into()),
                     ("scheduler.extender.extraArgs[0]".into(), "--v=4".into()),
+                    // `/webhook` answers only the API server's client certificate
+                    // (webhook_oracle; every GPU pod of this test is admitted through it).
+                    (
+                        "scheduler.admissionWebhook.clientAuth.enabled".into(),
+                        "true".into(),
+                    ),
+                    (
+                        "scheduler.admissionWebhook.clientAuth.caBundle".into(),
+                        real::CLUSTER_WEBHOOK_CLIENT_CA.into(),
+                    ),
                 ]),
             },
         )
         .await?;
-        let outcome = match attacks(&c).await {
-            Ok(()) => match isolation_attacks(&c).await {
-                Ok(()) => match unaccounted_processes(&c).await {
-                    Ok(()) => match listener_flood(&c).await {
-                        Ok(()) => unaccounted_evicted(&mut c).await,
-                        Err(e) => Err(e),
-                    },
-                    Err(e) => Err(e),
-                },
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        };
+        let outcome: Result<()> = async {
+            attacks(&c).await?;
+            isolation_attacks(&c).await?;
+            unaccounted_processes(&c).await?;
+            over_booking(&c).await?;
+            webhook_oracle(&c).await?;
+            listener_flood(&c).await?;
+            unaccounted_evicted(&mut c).await
+        }
+        .await;
         if let Err(e) = outcome {
             panic!(
                 "{e}\n{}\n{}",
@@ -282,6 +289,10 @@ async fn attacks(c: &RealCluster) -> Result<()> {
         &[],
     )?;
 
+    // 2b. The extender's identity holds none of kube-scheduler's rights: kube-scheduler has its
+    // own ServiceAccount, whose token only its container mounts (issue 28, item 5).
+    extender_and_kube_scheduler_are_apart(c, &scheduler).await?;
+
     // 3. The tenant, skipping the webhook with its label.
     let forged: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -455,6 +466,85 @@ async fn attacks(c: &RealCluster) -> Result<()> {
 
 /// Gives the tenant `get`, `patch` and `update` on `resource` in its namespace (a Role and its
 /// binding named `name`), so that a refusal that follows is the policy's, not RBAC's.
+/// The scheduler pod runs two identities: the extender's (the pod's account, `scheduler`) may
+/// neither delete a pod nor write a ResourceClaim's status, both of which kube-scheduler's own
+/// account may (positive control, with the token of its Secret); and the extender's container
+/// mounts no token but its own.
+async fn extender_and_kube_scheduler_are_apart(
+    c: &RealCluster,
+    scheduler: &kube::Client,
+) -> Result<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::DeleteParams;
+    let dry_delete = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    let claim_status = Patch::Merge(json!({"status": {"allocation": null}}));
+    let claims = |client: &kube::Client| {
+        Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(client.clone(), TENANT)
+    };
+    refused(
+        "extender: delete a tenant pod",
+        Api::<Pod>::namespaced(scheduler.clone(), TENANT)
+            .delete("victim", &dry_delete)
+            .await,
+        &[],
+    )?;
+    refused(
+        "extender: write a ResourceClaim's status",
+        claims(scheduler)
+            .patch_status("any-claim", &dry(), &claim_status)
+            .await,
+        &[],
+    )?;
+    let secret = Api::<Secret>::namespaced(c.admin().clone(), NAMESPACE)
+        .get("tessera-kube-scheduler-token")
+        .await?;
+    let token = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("token"))
+        .ok_or_else(|| Error::msg("kube-scheduler's token Secret has no token"))?;
+    let kube_scheduler = c
+        .client_with_token(std::str::from_utf8(&token.0).map_err(|e| Error::msg(e.to_string()))?)
+        .await?;
+    Api::<Pod>::namespaced(kube_scheduler, TENANT)
+        .delete("victim", &dry_delete)
+        .await
+        .map_err(|e| Error::msg(format!("kube-scheduler's account cannot delete a pod: {e}")))?;
+    let pod = c.chart_pod_on_any("scheduler").await?;
+    let spec = pod
+        .spec
+        .ok_or_else(|| Error::msg("scheduler pod without spec"))?;
+    if spec.automount_service_account_token != Some(false) {
+        return Err(Error::msg(
+            "the scheduler pod mounts its account's token for every container",
+        ));
+    }
+    for container in &spec.containers {
+        let mounts: Vec<&str> = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| m.mount_path.starts_with("/var/run/secrets/kubernetes.io"))
+            .map(|m| m.name.as_str())
+            .collect();
+        let expected = match container.name.as_str() {
+            "kube-scheduler" => "kube-scheduler-token",
+            _ => "extender-token",
+        };
+        if mounts != [expected] {
+            return Err(Error::msg(format!(
+                "container {} mounts tokens {mounts:?}, expected only {expected}",
+                container.name
+            )));
+        }
+    }
+    eprintln!("the extender's account holds none of kube-scheduler's rights");
+    Ok(())
+}
+
 async fn grant_tenant(c: &RealCluster, name: &str, resource: &str) -> Result<()> {
     let role: Role = serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": TENANT},
@@ -1107,6 +1197,226 @@ async fn listener_flood(c: &RealCluster) -> Result<()> {
     }
     c.delete_pod(TENANT, "flood").await?;
     Ok(())
+}
+
+/// Beyond HAMi (issue 28): a booked pod whose process reaches the driver around the shim (a
+/// second copy of the driver in a new link-map namespace: `cuda_probe bypass`) takes 4096 MiB
+/// against its 1000 MiB booking. Its region lists the process, so it is not "without shim";
+/// NVML's per-process memory against the booking reports it on the pod within two passes
+/// (`GpuMemoryOverBooking`, naming both figures), and the gauge counts it.
+async fn over_booking(c: &RealCluster) -> Result<()> {
+    let user_pods: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
+    let admin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    let pod = tenant_pod(
+        "bypass",
+        json!({}),
+        json!([container(
+            "main",
+            json!({"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}),
+            json!({"command": ["cuda_probe", "bypass", "4096", "/tmp/held"]})
+        )]),
+        json!({"nodeSelector": {"kubernetes.io/hostname": OTHER_NODE}}),
+    )?;
+    user_pods.create(&PostParams::default(), &pod).await?;
+    let pod = eventually(
+        "pod bypass Running",
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+        || async {
+            admin_pods
+                .get_opt("bypass")
+                .await
+                .ok()
+                .flatten()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        },
+    )
+    .await?;
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let events: Api<Event> = Api::namespaced(c.admin().clone(), TENANT);
+    let reported = eventually(
+        "a GpuMemoryOverBooking Event on the bypass pod",
+        Duration::from_secs(WATCH_PERIOD_SECS * 2 + 30),
+        Duration::from_millis(500),
+        || async {
+            events
+                .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("GpuMemoryOverBooking"))
+        },
+    )
+    .await;
+    let reported = match reported {
+        Ok(e) => e,
+        Err(e) => {
+            let metrics = c
+                .device_plugin_metrics(OTHER_NODE)
+                .await
+                .unwrap_or_default();
+            let series: Vec<&str> = metrics
+                .lines()
+                .filter(|l| l.contains("unaccounted"))
+                .collect();
+            return Err(Error::msg(format!(
+                "{e}
+plugin metrics:
+{}",
+                series.join("\n")
+            )));
+        }
+    };
+    let message = reported.message.unwrap_or_default();
+    for part in ["4096 MiB", "the 1000 MiB it was allocated", "GPU-"] {
+        if !message.contains(part) {
+            return Err(Error::msg(format!(
+                "the over-booking Event does not say {part:?}: {message}"
+            )));
+        }
+    }
+    eventually(
+        "the gauge of the over-booked pod",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            c.device_plugin_metrics(OTHER_NODE).await.filter(|m| {
+                m.contains(
+                    "tessera_device_plugin_unaccounted_gpu_processes{reason=\"GpuMemoryOverBooking\"} 1",
+                )
+            })
+        },
+    )
+    .await?;
+    // The region vouches for the process: only the memory gives it away.
+    let without_shim = events
+        .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
+        .await?
+        .items
+        .into_iter()
+        .any(|e| e.reason.as_deref() == Some("GpuProcessWithoutShim"));
+    if without_shim {
+        return Err(Error::msg(
+            "the bypass was reported as without the shim: the test no longer shows what only the memory check catches",
+        ));
+    }
+    eprintln!("over-booking reported: {message}");
+    c.delete_pod(TENANT, "bypass").await?;
+    Ok(())
+}
+
+/// Issue 28, item 4: `/webhook` as a yes/no oracle for another namespace's quota (a review of
+/// a pod in `team-b` asking for more than its quota would be denied, naming the quota). This
+/// cluster runs with `scheduler.admissionWebhook.clientAuth` and its API server presents its
+/// webhook client certificate (`e2e/src/real.rs` `write_webhook_client`). A peer in the cluster
+/// network without that certificate gets 403 for every review and learns nothing, while
+/// `/healthz` still answers it; the API server itself is still answered: every GPU pod of this
+/// test is admitted through the webhook (its `schedulerName` set by it, checked here once more).
+async fn webhook_oracle(c: &RealCluster) -> Result<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    let scheduler = c.chart_pod_on_any("scheduler").await?;
+    let ip = scheduler
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .ok_or_else(|| Error::msg("the scheduler pod has no IP"))?;
+    let tls = Api::<Secret>::namespaced(c.admin().clone(), NAMESPACE)
+        .get("tessera-scheduler-tls")
+        .await?;
+    let ca = tls
+        .data
+        .as_ref()
+        .and_then(|d| d.get("ca.crt"))
+        .map(|b| b.0.clone())
+        .ok_or_else(|| Error::msg("the serving Secret has no ca.crt"))?;
+    let body = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "oracle-1", "operation": "CREATE", "namespace": OTHER,
+            "userInfo": {"username": "mallory"},
+            "object": {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+                "spec": {"containers": [{"name": "main", "image": "app", "resources": {
+                    "limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000000"}}}]},
+            },
+        },
+    })
+    .to_string();
+    let review = format!(
+        "POST /webhook HTTP/1.1\r\nHost: tessera-scheduler.{NAMESPACE}.svc\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let healthz = format!(
+        "GET /healthz HTTP/1.1\r\nHost: tessera-scheduler.{NAMESPACE}.svc\r\nConnection: close\r\n\r\n"
+    );
+    let (answer, health) = tokio::task::spawn_blocking(move || {
+        Ok::<_, Error>((https(&ip, &ca, &review)?, https(&ip, &ca, &healthz)?))
+    })
+    .await
+    .map_err(|e| Error::msg(e.to_string()))??;
+    if !health.starts_with("HTTP/1.1 200") {
+        return Err(Error::msg(format!(
+            "/healthz did not answer a peer without a certificate: {health}"
+        )));
+    }
+    if !answer.starts_with("HTTP/1.1 403") || answer.contains("allowed") || answer.contains("quota")
+    {
+        return Err(Error::msg(format!(
+            "a review without the API server's certificate was answered: {answer}"
+        )));
+    }
+    // Positive control: the API server's reviews are answered (the webhook set the scheduler).
+    let victim = Api::<Pod>::namespaced(c.admin().clone(), TENANT)
+        .get("victim")
+        .await?;
+    let scheduler_name = victim
+        .spec
+        .and_then(|s| s.scheduler_name)
+        .unwrap_or_default();
+    if scheduler_name != "hami-scheduler" {
+        return Err(Error::msg(format!(
+            "the webhook did not mutate the victim pod (schedulerName {scheduler_name:?})"
+        )));
+    }
+    eprintln!(
+        "/webhook refused a peer without the API server's certificate: {}",
+        answer.lines().next().unwrap_or("")
+    );
+    Ok(())
+}
+
+/// One HTTPS request to `ip:443` without a client certificate, trusting `ca_pem` for the
+/// extender's serving certificate (issued for the Service names); the whole response.
+fn https(ip: &str, ca_pem: &[u8], request: &str) -> Result<String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use std::io::{Read, Write};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots
+            .add(cert.map_err(|e| Error::msg(e.to_string()))?)
+            .map_err(|e| Error::msg(e.to_string()))?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Error::msg(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = ServerName::try_from(format!("tessera-scheduler.{NAMESPACE}.svc"))
+        .map_err(|e| Error::msg(e.to_string()))?;
+    let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name)
+        .map_err(|e| Error::msg(e.to_string()))?;
+    let mut tcp = std::net::TcpStream::connect((ip, 443))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut stream = rustls::Stream::new(&mut conn, &mut tcp);
+    stream.write_all(request.as_bytes())?;
+    let mut out = Vec::new();
+    // A close without close_notify after the response is fine here.
+    let _ = stream.read_to_end(&mut out);
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// A pod of the tenant without a GPU request that reaches the node's (simulated) GPU anyway: the

@@ -384,3 +384,71 @@ fn forking_while_threads_allocate_never_deadlocks_the_child() {
     ));
     assert_ok(&out);
 }
+
+/// Issue 28 (a known limit of any preloaded library, docs/security.md): a second copy of the
+/// driver loaded with `dlmopen` into a new link-map namespace, where no preload is loaded,
+/// allocates past the limit unseen by the shim. The region still lists the process, with none
+/// of that memory, so the region cannot be trusted to tell; the driver's own per-process count
+/// (what NVML reports) shows all of it, and that is what the device plugin compares with the
+/// booking (`tessera_node_core::unaccounted::over_booked`).
+#[test]
+fn a_second_driver_copy_escapes_the_shims_count_but_not_the_drivers() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("b.cache");
+    let state = dir.path().join("gpu.state");
+    let report = dir.path().join("held");
+    let gpu = fake_gpu_state::open_path(Some(state.clone().into_os_string())).expect("state");
+    let mut child = probe(
+        &cache,
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1024m"),
+            ("FAKE_CUDA_MEMORY_MIB", "16384"),
+            ("FAKE_GPU_STATE", state.to_str().unwrap()),
+        ],
+        &["bypass", "3000", report.to_str().unwrap()],
+    )
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .expect("bypass");
+    // Up to 30 s in 50 ms steps.
+    let mut waited = 0;
+    while std::fs::read_to_string(&report).map_or(true, |t| t.trim().is_empty()) {
+        waited += 1;
+        if waited > 600 || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("the bypass never reported: {}", text(&out));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let held: u64 = std::fs::read_to_string(&report)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let pid = u64::from(child.id());
+    let snapshot = vgpu_region::RegionSnapshot::parse(&std::fs::read(&cache).unwrap()).unwrap();
+    let listed = snapshot
+        .live_procs()
+        .any(|s| u64::try_from(s.pid).ok() == Some(pid));
+    let shim_counted = snapshot.device_usage(0);
+    let driver_counted = gpu
+        .devices
+        .iter()
+        .flat_map(|d| d.processes())
+        .filter(|&(p, _)| p == pid)
+        .map(|(_, b)| b)
+        .sum::<u64>();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        held, 3000,
+        "the second copy allocated past the 1024 MiB limit"
+    );
+    assert!(listed, "the region lists the process");
+    assert!(shim_counted < 1024 * MIB, "the shim counted {shim_counted}");
+    assert!(
+        driver_counted >= 3000 * MIB,
+        "the driver counted {driver_counted} bytes for pid {pid}"
+    );
+}

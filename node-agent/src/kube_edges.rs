@@ -128,12 +128,33 @@ impl KubePodSource {
         resource: &str,
         shutdown: &CancellationToken,
     ) -> Self {
+        Self::start_informers(client, node_name, resource, true, shutdown)
+    }
+
+    /// Starts the pod informer only (task `pod-watch`): for the DRA plugin, which needs the
+    /// node's pods (the unaccounted-process watch) but neither honours HAMi's node lock nor may
+    /// list Nodes. [`PodSource::hami_lock`] is then always `None`.
+    pub fn start_pods_only(
+        client: kube::Client,
+        node_name: &str,
+        resource: &str,
+        shutdown: &CancellationToken,
+    ) -> Self {
+        Self::start_informers(client, node_name, resource, false, shutdown)
+    }
+
+    fn start_informers(
+        client: kube::Client,
+        node_name: &str,
+        resource: &str,
+        watch_node: bool,
+        shutdown: &CancellationToken,
+    ) -> Self {
         let pods: Api<Pod> = Api::all(client.clone());
-        let nodes: Api<Node> = Api::all(client);
         let (pod_store, pod_writer) = reflector::store();
+        // Without the node informer the store's writer is dropped here: the store stays empty.
         let (node_store, node_writer) = reflector::store();
         let pod_cfg = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
-        let node_cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
         let pod_stream = reflector::reflector(pod_writer, watcher(pods.clone(), pod_cfg))
             .default_backoff()
             .touched_objects();
@@ -141,13 +162,17 @@ impl KubePodSource {
             "pod-watch",
             drain_watch(pod_stream, "pod", shutdown.clone()),
         );
-        let node_stream = reflector::reflector(node_writer, watcher(nodes, node_cfg))
-            .default_backoff()
-            .touched_objects();
-        spawn_task(
-            "node-watch",
-            drain_watch(node_stream, "node", shutdown.clone()),
-        );
+        if watch_node {
+            let nodes: Api<Node> = Api::all(client);
+            let node_cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+            let node_stream = reflector::reflector(node_writer, watcher(nodes, node_cfg))
+                .default_backoff()
+                .touched_objects();
+            spawn_task(
+                "node-watch",
+                drain_watch(node_stream, "node", shutdown.clone()),
+            );
+        }
         KubePodSource {
             pods,
             node_name: node_name.to_owned(),
@@ -447,12 +472,12 @@ impl NodeAnnotator {
     }
 }
 
-/// The `reportingController` of the plugin's Events.
+/// The `reportingController` of the device plugin's Events.
 pub const EVENT_REPORTER: &str = "tessera-device-plugin";
 
-/// Writes the plugin's Node Events (task `node-events`) until every [`NodeEvents`] handle is
-/// gone. Kubernetes deduplicates repeats into a series on the Event (kube-rs' recorder), so a
-/// GPU that flaps does not flood etcd.
+/// Writes the device plugin's Node Events (task `node-events`) until every [`NodeEvents`]
+/// handle is gone. Kubernetes deduplicates repeats into a series on the Event (kube-rs'
+/// recorder), so a GPU that flaps does not flood etcd.
 ///
 /// [`NodeEvents`]: crate::node_events::NodeEvents
 pub fn spawn_node_event_writer(
@@ -460,8 +485,20 @@ pub fn spawn_node_event_writer(
     node: &str,
     rx: tokio::sync::mpsc::Receiver<crate::node_events::NodeEvent>,
 ) {
+    spawn_event_writer(client, node, EVENT_REPORTER, rx);
+}
+
+/// [`spawn_node_event_writer`] for another daemon: its Events name `controller` as their
+/// `reportingController` (the DRA plugin's say `tessera-dra-plugin`), so `kubectl get events`
+/// tells which plugin wrote them.
+pub fn spawn_event_writer(
+    client: kube::Client,
+    node: &str,
+    controller: &str,
+    rx: tokio::sync::mpsc::Receiver<crate::node_events::NodeEvent>,
+) {
     let reporter = kube::runtime::events::Reporter {
-        controller: EVENT_REPORTER.to_owned(),
+        controller: controller.to_owned(),
         instance: Some(node.to_owned()),
     };
     let recorder = kube::runtime::events::Recorder::new(client.clone(), reporter);
@@ -658,8 +695,8 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client
 
 /// [`crate::process_watch::PodEvictor`]: deletes the pod with its UID as a precondition, as
 /// the kubelet's own evictions do (a PodDisruptionBudget does not hold back the removal of a
-/// pod that uses GPUs outside its booking); the device-plugin-scope admission policy allows the
-/// plugin this for pods on its own node only.
+/// pod that uses GPUs outside its booking); the device-plugin-scope and dra-plugin-scope
+/// admission policies allow each plugin this for pods on its own node only.
 #[derive(Clone)]
 pub struct KubeEvictor {
     pub client: kube::Client,

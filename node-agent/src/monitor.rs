@@ -18,7 +18,7 @@ use vgpu_region::{MAX_DEVICES, RegionSnapshot};
 use crate::edges::{EdgeError, PodSource};
 use crate::metrics::PluginMetrics;
 pub use crate::metrics::{PodNames, VgpuSample};
-pub use tessera_node_core::accounting::{RegionPath, booked_gpus};
+pub use tessera_node_core::accounting::{RegionPath, booked_gpus, booked_memory};
 
 /// Largest file the monitor reads: the shim's region file (`vgpu_region::FILE_SIZE`); a larger
 /// file is not one, and nothing past this size is ever read.

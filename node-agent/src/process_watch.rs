@@ -2,14 +2,21 @@
 //! reports on the node's GPUs with what the allocations account for
 //! ([`crate::unaccounted::classify`]) and acts on what two passes running agree on
 //! ([`Confirmer`]): a Warning Event on the pod (or on the Node for a process in no pod), the
-//! `tessera_device_plugin_unaccounted_gpu_processes` gauge, a log line, and under
+//! `<prefix>_unaccounted_gpu_processes` gauge, a log line, and under
 //! [`UnaccountedPolicy::Evict`] the pod's eviction. With a pass every `T`, a lasting unaccounted
 //! process is acted on within `2T` (docs/security.md, "The node sees every process").
+//!
+//! Both node plugins run it; what differs is what accounts for GPU use on their nodes, which a
+//! [`BookingSource`] gives each pass: the device plugin's [`HamiBookings`] (HAMi's booking
+//! annotations and the containers' shim regions), the DRA plugin's prepared claims (each claim's
+//! GPUs, the pods in its `status.reservedFor`, the claims' shim regions). The metrics go where
+//! the plugin's others go ([`UnaccountedMetrics`]: `tessera_device_plugin_*`,
+//! `tessera_dra_plugin_*`).
 //!
 //! It needs the host's PID namespace (`hostPID`, the chart's default): without it no process's
 //! `/proc` entry can be read, every one is *undetermined*, and the pass says so once.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
@@ -20,12 +27,16 @@ use tessera_runtime::{DisplayChain, spawn_blocking_in_span};
 use crate::device_state::DeviceState;
 use crate::edges::{EdgeError, PodSource};
 use crate::gpu_processes::{GpuProcessSource, ProcReader, list_all};
+use crate::identity::PodSnapshot;
 use crate::metrics::PluginMetrics;
-use crate::monitor::{booked_gpus, read_shim_regions, region_paths};
+use crate::monitor::{
+    RegionPath, SkippedFile, booked_gpus, booked_memory, claim_region_paths, read_shim_regions,
+    region_paths,
+};
 use crate::node_events::{EventObject, NodeEvent, NodeEventType, NodeEvents};
 use crate::unaccounted::{
-    Confirmer, ContainerName, Exemptions, Findings, Observation, Reason, RegionOwner, ShimRegion,
-    classify,
+    ClaimBooking, Confirmer, ContainerName, Exemptions, Findings, Observation, Reason, RegionOwner,
+    ShimRegion, classify, over_booked,
 };
 
 /// What the node does about a pod with an unaccounted GPU process.
@@ -95,50 +106,97 @@ pub struct PassSummary {
     pub undetermined: usize,
 }
 
-/// The periodic watch. Cheap to clone (shared handles).
+/// Where a pass reads shim regions, and whose they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegionDir {
+    /// `<hook>/vgpu/containers`: one `<podUID>_<container>/` per container the device plugin
+    /// allocated ([`region_paths`]).
+    Containers(PathBuf),
+    /// `<hook>/vgpu/claims`: one `<claimUID>/` per DRA claim prepared on the node, shared by
+    /// every container using the claim ([`claim_region_paths`]).
+    Claims(PathBuf),
+}
+
+impl RegionDir {
+    /// The region files in the directory (not opened yet). Blocking.
+    fn paths(&self) -> (Vec<RegionPath>, Vec<SkippedFile>) {
+        match self {
+            RegionDir::Containers(dir) => region_paths(dir),
+            RegionDir::Claims(dir) => claim_region_paths(dir),
+        }
+    }
+}
+
+/// What accounts for GPU use on the node at one pass: the facts NVML's processes are compared
+/// with. Empty fields mean "none".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bookings {
+    /// UUIDs of the GPUs whose processes are listed.
+    pub gpus: Vec<String>,
+    /// Per pod UID, the GPUs its HAMi booking annotations give it ([`Observation::booked`]).
+    pub booked: BTreeMap<String, BTreeSet<String>>,
+    /// The DRA claims prepared on the node, by claim UID ([`Observation::claims`]).
+    pub claims: BTreeMap<String, ClaimBooking>,
+    /// Pods allowed to run without the shim on the GPUs they were booked
+    /// ([`Exemptions::shimless_pods`]).
+    pub shimless_pods: BTreeSet<String>,
+    /// Where the shim regions that vouch for the booked processes are.
+    pub regions: Vec<RegionDir>,
+    /// The memory check ([`over_booked`]), where the source knows each pod's memory booking;
+    /// `None` judges no pod's memory.
+    pub memory: Option<MemoryBookings>,
+}
+
+/// What the memory check compares NVML's per-process memory with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemoryBookings {
+    /// Per pod UID and GPU UUID, the MiB booked ([`Observation::booked_mib`]).
+    pub booked_mib: BTreeMap<String, BTreeMap<String, u64>>,
+    /// MiB allowed per process beyond the booking, for what the driver reserves outside any
+    /// allocation the shim sees (`--unaccounted-memory-allowance-mib`).
+    pub allowance_mib: u64,
+}
+
+/// The node plugin's side of the watch: its GPUs and what accounts for their use, read at the
+/// start of every pass. A source that cannot tell now fails the pass (nothing is reported on a
+/// guess: a booking left out would make its pods' processes look unbooked).
+pub trait BookingSource: Send + Sync + std::fmt::Debug + 'static {
+    /// The bookings now; `pods` are the node's pods as the pass sees them (the informer's).
+    fn bookings<'a>(
+        &'a self,
+        pods: &'a [PodSnapshot],
+    ) -> BoxFuture<'a, Result<Bookings, EdgeError>>;
+}
+
+/// The device plugin's bookings: the GPUs it advertises, each pod's HAMi booking annotations,
+/// the containers the operator let run without the shim, and the containers' regions.
 #[derive(Clone)]
-pub struct ProcessWatch {
+pub struct HamiBookings {
     /// `<hook>/vgpu/containers`: the containers' shim regions.
     pub containers_dir: PathBuf,
     /// The node's GPUs (their UUIDs are asked of NVML).
     pub state: Arc<DeviceState>,
-    pub gpus: Arc<dyn GpuProcessSource>,
-    /// The host's `/proc` (the plugin runs with `hostPID`).
-    pub proc: Arc<ProcReader>,
-    pub pods: Arc<dyn PodSource>,
-    /// Host cgroups allowed to use GPUs (`--unaccounted-allowed-host-cgroups`).
-    pub allowed_host_cgroups: Vec<String>,
-    pub policy: UnaccountedPolicy,
-    pub evictor: Arc<dyn PodEvictor>,
-    pub events: NodeEvents,
-    pub metrics: PluginMetrics,
-    pub confirmer: Arc<Mutex<Confirmer>>,
-    /// Set once the "no process could be identified" warning was logged.
-    pub said_blind: Arc<std::sync::atomic::AtomicBool>,
+    /// MiB per process a pod may use beyond its booking before the memory check reports it.
+    pub memory_allowance_mib: u64,
 }
 
-impl std::fmt::Debug for ProcessWatch {
+impl std::fmt::Debug for HamiBookings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProcessWatch")
+        f.debug_struct("HamiBookings")
             .field("containers_dir", &self.containers_dir)
-            .field("policy", &self.policy)
             .finish_non_exhaustive()
     }
 }
 
-/// Why a pass could not finish.
-#[derive(Debug, thiserror::Error)]
-pub enum WatchError {
-    #[error("the NVML and /proc reads did not finish")]
-    Observe(#[source] tokio::task::JoinError),
-}
-
-impl ProcessWatch {
-    /// One pass: observe, classify, confirm, act.
-    pub async fn pass(&self) -> Result<PassSummary, WatchError> {
-        let pods = self.pods.cached();
-        let exemptions = Exemptions {
-            host_cgroups: self.allowed_host_cgroups.clone(),
+impl BookingSource for HamiBookings {
+    fn bookings<'a>(
+        &'a self,
+        pods: &'a [PodSnapshot],
+    ) -> BoxFuture<'a, Result<Bookings, EdgeError>> {
+        let bookings = Bookings {
+            gpus: self.state.gpus().into_iter().map(|g| g.uuid).collect(),
+            booked: booked_gpus(pods),
+            claims: BTreeMap::new(),
             // A container the operator let run without the shim (`CUDA_DISABLE_CONTROL` in an
             // `allowControlEnvNamespaces` namespace) is accounted on the GPUs it was booked.
             shimless_pods: pods
@@ -151,8 +209,96 @@ impl ProcessWatch {
                 })
                 .map(|p| p.uid.clone())
                 .collect(),
+            regions: vec![RegionDir::Containers(self.containers_dir.clone())],
+            memory: Some(MemoryBookings {
+                booked_mib: booked_memory(pods),
+                allowance_mib: self.memory_allowance_mib,
+            }),
         };
-        let booked = booked_gpus(&pods);
+        Box::pin(async move { Ok(bookings) })
+    }
+}
+
+/// Where the watch's gauge and counter go: the plugin's own registry, under its own prefix
+/// (`tessera_device_plugin_*`, `tessera_dra_plugin_*`).
+pub trait UnaccountedMetrics: Clone + Send + Sync + 'static {
+    /// The confirmed unaccounted processes of the last pass, counted per reason code (every
+    /// code, 0 included), and the processes whose `/proc` entry could not be read.
+    fn set_unaccounted(&self, per_reason: &[(&'static str, usize)], undetermined: usize);
+    /// One action on a pod with unaccounted processes (`reported`, `evicted`,
+    /// `eviction_failed`).
+    fn unaccounted_action(&self, action: &'static str);
+}
+
+impl UnaccountedMetrics for PluginMetrics {
+    fn set_unaccounted(&self, per_reason: &[(&'static str, usize)], undetermined: usize) {
+        PluginMetrics::set_unaccounted(self, per_reason, undetermined);
+    }
+
+    fn unaccounted_action(&self, action: &'static str) {
+        PluginMetrics::unaccounted_action(self, action);
+    }
+}
+
+/// The periodic watch. Cheap to clone (shared handles). `M` is where its metrics go (the
+/// device plugin's by default).
+#[derive(Clone)]
+pub struct ProcessWatch<M = PluginMetrics> {
+    /// The node's GPUs and what accounts for their use.
+    pub bookings: Arc<dyn BookingSource>,
+    pub gpus: Arc<dyn GpuProcessSource>,
+    /// The host's `/proc` (the plugin runs with `hostPID`).
+    pub proc: Arc<ProcReader>,
+    pub pods: Arc<dyn PodSource>,
+    /// Host cgroups allowed to use GPUs (`--unaccounted-allowed-host-cgroups`).
+    pub allowed_host_cgroups: Vec<String>,
+    pub policy: UnaccountedPolicy,
+    pub evictor: Arc<dyn PodEvictor>,
+    pub events: NodeEvents,
+    pub metrics: M,
+    pub confirmer: Arc<Mutex<Confirmer>>,
+    /// Set once the "no process could be identified" warning was logged.
+    pub said_blind: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<M> std::fmt::Debug for ProcessWatch<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessWatch")
+            .field("bookings", &self.bookings)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a pass could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("cannot read what accounts for the node's GPU use")]
+    Bookings(#[source] EdgeError),
+    #[error("the NVML and /proc reads did not finish")]
+    Observe(#[source] tokio::task::JoinError),
+}
+
+impl<M: UnaccountedMetrics> ProcessWatch<M> {
+    /// One pass: observe, classify, confirm, act.
+    pub async fn pass(&self) -> Result<PassSummary, WatchError> {
+        let pods = self.pods.cached();
+        let Bookings {
+            gpus: uuids,
+            booked,
+            claims,
+            shimless_pods,
+            regions: region_dirs,
+            memory,
+        } = self
+            .bookings
+            .bookings(&pods)
+            .await
+            .map_err(WatchError::Bookings)?;
+        let exemptions = Exemptions {
+            host_cgroups: self.allowed_host_cgroups.clone(),
+            shimless_pods,
+        };
         let container_names = pods
             .iter()
             .flat_map(|p| {
@@ -169,8 +315,10 @@ impl ProcessWatch {
             .collect();
         let gpus = self.gpus.clone();
         let proc = self.proc.clone();
-        let uuids: Vec<String> = self.state.gpus().into_iter().map(|g| g.uuid).collect();
-        let dir = self.containers_dir.clone();
+        let (booked_mib, allowance_mib) = match memory {
+            Some(m) => (m.booked_mib, Some(m.allowance_mib)),
+            None => (BTreeMap::new(), None),
+        };
         let observation = spawn_blocking_in_span(move || {
             let listed = list_all(gpus.as_ref(), &uuids);
             // Debug: a GPU that cannot list (a MIG instance, a driver without the call) would
@@ -178,9 +326,12 @@ impl ProcessWatch {
             for e in &listed.failed {
                 tracing::debug!(error = %DisplayChain(e), "GPU processes not listed this pass");
             }
-            let (regions, _skipped) = read_shim_regions(region_paths(&dir));
-            let regions = regions
-                .into_iter()
+            let regions = region_dirs
+                .iter()
+                .flat_map(|dir| {
+                    let (found, _skipped) = read_shim_regions(dir.paths());
+                    found
+                })
                 .map(|(path, snapshot)| {
                     ShimRegion::from_snapshot(RegionOwner::of_path(&path), &snapshot)
                 })
@@ -190,18 +341,25 @@ impl ProcessWatch {
                 processes: listed.processes,
                 regions,
                 booked,
+                booked_mib,
+                claims,
                 identities,
                 container_names,
-                ..Default::default()
             }
         })
         .await
         .map_err(WatchError::Observe)?;
-        let findings = classify(&observation, &exemptions);
+        let mut findings = classify(&observation, &exemptions);
+        if let Some(allowance) = allowance_mib {
+            findings
+                .unaccounted
+                .extend(over_booked(&observation, &exemptions, allowance));
+        }
         let listed = observation.processes.len();
         tracing::debug!(
             processes = listed,
             regions = observation.regions.len(),
+            claims = observation.claims.len(),
             identified = observation.identities.len(),
             accounted = findings.accounted,
             unaccounted = findings.unaccounted.len(),
@@ -218,7 +376,8 @@ impl ProcessWatch {
             tracing::warn!(
                 processes = listed,
                 "no GPU process could be identified from /proc: the plugin needs hostPID \
-                 (devicePlugin.hostPID) to tell whose processes use the GPUs"
+                 (the chart's devicePlugin.hostPID; the DRA plugin's pod has it unless \
+                 dra.unaccountedProcesses.policy is off) to tell whose processes use the GPUs"
             );
         }
         let confirmed = self
@@ -235,11 +394,7 @@ impl ProcessWatch {
     }
 
     /// Reports (and under `evict` evicts) what was confirmed; sets the metrics.
-    async fn act(
-        &self,
-        confirmed: &Findings,
-        pods: &[crate::identity::PodSnapshot],
-    ) -> PassSummary {
+    async fn act(&self, confirmed: &Findings, pods: &[PodSnapshot]) -> PassSummary {
         let mut summary = PassSummary {
             confirmed: confirmed.unaccounted.len(),
             undetermined: confirmed.undetermined.len(),
@@ -326,14 +481,14 @@ impl ProcessWatch {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
 
     use super::*;
     use crate::gpu::ManagedGpu;
     use crate::gpu_processes::{GpuProcessError, ProcessesOnGpu};
     use crate::health::{HealthPolicy, HealthTracker};
     use crate::testing::{MemoryApi, bound_pod};
-    use crate::unaccounted::{GpuProcess, ProcessKind};
+    use crate::unaccounted::{ClaimBooking, GpuProcess, ProcessKind};
 
     const GOOD: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000a";
     const THIEF: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000b";
@@ -408,6 +563,12 @@ mod tests {
     /// node's, say). On GPU-a NVML lists: 100 (thief's), 200 (good's, no shim region), 300 (the
     /// persistence daemon, allowed), 400 (a host shell, not allowed).
     fn fixture(policy: UnaccountedPolicy) -> Fixture {
+        fixture_with(policy, 1024)
+    }
+
+    /// [`fixture`] with a memory allowance of `allowance_mib` per process (every scripted
+    /// process uses 1024 MiB; `good` booked 1000 MiB on GPU-a).
+    fn fixture_with(policy: UnaccountedPolicy, allowance_mib: u64) -> Fixture {
         let proc = tempfile::tempdir().unwrap();
         let containers = tempfile::tempdir().unwrap();
         proc_entry(proc.path(), 100, &pod_cgroup(THIEF));
@@ -445,8 +606,11 @@ mod tests {
         let evictor = Arc::new(RecordingEvictor::default());
         let (events, rx) = NodeEvents::channel();
         let watch = ProcessWatch {
-            containers_dir: containers.path().to_owned(),
-            state,
+            bookings: Arc::new(HamiBookings {
+                containers_dir: containers.path().to_owned(),
+                state,
+                memory_allowance_mib: allowance_mib,
+            }),
             gpus: processes.clone(),
             proc: Arc::new(ProcReader::new(proc.path())),
             pods: Arc::new(api),
@@ -520,6 +684,59 @@ mod tests {
         );
     }
 
+    /// The memory check: with no allowance, `good`'s one process (1024 MiB by NVML against the
+    /// 1000 MiB booked on GPU-a) puts the pod over its booking, reported on the second pass
+    /// with both figures and evicted under `evict`; `thief` booked no memory on GPU-a and is
+    /// left to `GpuNotBooked`. With the default allowance neither is over.
+    #[tokio::test]
+    async fn a_pod_over_its_memory_booking_is_reported_and_evicted() {
+        let mut f = fixture_with(UnaccountedPolicy::Evict, 0);
+        assert_eq!(f.watch.pass().await.unwrap().confirmed, 0);
+        let second = f.watch.pass().await.unwrap();
+        assert_eq!(second.confirmed, 4, "three as before, and good's memory");
+        assert!(second.evicted.contains(GOOD));
+        // One Event per pod, named after its first finding (here: no shim region), whose
+        // message also says what the memory check found.
+        let events = drain(&mut f.events);
+        let on_good: Vec<&NodeEvent> = events
+            .iter()
+            .filter(|e| {
+                e.reason != REASON_EVICTING
+                    && matches!(&e.regarding, EventObject::Pod { uid, .. } if uid == GOOD)
+            })
+            .collect();
+        assert_eq!(on_good.len(), 1, "{events:?}");
+        for part in [
+            "process 200 of this pod uses 1024 MiB of GPU GPU-a",
+            "the 1000 MiB it was allocated",
+        ] {
+            assert!(on_good[0].message.contains(part), "{}", on_good[0].message);
+        }
+        assert!(
+            !events.iter().any(
+                |e| matches!(&e.regarding, EventObject::Pod { uid, .. } if uid == THIEF)
+                    && e.message.contains("allocated there")
+            ),
+            "the thief booked no memory on GPU-a: {events:?}"
+        );
+        let text = f.watch.metrics.encode();
+        assert!(
+            text.contains(
+                "tessera_device_plugin_unaccounted_gpu_processes{reason=\"GpuMemoryOverBooking\"} 1"
+            ),
+            "{text}"
+        );
+
+        let mut f = fixture(UnaccountedPolicy::Report);
+        f.watch.pass().await.unwrap();
+        f.watch.pass().await.unwrap();
+        assert!(
+            !drain(&mut f.events)
+                .iter()
+                .any(|e| e.reason == "GpuMemoryOverBooking")
+        );
+    }
+
     #[tokio::test]
     async fn under_evict_the_pods_go_and_a_process_that_left_is_forgotten() {
         let mut f = fixture(UnaccountedPolicy::Evict);
@@ -548,5 +765,140 @@ mod tests {
         }
         let third = f.watch.pass().await.unwrap();
         assert_eq!(third.confirmed, 0);
+    }
+
+    /// What a DRA node's driver says: the claims prepared on it (their GPUs and the pods in
+    /// their `status.reservedFor`) and the claims' region directory; no HAMi booking counts.
+    #[derive(Debug)]
+    struct PreparedClaims {
+        claims_dir: PathBuf,
+        claims: BTreeMap<String, ClaimBooking>,
+    }
+
+    impl BookingSource for PreparedClaims {
+        fn bookings<'a>(
+            &'a self,
+            _pods: &'a [PodSnapshot],
+        ) -> BoxFuture<'a, Result<Bookings, EdgeError>> {
+            let bookings = Bookings {
+                gpus: vec!["GPU-a".into()],
+                claims: self.claims.clone(),
+                regions: vec![RegionDir::Claims(self.claims_dir.clone())],
+                ..Default::default()
+            };
+            Box::pin(async move { Ok(bookings) })
+        }
+    }
+
+    /// A region as the shim leaves it in a claim's directory: GPU `uuid`, one live process
+    /// whose PID in its container is `ns_pid` (Tessera's shim leaves `hostpid` 0).
+    fn claim_region(uuid: &str, ns_pid: i32) -> Vec<u8> {
+        use vgpu_region::{offset, slot};
+        let mut b = vec![0u8; vgpu_region::FILE_SIZE];
+        let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
+        put(offset::INITIALIZED_FLAG, &vgpu_region::MAGIC.to_ne_bytes());
+        put(offset::MAJOR_VERSION, &1u32.to_ne_bytes());
+        put(offset::MINOR_VERSION, &2u32.to_ne_bytes());
+        put(offset::DEVICE_NUM, &1u64.to_ne_bytes());
+        put(offset::UUIDS, uuid.as_bytes());
+        put(offset::PROC_NUM, &1i32.to_ne_bytes());
+        put(offset::PROCS + slot::PID, &ns_pid.to_ne_bytes());
+        put(offset::PROCS + slot::STATUS, &1i32.to_ne_bytes());
+        b
+    }
+
+    const SHARER: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000c";
+    const STATIC: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000d";
+    const STRANGER: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000e";
+
+    #[tokio::test]
+    async fn a_dra_node_accounts_claims_by_their_regions_and_reports_the_rest() {
+        // GPU-a on a DRA node. Claim `claim-1` holds GPU-a for pod `sharer`, and its region
+        // lists the sharer's process (PID 7 in its container). Claim `claim-2` holds GPU-a for
+        // pod `static`, whose process has no shim (no region in claim-2's directory; claim-1's
+        // region does not vouch for it, though it lists a PID 7 too). Pod `stranger` uses no
+        // claim; its HAMi booking annotations name GPU-a, which on a DRA node books nothing.
+        let proc = tempfile::tempdir().unwrap();
+        let claims_dir = tempfile::tempdir().unwrap();
+        proc_entry(proc.path(), 100, &pod_cgroup(SHARER));
+        proc_entry(proc.path(), 200, &pod_cgroup(STATIC));
+        proc_entry(proc.path(), 300, &pod_cgroup(STRANGER));
+        std::fs::create_dir_all(claims_dir.path().join("claim-1")).unwrap();
+        std::fs::write(
+            claims_dir.path().join("claim-1/shim.cache"),
+            claim_region("GPU-a", 7),
+        )
+        .unwrap();
+        std::fs::create_dir_all(claims_dir.path().join("claim-2")).unwrap();
+        let claim = |pod: &str| ClaimBooking {
+            gpus: ["GPU-a".to_owned()].into(),
+            pods: [pod.to_owned()].into(),
+        };
+        let bookings = PreparedClaims {
+            claims_dir: claims_dir.path().to_owned(),
+            claims: BTreeMap::from([
+                ("claim-1".to_owned(), claim(SHARER)),
+                ("claim-2".to_owned(), claim(STATIC)),
+            ]),
+        };
+        let api = MemoryApi::default();
+        for (name, uid) in [("sharer", SHARER), ("static", STATIC)] {
+            let mut pod = bound_pod("node-a", name, &[], 1);
+            pod.annotations.clear();
+            pod.uid = uid.into();
+            api.add_pod(pod);
+        }
+        let mut stranger = bound_pod("node-a", "stranger", &[&[("GPU-a", 1000, 30)]], 1);
+        stranger.uid = STRANGER.into();
+        api.add_pod(stranger);
+        let processes = Arc::new(ScriptedProcesses::default());
+        if let Ok(mut m) = processes.0.lock() {
+            m.insert("GPU-a".into(), vec![100, 200, 300]);
+        }
+        let evictor = Arc::new(RecordingEvictor::default());
+        let (events, mut rx) = NodeEvents::channel();
+        let watch = ProcessWatch {
+            bookings: Arc::new(bookings),
+            gpus: processes,
+            proc: Arc::new(ProcReader::new(proc.path())),
+            pods: Arc::new(api),
+            allowed_host_cgroups: Vec::new(),
+            policy: UnaccountedPolicy::Evict,
+            evictor: evictor.clone(),
+            events,
+            metrics: PluginMetrics::new(),
+            confirmer: Arc::default(),
+            said_blind: Arc::default(),
+        };
+
+        assert_eq!(watch.pass().await.unwrap().confirmed, 0);
+        let second = watch.pass().await.unwrap();
+        assert_eq!(second.confirmed, 2, "the sharer's process is accounted");
+        assert_eq!(
+            second.reported,
+            [STATIC.to_owned(), STRANGER.to_owned()].into()
+        );
+        assert_eq!(second.evicted, second.reported);
+        let events = drain(&mut rx);
+        let reason_on = |uid: &str| {
+            events
+                .iter()
+                .find(|e| {
+                    e.reason != REASON_EVICTING
+                        && matches!(&e.regarding, EventObject::Pod { uid: u, .. } if u == uid)
+                })
+                .map(|e| e.reason)
+        };
+        assert_eq!(reason_on(STRANGER), Some("GpuNotBooked"));
+        assert_eq!(reason_on(STATIC), Some("GpuProcessWithoutShim"));
+        assert_eq!(reason_on(SHARER), None, "{events:?}");
+        let evicted = evictor.0.lock().unwrap().clone();
+        assert_eq!(
+            evicted,
+            [
+                format!("default/static/{STATIC}"),
+                format!("default/stranger/{STRANGER}")
+            ]
+        );
     }
 }

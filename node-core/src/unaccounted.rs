@@ -26,7 +26,8 @@
 //! records (`hostpid`) or on the PID inside the container's PID namespace (the innermost of
 //! `/proc/<pid>/status` `NSpid`, which is what Tessera's shim records: it leaves `hostpid` 0).
 //! A tenant who forges a slot in its own region for a process without the shim is not caught
-//! here; NVML's per-process memory against the booking would catch that (not done here).
+//! by [`classify`]; [`over_booked`] catches what such a process takes beyond the booking, from
+//! NVML's per-process memory alone.
 //!
 //! # How the monitor calls it
 //!
@@ -196,6 +197,9 @@ pub struct Observation {
     pub regions: Vec<ShimRegion>,
     /// (c) The GPUs each pod (by UID) was booked: [`crate::accounting::booked_gpus`].
     pub booked: BTreeMap<String, BTreeSet<String>>,
+    /// (c) The GPU memory (MiB) each pod was booked on each GPU, summed over its containers:
+    /// [`crate::accounting::booked_memory`]. Only [`over_booked`] reads it.
+    pub booked_mib: BTreeMap<String, BTreeMap<String, u64>>,
     /// (c) DRA claims on this node, by claim UID.
     pub claims: BTreeMap<String, ClaimBooking>,
     /// (d) Per host PID; a PID absent here is [`Findings::undetermined`].
@@ -241,14 +245,23 @@ pub enum Reason {
     NoShimRegion,
     /// It is in no pod's cgroup; `cgroup` is where it is.
     NotInAPod { cgroup: String },
+    /// Its pod's processes on this GPU use more memory than the pod was booked there
+    /// ([`over_booked`]): `booked_mib`, plus the per-process allowance, gives `allowed_mib`
+    /// for `processes` processes.
+    OverBooking {
+        booked_mib: u64,
+        allowed_mib: u64,
+        processes: u64,
+    },
 }
 
 impl Reason {
     /// Every [`Reason::code`], in the report's order: the metric has a series for each.
-    pub const CODES: [&'static str; 3] = [
+    pub const CODES: [&'static str; 4] = [
         "GpuNotBooked",
         "GpuProcessWithoutShim",
         "GpuProcessOutsidePods",
+        "GpuMemoryOverBooking",
     ];
 
     /// A stable machine name: the Event reason and the metric label.
@@ -257,6 +270,7 @@ impl Reason {
             Reason::NotBooked => Self::CODES[0],
             Reason::NoShimRegion => Self::CODES[1],
             Reason::NotInAPod { .. } => Self::CODES[2],
+            Reason::OverBooking { .. } => Self::CODES[3],
         }
     }
 }
@@ -330,6 +344,25 @@ impl UnaccountedProcess {
                  its cgroup to the device plugin's allowed host processes",
                 quoted(cgroup)
             ),
+            Reason::OverBooking {
+                booked_mib,
+                allowed_mib,
+                processes,
+            } => {
+                let used = self.used_bytes.unwrap_or(0) >> 20;
+                let (others, verb) = match processes.saturating_sub(1) {
+                    0 => (String::new(), "uses"),
+                    1 => (" and 1 other process".to_owned(), "use"),
+                    n => (format!(" and {n} other processes"), "use"),
+                };
+                format!(
+                    "process {pid}{container}{others} of this pod {verb} {used} MiB of GPU {gpu}, \
+                     more than the {booked_mib} MiB it was allocated there (at most {allowed_mib} \
+                     MiB with the driver's own reservations); its GPU memory limit did not hold, \
+                     as happens when a program reaches the driver around Tessera's GPU-sharing \
+                     library"
+                )
+            }
         }
     }
 }
@@ -442,17 +475,7 @@ pub fn classify(observation: &Observation, exemptions: &Exemptions) -> Findings 
                 reason,
             }
         };
-        // A container outside pod cgroups belongs to the pod whose status names its ID.
-        let resolved: Option<PodCgroup> = match &identity.owner {
-            CgroupOwner::Container { container_id, .. } => observation
-                .container_names
-                .get(container_id)
-                .map(|n| PodCgroup {
-                    pod_uid: n.pod_uid.clone(),
-                    container_id: Some(container_id.clone()),
-                }),
-            _ => None,
-        };
+        let resolved = resolved_container(identity, observation);
         let pod = match (&identity.owner, &resolved) {
             (_, Some(pod)) => pod,
             (CgroupOwner::Host { cgroup } | CgroupOwner::Container { cgroup, .. }, None) => {
@@ -528,6 +551,105 @@ pub fn classify(observation: &Observation, exemptions: &Exemptions) -> Findings 
         }
     }
     findings
+}
+
+/// A container outside pod cgroups (a kubelet without per-pod cgroups) belongs to the pod whose
+/// status names its ID.
+fn resolved_container(identity: &ProcessIdentity, observation: &Observation) -> Option<PodCgroup> {
+    match &identity.owner {
+        CgroupOwner::Container { container_id, .. } => observation
+            .container_names
+            .get(container_id)
+            .map(|n| PodCgroup {
+                pod_uid: n.pod_uid.clone(),
+                container_id: Some(container_id.clone()),
+            }),
+        _ => None,
+    }
+}
+
+/// The pod a process is in, from the kernel's facts only (its cgroup, or its container's ID
+/// named in a pod's status); `None` outside pods or when `/proc` could not be read.
+fn pod_of(pid: u32, observation: &Observation) -> Option<PodCgroup> {
+    let identity = observation.identities.get(&pid)?;
+    resolved_container(identity, observation).or_else(|| match &identity.owner {
+        CgroupOwner::Pod(pod) => Some(pod.clone()),
+        _ => None,
+    })
+}
+
+/// Memory over the booking (beyond HAMi; issue 28): the processes of pod `U` on GPU `G`
+/// together use, by NVML's per-process counts, more than `U` was booked on `G` plus
+/// `allowance_mib` for each of those processes (what the driver reserves for a process outside
+/// any allocation the shim sees: its context, local memory, the printf FIFO). One finding per
+/// (pod, GPU), named after the pod's lowest PID there, so the same excess is confirmed across
+/// passes while that process lives; its `used_bytes` is the pod's total on the GPU.
+///
+/// This does not depend on the shim or on anything a container writes: whatever lifted the
+/// limit (raw driver calls, a second copy of the driver loaded where the preload cannot reach,
+/// a forged region slot), NVML still counts the memory. Pods without a memory booking on `G`
+/// (not booked it: [`Reason::NotBooked`] covers them; DRA claims, whose memory this does not
+/// know) and pods exempt from the shim are not judged; processes NVML gives no usage for count
+/// as zero.
+pub fn over_booked(
+    observation: &Observation,
+    exemptions: &Exemptions,
+    allowance_mib: u64,
+) -> Vec<UnaccountedProcess> {
+    #[derive(Default)]
+    struct Usage {
+        bytes: u64,
+        lowest: Option<(u32, Option<String>, BTreeSet<ProcessKind>)>,
+        processes: u64,
+    }
+    let mut usage: BTreeMap<(String, &str), Usage> = BTreeMap::new();
+    for ((gpu, pid), (used_bytes, kinds)) in merged(&observation.processes) {
+        let Some(pod) = pod_of(pid, observation) else {
+            continue;
+        };
+        let entry = usage.entry((pod.pod_uid.clone(), gpu)).or_default();
+        entry.bytes = entry.bytes.saturating_add(used_bytes.unwrap_or(0));
+        entry.processes += 1;
+        if entry.lowest.as_ref().is_none_or(|(low, _, _)| pid < *low) {
+            entry.lowest = Some((pid, pod.container_id.clone(), kinds));
+        }
+    }
+    let mut out = Vec::new();
+    for ((uid, gpu), used) in usage {
+        if exemptions.shimless_pods.contains(&uid) {
+            continue;
+        }
+        let Some(&booked_mib) = observation.booked_mib.get(&uid).and_then(|g| g.get(gpu)) else {
+            continue;
+        };
+        let allowed_mib = booked_mib.saturating_add(allowance_mib.saturating_mul(used.processes));
+        let Some((pid, container_id, kinds)) = used.lowest else {
+            continue;
+        };
+        if used.bytes <= allowed_mib.saturating_mul(1 << 20) {
+            continue;
+        }
+        let container = container_id
+            .as_ref()
+            .and_then(|id| observation.container_names.get(id))
+            .filter(|n| n.pod_uid == uid)
+            .map(|n| n.name.clone());
+        out.push(UnaccountedProcess {
+            gpu_uuid: gpu.to_owned(),
+            pid,
+            pod_uid: Some(uid),
+            container_id,
+            container,
+            used_bytes: Some(used.bytes),
+            kinds,
+            reason: Reason::OverBooking {
+                booked_mib,
+                allowed_mib,
+                processes: used.processes,
+            },
+        });
+    }
+    out
 }
 
 /// NVML's processes merged per (GPU, PID), in that order: the kinds together, the largest usage.
@@ -987,6 +1109,131 @@ mod tests {
         assert_eq!(f.by_pod()["pod-x"].len(), 5);
     }
 
+    fn mib(n: u64) -> Option<u64> {
+        Some(n << 20)
+    }
+
+    fn booked_mib(entries: &[(&str, &str, u64)]) -> BTreeMap<String, BTreeMap<String, u64>> {
+        let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        for (pod, gpu, m) in entries {
+            out.entry(pod.to_string())
+                .or_default()
+                .insert(gpu.to_string(), *m);
+        }
+        out
+    }
+
+    /// The bypass the region cannot show: a process the shim tracks (its region lists it, so
+    /// [`classify`] accounts it) that allocated 4096 MiB through a second copy of the driver, in
+    /// a pod booked 1000 MiB. NVML's count alone reports it, once, on the pod, with both figures.
+    #[test]
+    fn memory_beyond_the_booking_is_reported_even_for_a_tracked_process() {
+        let mut big = proc_on(G0, 4242, ProcessKind::Compute);
+        big.used_bytes = mib(4096);
+        let mut small = proc_on(G0, 4243, ProcessKind::Compute);
+        small.used_bytes = mib(10);
+        let obs = Observation {
+            processes: vec![big, small],
+            regions: vec![region("pod-a", "main", &[G0], &[7, 8])],
+            booked: booked(&[("pod-a", &[G0])]),
+            booked_mib: booked_mib(&[("pod-a", G0, 1000)]),
+            identities: [
+                (4242, in_pod("pod-a", "c1", 7)),
+                (4243, in_pod("pod-a", "c1", 8)),
+            ]
+            .into(),
+            container_names: [(
+                "c1".to_string(),
+                ContainerName {
+                    pod_uid: "pod-a".into(),
+                    name: "main".into(),
+                },
+            )]
+            .into(),
+            ..Default::default()
+        };
+        assert!(
+            classify(&obs, &Exemptions::default())
+                .unaccounted
+                .is_empty()
+        );
+        let found = over_booked(&obs, &Exemptions::default(), 512);
+        assert_eq!(found.len(), 1, "{found:?}");
+        let p = &found[0];
+        assert_eq!((p.pid, p.pod_uid.as_deref()), (4242, Some("pod-a")));
+        assert_eq!(p.reason.code(), "GpuMemoryOverBooking");
+        assert_eq!(
+            p.reason,
+            Reason::OverBooking {
+                booked_mib: 1000,
+                allowed_mib: 2024,
+                processes: 2
+            }
+        );
+        let text = p.message();
+        for part in [
+            "process 4242 in container \"main\" and 1 other process",
+            "use 4106 MiB of GPU GPU-0",
+            "the 1000 MiB it was allocated",
+            "at most 2024 MiB",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+        // Within the allowance, or exempt from the shim: nothing.
+        assert!(over_booked(&obs, &Exemptions::default(), 2000).is_empty());
+        let shimless = Exemptions {
+            shimless_pods: ["pod-a".to_string()].into(),
+            ..Default::default()
+        };
+        assert!(over_booked(&obs, &shimless, 0).is_empty());
+    }
+
+    /// Pods are judged per GPU on their own booking there; a GPU the pod was not booked (no
+    /// memory booking) is left to [`Reason::NotBooked`]; processes in no pod are not judged.
+    #[test]
+    fn each_pod_is_judged_on_each_gpu_against_its_own_booking() {
+        let with = |gpu: &str, pid: u32, m: u64| {
+            let mut p = proc_on(gpu, pid, ProcessKind::Compute);
+            p.used_bytes = mib(m);
+            p
+        };
+        let obs = Observation {
+            processes: vec![
+                with(G0, 10, 900),  // pod-a on G0: 900 of 1000
+                with(G1, 11, 3000), // pod-a on G1: not booked there
+                with(G0, 20, 600),  // pod-b on G0: 600 of 500
+                with(G0, 30, 9000), // a host process
+                GpuProcess {
+                    used_bytes: None,
+                    ..proc_on(G0, 21, ProcessKind::Graphics)
+                },
+            ],
+            booked_mib: booked_mib(&[("pod-a", G0, 1000), ("pod-b", G0, 500)]),
+            identities: [
+                (10, in_pod("pod-a", "a", 1)),
+                (11, in_pod("pod-a", "a", 2)),
+                (20, in_pod("pod-b", "b", 1)),
+                (21, in_pod("pod-b", "b", 2)),
+                (30, on_host("/user.slice")),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        let found = over_booked(&obs, &Exemptions::default(), 0);
+        let got: Vec<_> = found
+            .iter()
+            .map(|p| {
+                (
+                    p.pod_uid.as_deref(),
+                    p.gpu_uuid.as_str(),
+                    p.pid,
+                    p.used_bytes,
+                )
+            })
+            .collect();
+        assert_eq!(got, [(Some("pod-b"), G0, 20, mib(600))]);
+    }
+
     #[test]
     fn hostile_names_are_escaped_and_cut_in_messages() {
         let cgroup = format!("/evil\n{}", "x".repeat(1000));
@@ -1200,6 +1447,47 @@ mod tests {
     }
 
     proptest! {
+        /// Over-booking is exactly "the pod's NVML total on a GPU exceeds its booking there plus
+        /// the allowance per process": never below, always above, whatever the regions say.
+        #[test]
+        fn over_booking_is_reported_exactly_above_the_booking_and_allowance(
+            obs in observation(),
+            booking in proptest::collection::vec(0u64..4096, PODS.len()),
+            allowance in 0u64..1024,
+        ) {
+            let mut obs = obs;
+            obs.booked_mib = PODS
+                .iter()
+                .zip(&booking)
+                .filter_map(|(p, m)| Some((p.to_string(), [(obs.booked.get(*p)?.first()?.clone(), *m)].into())))
+                .collect();
+            let found = over_booked(&obs, &Exemptions::default(), allowance);
+            let mut expected = BTreeSet::new();
+            for (uid, gpus) in &obs.booked_mib {
+                for (gpu, m) in gpus {
+                    let mine: BTreeMap<u32, u64> = obs
+                        .processes
+                        .iter()
+                        .filter(|p| &p.gpu_uuid == gpu && pod_of(p.pid, &obs).is_some_and(|c| &c.pod_uid == uid))
+                        .fold(BTreeMap::new(), |mut acc, p| {
+                            let e = acc.entry(p.pid).or_insert(0);
+                            *e = (*e).max(p.used_bytes.unwrap_or(0));
+                            acc
+                        });
+                    let total: u64 = mine.values().sum();
+                    let n = mine.len() as u64;
+                    if n > 0 && total > (m + allowance * n) << 20 {
+                        expected.insert((uid.clone(), gpu.clone()));
+                    }
+                }
+            }
+            let got: BTreeSet<(String, String)> = found
+                .iter()
+                .map(|p| (p.pod_uid.clone().unwrap_or_default(), p.gpu_uuid.clone()))
+                .collect();
+            prop_assert_eq!(got, expected);
+        }
+
         /// A process of pod U on GPU G, U booked on G, listed (host PID or namespace PID) in a
         /// live slot of a region of U's that names G, is never reported.
         #[test]

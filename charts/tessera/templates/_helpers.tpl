@@ -33,6 +33,12 @@
 {{/* Lease names: kube-scheduler and tessera-scheduler elect separately. */}}
 {{- define "tessera.kubeSchedulerLease" -}}{{ include "tessera.fullname" . | trunc 46 | trimSuffix "-" }}-kube-scheduler{{- end -}}
 {{- define "tessera.extenderLease" -}}{{ include "tessera.scheduler" . }}-extender{{- end -}}
+{{/*
+  kube-scheduler's own ServiceAccount, apart from the extender's (the pod's): the network-facing
+  extender must not hold kube-scheduler's rights (delete any pod, write any ResourceClaim's status).
+*/}}
+{{- define "tessera.kubeScheduler" -}}{{ include "tessera.kubeSchedulerLease" . }}{{- end -}}
+{{- define "tessera.kubeSchedulerToken" -}}{{ include "tessera.kubeScheduler" . }}-token{{- end -}}
 
 {{- define "tessera.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}

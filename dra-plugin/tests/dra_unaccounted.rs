@@ -1,0 +1,384 @@
+//! The unaccounted-process watch on a DRA node: the device plugin's pass
+//! (`tessera_node::process_watch`) fed by the DRA driver itself, with claims prepared through
+//! the driver, their ResourceClaims (and `status.reservedFor`) read from a fake API server, the
+//! shim's regions in the claims' directories, a fake `/proc` and scripted NVML process lists.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use serde_json::json;
+use tessera_dra_plugin::checkpoint::{ClaimRef, PreparedClaims};
+use tessera_dra_plugin::plugin::{ClaimSource, DraDriver};
+use tessera_node::edges::EdgeError;
+use tessera_node::gpu::GpuInfo;
+use tessera_node::gpu_processes::{GpuProcessError, GpuProcessSource, ProcReader, ProcessesOnGpu};
+use tessera_node::node_events::{EventObject, NodeEvent, NodeEvents};
+use tessera_node::process_watch::{
+    PodEvictor, ProcessWatch, REASON_EVICTING, UnaccountedPolicy, WatchError,
+};
+use tessera_node::testing::{MemoryApi, bound_pod, response_settings, t4};
+use tessera_node::unaccounted::{GpuProcess, ProcessKind};
+
+const NODE: &str = "node-a";
+/// Pod using claim `shared` (uid-1, a share of gpu-0); its process is in the claim's region.
+const SHARER: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000a";
+/// Pod using claim `static` (uid-2, a share of gpu-0); its process has no shim.
+const STATIC: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000b";
+/// Pod using no claim.
+const STRANGER: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000c";
+/// Pod using claim `monitor` (uid-3, gpu-0 with admin access: no shim, by design).
+const MONITOR: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000d";
+
+/// ResourceClaims by `namespace/name`; `fail` makes every read fail (an API server away).
+#[derive(Default, Clone)]
+struct Claims {
+    claims: Arc<Mutex<BTreeMap<String, ResourceClaim>>>,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ClaimSource for Claims {
+    fn claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> BoxFuture<'_, Result<Option<ResourceClaim>, EdgeError>> {
+        let found = self
+            .claims
+            .lock()
+            .unwrap()
+            .get(&format!("{namespace}/{name}"))
+            .cloned();
+        let fail = self.fail.load(std::sync::atomic::Ordering::Relaxed);
+        let what = format!("cannot read ResourceClaim {namespace}/{name}");
+        Box::pin(async move {
+            if fail {
+                return Err(EdgeError::Kube {
+                    what,
+                    source: kube::Error::ReadEvents(std::io::Error::other(
+                        "the API server is away",
+                    )),
+                });
+            }
+            Ok(found)
+        })
+    }
+}
+
+impl Claims {
+    /// Claim `name` (UID `uid`) allocated `device` (a share of it, or with admin access the
+    /// whole of it), reserved for pod `pod`.
+    fn add(&self, name: &str, uid: &str, device: &str, admin: bool, pod: &str) {
+        let mut result = json!({
+            "request": "gpu", "driver": "gpu.tessera.dev", "pool": NODE, "device": device,
+        });
+        if admin {
+            result["adminAccess"] = json!(true);
+        } else {
+            result["consumedCapacity"] = json!({"memory": "1Gi", "cores": "10"});
+        }
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"namespace": "ml", "name": name, "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}},
+            "status": {
+                "allocation": {"devices": {"results": [result]}},
+                "reservedFor": [{"resource": "pods", "name": format!("pod-{name}"), "uid": pod}],
+            },
+        }))
+        .unwrap();
+        self.claims
+            .lock()
+            .unwrap()
+            .insert(format!("ml/{name}"), claim);
+    }
+}
+
+/// NVML's process lists, scripted per GPU.
+#[derive(Default)]
+struct ScriptedProcesses(Mutex<BTreeMap<String, Vec<u32>>>);
+
+impl GpuProcessSource for ScriptedProcesses {
+    fn processes_on(&self, gpu_uuid: &str) -> Result<ProcessesOnGpu, GpuProcessError> {
+        let pids = self
+            .0
+            .lock()
+            .unwrap()
+            .get(gpu_uuid)
+            .cloned()
+            .unwrap_or_default();
+        Ok(ProcessesOnGpu {
+            processes: pids
+                .into_iter()
+                .map(|pid| GpuProcess {
+                    gpu_uuid: gpu_uuid.to_owned(),
+                    pid,
+                    used_bytes: Some(1 << 30),
+                    kinds: [ProcessKind::Compute].into(),
+                })
+                .collect(),
+            unsupported: Vec::new(),
+        })
+    }
+}
+
+#[derive(Default)]
+struct RecordingEvictor(Mutex<Vec<String>>);
+
+impl PodEvictor for RecordingEvictor {
+    fn evict(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> BoxFuture<'_, Result<(), EdgeError>> {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("{namespace}/{name}/{uid}"));
+        Box::pin(async { Ok(()) })
+    }
+}
+
+fn gpus() -> Vec<GpuInfo> {
+    (0..2).map(|i| t4(&format!("GPU-{i}"), i)).collect()
+}
+
+/// `/proc/<pid>` of a process in pod `uid` whose PID in its container is `ns_pid`.
+fn proc_entry(root: &Path, pid: u32, uid: &str, ns_pid: u32) {
+    let dir = root.join(pid.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    let cgroup = format!(
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
+        uid.replace('-', "_"),
+        "c".repeat(64)
+    );
+    std::fs::write(dir.join("cgroup"), format!("0::{cgroup}\n")).unwrap();
+    std::fs::write(
+        dir.join("status"),
+        format!("Name:\tx\nNSpid:\t{pid}\t{ns_pid}\n"),
+    )
+    .unwrap();
+}
+
+/// A shim region as the shim leaves it in a claim's directory: GPU `uuid`, one live process
+/// whose PID in its container is `ns_pid` (Tessera's shim leaves `hostpid` 0).
+fn region(uuid: &str, ns_pid: i32) -> Vec<u8> {
+    use vgpu_region::{offset, slot};
+    let mut b = vec![0u8; vgpu_region::FILE_SIZE];
+    let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
+    put(offset::INITIALIZED_FLAG, &vgpu_region::MAGIC.to_ne_bytes());
+    put(offset::MAJOR_VERSION, &1u32.to_ne_bytes());
+    put(offset::MINOR_VERSION, &2u32.to_ne_bytes());
+    put(offset::DEVICE_NUM, &1u64.to_ne_bytes());
+    put(offset::UUIDS, uuid.as_bytes());
+    put(offset::PROC_NUM, &1i32.to_ne_bytes());
+    put(offset::PROCS + slot::PID, &ns_pid.to_ne_bytes());
+    put(offset::PROCS + slot::STATUS, &1i32.to_ne_bytes());
+    b
+}
+
+fn drain(rx: &mut tokio::sync::mpsc::Receiver<NodeEvent>) -> Vec<NodeEvent> {
+    let mut out = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        out.push(e);
+    }
+    out
+}
+
+struct Node {
+    watch: ProcessWatch<tessera_dra_plugin::metrics::DraMetrics>,
+    driver: Arc<DraDriver>,
+    claims: Claims,
+    evictor: Arc<RecordingEvictor>,
+    events: tokio::sync::mpsc::Receiver<NodeEvent>,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+/// A DRA node with GPU-0 and GPU-1 and four claims prepared on gpu-0 (GPU-0) through the
+/// driver. On GPU-0 NVML lists: 100 (the sharer's, PID 7 in its container, which the region
+/// of claim `shared` lists), 200 (the static binary's, PID 7 too: no region of claim
+/// `static`; `shared`'s region does not vouch for another claim's pod), 300 (the stranger's:
+/// no claim; its HAMi booking annotations name GPU-0, which books nothing on a DRA node), 400
+/// (the monitor's, admin access: no shim by design). On GPU-1: 101 (the sharer's again, on a
+/// GPU its claim does not hold, although its region is made to name GPU-1 too).
+async fn dra_node(policy: UnaccountedPolicy) -> Node {
+    let root = tempfile::tempdir().unwrap();
+    let proc = tempfile::tempdir().unwrap();
+    let claims = Claims::default();
+    claims.add("shared", "uid-1", "gpu-0", false, SHARER);
+    claims.add("static", "uid-2", "gpu-0", false, STATIC);
+    claims.add("monitor", "uid-3", "gpu-0", true, MONITOR);
+    let prepared = PreparedClaims::load(
+        root.path().join("cdi"),
+        response_settings(&root.path().join("hook")),
+    );
+    let driver = Arc::new(DraDriver::new(
+        NODE.into(),
+        gpus(),
+        Arc::new(claims.clone()),
+        prepared,
+    ));
+    for (name, uid) in [
+        ("shared", "uid-1"),
+        ("static", "uid-2"),
+        ("monitor", "uid-3"),
+    ] {
+        let claim = ClaimRef {
+            namespace: "ml".into(),
+            name: name.into(),
+            uid: uid.into(),
+        };
+        driver.prepare(&claim).await.unwrap();
+    }
+    let claim_dir = root.path().join("hook/vgpu/claims/uid-1");
+    std::fs::write(claim_dir.join("shim.cache"), region("GPU-0", 7)).unwrap();
+    std::fs::write(claim_dir.join("other.cache"), region("GPU-1", 7)).unwrap();
+
+    proc_entry(proc.path(), 100, SHARER, 7);
+    proc_entry(proc.path(), 101, SHARER, 7);
+    proc_entry(proc.path(), 200, STATIC, 7);
+    proc_entry(proc.path(), 300, STRANGER, 7);
+    proc_entry(proc.path(), 400, MONITOR, 7);
+    let api = MemoryApi::default();
+    for (name, uid) in [("sharer", SHARER), ("static", STATIC), ("monitor", MONITOR)] {
+        let mut pod = bound_pod(NODE, name, &[], 1);
+        pod.namespace = "ml".into();
+        pod.annotations.clear();
+        pod.uid = uid.into();
+        api.add_pod(pod);
+    }
+    let mut stranger = bound_pod(NODE, "stranger", &[&[("GPU-0", 1000, 30)]], 1);
+    stranger.namespace = "ml".into();
+    stranger.uid = STRANGER.into();
+    api.add_pod(stranger);
+    let processes = Arc::new(ScriptedProcesses::default());
+    processes.0.lock().unwrap().extend([
+        ("GPU-0".into(), vec![100, 200, 300, 400]),
+        ("GPU-1".into(), vec![101]),
+    ]);
+    let evictor = Arc::new(RecordingEvictor::default());
+    let (events, rx) = NodeEvents::channel();
+    let watch = ProcessWatch {
+        bookings: driver.clone(),
+        gpus: processes,
+        proc: Arc::new(ProcReader::new(proc.path())),
+        pods: Arc::new(api),
+        allowed_host_cgroups: Vec::new(),
+        policy,
+        evictor: evictor.clone(),
+        events,
+        metrics: driver.metrics().clone(),
+        confirmer: Arc::default(),
+        said_blind: Arc::default(),
+    };
+    Node {
+        watch,
+        driver,
+        claims,
+        evictor,
+        events: rx,
+        _dirs: (root, proc),
+    }
+}
+
+/// The reasons of the (non-eviction) Events on pod `uid`.
+fn reasons_on(events: &[NodeEvent], uid: &str) -> Vec<&'static str> {
+    events
+        .iter()
+        .filter(|e| e.reason != REASON_EVICTING)
+        .filter(|e| matches!(&e.regarding, EventObject::Pod { uid: u, .. } if u == uid))
+        .map(|e| e.reason)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_dra_node_sees_every_process_on_its_gpus_against_its_claims() {
+    let mut node = dra_node(UnaccountedPolicy::Report).await;
+    let first = node.watch.pass().await.unwrap();
+    assert_eq!(first.confirmed, 0, "one sighting is not enough");
+    assert!(drain(&mut node.events).is_empty());
+
+    let second = node.watch.pass().await.unwrap();
+    // 101 (the sharer on GPU-1), 200 (no region of its claim), 300 (no claim).
+    assert_eq!(second.confirmed, 3);
+    assert_eq!(
+        second.reported,
+        [SHARER.to_owned(), STATIC.to_owned(), STRANGER.to_owned()].into()
+    );
+    assert!(second.evicted.is_empty());
+    assert!(
+        node.evictor.0.lock().unwrap().is_empty(),
+        "report never evicts"
+    );
+    let events = drain(&mut node.events);
+    assert_eq!(reasons_on(&events, STRANGER), ["GpuNotBooked"]);
+    assert_eq!(reasons_on(&events, STATIC), ["GpuProcessWithoutShim"]);
+    // The sharer's process on GPU-0 is accounted by its claim's region; on GPU-1, which its
+    // claim does not hold, it is not (whatever the region, which its container writes, names).
+    assert_eq!(reasons_on(&events, SHARER), ["GpuNotBooked"]);
+    let sharer = events
+        .iter()
+        .find(|e| matches!(&e.regarding, EventObject::Pod { uid, .. } if uid == SHARER))
+        .unwrap();
+    assert!(sharer.message.contains("101"), "{}", sharer.message);
+    assert!(
+        !sharer.message.contains("process 100"),
+        "{}",
+        sharer.message
+    );
+    assert!(
+        reasons_on(&events, MONITOR).is_empty(),
+        "an admin-access claim runs without the shim by design: {events:?}"
+    );
+
+    let text = node.driver.metrics().encode();
+    for line in [
+        r#"tessera_dra_plugin_unaccounted_gpu_processes{reason="GpuNotBooked"} 2"#,
+        r#"tessera_dra_plugin_unaccounted_gpu_processes{reason="GpuProcessWithoutShim"} 1"#,
+        r#"tessera_dra_plugin_unaccounted_gpu_processes{reason="GpuProcessOutsidePods"} 0"#,
+        "tessera_dra_plugin_undetermined_gpu_processes 0",
+        r#"tessera_dra_plugin_unaccounted_actions_total{action="reported"} 3"#,
+    ] {
+        assert!(text.contains(line), "{line} missing from:\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn under_evict_a_dra_node_evicts_the_pods_and_a_claim_it_cannot_read_stops_the_pass() {
+    let mut node = dra_node(UnaccountedPolicy::Evict).await;
+    node.watch.pass().await.unwrap();
+    let second = node.watch.pass().await.unwrap();
+    assert_eq!(
+        second.evicted,
+        [SHARER.to_owned(), STATIC.to_owned(), STRANGER.to_owned()].into()
+    );
+    let mut evicted = node.evictor.0.lock().unwrap().clone();
+    evicted.sort();
+    assert_eq!(
+        evicted,
+        [
+            format!("ml/sharer/{SHARER}"),
+            format!("ml/static/{STATIC}"),
+            format!("ml/stranger/{STRANGER}")
+        ]
+    );
+    let events = drain(&mut node.events);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.reason == REASON_EVICTING)
+            .count(),
+        3
+    );
+
+    // Without the claims' pods every claim's processes would look unbooked: nothing is judged.
+    node.claims
+        .fail
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let failed = node.watch.pass().await;
+    assert!(matches!(failed, Err(WatchError::Bookings(_))), "{failed:?}");
+    assert!(drain(&mut node.events).is_empty());
+    assert_eq!(node.evictor.0.lock().unwrap().len(), 3);
+}
