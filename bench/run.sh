@@ -98,7 +98,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench: commit $commit; $machine; load $load_before; results in $out"
 
 echo "bench: building the release daemons, the shim and the fake driver (for the e2e benchmarks)"
-cargo build --locked -q --release -p tessera-scheduler -p tessera-device-plugin -p fake-nvml \
+cargo build --locked -q --release -p tessera-scheduler -p tessera-device-plugin -p tessera-dra-plugin -p fake-nvml \
     -p fake-cuda -p libvgpu-shim
 
 # Fresh CSVs for the steps that run.

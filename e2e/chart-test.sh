@@ -300,6 +300,16 @@ expect_count "policies fail closed" "$D" '^  failurePolicy: Fail$' 4
 expect "container isolation covers pods and ephemeral containers" "$D" '^        resources: \[pods, pods/ephemeralcontainers\]$'
 expect "container isolation refuses NVIDIA_VISIBLE_DEVICES from unprivileged containers" "$D" "e.name == 'NVIDIA_VISIBLE_DEVICES'"
 expect "container isolation guards the shim's paths" "$D" "m\.mountPath\.matches\(r'.*usr.*local.*vgpu.*etc.*ld\\\\\.so\\\\\.preload"
+# Size-limited cache directories (issue 28, item 5): the limit's flags, and the propagation that
+# lets the plugin's tmpfs mounts reach the kubelet; none for an unprivileged plugin.
+render "$WORK/plugin-ds.yaml" --show-only templates/device-plugin/daemonset.yaml
+expect "cache directories limited to 16 MiB by default" "$WORK/plugin-ds.yaml" '^            - --cache-dir-limit-mib=16$'
+expect "the plugin's host directory propagates its mounts" "$WORK/plugin-ds.yaml" '^              mountPropagation: Bidirectional$'
+render "$WORK/plugin-ds-unpriv.yaml" --show-only templates/device-plugin/daemonset.yaml --set devicePlugin.securityContext.privileged=false
+expect_not "no Bidirectional propagation for an unprivileged plugin" "$WORK/plugin-ds-unpriv.yaml" 'mountPropagation: Bidirectional'
+render "$WORK/plugin-ds-nolimit.yaml" --show-only templates/device-plugin/daemonset.yaml --set devicePlugin.cacheDirLimit.sizeMiB=0
+expect_not "cacheDirLimit.sizeMiB=0: no limit, no propagation" "$WORK/plugin-ds-nolimit.yaml" 'cache-dir-limit-mib|mountPropagation: Bidirectional'
+
 # Two identities in the scheduler pod (issue 28, item 5): the extender's token (the pod's account)
 # and kube-scheduler's own (its token Secret), each mounted into its own container only.
 render "$WORK/sched-identities.yaml" --show-only templates/scheduler/deployment.yaml --show-only templates/scheduler/rbac.yaml

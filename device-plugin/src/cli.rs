@@ -135,6 +135,17 @@ pub struct Cli {
     /// within two).
     #[arg(long, env = "UNACCOUNTED_PERIOD_SECONDS", default_value_t = 15)]
     pub unaccounted_period_seconds: u64,
+    /// MiB each container's cache directory may hold (`<hook>/vgpu/containers/<pod>_<ctr>`,
+    /// where the shim keeps its region): a tmpfs of that size is mounted there at `Allocate`,
+    /// its pages charged to the container's memory. 0: a plain directory, no limit. Needs the
+    /// host directory mounted with `mountPropagation: Bidirectional`; without it the directory
+    /// stays unlimited and the plugin says so.
+    #[arg(long, env = "CACHE_DIR_LIMIT_MIB", default_value_t = 0)]
+    pub cache_dir_limit_mib: u64,
+    /// Files (and directories) each container's cache directory may hold, with
+    /// `--cache-dir-limit-mib`.
+    #[arg(long, env = "CACHE_DIR_LIMIT_FILES", default_value_t = 32)]
+    pub cache_dir_limit_files: u64,
     /// The host's `/proc` (the plugin runs with `hostPID`): each GPU process's cgroup and PID
     /// namespace are read there.
     #[arg(long, env = "PROC_ROOT", default_value = "/proc")]

@@ -47,6 +47,9 @@ for top in $(printf '%s\n' "${keep_tmp[@]}" | sort -u); do
 	mkdir -p "$top" && mount --bind "/run/host-tmp/${top#/tmp/}" "$top" || die "keep $top visible"
 done
 bind_own "$HOOK_DIR"
+# Shared, as a systemd host's mounts are: the device plugin mounts each container's size-limited
+# cache directory there (mountPropagation: Bidirectional), and the kubelet must see it.
+mount --make-rshared "$HOOK_DIR" || die "make $HOOK_DIR shared"
 # The NVIDIA container toolkit's configuration: the fake runtime and the device plugin read it.
 bind_own /etc/nvidia-container-runtime
 

@@ -360,8 +360,17 @@ pub fn shared_libs(binary: &Path) -> Result<Vec<PathBuf>, ImageError> {
                 libs.push(PathBuf::from(path));
             }
         } else if without_addr.starts_with('/') {
-            // The dynamic loader (PT_INTERP).
-            libs.push(PathBuf::from(without_addr));
+            // The dynamic loader (PT_INTERP), and where its link points (Debian's
+            // `/lib64/ld-linux-x86-64.so.2` → `/lib/x86_64-linux-gnu/…`): a second link-map
+            // namespace (`dlmopen`) loads it again by name from the library directories, as
+            // in any distribution's image.
+            let loader = PathBuf::from(without_addr);
+            if let Ok(target) = std::fs::canonicalize(&loader)
+                && target != loader
+            {
+                libs.push(target);
+            }
+            libs.push(loader);
         }
         // linux-vdso.so.1: the kernel's.
     }

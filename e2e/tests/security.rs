@@ -109,6 +109,7 @@ fn real_nodes_chart_identities_and_tenants_cannot_forge_or_escalate() -> Result<
             unaccounted_processes(&c).await?;
             over_booking(&c).await?;
             webhook_oracle(&c).await?;
+            cache_dir_limit(&c).await?;
             listener_flood(&c).await?;
             unaccounted_evicted(&mut c).await
         }
@@ -1269,7 +1270,19 @@ plugin metrics:
         }
     };
     let message = reported.message.unwrap_or_default();
-    for part in ["4096 MiB", "the 1000 MiB it was allocated", "GPU-"] {
+    // "… uses N MiB of GPU …": at least the 4096 MiB taken around the shim.
+    let used: u64 = message
+        .split(" uses ")
+        .nth(1)
+        .and_then(|rest| rest.split(" MiB").next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    if used < 4096 {
+        return Err(Error::msg(format!(
+            "the over-booking Event does not name the 4096 MiB taken: {message}"
+        )));
+    }
+    for part in ["the 1000 MiB it was allocated", "GPU-"] {
         if !message.contains(part) {
             return Err(Error::msg(format!(
                 "the over-booking Event does not say {part:?}: {message}"
@@ -1383,6 +1396,62 @@ async fn webhook_oracle(c: &RealCluster) -> Result<()> {
         "/webhook refused a peer without the API server's certificate: {}",
         answer.lines().next().unwrap_or("")
     );
+    Ok(())
+}
+
+/// Issue 28, item 5: a GPU container writes 64 MiB into its cache directory (a host directory:
+/// `/usr/local/vgpu` inside) to fill the node's disk outside its ephemeral-storage accounting.
+/// The chart's default `devicePlugin.cacheDirLimit` (16 MiB) stops it with "No space left on
+/// device"; the honest pod of `unaccounted_processes`, whose region lives in such a directory,
+/// was accounted all along (the plugin reads the same limited directory).
+async fn cache_dir_limit(c: &RealCluster) -> Result<()> {
+    let user_pods: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
+    let admin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    let filler = tenant_pod(
+        "filler",
+        json!({}),
+        json!([container(
+            "main",
+            json!({"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "500"}}),
+            json!({"command": ["/bin/sh", "-c",
+                "dd if=/dev/zero of=/usr/local/vgpu/fill bs=1M count=64 2>&1; \
+                 echo written=$(wc -c < /usr/local/vgpu/fill)"]})
+        )]),
+        json!({"nodeSelector": {"kubernetes.io/hostname": OTHER_NODE}}),
+    )?;
+    user_pods.create(&PostParams::default(), &filler).await?;
+    eventually(
+        "pod filler finished",
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+        || async {
+            admin_pods
+                .get_opt("filler")
+                .await
+                .ok()
+                .flatten()
+                .filter(|p| {
+                    matches!(
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    )
+                })
+        },
+    )
+    .await?;
+    let log = c.logs(TENANT, "filler", "main").await?;
+    let written: u64 = log
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("written="))
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| Error::msg(format!("the filler said nothing of what it wrote: {log}")))?;
+    if !log.contains("No space left on device") || written > 16 << 20 {
+        return Err(Error::msg(format!(
+            "a container wrote {written} bytes into its cache directory (limit 16 MiB): {log}"
+        )));
+    }
+    eprintln!("the cache directory stopped the filler at {written} bytes");
+    c.delete_pod(TENANT, "filler").await?;
     Ok(())
 }
 

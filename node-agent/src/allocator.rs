@@ -144,6 +144,10 @@ pub struct Allocator {
     /// Dynamic MIG: the carver (set on a node in operating mode `mig`) and the GPUs it serves.
     pub mig: Option<Arc<crate::mig::MigManager>>,
     pub mig_gpus: Arc<RwLock<crate::mig::MigGpus>>,
+    /// How containers' cache directories are made (their size limit).
+    pub cache_dirs: crate::cache_dir::CacheDirs,
+    /// Set once a cache directory could not be limited (logged once as a warning).
+    said_unlimited: std::sync::atomic::AtomicBool,
     ledger: Mutex<Ledger>,
     /// Which kubelet instance the plugin serves: bumped each time it serves a new one.
     kubelet_generation: AtomicU64,
@@ -180,9 +184,40 @@ impl Allocator {
             scheduler_names: BTreeSet::from([DEFAULT_SCHEDULER_NAME.to_owned()]),
             mig: None,
             mig_gpus: Arc::default(),
+            cache_dirs: crate::cache_dir::CacheDirs::default(),
+            said_unlimited: std::sync::atomic::AtomicBool::new(false),
             ledger: Mutex::new(Ledger::default()),
             kubelet_generation: AtomicU64::new(0),
         }
+    }
+
+    /// Empties and (re)creates a container's cache directory with the node's size limit. A
+    /// limit that cannot be applied leaves the directory unlimited: said once as a warning (a
+    /// node whose plugin lacks the mount propagation says so at its first GPU pod), then at
+    /// debug level.
+    fn prepare_cache_dir(&self, dir: &str) -> Result<(), AllocateError> {
+        use crate::cache_dir::Prepared;
+        let prepared = self
+            .cache_dirs
+            .prepare(std::path::Path::new(dir))
+            .map_err(|source| AllocateError::CacheDir {
+                dir: dir.to_owned(),
+                source,
+            })?;
+        if let Prepared::Unlimited(why) = prepared {
+            if self
+                .said_unlimited
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::debug!(dir, "cache directory not limited: {why}");
+            } else {
+                tracing::warn!(
+                    dir,
+                    "cache directories are not size-limited on this node: {why}"
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The plugin serves a new kubelet instance (it registered again after a kubelet restart):
@@ -441,7 +476,7 @@ impl Allocator {
                         container: choice.container.name.clone(),
                         source,
                     })?;
-                prepare_cache_dir(&response.cache_dir)?;
+                self.prepare_cache_dir(&response.cache_dir)?;
                 // The limits the shim trusts over the container's environment (container_env.rs).
                 crate::container_env::write_limits_file(&response.limits_file).map_err(
                     |source| AllocateError::CacheDir {
@@ -720,13 +755,6 @@ pub fn empty_entries(current: &str, served: &BTreeSet<usize>) -> Result<String, 
         }
     }
     Ok(devices.encode())
-}
-
-fn prepare_cache_dir(dir: &str) -> Result<(), AllocateError> {
-    crate::container_env::prepare_cache_dir(dir).map_err(|source| AllocateError::CacheDir {
-        dir: dir.to_owned(),
-        source,
-    })
 }
 
 /// The gRPC form of a container's response.

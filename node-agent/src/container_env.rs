@@ -33,17 +33,12 @@ pub fn write_limits_file(file: &LimitsFile) -> std::io::Result<()> {
     f.sync_all()
 }
 
-/// Empties and (re)creates a cache directory, mode 0777: the shim runs as the container's user,
-/// which the plugin does not know.
+/// Empties and (re)creates a cache directory without a size limit, mode 0777: the shim runs as
+/// the container's user, which the plugin does not know ([`crate::cache_dir`] for the limit).
 pub fn prepare_cache_dir(dir: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
+    crate::cache_dir::CacheDirs::default()
+        .prepare(std::path::Path::new(dir))
+        .map(|_| ())
 }
 
 #[cfg(test)]

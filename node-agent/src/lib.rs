@@ -17,6 +17,7 @@
 pub use tessera_node_core::{conflict, identity, nvidia_runtime, pod_cgroup, pods, unaccounted};
 
 pub mod allocator;
+pub mod cache_dir;
 pub mod container_env;
 pub mod device_state;
 pub mod edges;

@@ -522,12 +522,8 @@ pub fn remove_stale_container_dirs(
         .into_iter()
         .map(|name| {
             let path = containers_dir.join(&name);
-            let r = match path.symlink_metadata() {
-                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path),
-                Ok(_) => std::fs::remove_file(&path),
-                Err(e) => Err(e),
-            };
-            (name, r)
+            // A size-limited directory is a tmpfs: unmounted first (crate::cache_dir).
+            (name, crate::cache_dir::remove(&path))
         })
         .collect()
 }
