@@ -1380,7 +1380,9 @@ fn set_mode(path: &Path, mode: u32) -> Result<()> {
 /// (`webhook-client-ca.crt`: what docs/helm.md's "Webhook client authentication" puts in
 /// `scheduler.admissionWebhook.clientAuth.caBundle`, so no other certificate of the cluster opens
 /// `/webhook`), and the AdmissionConfiguration that makes the API server present it to every
-/// webhook. A webhook that asks for no client certificate is unaffected.
+/// webhook that asks for one. Every cluster runs so: Tessera's extender asks (for
+/// kube-scheduler's certificate) and must take a certificate of a CA it does not know as none
+/// (the demo's cluster, without `clientAuth`, shows it does).
 fn write_webhook_client(dir: &Path) -> Result<()> {
     let pki = Pki::new()?;
     write(&dir.join(WEBHOOK_CLIENT_CA), pki.ca_pem())?;

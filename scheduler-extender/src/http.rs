@@ -31,7 +31,7 @@ use tracing::Instrument;
 
 use crate::edge::{ClusterEdge, EdgeError, EventType, PodEvent};
 use crate::engine::{BindPlan, Command, EngineHandle, Refusal};
-use crate::listen::{BodyTimeout, PeerCertificates, VerifiedClientCert};
+use crate::listen::{BodyTimeout, PeerCertificates};
 use crate::metrics::Metrics;
 
 /// HAMi's request body limit.
@@ -110,11 +110,13 @@ impl std::fmt::Display for PodRef<'_> {
 pub struct Auth {
     /// Expected bearer token (reloaded from its file by the server).
     pub token: RwLock<Option<String>>,
-    /// A client CA is configured: a verified client certificate authenticates.
+    /// A client CA is configured: a client certificate `scheduler_client` verifies
+    /// authenticates.
     pub client_ca: bool,
     /// With it, `/filter` and `/bind` accept only a certificate this verifies (the extender
-    /// client CA's), not any certificate the handshake accepted: the handshake also accepts the
-    /// webhook client CA's, which must not call `/filter` or `/bind`.
+    /// client CA's). The handshake accepts any certificate whose key the peer holds
+    /// ([`crate::tls::load`]): which CA issued it is decided here, per route. `None` with
+    /// `client_ca`: no certificate authenticates.
     pub scheduler_client: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
     /// `/webhook` answers only peers whose client certificate this verifies (the API server's,
     /// `--webhook-client-ca-file`); `None`: anyone who reaches the port.
@@ -129,18 +131,18 @@ impl Auth {
     fn check(
         &self,
         headers: &HeaderMap,
-        cert: Option<VerifiedClientCert>,
         chain: Option<&PeerCertificates>,
     ) -> Result<(), AuthError> {
         if self.is_open() {
             return Ok(());
         }
-        if self.client_ca && cert.is_some_and(|c| c.0) {
-            match &self.scheduler_client {
-                None => return Ok(()),
-                Some(v) if verified_by(v.as_ref(), chain) => return Ok(()),
-                Some(_) => {}
-            }
+        if self.client_ca
+            && self
+                .scheduler_client
+                .as_ref()
+                .is_some_and(|v| verified_by(v.as_ref(), chain))
+        {
+            return Ok(());
         }
         let expected = self.token.read().ok().and_then(|t| t.clone());
         if let Some(expected) = expected {
@@ -301,10 +303,6 @@ pub fn metrics_router<E: ClusterEdge>(app: Arc<App<E>>) -> Router {
         .with_state(app)
 }
 
-fn cert_of(req_ext: &axum::http::Extensions) -> Option<VerifiedClientCert> {
-    req_ext.get::<VerifiedClientCert>().copied()
-}
-
 /// The two calls kube-scheduler makes. They differ only in their names, their latency histogram,
 /// the form of their answer and what they decide.
 #[derive(Debug, Clone, Copy)]
@@ -363,11 +361,10 @@ async fn extender_call<E: ClusterEdge>(
 ) -> Response {
     let started = Instant::now();
     let (parts, body) = req.into_parts();
-    if let Err(e) = app.auth.check(
-        &parts.headers,
-        cert_of(&parts.extensions),
-        parts.extensions.get::<PeerCertificates>(),
-    ) {
+    if let Err(e) = app
+        .auth
+        .check(&parts.headers, parts.extensions.get::<PeerCertificates>())
+    {
         app.metrics.decision(call.verb(), "Unauthenticated");
         return json(StatusCode::UNAUTHORIZED, call.refusal(e.to_string()));
     }

@@ -42,13 +42,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_rustls::TlsAcceptor;
 
-/// Set on each request by the TLS acceptor: the peer presented a client certificate that the
-/// configured client CA verified.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VerifiedClientCert(pub bool);
-
 /// Set on each request of a TLS connection whose peer presented a certificate: its chain, end
-/// entity first (verified at the handshake against the union of the configured client CAs).
+/// entity first. The handshake checked only that the peer holds its key; what it authenticates
+/// for is decided per route against each route's CA ([`crate::http::Auth`]).
 #[derive(Debug, Clone)]
 pub struct PeerCertificates(pub Arc<[rustls::pki_types::CertificateDer<'static>]>);
 
@@ -518,7 +514,6 @@ async fn serve_conn<S>(
     let router = router.layer(axum::Extension(BodyTimeout(limits.body_timeout)));
     match tls {
         None => {
-            let router = router.layer(axum::Extension(VerifiedClientCert(false)));
             run_http(TokioIo::new(stream), router, &state, evicted, limits).await;
         }
         Some(cfg) => {
@@ -540,15 +535,13 @@ async fn serve_conn<S>(
                 },
                 _ = &mut evicted => return,
             };
-            // With a client CA configured, rustls only completes the handshake with a
-            // certificate it verified (or none at all).
+            // Any certificate whose key the peer proved (crate::tls::load), or none.
             let chain = tls_stream
                 .get_ref()
                 .1
                 .peer_certificates()
                 .filter(|c| !c.is_empty())
                 .map(|c| PeerCertificates(c.to_vec().into()));
-            let router = router.layer(axum::Extension(VerifiedClientCert(chain.is_some())));
             let router = match chain {
                 Some(c) => router.layer(axum::Extension(c)),
                 None => router,

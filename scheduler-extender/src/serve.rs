@@ -400,13 +400,14 @@ fn auth(args: &ServeArgs, shutdown: &CancellationToken) -> anyhow::Result<Arc<Au
             "/webhook answers any caller that reaches it: set --webhook-client-ca-file where the API server presents a client certificate (docs/helm.md)"
         );
     }
-    // With both CAs, each authenticates for its own routes only.
-    let scheduler_client = match (&args.client_ca_file, &webhook_client) {
-        (Some(p), Some(_)) => Some(
+    // Each CA authenticates for its own routes only: the extender client CA for /filter and
+    // /bind, the webhook client CA for /webhook.
+    let scheduler_client = match &args.client_ca_file {
+        Some(p) => Some(
             tls::client_verifier(&[p.as_path()])
                 .with_context(|| format!("extender client CA {}", p.display()))?,
         ),
-        _ => None,
+        None => None,
     };
     let auth = Arc::new(Auth {
         token: RwLock::new(token),

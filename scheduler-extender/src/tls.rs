@@ -105,6 +105,63 @@ pub fn client_verifier(cas: &[&Path]) -> Result<Arc<dyn ClientCertVerifier>, Tls
         .map_err(TlsError::ClientVerifier)
 }
 
+/// The handshake's client-certificate check: a certificate is asked for (with the configured
+/// CAs as hints), none is required, and any chain is taken whose key the peer proves it holds
+/// (the signature checks are the WebPKI verifier's). Whether the chain comes from a CA that
+/// opens a route is checked per route ([`crate::http::Auth`]). So a client that presents a
+/// certificate of another CA (an API server configured to present its webhook client
+/// certificate to every webhook) is a caller without a certificate, as it is to any webhook
+/// that does not ask for one, rather than a failed handshake.
+#[derive(Debug)]
+struct AnyClientChain {
+    webpki: Arc<dyn ClientCertVerifier>,
+}
+
+impl ClientCertVerifier for AnyClientChain {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.webpki.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        Ok(rustls::server::danger::ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
 /// Builds the server configuration from the files.
 pub fn load(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -119,10 +176,12 @@ pub fn load(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let builder = if cas.is_empty() {
         builder.with_no_client_auth()
     } else {
-        // Peers without a certificate still complete the handshake (probes, token callers); a
-        // certificate, when sent, must come from one of the CAs. Which CA issued it decides what
-        // it authenticates for ([`crate::http::Auth`]).
-        builder.with_client_cert_verifier(client_verifier(&cas)?)
+        // Peers without a certificate still complete the handshake (probes, token callers), and
+        // so do peers with a certificate of a CA the extender does not know: which CA issued
+        // it decides what it authenticates for, per route ([`crate::http::Auth`]).
+        builder.with_client_cert_verifier(Arc::new(AnyClientChain {
+            webpki: client_verifier(&cas)?,
+        }))
     };
     let mut cfg = builder
         .with_single_cert(certs(&files.cert)?, key(&files.key)?)

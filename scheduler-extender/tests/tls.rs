@@ -171,7 +171,10 @@ mod mtls {
             auth: Arc::new(Auth {
                 token: RwLock::new(None),
                 client_ca: true,
-                scheduler_client: None,
+                scheduler_client: Some(
+                    tessera_scheduler::tls::client_verifier(&[dir.path().join("ca.pem").as_path()])
+                        .unwrap(),
+                ),
                 webhook_client: None,
             }),
             decision: DecisionConfig::default(),
@@ -196,6 +199,26 @@ mod mtls {
             scheduler.contains("extender args missing pod"),
             "{scheduler}"
         );
+        // A certificate of a CA the extender does not know (an API server that presents its
+        // webhook client certificate to every webhook): the handshake completes, the caller is
+        // one without a certificate: /filter refused, /webhook (no webhook client CA here) and
+        // /healthz answered.
+        let (_, stranger) = client_ca("kube-apiserver");
+        let filter = r#"{"NodeNames":["n1"]}"#;
+        let filter = format!(
+            "POST /filter HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{filter}",
+            filter.len()
+        );
+        let out = request(port, &pki, Some(&stranger), &filter).await;
+        assert!(out.starts_with("HTTP/1.1 401"), "{out}");
+        let body = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"s1","operation":"CREATE","namespace":"ns","userInfo":{"username":"u"},"object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"containers":[{"name":"main","image":"app"}]}}}}"#;
+        let review = format!(
+            "POST /webhook HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let out = request(port, &pki, Some(&stranger), &review).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        assert!(out.contains(r#""uid":"s1""#), "{out}");
     }
 
     /// A CA and one client certificate it issued.
@@ -316,7 +339,7 @@ mod mtls {
             assert!(out.starts_with("HTTP/1.1 403"), "{who}: {out}");
             assert!(!out.contains("allowed"), "{who}: {out}");
         }
-        // A certificate from another CA fails the handshake itself.
+        // A certificate from another CA authenticates for nothing: 403, no answer.
         let out = request(port, &pki, Some(&stranger), &review).await;
         assert!(!out.contains("allowed"), "a stranger's certificate: {out}");
         let out = request(port, &pki, Some(&apiserver), &review).await;
