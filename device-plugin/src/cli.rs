@@ -109,32 +109,15 @@ pub struct Cli {
     /// would give any container the GPUs its own environment names.
     #[arg(long, env = "NVIDIA_RUNTIME_CONFIG", default_value = tessera_node::nvidia_runtime::DEFAULT_CONFIG_PATH)]
     pub nvidia_runtime_config: std::path::PathBuf,
-    /// What the node does about a GPU process no allocation accounts for (a process in a pod
-    /// not booked that GPU, a booked process without the shim, a process in no pod), once two
-    /// passes running saw it: `report` (a Warning Event on the pod or the Node, the
-    /// `tessera_device_plugin_unaccounted_gpu_processes` metric, a log line), `evict` (report,
-    /// then evict the pod: deleted with its UID as precondition, as the kubelet evicts) or `off`. Needs `hostPID`.
-    #[arg(long, env = "UNACCOUNTED_PROCESS_POLICY", default_value = "report")]
-    pub unaccounted_process_policy: tessera_node::process_watch::UnaccountedPolicy,
-    /// Host cgroups whose processes may use the GPUs (comma list of path prefixes matched on `/`
-    /// boundaries, e.g. `/system.slice/nvidia-mps.service`; `/` allows every host process).
-    #[arg(
-        long,
-        env = "UNACCOUNTED_ALLOWED_HOST_CGROUPS",
-        value_delimiter = ',',
-        default_value = ""
-    )]
-    pub unaccounted_allowed_host_cgroups: Vec<String>,
+    /// The unaccounted-process watch (`--unaccounted-*`, `--proc-root`).
+    #[command(flatten)]
+    pub watch: tessera_node::process_watch::WatchArgs,
     /// MiB per process that a pod's GPU processes may use, by NVML's count, beyond the pod's
     /// memory booking on a GPU before the watch reports the pod (`GpuMemoryOverBooking`, under
     /// `--unaccounted-process-policy`): what the driver reserves for a process outside any
     /// allocation the shim sees (its context, local memory).
     #[arg(long, env = "UNACCOUNTED_MEMORY_ALLOWANCE_MIB", default_value_t = 1024)]
     pub unaccounted_memory_allowance_mib: u64,
-    /// Seconds between passes of the unaccounted-process watch (a lasting process is acted on
-    /// within two).
-    #[arg(long, env = "UNACCOUNTED_PERIOD_SECONDS", default_value_t = 15)]
-    pub unaccounted_period_seconds: u64,
     /// MiB each container's cache directory may hold (`<hook>/vgpu/containers/<pod>_<ctr>`,
     /// where the shim keeps its region): a tmpfs of that size is mounted there at `Allocate`,
     /// its pages charged to the container's memory. 0: a plain directory, no limit. Needs the
@@ -146,10 +129,6 @@ pub struct Cli {
     /// `--cache-dir-limit-mib`.
     #[arg(long, env = "CACHE_DIR_LIMIT_FILES", default_value_t = 32)]
     pub cache_dir_limit_files: u64,
-    /// The host's `/proc` (the plugin runs with `hostPID`): each GPU process's cgroup and PID
-    /// namespace are read there.
-    #[arg(long, env = "PROC_ROOT", default_value = "/proc")]
-    pub proc_root: PathBuf,
     /// Opt-in: also publish the memory and cores resources (e.g. nvidia.com/gpumem in MiB,
     /// nvidia.com/gpucores in percent) as node capacity, totals over the registered GPUs (HAMi
     /// #2839). With them in allocatable the kubelet admits those requests against the totals.
@@ -203,7 +182,7 @@ impl Cli {
             annotation: Duration::from_secs(self.annotation_period_seconds.max(1)),
             vgpu_feedback: (self.vgpu_feedback_period_seconds > 0)
                 .then(|| Duration::from_secs(self.vgpu_feedback_period_seconds)),
-            unaccounted: Duration::from_secs(self.unaccounted_period_seconds.max(1)),
+            unaccounted: Duration::from_secs(self.watch.unaccounted_period_seconds.max(1)),
             ..Periods::default()
         }
     }

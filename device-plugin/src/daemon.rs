@@ -477,7 +477,7 @@ fn spawn_usage_monitors(m: UsageMonitors<'_>, shutdown: &CancellationToken) {
             async move { monitor.pass().await }
         },
     );
-    if m.cli.unaccounted_process_policy == UnaccountedPolicy::Off {
+    if m.cli.watch.unaccounted_process_policy == UnaccountedPolicy::Off {
         return;
     }
     let watch = ProcessWatch {
@@ -487,11 +487,11 @@ fn spawn_usage_monitors(m: UsageMonitors<'_>, shutdown: &CancellationToken) {
             memory_allowance_mib: m.cli.unaccounted_memory_allowance_mib,
         }),
         gpus: m.gpus,
-        proc: Arc::new(ProcReader::new(&m.cli.proc_root)),
+        proc: Arc::new(ProcReader::new(&m.cli.watch.proc_root)),
         pods: m.pods,
         // An empty entry (the flag's default) allows nothing: `Exemptions::allows_host_cgroup`.
-        allowed_host_cgroups: m.cli.unaccounted_allowed_host_cgroups.clone(),
-        policy: m.cli.unaccounted_process_policy,
+        allowed_host_cgroups: m.cli.watch.unaccounted_allowed_host_cgroups.clone(),
+        policy: m.cli.watch.unaccounted_process_policy,
         evictor: m.evictor,
         events: m.events,
         metrics: m.metrics,
@@ -623,7 +623,7 @@ fn allocator(
             inodes: cli.cache_dir_limit_files,
         }),
         // The host's mount table: where the kubelet resolves the directory it mounts.
-        host_mountinfo: cli.proc_root.join("1/mountinfo"),
+        host_mountinfo: cli.watch.proc_root.join("1/mountinfo"),
     };
     allocator.scheduler_names = cli
         .scheduler_names

@@ -31,7 +31,7 @@ use tessera_node::health::{DisableSpecError, HealthPolicy, HealthTracker};
 use tessera_node::kube_edges::{KubeEvictor, KubePodSource};
 use tessera_node::node_events::NodeEvents;
 use tessera_node::nvml::{GpuInventory, InventoryError, NvmlInventory, lost_gpus};
-use tessera_node::process_watch::{ProcessWatch, UnaccountedPolicy};
+use tessera_node::process_watch::{ProcessWatch, UnaccountedPolicy, WatchArgs};
 
 /// The crates whose logs `-v` raises first.
 pub const OWN_CRATES: &[&str] = &[
@@ -129,30 +129,10 @@ pub struct DraCli {
     /// (docs/design/sm-limiter.md). 0 turns it off: every core limit then stays on.
     #[arg(long, env = "VGPU_FEEDBACK_PERIOD_SECONDS", default_value_t = vgpu_region::feedback::HAMI_PERIOD_SECS)]
     pub vgpu_feedback_period_seconds: u64,
-    /// What the node does about a GPU process no allocation accounts for (a process in a pod
-    /// not booked that GPU, a booked process without the shim, a process in no pod), once two
-    /// passes running saw it: `report` (a Warning Event on the pod or the Node, the
-    /// `tessera_dra_plugin_unaccounted_gpu_processes` metric, a log line), `evict` (report,
-    /// then evict the pod: deleted with its UID as precondition, as the kubelet evicts) or `off`. Needs `hostPID`.
-    #[arg(long, env = "UNACCOUNTED_PROCESS_POLICY", default_value = "report")]
-    pub unaccounted_process_policy: UnaccountedPolicy,
-    /// Host cgroups whose processes may use the GPUs (comma list of path prefixes matched on `/`
-    /// boundaries, e.g. `/system.slice/nvidia-mps.service`; `/` allows every host process).
-    #[arg(
-        long,
-        env = "UNACCOUNTED_ALLOWED_HOST_CGROUPS",
-        value_delimiter = ',',
-        default_value = ""
-    )]
-    pub unaccounted_allowed_host_cgroups: Vec<String>,
-    /// Seconds between passes of the unaccounted-process watch (a lasting process is acted on
-    /// within two).
-    #[arg(long, env = "UNACCOUNTED_PERIOD_SECONDS", default_value_t = 15)]
-    pub unaccounted_period_seconds: u64,
-    /// The host's `/proc` (the plugin runs with `hostPID`): each GPU process's cgroup and PID
-    /// namespace are read there.
-    #[arg(long, env = "PROC_ROOT", default_value = "/proc")]
-    pub proc_root: PathBuf,
+    /// The unaccounted-process watch (`--unaccounted-*`, `--proc-root`), as the device
+    /// plugin's.
+    #[command(flatten)]
+    pub watch: WatchArgs,
     /// `--log-format`, `-v`/`--v` (klog verbosity) and `--debug`.
     #[command(flatten)]
     pub logging: LogArgs,
@@ -372,7 +352,7 @@ fn spawn_process_watch(
     inventory: &Arc<NvmlInventory>,
     shutdown: &CancellationToken,
 ) {
-    if cli.unaccounted_process_policy == UnaccountedPolicy::Off {
+    if cli.watch.unaccounted_process_policy == UnaccountedPolicy::Off {
         return;
     }
     // The resource name only marks the containers that request a device plugin's resource,
@@ -393,11 +373,11 @@ fn spawn_process_watch(
     let watch = ProcessWatch {
         bookings: driver.clone(),
         gpus: inventory.clone(),
-        proc: Arc::new(ProcReader::new(&cli.proc_root)),
+        proc: Arc::new(ProcReader::new(&cli.watch.proc_root)),
         pods,
         // An empty entry (the flag's default) allows nothing: `Exemptions::allows_host_cgroup`.
-        allowed_host_cgroups: cli.unaccounted_allowed_host_cgroups.clone(),
-        policy: cli.unaccounted_process_policy,
+        allowed_host_cgroups: cli.watch.unaccounted_allowed_host_cgroups.clone(),
+        policy: cli.watch.unaccounted_process_policy,
         evictor: Arc::new(KubeEvictor {
             client: client.clone(),
         }),
@@ -408,7 +388,7 @@ fn spawn_process_watch(
     };
     spawn_periodic(
         "gpu-process-watch",
-        Duration::from_secs(cli.unaccounted_period_seconds.max(1)),
+        Duration::from_secs(cli.watch.unaccounted_period_seconds.max(1)),
         shutdown.clone(),
         move || {
             let watch = watch.clone();
@@ -554,12 +534,16 @@ mod tests {
         use clap::CommandFactory;
         DraCli::command().debug_assert();
         let cli = parse(&[]).expect("defaults");
-        assert_eq!(cli.unaccounted_process_policy, UnaccountedPolicy::Report);
-        assert_eq!(cli.unaccounted_period_seconds, 15);
-        assert_eq!(cli.proc_root, PathBuf::from("/proc"));
+        assert_eq!(
+            cli.watch.unaccounted_process_policy,
+            UnaccountedPolicy::Report
+        );
+        assert_eq!(cli.watch.unaccounted_period_seconds, 15);
+        assert_eq!(cli.watch.proc_root, PathBuf::from("/proc"));
         // The flag's empty default is one empty entry, which allows nothing.
         assert!(
-            cli.unaccounted_allowed_host_cgroups
+            cli.watch
+                .unaccounted_allowed_host_cgroups
                 .iter()
                 .all(String::is_empty)
         );
@@ -570,13 +554,16 @@ mod tests {
             "--proc-root=/host/proc",
         ])
         .expect("the chart's flags");
-        assert_eq!(cli.unaccounted_process_policy, UnaccountedPolicy::Evict);
         assert_eq!(
-            cli.unaccounted_allowed_host_cgroups,
+            cli.watch.unaccounted_process_policy,
+            UnaccountedPolicy::Evict
+        );
+        assert_eq!(
+            cli.watch.unaccounted_allowed_host_cgroups,
             ["/system.slice/a.service", "/system.slice/b.service"]
         );
-        assert_eq!(cli.unaccounted_period_seconds, 5);
-        assert_eq!(cli.proc_root, PathBuf::from("/host/proc"));
+        assert_eq!(cli.watch.unaccounted_period_seconds, 5);
+        assert_eq!(cli.watch.proc_root, PathBuf::from("/host/proc"));
         assert!(parse(&["--unaccounted-process-policy=kill"]).is_err());
         let env_of = |id: &str| {
             DraCli::command()

@@ -14,13 +14,12 @@ use tessera_dra_plugin::checkpoint::{ClaimRef, PreparedClaims};
 use tessera_dra_plugin::plugin::{ClaimSource, DraDriver};
 use tessera_node::edges::EdgeError;
 use tessera_node::gpu::GpuInfo;
-use tessera_node::gpu_processes::{GpuProcessError, GpuProcessSource, ProcReader, ProcessesOnGpu};
+use tessera_node::gpu_processes::ProcReader;
 use tessera_node::node_events::{EventObject, NodeEvent, NodeEvents};
-use tessera_node::process_watch::{
-    PodEvictor, ProcessWatch, REASON_EVICTING, UnaccountedPolicy, WatchError,
+use tessera_node::process_watch::{ProcessWatch, REASON_EVICTING, UnaccountedPolicy, WatchError};
+use tessera_node::testing::{
+    MemoryApi, RecordingEvictor, ScriptedProcesses, bound_pod, response_settings, t4,
 };
-use tessera_node::testing::{MemoryApi, bound_pod, response_settings, t4};
-use tessera_node::unaccounted::{GpuProcess, ProcessKind};
 
 const NODE: &str = "node-a";
 /// Pod using claim `shared` (uid-1, a share of gpu-0); its process is in the claim's region.
@@ -92,52 +91,6 @@ impl Claims {
             .lock()
             .unwrap()
             .insert(format!("ml/{name}"), claim);
-    }
-}
-
-/// NVML's process lists, scripted per GPU.
-#[derive(Default)]
-struct ScriptedProcesses(Mutex<BTreeMap<String, Vec<u32>>>);
-
-impl GpuProcessSource for ScriptedProcesses {
-    fn processes_on(&self, gpu_uuid: &str) -> Result<ProcessesOnGpu, GpuProcessError> {
-        let pids = self
-            .0
-            .lock()
-            .unwrap()
-            .get(gpu_uuid)
-            .cloned()
-            .unwrap_or_default();
-        Ok(ProcessesOnGpu {
-            processes: pids
-                .into_iter()
-                .map(|pid| GpuProcess {
-                    gpu_uuid: gpu_uuid.to_owned(),
-                    pid,
-                    used_bytes: Some(1 << 30),
-                    kinds: [ProcessKind::Compute].into(),
-                })
-                .collect(),
-            unsupported: Vec::new(),
-        })
-    }
-}
-
-#[derive(Default)]
-struct RecordingEvictor(Mutex<Vec<String>>);
-
-impl PodEvictor for RecordingEvictor {
-    fn evict(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-    ) -> BoxFuture<'_, Result<(), EdgeError>> {
-        self.0
-            .lock()
-            .unwrap()
-            .push(format!("{namespace}/{name}/{uid}"));
-        Box::pin(async { Ok(()) })
     }
 }
 

@@ -203,12 +203,18 @@ impl RealNode {
     }
 
     /// The node's `<gpuHookPath>/vgpu/containers` (the per-container directories the plugin
-    /// makes at `Allocate`), seen from the test.
+    /// makes at `Allocate`), seen from the test through the node's mount namespace
+    /// (`/proc/<node's init>/root/…`): each directory is a size-limited tmpfs the plugin mounted
+    /// there, which the node's directory under the run directory does not show. The run
+    /// directory's copy once the node is gone.
     pub fn containers_dir(&self) -> PathBuf {
-        self.dir
-            .join("fs")
-            .join(self.host_vgpu_dir.trim_start_matches('/'))
-            .join("containers")
+        let vgpu = self.host_vgpu_dir.trim_start_matches('/');
+        match self.init_pid() {
+            Some(pid) => PathBuf::from(format!("/proc/{pid}/root"))
+                .join(vgpu)
+                .join("containers"),
+            None => self.dir.join("fs").join(vgpu).join("containers"),
+        }
     }
 
     /// The node's `node.sh` (PID 1 of its PID namespace), seen from the test.

@@ -37,6 +37,25 @@ fn dry() -> PatchParams {
     }
 }
 
+/// The tenant's pod `name` once it is in one of `phases` (within 120 s).
+async fn tenant_pod_in(c: &RealCluster, name: &str, phases: &[&str]) -> Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    eventually(
+        &format!("pod {name} {}", phases.join(" or ")),
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+        || async {
+            pods.get_opt(name).await.ok().flatten().filter(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_deref())
+                    .is_some_and(|phase| phases.contains(&phase))
+            })
+        },
+    )
+    .await
+}
+
 /// The chart's webhook refusing a forged annotation (it runs before the policies).
 const WEBHOOK: &str = "admission webhook \"vgpu.hami.io\" denied";
 
@@ -930,23 +949,7 @@ async fn isolation_attacks(c: &RealCluster) -> Result<()> {
 /// (`process_watch`): the shared cluster runs the default policy, `report`.
 async fn unaccounted_processes(c: &RealCluster) -> Result<()> {
     let user_pods: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
-    let admin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
-    let running = |name: &'static str| {
-        let admin_pods = admin_pods.clone();
-        async move {
-            eventually(
-                &format!("pod {name} Running"),
-                Duration::from_secs(120),
-                Duration::from_millis(250),
-                || async {
-                    admin_pods.get_opt(name).await.ok().flatten().filter(|p| {
-                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                    })
-                },
-            )
-            .await
-        }
-    };
+    let running = |name: &'static str| tenant_pod_in(c, name, &["Running"]);
     // The honest pod: 1000 MiB booked, held through the shim.
     let honest = tenant_pod(
         "honest",
@@ -1130,21 +1133,7 @@ async fn listener_flood(c: &RealCluster) -> Result<()> {
     )?;
     let user_pods: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
     user_pods.create(&PostParams::default(), &flood).await?;
-    let admin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
-    eventually(
-        "the flood pod running",
-        Duration::from_secs(60),
-        Duration::from_millis(250),
-        || async {
-            admin_pods
-                .get_opt("flood")
-                .await
-                .ok()
-                .flatten()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        },
-    )
-    .await?;
+    tenant_pod_in(c, "flood", &["Running"]).await?;
     // Let every slot connect and the listener reach its per-peer limit.
     tokio::time::sleep(Duration::from_secs(5)).await;
 
@@ -1207,7 +1196,6 @@ async fn listener_flood(c: &RealCluster) -> Result<()> {
 /// (`GpuMemoryOverBooking`, naming both figures), and the gauge counts it.
 async fn over_booking(c: &RealCluster) -> Result<()> {
     let user_pods: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
-    let admin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
     let pod = tenant_pod(
         "bypass",
         json!({}),
@@ -1219,20 +1207,7 @@ async fn over_booking(c: &RealCluster) -> Result<()> {
         json!({"nodeSelector": {"kubernetes.io/hostname": OTHER_NODE}}),
     )?;
     user_pods.create(&PostParams::default(), &pod).await?;
-    let pod = eventually(
-        "pod bypass Running",
-        Duration::from_secs(120),
-        Duration::from_millis(250),
-        || async {
-            admin_pods
-                .get_opt("bypass")
-                .await
-                .ok()
-                .flatten()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        },
-    )
-    .await?;
+    let pod = tenant_pod_in(c, "bypass", &["Running"]).await?;
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let events: Api<Event> = Api::namespaced(c.admin().clone(), TENANT);
     let reported = eventually(
@@ -1406,7 +1381,6 @@ async fn webhook_oracle(c: &RealCluster) -> Result<()> {
 /// was accounted all along (the plugin reads the same limited directory).
 async fn cache_dir_limit(c: &RealCluster) -> Result<()> {
     let user_pods: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
-    let admin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
     let filler = tenant_pod(
         "filler",
         json!({}),
@@ -1420,25 +1394,7 @@ async fn cache_dir_limit(c: &RealCluster) -> Result<()> {
         json!({"nodeSelector": {"kubernetes.io/hostname": OTHER_NODE}}),
     )?;
     user_pods.create(&PostParams::default(), &filler).await?;
-    eventually(
-        "pod filler finished",
-        Duration::from_secs(120),
-        Duration::from_millis(250),
-        || async {
-            admin_pods
-                .get_opt("filler")
-                .await
-                .ok()
-                .flatten()
-                .filter(|p| {
-                    matches!(
-                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                        Some("Succeeded" | "Failed")
-                    )
-                })
-        },
-    )
-    .await?;
+    tenant_pod_in(c, "filler", &["Succeeded", "Failed"]).await?;
     let log = c.logs(TENANT, "filler", "main").await?;
     let written: u64 = log
         .lines()
@@ -1534,20 +1490,7 @@ async fn unaccounted_evicted(c: &mut RealCluster) -> Result<()> {
         .create(&PostParams::default(), &stowaway_pod(c, "stowaway-2")?)
         .await?;
     let admin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
-    let seen_running = eventually(
-        "stowaway-2 Running",
-        Duration::from_secs(120),
-        Duration::from_millis(250),
-        || async {
-            admin_pods
-                .get_opt("stowaway-2")
-                .await
-                .ok()
-                .flatten()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        },
-    )
-    .await?;
+    let seen_running = tenant_pod_in(c, "stowaway-2", &["Running"]).await?;
     let uid = seen_running.metadata.uid.clone().unwrap_or_default();
     eventually(
         "stowaway-2 evicted (deleted) by the device plugin",

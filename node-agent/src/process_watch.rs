@@ -83,6 +83,35 @@ impl std::fmt::Display for UnaccountedPolicy {
     }
 }
 
+/// The watch's flags, the same in both node plugins (`#[command(flatten)]`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct WatchArgs {
+    /// What the node does about a GPU process no allocation accounts for (a process in a pod
+    /// not booked that GPU, a booked process without the shim, a process in no pod), once two
+    /// passes running saw it: `report` (a Warning Event on the pod or the Node, the plugin's
+    /// `*_unaccounted_gpu_processes` metric, a log line), `evict` (report, then evict the pod:
+    /// deleted with its UID as precondition, as the kubelet evicts) or `off`. Needs `hostPID`.
+    #[arg(long, env = "UNACCOUNTED_PROCESS_POLICY", default_value = "report")]
+    pub unaccounted_process_policy: UnaccountedPolicy,
+    /// Host cgroups whose processes may use the GPUs (comma list of path prefixes matched on `/`
+    /// boundaries, e.g. `/system.slice/nvidia-mps.service`; `/` allows every host process).
+    #[arg(
+        long,
+        env = "UNACCOUNTED_ALLOWED_HOST_CGROUPS",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub unaccounted_allowed_host_cgroups: Vec<String>,
+    /// Seconds between passes of the unaccounted-process watch (a lasting process is acted on
+    /// within two).
+    #[arg(long, env = "UNACCOUNTED_PERIOD_SECONDS", default_value_t = 15)]
+    pub unaccounted_period_seconds: u64,
+    /// The host's `/proc` (the plugin runs with `hostPID`): each GPU process's cgroup and PID
+    /// namespace are read there.
+    #[arg(long, env = "PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
+}
+
 /// Evicts a pod through the API server, with the pod's UID as a precondition (a recreated pod
 /// of the same name is never evicted). Tests swap it.
 pub trait PodEvictor: Send + Sync + 'static {
@@ -485,56 +514,12 @@ mod tests {
 
     use super::*;
     use crate::gpu::ManagedGpu;
-    use crate::gpu_processes::{GpuProcessError, ProcessesOnGpu};
     use crate::health::{HealthPolicy, HealthTracker};
-    use crate::testing::{MemoryApi, bound_pod};
-    use crate::unaccounted::{ClaimBooking, GpuProcess, ProcessKind};
+    use crate::testing::{MemoryApi, RecordingEvictor, ScriptedProcesses, bound_pod};
+    use crate::unaccounted::ClaimBooking;
 
     const GOOD: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000a";
     const THIEF: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000b";
-
-    /// NVML's process lists, scripted per GPU.
-    #[derive(Default)]
-    struct ScriptedProcesses(Mutex<BTreeMap<String, Vec<u32>>>);
-
-    impl GpuProcessSource for ScriptedProcesses {
-        fn processes_on(&self, gpu_uuid: &str) -> Result<ProcessesOnGpu, GpuProcessError> {
-            let pids = self
-                .0
-                .lock()
-                .map(|m| m.get(gpu_uuid).cloned().unwrap_or_default())
-                .unwrap_or_default();
-            Ok(ProcessesOnGpu {
-                processes: pids
-                    .into_iter()
-                    .map(|pid| GpuProcess {
-                        gpu_uuid: gpu_uuid.to_owned(),
-                        pid,
-                        used_bytes: Some(1 << 30),
-                        kinds: [ProcessKind::Compute].into(),
-                    })
-                    .collect(),
-                unsupported: Vec::new(),
-            })
-        }
-    }
-
-    #[derive(Default)]
-    struct RecordingEvictor(Mutex<Vec<String>>);
-
-    impl PodEvictor for RecordingEvictor {
-        fn evict(
-            &self,
-            namespace: &str,
-            name: &str,
-            uid: &str,
-        ) -> BoxFuture<'_, Result<(), EdgeError>> {
-            if let Ok(mut v) = self.0.lock() {
-                v.push(format!("{namespace}/{name}/{uid}"));
-            }
-            Box::pin(async { Ok(()) })
-        }
-    }
 
     fn proc_entry(root: &Path, pid: u32, cgroup: &str) {
         let dir = root.join(pid.to_string());

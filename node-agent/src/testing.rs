@@ -453,3 +453,55 @@ impl nvml_mig::MigControl for MemoryMig {
         Ok(())
     }
 }
+
+/// NVML's process lists for the unaccounted-process watch, scripted per GPU UUID: each listed
+/// PID is a compute process using 1 GiB.
+#[derive(Debug, Default)]
+pub struct ScriptedProcesses(pub Mutex<BTreeMap<String, Vec<u32>>>);
+
+impl crate::gpu_processes::GpuProcessSource for ScriptedProcesses {
+    fn processes_on(
+        &self,
+        gpu_uuid: &str,
+    ) -> Result<crate::gpu_processes::ProcessesOnGpu, crate::gpu_processes::GpuProcessError> {
+        use crate::unaccounted::{GpuProcess, ProcessKind};
+        let pids = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(gpu_uuid)
+            .cloned()
+            .unwrap_or_default();
+        Ok(crate::gpu_processes::ProcessesOnGpu {
+            processes: pids
+                .into_iter()
+                .map(|pid| GpuProcess {
+                    gpu_uuid: gpu_uuid.to_owned(),
+                    pid,
+                    used_bytes: Some(1 << 30),
+                    kinds: [ProcessKind::Compute].into(),
+                })
+                .collect(),
+            unsupported: Vec::new(),
+        })
+    }
+}
+
+/// An evictor that records each eviction as `namespace/name/uid` and succeeds.
+#[derive(Debug, Default)]
+pub struct RecordingEvictor(pub Mutex<Vec<String>>);
+
+impl crate::process_watch::PodEvictor for RecordingEvictor {
+    fn evict(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> BoxFuture<'_, Result<(), EdgeError>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(format!("{namespace}/{name}/{uid}"));
+        Box::pin(async { Ok(()) })
+    }
+}
