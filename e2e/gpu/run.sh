@@ -14,7 +14,9 @@
 # a pool keeps after a free (PyTorch's cudaMallocAsync backend) count against the limit; (7) MIG,
 # read only (the GPU's MIG mode is never changed): reports the mode NVML gives, and where MIG is
 # enabled, that the device plugin's discovery (--print-register, --mig-strategy single) lists
-# exactly the MIG instances nvidia-smi -L lists. TESSERA_DEVICE_PLUGIN=<path> skips its build.
+# exactly the MIG instances nvidia-smi -L lists; (8) what the node's memory check sees: NVML's
+# per-process memory of a shim process (the driver's own reservation) and of a dlmopen bypass.
+# TESSERA_DEVICE_PLUGIN=<path> skips its build.
 # Exit status: number of failed checks.
 set -u
 cd "$(dirname "$0")/../.."
@@ -208,6 +210,43 @@ if [ -x "${TESSERA_DEVICE_PLUGIN:-}" ]; then
   if [ "$AFTER" = "$MIG_MODE" ]; then pass "MIG mode unchanged ($AFTER)"; else fail "MIG mode changed: $MIG_MODE -> $AFTER"; fi
 else
   echo "no device plugin binary: skipping the MIG discovery check"
+fi
+
+echo "== 8. what the node's memory check sees (NVML per process) against what the shim counts"
+# (a) a process holding 1 GiB through the shim: NVML's per-process memory minus 1 GiB is what the
+# driver reserves outside any allocation the shim sees (context, local memory): the chart's
+# devicePlugin.unaccountedProcesses.memoryAllowanceMiB (1024 per process) must cover it.
+# (b) cuda_probe bypass: a second copy of the driver (dlmopen) allocates 3000 MiB under a 1024 MiB
+# limit; NVML must count it for the process, which is what GpuMemoryOverBooking reports.
+cat >"$WORK/nvml_self.py" <<'EOF'
+import os, torch, pynvml
+G = 1 << 30
+x = torch.empty(1 * G, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+mine = [p.usedGpuMemory for p in procs if p.pid == os.getpid()]
+print(f"NVML lists {len(procs)} process(es); this one: {[m >> 20 for m in mine if m]} MiB")
+print(f"OVERHEAD_MIB={(mine[0] >> 20) - 1024 if mine and mine[0] else -1}")
+EOF
+OUT8=$(shim "$WORK/n8.cache" 2g $PY "$WORK/nvml_self.py" 2>&1); echo "$OUT8"
+OVER=$(echo "$OUT8" | sed -n 's/^OVERHEAD_MIB=//p')
+if [ "${OVER:--1}" -lt 0 ]; then echo "NVML gives no per-process memory here: (a) not measured"
+elif [ "$OVER" -le 1024 ]; then pass "per-process memory beyond the shim's count: $OVER MiB (allowance 1024)"
+else fail "per-process memory beyond the shim's count, $OVER MiB, exceeds the 1024 MiB allowance"; fi
+if cc -O1 -o "$WORK/cuda_probe" libvgpu-shim/tests/c/cuda_probe.c -ldl -lpthread -lcuda 2>"$WORK/cc.err"; then
+  shim "$WORK/b8.cache" 1024m "$WORK/cuda_probe" bypass 3000 "$WORK/held" >"$WORK/bypass.out" 2>&1 &
+  BP=$!
+  for _ in $(seq 1 100); do [ -s "$WORK/held" ] && break; sleep 0.2; done
+  SEEN=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', ' -v p="$BP" '$1==p {print $2}')
+  echo "bypass held $(cat "$WORK/held" 2>/dev/null) MiB; nvidia-smi counts ${SEEN:-nothing} MiB for it; $(cat "$WORK/bypass.out")"
+  kill "$BP" 2>/dev/null
+  if grep -q 'init(0) returned' "$WORK/bypass.out"; then echo "the driver refuses a second copy of itself in one process: this route is closed here"
+  elif [ -z "$SEEN" ]; then echo "nvidia-smi lists no process here: (b) not measured"
+  elif [ "$SEEN" -ge 3000 ]; then pass "NVML counts the bypass's 3000 MiB past a 1024 MiB limit"
+  else fail "NVML counts $SEEN MiB for the bypass"; fi
+else
+  echo "cuda_probe did not build: $(cat "$WORK/cc.err")"
 fi
 
 echo "== done: $FAILS failure(s)"

@@ -390,7 +390,9 @@ fn forking_while_threads_allocate_never_deadlocks_the_child() {
 /// allocates past the limit unseen by the shim. The region still lists the process, with none
 /// of that memory, so the region cannot be trusted to tell; the driver's own per-process count
 /// (what NVML reports) shows all of it, and that is what the device plugin compares with the
-/// booking (`tessera_node_core::unaccounted::over_booked`).
+/// booking (`tessera_node_core::unaccounted::over_booked`). The fake driver allows the second
+/// copy; NVIDIA's driver 580 on an H200 refuses it (`cuInit` 304: `e2e/gpu/run.sh` check 8), so
+/// on real GPUs this stands for the class (raw driver calls, a forged slot), not a live route.
 #[test]
 fn a_second_driver_copy_escapes_the_shims_count_but_not_the_drivers() {
     let dir = tempfile::tempdir().unwrap();
