@@ -4,7 +4,6 @@
 //! shim's regions in the claims' directories, a fake `/proc` and scripted NVML process lists.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
@@ -18,7 +17,8 @@ use tessera_node::gpu_processes::ProcReader;
 use tessera_node::node_events::{EventObject, NodeEvent, NodeEvents};
 use tessera_node::process_watch::{ProcessWatch, REASON_EVICTING, UnaccountedPolicy, WatchError};
 use tessera_node::testing::{
-    MemoryApi, RecordingEvictor, ScriptedProcesses, bound_pod, response_settings, t4,
+    MemoryApi, RecordingEvictor, ScriptedProcesses, bound_pod, pod_cgroup, proc_entry,
+    region_with_process, response_settings, t4,
 };
 
 const NODE: &str = "node-a";
@@ -98,40 +98,6 @@ fn gpus() -> Vec<GpuInfo> {
     (0..2).map(|i| t4(&format!("GPU-{i}"), i)).collect()
 }
 
-/// `/proc/<pid>` of a process in pod `uid` whose PID in its container is `ns_pid`.
-fn proc_entry(root: &Path, pid: u32, uid: &str, ns_pid: u32) {
-    let dir = root.join(pid.to_string());
-    std::fs::create_dir_all(&dir).unwrap();
-    let cgroup = format!(
-        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
-        uid.replace('-', "_"),
-        "c".repeat(64)
-    );
-    std::fs::write(dir.join("cgroup"), format!("0::{cgroup}\n")).unwrap();
-    std::fs::write(
-        dir.join("status"),
-        format!("Name:\tx\nNSpid:\t{pid}\t{ns_pid}\n"),
-    )
-    .unwrap();
-}
-
-/// A shim region as the shim leaves it in a claim's directory: GPU `uuid`, one live process
-/// whose PID in its container is `ns_pid` (Tessera's shim leaves `hostpid` 0).
-fn region(uuid: &str, ns_pid: i32) -> Vec<u8> {
-    use vgpu_region::{offset, slot};
-    let mut b = vec![0u8; vgpu_region::FILE_SIZE];
-    let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
-    put(offset::INITIALIZED_FLAG, &vgpu_region::MAGIC.to_ne_bytes());
-    put(offset::MAJOR_VERSION, &1u32.to_ne_bytes());
-    put(offset::MINOR_VERSION, &2u32.to_ne_bytes());
-    put(offset::DEVICE_NUM, &1u64.to_ne_bytes());
-    put(offset::UUIDS, uuid.as_bytes());
-    put(offset::PROC_NUM, &1i32.to_ne_bytes());
-    put(offset::PROCS + slot::PID, &ns_pid.to_ne_bytes());
-    put(offset::PROCS + slot::STATUS, &1i32.to_ne_bytes());
-    b
-}
-
 fn drain(rx: &mut tokio::sync::mpsc::Receiver<NodeEvent>) -> Vec<NodeEvent> {
     let mut out = Vec::new();
     while let Ok(e) = rx.try_recv() {
@@ -186,14 +152,22 @@ async fn dra_node(policy: UnaccountedPolicy) -> Node {
         driver.prepare(&claim).await.unwrap();
     }
     let claim_dir = root.path().join("hook/vgpu/claims/uid-1");
-    std::fs::write(claim_dir.join("shim.cache"), region("GPU-0", 7)).unwrap();
-    std::fs::write(claim_dir.join("other.cache"), region("GPU-1", 7)).unwrap();
+    std::fs::write(
+        claim_dir.join("shim.cache"),
+        region_with_process("GPU-0", 7),
+    )
+    .unwrap();
+    std::fs::write(
+        claim_dir.join("other.cache"),
+        region_with_process("GPU-1", 7),
+    )
+    .unwrap();
 
-    proc_entry(proc.path(), 100, SHARER, 7);
-    proc_entry(proc.path(), 101, SHARER, 7);
-    proc_entry(proc.path(), 200, STATIC, 7);
-    proc_entry(proc.path(), 300, STRANGER, 7);
-    proc_entry(proc.path(), 400, MONITOR, 7);
+    proc_entry(proc.path(), 100, &pod_cgroup(SHARER), 7);
+    proc_entry(proc.path(), 101, &pod_cgroup(SHARER), 7);
+    proc_entry(proc.path(), 200, &pod_cgroup(STATIC), 7);
+    proc_entry(proc.path(), 300, &pod_cgroup(STRANGER), 7);
+    proc_entry(proc.path(), 400, &pod_cgroup(MONITOR), 7);
     let api = MemoryApi::default();
     for (name, uid) in [("sharer", SHARER), ("static", STATIC), ("monitor", MONITOR)] {
         let mut pod = bound_pod(NODE, name, &[], 1);

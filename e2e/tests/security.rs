@@ -37,6 +37,14 @@ fn dry() -> PatchParams {
     }
 }
 
+/// The Events in the tenant's namespace about the object with `uid`.
+async fn events_on(c: &RealCluster, uid: &str) -> Result<Vec<Event>> {
+    Ok(Api::<Event>::namespaced(c.admin().clone(), TENANT)
+        .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
+        .await?
+        .items)
+}
+
 /// The tenant's pod `name` once it is in one of `phases` (within 120 s).
 async fn tenant_pod_in(c: &RealCluster, name: &str, phases: &[&str]) -> Result<Pod> {
     let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
@@ -983,18 +991,8 @@ async fn unaccounted_processes(c: &RealCluster) -> Result<()> {
         .env("FAKE_CUDA_MEMORY_MIB", "15360")
         .spawn()?;
 
-    let events: Api<Event> = Api::namespaced(c.admin().clone(), TENANT);
     let uid_of = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
-    let warnings_on = |uid: String| {
-        let events = events.clone();
-        async move {
-            events
-                .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
-                .await
-                .map(|l| l.items)
-                .unwrap_or_default()
-        }
-    };
+    let warnings_on = |uid: String| async move { events_on(c, &uid).await.unwrap_or_default() };
     // Two passes confirm; a few more for the Event to be written and the pod's start.
     let within = Duration::from_secs(WATCH_PERIOD_SECS * 2 + 30);
     let found = eventually(
@@ -1209,17 +1207,14 @@ async fn over_booking(c: &RealCluster) -> Result<()> {
     user_pods.create(&PostParams::default(), &pod).await?;
     let pod = tenant_pod_in(c, "bypass", &["Running"]).await?;
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let events: Api<Event> = Api::namespaced(c.admin().clone(), TENANT);
     let reported = eventually(
         "a GpuMemoryOverBooking Event on the bypass pod",
         Duration::from_secs(WATCH_PERIOD_SECS * 2 + 30),
         Duration::from_millis(500),
         || async {
-            events
-                .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
+            events_on(c, &uid)
                 .await
                 .ok()?
-                .items
                 .into_iter()
                 .find(|e| e.reason.as_deref() == Some("GpuMemoryOverBooking"))
         },
@@ -1278,10 +1273,8 @@ plugin metrics:
     )
     .await?;
     // The region vouches for the process: only the memory gives it away.
-    let without_shim = events
-        .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
+    let without_shim = events_on(c, &uid)
         .await?
-        .items
         .into_iter()
         .any(|e| e.reason.as_deref() == Some("GpuProcessWithoutShim"));
     if without_shim {
@@ -1507,11 +1500,8 @@ async fn unaccounted_evicted(c: &mut RealCluster) -> Result<()> {
         },
     )
     .await?;
-    let events: Api<Event> = Api::namespaced(c.admin().clone(), TENANT);
-    let announced = events
-        .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
+    let announced = events_on(c, &uid)
         .await?
-        .items
         .into_iter()
         .any(|e| e.reason.as_deref() == Some("EvictingForUnaccountedGPUProcess"));
     if !announced {

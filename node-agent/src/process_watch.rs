@@ -510,31 +510,19 @@ impl<M: UnaccountedMetrics> ProcessWatch<M> {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
-    use std::path::{Path, PathBuf};
+    use std::path::PathBuf;
 
     use super::*;
     use crate::gpu::ManagedGpu;
     use crate::health::{HealthPolicy, HealthTracker};
-    use crate::testing::{MemoryApi, RecordingEvictor, ScriptedProcesses, bound_pod};
+    use crate::testing::{
+        MemoryApi, RecordingEvictor, ScriptedProcesses, bound_pod, pod_cgroup, proc_entry,
+        region_with_process,
+    };
     use crate::unaccounted::ClaimBooking;
 
     const GOOD: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000a";
     const THIEF: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000b";
-
-    fn proc_entry(root: &Path, pid: u32, cgroup: &str) {
-        let dir = root.join(pid.to_string());
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("cgroup"), format!("0::{cgroup}\n")).unwrap();
-        std::fs::write(dir.join("status"), format!("Name:\tx\nNSpid:\t{pid}\t7\n")).unwrap();
-    }
-
-    fn pod_cgroup(uid: &str) -> String {
-        format!(
-            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
-            uid.replace('-', "_"),
-            "c".repeat(64)
-        )
-    }
 
     struct Fixture {
         watch: ProcessWatch,
@@ -556,14 +544,20 @@ mod tests {
     fn fixture_with(policy: UnaccountedPolicy, allowance_mib: u64) -> Fixture {
         let proc = tempfile::tempdir().unwrap();
         let containers = tempfile::tempdir().unwrap();
-        proc_entry(proc.path(), 100, &pod_cgroup(THIEF));
-        proc_entry(proc.path(), 200, &pod_cgroup(GOOD));
+        proc_entry(proc.path(), 100, &pod_cgroup(THIEF), 7);
+        proc_entry(proc.path(), 200, &pod_cgroup(GOOD), 7);
         proc_entry(
             proc.path(),
             300,
             "/system.slice/nvidia-persistenced.service",
+            7,
         );
-        proc_entry(proc.path(), 400, "/user.slice/user-0.slice/session-1.scope");
+        proc_entry(
+            proc.path(),
+            400,
+            "/user.slice/user-0.slice/session-1.scope",
+            7,
+        );
         let api = MemoryApi::default();
         let mut good = bound_pod("node-a", "good", &[&[("GPU-a", 1000, 30)]], 1);
         good.uid = GOOD.into();
@@ -775,23 +769,6 @@ mod tests {
         }
     }
 
-    /// A region as the shim leaves it in a claim's directory: GPU `uuid`, one live process
-    /// whose PID in its container is `ns_pid` (Tessera's shim leaves `hostpid` 0).
-    fn claim_region(uuid: &str, ns_pid: i32) -> Vec<u8> {
-        use vgpu_region::{offset, slot};
-        let mut b = vec![0u8; vgpu_region::FILE_SIZE];
-        let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
-        put(offset::INITIALIZED_FLAG, &vgpu_region::MAGIC.to_ne_bytes());
-        put(offset::MAJOR_VERSION, &1u32.to_ne_bytes());
-        put(offset::MINOR_VERSION, &2u32.to_ne_bytes());
-        put(offset::DEVICE_NUM, &1u64.to_ne_bytes());
-        put(offset::UUIDS, uuid.as_bytes());
-        put(offset::PROC_NUM, &1i32.to_ne_bytes());
-        put(offset::PROCS + slot::PID, &ns_pid.to_ne_bytes());
-        put(offset::PROCS + slot::STATUS, &1i32.to_ne_bytes());
-        b
-    }
-
     const SHARER: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000c";
     const STATIC: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000d";
     const STRANGER: &str = "0f1e2d3c-aaaa-bbbb-cccc-00000000000e";
@@ -805,13 +782,13 @@ mod tests {
         // claim; its HAMi booking annotations name GPU-a, which on a DRA node books nothing.
         let proc = tempfile::tempdir().unwrap();
         let claims_dir = tempfile::tempdir().unwrap();
-        proc_entry(proc.path(), 100, &pod_cgroup(SHARER));
-        proc_entry(proc.path(), 200, &pod_cgroup(STATIC));
-        proc_entry(proc.path(), 300, &pod_cgroup(STRANGER));
+        proc_entry(proc.path(), 100, &pod_cgroup(SHARER), 7);
+        proc_entry(proc.path(), 200, &pod_cgroup(STATIC), 7);
+        proc_entry(proc.path(), 300, &pod_cgroup(STRANGER), 7);
         std::fs::create_dir_all(claims_dir.path().join("claim-1")).unwrap();
         std::fs::write(
             claims_dir.path().join("claim-1/shim.cache"),
-            claim_region("GPU-a", 7),
+            region_with_process("GPU-a", 7),
         )
         .unwrap();
         std::fs::create_dir_all(claims_dir.path().join("claim-2")).unwrap();

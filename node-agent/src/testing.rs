@@ -505,3 +505,42 @@ impl crate::process_watch::PodEvictor for RecordingEvictor {
         Box::pin(async { Ok(()) })
     }
 }
+
+/// The cgroup of a container of pod `uid` under a systemd kubelet (`/proc/<pid>/cgroup`).
+pub fn pod_cgroup(uid: &str) -> String {
+    format!(
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
+        uid.replace('-', "_"),
+        "c".repeat(64)
+    )
+}
+
+/// `<root>/<pid>` as `/proc` shows a process in `cgroup` whose PID in its own namespace is
+/// `ns_pid`: its `cgroup` and `status` files.
+pub fn proc_entry(root: &Path, pid: u32, cgroup: &str, ns_pid: u32) {
+    let dir = root.join(pid.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("cgroup"), format!("0::{cgroup}\n")).unwrap();
+    std::fs::write(
+        dir.join("status"),
+        format!("Name:\tx\nNSpid:\t{pid}\t{ns_pid}\n"),
+    )
+    .unwrap();
+}
+
+/// A shim region file as the shim leaves it: GPU `uuid`, one live process whose PID in its
+/// container is `ns_pid` (Tessera's shim leaves `hostpid` 0).
+pub fn region_with_process(uuid: &str, ns_pid: i32) -> Vec<u8> {
+    use vgpu_region::{offset, slot};
+    let mut b = vec![0u8; vgpu_region::FILE_SIZE];
+    let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
+    put(offset::INITIALIZED_FLAG, &vgpu_region::MAGIC.to_ne_bytes());
+    put(offset::MAJOR_VERSION, &1u32.to_ne_bytes());
+    put(offset::MINOR_VERSION, &2u32.to_ne_bytes());
+    put(offset::DEVICE_NUM, &1u64.to_ne_bytes());
+    put(offset::UUIDS, uuid.as_bytes());
+    put(offset::PROC_NUM, &1i32.to_ne_bytes());
+    put(offset::PROCS + slot::PID, &ns_pid.to_ne_bytes());
+    put(offset::PROCS + slot::STATUS, &1i32.to_ne_bytes());
+    b
+}
