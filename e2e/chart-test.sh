@@ -279,6 +279,9 @@ expect "extender container" "$D" '^        - name: tessera-scheduler$'
 expect "extender HTTPS on 443" "$D" '^            - --http-bind=0.0.0.0:443$'
 expect "extender verifies kube-scheduler's client certificate" "$D" '^            - --client-ca-file=/extender-client/ca.crt$'
 expect "extender metrics on 9395" "$D" '^            - --metrics-bind-address=0.0.0.0:9395$'
+expect_count "every metrics listener behind the API server's authorization" "$D" '^            - --metrics-authorization=kubernetes$' 2
+expect "the daemons may review a scrape's token" "$D" '^  name: system:auth-delegator$'
+expect_not "no probe reads /metrics (it needs a token)" "$D" '^              path: /metrics$'
 expect "extender has its own Lease" "$D" "^            - --leader-elect-resource-name=$RELEASE-scheduler-extender\$"
 expect "device-config.yaml nvidia section" "$D" '^    nvidia:$'
 expect "device-config deviceSplitCount 10" "$D" '^      deviceSplitCount: 10$'
@@ -305,6 +308,16 @@ expect "container isolation guards the shim's paths" "$D" "m\.mountPath\.matches
 render "$WORK/plugin-ds.yaml" --show-only templates/device-plugin/daemonset.yaml
 expect "cache directories limited to 16 MiB by default" "$WORK/plugin-ds.yaml" '^            - --cache-dir-limit-mib=16$'
 expect "the plugin's host directory propagates its mounts" "$WORK/plugin-ds.yaml" '^              mountPropagation: Bidirectional$'
+render "$WORK/metrics-open.yaml" --set metricsAuthorization=none --set serviceMonitor.enabled=true --set dra.enabled=true
+expect_count "metricsAuthorization=none: every metrics listener open" "$WORK/metrics-open.yaml" '^            - --metrics-authorization=none$' 3
+expect_not "metricsAuthorization=none: no token review rights, no scrape token" "$WORK/metrics-open.yaml" 'system:auth-delegator|bearerTokenFile'
+render "$WORK/metrics-sm.yaml" --set serviceMonitor.enabled=true --show-only templates/monitoring/servicemonitor.yaml
+expect_count "the ServiceMonitors send Prometheus' token" "$WORK/metrics-sm.yaml" '^      bearerTokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token$' 2
+if render "$WORK/metrics-bad.yaml" --set metricsAuthorization=open 2>"$WORK/metrics-bad.err"; then
+	fail "metricsAuthorization=open should be refused"
+else
+	expect "metricsAuthorization=open refused with the accepted values" "$WORK/metrics-bad.err" 'must be `kubernetes` or `none`'
+fi
 render "$WORK/plugin-ds-unpriv.yaml" --show-only templates/device-plugin/daemonset.yaml --set devicePlugin.securityContext.privileged=false
 expect_not "no Bidirectional propagation for an unprivileged plugin" "$WORK/plugin-ds-unpriv.yaml" 'mountPropagation: Bidirectional'
 render "$WORK/plugin-ds-nolimit.yaml" --show-only templates/device-plugin/daemonset.yaml --set devicePlugin.cacheDirLimit.sizeMiB=0

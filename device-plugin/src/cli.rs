@@ -112,6 +112,9 @@ pub struct Cli {
     /// The unaccounted-process watch (`--unaccounted-*`, `--proc-root`).
     #[command(flatten)]
     pub watch: tessera_node::process_watch::WatchArgs,
+    /// Who may read /metrics (`--metrics-authorization`).
+    #[command(flatten)]
+    pub metrics_access: tessera_http::metrics_access::MetricsAccessArgs,
     /// MiB per process that a pod's GPU processes may use, by NVML's count, beyond the pod's
     /// memory booking on a GPU before the watch reports the pod (`GpuMemoryOverBooking`, under
     /// `--unaccounted-process-policy`): what the driver reserves for a process outside any

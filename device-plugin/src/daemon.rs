@@ -21,6 +21,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tessera_http::metrics_access::MetricsGate;
 use tokio::time::Instant;
 
 use hami_contract::config::{ConfigError, DeviceConfig, NodeConfigFile};
@@ -240,6 +241,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         &shutdown,
     ));
     let evict_client = client.clone();
+    let metrics_gate = MetricsGate::from_args(&cli.metrics_access, &client);
     let patcher = KubePatcher::new(client, &cli.node_name);
     let mut allocator = allocator(&cli, &config, &state, pods.clone(), &patcher, &metrics)?;
     if let Some(manager) = &mig {
@@ -263,6 +265,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         cli.metrics_addr,
         &metrics,
         readiness.clone(),
+        metrics_gate,
         shutdown.clone(),
     )
     .await?;
@@ -772,6 +775,7 @@ async fn serve_metrics(
     addr: SocketAddr,
     metrics: &PluginMetrics,
     readiness: Readiness,
+    access: Option<Arc<MetricsGate>>,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, StartError> {
     let metrics = metrics.clone();
@@ -779,6 +783,7 @@ async fn serve_metrics(
         addr,
         Arc::new(move || metrics.encode()),
         readiness,
+        access,
         shutdown,
     )
     .await
@@ -802,10 +807,13 @@ async fn idle_without_nvml(
     );
     let shutdown = tessera_runtime::shutdown_on_signals().map_err(StartError::Signals)?;
     let metrics = PluginMetrics::with_legacy_names(cli.legacy_metric_names);
+    // Open even with --metrics-authorization: there is no API client here, and these metrics
+    // say only that the plugin runs without a driver (no GPU, no pod).
     let server = serve_metrics(
         cli.metrics_addr,
         &metrics,
         Readiness::always(),
+        None,
         shutdown.clone(),
     )
     .await?;

@@ -24,6 +24,7 @@ use super::checkpoint::PreparedClaims;
 use super::plugin::{DraDriver, KubeClaims, ListenError};
 use super::publish::{ConsumableMode, SlicePublisher};
 use super::slice::{GpuFacts, slice_devices};
+use tessera_http::metrics_access::{MetricsAccessArgs, MetricsGate};
 use tessera_node::container_env::ResponseSettings;
 use tessera_node::gpu::GpuInfo;
 use tessera_node::gpu_processes::ProcReader;
@@ -133,6 +134,9 @@ pub struct DraCli {
     /// plugin's.
     #[command(flatten)]
     pub watch: WatchArgs,
+    /// Who may read /metrics (`--metrics-authorization`), as the device plugin's.
+    #[command(flatten)]
+    pub metrics_access: MetricsAccessArgs,
     /// `--log-format`, `-v`/`--v` (klog verbosity) and `--debug`.
     #[command(flatten)]
     pub logging: LogArgs,
@@ -255,6 +259,7 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
         cli.metrics_addr,
         Arc::new(move || encode.encode()),
         driver.readiness().clone(),
+        MetricsGate::from_args(&cli.metrics_access, &client),
         shutdown.clone(),
     )
     .await?;

@@ -138,6 +138,27 @@ pub async fn http_get(port: u16, path: &str) -> Option<String> {
 
 /// A plain-HTTP GET (health and metrics endpoints); `None` unless it answers 200.
 pub async fn http_get_at(host: &str, port: u16, path: &str) -> Option<String> {
+    http_get_bearer(host, port, path, None).await
+}
+
+/// [`http_get_at`] with `Authorization: Bearer <token>` when a token is given.
+pub async fn http_get_bearer(
+    host: &str,
+    port: u16,
+    path: &str,
+    token: Option<&str>,
+) -> Option<String> {
+    let (status, body) = http_get_status(host, port, path, token).await?;
+    (status == 200).then_some(body)
+}
+
+/// A plain-HTTP GET's status code and body (`None`: no answer within 7 s).
+pub async fn http_get_status(
+    host: &str,
+    port: u16,
+    path: &str,
+    token: Option<&str>,
+) -> Option<(u16, String)> {
     let mut s = tokio::time::timeout(
         Duration::from_secs(2),
         tokio::net::TcpStream::connect((host, port)),
@@ -145,7 +166,8 @@ pub async fn http_get_at(host: &str, port: u16, path: &str) -> Option<String> {
     .await
     .ok()?
     .ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.ok()?;
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
@@ -154,7 +176,8 @@ pub async fn http_get_at(host: &str, port: u16, path: &str) -> Option<String> {
         .ok()?;
     let text = String::from_utf8_lossy(&buf).into_owned();
     let (head, body) = text.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+    let status = head.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+    Some((status, body.to_owned()))
 }
 
 /// The scheduler Service's stand-in: forwards each TCP connection to the first scheduler pod

@@ -28,7 +28,7 @@ use serde_json::json;
 
 use crate::artifacts::{Artifacts, artifacts};
 use crate::certs::{Pki, service_account_key};
-use crate::cluster::{client_for, http_get_at, start_etcd, token, wait_apiserver};
+use crate::cluster::{client_for, http_get_bearer, start_etcd, token, wait_apiserver};
 use crate::netns::{self, ClusterNetwork};
 use crate::node::NodeSpec;
 use crate::process::{Proc, free_port};
@@ -39,6 +39,8 @@ pub const RELEASE: &str = "tessera";
 pub const NAMESPACE: &str = "tessera-system";
 /// The ordinary user tests act as; [`RealCluster::tenant_namespace`] gives it `edit` there.
 pub const USER: &str = "alice@example.com";
+/// The e2e's metrics scraper: a ServiceAccount in the chart's namespace ([`RealCluster::scrape_token`]).
+pub const SCRAPER: &str = "e2e-metrics-scraper";
 /// The image the GPU workloads run: the CUDA probe and busybox.
 pub const PROBE_IMAGE: &str = "tessera.local/cuda-probe:e2e";
 /// The device plugin's image under a later tag: `devicePlugin.image.tag` = [`UPGRADE_PLUGIN_TAG`]
@@ -296,6 +298,8 @@ pub struct RealCluster {
     feature_gates: Option<&'static str>,
     /// The chart's `<gpuHookPath>/vgpu` on every node.
     host_vgpu_dir: String,
+    /// A token of [`SCRAPER`], when it was issued (the chart's metrics need one).
+    scrape_token: std::sync::Mutex<Option<(String, std::time::Instant)>>,
     _net: ClusterNetwork,
 }
 
@@ -598,6 +602,7 @@ impl RealCluster {
             keep: false,
             feature_gates,
             host_vgpu_dir: opts.chart.host_vgpu_dir(),
+            scrape_token: Default::default(),
             _net: net,
         };
         let started = async {
@@ -1282,6 +1287,67 @@ impl RealCluster {
         self.pod_metrics(lp, 9394, |_| true).await
     }
 
+    /// A bearer token of [`SCRAPER`], the e2e's Prometheus: a ServiceAccount of the chart's
+    /// namespace whose ClusterRole allows `get` on the non-resource URL `/metrics`, as
+    /// Prometheus' own does (the chart's `metricsAuthorization: kubernetes`). Issued once per
+    /// half hour; the first call creates the account and its RBAC.
+    pub async fn scrape_token(&self) -> Result<String> {
+        if let Ok(g) = self.scrape_token.lock()
+            && let Some((t, at)) = g.as_ref()
+            && at.elapsed() < Duration::from_secs(1800)
+        {
+            return Ok(t.clone());
+        }
+        let pp = PostParams::default();
+        let objects = [
+            json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": SCRAPER, "namespace": NAMESPACE}}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": SCRAPER},
+                "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": SCRAPER},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": SCRAPER},
+                "subjects": [{"kind": "ServiceAccount", "name": SCRAPER, "namespace": NAMESPACE}]}),
+        ];
+        for o in objects {
+            let r = match o["kind"].as_str() {
+                Some("ServiceAccount") => {
+                    Api::<ServiceAccount>::namespaced(self.admin.clone(), NAMESPACE)
+                        .create(&pp, &serde_json::from_value(o)?)
+                        .await
+                        .map(drop)
+                }
+                Some("ClusterRole") => {
+                    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(self.admin.clone())
+                        .create(&pp, &serde_json::from_value(o)?)
+                        .await
+                        .map(drop)
+                }
+                _ => Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(self.admin.clone())
+                    .create(&pp, &serde_json::from_value(o)?)
+                    .await
+                    .map(drop),
+            };
+            match r {
+                Ok(()) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let req: k8s_openapi::api::authentication::v1::TokenRequest =
+            serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))?;
+        let out: k8s_openapi::api::authentication::v1::TokenRequest =
+            Api::<ServiceAccount>::namespaced(self.admin.clone(), NAMESPACE)
+                .create_subresource("token", SCRAPER, &pp, &req)
+                .await?;
+        let token = out.status.map(|s| s.token).unwrap_or_default();
+        if let Ok(mut g) = self.scrape_token.lock() {
+            *g = Some((token.clone(), std::time::Instant::now()));
+        }
+        Ok(token)
+    }
+
     /// The first `/metrics` on `port` of the chart's pods selected by `lp` that `wanted`
     /// accepts, scraped at the pod's address.
     async fn pod_metrics(
@@ -1290,12 +1356,13 @@ impl RealCluster {
         port: u16,
         wanted: impl Fn(&str) -> bool,
     ) -> Option<String> {
+        let token = self.scrape_token().await.ok()?;
         let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NAMESPACE);
         for p in pods.list(&lp).await.ok()?.items {
             let Some(ip) = p.status.and_then(|s| s.pod_ip) else {
                 continue;
             };
-            if let Some(m) = http_get_at(&ip, port, "/metrics").await
+            if let Some(m) = http_get_bearer(&ip, port, "/metrics", Some(&token)).await
                 && wanted(&m)
             {
                 return Some(m);

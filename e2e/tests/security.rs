@@ -136,6 +136,7 @@ fn real_nodes_chart_identities_and_tenants_cannot_forge_or_escalate() -> Result<
             unaccounted_processes(&c).await?;
             over_booking(&c).await?;
             webhook_oracle(&c).await?;
+            metrics_oracle(&c).await?;
             cache_dir_limit(&c).await?;
             listener_flood(&c).await?;
             unaccounted_evicted(&mut c).await
@@ -1364,6 +1365,81 @@ async fn webhook_oracle(c: &RealCluster) -> Result<()> {
         "/webhook refused a peer without the API server's certificate: {}",
         answer.lines().next().unwrap_or("")
     );
+    Ok(())
+}
+
+/// Issue 28, item 5: the metrics name every namespace's GPU quota and GPU pods. The tenant scrapes
+/// the extender's 9395 and its node's device plugin's 9394 from the pod network, without a token,
+/// with a made-up one and with its own ServiceAccount's token (issued to the tenant itself): 401,
+/// 401, 403, and no metric in any answer. The e2e's scraper (a ServiceAccount allowed `get` on
+/// `/metrics`, as Prometheus is) reads them (the extender's name the tenant's pod); the probes
+/// stay open.
+async fn metrics_oracle(c: &RealCluster) -> Result<()> {
+    use tessera_e2e::cluster::http_get_status;
+    let ip_of = |p: &Pod| p.status.as_ref().and_then(|s| s.pod_ip.clone());
+    let scheduler = c.chart_pod_on_any("scheduler").await?;
+    let plugin = c.chart_pod_on("device-plugin", GPU_NODE).await?;
+    let targets = [
+        ("extender", ip_of(&scheduler), 9395),
+        ("device plugin", ip_of(&plugin), 9394),
+    ];
+    let req: k8s_openapi::api::authentication::v1::TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 600}}))?;
+    let tenant_token =
+        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(c.user().clone(), TENANT)
+            .create_subresource::<k8s_openapi::api::authentication::v1::TokenRequest, k8s_openapi::api::authentication::v1::TokenRequest>(
+                "token",
+                "default",
+                &PostParams::default(),
+                &req,
+            )
+            .await?
+            .status
+            .map(|s| s.token)
+            .unwrap_or_default();
+    let scraper = c.scrape_token().await?;
+    for (what, ip, port) in targets {
+        let ip = ip.ok_or_else(|| Error::msg(format!("the {what} pod has no IP")))?;
+        let get = |path: &'static str, token: Option<String>| {
+            let ip = ip.clone();
+            async move {
+                http_get_status(&ip, port, path, token.as_deref())
+                    .await
+                    .ok_or_else(|| Error::msg(format!("{what} {ip}:{port}{path} did not answer")))
+            }
+        };
+        for (who, token, want) in [
+            ("no token", None, 401),
+            ("a made-up token", Some("not-a-token".to_owned()), 401),
+            ("the tenant's own token", Some(tenant_token.clone()), 403),
+        ] {
+            let (status, body) = get("/metrics", token).await?;
+            if status != want || body.contains("hami_") || body.contains(TENANT) {
+                return Err(Error::msg(format!(
+                    "{what} /metrics with {who}: {status} (want {want}): {}",
+                    body.chars().take(300).collect::<String>()
+                )));
+            }
+            eprintln!("{what} /metrics refused {who}: {status}");
+        }
+        // What the refusals kept back: the GPU series, and on the extender the tenant's pod.
+        let (status, body) = get("/metrics", Some(scraper.clone())).await?;
+        let complete = body.contains("hami_") && (port != 9395 || body.contains(TENANT));
+        if status != 200 || !complete {
+            return Err(Error::msg(format!(
+                "{what} /metrics with the scraper's token: {status}: {}",
+                body.chars().take(300).collect::<String>()
+            )));
+        }
+        for probe in ["/healthz", "/readyz"] {
+            let (status, _) = get(probe, None).await?;
+            if status != 200 {
+                return Err(Error::msg(format!(
+                    "{what} {probe} without a token: {status}"
+                )));
+            }
+        }
+    }
     Ok(())
 }
 

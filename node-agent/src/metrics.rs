@@ -1,6 +1,5 @@
 //! Prometheus metrics: the plugin's own health plus HAMi's host GPU names (contract §8.2).
 
-use std::future::IntoFuture;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -10,6 +9,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use tessera_http::listen::{ServeLimits, serve_listener};
+use tessera_http::metrics_access::{MetricsGate, protect};
 
 type Labels = Vec<(String, String)>;
 
@@ -22,26 +23,41 @@ pub struct MetricsListenError {
     pub source: std::io::Error,
 }
 
-/// Serves `/metrics` (the text `encode` gives), `/healthz` (the process answers) and `/readyz`
-/// (503 while `readiness` is unset: not registered with the kubelet) as task `metrics-server`,
-/// until `shutdown`. Both plugins' DaemonSets probe these.
+/// The metrics listener's bounds: a scraper, the kubelet's probes and little else ever connect,
+/// so a tenant's pod that opens many connections is held to a few and cannot keep the kubelet's
+/// liveness probe out (which would restart the plugin) (listener: [`tessera_http::listen`]).
+pub const METRICS_LISTENER_LIMITS: ServeLimits = ServeLimits {
+    handshake_timeout: Duration::from_secs(10),
+    header_timeout: Duration::from_secs(5),
+    body_timeout: Duration::from_secs(3),
+    idle_timeout: Duration::from_secs(90),
+    max_connections: 128,
+    max_connections_per_peer: 16,
+    max_requests_per_peer: 16,
+};
+
+/// Serves `/metrics` (the text `encode` gives; behind `access` when set), `/healthz` (the
+/// process answers) and `/readyz` (503 while `readiness` is unset: not registered with the
+/// kubelet) as task `metrics-server`, until `shutdown`. Both plugins' DaemonSets probe the last
+/// two, which stay open.
 pub async fn serve_http(
     addr: std::net::SocketAddr,
     encode: Arc<dyn Fn() -> String + Send + Sync>,
     readiness: Readiness,
+    access: Option<Arc<MetricsGate>>,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, MetricsListenError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| MetricsListenError { addr, source })?;
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let text = encode();
-                async move { text }
-            }),
-        )
+    let metrics = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let text = encode();
+            async move { text }
+        }),
+    );
+    let probes = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route(
             "/readyz",
@@ -59,12 +75,13 @@ pub async fn serve_http(
                 }
             }),
         );
-    Ok(tessera_runtime::spawn_task(
-        "metrics-server",
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .into_future(),
-    ))
+    let app = protect(metrics, access).merge(probes);
+    Ok(tessera_runtime::spawn_task("metrics-server", async move {
+        tokio::select! {
+            () = serve_listener(listener, app, None, METRICS_LISTENER_LIMITS) => {}
+            () = shutdown.cancelled() => {}
+        }
+    }))
 }
 
 /// All metrics the plugin exports. Cheap to clone (shared handles).

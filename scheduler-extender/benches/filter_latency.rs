@@ -251,7 +251,7 @@ impl Http {
                 metrics: Metrics::default(),
                 ready: Arc::new(AtomicBool::new(true)),
             });
-            tokio::spawn(tessera_scheduler::tls::serve(addr, router(app), None));
+            tokio::spawn(tessera_http::tls::serve(addr, router(app), None));
         });
         let body = serde_json::json!({"Pod": pod, "Nodes": null, "NodeNames": names}).to_string();
         let mut conn = None;

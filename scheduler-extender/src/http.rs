@@ -31,8 +31,9 @@ use tracing::Instrument;
 
 use crate::edge::{ClusterEdge, EdgeError, EventType, PodEvent};
 use crate::engine::{BindPlan, Command, EngineHandle, Refusal};
-use crate::listen::{BodyTimeout, PeerCertificates};
 use crate::metrics::Metrics;
+use tessera_http::listen::{BodyTimeout, PeerCertificates};
+use tessera_http::metrics_access::{MetricsGate, protect};
 
 /// HAMi's request body limit.
 pub const MAX_BODY: usize = 1 << 20;
@@ -115,7 +116,7 @@ pub struct Auth {
     pub client_ca: bool,
     /// With it, `/filter` and `/bind` accept only a certificate this verifies (the extender
     /// client CA's). The handshake accepts any certificate whose key the peer holds
-    /// ([`crate::tls::load`]): which CA issued it is decided here, per route. `None` with
+    /// ([`tessera_http::tls::load`]): which CA issued it is decided here, per route. `None` with
     /// `client_ca`: no certificate authenticates.
     pub scheduler_client: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
     /// `/webhook` answers only peers whose client certificate this verifies (the API server's,
@@ -268,6 +269,14 @@ pub fn router<E: ClusterEdge>(app: Arc<App<E>>) -> Router {
             post(|State(app), req| extender_call::<E>(app, req, ExtenderCall::Bind)),
         )
         .route("/webhook", post(webhook_handler::<E>))
+        .merge(probes())
+        .with_state(app)
+}
+
+/// `/healthz` and `/readyz`, on both listeners (the kubelet probes the metrics listener when the
+/// extender listens on loopback), never behind the metrics' authorization.
+fn probes<E: ClusterEdge>() -> Router<Arc<App<E>>> {
+    Router::new()
         .route("/healthz", get(|| async { StatusCode::OK }))
         .route(
             "/readyz",
@@ -281,26 +290,27 @@ pub fn router<E: ClusterEdge>(app: Arc<App<E>>) -> Router {
                 }
             }),
         )
-        .with_state(app)
 }
 
-/// The router for the metrics listener.
-pub fn metrics_router<E: ClusterEdge>(app: Arc<App<E>>) -> Router {
-    Router::new()
-        .route(
-            "/metrics",
-            get(|State(app): State<Arc<App<E>>>| async move {
-                let snap = app.engine.metrics().await;
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    app.metrics.render(&snap),
-                )
-            }),
-        )
-        .with_state(app)
+/// The router for the metrics listener: `/metrics` (behind `access` when set) and the probes.
+pub fn metrics_router<E: ClusterEdge>(
+    app: Arc<App<E>>,
+    access: Option<Arc<MetricsGate>>,
+) -> Router {
+    let metrics = Router::new().route(
+        "/metrics",
+        get(|State(app): State<Arc<App<E>>>| async move {
+            let snap = app.engine.metrics().await;
+            (
+                [(
+                    header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
+                app.metrics.render(&snap),
+            )
+        }),
+    );
+    protect(metrics, access).merge(probes()).with_state(app)
 }
 
 /// The two calls kube-scheduler makes. They differ only in their names, their latency histogram,

@@ -6,7 +6,7 @@
 //! leader election, `simulate`). Here: [`engine`] (the one decision loop that owns the cluster
 //! state, and its handle), [`edge`] (the side effects on the cluster, behind a trait),
 //! [`kube_edge`] (that trait and the watches on the Kubernetes API), [`http`] (the extender,
-//! webhook and metrics routes), [`listen`] and [`tls`] (the listener), [`metrics`], and the
+//! webhook and metrics routes), the listener (`tessera_http`), [`metrics`], and the
 //! binary (`serve`, `simulate`). `testing` (feature `testing`) is an in-process fake of the edge
 //! for tests and benchmarks.
 // Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
@@ -16,8 +16,6 @@ pub mod edge;
 pub mod engine;
 pub mod http;
 pub mod kube_edge;
-pub mod listen;
 pub mod metrics;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod tls;

@@ -13,15 +13,16 @@ use tessera_runtime::{
 use tracing::Instrument;
 
 use anyhow::Context;
+use tessera_http::listen::ServeLimits;
+use tessera_http::metrics_access::{MetricsAccessArgs, MetricsGate};
+use tessera_http::tls::{self, TlsFiles};
 use tessera_scheduler::edge::ClusterEdge;
 use tessera_scheduler::engine::{Command, Engine, EngineHandle};
 use tessera_scheduler::http::{App, Auth, metrics_router, router};
 use tessera_scheduler::kube_edge::{
     FollowLease, KubeEdge, LeaseConfig, run_facts, run_leader_election, run_requeue, run_sync,
 };
-use tessera_scheduler::listen::ServeLimits;
 use tessera_scheduler::metrics::Metrics;
-use tessera_scheduler::tls::{self, TlsFiles};
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::facts::SharedFacts;
 use tessera_scheduler_core::webhook::WebhookConfig;
@@ -77,6 +78,8 @@ pub struct ServeArgs {
     /// HAMi's `--legacy-metrics` does.
     #[arg(long, env = "TESSERA_LEGACY_METRICS")]
     pub legacy_metrics: bool,
+    #[command(flatten)]
+    pub metrics_access: MetricsAccessArgs,
     /// The scheduler profile name the webhook writes into `spec.schedulerName`.
     #[arg(long, env = "TESSERA_SCHEDULER_NAME", default_value = "hami-scheduler")]
     pub scheduler_name: String,
@@ -148,12 +151,12 @@ pub struct ServeArgs {
     /// Open connections per listener from one source address at most: at the limit a new one
     /// closes that address's oldest connection with no request in flight, else it is closed. So
     /// one peer cannot fill --max-connections with busy connections.
-    #[arg(long, env = "TESSERA_MAX_CONNECTIONS_PER_PEER", default_value_t = tessera_scheduler::listen::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    #[arg(long, env = "TESSERA_MAX_CONNECTIONS_PER_PEER", default_value_t = tessera_http::listen::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
     pub max_connections_per_peer: usize,
     /// Requests in flight per listener from one source address at most, over all its
     /// connections (HTTP/2 streams included); above it a request gets 429 at once. `/healthz`
     /// and `/readyz` are exempt.
-    #[arg(long, env = "TESSERA_MAX_REQUESTS_PER_PEER", default_value_t = tessera_scheduler::listen::DEFAULT_MAX_REQUESTS_PER_PEER)]
+    #[arg(long, env = "TESSERA_MAX_REQUESTS_PER_PEER", default_value_t = tessera_http::listen::DEFAULT_MAX_REQUESTS_PER_PEER)]
     pub max_requests_per_peer: usize,
     /// Seconds a client has to finish the TLS handshake.
     #[arg(
@@ -272,6 +275,7 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         run_facts(client.clone(), cfg.clone(), facts.clone()),
     );
     let ready = Arc::new(AtomicBool::new(false));
+    let metrics_gate = MetricsGate::from_args(&args.metrics_access, &client);
     spawn_task(
         "cluster-sync",
         run_sync(client, engine.clone(), leadership, ready.clone()),
@@ -290,7 +294,7 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         ready,
     });
     let tls_cfg = tls_config(&args)?;
-    let result = run_servers(&args, app, tls_cfg).await;
+    let result = run_servers(&args, app, tls_cfg, metrics_gate).await;
     shutdown.cancel();
     result
 }
@@ -509,13 +513,14 @@ async fn run_servers<E: ClusterEdge>(
     args: &ServeArgs,
     app: Arc<App<E>>,
     tls_cfg: Option<Arc<RwLock<Arc<rustls::ServerConfig>>>>,
+    metrics_gate: Option<Arc<MetricsGate>>,
 ) -> anyhow::Result<()> {
     let limits = serve_limits(args);
     // Not `spawn_task`: the servers' results end the daemon.
     let metrics = tokio::spawn(
         tls::serve_with(
             args.metrics_bind_address,
-            metrics_router(app.clone()),
+            metrics_router(app.clone(), metrics_gate),
             None,
             limits,
         )

@@ -7,8 +7,9 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use tessera_http::metrics_access::{Access, MetricsGate, ReviewError, TokenReviewer};
 use tessera_scheduler::engine::{Command, Engine, EngineHandle, Observation};
-use tessera_scheduler::http::{App, Auth, router};
+use tessera_scheduler::http::{App, Auth, metrics_router, router};
 use tessera_scheduler::metrics::Metrics;
 use tessera_scheduler::testing::FakeEdge;
 use tessera_scheduler_core::config::{DecisionConfig, WriteOptions};
@@ -575,4 +576,66 @@ async fn the_webhook_denies_memory_above_the_largest_gpu_from_the_replicas_facts
         v["response"]["status"]["message"],
         "container main asks for 20000 MiB of GPU memory per GPU (nvidia.com/gpumem); no GPU in the cluster has that much: no node can ever run this pod; lower nvidia.com/gpumem or use nvidia.com/gpumem-percentage"
     );
+}
+
+/// A reviewer that knows two tokens: Prometheus' (allowed) and a tenant's (a real user, not
+/// allowed); anything else is not a token the API server accepts.
+struct TwoTokens;
+
+impl TokenReviewer for TwoTokens {
+    fn review<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Access, ReviewError>> {
+        Box::pin(async move {
+            Ok(match token {
+                "prometheus" => Access::Allowed,
+                "tenant" => Access::Forbidden,
+                _ => Access::Unauthenticated,
+            })
+        })
+    }
+}
+
+async fn get_metrics_listener(
+    h: &Harness,
+    gate: &Option<Arc<MetricsGate>>,
+    path: &str,
+    token: Option<&str>,
+) -> (StatusCode, String) {
+    let mut req = Request::get(path);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = metrics_router(h.app.clone(), gate.clone())
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[tokio::test]
+async fn metrics_behind_authorization_answer_only_an_allowed_token_and_probes_stay_open() {
+    let h = harness().await;
+    let gate = Some(Arc::new(MetricsGate::new(Arc::new(TwoTokens))));
+    let (status, body) = get_metrics_listener(&h, &gate, "/metrics", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert!(!body.contains("hami_"), "{body}");
+    let (status, body) = get_metrics_listener(&h, &gate, "/metrics", Some("made-up")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    let (status, body) = get_metrics_listener(&h, &gate, "/metrics", Some("tenant")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(!body.contains("hami_"), "{body}");
+    let (status, body) = get_metrics_listener(&h, &gate, "/metrics", Some("prometheus")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("tessera_scheduler_leader"), "{body}");
+    for probe in ["/healthz", "/readyz"] {
+        let (status, _) = get_metrics_listener(&h, &gate, probe, None).await;
+        assert_eq!(status, StatusCode::OK, "{probe} without a token");
+    }
+    // Without the gate (HAMi's behaviour) anyone reads them.
+    let (status, _) = get_metrics_listener(&h, &None, "/metrics", None).await;
+    assert_eq!(status, StatusCode::OK);
 }

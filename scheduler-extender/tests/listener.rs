@@ -11,12 +11,12 @@ use tokio::time::Instant;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, ServerName};
+use tessera_http::listen::{ServeLimits, serve_listener};
+use tessera_http::tls::{TlsFiles, load};
 use tessera_scheduler::engine::{Engine, EngineHandle};
 use tessera_scheduler::http::{App, Auth, router};
-use tessera_scheduler::listen::{ServeLimits, serve_listener};
 use tessera_scheduler::metrics::Metrics;
 use tessera_scheduler::testing::FakeEdge;
-use tessera_scheduler::tls::{TlsFiles, load};
 use tessera_scheduler_core::config::DecisionConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;

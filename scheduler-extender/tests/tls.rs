@@ -3,7 +3,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use tessera_scheduler::tls::{TlsFiles, load, watch_reload};
+use tessera_http::tls::{TlsFiles, load, watch_reload};
 
 fn write_pair(dir: &std::path::Path, name: &str) -> TlsFiles {
     let ck = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
@@ -74,11 +74,11 @@ mod mtls {
         KeyPair,
     };
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+    use tessera_http::tls::{TlsFiles, load, serve};
     use tessera_scheduler::engine::{Engine, EngineHandle};
     use tessera_scheduler::http::{App, Auth, router};
     use tessera_scheduler::metrics::Metrics;
     use tessera_scheduler::testing::FakeEdge;
-    use tessera_scheduler::tls::{TlsFiles, load, serve};
     use tessera_scheduler_core::config::DecisionConfig;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -172,7 +172,7 @@ mod mtls {
                 token: RwLock::new(None),
                 client_ca: true,
                 scheduler_client: Some(
-                    tessera_scheduler::tls::client_verifier(&[dir.path().join("ca.pem").as_path()])
+                    tessera_http::tls::client_verifier(&[dir.path().join("ca.pem").as_path()])
                         .unwrap(),
                 ),
                 webhook_client: None,
@@ -303,12 +303,10 @@ mod mtls {
                 token: RwLock::new(None),
                 client_ca: true,
                 scheduler_client: Some(
-                    tessera_scheduler::tls::client_verifier(&[path("sched-ca.pem").as_path()])
-                        .unwrap(),
+                    tessera_http::tls::client_verifier(&[path("sched-ca.pem").as_path()]).unwrap(),
                 ),
                 webhook_client: Some(
-                    tessera_scheduler::tls::client_verifier(&[path("api-ca.pem").as_path()])
-                        .unwrap(),
+                    tessera_http::tls::client_verifier(&[path("api-ca.pem").as_path()]).unwrap(),
                 ),
             }),
             decision: DecisionConfig::default(),

@@ -371,3 +371,14 @@ imagePullSecrets:
     - name: hook
       mountPath: {{ $hostVgpuDir }}
 {{- end -}}
+
+{{- /*
+Who may read /metrics (metricsAuthorization): `kubernetes` or `none`, refused otherwise.
+*/}}
+{{- define "tessera.metricsAuthorization" -}}
+{{- $mode := toString (.Values.metricsAuthorization | default "kubernetes") -}}
+{{- if not (has $mode (list "kubernetes" "none")) -}}
+{{- fail (printf "metricsAuthorization must be `kubernetes` or `none`, not %v" $mode) -}}
+{{- end -}}
+{{- $mode -}}
+{{- end -}}

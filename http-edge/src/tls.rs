@@ -108,7 +108,7 @@ pub fn client_verifier(cas: &[&Path]) -> Result<Arc<dyn ClientCertVerifier>, Tls
 /// The handshake's client-certificate check: a certificate is asked for (with the configured
 /// CAs as hints), none is required, and any chain is taken whose key the peer proves it holds
 /// (the signature checks are the WebPKI verifier's). Whether the chain comes from a CA that
-/// opens a route is checked per route ([`crate::http::Auth`]). So a client that presents a
+/// opens a route is checked per route (the extender's `http::Auth`). So a client that presents a
 /// certificate of another CA (an API server configured to present its webhook client
 /// certificate to every webhook) is a caller without a certificate, as it is to any webhook
 /// that does not ask for one, rather than a failed handshake.
@@ -178,7 +178,7 @@ pub fn load(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     } else {
         // Peers without a certificate still complete the handshake (probes, token callers), and
         // so do peers with a certificate of a CA the extender does not know: which CA issued
-        // it decides what it authenticates for, per route ([`crate::http::Auth`]).
+        // it decides what it authenticates for, per route (the extender's `http::Auth`).
         builder.with_client_cert_verifier(Arc::new(AnyClientChain {
             webpki: client_verifier(&cas)?,
         }))

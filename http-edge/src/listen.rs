@@ -44,7 +44,7 @@ use tokio_rustls::TlsAcceptor;
 
 /// Set on each request of a TLS connection whose peer presented a certificate: its chain, end
 /// entity first. The handshake checked only that the peer holds its key; what it authenticates
-/// for is decided per route against each route's CA ([`crate::http::Auth`]).
+/// for is decided per route against each route's CA (the extender's `http::Auth`).
 #[derive(Debug, Clone)]
 pub struct PeerCertificates(pub Arc<[rustls::pki_types::CertificateDer<'static>]>);
 
