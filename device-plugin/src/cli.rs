@@ -115,12 +115,6 @@ pub struct Cli {
     /// Who may read /metrics (`--metrics-authorization`).
     #[command(flatten)]
     pub metrics_access: tessera_http::metrics_access::MetricsAccessArgs,
-    /// MiB per process that a pod's GPU processes may use, by NVML's count, beyond the pod's
-    /// memory booking on a GPU before the watch reports the pod (`GpuMemoryOverBooking`, under
-    /// `--unaccounted-process-policy`): what the driver reserves for a process outside any
-    /// allocation the shim sees (its context, local memory).
-    #[arg(long, env = "UNACCOUNTED_MEMORY_ALLOWANCE_MIB", default_value_t = 1024)]
-    pub unaccounted_memory_allowance_mib: u64,
     /// MiB each container's cache directory may hold (`<hook>/vgpu/containers/<pod>_<ctr>`,
     /// where the shim keeps its region): a tmpfs of that size is mounted there at `Allocate`,
     /// its pages charged to the container's memory. 0: a plain directory, no limit. Needs the

@@ -487,7 +487,7 @@ fn spawn_usage_monitors(m: UsageMonitors<'_>, shutdown: &CancellationToken) {
         bookings: Arc::new(HamiBookings {
             containers_dir,
             state: m.state,
-            memory_allowance_mib: m.cli.unaccounted_memory_allowance_mib,
+            memory_allowance_mib: m.cli.watch.unaccounted_memory_allowance_mib,
         }),
         gpus: m.gpus,
         proc: Arc::new(ProcReader::new(&m.cli.watch.proc_root)),

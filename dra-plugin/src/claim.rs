@@ -227,19 +227,6 @@ pub fn reserved_pods(claim: &ResourceClaim) -> BTreeSet<String> {
         .collect()
 }
 
-/// Whether `claim`, prepared on this node (pool `node`), gives its containers the GPUs without
-/// the shim (admin access: [`shim_devices`] is `None`). A claim that no longer reads as one this
-/// node serves says no: its processes are then held to the shim's regions, never exempted on a
-/// guess.
-pub fn prepared_without_shim(
-    claim: &ResourceClaim,
-    uid: &str,
-    node: &str,
-    gpus: &[GpuInfo],
-) -> bool {
-    claim_shares(claim, uid, node, gpus).is_ok_and(|shares| shim_devices(&shares).is_none())
-}
-
 /// The requests of `shares`, each with the devices serving it (for the kubelet's response).
 pub fn devices_by_request(shares: &[GpuShare]) -> BTreeMap<&str, Vec<&str>> {
     let mut out: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
@@ -430,11 +417,12 @@ mod tests {
         let shares = claim_shares(&admin, "uid-1", "node-a", &gpus()).unwrap();
         assert_eq!(shares[0].limits, None);
         assert!(shim_devices(&shares).is_none());
-        assert!(prepared_without_shim(&admin, "uid-1", "node-a", &gpus()));
         let shared = claim(vec![result("gpu", "node-a", "gpu-0", &[("cores", "10")])]);
-        assert!(!prepared_without_shim(&shared, "uid-1", "node-a", &gpus()));
-        // A claim that no longer reads as this node's is held to the shim.
-        assert!(!prepared_without_shim(&admin, "uid-2", "node-a", &gpus()));
+        let shares = claim_shares(&shared, "uid-1", "node-a", &gpus()).unwrap();
+        assert!(shim_devices(&shares).is_some());
+        // A claim that no longer reads as this node's is not one (the watch then holds its
+        // processes to the shim's regions).
+        assert!(claim_shares(&admin, "uid-2", "node-a", &gpus()).is_err());
     }
 
     #[test]

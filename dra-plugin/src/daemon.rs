@@ -244,12 +244,15 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
         claims = prepared.all().len(),
         "prepared claims read back from the CDI spec directory"
     );
-    let driver = Arc::new(DraDriver::new(
-        cli.node_name.clone(),
-        gpus,
-        Arc::new(KubeClaims(client.clone())),
-        prepared,
-    ));
+    let driver = Arc::new(
+        DraDriver::new(
+            cli.node_name.clone(),
+            gpus,
+            Arc::new(KubeClaims(client.clone())),
+            prepared,
+        )
+        .with_memory_allowance_mib(cli.watch.unaccounted_memory_allowance_mib),
+    );
     let metrics = driver.metrics().clone();
     for (g, _) in &facts {
         metrics.gpu_health(&g.uuid, true);

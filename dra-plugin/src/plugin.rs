@@ -27,14 +27,14 @@ use vgpu_region::feedback::{CorePolicy, FeedbackClock};
 
 use super::DRIVER;
 use super::checkpoint::{ClaimRef, PrepareError, PreparedClaim, PreparedClaims};
-use super::claim::{claim_shares, prepared_without_shim, reserved_pods};
+use super::claim::{claim_shares, reserved_pods, shim_devices};
 use super::metrics::{ClaimNames, DraMetrics};
 use super::slice::device_name;
 use tessera_node::edges::EdgeError;
 use tessera_node::gpu::GpuInfo;
 use tessera_node::identity::PodSnapshot;
 use tessera_node::metrics::Readiness;
-use tessera_node::process_watch::{BookingSource, Bookings, RegionDir};
+use tessera_node::process_watch::{BookingSource, Bookings, MemoryBookings, RegionDir};
 use tessera_node::unaccounted::ClaimBooking;
 
 /// Reads ResourceClaims (the API server; tests: a map).
@@ -81,6 +81,9 @@ pub struct DraDriver {
     readiness: Readiness,
     /// The rate limit of the warnings about what containers left in claim directories.
     skip_log: tessera_node::monitor::SkipLog,
+    /// MiB per process beyond its claims' memory a pod may use before the memory check reports
+    /// it (`--unaccounted-memory-allowance-mib`).
+    memory_allowance_mib: u64,
 }
 
 impl std::fmt::Debug for DraDriver {
@@ -109,7 +112,14 @@ impl DraDriver {
             metrics,
             readiness: Readiness::default(),
             skip_log: tessera_node::monitor::SkipLog::default(),
+            memory_allowance_mib: tessera_node::process_watch::DEFAULT_MEMORY_ALLOWANCE_MIB,
         }
+    }
+
+    /// The memory check's allowance per process (`--unaccounted-memory-allowance-mib`).
+    pub fn with_memory_allowance_mib(mut self, mib: u64) -> DraDriver {
+        self.memory_allowance_mib = mib;
+        self
     }
 
     pub fn metrics(&self) -> &DraMetrics {
@@ -227,16 +237,39 @@ impl DraDriver {
             .await;
         let mut booked = BTreeMap::new();
         let mut shimless_pods = BTreeSet::new();
+        let mut booked_mib: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
         for ((uid, _, _, gpus), read) in claims.into_iter().zip(reads) {
             let pods = match read? {
                 Some(claim) if claim.metadata.uid.as_deref() == Some(uid.as_str()) => {
                     let pods = reserved_pods(&claim);
-                    // An admin-access claim gives its containers the GPUs without the shim (a
-                    // monitoring tool, in a namespace the API server lets have admin access):
-                    // its pods are accounted without a region on the GPUs they were given, as
-                    // the device plugin's operator-allowed shimless containers are.
-                    if prepared_without_shim(&claim, &uid, &self.node, &self.gpus) {
-                        shimless_pods.extend(pods.iter().cloned());
+                    let shares = claim_shares(&claim, &uid, &self.node, &self.gpus);
+                    match shares.as_deref().map(shim_devices) {
+                        // An admin-access claim gives its containers the GPUs without the shim
+                        // (a monitoring tool, in a namespace the API server lets have admin
+                        // access): its pods are accounted without a region on the GPUs they
+                        // were given, as the device plugin's operator-allowed shimless
+                        // containers are, and their memory is not judged.
+                        Ok(None) => shimless_pods.extend(pods.iter().cloned()),
+                        // The memory check: each pod the claim is reserved for is held to the
+                        // claim's whole share of each GPU (added over its claims). A claim
+                        // shared by several pods is not split among them: one pod beyond the
+                        // claim's share is reported, several within it together are not.
+                        Ok(Some(_)) => {
+                            for share in shares.iter().flatten() {
+                                let Some(limits) = share.limits else { continue };
+                                for pod in &pods {
+                                    let mib = booked_mib
+                                        .entry(pod.clone())
+                                        .or_default()
+                                        .entry(share.uuid.clone())
+                                        .or_default();
+                                    *mib = mib.saturating_add(u64::from(limits.memory_mib));
+                                }
+                            }
+                        }
+                        // No longer a claim this node serves: its processes are held to the
+                        // regions, never exempted or judged on a guess.
+                        Err(_) => {}
                     }
                     pods
                 }
@@ -250,9 +283,10 @@ impl DraDriver {
             claims: booked,
             shimless_pods,
             regions: vec![RegionDir::Claims(dir)],
-            // A claim's memory share is not split among the pods that share it: no pod's
-            // memory is judged on a DRA node yet.
-            memory: None,
+            memory: Some(MemoryBookings {
+                booked_mib,
+                allowance_mib: self.memory_allowance_mib,
+            }),
         })
     }
 

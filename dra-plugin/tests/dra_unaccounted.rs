@@ -70,20 +70,29 @@ impl Claims {
     /// Claim `name` (UID `uid`) allocated `device` (a share of it, or with admin access the
     /// whole of it), reserved for pod `pod`.
     fn add(&self, name: &str, uid: &str, device: &str, admin: bool, pod: &str) {
+        self.add_share(name, uid, device, (!admin).then_some("1Gi"), &[pod]);
+    }
+
+    /// Claim `name` (UID `uid`) allocated `memory` of `device` (`None`: the whole of it with
+    /// admin access), reserved for `pods`.
+    fn add_share(&self, name: &str, uid: &str, device: &str, memory: Option<&str>, pods: &[&str]) {
         let mut result = json!({
             "request": "gpu", "driver": "gpu.tessera.dev", "pool": NODE, "device": device,
         });
-        if admin {
-            result["adminAccess"] = json!(true);
-        } else {
-            result["consumedCapacity"] = json!({"memory": "1Gi", "cores": "10"});
+        match memory {
+            None => result["adminAccess"] = json!(true),
+            Some(m) => result["consumedCapacity"] = json!({"memory": m, "cores": "10"}),
         }
+        let reserved: Vec<_> = pods
+            .iter()
+            .map(|uid| json!({"resource": "pods", "name": format!("pod-{uid}"), "uid": uid}))
+            .collect();
         let claim: ResourceClaim = serde_json::from_value(json!({
             "metadata": {"namespace": "ml", "name": name, "uid": uid},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}},
             "status": {
                 "allocation": {"devices": {"results": [result]}},
-                "reservedFor": [{"resource": "pods", "name": format!("pod-{name}"), "uid": pod}],
+                "reservedFor": reserved,
             },
         }))
         .unwrap();
@@ -308,4 +317,95 @@ async fn under_evict_a_dra_node_evicts_the_pods_and_a_claim_it_cannot_read_stops
     assert!(matches!(failed, Err(WatchError::Bookings(_))), "{failed:?}");
     assert!(drain(&mut node.events).is_empty());
     assert_eq!(node.evictor.0.lock().unwrap().len(), 3);
+}
+
+/// The memory check on a DRA node (issue 28): NVML's count of a pod's processes on a GPU against
+/// the memory of the claims it holds there, plus the allowance per process. Each process here
+/// uses 1 GiB, the allowance is 256 MiB. `small` (512 MiB of GPU-1) is exceeded by its pod; the
+/// two pods of `pair` (1 GiB of GPU-1, reserved for both) are each held to the claim's whole
+/// share and stay within it; a pod holding `small` and `extra` (another 512 MiB of GPU-1) is
+/// judged against their sum and stays within it too. Every process is in its claim's region,
+/// so nothing else is reported.
+#[tokio::test]
+async fn a_dra_pod_beyond_the_memory_of_its_claims_is_reported() {
+    const SMALL: &str = "0f1e2d3c-aaaa-bbbb-cccc-0000000000a1";
+    const PAIR_A: &str = "0f1e2d3c-aaaa-bbbb-cccc-0000000000a2";
+    const PAIR_B: &str = "0f1e2d3c-aaaa-bbbb-cccc-0000000000a3";
+    const TWO_CLAIMS: &str = "0f1e2d3c-aaaa-bbbb-cccc-0000000000a4";
+    let root = tempfile::tempdir().unwrap();
+    let proc = tempfile::tempdir().unwrap();
+    let claims = Claims::default();
+    claims.add_share("small", "uid-4", "gpu-1", Some("512Mi"), &[SMALL]);
+    claims.add_share("pair", "uid-5", "gpu-1", Some("1Gi"), &[PAIR_A, PAIR_B]);
+    claims.add_share("half", "uid-6", "gpu-1", Some("512Mi"), &[TWO_CLAIMS]);
+    claims.add_share("extra", "uid-7", "gpu-1", Some("512Mi"), &[TWO_CLAIMS]);
+    let prepared = PreparedClaims::load(
+        root.path().join("cdi"),
+        response_settings(&root.path().join("hook")),
+    );
+    let driver = Arc::new(
+        DraDriver::new(NODE.into(), gpus(), Arc::new(claims.clone()), prepared)
+            .with_memory_allowance_mib(256),
+    );
+    for (name, uid) in [
+        ("small", "uid-4"),
+        ("pair", "uid-5"),
+        ("half", "uid-6"),
+        ("extra", "uid-7"),
+    ] {
+        let claim = ClaimRef {
+            namespace: "ml".into(),
+            name: name.into(),
+            uid: uid.into(),
+        };
+        driver.prepare(&claim).await.unwrap();
+        std::fs::write(
+            root.path()
+                .join(format!("hook/vgpu/claims/{uid}/shim.cache")),
+            region_with_process("GPU-1", 7),
+        )
+        .unwrap();
+    }
+    let api = MemoryApi::default();
+    for (pid, uid) in [
+        (500, SMALL),
+        (501, PAIR_A),
+        (502, PAIR_B),
+        (503, TWO_CLAIMS),
+    ] {
+        proc_entry(proc.path(), pid, &pod_cgroup(uid), 7);
+        let mut pod = bound_pod(NODE, &format!("pod-{uid}"), &[], 1);
+        pod.namespace = "ml".into();
+        pod.annotations.clear();
+        pod.uid = uid.into();
+        api.add_pod(pod);
+    }
+    let processes = Arc::new(ScriptedProcesses::default());
+    processes
+        .0
+        .lock()
+        .unwrap()
+        .insert("GPU-1".into(), vec![500, 501, 502, 503]);
+    let (events, mut rx) = NodeEvents::channel();
+    let watch = ProcessWatch {
+        bookings: driver.clone(),
+        gpus: processes,
+        proc: Arc::new(ProcReader::new(proc.path())),
+        pods: Arc::new(api),
+        allowed_host_cgroups: Vec::new(),
+        policy: UnaccountedPolicy::Report,
+        evictor: Arc::new(RecordingEvictor::default()),
+        events,
+        metrics: driver.metrics().clone(),
+        confirmer: Arc::default(),
+        said_blind: Arc::default(),
+    };
+    watch.pass().await.unwrap();
+    let second = watch.pass().await.unwrap();
+    assert_eq!(second.reported, [SMALL.to_owned()].into(), "{second:?}");
+    let events = drain(&mut rx);
+    assert_eq!(reasons_on(&events, SMALL), ["GpuMemoryOverBooking"]);
+    for uid in [PAIR_A, PAIR_B, TWO_CLAIMS] {
+        assert!(reasons_on(&events, uid).is_empty(), "{uid}: {events:?}");
+    }
 }

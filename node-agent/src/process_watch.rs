@@ -110,7 +110,18 @@ pub struct WatchArgs {
     /// namespace are read there.
     #[arg(long, env = "PROC_ROOT", default_value = "/proc")]
     pub proc_root: PathBuf,
+    /// MiB per process that a pod's GPU processes may use, by NVML's count, beyond the pod's
+    /// memory booking on a GPU (on a DRA node, the memory of every claim the pod holds there)
+    /// before the watch reports the pod (`GpuMemoryOverBooking`, under
+    /// `--unaccounted-process-policy`): what the driver reserves for a process outside any
+    /// allocation the shim sees (its context, local memory).
+    #[arg(long, env = "UNACCOUNTED_MEMORY_ALLOWANCE_MIB", default_value_t = DEFAULT_MEMORY_ALLOWANCE_MIB)]
+    pub unaccounted_memory_allowance_mib: u64,
 }
+
+/// The default of `--unaccounted-memory-allowance-mib`: 518 MiB beyond the shim's count was
+/// measured for a 1 GiB PyTorch process on an H200 (docs/gpu-validation.md, check 8).
+pub const DEFAULT_MEMORY_ALLOWANCE_MIB: u64 = 1024;
 
 /// Evicts a pod through the API server, with the pod's UID as a precondition (a recreated pod
 /// of the same name is never evicted). Tests swap it.

@@ -588,8 +588,8 @@ fn pod_of(pid: u32, observation: &Observation) -> Option<PodCgroup> {
 /// This does not depend on the shim or on anything a container writes: whatever lifted the
 /// limit (raw driver calls, a second copy of the driver loaded where the preload cannot reach,
 /// a forged region slot), NVML still counts the memory. Pods without a memory booking on `G`
-/// (not booked it: [`Reason::NotBooked`] covers them; DRA claims, whose memory this does not
-/// know) and pods exempt from the shim are not judged; processes NVML gives no usage for count
+/// (not booked it: [`Reason::NotBooked`] covers them) and pods exempt from the shim are not
+/// judged; processes NVML gives no usage for count
 /// as zero.
 pub fn over_booked(
     observation: &Observation,
