@@ -115,17 +115,9 @@ pub struct Cli {
     /// Who may read /metrics (`--metrics-authorization`).
     #[command(flatten)]
     pub metrics_access: tessera_http::metrics_access::MetricsAccessArgs,
-    /// MiB each container's cache directory may hold (`<hook>/vgpu/containers/<pod>_<ctr>`,
-    /// where the shim keeps its region): a tmpfs of that size is mounted there at `Allocate`,
-    /// its pages charged to the container's memory. 0: a plain directory, no limit. Needs the
-    /// host directory mounted with `mountPropagation: Bidirectional`; without it the directory
-    /// stays unlimited and the plugin says so.
-    #[arg(long, env = "CACHE_DIR_LIMIT_MIB", default_value_t = 0)]
-    pub cache_dir_limit_mib: u64,
-    /// Files (and directories) each container's cache directory may hold, with
-    /// `--cache-dir-limit-mib`.
-    #[arg(long, env = "CACHE_DIR_LIMIT_FILES", default_value_t = 32)]
-    pub cache_dir_limit_files: u64,
+    /// The cache directories' limit (`--cache-dir-limit-mib`, `--cache-dir-limit-files`).
+    #[command(flatten)]
+    pub cache_dir: tessera_node::cache_dir::CacheDirArgs,
     /// Opt-in: also publish the memory and cores resources (e.g. nvidia.com/gpumem in MiB,
     /// nvidia.com/gpucores in percent) as node capacity, totals over the registered GPUs (HAMi
     /// #2839). With them in allocatable the kubelet admits those requests against the totals.

@@ -620,14 +620,7 @@ fn allocator(
         pod_resources_source(cli, config),
     );
     allocator.metrics = Some(metrics.clone());
-    allocator.cache_dirs = tessera_node::cache_dir::CacheDirs {
-        limit: (cli.cache_dir_limit_mib > 0).then(|| tessera_node::cache_dir::CacheDirLimit {
-            bytes: cli.cache_dir_limit_mib.saturating_mul(1 << 20),
-            inodes: cli.cache_dir_limit_files,
-        }),
-        // The host's mount table: where the kubelet resolves the directory it mounts.
-        host_mountinfo: cli.watch.proc_root.join("1/mountinfo"),
-    };
+    allocator.cache_dirs = cli.cache_dir.cache_dirs(&cli.watch.proc_root);
     allocator.scheduler_names = cli
         .scheduler_names
         .iter()

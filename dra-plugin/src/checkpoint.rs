@@ -17,9 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use super::cdi::{self, Spec};
 use super::claim::{GpuShare, shim_devices};
+use tessera_node::cache_dir::CacheDirs;
 use tessera_node::container_env::{
-    ResponseSettings, path_safe, prepare_cache_dir, shim_response, whole_devices_response,
-    write_limits_file,
+    ResponseSettings, path_safe, shim_response, whole_devices_response, write_limits_file,
 };
 
 const ANNOTATION_NAMESPACE: &str = "tessera.dev/claim-namespace";
@@ -77,6 +77,9 @@ pub struct PreparedClaims {
     cdi_dir: PathBuf,
     settings: ResponseSettings,
     claims: BTreeMap<String, PreparedClaim>,
+    /// How a claim's directory is made (its size limit: every container of the claim writes
+    /// it, and it is a host directory).
+    cache_dirs: CacheDirs,
 }
 
 impl PreparedClaims {
@@ -107,9 +110,16 @@ impl PreparedClaims {
             cdi_dir,
             settings,
             claims,
+            cache_dirs: CacheDirs::default(),
         };
         out.remove_orphan_dirs();
         out
+    }
+
+    /// Claims prepared from now on get directories made by `dirs` (`--cache-dir-limit-mib`).
+    pub fn with_cache_dirs(mut self, dirs: CacheDirs) -> PreparedClaims {
+        self.cache_dirs = dirs;
+        self
     }
 
     /// `<hook>/vgpu/claims`: one directory per prepared claim (the shim's region and limits).
@@ -127,7 +137,7 @@ impl PreparedClaims {
             let has_spec = cdi::spec_path(&self.cdi_dir, &name).exists();
             if !has_spec && entry.file_type().is_ok_and(|t| t.is_dir()) {
                 tracing::info!(claim = %name, "removing the directory of a claim that has no spec");
-                if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                if let Err(e) = tessera_node::cache_dir::remove(&entry.path()) {
                     tracing::warn!(dir = %entry.path().display(), error = %e, "cannot remove");
                 }
             }
@@ -161,7 +171,9 @@ impl PreparedClaims {
             Some(devices) => {
                 let dir = self.claims_dir().join(&claim.uid);
                 let dir_text = dir.display().to_string();
-                prepare_cache_dir(&dir_text).map_err(io_err(&dir))?;
+                self.cache_dirs
+                    .prepare_reported(&dir)
+                    .map_err(io_err(&dir))?;
                 let response = shim_response(
                     &devices,
                     dir_text,
@@ -221,11 +233,9 @@ impl PreparedClaims {
         let path = cdi::spec_path(&self.cdi_dir, uid);
         cdi::remove_file(&path).map_err(io_err(&path))?;
         self.claims.remove(uid);
+        // Unmounts the claim's tmpfs first, if it has one; a missing directory is fine.
         let dir = self.claims_dir().join(uid);
-        match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(&dir)(e)),
-            _ => Ok(()),
-        }
+        tessera_node::cache_dir::remove(&dir).map_err(io_err(&dir))
     }
 }
 
@@ -314,6 +324,48 @@ mod tests {
         let restarted = PreparedClaims::load(cdi_dir.clone(), settings(tmp.path()));
         assert_eq!(restarted.get("u1"), Some(&first));
         assert!(region.exists());
+    }
+
+    /// Every container of a claim writes its directory, a host directory: with a limit (as root,
+    /// which CI is) it is a tmpfs of that size, writes beyond it fail with ENOSPC, and unprepare
+    /// unmounts and removes it.
+    #[test]
+    fn a_claims_directory_holds_at_most_its_limit_and_goes_with_the_claim() {
+        use tessera_node::cache_dir::CacheDirLimit;
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                std::env::var("TESSERA_NO_SKIP").as_deref() != Ok("1"),
+                "skipped: mounting a tmpfs needs root (TESSERA_NO_SKIP=1: a skip is a failure)"
+            );
+            eprintln!("skip: mounting a tmpfs needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let limit = CacheDirLimit {
+            bytes: 1 << 20,
+            inodes: 16,
+        };
+        let mut claims =
+            PreparedClaims::load(tmp.path().join("cdi"), settings(tmp.path())).with_cache_dirs(
+                CacheDirs::limited(limit, PathBuf::from("/proc/self/mountinfo")),
+            );
+        claims.prepare(&claim("u1"), &[share(1000)]).unwrap();
+        let dir = tmp.path().join("vgpu/claims/u1");
+        let limits = std::fs::read_to_string(dir.join("vgpu-limits")).unwrap();
+        assert!(
+            limits.contains("CUDA_DEVICE_MEMORY_LIMIT_0=1000m"),
+            "{limits}"
+        );
+        let err = std::fs::write(dir.join("big"), vec![7u8; 2 << 20]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+        claims.unprepare("u1").unwrap();
+        assert!(!dir.exists());
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let dir = dir.display().to_string();
+        assert!(
+            !tessera_node::cache_dir::mount_points(&mounts).any(|p| p == dir),
+            "the claim's tmpfs outlived it"
+        );
     }
 
     #[test]

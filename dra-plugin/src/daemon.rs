@@ -134,6 +134,10 @@ pub struct DraCli {
     /// plugin's.
     #[command(flatten)]
     pub watch: WatchArgs,
+    /// Each claim directory's limit (`--cache-dir-limit-mib`, `--cache-dir-limit-files`), as the
+    /// device plugin's for a container's.
+    #[command(flatten)]
+    pub cache_dir: tessera_node::cache_dir::CacheDirArgs,
     /// Who may read /metrics (`--metrics-authorization`), as the device plugin's.
     #[command(flatten)]
     pub metrics_access: MetricsAccessArgs,
@@ -239,7 +243,8 @@ pub async fn run(cli: DraCli) -> Result<(), DraStartError> {
     )?;
 
     let client = tessera_node::kube_edges::client(cli.kubeconfig.as_deref()).await?;
-    let prepared = PreparedClaims::load(cli.cdi_spec_dir.clone(), response_settings(&cli));
+    let prepared = PreparedClaims::load(cli.cdi_spec_dir.clone(), response_settings(&cli))
+        .with_cache_dirs(cli.cache_dir.cache_dirs(&cli.watch.proc_root));
     tracing::info!(
         claims = prepared.all().len(),
         "prepared claims read back from the CDI spec directory"

@@ -146,8 +146,6 @@ pub struct Allocator {
     pub mig_gpus: Arc<RwLock<crate::mig::MigGpus>>,
     /// How containers' cache directories are made (their size limit).
     pub cache_dirs: crate::cache_dir::CacheDirs,
-    /// Set once a cache directory could not be limited (logged once as a warning).
-    said_unlimited: std::sync::atomic::AtomicBool,
     ledger: Mutex<Ledger>,
     /// Which kubelet instance the plugin serves: bumped each time it serves a new one.
     kubelet_generation: AtomicU64,
@@ -185,39 +183,20 @@ impl Allocator {
             mig: None,
             mig_gpus: Arc::default(),
             cache_dirs: crate::cache_dir::CacheDirs::default(),
-            said_unlimited: std::sync::atomic::AtomicBool::new(false),
             ledger: Mutex::new(Ledger::default()),
             kubelet_generation: AtomicU64::new(0),
         }
     }
 
-    /// Empties and (re)creates a container's cache directory with the node's size limit. A
-    /// limit that cannot be applied leaves the directory unlimited: said once as a warning (a
-    /// node whose plugin lacks the mount propagation says so at its first GPU pod), then at
-    /// debug level.
+    /// Empties and (re)creates a container's cache directory with the node's size limit
+    /// ([`crate::cache_dir::CacheDirs::prepare_reported`]).
     fn prepare_cache_dir(&self, dir: &str) -> Result<(), AllocateError> {
-        use crate::cache_dir::Prepared;
-        let prepared = self
-            .cache_dirs
-            .prepare(std::path::Path::new(dir))
+        self.cache_dirs
+            .prepare_reported(std::path::Path::new(dir))
             .map_err(|source| AllocateError::CacheDir {
                 dir: dir.to_owned(),
                 source,
-            })?;
-        if let Prepared::Unlimited(why) = prepared {
-            if self
-                .said_unlimited
-                .swap(true, std::sync::atomic::Ordering::Relaxed)
-            {
-                tracing::debug!(dir, "cache directory not limited: {why}");
-            } else {
-                tracing::warn!(
-                    dir,
-                    "cache directories are not size-limited on this node: {why}"
-                );
-            }
-        }
-        Ok(())
+            })
     }
 
     /// The plugin serves a new kubelet instance (it registered again after a kubelet restart):

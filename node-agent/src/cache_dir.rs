@@ -15,6 +15,8 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The limit of one cache directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,13 +27,54 @@ pub struct CacheDirLimit {
     pub inodes: u64,
 }
 
+/// The command-line flags of the limit, shared by the device plugin (a container's directory)
+/// and the DRA plugin (a claim's).
+#[derive(Debug, Clone, clap::Args)]
+pub struct CacheDirArgs {
+    /// MiB each cache directory may hold (a container's `<hook>/vgpu/containers/<pod>_<ctr>`, a
+    /// DRA claim's `<hook>/vgpu/claims/<uid>`, where the shim keeps its region): a tmpfs of that
+    /// size is mounted there when the container is allocated or the claim prepared, its pages
+    /// charged to the memory of the container that writes them. 0: a plain directory, no limit.
+    /// Needs the host directory mounted with `mountPropagation: Bidirectional`; without it the
+    /// directory stays unlimited and the plugin says so.
+    #[arg(long, env = "CACHE_DIR_LIMIT_MIB", default_value_t = 0)]
+    pub cache_dir_limit_mib: u64,
+    /// Files (and directories) each cache directory may hold, with `--cache-dir-limit-mib`.
+    #[arg(long, env = "CACHE_DIR_LIMIT_FILES", default_value_t = 32)]
+    pub cache_dir_limit_files: u64,
+}
+
+impl CacheDirArgs {
+    /// The directories these flags ask for; `proc_root` is the host's `/proc` (`hostPID`), where
+    /// the host's mount table is read.
+    pub fn cache_dirs(&self, proc_root: &Path) -> CacheDirs {
+        // The host's mount table: where the kubelet resolves the directory it mounts.
+        let host_mountinfo = proc_root.join("1/mountinfo");
+        match self.cache_dir_limit_mib {
+            0 => CacheDirs {
+                host_mountinfo,
+                ..CacheDirs::default()
+            },
+            mib => CacheDirs::limited(
+                CacheDirLimit {
+                    bytes: mib.saturating_mul(1 << 20),
+                    inodes: self.cache_dir_limit_files,
+                },
+                host_mountinfo,
+            ),
+        }
+    }
+}
+
 /// How the directories are prepared: where the host's mount table is read, and the limit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct CacheDirs {
     /// `None`: plain directories (no limit).
     pub limit: Option<CacheDirLimit>,
     /// The host's mount table (`/proc/1/mountinfo` with `hostPID`).
     pub host_mountinfo: PathBuf,
+    /// Whether [`CacheDirs::prepare_reported`] has warned that the limit cannot be applied.
+    said_unlimited: Arc<AtomicBool>,
 }
 
 impl Default for CacheDirs {
@@ -39,6 +82,7 @@ impl Default for CacheDirs {
         CacheDirs {
             limit: None,
             host_mountinfo: PathBuf::from("/proc/1/mountinfo"),
+            said_unlimited: Arc::default(),
         }
     }
 }
@@ -55,6 +99,30 @@ pub enum Prepared {
 }
 
 impl CacheDirs {
+    /// Directories limited to `limit`, checked against the host mount table at `host_mountinfo`.
+    pub fn limited(limit: CacheDirLimit, host_mountinfo: PathBuf) -> CacheDirs {
+        CacheDirs {
+            limit: Some(limit),
+            host_mountinfo,
+            said_unlimited: Arc::default(),
+        }
+    }
+
+    /// [`CacheDirs::prepare`], and a limit that cannot be applied, which leaves the directory
+    /// unlimited, said once as a warning (a node whose plugin lacks the mount propagation says
+    /// so at its first GPU pod or claim), then at debug level.
+    pub fn prepare_reported(&self, dir: &Path) -> io::Result<()> {
+        if let Prepared::Unlimited(why) = self.prepare(dir)? {
+            let dir = dir.display();
+            if self.said_unlimited.swap(true, Ordering::Relaxed) {
+                tracing::debug!(%dir, "cache directory not limited: {why}");
+            } else {
+                tracing::warn!(%dir, "cache directories are not size-limited on this node: {why}");
+            }
+        }
+        Ok(())
+    }
+
     /// Empties and (re)creates `dir`, mode 0777 (the shim runs as the container's user, which
     /// the plugin does not know), with the limit when one is set. An existing mount on `dir`
     /// (a previous `Allocate` of the same container) is detached first.
@@ -244,10 +312,7 @@ mod tests {
             bytes: 1 << 20,
             inodes: 8,
         };
-        let dirs = CacheDirs {
-            limit: Some(limit),
-            host_mountinfo: PathBuf::from("/proc/self/mountinfo"),
-        };
+        let dirs = CacheDirs::limited(limit, PathBuf::from("/proc/self/mountinfo"));
         assert_eq!(dirs.prepare(&dir).unwrap(), Prepared::Limited);
         let big = vec![7u8; 2 << 20];
         let err = std::fs::write(dir.join("big"), &big).unwrap_err();
@@ -263,10 +328,7 @@ mod tests {
         // A mount table that does not list the directory: the mount is undone.
         let elsewhere = root.path().join("mountinfo");
         std::fs::write(&elsewhere, "22 1 0:21 / / rw - ext4 /dev/vda rw\n").unwrap();
-        let blind = CacheDirs {
-            limit: Some(limit),
-            host_mountinfo: elsewhere,
-        };
+        let blind = CacheDirs::limited(limit, elsewhere);
         let Prepared::Unlimited(why) = blind.prepare(&dir).unwrap() else {
             panic!("an unseen mount was kept");
         };

@@ -33,14 +33,6 @@ pub fn write_limits_file(file: &LimitsFile) -> std::io::Result<()> {
     f.sync_all()
 }
 
-/// Empties and (re)creates a cache directory without a size limit, mode 0777: the shim runs as
-/// the container's user, which the plugin does not know ([`crate::cache_dir`] for the limit).
-pub fn prepare_cache_dir(dir: &str) -> std::io::Result<()> {
-    crate::cache_dir::CacheDirs::default()
-        .prepare(std::path::Path::new(dir))
-        .map(|_| ())
-}
-
 #[cfg(test)]
 mod tests {
     use hami_contract::devices::ContainerDevice;

@@ -1,8 +1,8 @@
 //! What one container gets from `Allocate` (contract §6.3): HAMi-core environment and mounts.
 //! The responses are pure (the caller supplies the random cache id and whether optional host
 //! files exist); the file helpers that go with them (`tessera_node::container_env`:
-//! `resolve_shim_host_path`, `prepare_cache_dir`, `write_limits_file`) are shared by `Allocate`
-//! and the DRA plugin's prepare.
+//! `resolve_shim_host_path`, `write_limits_file`, and `tessera_node::cache_dir` for the cache
+//! directory) are shared by `Allocate` and the DRA plugin's prepare.
 
 use std::collections::BTreeMap;
 
