@@ -304,8 +304,24 @@ impl Region {
                     return Err(std::io::Error::last_os_error().to_string());
                 }
                 let size = st.st_size as usize;
-                if size < FILE_SIZE && libc::ftruncate(fd, FILE_SIZE as libc::off_t) != 0 {
-                    return Err(std::io::Error::last_os_error().to_string());
+                // Every page of the region is given its blocks now, not at the first store
+                // through the mapping: on a full file system (a size-limited cache directory
+                // its container filled) a store to a page without blocks is SIGBUS, which
+                // would kill the application; here it is an error and the process accounts
+                // privately. A file system without fallocate gets the sparse file as before.
+                match libc::posix_fallocate(fd, 0, FILE_SIZE as libc::off_t) {
+                    0 => {}
+                    libc::EOPNOTSUPP | libc::EINVAL => {
+                        if size < FILE_SIZE && libc::ftruncate(fd, FILE_SIZE as libc::off_t) != 0 {
+                            return Err(std::io::Error::last_os_error().to_string());
+                        }
+                    }
+                    e => {
+                        return Err(format!(
+                            "cannot allocate the region's blocks: {}",
+                            std::io::Error::from_raw_os_error(e)
+                        ));
+                    }
                 }
                 let p = libc::mmap(
                     std::ptr::null_mut(),

@@ -454,3 +454,52 @@ fn a_second_driver_copy_escapes_the_shims_count_but_not_the_drivers() {
         "the driver counted {driver_counted} bytes for pid {pid}"
     );
 }
+
+/// A container fills its own size-limited cache directory (the node's tmpfs, issue 28) before
+/// its CUDA process starts. The region file then cannot get its blocks: with a sparse file the
+/// first store to a page without one was SIGBUS, killing the application. Now the blocks are
+/// allocated when the region is opened, the failure is an error, and the process enforces its
+/// limit with private accounting (the node then sees a GPU process without a region, which its
+/// watch reports). Needs root to mount the tmpfs.
+#[test]
+fn a_full_cache_directory_leaves_the_application_running_and_limited() {
+    let root = Command::new("id").arg("-u").output().unwrap();
+    if String::from_utf8_lossy(&root.stdout).trim() != "0" {
+        assert!(
+            std::env::var("TESSERA_NO_SKIP").as_deref() != Ok("1"),
+            "skipped: mounting a tmpfs needs root (TESSERA_NO_SKIP=1: a skip is a failure)"
+        );
+        eprintln!("skip: mounting a tmpfs needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Half a region's size: the file fits in the table, its pages do not.
+    let size = vgpu_region::FILE_SIZE / 2;
+    let mounted = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size},mode=0777"),
+            "tessera-test",
+        ])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount tmpfs");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(dir.path());
+    let cache = dir.path().join("region.cache");
+    let out = run(&mut probe(&cache, LIMIT_64M, &["limit", &limit_64m()]));
+    assert_ok(&out);
+    assert!(
+        stderr(&out).contains("accounts privately"),
+        "{}",
+        text(&out)
+    );
+}
