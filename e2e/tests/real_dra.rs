@@ -29,12 +29,16 @@ const TENANT: &str = "ml";
 const DRIVER: &str = "gpu.tessera.dev";
 
 /// What every share's container checks from inside: exactly its limit allocatable and one byte
-/// more refused, NVML showing the limit, and the SM limit it was given. Then it stays up, so its
-/// share stays booked while the next pods are placed.
+/// more refused, NVML showing the limit, and the SM limit it was given. Then it tries to write
+/// 64 MiB into its cache directory (the claim's, a host directory: the chart limits it to
+/// 16 MiB) and says how much it got (`FILLED=`), and stays up, so its share stays booked while
+/// the next pods are placed.
 fn share_check(limit_bytes: u64) -> String {
     format!(
         "LIMIT={limit_bytes}; cuda_probe info && cuda_probe limit $LIMIT && cuda_probe nvml $LIMIT \
          && echo \"SHARE_OK SM_LIMIT=${{CUDA_DEVICE_SM_LIMIT:-none}} MEM_LIMIT_0=${{CUDA_DEVICE_MEMORY_LIMIT_0:-none}}\" \
+         && {{ dd if=/dev/zero of=/usr/local/vgpu/fill bs=1M count=64 2>&1; \
+               echo FILLED=$(wc -c < /usr/local/vgpu/fill); rm -f /usr/local/vgpu/fill; }} \
          && sleep 3600"
     )
 }
@@ -547,8 +551,19 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
         "a claim was allocated on a GPU with an XID"
     );
     node_slice(c, "dra-node", 1).await?;
-    let log = wait_log(c, "after-xid", "SHARE_OK", Duration::from_secs(120)).await?;
+    let log = wait_log(c, "after-xid", "FILLED=", Duration::from_secs(120)).await?;
     assert!(log.contains("SM_LIMIT=10 MEM_LIMIT_0=1024m"), "{log}");
+    // The claim's directory is a host directory every container of the claim writes: the DRA
+    // plugin limits it as the device plugin limits a container's (devicePlugin.cacheDirLimit).
+    let filled: u64 = log
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("FILLED="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(
+        log.contains("No space left on device") && filled <= 16 << 20,
+        "a claim's container wrote {filled} bytes into the claim's directory (limit 16 MiB): {log}"
+    );
 
     // 7. Existing pod specs (KEP-5004, DRAExtendedResource): with every share gone, a pod that
     //    asks for `nvidia.com/gpu: 1` and is placed by kube-scheduler itself (the GPU scheduler's
