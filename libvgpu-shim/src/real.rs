@@ -91,6 +91,17 @@ hooked!(
     cuMemPoolDestroy,
     nvmlDeviceGetMemoryInfo,
     nvmlDeviceGetMemoryInfo_v2,
+    nvmlDeviceGetComputeRunningProcesses,
+    nvmlDeviceGetComputeRunningProcesses_v2,
+    nvmlDeviceGetComputeRunningProcesses_v3,
+    nvmlDeviceGetGraphicsRunningProcesses,
+    nvmlDeviceGetGraphicsRunningProcesses_v2,
+    nvmlDeviceGetGraphicsRunningProcesses_v3,
+    nvmlDeviceGetMPSComputeRunningProcesses,
+    nvmlDeviceGetMPSComputeRunningProcesses_v2,
+    nvmlDeviceGetMPSComputeRunningProcesses_v3,
+    nvmlDeviceGetUtilizationRates,
+    nvmlDeviceGetProcessUtilization,
 );
 
 /// Driver functions the shim calls but does not hook.
@@ -115,8 +126,6 @@ pub enum Aux {
     nvmlInit_v2,
     nvmlDeviceGetIndex,
     nvmlDeviceGetHandleByIndex_v2,
-    nvmlDeviceGetProcessUtilization,
-    nvmlDeviceGetUtilizationRates,
 }
 const AUX_NAMES: &[&str] = &[
     "cuCtxGetDevice\0",
@@ -136,8 +145,6 @@ const AUX_NAMES: &[&str] = &[
     "nvmlInit_v2\0",
     "nvmlDeviceGetIndex\0",
     "nvmlDeviceGetHandleByIndex_v2\0",
-    "nvmlDeviceGetProcessUtilization\0",
-    "nvmlDeviceGetUtilizationRates\0",
 ];
 
 const N: usize = NAMES.len();

@@ -48,6 +48,17 @@ const NO_SLOT: usize = usize::MAX;
 /// This process's pid, cached: `getpid` is a system call on current glibc. Reset after fork.
 static MY_PID: AtomicI32 = AtomicI32::new(0);
 
+/// One of the container's processes on a device ([`Region::processes_on`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessUse {
+    /// As the container sees it (its PID namespace).
+    pub pid: u32,
+    /// As NVML reports it (the host's PID namespace); 0 while unknown.
+    pub host_pid: u32,
+    /// Bytes charged on the device.
+    pub used: u64,
+}
+
 pub fn my_pid() -> i32 {
     let p = MY_PID.load(Ordering::Relaxed);
     if p != 0 {
@@ -802,6 +813,32 @@ impl Region {
             )
             .store(percent, Ordering::Relaxed);
         }
+    }
+
+    /// The container's live processes, with what each uses on `dev`: each live slot's pid in
+    /// the container's PID namespace, its host pid (0 until the node's watch writes it) and its
+    /// bytes on `dev` (0 for a process that only has a context there, or none).
+    pub fn processes_on(&self, dev: usize) -> Vec<ProcessUse> {
+        if dev >= MAX_DEVICES {
+            return Vec::new();
+        }
+        (0..self.proc_num())
+            .filter_map(|i| {
+                let pid = self.slot_i32(i, slot::PID).load(Ordering::Acquire);
+                let status = self.slot_i32(i, slot::STATUS).load(Ordering::Relaxed);
+                let used = self
+                    .slot_u64(i, slot::mem(dev, slot::MEM_TOTAL))
+                    .load(Ordering::Acquire);
+                (pid > 0 && status != status::EXITED).then(|| ProcessUse {
+                    pid: pid as u32,
+                    host_pid: self
+                        .slot_i32(i, slot::HOSTPID)
+                        .load(Ordering::Relaxed)
+                        .max(0) as u32,
+                    used,
+                })
+            })
+            .collect()
     }
 
     /// Live container pids (for matching NVML process samples).

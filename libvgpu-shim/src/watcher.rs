@@ -50,29 +50,6 @@ pub fn after_fork_in_child() {
     STARTED.store(false, Ordering::Release);
 }
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct ProcessSample {
-    pid: c_uint,
-    time_stamp: u64,
-    sm_util: c_uint,
-    mem_util: c_uint,
-    enc_util: c_uint,
-    dec_util: c_uint,
-}
-
-#[repr(C)]
-struct Utilization {
-    gpu: c_uint,
-    memory: c_uint,
-}
-
-fn realtime_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
 struct Nvml {
     ok: bool,
 }
@@ -110,63 +87,34 @@ impl Nvml {
     /// per pid of NVML's samples, summed over the container's pids. If NVML knows none of them
     /// (a PID namespace without host pids), the whole device's utilisation.
     fn container_util(&self, handle: *mut c_void, pids: &[u32], window_us: u64) -> Option<f64> {
-        let p = real::aux(Aux::nvmlDeviceGetProcessUtilization);
-        if !p.is_null() {
-            let f = unsafe {
-                // SAFETY: `nvmlDeviceGetProcessUtilization(dev, samples*, unsigned*, u64)`.
-                std::mem::transmute::<
-                    *mut c_void,
-                    unsafe extern "C" fn(
-                        *mut c_void,
-                        *mut ProcessSample,
-                        *mut c_uint,
-                        u64,
-                    ) -> c_uint,
-                >(p)
-            };
-            let since = realtime_us().saturating_sub(window_us);
-            let mut samples = [ProcessSample {
-                pid: 0,
-                time_stamp: 0,
-                sm_util: 0,
-                mem_util: 0,
-                enc_util: 0,
-                dec_util: 0,
-            }; 64];
-            let mut count: c_uint = samples.len() as c_uint;
-            // SAFETY: the buffer holds `count` samples.
-            let r = unsafe { f(handle, samples.as_mut_ptr(), &mut count, since) };
-            const NOT_FOUND: c_uint = 6;
-            if r == NOT_FOUND {
+        let since = crate::hooks::realtime_us().saturating_sub(window_us);
+        if let Ok(samples) = crate::hooks::real_process_samples(handle, since) {
+            if samples.is_empty() {
                 return Some(0.0);
             }
-            if r == 0 {
-                let samples = &samples[..(count as usize).min(samples.len())];
-                let mut total = 0.0;
-                let mut matched = false;
-                for &pid in pids {
-                    let mine: Vec<_> = samples.iter().filter(|s| s.pid == pid).collect();
-                    if !mine.is_empty() {
-                        matched = true;
-                        total +=
-                            mine.iter().map(|s| s.sm_util as f64).sum::<f64>() / mine.len() as f64;
-                    }
-                }
-                if matched {
-                    return Some(total.min(100.0));
+            let mut total = 0.0;
+            let mut matched = false;
+            for &pid in pids {
+                let mine: Vec<_> = samples.iter().filter(|s| s.pid == pid).collect();
+                if !mine.is_empty() {
+                    matched = true;
+                    total += mine.iter().map(|s| s.sm_util as f64).sum::<f64>() / mine.len() as f64;
                 }
             }
+            if matched {
+                return Some(total.min(100.0));
+            }
         }
-        let p = real::aux(Aux::nvmlDeviceGetUtilizationRates);
+        let p = real::get(real::F::nvmlDeviceGetUtilizationRates);
         if p.is_null() {
             return None;
         }
-        let mut u = Utilization { gpu: 0, memory: 0 };
+        let mut u = crate::hooks::Utilization::default();
         // SAFETY: `nvmlDeviceGetUtilizationRates(dev, nvmlUtilization_t*)`.
         let r = unsafe {
             std::mem::transmute::<
                 *mut c_void,
-                unsafe extern "C" fn(*mut c_void, *mut Utilization) -> c_uint,
+                unsafe extern "C" fn(*mut c_void, *mut crate::hooks::Utilization) -> c_uint,
             >(p)(handle, &mut u)
         };
         (r == 0).then_some(u.gpu as f64)

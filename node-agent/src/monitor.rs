@@ -352,8 +352,7 @@ pub fn write_feedback(
     before: &RegionSnapshot,
     feedback: &Feedback,
 ) -> Result<bool, FeedbackWriteError> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::FileExt;
     let words = [
         (
             vgpu_region::offset::RECENT_KERNEL,
@@ -369,24 +368,7 @@ pub fn write_feedback(
     if words.iter().all(|(_, was, now)| was == now) {
         return Ok(false);
     }
-    let handle = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(FeedbackWriteError::Reopen)?;
-    let meta = handle.metadata().map_err(FeedbackWriteError::Reopen)?;
-    let same = FileId {
-        dev: meta.dev(),
-        ino: meta.ino(),
-    } == read_from;
-    if !meta.file_type().is_file() || meta.nlink() != 1 || !same {
-        return Err(FeedbackWriteError::Replaced);
-    }
-    let writable = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
-        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
-        .map_err(FeedbackWriteError::Reopen)?;
+    let writable = reopen_region(path, Some(read_from))?;
     for (offset, was, now) in words {
         if was != now {
             writable
@@ -395,6 +377,64 @@ pub fn write_feedback(
         }
     }
     Ok(true)
+}
+
+/// Opens the region file at `path` again for reading and writing, without following a link:
+/// `O_PATH` and `O_NOFOLLOW` first (no side effect whatever the path names now), then it must be
+/// a regular single-link file (and, with `read_from`, the inode that was read), and only then is
+/// that descriptor reopened through `/proc/self/fd` (the same inode, whatever the path names by
+/// then).
+fn reopen_region(path: &Path, read_from: Option<FileId>) -> Result<File, FeedbackWriteError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let handle = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(FeedbackWriteError::Reopen)?;
+    let meta = handle.metadata().map_err(FeedbackWriteError::Reopen)?;
+    let id = FileId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    };
+    if !meta.file_type().is_file() || meta.nlink() != 1 || read_from.is_some_and(|r| r != id) {
+        return Err(FeedbackWriteError::Replaced);
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+        .map_err(FeedbackWriteError::Reopen)
+}
+
+/// Records `host_pid` in the slot of the container's region at `path` whose PID (in the
+/// container) is `pid` (issue 31: the shim keeps NVML's process lists and utilization to the
+/// host PIDs its region records). The slot's PID is read again just before the write, so a slot
+/// reused meanwhile is left alone; only that slot's aligned 4-byte `hostpid` word is written
+/// (`pwrite`), in the container's own region. Returns whether a slot had that PID.
+pub fn write_host_pid(path: &Path, pid: u32, host_pid: u32) -> Result<bool, FeedbackWriteError> {
+    use std::os::unix::fs::FileExt;
+    use vgpu_region::{MAX_PROCS, offset, slot};
+    let file = reopen_region(path, None)?;
+    let read_i32 = |at: usize| -> Result<i32, FeedbackWriteError> {
+        let mut word = [0u8; 4];
+        file.read_exact_at(&mut word, at as u64)
+            .map_err(FeedbackWriteError::Write)?;
+        Ok(i32::from_ne_bytes(word))
+    };
+    let procs = read_i32(offset::PROC_NUM)?.clamp(0, MAX_PROCS as i32) as usize;
+    for i in 0..procs {
+        if read_i32(slot::base(i) + slot::PID)? == pid as i32 {
+            file.write_all_at(
+                &(host_pid as i32).to_ne_bytes(),
+                (slot::base(i) + slot::HOSTPID) as u64,
+            )
+            .map_err(FeedbackWriteError::Write)?;
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// One region's outcome in a feedback pass.

@@ -31,12 +31,12 @@ use crate::identity::PodSnapshot;
 use crate::metrics::PluginMetrics;
 use crate::monitor::{
     RegionPath, SkippedFile, booked_gpus, booked_memory, claim_region_paths, read_shim_regions,
-    region_paths,
+    region_paths, write_host_pid,
 };
 use crate::node_events::{EventObject, NodeEvent, NodeEventType, NodeEvents};
 use crate::unaccounted::{
     ClaimBooking, Confirmer, ContainerName, Exemptions, Findings, Observation, Reason, RegionOwner,
-    ShimRegion, classify, over_booked,
+    ShimRegion, classify, host_pids_to_record, over_booked,
 };
 
 /// What the node does about a pod with an unaccounted GPU process.
@@ -366,18 +366,19 @@ impl<M: UnaccountedMetrics> ProcessWatch<M> {
             for e in &listed.failed {
                 tracing::debug!(error = %DisplayChain(e), "GPU processes not listed this pass");
             }
-            let regions = region_dirs
+            let (paths, regions): (Vec<_>, Vec<_>) = region_dirs
                 .iter()
                 .flat_map(|dir| {
                     let (found, _skipped) = read_shim_regions(dir.paths());
                     found
                 })
                 .map(|(path, snapshot)| {
-                    ShimRegion::from_snapshot(RegionOwner::of_path(&path), &snapshot)
+                    let region = ShimRegion::from_snapshot(RegionOwner::of_path(&path), &snapshot);
+                    (path.path, region)
                 })
-                .collect();
+                .unzip();
             let (identities, _gone) = proc.identify_all(listed.processes.iter().map(|p| p.pid));
-            Observation {
+            let observation = Observation {
                 processes: listed.processes,
                 regions,
                 booked,
@@ -385,7 +386,15 @@ impl<M: UnaccountedMetrics> ProcessWatch<M> {
                 claims,
                 identities,
                 container_names,
+            };
+            // The host PIDs of the containers' processes, for the shim's NVML view (issue 31).
+            for r in host_pids_to_record(&observation) {
+                let path: &std::path::Path = &paths[r.region];
+                if let Err(e) = write_host_pid(path, r.pid, r.host_pid) {
+                    tracing::debug!(region = %path.display(), error = %DisplayChain(&e), "host PID not recorded");
+                }
             }
+            observation
         })
         .await
         .map_err(WatchError::Observe)?;

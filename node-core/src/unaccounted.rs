@@ -578,6 +578,64 @@ fn pod_of(pid: u32, observation: &Observation) -> Option<PodCgroup> {
     })
 }
 
+/// A host PID a container's region should record for one of its slots (issue 31: the shim
+/// keeps NVML's lists and utilization to the container's own processes by these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HostPidRecord {
+    /// Index into [`Observation::regions`].
+    pub region: usize,
+    /// The slot's PID in the container.
+    pub pid: u32,
+    /// Its host PID, as NVML lists it.
+    pub host_pid: u32,
+}
+
+/// The host PIDs to write into the containers' regions: for each process NVML lists, in a
+/// container the pod's status names (its cgroup, not anything the container wrote), the slot
+/// of that container's region with the same PID in the container's namespace, when the slot
+/// does not record that host PID yet. A DRA claim's region (several containers, several PID
+/// namespaces) gets none: a PID there does not say whose it is.
+pub fn host_pids_to_record(observation: &Observation) -> Vec<HostPidRecord> {
+    let mut out = BTreeSet::new();
+    for process in &observation.processes {
+        let Some(identity) = observation.identities.get(&process.pid) else {
+            continue;
+        };
+        let Some(pod) = pod_of(process.pid, observation) else {
+            continue;
+        };
+        let Some(name) = pod
+            .container_id
+            .as_ref()
+            .and_then(|id| observation.container_names.get(id))
+            .filter(|n| n.pod_uid == pod.pod_uid)
+        else {
+            continue;
+        };
+        let ns_pid = identity.ns_pid.unwrap_or(process.pid);
+        for (i, region) in observation.regions.iter().enumerate() {
+            let RegionOwner::Container { pod_uid, container } = &region.owner else {
+                continue;
+            };
+            if *pod_uid != name.pod_uid || *container != name.name {
+                continue;
+            }
+            if region
+                .slots
+                .iter()
+                .any(|s| s.pid == ns_pid && s.host_pid != Some(process.pid))
+            {
+                out.insert(HostPidRecord {
+                    region: i,
+                    pid: ns_pid,
+                    host_pid: process.pid,
+                });
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
 /// Memory over the booking (beyond HAMi; issue 28): the processes of pod `U` on GPU `G`
 /// together use, by NVML's per-process counts, more than `U` was booked on `G` plus
 /// `allowance_mib` for each of those processes (what the driver reserves for a process outside
@@ -697,6 +755,70 @@ impl Confirmer {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Issue 31: the node tells each container's region the host PIDs of its processes, so
+    /// the shim can keep NVML's answers to them. Only the container the kernel puts the process
+    /// in, matched by its PID inside; a slot that already says so, another container's slot with
+    /// the same inner PID, a claim's region and a process outside pods get nothing.
+    #[test]
+    fn host_pids_go_to_the_slot_of_the_same_container_and_inner_pid() {
+        let mut obs = Observation {
+            processes: vec![
+                proc_on(G0, 1001, ProcessKind::Compute),
+                proc_on(G1, 1001, ProcessKind::Compute),
+                proc_on(G0, 2002, ProcessKind::Compute),
+                proc_on(G0, 3003, ProcessKind::Compute),
+            ],
+            regions: vec![
+                region("pod-a", "main", &[G0, G1], &[7, 9]),
+                region("pod-b", "main", &[G0], &[7]),
+                ShimRegion {
+                    owner: RegionOwner::Claim {
+                        claim_uid: "claim".into(),
+                    },
+                    gpu_uuids: [G0.to_owned()].into(),
+                    slots: vec![RegionSlot {
+                        pid: 7,
+                        host_pid: None,
+                    }],
+                },
+            ],
+            ..Default::default()
+        };
+        obs.identities.insert(1001, in_pod("pod-a", "ctr-a", 7));
+        obs.identities.insert(2002, in_pod("pod-b", "ctr-b", 7));
+        obs.identities
+            .insert(3003, on_host("/system.slice/x.service"));
+        for (id, pod) in [("ctr-a", "pod-a"), ("ctr-b", "pod-b")] {
+            obs.container_names.insert(
+                id.into(),
+                ContainerName {
+                    pod_uid: pod.into(),
+                    name: "main".into(),
+                },
+            );
+        }
+        let records = host_pids_to_record(&obs);
+        assert_eq!(
+            records,
+            [
+                HostPidRecord {
+                    region: 0,
+                    pid: 7,
+                    host_pid: 1001
+                },
+                HostPidRecord {
+                    region: 1,
+                    pid: 7,
+                    host_pid: 2002
+                },
+            ]
+        );
+        // Recorded already: nothing to write.
+        obs.regions[0].slots[0].host_pid = Some(1001);
+        obs.regions[1].slots[0].host_pid = Some(2002);
+        assert!(host_pids_to_record(&obs).is_empty());
+    }
 
     #[test]
     fn an_empty_allowed_cgroup_allows_nothing() {

@@ -111,3 +111,427 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         nvml_memory_info(F::nvmlDeviceGetMemoryInfo_v2, device, memory)
     })
 }
+
+// ---------------------------------------------------------------- processes and utilization
+//
+// What the container sees of the GPU's processes is its own (issue 31): NVML lists every
+// process on the card, with host PIDs, so without this a container learns how many processes
+// other tenants run and what each uses. The lists are answered from the container's region
+// (compute) or from NVML's list kept to the container's processes by their host PIDs, which the
+// node's watch writes into the region (graphics, MPS, utilization); a process whose host PID is
+// not known yet is left out, never someone else's shown.
+
+const NVML_ERROR_INVALID_ARGUMENT: c_uint = 2;
+const NVML_ERROR_NOT_FOUND: c_uint = 6;
+const NVML_ERROR_INSUFFICIENT_SIZE: c_uint = 7;
+/// `NVML_VALUE_NOT_AVAILABLE` for an unknown instance id (not a MIG device).
+const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
+
+/// `nvmlProcessInfo_t`: the layout of the `_v2` and `_v3` process lists.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct NvmlProcessInfo {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+/// `nvmlProcessInfo_v1_t`: the layout of the unversioned process lists.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct NvmlProcessInfoV1 {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+}
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ProcessSample {
+    pub pid: c_uint,
+    pub time_stamp: u64,
+    pub sm_util: c_uint,
+    pub mem_util: c_uint,
+    pub enc_util: c_uint,
+    pub dec_util: c_uint,
+}
+
+/// `nvmlUtilization_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct Utilization {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+/// An entry of a process list in either layout.
+trait ProcessEntry: Copy + Default {
+    fn new(pid: u32, used: u64) -> Self;
+    fn pid(&self) -> u32;
+    fn used(&self) -> u64;
+}
+
+impl ProcessEntry for NvmlProcessInfo {
+    fn new(pid: u32, used: u64) -> Self {
+        NvmlProcessInfo {
+            pid,
+            used_gpu_memory: used,
+            gpu_instance_id: NO_INSTANCE,
+            compute_instance_id: NO_INSTANCE,
+        }
+    }
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+    fn used(&self) -> u64 {
+        self.used_gpu_memory
+    }
+}
+
+impl ProcessEntry for NvmlProcessInfoV1 {
+    fn new(pid: u32, used: u64) -> Self {
+        NvmlProcessInfoV1 {
+            pid,
+            used_gpu_memory: used,
+        }
+    }
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+    fn used(&self) -> u64 {
+        self.used_gpu_memory
+    }
+}
+
+/// The container's processes, with their use of an NVML device, or `None` when the device is
+/// not one of the container's (then it has none there).
+fn own_processes(device: *mut c_void) -> Option<Vec<region::ProcessUse>> {
+    let dev = nvml_region_device(device)?;
+    Some(region_with_watcher().processes_on(dev))
+}
+
+/// NVML's two-call protocol for `list` into the caller's `count`/`infos`: too small a buffer
+/// gets the number needed and `INSUFFICIENT_SIZE`, nothing written.
+///
+/// # Safety
+/// `count` is NULL or valid; `infos` is NULL or holds `*count` entries.
+unsafe fn answer_list<T: Copy>(count: *mut c_uint, infos: *mut T, list: &[T]) -> c_uint {
+    if count.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: checked non-null.
+    let capacity = unsafe { *count } as usize;
+    // SAFETY: checked non-null.
+    unsafe { *count = list.len() as c_uint };
+    if capacity < list.len() {
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if list.is_empty() {
+        return NVML_SUCCESS;
+    }
+    if infos.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    for (i, e) in list.iter().enumerate() {
+        // SAFETY: `infos` holds `capacity` ≥ `list.len()` entries.
+        unsafe { *infos.add(i) = *e };
+    }
+    NVML_SUCCESS
+}
+
+/// Calls a real NVML list query (`count`, buffer) until the buffer is large enough, at most a
+/// few times (the list may grow between calls). `Err` is NVML's error.
+fn real_list<T: Copy + Default>(
+    mut call: impl FnMut(*mut c_uint, *mut T) -> c_uint,
+) -> Result<Vec<T>, c_uint> {
+    let mut capacity: usize = 64;
+    for _ in 0..4 {
+        let mut buf = vec![T::default(); capacity];
+        let mut count = capacity as c_uint;
+        match call(&mut count, buf.as_mut_ptr()) {
+            NVML_SUCCESS => {
+                buf.truncate((count as usize).min(capacity));
+                return Ok(buf);
+            }
+            NVML_ERROR_INSUFFICIENT_SIZE => capacity = (count as usize).max(capacity) + 16,
+            e => return Err(e),
+        }
+    }
+    Err(NVML_ERROR_INSUFFICIENT_SIZE)
+}
+
+/// A running-process list of kind `f`. Compute: the container's processes from its region (its
+/// PIDs, the bytes the shim counted) that have memory on the device or that NVML lists there.
+/// Graphics and MPS: NVML's list kept to the processes whose host PID the region knows, each
+/// shown with its container PID.
+///
+/// # Safety
+/// As [`answer_list`].
+unsafe fn running_processes<T: ProcessEntry>(
+    f: F,
+    compute: bool,
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut T,
+) -> c_uint {
+    let p = real::get(f);
+    if p.is_null() {
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    }
+    // SAFETY: `p` is NVML's `f`: (device, unsigned*, T*) -> nvmlReturn_t.
+    let real = unsafe {
+        std::mem::transmute::<
+            *mut c_void,
+            unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut T) -> c_uint,
+        >(p)
+    };
+    if degraded() {
+        // SAFETY: the caller's arguments, forwarded.
+        return unsafe { real(device, count, infos) };
+    }
+    let own = own_processes(device).unwrap_or_default();
+    // SAFETY: a buffer of `count` entries, as NVML asks.
+    let listed = real_list(|n, buf| unsafe { real(device, n, buf) });
+    let on_card = |p: &region::ProcessUse| -> Option<u64> {
+        let all = listed.as_ref().ok()?;
+        all.iter()
+            .find(|e| p.host_pid != 0 && e.pid() == p.host_pid)
+            .map(|e| e.used())
+    };
+    let list: Vec<T> = if compute {
+        // Every process with memory counted on the device, and one NVML lists there with only
+        // a context; the memory is the shim's count.
+        own.iter()
+            .filter(|p| p.used > 0 || on_card(p).is_some())
+            .map(|p| T::new(p.pid, p.used))
+            .collect()
+    } else {
+        if let Err(e) = listed {
+            return e;
+        }
+        own.iter()
+            .filter_map(|p| Some(T::new(p.pid, on_card(p)?)))
+            .collect()
+    };
+    // SAFETY: the caller's buffer, as NVML's contract gives it.
+    unsafe { answer_list(count, infos, &list) }
+}
+
+macro_rules! process_list_hook {
+    ($name:ident, $entry:ty, $compute:expr) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device: *mut c_void,
+            count: *mut c_uint,
+            infos: *mut $entry,
+        ) -> c_uint {
+            guarded(stringify!($name), NVML_ERROR_UNKNOWN, || {
+                // SAFETY: NVML's contract for the caller's arguments.
+                unsafe { running_processes(F::$name, $compute, device, count, infos) }
+            })
+        }
+    };
+}
+
+process_list_hook!(
+    nvmlDeviceGetComputeRunningProcesses,
+    NvmlProcessInfoV1,
+    true
+);
+process_list_hook!(
+    nvmlDeviceGetComputeRunningProcesses_v2,
+    NvmlProcessInfo,
+    true
+);
+process_list_hook!(
+    nvmlDeviceGetComputeRunningProcesses_v3,
+    NvmlProcessInfo,
+    true
+);
+process_list_hook!(
+    nvmlDeviceGetGraphicsRunningProcesses,
+    NvmlProcessInfoV1,
+    false
+);
+process_list_hook!(
+    nvmlDeviceGetGraphicsRunningProcesses_v2,
+    NvmlProcessInfo,
+    false
+);
+process_list_hook!(
+    nvmlDeviceGetGraphicsRunningProcesses_v3,
+    NvmlProcessInfo,
+    false
+);
+process_list_hook!(
+    nvmlDeviceGetMPSComputeRunningProcesses,
+    NvmlProcessInfoV1,
+    false
+);
+process_list_hook!(
+    nvmlDeviceGetMPSComputeRunningProcesses_v2,
+    NvmlProcessInfo,
+    false
+);
+process_list_hook!(
+    nvmlDeviceGetMPSComputeRunningProcesses_v3,
+    NvmlProcessInfo,
+    false
+);
+
+/// NVML's per-process utilization samples of `device` newer than `since_us` (NVML's `NOT_FOUND`
+/// when there is none is an empty list).
+pub(crate) fn real_process_samples(
+    device: *mut c_void,
+    since_us: u64,
+) -> Result<Vec<ProcessSample>, c_uint> {
+    let p = real::get(F::nvmlDeviceGetProcessUtilization);
+    if p.is_null() {
+        return Err(NVML_ERROR_FUNCTION_NOT_FOUND);
+    }
+    // SAFETY: `nvmlDeviceGetProcessUtilization(dev, samples*, unsigned*, u64)`.
+    let real = unsafe {
+        std::mem::transmute::<
+            *mut c_void,
+            unsafe extern "C" fn(*mut c_void, *mut ProcessSample, *mut c_uint, u64) -> c_uint,
+        >(p)
+    };
+    // SAFETY: a buffer of `count` samples.
+    match real_list(|n, buf| unsafe { real(device, buf, n, since_us) }) {
+        Err(NVML_ERROR_NOT_FOUND) => Ok(Vec::new()),
+        r => r,
+    }
+}
+
+/// The container's samples among `samples` (by the host PIDs its region knows), each with its
+/// container PID.
+fn own_samples(own: &[region::ProcessUse], samples: &[ProcessSample]) -> Vec<ProcessSample> {
+    samples
+        .iter()
+        .filter_map(|s| {
+            let mine = own
+                .iter()
+                .find(|p| p.host_pid != 0 && p.host_pid == s.pid)?;
+            Some(ProcessSample {
+                pid: mine.pid,
+                ..*s
+            })
+        })
+        .collect()
+}
+
+/// The container's utilization from its processes' samples: per process the average of its
+/// samples, summed, at most 100. The scale is NVML's, a percentage of the whole GPU, so a
+/// container held to `gpucores: 30` and busy all the time reads about 30.
+pub(crate) fn container_utilization(samples: &[ProcessSample]) -> Utilization {
+    let mut by_pid: HashMap<u32, (u64, u64, u64)> = HashMap::new();
+    for s in samples {
+        let e = by_pid.entry(s.pid).or_default();
+        e.0 += u64::from(s.sm_util);
+        e.1 += u64::from(s.mem_util);
+        e.2 += 1;
+    }
+    let (mut gpu, mut memory) = (0u64, 0u64);
+    for (sm, mem, n) in by_pid.values() {
+        gpu += sm / n;
+        memory += mem / n;
+    }
+    Utilization {
+        gpu: gpu.min(100) as c_uint,
+        memory: memory.min(100) as c_uint,
+    }
+}
+
+/// The window `nvmlDeviceGetUtilizationRates` reports over (NVML's own is 1/6 s to 1 s).
+const UTILIZATION_WINDOW_US: u64 = 1_000_000;
+
+/// Wall-clock µs, NVML's timestamps' clock.
+pub(crate) fn realtime_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: *mut c_void,
+    utilization: *mut Utilization,
+) -> c_uint {
+    guarded("nvmlDeviceGetUtilizationRates", NVML_ERROR_UNKNOWN, || {
+        let p = real::get(F::nvmlDeviceGetUtilizationRates);
+        if p.is_null() {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        // SAFETY: `nvmlDeviceGetUtilizationRates(dev, nvmlUtilization_t*)`.
+        let r = unsafe {
+            std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*mut c_void, *mut Utilization) -> c_uint,
+            >(p)(device, utilization)
+        };
+        if r != NVML_SUCCESS || utilization.is_null() || degraded() {
+            return r;
+        }
+        let own = own_processes(device).unwrap_or_default();
+        let since = realtime_us().saturating_sub(UTILIZATION_WINDOW_US);
+        let samples = real_process_samples(device, since).unwrap_or_default();
+        // SAFETY: written by NVML, checked non-null.
+        unsafe { *utilization = container_utilization(&own_samples(&own, &samples)) };
+        NVML_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: *mut c_void,
+    samples: *mut ProcessSample,
+    count: *mut c_uint,
+    last_seen_us: u64,
+) -> c_uint {
+    guarded(
+        "nvmlDeviceGetProcessUtilization",
+        NVML_ERROR_UNKNOWN,
+        || {
+            if degraded() {
+                let p = real::get(F::nvmlDeviceGetProcessUtilization);
+                if p.is_null() {
+                    return NVML_ERROR_FUNCTION_NOT_FOUND;
+                }
+                // SAFETY: the caller's arguments forwarded to NVML's own function.
+                return unsafe {
+                    std::mem::transmute::<
+                        *mut c_void,
+                        unsafe extern "C" fn(
+                            *mut c_void,
+                            *mut ProcessSample,
+                            *mut c_uint,
+                            u64,
+                        ) -> c_uint,
+                    >(p)(device, samples, count, last_seen_us)
+                };
+            }
+            if count.is_null() {
+                return NVML_ERROR_INVALID_ARGUMENT;
+            }
+            let all = match real_process_samples(device, last_seen_us) {
+                Ok(all) => all,
+                Err(e) => return e,
+            };
+            let own = own_samples(&own_processes(device).unwrap_or_default(), &all);
+            if own.is_empty() {
+                // NVML's answer when no sample is newer than `last_seen`.
+                // SAFETY: checked non-null.
+                unsafe { *count = 0 };
+                return NVML_ERROR_NOT_FOUND;
+            }
+            // NVML's protocol here: a NULL buffer or too small a count asks for the size.
+            // SAFETY: checked non-null.
+            if samples.is_null() && unsafe { *count } != 0 {
+                return NVML_ERROR_INVALID_ARGUMENT;
+            }
+            // SAFETY: the caller's buffer holds `*count` samples.
+            unsafe { answer_list(count, samples, &own) }
+        },
+    )
+}

@@ -394,6 +394,77 @@ static int mode_nvml(size_t limit) {
     return done();
 }
 
+/* What nvidia-smi reads besides memory: every running-process list (compute, graphics, MPS; the
+ * unversioned, _v2 and _v3 calls, NVML's two-call protocol) and the utilization calls. Prints
+ * one line per call; the test judges them. BYTES > 0: allocate that much first; then, with
+ * WAIT > 0, sleep WAIT seconds before reading (another process meanwhile sets things up). */
+typedef struct { unsigned pid; unsigned long long used; } nvmlProcessInfo_v1_t;
+typedef struct { unsigned pid; unsigned long long used; unsigned gi, ci; } nvmlProcessInfo_t;
+typedef struct { unsigned pid; unsigned long long ts; unsigned sm, mem, enc, dec; } nvmlProcessUtilizationSample_t;
+typedef struct { unsigned gpu, memory; } nvmlUtilization_t;
+static int mode_smi(size_t bytes, double wait) {
+    CUdeviceptr p = 0;
+    if (bytes) { setup(); EXPECT(cuMemAlloc_v2(&p, bytes), 0); }
+    if (wait > 0) usleep((useconds_t)(wait * 1e6));
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    CHECK(lib, "dlopen libnvidia-ml.so.1");
+    if (!lib) return done();
+    int (*init)(void) = dlsym(lib, "nvmlInit_v2");
+    int (*handle)(unsigned, void **) = dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    CHECK(init && handle, "nvml symbols");
+    void *dev = 0;
+    EXPECT(init(), 0);
+    EXPECT(handle(0, &dev), 0);
+    printf("PID %d\n", getpid());
+    static const char *const lists[] = {
+        "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses",
+        "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    };
+    for (unsigned i = 0; i < sizeof lists / sizeof *lists; i++) {
+        int v1 = !strchr(lists[i] + 20, '_');
+        int (*f)(void *, unsigned *, void *) = dlsym(lib, lists[i]);
+        CHECK(f, "%s", lists[i]);
+        if (!f) continue;
+        unsigned n = 0;
+        int r = f(dev, &n, 0);
+        CHECK(r == 0 || r == 7, "%s size query returned %d", lists[i], r);
+        unsigned cap = n + 4;
+        void *buf = calloc(cap, sizeof(nvmlProcessInfo_t));
+        n = cap;
+        EXPECT(f(dev, &n, buf), 0);
+        printf("LIST %s n=%u", lists[i], n);
+        for (unsigned k = 0; k < n; k++) {
+            if (v1) printf(" %u:%llu", ((nvmlProcessInfo_v1_t *)buf)[k].pid, ((nvmlProcessInfo_v1_t *)buf)[k].used);
+            else printf(" %u:%llu", ((nvmlProcessInfo_t *)buf)[k].pid, ((nvmlProcessInfo_t *)buf)[k].used);
+        }
+        printf("\n");
+        free(buf);
+    }
+    int (*rates)(void *, nvmlUtilization_t *) = dlsym(lib, "nvmlDeviceGetUtilizationRates");
+    int (*procutil)(void *, nvmlProcessUtilizationSample_t *, unsigned *, unsigned long long) =
+        dlsym(lib, "nvmlDeviceGetProcessUtilization");
+    CHECK(rates && procutil, "utilization symbols");
+    if (rates && procutil) {
+        nvmlUtilization_t u = {0, 0};
+        EXPECT(rates(dev, &u), 0);
+        printf("UTIL gpu=%u memory=%u\n", u.gpu, u.memory);
+        struct timespec ts; clock_gettime(CLOCK_REALTIME, &ts);
+        unsigned long long since = (unsigned long long)ts.tv_sec * 1000000ull + ts.tv_nsec / 1000 - 1000000ull;
+        nvmlProcessUtilizationSample_t samples[64];
+        unsigned n = 64;
+        int r = procutil(dev, samples, &n, since);
+        CHECK(r == 0 || r == 6, "nvmlDeviceGetProcessUtilization returned %d", r);
+        printf("SAMPLES n=%u", r == 0 ? n : 0);
+        for (unsigned k = 0; r == 0 && k < n; k++) printf(" %u:%u", samples[k].pid, samples[k].sm);
+        printf("\n");
+    }
+    if (p) EXPECT(cuMemFree_v2(p), 0);
+    return done();
+}
+
 /* Many threads allocating against one limit: exactly limit/chunk allocations succeed. */
 static size_t g_chunk;
 static CUcontext g_ctx;
@@ -1022,6 +1093,7 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "threads")) return mode_threads(strtoull(argv[2], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "fork")) return mode_fork(strtoull(argv[2], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "nvml")) return mode_nvml(strtoull(argv[2], 0, 10));
+    if (argc >= 4 && !strcmp(argv[1], "smi")) return mode_smi(strtoull(argv[2], 0, 10), atof(argv[3]));
     if (argc >= 3 && !strcmp(argv[1], "legacy")) return mode_legacy(strtoull(argv[2], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "forkexit")) return mode_forkexit(strtoull(argv[2], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "forkstorm")) return mode_forkstorm(strtoull(argv[2], 0, 10));
