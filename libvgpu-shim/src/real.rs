@@ -102,6 +102,9 @@ hooked!(
     nvmlDeviceGetMPSComputeRunningProcesses_v3,
     nvmlDeviceGetUtilizationRates,
     nvmlDeviceGetProcessUtilization,
+    nvmlDeviceGetRunningProcessDetailList,
+    nvmlDeviceGetProcessesUtilizationInfo,
+    nvmlDeviceGetAccountingPids,
 );
 
 /// Driver functions the shim calls but does not hook.

@@ -411,6 +411,9 @@ fn exports_only_the_hooks() {
         "nvmlDeviceGetMPSComputeRunningProcesses_v3",
         "nvmlDeviceGetUtilizationRates",
         "nvmlDeviceGetProcessUtilization",
+        "nvmlDeviceGetRunningProcessDetailList",
+        "nvmlDeviceGetProcessesUtilizationInfo",
+        "nvmlDeviceGetAccountingPids",
     ];
     expected.sort();
     assert_eq!(names, expected);

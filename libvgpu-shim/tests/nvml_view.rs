@@ -171,7 +171,13 @@ impl Smi {
 
     /// The (pid, sm%) samples of `nvmlDeviceGetProcessUtilization`.
     fn samples(&self) -> Vec<(u32, u32)> {
-        self.value("SAMPLES n=")
+        self.samples_named("SAMPLES n=")
+    }
+
+    /// The (pid, sm%) samples of the line starting `prefix` (`SAMPLES2 n=`: NVML 12.4's
+    /// `nvmlDeviceGetProcessesUtilizationInfo`).
+    fn samples_named(&self, prefix: &str) -> Vec<(u32, u32)> {
+        self.value(prefix)
             .split_whitespace()
             .skip(1)
             .map(|e| {
@@ -203,17 +209,27 @@ fn a_container_lists_only_its_own_processes() {
 
     let seen = gpu.smi("mine", 64 * MIB, true);
     let me = seen.pid();
-    for name in &LISTS[..3] {
+    for name in LISTS[..3].iter().chain(&["detail0"]) {
         assert_eq!(seen.list(name), [(me, 64 * MIB)], "{name}:\n{}", seen.0);
     }
-    for name in &LISTS[3..] {
+    for name in LISTS[3..]
+        .iter()
+        .chain(&["detail1", "detail2", "accounting"])
+    {
         assert!(seen.list(name).is_empty(), "{name}:\n{}", seen.0);
     }
+    assert!(
+        contains_pid(&bare.list("detail0"), neighbour)
+            && contains_pid(&bare.list("accounting"), neighbour),
+        "the control: NVML 12.4's list and accounting show the neighbour:\n{}",
+        bare.0
+    );
     assert!(!seen.0.contains(&format!(" {neighbour}:")), "{}", seen.0);
     // Nothing says which of the card's processes are this container's yet (no host PIDs
     // recorded): its utilization is 0, never the card's.
     assert_eq!(seen.util(), (0, 0), "{}", seen.0);
     assert!(seen.samples().is_empty(), "{}", seen.0);
+    assert!(seen.samples_named("SAMPLES2 n=").is_empty(), "{}", seen.0);
 }
 
 /// Both containers keep the card busy. Once the node has recorded this container's host PIDs
@@ -236,11 +252,14 @@ fn utilization_is_the_containers_own_once_the_node_records_its_host_pids() {
     let bare = gpu.smi("mine", 0, false);
     let seen = gpu.smi("mine", 0, true);
     let samples = seen.samples();
-    assert!(
-        samples.iter().all(|&(pid, _)| pid == mine) && !samples.is_empty(),
-        "only this container's process is sampled: {samples:?}\n{}",
-        seen.0
-    );
+    for s in [&samples, &seen.samples_named("SAMPLES2 n=")] {
+        assert!(
+            s.iter().all(|&(pid, _)| pid == mine) && !s.is_empty(),
+            "only this container's process is sampled: {s:?}\n{}",
+            seen.0
+        );
+    }
+    assert_eq!(seen.list("accounting"), [(mine, 0)], "{}", seen.0);
     let (gpu_util, _) = seen.util();
     let (card, _) = bare.util();
     let own: u32 = samples.iter().map(|&(_, sm)| sm).max().unwrap_or(0);

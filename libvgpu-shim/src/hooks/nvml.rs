@@ -292,30 +292,48 @@ unsafe fn running_processes<T: ProcessEntry>(
     }
     let own = own_processes(device).unwrap_or_default();
     // SAFETY: a buffer of `count` entries, as NVML asks.
-    let listed = real_list(|n, buf| unsafe { real(device, n, buf) });
-    let on_card = |p: &region::ProcessUse| -> Option<u64> {
-        let all = listed.as_ref().ok()?;
-        all.iter()
-            .find(|e| p.host_pid != 0 && e.pid() == p.host_pid)
-            .map(|e| e.used())
-    };
-    let list: Vec<T> = if compute {
-        // Every process with memory counted on the device, and one NVML lists there with only
-        // a context; the memory is the shim's count.
-        own.iter()
-            .filter(|p| p.used > 0 || on_card(p).is_some())
-            .map(|p| T::new(p.pid, p.used))
-            .collect()
-    } else {
-        if let Err(e) = listed {
-            return e;
-        }
-        own.iter()
-            .filter_map(|p| Some(T::new(p.pid, on_card(p)?)))
-            .collect()
+    let listed = real_list(|n, buf| unsafe { real(device, n, buf) })
+        .map(|all: Vec<T>| all.iter().map(|e| (e.pid(), e.used())).collect());
+    let list: Vec<T> = match shown_processes(&own, listed, compute) {
+        Ok(shown) => shown
+            .into_iter()
+            .map(|(pid, used)| T::new(pid, used))
+            .collect(),
+        Err(e) => return e,
     };
     // SAFETY: the caller's buffer, as NVML's contract gives it.
     unsafe { answer_list(count, infos, &list) }
+}
+
+/// What a container's list shows, `(its PID, bytes)`, given its processes and NVML's list of
+/// the kind, `(host PID, bytes)`. Compute: every process with memory counted on the device by
+/// the shim, and one NVML lists there under a recorded host PID with only a context; the bytes
+/// are the shim's count. Graphics and MPS: NVML's entries whose host PID the region records.
+fn shown_processes(
+    own: &[region::ProcessUse],
+    listed: Result<Vec<(u32, u64)>, c_uint>,
+    compute: bool,
+) -> Result<Vec<(u32, u64)>, c_uint> {
+    let on_card = |p: &region::ProcessUse| -> Option<u64> {
+        let all = listed.as_ref().ok()?;
+        all.iter()
+            .find(|&&(pid, _)| p.host_pid != 0 && pid == p.host_pid)
+            .map(|&(_, used)| used)
+    };
+    if compute {
+        return Ok(own
+            .iter()
+            .filter(|p| p.used > 0 || on_card(p).is_some())
+            .map(|p| (p.pid, p.used))
+            .collect());
+    }
+    if let Err(e) = &listed {
+        return Err(*e);
+    }
+    Ok(own
+        .iter()
+        .filter_map(|p| Some((p.pid, on_card(p)?)))
+        .collect())
 }
 
 macro_rules! process_list_hook {
@@ -534,4 +552,267 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
             unsafe { answer_list(count, samples, &own) }
         },
     )
+}
+
+// ---------------------------------------------------------------- NVML 12.4+ forms
+
+/// `nvmlProcessDetail_v1_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ProcessDetail {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+    pub used_gpu_cc_protected_memory: u64,
+}
+
+/// `nvmlProcessDetailList_v1_t`.
+#[repr(C)]
+pub struct ProcessDetailList {
+    pub version: c_uint,
+    /// 0 compute, 1 graphics, 2 MPS.
+    pub mode: c_uint,
+    pub num_proc_array_entries: c_uint,
+    pub proc_array: *mut ProcessDetail,
+}
+
+/// `nvmlProcessUtilizationInfo_v1_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ProcessUtilizationInfo {
+    pub time_stamp: u64,
+    pub pid: c_uint,
+    pub sm_util: c_uint,
+    pub mem_util: c_uint,
+    pub enc_util: c_uint,
+    pub dec_util: c_uint,
+    pub jpg_util: c_uint,
+    pub ofa_util: c_uint,
+}
+
+/// `nvmlProcessesUtilizationInfo_v1_t`.
+#[repr(C)]
+pub struct ProcessesUtilizationInfo {
+    pub version: c_uint,
+    pub process_samples_count: c_uint,
+    pub last_seen_time_stamp: u64,
+    pub proc_util_array: *mut ProcessUtilizationInfo,
+}
+
+/// `list` into a caller's array of `capacity` entries, which `count` then holds the length of:
+/// too small (or no array) and not empty is `INSUFFICIENT_SIZE`, nothing written; `empty` is
+/// the answer for an empty list.
+///
+/// # Safety
+/// `array` is NULL or holds `capacity` entries.
+unsafe fn answer_array<T: Copy>(
+    list: &[T],
+    capacity: usize,
+    count: &mut c_uint,
+    array: *mut T,
+    empty: c_uint,
+) -> c_uint {
+    *count = list.len() as c_uint;
+    if list.is_empty() {
+        return empty;
+    }
+    if array.is_null() || capacity < list.len() {
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (i, e) in list.iter().enumerate() {
+        // SAFETY: `array` holds `capacity` ≥ `list.len()` entries.
+        unsafe { *array.add(i) = *e };
+    }
+    NVML_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
+    device: *mut c_void,
+    list: *mut ProcessDetailList,
+) -> c_uint {
+    guarded(
+        "nvmlDeviceGetRunningProcessDetailList",
+        NVML_ERROR_UNKNOWN,
+        || {
+            let p = real::get(F::nvmlDeviceGetRunningProcessDetailList);
+            if p.is_null() {
+                return NVML_ERROR_FUNCTION_NOT_FOUND;
+            }
+            // SAFETY: `nvmlDeviceGetRunningProcessDetailList(dev, nvmlProcessDetailList_t*)`.
+            let real = unsafe {
+                std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(*mut c_void, *mut ProcessDetailList) -> c_uint,
+                >(p)
+            };
+            if degraded() || list.is_null() {
+                // SAFETY: the caller's arguments, forwarded.
+                return unsafe { real(device, list) };
+            }
+            // SAFETY: checked non-null; the caller's struct.
+            let caller = unsafe { &mut *list };
+            let (version, mode) = (caller.version, caller.mode);
+            let listed = real_list(|n, buf: *mut ProcessDetail| {
+                let mut ask = ProcessDetailList {
+                    version,
+                    mode,
+                    // SAFETY: `real_list` passes its own counter.
+                    num_proc_array_entries: unsafe { *n },
+                    proc_array: buf,
+                };
+                // SAFETY: our struct and buffer of `num_proc_array_entries` entries.
+                let r = unsafe { real(device, &mut ask) };
+                // SAFETY: as above.
+                unsafe { *n = ask.num_proc_array_entries };
+                r
+            })
+            .map(|all| {
+                all.iter()
+                    .map(|e| (e.pid, e.used_gpu_memory))
+                    .collect::<Vec<_>>()
+            });
+            let own = own_processes(device).unwrap_or_default();
+            let shown = match shown_processes(&own, listed, mode == 0) {
+                Ok(shown) => shown,
+                Err(e) => return e,
+            };
+            let entries: Vec<ProcessDetail> = shown
+                .into_iter()
+                .map(|(pid, used)| ProcessDetail {
+                    pid,
+                    used_gpu_memory: used,
+                    gpu_instance_id: NO_INSTANCE,
+                    compute_instance_id: NO_INSTANCE,
+                    used_gpu_cc_protected_memory: 0,
+                })
+                .collect();
+            let capacity = caller.num_proc_array_entries as usize;
+            // SAFETY: the caller's array holds `capacity` entries.
+            unsafe {
+                answer_array(
+                    &entries,
+                    capacity,
+                    &mut caller.num_proc_array_entries,
+                    caller.proc_array,
+                    NVML_SUCCESS,
+                )
+            }
+        },
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessesUtilizationInfo(
+    device: *mut c_void,
+    info: *mut ProcessesUtilizationInfo,
+) -> c_uint {
+    guarded(
+        "nvmlDeviceGetProcessesUtilizationInfo",
+        NVML_ERROR_UNKNOWN,
+        || {
+            let p = real::get(F::nvmlDeviceGetProcessesUtilizationInfo);
+            if p.is_null() {
+                return NVML_ERROR_FUNCTION_NOT_FOUND;
+            }
+            // SAFETY: `nvmlDeviceGetProcessesUtilizationInfo(dev, nvmlProcessesUtilizationInfo_t*)`.
+            let real = unsafe {
+                std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(*mut c_void, *mut ProcessesUtilizationInfo) -> c_uint,
+                >(p)
+            };
+            if degraded() || info.is_null() {
+                // SAFETY: the caller's arguments, forwarded.
+                return unsafe { real(device, info) };
+            }
+            // SAFETY: checked non-null; the caller's struct.
+            let caller = unsafe { &mut *info };
+            let (version, since) = (caller.version, caller.last_seen_time_stamp);
+            let sampled = real_list(|n, buf: *mut ProcessUtilizationInfo| {
+                let mut ask = ProcessesUtilizationInfo {
+                    version,
+                    // SAFETY: `real_list` passes its own counter.
+                    process_samples_count: unsafe { *n },
+                    last_seen_time_stamp: since,
+                    proc_util_array: buf,
+                };
+                // SAFETY: our struct and buffer of `process_samples_count` entries.
+                let r = unsafe { real(device, &mut ask) };
+                // SAFETY: as above.
+                unsafe { *n = ask.process_samples_count };
+                r
+            });
+            let all = match sampled {
+                Ok(all) => all,
+                Err(NVML_ERROR_NOT_FOUND) => Vec::new(),
+                Err(e) => return e,
+            };
+            let own = own_processes(device).unwrap_or_default();
+            let mine: Vec<ProcessUtilizationInfo> = all
+                .iter()
+                .filter_map(|s| {
+                    let p = own
+                        .iter()
+                        .find(|p| p.host_pid != 0 && p.host_pid == s.pid)?;
+                    Some(ProcessUtilizationInfo { pid: p.pid, ..*s })
+                })
+                .collect();
+            let capacity = caller.process_samples_count as usize;
+            // SAFETY: the caller's array holds `capacity` entries.
+            unsafe {
+                answer_array(
+                    &mine,
+                    capacity,
+                    &mut caller.process_samples_count,
+                    caller.proc_util_array,
+                    NVML_ERROR_NOT_FOUND,
+                )
+            }
+        },
+    )
+}
+
+/// The PIDs accounting mode recorded on the device, kept to the container's processes whose
+/// host PID its region records, with their container PIDs.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetAccountingPids(
+    device: *mut c_void,
+    count: *mut c_uint,
+    pids: *mut c_uint,
+) -> c_uint {
+    guarded("nvmlDeviceGetAccountingPids", NVML_ERROR_UNKNOWN, || {
+        let p = real::get(F::nvmlDeviceGetAccountingPids);
+        if p.is_null() {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
+        }
+        // SAFETY: `nvmlDeviceGetAccountingPids(dev, unsigned*, unsigned*)`.
+        let real = unsafe {
+            std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut c_uint) -> c_uint,
+            >(p)
+        };
+        if degraded() {
+            // SAFETY: the caller's arguments, forwarded.
+            return unsafe { real(device, count, pids) };
+        }
+        // SAFETY: a buffer of `count` entries, as NVML asks.
+        let all = match real_list(|n, buf: *mut c_uint| unsafe { real(device, n, buf) }) {
+            Ok(all) => all,
+            Err(e) => return e,
+        };
+        let own = own_processes(device).unwrap_or_default();
+        let mine: Vec<c_uint> = all
+            .iter()
+            .filter_map(|&host| {
+                own.iter()
+                    .find(|p| p.host_pid != 0 && p.host_pid == host)
+                    .map(|p| p.pid)
+            })
+            .collect();
+        // SAFETY: the caller's buffer, as NVML's contract gives it.
+        unsafe { answer_list(count, pids, &mine) }
+    })
 }

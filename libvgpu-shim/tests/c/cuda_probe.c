@@ -461,6 +461,45 @@ static int mode_smi(size_t bytes, double wait) {
         for (unsigned k = 0; r == 0 && k < n; k++) printf(" %u:%u", samples[k].pid, samples[k].sm);
         printf("\n");
     }
+    /* NVML 12.4's forms: one list call with a mode, the utilization info struct; accounting. */
+    typedef struct { unsigned pid; unsigned long long used; unsigned gi, ci; unsigned long long cc; } nvmlProcessDetail_v1_t;
+    typedef struct { unsigned version, mode, num; nvmlProcessDetail_v1_t *array; } nvmlProcessDetailList_v1_t;
+    typedef struct { unsigned long long ts; unsigned pid, sm, mem, enc, dec, jpg, ofa; } nvmlProcessUtilizationInfo_v1_t;
+    typedef struct { unsigned version, count; unsigned long long last_seen; nvmlProcessUtilizationInfo_v1_t *array; } nvmlProcessesUtilizationInfo_v1_t;
+    int (*detail)(void *, nvmlProcessDetailList_v1_t *) = dlsym(lib, "nvmlDeviceGetRunningProcessDetailList");
+    int (*utilinfo)(void *, nvmlProcessesUtilizationInfo_v1_t *) = dlsym(lib, "nvmlDeviceGetProcessesUtilizationInfo");
+    int (*accounting)(void *, unsigned *, unsigned *) = dlsym(lib, "nvmlDeviceGetAccountingPids");
+    CHECK(detail && utilinfo && accounting, "NVML 12.4 symbols");
+    for (unsigned mode = 0; detail && mode < 3; mode++) {
+        nvmlProcessDetailList_v1_t l = { sizeof l | (1u << 24), mode, 0, 0 };
+        int r = detail(dev, &l);
+        CHECK(r == 0 || r == 7, "detail size query (mode %u) returned %d", mode, r);
+        nvmlProcessDetail_v1_t entries[64];
+        l.num = 64; l.array = entries;
+        EXPECT(detail(dev, &l), 0);
+        printf("LIST detail%u n=%u", mode, l.num);
+        for (unsigned k = 0; k < l.num; k++) printf(" %u:%llu", entries[k].pid, entries[k].used);
+        printf("\n");
+    }
+    if (utilinfo) {
+        struct timespec ts; clock_gettime(CLOCK_REALTIME, &ts);
+        nvmlProcessUtilizationInfo_v1_t entries[64];
+        nvmlProcessesUtilizationInfo_v1_t u = { sizeof u | (1u << 24), 64,
+            (unsigned long long)ts.tv_sec * 1000000ull + ts.tv_nsec / 1000 - 1000000ull, entries };
+        int r = utilinfo(dev, &u);
+        CHECK(r == 0 || r == 6, "nvmlDeviceGetProcessesUtilizationInfo returned %d", r);
+        printf("SAMPLES2 n=%u", r == 0 ? u.count : 0);
+        for (unsigned k = 0; r == 0 && k < u.count; k++) printf(" %u:%u", entries[k].pid, entries[k].sm);
+        printf("\n");
+    }
+    if (accounting) {
+        unsigned pids[64], n = 64;
+        int r = accounting(dev, &n, pids);
+        CHECK(r == 0, "nvmlDeviceGetAccountingPids returned %d", r);
+        printf("LIST accounting n=%u", r == 0 ? n : 0);
+        for (unsigned k = 0; r == 0 && k < n; k++) printf(" %u:0", pids[k]);
+        printf("\n");
+    }
     if (p) EXPECT(cuMemFree_v2(p), 0);
     return done();
 }

@@ -1148,6 +1148,186 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses(
     unsafe { running_processes_v1(device, count, infos, ProcessKind::Mps) }
 }
 
+/// `(host pid, SM %)` of each process active on device `idx` since `last_seen_us` (µs, wall
+/// clock; at most the last second).
+fn process_samples(g: &Global, idx: usize, last_seen_us: c_ulonglong) -> Vec<(u32, u32)> {
+    let now_us = fake_gpu_state::realtime_us();
+    let window_ns = if last_seen_us == 0 || last_seen_us >= now_us {
+        UTIL_WINDOW_NS
+    } else {
+        ((now_us - last_seen_us) * 1000).min(UTIL_WINDOW_NS)
+    };
+    let offset = g.scenario.as_ref().map_or(0, |s| s.pid_offset);
+    let mut list: Vec<(u32, u32)> = Vec::new();
+    if let Some(state) = gpu() {
+        let dev = &state.devices[idx.min(fake_gpu_state::MAX_DEVICES - 1)];
+        let now = fake_gpu_state::now_ns();
+        for pid in dev.active_pids(now.saturating_sub(window_ns), now) {
+            let util = simulated_percent(idx, Some(pid), window_ns).unwrap_or(0);
+            list.push(((pid as u32).wrapping_add(offset), util));
+        }
+    }
+    list
+}
+
+/// `nvmlProcessDetail_v1_t`.
+#[repr(C)]
+pub struct NvmlProcessDetail {
+    pub pid: c_uint,
+    pub used_gpu_memory: c_ulonglong,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+    pub used_gpu_cc_protected_memory: c_ulonglong,
+}
+
+/// `nvmlProcessDetailList_v1_t`.
+#[repr(C)]
+pub struct NvmlProcessDetailList {
+    pub version: c_uint,
+    /// 0 compute, 1 graphics, 2 MPS.
+    pub mode: c_uint,
+    pub num_proc_array_entries: c_uint,
+    pub proc_array: *mut NvmlProcessDetail,
+}
+
+/// `nvmlProcessUtilizationInfo_v1_t`.
+#[repr(C)]
+pub struct NvmlProcessUtilizationInfo {
+    pub time_stamp: c_ulonglong,
+    pub pid: c_uint,
+    pub sm_util: c_uint,
+    pub mem_util: c_uint,
+    pub enc_util: c_uint,
+    pub dec_util: c_uint,
+    pub jpg_util: c_uint,
+    pub ofa_util: c_uint,
+}
+
+/// `nvmlProcessesUtilizationInfo_v1_t`.
+#[repr(C)]
+pub struct NvmlProcessesUtilizationInfo {
+    pub version: c_uint,
+    pub process_samples_count: c_uint,
+    pub last_seen_time_stamp: c_ulonglong,
+    pub proc_util_array: *mut NvmlProcessUtilizationInfo,
+}
+
+/// NVML's version word of a versioned struct: its size and version 1.
+const fn version_1<T>() -> c_uint {
+    std::mem::size_of::<T>() as c_uint | (1 << 24)
+}
+
+/// The processes of one kind (`mode`), NVML 12.4's one call for the three lists. Asked with too
+/// few entries (or no array), it says how many and `INSUFFICIENT_SIZE`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
+    device: *mut c_void,
+    list: *mut NvmlProcessDetailList,
+) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        // SAFETY: NULL checked first.
+        let Some(list) = (unsafe { list.as_mut() }) else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
+        if list.version != version_1::<NvmlProcessDetailList>() {
+            return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        }
+        let kind = match list.mode {
+            0 => ProcessKind::Compute,
+            1 => ProcessKind::Graphics,
+            2 => ProcessKind::Mps,
+            _ => return NVML_ERROR_INVALID_ARGUMENT,
+        };
+        let found = process_list(g, idx, kind);
+        let capacity = list.num_proc_array_entries as usize;
+        list.num_proc_array_entries = found.len() as c_uint;
+        if found.is_empty() {
+            return NVML_SUCCESS;
+        }
+        if list.proc_array.is_null() || capacity < found.len() {
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        for (i, &(pid, bytes)) in found.iter().enumerate() {
+            // SAFETY: the array holds `capacity` entries.
+            unsafe {
+                *list.proc_array.add(i) = NvmlProcessDetail {
+                    pid,
+                    used_gpu_memory: bytes,
+                    gpu_instance_id: NO_INSTANCE,
+                    compute_instance_id: NO_INSTANCE,
+                    used_gpu_cc_protected_memory: 0,
+                }
+            };
+        }
+        NVML_SUCCESS
+    })
+}
+
+/// Per-process utilization, NVML 12.4's form of [`nvmlDeviceGetProcessUtilization`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessesUtilizationInfo(
+    device: *mut c_void,
+    info: *mut NvmlProcessesUtilizationInfo,
+) -> NvmlReturn {
+    with_device(device, |g, idx| {
+        // SAFETY: NULL checked first.
+        let Some(info) = (unsafe { info.as_mut() }) else {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        };
+        if info.version != version_1::<NvmlProcessesUtilizationInfo>() {
+            return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        }
+        let now_us = fake_gpu_state::realtime_us();
+        let found = process_samples(g, idx, info.last_seen_time_stamp);
+        let capacity = info.process_samples_count as usize;
+        info.process_samples_count = found.len() as c_uint;
+        if found.is_empty() {
+            return NVML_ERROR_NOT_FOUND;
+        }
+        if info.proc_util_array.is_null() || capacity < found.len() {
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        for (i, &(pid, util)) in found.iter().enumerate() {
+            // SAFETY: the array holds `capacity` entries.
+            unsafe {
+                *info.proc_util_array.add(i) = NvmlProcessUtilizationInfo {
+                    time_stamp: now_us,
+                    pid,
+                    sm_util: util,
+                    mem_util: 0,
+                    enc_util: 0,
+                    dec_util: 0,
+                    jpg_util: 0,
+                    ofa_util: 0,
+                }
+            };
+        }
+        NVML_SUCCESS
+    })
+}
+
+/// The PIDs accounting mode recorded: here every compute process of the device (accounting
+/// is taken as on).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetAccountingPids(
+    device: *mut c_void,
+    count: *mut c_uint,
+    pids: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: entries are written below the caller's capacity only.
+    unsafe {
+        running_processes(
+            device,
+            count,
+            ProcessKind::Compute,
+            pids.is_null(),
+            |i, pid, _| {
+                *pids.add(i) = pid;
+            },
+        )
+    }
+}
+
 /// Per-process SM utilization over the window since `last_seen` (µs, wall clock), at most 1 s.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
@@ -1161,21 +1341,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         let now_us = fake_gpu_state::realtime_us();
-        let window_ns = if last_seen_us == 0 || last_seen_us >= now_us {
-            UTIL_WINDOW_NS
-        } else {
-            ((now_us - last_seen_us) * 1000).min(UTIL_WINDOW_NS)
-        };
-        let offset = g.scenario.as_ref().map_or(0, |s| s.pid_offset);
-        let mut list: Vec<(u32, u32)> = Vec::new();
-        if let Some(state) = gpu() {
-            let dev = &state.devices[idx.min(fake_gpu_state::MAX_DEVICES - 1)];
-            let now = fake_gpu_state::now_ns();
-            for pid in dev.active_pids(now.saturating_sub(window_ns), now) {
-                let util = simulated_percent(idx, Some(pid), window_ns).unwrap_or(0);
-                list.push(((pid as u32).wrapping_add(offset), util));
-            }
-        }
+        let list = process_samples(g, idx, last_seen_us);
         if list.is_empty() {
             // Real NVML: no sample newer than `last_seen`.
             // SAFETY: checked non-null.
