@@ -134,6 +134,7 @@ fn real_nodes_chart_identities_and_tenants_cannot_forge_or_escalate() -> Result<
             attacks(&c).await?;
             isolation_attacks(&c).await?;
             unaccounted_processes(&c).await?;
+            nvml_view(&c).await?;
             over_booking(&c).await?;
             webhook_oracle(&c).await?;
             metrics_oracle(&c).await?;
@@ -1087,6 +1088,138 @@ async fn unaccounted_processes(c: &RealCluster) -> Result<()> {
     for name in ["stowaway", "honest"] {
         c.delete_pod(TENANT, name).await?;
     }
+    Ok(())
+}
+
+/// Issue 31: what a tenant's container sees of a shared GPU through NVML. On the node's one
+/// simulated GPU another namespace's pod holds memory and keeps the GPU busy; the tenant's pod
+/// runs a busy process and then reads what `nvidia-smi` reads (`cuda_probe smi`). Every list
+/// holds only the tenant's own two processes, with the PIDs its container sees; its utilization
+/// is its busy process's (host PIDs recorded in its region by the node's watch), below the
+/// card's; the neighbour's processes, which the node's own view of the GPU lists, appear in
+/// none of it.
+async fn nvml_view(c: &RealCluster) -> Result<()> {
+    let gpu_pod = |namespace: &str, name: &str, command: &str| -> Result<Pod> {
+        let mut pod = tenant_pod(
+            name,
+            json!({}),
+            json!([container(
+                "main",
+                json!({"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}),
+                json!({"command": ["/bin/sh", "-c", command]})
+            )]),
+            json!({"nodeSelector": {"kubernetes.io/hostname": OTHER_NODE}}),
+        )?;
+        pod.metadata.namespace = Some(namespace.to_owned());
+        Ok(pod)
+    };
+    let neighbour = gpu_pod(
+        OTHER,
+        "smi-neighbour",
+        "cuda_probe busy 300 40 & exec cuda_probe hold 1048576 / /tmp/held",
+    )?;
+    Api::<Pod>::namespaced(c.user().clone(), OTHER)
+        .create(&PostParams::default(), &neighbour)
+        .await?;
+    // Three watch passes after its busy process starts, the smi process reads.
+    let mine = gpu_pod(
+        TENANT,
+        "smi-mine",
+        &format!(
+            "cuda_probe busy 300 40 & echo BUSY $!; sleep {}; cuda_probe smi 67108864 0; sleep 3600",
+            WATCH_PERIOD_SECS * 3 + 4
+        ),
+    )?;
+    let user_pods: Api<Pod> = Api::namespaced(c.user().clone(), TENANT);
+    user_pods.create(&PostParams::default(), &mine).await?;
+    let log = eventually(
+        "smi-mine's NVML view",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            c.logs(TENANT, "smi-mine", "main")
+                .await
+                .ok()
+                .filter(|l| l.contains("SAMPLES2 "))
+        },
+    )
+    .await?;
+    let value = |prefix: &str| -> Option<String> {
+        log.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(str::to_owned)
+    };
+    let pids_of = |rest: &str| -> Vec<u32> {
+        rest.split_whitespace()
+            .skip(1)
+            .filter_map(|e| e.split_once(':')?.0.parse().ok())
+            .collect()
+    };
+    let busy: u32 = value("BUSY ")
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let smi: u32 = value("PID ")
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let fail = |why: String| Err(Error::msg(format!("{why}\nsmi-mine's log:\n{log}")));
+    if log.contains("FAIL") || busy == 0 || smi == 0 {
+        return fail("the probe failed".into());
+    }
+    let compute = value("LIST nvmlDeviceGetComputeRunningProcesses_v3 n=").unwrap_or_default();
+    let mut listed = pids_of(&compute);
+    listed.sort_unstable();
+    let mut own = vec![busy, smi];
+    own.sort_unstable();
+    if listed != own {
+        return fail(format!(
+            "the compute list is not the container's two processes {own:?}"
+        ));
+    }
+    for line in log
+        .lines()
+        .filter(|l| l.starts_with("LIST ") || l.starts_with("SAMPLES"))
+    {
+        let (_, rest) = line.split_once(" n=").unwrap_or(("", ""));
+        if let Some(other) = pids_of(rest).into_iter().find(|p| !own.contains(p)) {
+            return fail(format!("{line}: PID {other} is not the container's"));
+        }
+    }
+    let util: u32 = value("UTIL gpu=")
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let samples = value("SAMPLES n=").unwrap_or_default();
+    if util == 0 || pids_of(&samples) != [busy] {
+        return fail(format!(
+            "the container's utilization ({util} %) or samples ({samples}) are not its busy process's"
+        ));
+    }
+    // The card as the node sees it (the bare driver, no shim): the neighbour's processes are
+    // there, and the card is busier than the tenant's share.
+    let node = c.node(OTHER_NODE).ok_or_else(|| Error::msg("no t4-node"))?;
+    let bare = node
+        .command_in(&c.artifacts.cuda_probe)?
+        .args(["smi", "0", "0"])
+        .env("LD_LIBRARY_PATH", &c.artifacts.driver_dir)
+        .env("FAKE_GPU_STATE", node.dir.join("gpu-state"))
+        .env("FAKE_NVML_SCENARIO", node.dir.join("gpu-scenario.json"))
+        .output()?;
+    let bare = String::from_utf8_lossy(&bare.stdout).into_owned();
+    let card: Vec<u32> = bare
+        .lines()
+        .find_map(|l| l.strip_prefix("LIST nvmlDeviceGetComputeRunningProcesses_v3 n="))
+        .map(pids_of)
+        .unwrap_or_default();
+    if card.len() < 3 {
+        return fail(format!(
+            "the node's view of the GPU lacks the neighbour's processes:\n{bare}"
+        ));
+    }
+    eprintln!(
+        "smi-mine sees {own:?} at {util} % of the card; the card has {} processes",
+        card.len()
+    );
+    c.delete_pod(TENANT, "smi-mine").await?;
+    c.delete_pod(OTHER, "smi-neighbour").await?;
     Ok(())
 }
 

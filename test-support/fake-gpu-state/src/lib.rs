@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub const MAGIC: u64 = 0x3254_5347_4b41_4646; // "FFAKGST2" little-endian tag
+pub const MAGIC: u64 = 0x3354_5347_4b41_4646; // "FFAKGST3" little-endian tag
 pub const MAX_DEVICES: usize = 16;
 pub const RING: usize = 4096;
 pub const MAX_PROCS: usize = 64;
@@ -26,6 +26,8 @@ pub struct Interval {
     pub start_ns: AtomicU64,
     pub end_ns: AtomicU64,
     pub pid: AtomicU64,
+    /// The launching process's PID namespace (with `pid`, who it was).
+    pub pidns: AtomicU64,
 }
 
 #[repr(C)]
@@ -37,6 +39,10 @@ pub struct ProcEntry {
     /// the fake NVML can too when it runs in an ancestor namespace (a `hostPID` device plugin
     /// looking at containers' processes): [`DeviceState::processes`].
     pub pidns: AtomicU64,
+    /// Its PID in an ancestor PID namespace (the host's), once a process there has seen it
+    /// (0: not yet): what NVML reports for it in every namespace, as a real driver reports host
+    /// PIDs to a container ([`DeviceState::processes`]).
+    pub host_pid: AtomicU64,
 }
 
 #[repr(C)]
@@ -252,9 +258,11 @@ impl DeviceState {
         self.busy_until_ns.store(end, Ordering::Relaxed);
         self.busy_accum_ns.fetch_add(end - start, Ordering::Relaxed);
         let head = self.head.load(Ordering::Relaxed);
+        let ns = own_pidns();
         if head > 0 {
             let last = &self.ring[((head - 1) as usize) % RING];
             if last.pid.load(Ordering::Relaxed) == pid
+                && last.pidns.load(Ordering::Relaxed) == ns
                 && last.end_ns.load(Ordering::Relaxed) == start
             {
                 // Back-to-back kernels of one process: extend instead of filling the ring.
@@ -266,6 +274,7 @@ impl DeviceState {
         slot.start_ns.store(start, Ordering::Relaxed);
         slot.end_ns.store(end, Ordering::Relaxed);
         slot.pid.store(pid, Ordering::Relaxed);
+        slot.pidns.store(ns, Ordering::Relaxed);
         self.head.store(head + 1, Ordering::Release);
         end
     }
@@ -284,8 +293,9 @@ impl DeviceState {
             .saturating_sub(ahead)
     }
 
-    /// Busy nanoseconds within `[from, to)`, for one pid or for all.
-    pub fn busy_ns(&self, pid: Option<u64>, from: u64, to: u64) -> u64 {
+    /// Busy nanoseconds within `[from, to)`, for one process (its PID in its namespace, and the
+    /// namespace) or for all.
+    pub fn busy_ns(&self, pid: Option<(u64, u64)>, from: u64, to: u64) -> u64 {
         let _guard = self.lock();
         let head = self.head.load(Ordering::Relaxed);
         let n = head.min(RING as u64);
@@ -296,7 +306,12 @@ impl DeviceState {
                 iv.start_ns.load(Ordering::Relaxed),
                 iv.end_ns.load(Ordering::Relaxed),
             );
-            if pid.is_some_and(|p| p != iv.pid.load(Ordering::Relaxed)) {
+            if pid.is_some_and(|p| {
+                p != (
+                    iv.pid.load(Ordering::Relaxed),
+                    iv.pidns.load(Ordering::Relaxed),
+                )
+            }) {
                 continue;
             }
             let (s, e) = (s.max(from), e.min(to));
@@ -307,8 +322,8 @@ impl DeviceState {
         busy
     }
 
-    /// Pids with work in `[from, to)`.
-    pub fn active_pids(&self, from: u64, to: u64) -> Vec<u64> {
+    /// Processes (PID in their namespace, the namespace) with work in `[from, to)`.
+    pub fn active_pids(&self, from: u64, to: u64) -> Vec<(u64, u64)> {
         let _guard = self.lock();
         let head = self.head.load(Ordering::Relaxed);
         let n = head.min(RING as u64);
@@ -317,7 +332,10 @@ impl DeviceState {
             let iv = &self.ring[((head - 1 - k) as usize) % RING];
             if iv.end_ns.load(Ordering::Relaxed) > from && iv.start_ns.load(Ordering::Relaxed) < to
             {
-                let pid = iv.pid.load(Ordering::Relaxed);
+                let pid = (
+                    iv.pid.load(Ordering::Relaxed),
+                    iv.pidns.load(Ordering::Relaxed),
+                );
                 if !pids.contains(&pid) {
                     pids.push(pid);
                 }
@@ -350,6 +368,7 @@ impl DeviceState {
         if let Some(entry) = free_slot {
             entry.pid.store(pid, Ordering::Relaxed);
             entry.pidns.store(ns, Ordering::Relaxed);
+            entry.host_pid.store(0, Ordering::Relaxed);
             entry
                 .used_bytes
                 .store(delta.max(0) as u64, Ordering::Relaxed);
@@ -377,8 +396,34 @@ impl DeviceState {
         };
         entries
             .into_iter()
-            .filter_map(|(pid, ns, bytes)| pid_seen_here(pid, ns).map(|here| (here, bytes)))
+            .filter_map(|(pid, ns, bytes)| self.reported_pid(pid, ns).map(|p| (p, bytes)))
             .collect()
+    }
+
+    /// The PID NVML reports here for the process that is `ns_pid` in namespace `pidns`, as a
+    /// driver reports PIDs: the host's. Seen from an ancestor namespace (the `hostPID` device
+    /// plugin), it is found in `/proc` and remembered in the process's entry; elsewhere (a
+    /// container) the remembered host PID, else, for a process of this namespace not yet seen
+    /// from above, its own PID; a sibling's process nobody has seen from above is left out.
+    pub fn reported_pid(&self, ns_pid: u64, pidns: u64) -> Option<u64> {
+        let entry = self.procs.iter().find(|e| {
+            e.pid.load(Ordering::Relaxed) == ns_pid && e.pidns.load(Ordering::Relaxed) == pidns
+        });
+        let remembered = entry.map_or(0, |e| e.host_pid.load(Ordering::Relaxed));
+        let own = own_pidns();
+        if pidns != 0 && pidns != own {
+            if let Some(here) = pid_seen_here(ns_pid, pidns) {
+                if let Some(e) = entry {
+                    e.host_pid.store(here, Ordering::Relaxed);
+                }
+                return Some(here);
+            }
+            return (remembered != 0).then_some(remembered);
+        }
+        if !pid_alive(ns_pid) {
+            return None;
+        }
+        Some(if remembered != 0 { remembered } else { ns_pid })
     }
 
     pub fn used_bytes(&self) -> u64 {
