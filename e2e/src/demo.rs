@@ -290,10 +290,15 @@ pub async fn run_harness(pods_file: &Path) -> Result<(Cluster, Vec<Row>)> {
 
 /// What each demo container runs instead of its image's program: one line of what it sees from
 /// inside (GPU 0's total as `cuMemGetInfo` reports it through the shim, whether NVML reports the
-/// same total, the limits the device plugin set), then it sleeps so the pod stays Running.
+/// same total, the processes NVML lists and the GPU utilization it reports while the probe
+/// holds 1 MiB: the container's own, however many pods share the GPU; the limits the device
+/// plugin set), then it sleeps so the pod stays Running.
 const REPORT_SCRIPT: &str = r#"T=$(cuda_probe info 2>/dev/null | sed -n 's/^total=\([0-9]*\).*/\1/p'); T=${T:-0}
 if cuda_probe nvml "$T" >/dev/null 2>&1; then N="$((T / 1048576)) MiB"; else N="not $((T / 1048576)) MiB"; fi
-echo "REPORT GPU 0: cuMemGetInfo total $((T / 1048576)) MiB, NVML total $N; CUDA_DEVICE_MEMORY_LIMIT_0=${CUDA_DEVICE_MEMORY_LIMIT_0:-unset}${CUDA_DEVICE_MEMORY_LIMIT_1:+ CUDA_DEVICE_MEMORY_LIMIT_1=$CUDA_DEVICE_MEMORY_LIMIT_1} CUDA_DEVICE_SM_LIMIT=${CUDA_DEVICE_SM_LIMIT:-unset}"
+S=$(cuda_probe smi 1048576 0 2>/dev/null)
+P=$(echo "$S" | sed -n 's/^LIST nvmlDeviceGetComputeRunningProcesses_v3 n=\([0-9]*\).*/\1/p')
+U=$(echo "$S" | sed -n 's/^UTIL gpu=\([0-9]*\).*/\1/p')
+echo "REPORT GPU 0: cuMemGetInfo total $((T / 1048576)) MiB, NVML total $N, NVML processes ${P:-?} (its own), GPU-Util ${U:-?} %; CUDA_DEVICE_MEMORY_LIMIT_0=${CUDA_DEVICE_MEMORY_LIMIT_0:-unset}${CUDA_DEVICE_MEMORY_LIMIT_1:+ CUDA_DEVICE_MEMORY_LIMIT_1=$CUDA_DEVICE_MEMORY_LIMIT_1} CUDA_DEVICE_SM_LIMIT=${CUDA_DEVICE_SM_LIMIT:-unset}"
 exec sleep 2147483647"#;
 
 /// The prefix of the line [`REPORT_SCRIPT`] prints.

@@ -215,6 +215,8 @@ fn demo_on_real_nodes_prints_the_readme_table_serves_kubectl_and_ctrl_c_leaves_n
             )),
             "{seen}"
         );
+        // Pods share GPUs (inference-a and -b one T4): each lists its own process only.
+        assert!(seen.contains("NVML processes 1 (its own)"), "{seen}");
     }
 
     // The kubeconfig, used from the host's network namespace (where kubectl runs).

@@ -31,7 +31,7 @@ fn bench_binary() -> std::path::PathBuf {
         .arg(&out)
         .arg(&src)
         .arg(format!("-L{}", a.dir.display()))
-        .arg("-lcuda")
+        .args(["-lcuda", "-ldl"])
         .status()
         .expect("cc");
     assert!(status.success());

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dlfcn.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -44,5 +45,26 @@ int main(int argc, char **argv) {
         t[r] = (now_ns() - t0) / (iters / 10);
     }
     printf("cuMemGetInfo %.2f\n", median(t));
+    /* What nvidia-smi reads each refresh: the process list (two-call protocol, one call with
+     * room) and the utilization. */
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    int (*init)(void) = nvml ? dlsym(nvml, "nvmlInit_v2") : 0;
+    int (*handle)(unsigned, void **) = nvml ? dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2") : 0;
+    int (*procs)(void *, unsigned *, void *) = nvml ? dlsym(nvml, "nvmlDeviceGetComputeRunningProcesses_v3") : 0;
+    int (*util)(void *, unsigned *) = nvml ? dlsym(nvml, "nvmlDeviceGetUtilizationRates") : 0;
+    void *h = 0;
+    if (!init || !handle || !procs || !util || init() || handle(0, &h)) { printf("FAIL nvml\n"); return 1; }
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_ns();
+        for (int i = 0; i < iters / 100; i++) { unsigned n = 16; unsigned char buf[16 * 24]; procs(h, &n, buf); }
+        t[r] = (now_ns() - t0) / (iters / 100);
+    }
+    printf("nvmlDeviceGetComputeRunningProcesses_v3 %.2f\n", median(t));
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_ns();
+        for (int i = 0; i < iters / 100; i++) { unsigned u[2]; util(h, u); }
+        t[r] = (now_ns() - t0) / (iters / 100);
+    }
+    printf("nvmlDeviceGetUtilizationRates %.2f\n", median(t));
     return 0;
 }

@@ -378,26 +378,53 @@ impl DeviceState {
     /// Live processes holding device memory (or a context), with their bytes, by the PID this
     /// process sees them under: a process of another PID namespace is translated when this
     /// process sees it (an ancestor namespace, as NVML reports host PIDs) and left out when it
-    /// does not (a sibling container, or a process that is gone).
+    /// does not (a sibling container, or a process that is gone). What the fake driver's
+    /// memory accounting counts. Translating also remembers each one's host PID
+    /// ([`DeviceState::reported_processes`]).
     pub fn processes(&self) -> Vec<(u64, u64)> {
-        let entries: Vec<(u64, u64, u64)> = {
-            let _guard = self.lock();
-            self.procs
-                .iter()
-                .map(|e| {
-                    (
-                        e.pid.load(Ordering::Relaxed),
-                        e.pidns.load(Ordering::Relaxed),
-                        e.used_bytes.load(Ordering::Relaxed),
-                    )
-                })
-                .filter(|&(pid, _, _)| pid != 0)
-                .collect()
-        };
-        entries
+        self.entries()
+            .into_iter()
+            .filter_map(|(pid, ns, bytes)| {
+                let here = pid_seen_here(pid, ns)?;
+                if ns != 0 && ns != own_pidns() {
+                    self.remember_host_pid(pid, ns, here);
+                }
+                Some((here, bytes))
+            })
+            .collect()
+    }
+
+    /// The processes as NVML lists them here, `(PID, bytes)`: [`DeviceState::reported_pid`]
+    /// of each, so a container is told host PIDs, other containers' included, as a real driver
+    /// tells it.
+    pub fn reported_processes(&self) -> Vec<(u64, u64)> {
+        self.entries()
             .into_iter()
             .filter_map(|(pid, ns, bytes)| self.reported_pid(pid, ns).map(|p| (p, bytes)))
             .collect()
+    }
+
+    fn entries(&self) -> Vec<(u64, u64, u64)> {
+        let _guard = self.lock();
+        self.procs
+            .iter()
+            .map(|e| {
+                (
+                    e.pid.load(Ordering::Relaxed),
+                    e.pidns.load(Ordering::Relaxed),
+                    e.used_bytes.load(Ordering::Relaxed),
+                )
+            })
+            .filter(|&(pid, _, _)| pid != 0)
+            .collect()
+    }
+
+    fn remember_host_pid(&self, ns_pid: u64, pidns: u64, host_pid: u64) {
+        if let Some(e) = self.procs.iter().find(|e| {
+            e.pid.load(Ordering::Relaxed) == ns_pid && e.pidns.load(Ordering::Relaxed) == pidns
+        }) {
+            e.host_pid.store(host_pid, Ordering::Relaxed);
+        }
     }
 
     /// The PID NVML reports here for the process that is `ns_pid` in namespace `pidns`, as a
@@ -406,16 +433,17 @@ impl DeviceState {
     /// container) the remembered host PID, else, for a process of this namespace not yet seen
     /// from above, its own PID; a sibling's process nobody has seen from above is left out.
     pub fn reported_pid(&self, ns_pid: u64, pidns: u64) -> Option<u64> {
-        let entry = self.procs.iter().find(|e| {
-            e.pid.load(Ordering::Relaxed) == ns_pid && e.pidns.load(Ordering::Relaxed) == pidns
-        });
-        let remembered = entry.map_or(0, |e| e.host_pid.load(Ordering::Relaxed));
+        let remembered = self
+            .procs
+            .iter()
+            .find(|e| {
+                e.pid.load(Ordering::Relaxed) == ns_pid && e.pidns.load(Ordering::Relaxed) == pidns
+            })
+            .map_or(0, |e| e.host_pid.load(Ordering::Relaxed));
         let own = own_pidns();
         if pidns != 0 && pidns != own {
             if let Some(here) = pid_seen_here(ns_pid, pidns) {
-                if let Some(e) = entry {
-                    e.host_pid.store(here, Ordering::Relaxed);
-                }
+                self.remember_host_pid(ns_pid, pidns, here);
                 return Some(here);
             }
             return (remembered != 0).then_some(remembered);

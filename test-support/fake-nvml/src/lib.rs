@@ -960,7 +960,9 @@ fn process_list(g: &Global, idx: usize, kind: ProcessKind) -> Vec<(u32, u64)> {
     if kind == ProcessKind::Compute
         && let Some(state) = gpu()
     {
-        for (pid, bytes) in state.devices[idx.min(fake_gpu_state::MAX_DEVICES - 1)].processes() {
+        for (pid, bytes) in
+            state.devices[idx.min(fake_gpu_state::MAX_DEVICES - 1)].reported_processes()
+        {
             let host_pid = (pid as u32).wrapping_add(offset);
             if !list.iter().any(|&(p, _)| p == host_pid) {
                 list.push((host_pid, bytes));
