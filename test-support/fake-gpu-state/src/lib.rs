@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub const MAGIC: u64 = 0x3354_5347_4b41_4646; // "FFAKGST3" little-endian tag
+pub const MAGIC: u64 = 0x3454_5347_4b41_4646; // "FFAKGST4" little-endian tag
 pub const MAX_DEVICES: usize = 16;
 pub const RING: usize = 4096;
 pub const MAX_PROCS: usize = 64;
@@ -26,8 +26,9 @@ pub struct Interval {
     pub start_ns: AtomicU64,
     pub end_ns: AtomicU64,
     pub pid: AtomicU64,
-    /// The launching process's PID namespace (with `pid`, who it was).
+    /// The launching process's PID namespace and start time (with `pid`, who it was).
     pub pidns: AtomicU64,
+    pub start: AtomicU64,
 }
 
 #[repr(C)]
@@ -43,6 +44,36 @@ pub struct ProcEntry {
     /// (0: not yet): what NVML reports for it in every namespace, as a real driver reports host
     /// PIDs to a container ([`DeviceState::processes`]).
     pub host_pid: AtomicU64,
+    /// Its start time (`/proc/<pid>/stat` field 22, clock ticks since boot; 0: unknown): with
+    /// the PID and namespace, who it is. A dead container's PID namespace inode can be reused
+    /// by a new container, whose PID 1 is then not the old one's.
+    pub start_time: AtomicU64,
+}
+
+/// Who a process is: its PID in its own namespace, the namespace, its start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcId {
+    pub pid: u64,
+    pub pidns: u64,
+    pub start: u64,
+}
+
+impl ProcId {
+    fn of_entry(e: &ProcEntry) -> ProcId {
+        ProcId {
+            pid: e.pid.load(Ordering::Relaxed),
+            pidns: e.pidns.load(Ordering::Relaxed),
+            start: e.start_time.load(Ordering::Relaxed),
+        }
+    }
+
+    fn of_interval(iv: &Interval) -> ProcId {
+        ProcId {
+            pid: iv.pid.load(Ordering::Relaxed),
+            pidns: iv.pidns.load(Ordering::Relaxed),
+            start: iv.start.load(Ordering::Relaxed),
+        }
+    }
 }
 
 #[repr(C)]
@@ -97,13 +128,32 @@ pub fn own_pidns() -> u64 {
     std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
 }
 
-/// The PID, as this process sees it, of the process that is `ns_pid` in PID namespace `pidns`:
-/// `ns_pid` itself in our own namespace; otherwise the process in `/proc` whose namespace is
-/// `pidns` and whose innermost `NSpid` is `ns_pid` (found only from an ancestor namespace).
-pub fn pid_seen_here(ns_pid: u64, pidns: u64) -> Option<u64> {
+/// This process's start time ([`start_time`] of itself), read once.
+pub fn own_start_time() -> u64 {
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *START.get_or_init(|| start_time(std::process::id() as u64).unwrap_or(0))
+}
+
+/// The start time of `pid` as this process sees it (`/proc/<pid>/stat` field 22).
+pub fn start_time(pid: u64) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether `pid` (seen here) is the process that started at `start` (0: any).
+fn started_at(pid: u64, start: u64) -> bool {
+    start == 0 || start_time(pid) == Some(start)
+}
+
+/// The PID, as this process sees it, of the process that is `ns_pid` in PID namespace `pidns`
+/// and started at `start` (0: any): `ns_pid` itself in our own namespace; otherwise the process
+/// in `/proc` whose namespace is `pidns` and whose innermost `NSpid` is `ns_pid` (found only from
+/// an ancestor namespace).
+pub fn pid_seen_here(ns_pid: u64, pidns: u64, start: u64) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     if pidns == 0 || pidns == own_pidns() {
-        return pid_alive(ns_pid).then_some(ns_pid);
+        return (pid_alive(ns_pid) && started_at(ns_pid, start)).then_some(ns_pid);
     }
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry
@@ -124,7 +174,7 @@ pub fn pid_seen_here(ns_pid: u64, pidns: u64) -> Option<u64> {
             .find_map(|l| l.strip_prefix("NSpid:"))
             .and_then(|v| v.split_whitespace().last())
             .and_then(|v| v.parse::<u64>().ok());
-        if innermost == Some(ns_pid) && pid_alive(pid) {
+        if innermost == Some(ns_pid) && pid_alive(pid) && started_at(pid, start) {
             return Some(pid);
         }
     }
@@ -258,11 +308,12 @@ impl DeviceState {
         self.busy_until_ns.store(end, Ordering::Relaxed);
         self.busy_accum_ns.fetch_add(end - start, Ordering::Relaxed);
         let head = self.head.load(Ordering::Relaxed);
-        let ns = own_pidns();
+        let (ns, started) = (own_pidns(), own_start_time());
         if head > 0 {
             let last = &self.ring[((head - 1) as usize) % RING];
             if last.pid.load(Ordering::Relaxed) == pid
                 && last.pidns.load(Ordering::Relaxed) == ns
+                && last.start.load(Ordering::Relaxed) == started
                 && last.end_ns.load(Ordering::Relaxed) == start
             {
                 // Back-to-back kernels of one process: extend instead of filling the ring.
@@ -275,6 +326,7 @@ impl DeviceState {
         slot.end_ns.store(end, Ordering::Relaxed);
         slot.pid.store(pid, Ordering::Relaxed);
         slot.pidns.store(ns, Ordering::Relaxed);
+        slot.start.store(started, Ordering::Relaxed);
         self.head.store(head + 1, Ordering::Release);
         end
     }
@@ -293,9 +345,8 @@ impl DeviceState {
             .saturating_sub(ahead)
     }
 
-    /// Busy nanoseconds within `[from, to)`, for one process (its PID in its namespace, and the
-    /// namespace) or for all.
-    pub fn busy_ns(&self, pid: Option<(u64, u64)>, from: u64, to: u64) -> u64 {
+    /// Busy nanoseconds within `[from, to)`, for one process or for all.
+    pub fn busy_ns(&self, pid: Option<ProcId>, from: u64, to: u64) -> u64 {
         let _guard = self.lock();
         let head = self.head.load(Ordering::Relaxed);
         let n = head.min(RING as u64);
@@ -306,12 +357,7 @@ impl DeviceState {
                 iv.start_ns.load(Ordering::Relaxed),
                 iv.end_ns.load(Ordering::Relaxed),
             );
-            if pid.is_some_and(|p| {
-                p != (
-                    iv.pid.load(Ordering::Relaxed),
-                    iv.pidns.load(Ordering::Relaxed),
-                )
-            }) {
+            if pid.is_some_and(|p| p != ProcId::of_interval(iv)) {
                 continue;
             }
             let (s, e) = (s.max(from), e.min(to));
@@ -322,8 +368,8 @@ impl DeviceState {
         busy
     }
 
-    /// Processes (PID in their namespace, the namespace) with work in `[from, to)`.
-    pub fn active_pids(&self, from: u64, to: u64) -> Vec<(u64, u64)> {
+    /// Processes with work in `[from, to)`.
+    pub fn active_pids(&self, from: u64, to: u64) -> Vec<ProcId> {
         let _guard = self.lock();
         let head = self.head.load(Ordering::Relaxed);
         let n = head.min(RING as u64);
@@ -332,10 +378,7 @@ impl DeviceState {
             let iv = &self.ring[((head - 1 - k) as usize) % RING];
             if iv.end_ns.load(Ordering::Relaxed) > from && iv.start_ns.load(Ordering::Relaxed) < to
             {
-                let pid = (
-                    iv.pid.load(Ordering::Relaxed),
-                    iv.pidns.load(Ordering::Relaxed),
-                );
+                let pid = ProcId::of_interval(iv);
                 if !pids.contains(&pid) {
                     pids.push(pid);
                 }
@@ -348,20 +391,29 @@ impl DeviceState {
     pub fn add_memory(&self, pid: u64, delta: i64) {
         let _guard = self.lock();
         let ns = own_pidns();
+        let started = if pid == std::process::id() as u64 {
+            own_start_time()
+        } else {
+            start_time(pid).unwrap_or(0)
+        };
         let mut free_slot = None;
         for entry in &self.procs {
             let p = entry.pid.load(Ordering::Relaxed);
             // The same PID in another namespace (every container's first process is 1) is
-            // another process.
+            // another process, and so is an earlier process of a reused namespace.
             let entry_ns = entry.pidns.load(Ordering::Relaxed);
-            if p == pid && (entry_ns == ns || entry_ns == 0 || ns == 0) {
+            let entry_start = entry.start_time.load(Ordering::Relaxed);
+            let same_start = entry_start == 0 || started == 0 || entry_start == started;
+            if p == pid && same_start && (entry_ns == ns || entry_ns == 0 || ns == 0) {
                 let cur = entry.used_bytes.load(Ordering::Relaxed) as i64;
                 entry
                     .used_bytes
                     .store((cur + delta).max(0) as u64, Ordering::Relaxed);
                 return;
             }
-            if free_slot.is_none() && (p == 0 || (entry_ns == ns && !pid_alive(p))) {
+            if free_slot.is_none()
+                && (p == 0 || (entry_ns == ns && (!pid_alive(p) || !started_at(p, entry_start))))
+            {
                 free_slot = Some(entry);
             }
         }
@@ -369,6 +421,7 @@ impl DeviceState {
             entry.pid.store(pid, Ordering::Relaxed);
             entry.pidns.store(ns, Ordering::Relaxed);
             entry.host_pid.store(0, Ordering::Relaxed);
+            entry.start_time.store(started, Ordering::Relaxed);
             entry
                 .used_bytes
                 .store(delta.max(0) as u64, Ordering::Relaxed);
@@ -384,10 +437,10 @@ impl DeviceState {
     pub fn processes(&self) -> Vec<(u64, u64)> {
         self.entries()
             .into_iter()
-            .filter_map(|(pid, ns, bytes)| {
-                let here = pid_seen_here(pid, ns)?;
-                if ns != 0 && ns != own_pidns() {
-                    self.remember_host_pid(pid, ns, here);
+            .filter_map(|(id, bytes)| {
+                let here = pid_seen_here(id.pid, id.pidns, id.start)?;
+                if id.pidns != 0 && id.pidns != own_pidns() {
+                    self.remember_host_pid(id, here);
                 }
                 Some((here, bytes))
             })
@@ -400,58 +453,50 @@ impl DeviceState {
     pub fn reported_processes(&self) -> Vec<(u64, u64)> {
         self.entries()
             .into_iter()
-            .filter_map(|(pid, ns, bytes)| self.reported_pid(pid, ns).map(|p| (p, bytes)))
+            .filter_map(|(id, bytes)| self.reported_pid(id).map(|p| (p, bytes)))
             .collect()
     }
 
-    fn entries(&self) -> Vec<(u64, u64, u64)> {
+    fn entries(&self) -> Vec<(ProcId, u64)> {
         let _guard = self.lock();
         self.procs
             .iter()
-            .map(|e| {
-                (
-                    e.pid.load(Ordering::Relaxed),
-                    e.pidns.load(Ordering::Relaxed),
-                    e.used_bytes.load(Ordering::Relaxed),
-                )
-            })
-            .filter(|&(pid, _, _)| pid != 0)
+            .map(|e| (ProcId::of_entry(e), e.used_bytes.load(Ordering::Relaxed)))
+            .filter(|(id, _)| id.pid != 0)
             .collect()
     }
 
-    fn remember_host_pid(&self, ns_pid: u64, pidns: u64, host_pid: u64) {
-        if let Some(e) = self.procs.iter().find(|e| {
-            e.pid.load(Ordering::Relaxed) == ns_pid && e.pidns.load(Ordering::Relaxed) == pidns
-        }) {
+    fn entry(&self, id: ProcId) -> Option<&ProcEntry> {
+        self.procs.iter().find(|e| ProcId::of_entry(e) == id)
+    }
+
+    fn remember_host_pid(&self, id: ProcId, host_pid: u64) {
+        if let Some(e) = self.entry(id) {
             e.host_pid.store(host_pid, Ordering::Relaxed);
         }
     }
 
-    /// The PID NVML reports here for the process that is `ns_pid` in namespace `pidns`, as a
-    /// driver reports PIDs: the host's. Seen from an ancestor namespace (the `hostPID` device
-    /// plugin), it is found in `/proc` and remembered in the process's entry; elsewhere (a
-    /// container) the remembered host PID, else, for a process of this namespace not yet seen
-    /// from above, its own PID; a sibling's process nobody has seen from above is left out.
-    pub fn reported_pid(&self, ns_pid: u64, pidns: u64) -> Option<u64> {
+    /// The PID NVML reports here for process `id`, as a driver reports PIDs: the host's. Seen
+    /// from an ancestor namespace (the `hostPID` device plugin), it is found in `/proc` and
+    /// remembered in the process's entry; elsewhere (a container) the remembered host PID,
+    /// else, for a live process of this namespace not yet seen from above, its own PID; a
+    /// sibling's process nobody has seen from above is left out.
+    pub fn reported_pid(&self, id: ProcId) -> Option<u64> {
         let remembered = self
-            .procs
-            .iter()
-            .find(|e| {
-                e.pid.load(Ordering::Relaxed) == ns_pid && e.pidns.load(Ordering::Relaxed) == pidns
-            })
+            .entry(id)
             .map_or(0, |e| e.host_pid.load(Ordering::Relaxed));
         let own = own_pidns();
-        if pidns != 0 && pidns != own {
-            if let Some(here) = pid_seen_here(ns_pid, pidns) {
-                self.remember_host_pid(ns_pid, pidns, here);
+        if id.pidns != 0 && id.pidns != own {
+            if let Some(here) = pid_seen_here(id.pid, id.pidns, id.start) {
+                self.remember_host_pid(id, here);
                 return Some(here);
             }
             return (remembered != 0).then_some(remembered);
         }
-        if !pid_alive(ns_pid) {
+        if !pid_alive(id.pid) || !started_at(id.pid, id.start) {
             return None;
         }
-        Some(if remembered != 0 { remembered } else { ns_pid })
+        Some(if remembered != 0 { remembered } else { id.pid })
     }
 
     pub fn used_bytes(&self) -> u64 {

@@ -893,7 +893,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
 /// Utilization window of the simulated GPU, like NVML's ~1 s sample period.
 const UTIL_WINDOW_NS: u64 = 1_000_000_000;
 
-fn simulated_percent(idx: usize, pid: Option<(u64, u64)>, window_ns: u64) -> Option<u32> {
+fn simulated_percent(
+    idx: usize,
+    pid: Option<fake_gpu_state::ProcId>,
+    window_ns: u64,
+) -> Option<u32> {
     let state = gpu()?;
     let dev = &state.devices[idx.min(fake_gpu_state::MAX_DEVICES - 1)];
     let now = fake_gpu_state::now_ns();
@@ -1164,11 +1168,11 @@ fn process_samples(g: &Global, idx: usize, last_seen_us: c_ulonglong) -> Vec<(u3
     if let Some(state) = gpu() {
         let dev = &state.devices[idx.min(fake_gpu_state::MAX_DEVICES - 1)];
         let now = fake_gpu_state::now_ns();
-        for (pid, ns) in dev.active_pids(now.saturating_sub(window_ns), now) {
-            let Some(reported) = dev.reported_pid(pid, ns) else {
+        for id in dev.active_pids(now.saturating_sub(window_ns), now) {
+            let Some(reported) = dev.reported_pid(id) else {
                 continue;
             };
-            let util = simulated_percent(idx, Some((pid, ns)), window_ns).unwrap_or(0);
+            let util = simulated_percent(idx, Some(id), window_ns).unwrap_or(0);
             list.push(((reported as u32).wrapping_add(offset), util));
         }
     }
