@@ -124,6 +124,32 @@ struct Node {
     _dirs: (tempfile::TempDir, tempfile::TempDir),
 }
 
+/// The DRA plugin's watch over `driver`'s claims, as the daemon builds it, with scripted NVML
+/// process lists, a fake `/proc` at `proc` and the pods `api` lists.
+fn watch_of(
+    driver: &Arc<DraDriver>,
+    processes: Arc<ScriptedProcesses>,
+    proc: &std::path::Path,
+    api: MemoryApi,
+    policy: UnaccountedPolicy,
+    evictor: Arc<RecordingEvictor>,
+    events: NodeEvents,
+) -> ProcessWatch<tessera_dra_plugin::metrics::DraMetrics> {
+    ProcessWatch {
+        bookings: driver.clone(),
+        gpus: processes,
+        proc: Arc::new(ProcReader::new(proc)),
+        pods: Arc::new(api),
+        allowed_host_cgroups: Vec::new(),
+        policy,
+        evictor,
+        events,
+        metrics: driver.metrics().clone(),
+        confirmer: Arc::default(),
+        said_blind: Arc::default(),
+    }
+}
+
 /// A DRA node with GPU-0 and GPU-1 and four claims prepared on gpu-0 (GPU-0) through the
 /// driver. On GPU-0 NVML lists: 100 (the sharer's, PID 7 in its container, which the region
 /// of claim `shared` lists), 200 (the static binary's, PID 7 too: no region of claim
@@ -196,19 +222,15 @@ async fn dra_node(policy: UnaccountedPolicy) -> Node {
     ]);
     let evictor = Arc::new(RecordingEvictor::default());
     let (events, rx) = NodeEvents::channel();
-    let watch = ProcessWatch {
-        bookings: driver.clone(),
-        gpus: processes,
-        proc: Arc::new(ProcReader::new(proc.path())),
-        pods: Arc::new(api),
-        allowed_host_cgroups: Vec::new(),
+    let watch = watch_of(
+        &driver,
+        processes,
+        proc.path(),
+        api,
         policy,
-        evictor: evictor.clone(),
+        evictor.clone(),
         events,
-        metrics: driver.metrics().clone(),
-        confirmer: Arc::default(),
-        said_blind: Arc::default(),
-    };
+    );
     Node {
         watch,
         driver,
@@ -387,19 +409,15 @@ async fn a_dra_pod_beyond_the_memory_of_its_claims_is_reported() {
         .unwrap()
         .insert("GPU-1".into(), vec![500, 501, 502, 503]);
     let (events, mut rx) = NodeEvents::channel();
-    let watch = ProcessWatch {
-        bookings: driver.clone(),
-        gpus: processes,
-        proc: Arc::new(ProcReader::new(proc.path())),
-        pods: Arc::new(api),
-        allowed_host_cgroups: Vec::new(),
-        policy: UnaccountedPolicy::Report,
-        evictor: Arc::new(RecordingEvictor::default()),
+    let watch = watch_of(
+        &driver,
+        processes,
+        proc.path(),
+        api,
+        UnaccountedPolicy::Report,
+        Arc::new(RecordingEvictor::default()),
         events,
-        metrics: driver.metrics().clone(),
-        confirmer: Arc::default(),
-        said_blind: Arc::default(),
-    };
+    );
     watch.pass().await.unwrap();
     let second = watch.pass().await.unwrap();
     assert_eq!(second.reported, [SMALL.to_owned()].into(), "{second:?}");

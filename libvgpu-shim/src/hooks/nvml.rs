@@ -211,6 +211,17 @@ fn own_processes(device: *mut c_void) -> Option<Vec<region::ProcessUse>> {
     Some(region_with_watcher().processes_on(dev))
 }
 
+/// NVML's own function `f` as the C type `T`, or `None` when the library lacks it.
+///
+/// # Safety
+/// `T` must be the `extern "C" fn` type of `f`'s C signature.
+unsafe fn real_nvml<T: Copy>(f: F) -> Option<T> {
+    const { assert!(std::mem::size_of::<T>() == std::mem::size_of::<*mut c_void>()) };
+    let p = real::get(f);
+    // SAFETY: the caller's contract; `T` is a function pointer, as large as `p`.
+    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
+}
+
 /// NVML's two-call protocol for `list` into the caller's `count`/`infos`: too small a buffer
 /// gets the number needed and `INSUFFICIENT_SIZE`, nothing written.
 ///
@@ -275,16 +286,11 @@ unsafe fn running_processes<T: ProcessEntry>(
     count: *mut c_uint,
     infos: *mut T,
 ) -> c_uint {
-    let p = real::get(f);
-    if p.is_null() {
+    // SAFETY: NVML's `f`: (device, unsigned*, T*) -> nvmlReturn_t.
+    let Some(real) = (unsafe {
+        real_nvml::<unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut T) -> c_uint>(f)
+    }) else {
         return NVML_ERROR_FUNCTION_NOT_FOUND;
-    }
-    // SAFETY: `p` is NVML's `f`: (device, unsigned*, T*) -> nvmlReturn_t.
-    let real = unsafe {
-        std::mem::transmute::<
-            *mut c_void,
-            unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut T) -> c_uint,
-        >(p)
     };
     if degraded() {
         // SAFETY: the caller's arguments, forwarded.
@@ -400,20 +406,19 @@ process_list_hook!(
 
 /// NVML's per-process utilization samples of `device` newer than `since_us` (NVML's `NOT_FOUND`
 /// when there is none is an empty list).
+/// `nvmlDeviceGetProcessUtilization`'s C signature.
+type ProcessUtilizationFn =
+    unsafe extern "C" fn(*mut c_void, *mut ProcessSample, *mut c_uint, u64) -> c_uint;
+
 pub(crate) fn real_process_samples(
     device: *mut c_void,
     since_us: u64,
 ) -> Result<Vec<ProcessSample>, c_uint> {
-    let p = real::get(F::nvmlDeviceGetProcessUtilization);
-    if p.is_null() {
-        return Err(NVML_ERROR_FUNCTION_NOT_FOUND);
-    }
     // SAFETY: `nvmlDeviceGetProcessUtilization(dev, samples*, unsigned*, u64)`.
-    let real = unsafe {
-        std::mem::transmute::<
-            *mut c_void,
-            unsafe extern "C" fn(*mut c_void, *mut ProcessSample, *mut c_uint, u64) -> c_uint,
-        >(p)
+    let Some(real) =
+        (unsafe { real_nvml::<ProcessUtilizationFn>(F::nvmlDeviceGetProcessUtilization) })
+    else {
+        return Err(NVML_ERROR_FUNCTION_NOT_FOUND);
     };
     // SAFETY: a buffer of `count` samples.
     match real_list(|n, buf| unsafe { real(device, buf, n, since_us) }) {
@@ -477,17 +482,16 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     utilization: *mut Utilization,
 ) -> c_uint {
     guarded("nvmlDeviceGetUtilizationRates", NVML_ERROR_UNKNOWN, || {
-        let p = real::get(F::nvmlDeviceGetUtilizationRates);
-        if p.is_null() {
-            return NVML_ERROR_FUNCTION_NOT_FOUND;
-        }
         // SAFETY: `nvmlDeviceGetUtilizationRates(dev, nvmlUtilization_t*)`.
-        let r = unsafe {
-            std::mem::transmute::<
-                *mut c_void,
-                unsafe extern "C" fn(*mut c_void, *mut Utilization) -> c_uint,
-            >(p)(device, utilization)
+        let Some(real) = (unsafe {
+            real_nvml::<unsafe extern "C" fn(*mut c_void, *mut Utilization) -> c_uint>(
+                F::nvmlDeviceGetUtilizationRates,
+            )
+        }) else {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
         };
+        // SAFETY: the caller's arguments, forwarded.
+        let r = unsafe { real(device, utilization) };
         if r != NVML_SUCCESS || utilization.is_null() || degraded() {
             return r;
         }
@@ -512,21 +516,13 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         NVML_ERROR_UNKNOWN,
         || {
             if degraded() {
-                let p = real::get(F::nvmlDeviceGetProcessUtilization);
-                if p.is_null() {
-                    return NVML_ERROR_FUNCTION_NOT_FOUND;
-                }
-                // SAFETY: the caller's arguments forwarded to NVML's own function.
-                return unsafe {
-                    std::mem::transmute::<
-                        *mut c_void,
-                        unsafe extern "C" fn(
-                            *mut c_void,
-                            *mut ProcessSample,
-                            *mut c_uint,
-                            u64,
-                        ) -> c_uint,
-                    >(p)(device, samples, count, last_seen_us)
+                // SAFETY: NVML's own function, with the caller's arguments.
+                return match unsafe {
+                    real_nvml::<ProcessUtilizationFn>(F::nvmlDeviceGetProcessUtilization)
+                } {
+                    // SAFETY: as above.
+                    Some(real) => unsafe { real(device, samples, count, last_seen_us) },
+                    None => NVML_ERROR_FUNCTION_NOT_FOUND,
                 };
             }
             if count.is_null() {
@@ -636,16 +632,13 @@ pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
         "nvmlDeviceGetRunningProcessDetailList",
         NVML_ERROR_UNKNOWN,
         || {
-            let p = real::get(F::nvmlDeviceGetRunningProcessDetailList);
-            if p.is_null() {
-                return NVML_ERROR_FUNCTION_NOT_FOUND;
-            }
             // SAFETY: `nvmlDeviceGetRunningProcessDetailList(dev, nvmlProcessDetailList_t*)`.
-            let real = unsafe {
-                std::mem::transmute::<
-                    *mut c_void,
-                    unsafe extern "C" fn(*mut c_void, *mut ProcessDetailList) -> c_uint,
-                >(p)
+            let Some(real) = (unsafe {
+                real_nvml::<unsafe extern "C" fn(*mut c_void, *mut ProcessDetailList) -> c_uint>(
+                    F::nvmlDeviceGetRunningProcessDetailList,
+                )
+            }) else {
+                return NVML_ERROR_FUNCTION_NOT_FOUND;
             };
             if degraded() || list.is_null() {
                 // SAFETY: the caller's arguments, forwarded.
@@ -712,16 +705,13 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessesUtilizationInfo(
         "nvmlDeviceGetProcessesUtilizationInfo",
         NVML_ERROR_UNKNOWN,
         || {
-            let p = real::get(F::nvmlDeviceGetProcessesUtilizationInfo);
-            if p.is_null() {
-                return NVML_ERROR_FUNCTION_NOT_FOUND;
-            }
             // SAFETY: `nvmlDeviceGetProcessesUtilizationInfo(dev, nvmlProcessesUtilizationInfo_t*)`.
-            let real = unsafe {
-                std::mem::transmute::<
-                    *mut c_void,
+            let Some(real) = (unsafe {
+                real_nvml::<
                     unsafe extern "C" fn(*mut c_void, *mut ProcessesUtilizationInfo) -> c_uint,
-                >(p)
+                >(F::nvmlDeviceGetProcessesUtilizationInfo)
+            }) else {
+                return NVML_ERROR_FUNCTION_NOT_FOUND;
             };
             if degraded() || info.is_null() {
                 // SAFETY: the caller's arguments, forwarded.
@@ -783,16 +773,13 @@ pub unsafe extern "C" fn nvmlDeviceGetAccountingPids(
     pids: *mut c_uint,
 ) -> c_uint {
     guarded("nvmlDeviceGetAccountingPids", NVML_ERROR_UNKNOWN, || {
-        let p = real::get(F::nvmlDeviceGetAccountingPids);
-        if p.is_null() {
-            return NVML_ERROR_FUNCTION_NOT_FOUND;
-        }
         // SAFETY: `nvmlDeviceGetAccountingPids(dev, unsigned*, unsigned*)`.
-        let real = unsafe {
-            std::mem::transmute::<
-                *mut c_void,
-                unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut c_uint) -> c_uint,
-            >(p)
+        let Some(real) = (unsafe {
+            real_nvml::<unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut c_uint) -> c_uint>(
+                F::nvmlDeviceGetAccountingPids,
+            )
+        }) else {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
         };
         if degraded() {
             // SAFETY: the caller's arguments, forwarded.
