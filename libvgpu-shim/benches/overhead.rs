@@ -46,10 +46,18 @@ fn run(
 ) -> BTreeMap<String, f64> {
     let a = shim_harness::artifacts();
     let dir = tempfile::tempdir().unwrap();
+    // One simulated GPU for the NVML rows (what nvidia-smi reads).
+    let scenario = dir.path().join("scenario.json");
+    std::fs::write(
+        &scenario,
+        r#"{"devices": [{"uuid": "GPU-00000000-0000-0000-0000-000000000001", "memory_total_mib": 16384}]}"#,
+    )
+    .unwrap();
     let mut cmd = Command::new(bin);
     cmd.args(args)
         .env_clear()
         .env("LD_LIBRARY_PATH", &a.dir)
+        .env("FAKE_NVML_SCENARIO", &scenario)
         .env("FAKE_CUDA_COUNT_CALLS", "0")
         // Simulated kernels of ~0 ns: the launch loop measures calls, not the fake GPU.
         .env("FAKE_CUDA_BLOCK_NS", "0")
