@@ -281,6 +281,7 @@ expect "extender verifies kube-scheduler's client certificate" "$D" '^          
 expect "extender metrics on 9395" "$D" '^            - --metrics-bind-address=0.0.0.0:9395$'
 expect_count "every metrics listener behind the API server's authorization" "$D" '^            - --metrics-authorization=kubernetes$' 2
 expect "the daemons may review a scrape's token" "$D" '^  name: system:auth-delegator$'
+expect_count "text logs by default" "$D" '^            - --log-format=text$' 2
 expect_not "no probe reads /metrics (it needs a token)" "$D" '^              path: /metrics$'
 expect "extender has its own Lease" "$D" "^            - --leader-elect-resource-name=$RELEASE-scheduler-extender\$"
 expect "device-config.yaml nvidia section" "$D" '^    nvidia:$'
@@ -313,6 +314,13 @@ expect_count "metricsAuthorization=none: every metrics listener open" "$WORK/met
 expect_not "metricsAuthorization=none: no token review rights, no scrape token" "$WORK/metrics-open.yaml" 'system:auth-delegator|bearerTokenFile'
 render "$WORK/metrics-sm.yaml" --set serviceMonitor.enabled=true --show-only templates/monitoring/servicemonitor.yaml
 expect_count "the ServiceMonitors send Prometheus' token" "$WORK/metrics-sm.yaml" '^      bearerTokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token$' 2
+render "$WORK/json-logs.yaml" --set logFormat=json --set dra.enabled=true
+expect_count "logFormat=json reaches every daemon" "$WORK/json-logs.yaml" '^            - --log-format=json$' 3
+if render "$WORK/logs-bad.yaml" --set logFormat=yaml 2>"$WORK/logs-bad.err"; then
+	fail "logFormat=yaml should be refused"
+else
+	expect "logFormat=yaml refused with the accepted values" "$WORK/logs-bad.err" 'must be `text` or `json`'
+fi
 if render "$WORK/metrics-bad.yaml" --set metricsAuthorization=open 2>"$WORK/metrics-bad.err"; then
 	fail "metricsAuthorization=open should be refused"
 else
@@ -403,7 +411,10 @@ expect "[dra] the DRA plugin deletes only pods on its own node" "$WORK/dra-evict
 expect_count "[dra] still five ValidatingAdmissionPolicies" "$WORK/dra-evict.yaml" '^kind: ValidatingAdmissionPolicy$' 5
 render "$WORK/dra-unaccounted-off.yaml" --set dra.enabled=true --set dra.unaccountedProcesses.policy=off --show-only templates/dra/daemonset.yaml --show-only templates/dra/rbac.yaml
 expect "[dra] off reaches the DRA plugin" "$WORK/dra-unaccounted-off.yaml" '^            - --unaccounted-process-policy=off$'
-expect_not "[dra] without the watch no hostPID" "$WORK/dra-unaccounted-off.yaml" 'hostPID'
+expect "[dra] without the watch, hostPID still for the claim directories' limit (the host's mount table)" "$WORK/dra-unaccounted-off.yaml" '^      hostPID: true$'
+expect "[dra] claim directories limited like the device plugin's containers'" "$WORK/dra-unaccounted-off.yaml" '^            - --cache-dir-limit-mib=16$'
+render "$WORK/dra-nothing-host.yaml" --set dra.enabled=true --set dra.unaccountedProcesses.policy=off --set devicePlugin.cacheDirLimit.sizeMiB=0 --show-only templates/dra/daemonset.yaml
+expect_not "[dra] without the watch and the limit no hostPID, no propagation" "$WORK/dra-nothing-host.yaml" 'hostPID|mountPropagation: Bidirectional|cache-dir-limit'
 expect_not "[dra] without the watch no pods or Events" "$WORK/dra-unaccounted-off.yaml" 'resources: \[(pods|events)\]'
 if render "$WORK/dra-unaccounted-bad.yaml" --set dra.enabled=true --set dra.unaccountedProcesses.policy=kill 2>/dev/null; then
 	fail "an unknown dra.unaccountedProcesses.policy must fail the install"

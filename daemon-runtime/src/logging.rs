@@ -22,6 +22,7 @@ pub enum LogFormat {
 /// klog's verbosity and HAMi's `--debug`. Global, so a daemon with subcommands accepts them
 /// before or after the subcommand (`tessera-scheduler serve -v=4` and `-v=4 serve`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+#[command(about = None, long_about = None)]
 pub struct Verbosity {
     /// klog verbosity, as HAMi's chart passes it (`-v=4`, `--v 4`): 4 or more logs Tessera's own
     /// crates at debug, 6 at trace, 8 everything at trace. An explicit RUST_LOG wins.
@@ -62,7 +63,10 @@ impl Verbosity {
 ///
 /// `--log-format` reads `TESSERA_LOG_FORMAT`; a daemon that has always read another variable keeps
 /// it with `#[command(mut_arg("log_format", |a| a.env("LOG_FORMAT")))]` on its parser.
+// `about = None`: this doc comment is for developers; without it clap would print it as the
+// daemon's description in `--help`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+#[command(about = None, long_about = None)]
 pub struct LogArgs {
     /// Log format on stderr.
     #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]

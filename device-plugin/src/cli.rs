@@ -236,6 +236,18 @@ impl Default for Periods {
 mod tests {
     use super::*;
 
+    /// `--help` starts with what the program is, not with the doc comment of a group of flags
+    /// it flattens (issue 34).
+    #[test]
+    fn help_starts_with_what_the_program_is() {
+        use clap::CommandFactory;
+        let help = Cli::command().render_help().to_string();
+        assert!(
+            help.starts_with("Tessera device plugin: advertises GPUs"),
+            "{help}"
+        );
+    }
+
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(
             ["tessera-device-plugin", "--node-name", "n"]

@@ -534,6 +534,18 @@ fn spawn_health_thread(
 mod tests {
     use super::*;
 
+    /// `--help` starts with what the program is, not with the doc comment of a group of flags
+    /// it flattens (issue 34).
+    #[test]
+    fn help_starts_with_what_the_program_is() {
+        use clap::CommandFactory;
+        let help = DraCli::command().render_help().to_string();
+        assert!(
+            help.starts_with("Tessera's DRA driver (gpu.tessera.dev)"),
+            "{help}"
+        );
+    }
+
     fn parse(args: &[&str]) -> Result<DraCli, clap::Error> {
         DraCli::try_parse_from(
             ["tessera-dra-plugin", "--node-name", "n"]

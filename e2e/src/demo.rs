@@ -213,11 +213,15 @@ fn slices_of(p: &Pod, models: &BTreeMap<String, String>) -> Vec<String> {
                         .next()
                         .unwrap_or("")
                         .trim_start_matches('0');
+                    // HAMi's 0 cores is no SM limit (the whole GPU's time, shared), not none.
+                    let cores = match d.usedcores {
+                        0 => "no SM limit".to_owned(),
+                        c => format!("{c}% SMs"),
+                    };
                     format!(
-                        "{model} (#{}): {} MiB, {}% SMs",
+                        "{model} (#{}): {} MiB, {cores}",
                         if tail.is_empty() { "0" } else { tail },
                         d.usedmem,
-                        d.usedcores
                     )
                 })
                 .collect()

@@ -40,6 +40,7 @@ pub enum MetricsAuthorization {
 
 /// The command-line flag both plugins and the extender flatten into theirs.
 #[derive(Debug, Clone, clap::Args)]
+#[command(about = None, long_about = None)]
 pub struct MetricsAccessArgs {
     /// Who may read /metrics: `none` (anyone who reaches the port) or `kubernetes` (a bearer
     /// token the API server accepts, of a user allowed `get` on the non-resource URL /metrics,

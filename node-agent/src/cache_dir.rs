@@ -30,6 +30,7 @@ pub struct CacheDirLimit {
 /// The command-line flags of the limit, shared by the device plugin (a container's directory)
 /// and the DRA plugin (a claim's).
 #[derive(Debug, Clone, clap::Args)]
+#[command(about = None, long_about = None)]
 pub struct CacheDirArgs {
     /// MiB each cache directory may hold (a container's `<hook>/vgpu/containers/<pod>_<ctr>`, a
     /// DRA claim's `<hook>/vgpu/claims/<uid>`, where the shim keeps its region): a tmpfs of that

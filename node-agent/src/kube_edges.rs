@@ -518,6 +518,8 @@ async fn write_node_events(
     use kube::runtime::events::{Event, EventType};
     // `kubectl describe node` selects the node's Events by UID too: read it once.
     let mut uid: Option<String> = None;
+    // Events the API server would not take: a warning a minute at most, with the count.
+    let mut failures = tessera_runtime::RateLimitedLog::new(std::time::Duration::from_secs(60));
     while let Some(event) = rx.recv().await {
         if uid.is_none() {
             match nodes.get_opt(&node).await {
@@ -557,7 +559,17 @@ async fn write_node_events(
             secondary: None,
         };
         if let Err(e) = recorder.publish(&ev, &reference).await {
-            tracing::debug!(error = %DisplayChain(&e), reason = event.reason, "could not record node event");
+            match failures.note(tokio::time::Instant::now()) {
+                Some(left_out) => tracing::warn!(
+                    error = %DisplayChain(&e),
+                    reason = event.reason,
+                    left_out,
+                    "an Event could not be recorded (and left_out more since the last such line)"
+                ),
+                None => {
+                    tracing::debug!(error = %DisplayChain(&e), reason = event.reason, "an Event could not be recorded")
+                }
+            }
         }
     }
 }

@@ -172,6 +172,10 @@ pub struct NodeEvents {
     tx: Option<mpsc::Sender<NodeEvent>>,
 }
 
+/// The rate limit of the warnings about Events dropped for a full queue: one a minute at most.
+static DROPPED: tessera_runtime::SharedRateLimitedLog =
+    tessera_runtime::SharedRateLimitedLog::new(std::time::Duration::from_secs(60));
+
 impl NodeEvents {
     /// A handle and the queue its writer reads.
     pub fn channel() -> (Self, mpsc::Receiver<NodeEvent>) {
@@ -188,7 +192,14 @@ impl NodeEvents {
     pub fn emit(&self, event: NodeEvent) {
         let Some(tx) = &self.tx else { return };
         if let Err(e) = tx.try_send(event) {
-            tracing::debug!(error = %e, "node event dropped");
+            match DROPPED.note_now() {
+                Some(left_out) => tracing::warn!(
+                    error = %e,
+                    left_out,
+                    "an Event was dropped, its queue full (and left_out more since the last such line)"
+                ),
+                None => tracing::debug!(error = %e, "an Event was dropped, its queue full"),
+            }
         }
     }
 }

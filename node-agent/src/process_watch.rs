@@ -85,6 +85,7 @@ impl std::fmt::Display for UnaccountedPolicy {
 
 /// The watch's flags, the same in both node plugins (`#[command(flatten)]`).
 #[derive(Debug, Clone, clap::Args)]
+#[command(about = None, long_about = None)]
 pub struct WatchArgs {
     /// What the node does about a GPU process no allocation accounts for (a process in a pod
     /// not booked that GPU, a booked process without the shim, a process in no pod), once two

@@ -66,6 +66,30 @@ impl KubeEdge {
     }
 }
 
+/// How often a failure to record an Event is said (with the count since): an API server that
+/// refuses every Event must not flood the log, nor go unnoticed (issue 34).
+const EVENT_FAILURE_LOG_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The rate limit of the warnings about Events that could not be recorded or were dropped.
+static EVENT_FAILURES: tessera_runtime::SharedRateLimitedLog =
+    tessera_runtime::SharedRateLimitedLog::new(EVENT_FAILURE_LOG_PERIOD);
+
+/// Says, at most once per [`EVENT_FAILURE_LOG_PERIOD`] as a warning (debug in between), that an
+/// Event was lost and why.
+fn event_lost(why: &dyn std::fmt::Display, reason: &str, pod: &str) {
+    let due = EVENT_FAILURES.note_now();
+    match due {
+        Some(left_out) => tracing::warn!(
+            error = %why,
+            reason,
+            pod,
+            left_out,
+            "a pod Event could not be recorded (and left_out more since the last such line)"
+        ),
+        None => tracing::debug!(error = %why, reason, pod, "a pod Event could not be recorded"),
+    }
+}
+
 async fn publish_event(recorder: &Recorder, event: PodEvent) {
     let reference = ObjectReference {
         api_version: Some("v1".to_owned()),
@@ -86,12 +110,10 @@ async fn publish_event(recorder: &Recorder, event: PodEvent) {
         secondary: None,
     };
     if let Err(e) = recorder.publish(&ev, &reference).await {
-        tracing::debug!(
-            error = %tessera_runtime::DisplayChain(&e),
-            reason = %event.reason,
-            pod = %format_args!("{}/{}", event.namespace, event.name),
-            pod_uid = %event.uid,
-            "could not record event"
+        event_lost(
+            &tessera_runtime::DisplayChain(&e),
+            &event.reason,
+            &format!("{}/{}", event.namespace, event.name),
         );
     }
 }
@@ -271,7 +293,12 @@ impl ClusterEdge for KubeEdge {
 
     async fn event(&self, event: PodEvent) {
         if let Err(e) = self.events.try_send(event) {
-            tracing::debug!(error = %e, "event queue full; event dropped");
+            let event = e.into_inner();
+            event_lost(
+                &"the Event queue is full",
+                &event.reason,
+                &format!("{}/{}", event.namespace, event.name),
+            );
         }
     }
 }

@@ -24,6 +24,7 @@ struct Cli {
 
 /// Policies and device config shared by `serve` and `simulate`.
 #[derive(Debug, clap::Args)]
+#[command(about = None, long_about = None)]
 pub struct PolicyArgs {
     /// Default node policy: `binpack` (fullest node first) or `spread`.
     #[arg(long, env = "TESSERA_NODE_SCHEDULER_POLICY", default_value = "binpack")]
@@ -132,6 +133,28 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once(&"tessera-scheduler").chain(args.iter()))
+    }
+
+    /// `--help` starts with what the program and each subcommand are, not with the doc comment
+    /// of a group of flags they flatten (issue 34: it printed the logging flags' developer note).
+    #[test]
+    fn help_describes_the_program_and_its_subcommands() {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let help = cmd.render_help().to_string();
+        assert!(help.starts_with(env!("CARGO_PKG_DESCRIPTION")), "{help}");
+        assert!(!help.contains("flatten"), "{help}");
+        for (sub, about) in [
+            ("serve", "Run the extender, webhook and metrics servers"),
+            ("simulate", "Place the pending pods of a file offline"),
+        ] {
+            let help = cmd
+                .find_subcommand_mut(sub)
+                .unwrap()
+                .render_help()
+                .to_string();
+            assert!(help.starts_with(about), "{sub}: {help}");
+        }
     }
 
     #[test]

@@ -382,3 +382,14 @@ Who may read /metrics (metricsAuthorization): `kubernetes` or `none`, refused ot
 {{- end -}}
 {{- $mode -}}
 {{- end -}}
+
+{{- /*
+The daemons' log format (logFormat): `text` or `json`, refused otherwise.
+*/}}
+{{- define "tessera.logFormat" -}}
+{{- $format := toString (.Values.logFormat | default "text") -}}
+{{- if not (has $format (list "text" "json")) -}}
+{{- fail (printf "logFormat must be `text` or `json`, not %v" $format) -}}
+{{- end -}}
+{{- $format -}}
+{{- end -}}
