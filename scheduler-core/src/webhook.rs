@@ -33,6 +33,17 @@ use crate::facts::ClusterFacts;
 use crate::podspec::container_resources;
 use crate::quota::Limit;
 
+/// HAMi's denial of a privileged GPU container, kept as the start of Tessera's (scripts match
+/// it), then why and what to do: `container <name>` goes between.
+const PRIVILEGED_PREFIX: &str = "container ";
+const PRIVILEGED_REASON: &str = " is privileged: a privileged container sees every GPU of the node, \
+    so its GPU share could not be held; remove securityContext.privileged from it, or its GPU \
+    request";
+/// HAMi's denial of a GPU pod with `spec.nodeName` set, then why and what to do.
+const NODE_ASSIGNED: &str = "pod has node assigned: a pod with spec.nodeName set is never seen \
+    by the GPU scheduler, which must choose its GPU; remove spec.nodeName and choose the node \
+    with a nodeSelector or node affinity";
+
 /// Webhook settings.
 #[derive(Debug, Clone, Default)]
 pub struct WebhookConfig {
@@ -354,14 +365,14 @@ fn mutate(
     };
     if containers.has_resource {
         if let Some(name) = containers.privileged {
-            return Decision::Deny(format!("container {name} is privileged"));
+            return Decision::Deny(format!("{PRIVILEGED_PREFIX}{name}{PRIVILEGED_REASON}"));
         }
         if !cfg.nvidia.runtime_class_name.is_empty() && spec.runtime_class_name.is_none() {
             mutated["spec"]["runtimeClassName"] = json!(cfg.nvidia.runtime_class_name);
         }
         if !cfg.scheduler_name.is_empty() {
             if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
-                return Decision::Deny("pod has node assigned".to_owned());
+                return Decision::Deny(NODE_ASSIGNED.to_owned());
             }
             mutated["spec"]["schedulerName"] = json!(cfg.scheduler_name);
         }
