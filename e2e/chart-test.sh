@@ -314,6 +314,7 @@ expect_count "metricsAuthorization=none: every metrics listener open" "$WORK/met
 expect_not "metricsAuthorization=none: no token review rights, no scrape token" "$WORK/metrics-open.yaml" 'system:auth-delegator|bearerTokenFile'
 render "$WORK/metrics-sm.yaml" --set serviceMonitor.enabled=true --show-only templates/monitoring/servicemonitor.yaml
 expect_count "the ServiceMonitors send Prometheus' token" "$WORK/metrics-sm.yaml" '^      bearerTokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token$' 2
+expect_count "the ServiceMonitors keep the series' namespace, pod and container labels" "$WORK/metrics-sm.yaml" '^      honorLabels: true$' 2
 render "$WORK/json-logs.yaml" --set logFormat=json --set dra.enabled=true
 expect_count "logFormat=json reaches every daemon" "$WORK/json-logs.yaml" '^            - --log-format=json$' 3
 if render "$WORK/logs-bad.yaml" --set logFormat=yaml 2>"$WORK/logs-bad.err"; then
