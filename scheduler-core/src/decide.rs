@@ -563,6 +563,40 @@ pub fn failure_summary(failed: &BTreeMap<String, NodeFailure>) -> String {
         .join("; ")
 }
 
+/// Why a pod that fits nowhere waits, in one word, for the pending-pods gauge: the reason that
+/// refused the most candidate nodes (per node, the reason that refused the most of its devices),
+/// ties to the first in [`fit::FitReason`]'s order. `NoCandidateNodes` when kube-scheduler
+/// offered none (its own filters took them all).
+pub fn pending_reason(failed: &BTreeMap<String, NodeFailure>) -> &'static str {
+    use fit::{FitFailure, FitReason};
+    let mut votes: BTreeMap<(usize, &'static str), usize> = BTreeMap::new();
+    for failure in failed.values() {
+        let (rank, reason) = match failure {
+            NodeFailure::Fit(FitFailure::NodeInsufficientDevice) => (
+                FitReason::NodeInsufficientDevice as usize,
+                FitReason::NodeInsufficientDevice.as_str(),
+            ),
+            NodeFailure::Fit(FitFailure::Devices(counts)) => counts
+                .reasons()
+                .max_by(|(ra, a), (rb, b)| a.cmp(b).then(rb.cmp(ra)))
+                .map_or((usize::MAX, "NoDevice"), |(r, _)| (r as usize, r.as_str())),
+            NodeFailure::Fit(FitFailure::MigAllocation { .. }) => (
+                FitReason::CardMigTopologyInfeasible as usize,
+                FitReason::CardMigTopologyInfeasible.as_str(),
+            ),
+            NodeFailure::Unknown | NodeFailure::Unregistered(_) => {
+                (FitReason::COUNT, "NodeUnregistered")
+            }
+            NodeFailure::PendingConflict { .. } => (FitReason::COUNT + 1, PENDING_CONFLICT),
+        };
+        *votes.entry((rank, reason)).or_default() += 1;
+    }
+    votes
+        .into_iter()
+        .max_by(|((ra, _), a), ((rb, _), b)| a.cmp(b).then(rb.cmp(ra)))
+        .map_or("NoCandidateNodes", |((_, reason), _)| reason)
+}
+
 /// HAMi's `FilteringSucceed` message.
 pub fn success_summary(p: &Placement) -> String {
     use std::fmt::Write as _;

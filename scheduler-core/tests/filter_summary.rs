@@ -60,3 +60,55 @@ fn success_summary_matches_hami_format_for_any_scores() {
     let none = placement(Vec::new(), 0);
     assert_eq!(success_summary(&none), plain(&none));
 }
+
+/// The pending-pods gauge's reason: what refused the most nodes; per node, what refused the most
+/// of its devices; ties to the first in HAMi's order.
+#[test]
+fn a_pending_pod_waits_for_the_reason_that_refused_the_most_nodes() {
+    use std::collections::BTreeMap;
+    use tessera_scheduler_core::decide::{NodeFailure, pending_reason};
+    use tessera_scheduler_core::fit::{FitFailure, FitReason, ReasonCounts};
+    let devices = |pairs: &[(FitReason, usize)]| {
+        let mut c = ReasonCounts::over(4);
+        for &(r, n) in pairs {
+            c.add(r, n);
+        }
+        NodeFailure::Fit(FitFailure::Devices(c))
+    };
+    assert_eq!(pending_reason(&BTreeMap::new()), "NoCandidateNodes");
+    let failed: BTreeMap<String, NodeFailure> = [
+        (
+            "a".to_owned(),
+            devices(&[
+                (FitReason::CardInsufficientMemory, 3),
+                (FitReason::CardNotHealth, 1),
+            ]),
+        ),
+        (
+            "b".to_owned(),
+            devices(&[(FitReason::CardInsufficientMemory, 4)]),
+        ),
+        (
+            "c".to_owned(),
+            NodeFailure::Fit(FitFailure::NodeInsufficientDevice),
+        ),
+    ]
+    .into();
+    assert_eq!(pending_reason(&failed), "CardInsufficientMemory");
+    // One node each: the first reason in HAMi's order wins.
+    let tie: BTreeMap<String, NodeFailure> = [
+        (
+            "a".to_owned(),
+            devices(&[(FitReason::CardInsufficientCore, 2)]),
+        ),
+        (
+            "b".to_owned(),
+            devices(&[(FitReason::CardInsufficientMemory, 2)]),
+        ),
+    ]
+    .into();
+    assert_eq!(pending_reason(&tie), "CardInsufficientMemory");
+    let unregistered: BTreeMap<String, NodeFailure> =
+        [("a".to_owned(), NodeFailure::Unknown)].into();
+    assert_eq!(pending_reason(&unregistered), "NodeUnregistered");
+}

@@ -113,6 +113,8 @@ pub struct MetricsSnapshot {
     pub containers: Vec<ContainerDeviceMetrics>,
     pub quotas: Vec<QuotaMetrics>,
     pub reservations: usize,
+    /// GPU pods that fit no node at their last filter, by why ([`decide::pending_reason`]).
+    pub pending: BTreeMap<&'static str, usize>,
 }
 
 /// Commands to the loop.
@@ -198,6 +200,10 @@ pub struct Engine {
     /// Ticks a reservation of a pod the informer has never shown may live.
     sweep_grace: u64,
     unschedulable: BTreeMap<String, Unschedulable>,
+    /// Each GPU pod that fit no node at its last filter, with why
+    /// ([`decide::pending_reason`]), until it is placed, bound or gone: the pending-pods gauge.
+    /// Unlike `unschedulable` it is not emptied by a requeue nudge.
+    pending: BTreeMap<String, &'static str>,
     requeue: Option<mpsc::UnboundedSender<Vec<Unschedulable>>>,
 }
 
@@ -213,6 +219,7 @@ impl Engine {
             tick: 0,
             sweep_grace: 3,
             unschedulable: BTreeMap::new(),
+            pending: BTreeMap::new(),
             requeue: None,
         }
     }
@@ -267,6 +274,7 @@ impl Engine {
                 }
                 if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
                     self.unschedulable.remove(&uid);
+                    self.pending.remove(&uid);
                 }
             }
             Observation::PodDelete { uid } => {
@@ -274,6 +282,7 @@ impl Engine {
                     || self.state.reservation(&uid).is_some();
                 self.state.remove_pod(&uid);
                 self.unschedulable.remove(&uid);
+                self.pending.remove(&uid);
                 if booked {
                     self.capacity_freed();
                 }
@@ -313,6 +322,7 @@ impl Engine {
         if let Some(tx) = &self.requeue {
             let pods: Vec<Unschedulable> = self.unschedulable.values().cloned().collect();
             self.unschedulable.clear();
+            self.pending.clear();
             let _ = tx.send(pods);
         }
     }
@@ -345,8 +355,11 @@ impl Engine {
                 let r = decide::reservation_for(pod, &uid, p, self.tick);
                 self.state.reserve(r);
                 self.unschedulable.remove(&uid);
+                self.pending.remove(&uid);
             }
-            Verdict::NoFit { .. } => {
+            Verdict::NoFit { failed } => {
+                self.pending
+                    .insert(uid.clone(), decide::pending_reason(failed));
                 self.unschedulable.insert(
                     uid.clone(),
                     Unschedulable {
@@ -634,6 +647,13 @@ impl Engine {
             containers,
             quotas,
             reservations: self.state.reservations().count(),
+            pending: self
+                .pending
+                .values()
+                .fold(BTreeMap::new(), |mut by, reason| {
+                    *by.entry(*reason).or_default() += 1;
+                    by
+                }),
         }
     }
 

@@ -62,6 +62,7 @@ struct Exposition {
     legacy: Registry,
     leader: Gauge<i64>,
     reservations: Gauge<i64>,
+    pending: Family<Labels, Gauge<i64>>,
     state: StateFamilies,
     old: LegacyFamilies,
 }
@@ -108,6 +109,12 @@ impl Exposition {
             "Decisions not yet visible in the informer",
             reservations.clone(),
         );
+        let pending = Family::<Labels, Gauge<i64>>::default();
+        leader_only.register(
+            "tessera_pending_gpu_pods",
+            "GPU pods that fit no node at their last filter, by the reason that refused the most nodes",
+            pending.clone(),
+        );
         let state = StateFamilies::default();
         state.register(leader_only.sub_registry_with_label(vgpu_zone()));
         let mut legacy = Registry::default();
@@ -119,6 +126,7 @@ impl Exposition {
             legacy,
             leader,
             reservations,
+            pending,
             state,
             old,
         }
@@ -135,6 +143,12 @@ impl Exposition {
         }
         self.reservations
             .set(i64::try_from(snap.reservations).unwrap_or(i64::MAX));
+        self.pending.clear();
+        for (reason, n) in &snap.pending {
+            self.pending
+                .get_or_create(&vec![("reason".to_owned(), (*reason).to_owned())])
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
         let old = legacy.then_some(&self.old);
         for g in &snap.gpus {
             self.state.set_gpu(g);
@@ -661,6 +675,7 @@ mod tests {
                 items: vec![("nvidia.com/gpumem".into(), 4096, 1024)],
             }],
             reservations: 0,
+            pending: [("CardInsufficientMemory", 2), ("NoCandidateNodes", 1)].into(),
         }
     }
 
@@ -692,12 +707,21 @@ mod tests {
         let full = metrics.render(&snapshot());
         assert!(full.contains(r#"device_uuid="GPU-a""#), "{full}");
         assert!(full.contains("GPUDeviceMemoryLimit"), "{full}");
+        assert!(
+            full.contains(r#"tessera_pending_gpu_pods{reason="CardInsufficientMemory"} 2"#),
+            "{full}"
+        );
         let mut fewer = snapshot();
         fewer.gpus.retain(|g| g.uuid == "GPU-m");
         fewer.containers.clear();
+        fewer.pending.remove("NoCandidateNodes");
         let text = metrics.render(&fewer);
         assert!(!text.contains(r#"device_uuid="GPU-a""#), "{text}");
         assert!(text.contains(r#"device_uuid="GPU-m""#), "{text}");
+        assert!(
+            !text.contains("NoCandidateNodes"),
+            "a reason no pod waits for any more: {text}"
+        );
         // The same series again (a family's series come in no fixed order).
         let lines = |text: &str| {
             let mut l: Vec<String> = text.lines().map(str::to_owned).collect();
@@ -709,7 +733,8 @@ mod tests {
         assert!(standby.contains("tessera_scheduler_leader 0"), "{standby}");
         assert!(!standby.contains("zone=\"vGPU\""), "{standby}");
         assert!(
-            !standby.contains("tessera_scheduler_reservations"),
+            !standby.contains("tessera_scheduler_reservations")
+                && !standby.contains("tessera_pending_gpu_pods{"),
             "{standby}"
         );
         assert!(standby.ends_with("# EOF\n"), "{standby}");

@@ -639,3 +639,33 @@ async fn metrics_behind_authorization_answer_only_an_allowed_token_and_probes_st
     let (status, _) = get_metrics_listener(&h, &None, "/metrics", None).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// Issue 34: a gauge of the GPU pods waiting, by why. A pod that fits no node counts under the
+/// reason that refused it until it is gone (or placed); a requeue nudge does not clear it.
+#[tokio::test]
+async fn pending_gpu_pods_are_counted_by_reason_until_they_go() {
+    let h = harness().await;
+    let big = gpu_pod("default", "big", 1, 64000, 10);
+    h.edge.add_pod(big.clone());
+    let (status, body) = post(&h, "/filter", filter_args(&big, &["node1"]), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("CardInsufficientMemory"), "{body}");
+    let series = r#"tessera_pending_gpu_pods{reason="CardInsufficientMemory"} 1"#;
+    let (_, text) = get_metrics_listener(&h, &None, "/metrics", None).await;
+    assert!(text.contains(series), "{text}");
+    // Another pod frees nothing, but a node that changes nudges the waiting pods: still waiting.
+    h.engine
+        .send(Command::Observe(Observation::NodeUpsert(Box::new(
+            gpu_node("node1", 2, 16000, 10),
+        ))))
+        .await;
+    let (_, text) = get_metrics_listener(&h, &None, "/metrics", None).await;
+    assert!(text.contains(series), "a nudge is not a placement: {text}");
+    h.engine
+        .send(Command::Observe(Observation::PodDelete {
+            uid: big.metadata.uid.clone().unwrap(),
+        }))
+        .await;
+    let (_, text) = get_metrics_listener(&h, &None, "/metrics", None).await;
+    assert!(!text.contains("tessera_pending_gpu_pods{"), "{text}");
+}
