@@ -329,6 +329,12 @@ pub fn input_warnings(input: &Input) -> Vec<String> {
     DraState::new(&input.dra).warnings
 }
 
+/// The error of a GPU pod when the input has no node that takes GPU pods: no answer about
+/// fitting can be given (an empty `reasons` would read as "fits nowhere, for no reason").
+pub const NO_GPU_NODES: &str = "the input has no node that takes GPU pods: add the cluster's Nodes \
+    (`kubectl get nodes -o yaml`), with the device plugin's register annotation \
+    hami.io/node-nvidia-register";
+
 /// Places every pending pod in file order; each placement books capacity for the next.
 pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
     let mut state = ClusterState::new();
@@ -399,6 +405,9 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
                 );
             }
             Verdict::Invalid(e) => result.error = Some(e.to_string()),
+            Verdict::NoFit { failed } if failed.is_empty() && names.is_empty() => {
+                result.error = Some(NO_GPU_NODES.to_owned());
+            }
             Verdict::NoFit { failed } => {
                 result.mig = explain_mig(&state, cfg, &pod, &uid, &failed);
                 result.reasons = reason_strings(failed);

@@ -68,7 +68,8 @@ enum Command {
     Simulate {
         /// Multi-document YAML (or a v1 List): Nodes, running Pods, ResourceQuotas, pending Pods;
         /// for pods that use claims, ResourceSlices, ResourceClaims, ResourceClaimTemplates and
-        /// DeviceClasses. Repeat to read several files, in order.
+        /// DeviceClasses. Repeat to read several files, in order; `-` reads standard input
+        /// (`kubectl get nodes,pods -A -o yaml | tessera-scheduler simulate -f -`).
         #[arg(short = 'f', long = "file", required = true)]
         file: Vec<PathBuf>,
         #[command(flatten)]
@@ -95,8 +96,12 @@ fn main() -> anyhow::Result<()> {
             let cfg = policy.decision_config()?;
             let mut input = tessera_scheduler_core::simulate::Input::default();
             for file in &file {
-                let text = std::fs::read_to_string(file)
-                    .with_context(|| format!("reading {}", file.display()))?;
+                let text = if file.as_os_str() == "-" {
+                    std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+                } else {
+                    std::fs::read_to_string(file)
+                        .with_context(|| format!("reading {}", file.display()))?
+                };
                 input
                     .add_text(&text)
                     .with_context(|| format!("parsing {}", file.display()))?;
@@ -108,9 +113,15 @@ fn main() -> anyhow::Result<()> {
                 tracing::warn!(%problem, "simulate leaves part of the input out");
             }
             let mut out = std::io::stdout().lock();
+            let mut no_gpu_nodes = false;
             for line in tessera_scheduler_core::simulate::run(&input, &cfg) {
                 serde_json::to_writer(&mut out, &line)?;
                 writeln!(out)?;
+                no_gpu_nodes |=
+                    line.error.as_deref() == Some(tessera_scheduler_core::simulate::NO_GPU_NODES);
+            }
+            if no_gpu_nodes {
+                anyhow::bail!(tessera_scheduler_core::simulate::NO_GPU_NODES);
             }
             Ok(())
         }
