@@ -163,6 +163,10 @@ pub const REFUSED_TTL: Duration = Duration::from_secs(10);
 /// Tokens remembered at most (a flood of made-up tokens must not grow the cache without bound).
 pub const CACHE_ENTRIES: usize = 256;
 
+/// The rate limit of the warnings about reviews that could not be made.
+static REVIEW_FAILURES: tessera_runtime::SharedRateLimitedLog =
+    tessera_runtime::SharedRateLimitedLog::new(Duration::from_secs(60));
+
 /// The gate in front of `/metrics`: a reviewer, its answers cached by the token's SHA-256 (the
 /// token itself is not kept), and a bound on reviews in flight.
 pub struct MetricsGate {
@@ -228,7 +232,17 @@ impl MetricsGate {
                 verdict(access)
             }
             Err(e) => {
-                tracing::warn!(error = %tessera_runtime::DisplayChain(&e), "refusing a metrics scrape");
+                // Every scrape while the API server is away would say so: once a minute.
+                match REVIEW_FAILURES.note_now() {
+                    Some(left_out) => tracing::warn!(
+                        error = %tessera_runtime::DisplayChain(&e),
+                        left_out,
+                        "refusing a metrics scrape: its token cannot be reviewed (and left_out more since the last such line)"
+                    ),
+                    None => {
+                        tracing::debug!(error = %tessera_runtime::DisplayChain(&e), "refusing a metrics scrape")
+                    }
+                }
                 Err(Refusal::Unavailable)
             }
         }

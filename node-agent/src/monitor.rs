@@ -731,6 +731,49 @@ pub fn log_feedback(outcomes: &[FeedbackOutcome], skipped: &[SkippedFile]) {
 mod tests {
     use super::*;
 
+    /// The host PID goes only into the slot with the container's PID, and a region the
+    /// container made hostile (a slot count out of range, a short file, a link in its place)
+    /// is refused without a panic, an unbounded read or a write elsewhere (issue 31).
+    #[test]
+    fn host_pids_are_written_into_the_right_slot_and_hostile_regions_refused() {
+        use vgpu_region::{offset, slot};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.cache");
+        std::fs::write(&path, crate::testing::region_with_process("GPU-0", 7)).unwrap();
+        assert!(write_host_pid(&path, 7, 4242).unwrap());
+        let bytes = std::fs::read(&path).unwrap();
+        let at = slot::base(0) + slot::HOSTPID;
+        assert_eq!(
+            i32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap()),
+            4242
+        );
+        assert!(
+            !write_host_pid(&path, 8, 4243).unwrap(),
+            "no slot has PID 8"
+        );
+
+        // A slot count far beyond the file: at most MAX_PROCS slots read, then a read error.
+        let mut huge = bytes.clone();
+        huge[offset::PROC_NUM..offset::PROC_NUM + 4].copy_from_slice(&i32::MAX.to_ne_bytes());
+        huge.truncate(slot::base(3));
+        std::fs::write(&path, &huge).unwrap();
+        assert!(write_host_pid(&path, 99, 1).is_err());
+        let mut negative = bytes.clone();
+        negative[offset::PROC_NUM..offset::PROC_NUM + 4].copy_from_slice(&(-5i32).to_ne_bytes());
+        std::fs::write(&path, &negative).unwrap();
+        assert!(!write_host_pid(&path, 7, 1).unwrap(), "no slot is read");
+        std::fs::write(&path, b"short").unwrap();
+        assert!(write_host_pid(&path, 7, 1).is_err());
+
+        // A link to a file outside: refused, the target untouched.
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, &bytes).unwrap();
+        let link = dir.path().join("link.cache");
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
+        assert!(write_host_pid(&link, 7, 1).is_err());
+        assert_eq!(std::fs::read(&outside).unwrap(), bytes);
+    }
+
     #[test]
     fn only_directories_of_gone_pods_past_the_grace_are_stale() {
         use std::time::Duration;
