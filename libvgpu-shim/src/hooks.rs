@@ -14,9 +14,8 @@ pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
-const NVML_SUCCESS: c_uint = 0;
 const NVML_ERROR_UNKNOWN: c_uint = 999;
-const NVML_ERROR_FUNCTION_NOT_FOUND: c_uint = 13;
+use crate::nvml_api::{NVML_ERROR_FUNCTION_NOT_FOUND, NVML_SUCCESS};
 
 /// Set after an internal failure: from then on every hook only forwards.
 static DEGRADED: AtomicBool = AtomicBool::new(false);

@@ -15,6 +15,7 @@ mod limiter;
 mod log;
 #[cfg(any(target_env = "musl", test))]
 mod musl_dlsym;
+mod nvml_api;
 mod real;
 mod region;
 mod visible;

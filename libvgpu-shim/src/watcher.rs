@@ -87,8 +87,8 @@ impl Nvml {
     /// per pid of NVML's samples, summed over the container's pids. If NVML knows none of them
     /// (a PID namespace without host pids), the whole device's utilisation.
     fn container_util(&self, handle: *mut c_void, pids: &[u32], window_us: u64) -> Option<f64> {
-        let since = crate::hooks::realtime_us().saturating_sub(window_us);
-        if let Ok(samples) = crate::hooks::real_process_samples(handle, since) {
+        let since = crate::nvml_api::realtime_us().saturating_sub(window_us);
+        if let Ok(samples) = crate::nvml_api::real_process_samples(handle, since) {
             if samples.is_empty() {
                 return Some(0.0);
             }
@@ -109,12 +109,12 @@ impl Nvml {
         if p.is_null() {
             return None;
         }
-        let mut u = crate::hooks::Utilization::default();
+        let mut u = crate::nvml_api::Utilization::default();
         // SAFETY: `nvmlDeviceGetUtilizationRates(dev, nvmlUtilization_t*)`.
         let r = unsafe {
             std::mem::transmute::<
                 *mut c_void,
-                unsafe extern "C" fn(*mut c_void, *mut crate::hooks::Utilization) -> c_uint,
+                unsafe extern "C" fn(*mut c_void, *mut crate::nvml_api::Utilization) -> c_uint,
             >(p)(handle, &mut u)
         };
         (r == 0).then_some(u.gpu as f64)

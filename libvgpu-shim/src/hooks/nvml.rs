@@ -2,6 +2,7 @@
 //! usage within it (`nvidia-smi` in the container shows its slice).
 
 use super::*;
+use crate::nvml_api::*;
 
 #[repr(C)]
 pub struct NvmlMemory {
@@ -122,8 +123,6 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 // not known yet is left out, never someone else's shown.
 
 const NVML_ERROR_INVALID_ARGUMENT: c_uint = 2;
-const NVML_ERROR_NOT_FOUND: c_uint = 6;
-const NVML_ERROR_INSUFFICIENT_SIZE: c_uint = 7;
 /// `NVML_VALUE_NOT_AVAILABLE` for an unknown instance id (not a MIG device).
 const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
 
@@ -143,26 +142,6 @@ pub struct NvmlProcessInfo {
 pub struct NvmlProcessInfoV1 {
     pub pid: c_uint,
     pub used_gpu_memory: u64,
-}
-
-/// `nvmlProcessUtilizationSample_t`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct ProcessSample {
-    pub pid: c_uint,
-    pub time_stamp: u64,
-    pub sm_util: c_uint,
-    pub mem_util: c_uint,
-    pub enc_util: c_uint,
-    pub dec_util: c_uint,
-}
-
-/// `nvmlUtilization_t`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct Utilization {
-    pub gpu: c_uint,
-    pub memory: c_uint,
 }
 
 /// An entry of a process list in either layout.
@@ -211,17 +190,6 @@ fn own_processes(device: *mut c_void) -> Option<Vec<region::ProcessUse>> {
     Some(region_with_watcher().processes_on(dev))
 }
 
-/// NVML's own function `f` as the C type `T`, or `None` when the library lacks it.
-///
-/// # Safety
-/// `T` must be the `extern "C" fn` type of `f`'s C signature.
-unsafe fn real_nvml<T: Copy>(f: F) -> Option<T> {
-    const { assert!(std::mem::size_of::<T>() == std::mem::size_of::<*mut c_void>()) };
-    let p = real::get(f);
-    // SAFETY: the caller's contract; `T` is a function pointer, as large as `p`.
-    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
-}
-
 /// NVML's two-call protocol for `list` into the caller's `count`/`infos`: too small a buffer
 /// gets the number needed and `INSUFFICIENT_SIZE`, nothing written.
 ///
@@ -249,27 +217,6 @@ unsafe fn answer_list<T: Copy>(count: *mut c_uint, infos: *mut T, list: &[T]) ->
         unsafe { *infos.add(i) = *e };
     }
     NVML_SUCCESS
-}
-
-/// Calls a real NVML list query (`count`, buffer) until the buffer is large enough, at most a
-/// few times (the list may grow between calls). `Err` is NVML's error.
-fn real_list<T: Copy + Default>(
-    mut call: impl FnMut(*mut c_uint, *mut T) -> c_uint,
-) -> Result<Vec<T>, c_uint> {
-    let mut capacity: usize = 64;
-    for _ in 0..4 {
-        let mut buf = vec![T::default(); capacity];
-        let mut count = capacity as c_uint;
-        match call(&mut count, buf.as_mut_ptr()) {
-            NVML_SUCCESS => {
-                buf.truncate((count as usize).min(capacity));
-                return Ok(buf);
-            }
-            NVML_ERROR_INSUFFICIENT_SIZE => capacity = (count as usize).max(capacity) + 16,
-            e => return Err(e),
-        }
-    }
-    Err(NVML_ERROR_INSUFFICIENT_SIZE)
 }
 
 /// A running-process list of kind `f`. Compute: the container's processes from its region (its
@@ -404,29 +351,6 @@ process_list_hook!(
     false
 );
 
-/// NVML's per-process utilization samples of `device` newer than `since_us` (NVML's `NOT_FOUND`
-/// when there is none is an empty list).
-/// `nvmlDeviceGetProcessUtilization`'s C signature.
-type ProcessUtilizationFn =
-    unsafe extern "C" fn(*mut c_void, *mut ProcessSample, *mut c_uint, u64) -> c_uint;
-
-pub(crate) fn real_process_samples(
-    device: *mut c_void,
-    since_us: u64,
-) -> Result<Vec<ProcessSample>, c_uint> {
-    // SAFETY: `nvmlDeviceGetProcessUtilization(dev, samples*, unsigned*, u64)`.
-    let Some(real) =
-        (unsafe { real_nvml::<ProcessUtilizationFn>(F::nvmlDeviceGetProcessUtilization) })
-    else {
-        return Err(NVML_ERROR_FUNCTION_NOT_FOUND);
-    };
-    // SAFETY: a buffer of `count` samples.
-    match real_list(|n, buf| unsafe { real(device, buf, n, since_us) }) {
-        Err(NVML_ERROR_NOT_FOUND) => Ok(Vec::new()),
-        r => r,
-    }
-}
-
 /// The container's samples among `samples` (by the host PIDs its region knows), each with its
 /// container PID.
 fn own_samples(own: &[region::ProcessUse], samples: &[ProcessSample]) -> Vec<ProcessSample> {
@@ -468,13 +392,6 @@ pub(crate) fn container_utilization(samples: &[ProcessSample]) -> Utilization {
 
 /// The window `nvmlDeviceGetUtilizationRates` reports over (NVML's own is 1/6 s to 1 s).
 const UTILIZATION_WINDOW_US: u64 = 1_000_000;
-
-/// Wall-clock µs, NVML's timestamps' clock.
-pub(crate) fn realtime_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
