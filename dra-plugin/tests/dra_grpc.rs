@@ -18,7 +18,7 @@ use tessera_dra_plugin::checkpoint::PreparedClaims;
 use tessera_dra_plugin::plugin::{ClaimSource, DraDriver, serve};
 use tessera_node::edges::EdgeError;
 use tessera_node::gpu::GpuInfo;
-use tessera_node::testing::{response_settings, t4};
+use tessera_node::testing::{region_with_process, response_settings, t4};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -132,21 +132,13 @@ fn claim(name: &str, uid: &str) -> dra::Claim {
 }
 
 /// A shim region as HAMi-core leaves it: one GPU with `limit` bytes and `cores` percent, one
-/// live process using `used` bytes.
+/// live process (PID 10) using `used` bytes.
 fn region(uuid: &str, limit: u64, cores: u64, used: u64) -> Vec<u8> {
     use vgpu_region::{offset, slot};
-    let mut b = vec![0u8; vgpu_region::FILE_SIZE];
+    let mut b = region_with_process(uuid, 10);
     let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
-    put(offset::INITIALIZED_FLAG, &vgpu_region::MAGIC.to_ne_bytes());
-    put(offset::MAJOR_VERSION, &1u32.to_ne_bytes());
-    put(offset::MINOR_VERSION, &2u32.to_ne_bytes());
-    put(offset::DEVICE_NUM, &1u64.to_ne_bytes());
-    put(offset::UUIDS, uuid.as_bytes());
     put(offset::LIMIT, &limit.to_ne_bytes());
     put(offset::SM_LIMIT, &cores.to_ne_bytes());
-    put(offset::PROC_NUM, &1i32.to_ne_bytes());
-    put(offset::PROCS + slot::PID, &10i32.to_ne_bytes());
-    put(offset::PROCS + slot::STATUS, &1i32.to_ne_bytes());
     put(
         offset::PROCS + slot::USED + slot::MEM_TOTAL,
         &used.to_ne_bytes(),

@@ -1289,12 +1289,13 @@ impl RealCluster {
 
     /// A bearer token of [`SCRAPER`], the e2e's Prometheus: a ServiceAccount of the chart's
     /// namespace whose ClusterRole allows `get` on the non-resource URL `/metrics`, as
-    /// Prometheus' own does (the chart's `metricsAuthorization: kubernetes`). Issued once per
-    /// half hour; the first call creates the account and its RBAC.
+    /// Prometheus' own does (the chart's `metricsAuthorization: kubernetes`). Issued every five
+    /// minutes; the first call creates the account and its RBAC.
     pub async fn scrape_token(&self) -> Result<String> {
         if let Ok(g) = self.scrape_token.lock()
             && let Some((t, at)) = g.as_ref()
-            && at.elapsed() < Duration::from_secs(1800)
+            // The token lives 10 minutes (`service_account_token`): renewed at 5.
+            && at.elapsed() < Duration::from_secs(300)
         {
             return Ok(t.clone());
         }
@@ -1335,13 +1336,7 @@ impl RealCluster {
                 Err(e) => return Err(e.into()),
             }
         }
-        let req: k8s_openapi::api::authentication::v1::TokenRequest =
-            serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))?;
-        let out: k8s_openapi::api::authentication::v1::TokenRequest =
-            Api::<ServiceAccount>::namespaced(self.admin.clone(), NAMESPACE)
-                .create_subresource("token", SCRAPER, &pp, &req)
-                .await?;
-        let token = out.status.map(|s| s.token).unwrap_or_default();
+        let token = self.service_account_token(SCRAPER, None).await?;
         if let Ok(mut g) = self.scrape_token.lock() {
             *g = Some((token.clone(), std::time::Instant::now()));
         }

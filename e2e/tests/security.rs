@@ -1709,14 +1709,25 @@ async fn unaccounted_evicted(c: &mut RealCluster) -> Result<()> {
         },
     )
     .await?;
-    let announced = events_on(c, &uid)
-        .await?
-        .into_iter()
-        .any(|e| e.reason.as_deref() == Some("EvictingForUnaccountedGPUProcess"));
-    if !announced {
-        return Err(Error::msg(
-            "stowaway-2 was deleted without the Event that says why",
-        ));
-    }
-    Ok(())
+    // The Event is queued before the delete but written by the plugin's Event task, so it may
+    // reach the API server just after the pod is gone (a run failed on a one-shot read).
+    eventually(
+        "the Event that says why stowaway-2 was evicted",
+        Duration::from_secs(15),
+        Duration::from_millis(250),
+        || async {
+            events_on(c, &uid)
+                .await
+                .ok()?
+                .into_iter()
+                .any(|e| e.reason.as_deref() == Some("EvictingForUnaccountedGPUProcess"))
+                .then_some(())
+        },
+    )
+    .await
+    .map_err(|e| {
+        Error::msg(format!(
+            "stowaway-2 was deleted without the Event that says why: {e}"
+        ))
+    })
 }
