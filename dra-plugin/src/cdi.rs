@@ -166,6 +166,7 @@ mod tests {
             "/usr/local/vgpu/claims/uid-1".into(),
             "cache-1",
             false,
+            false,
             &settings,
         )
         .unwrap()

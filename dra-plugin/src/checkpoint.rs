@@ -179,6 +179,9 @@ impl PreparedClaims {
                     dir_text,
                     &uuid::Uuid::new_v4().to_string(),
                     false,
+                    // A claim has no pod annotations to opt in with: no host-backed memory
+                    // (docs/oversubscription.md).
+                    false,
                     &self.settings,
                 )
                 .map_err(PrepareError::Response)?;

@@ -273,6 +273,7 @@ mod tests {
             context_bytes: 0,
             module_bytes: 0,
             buffer_bytes: 0,
+            host_memory_bytes: 0,
             sm_limit: 25,
             sm_util: 12,
             last_kernel_time,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Real-GPU check of libvgpu.so (Tessera's HAMi-core replacement). Needs one NVIDIA GPU, its
 # driver, python3 with PyTorch, and either cargo (to build the shim) or VGPU_SHIM=<path to a
-# built libvgpu.so>. nvcc is optional (used for the launch-overhead loop). Takes about 2-3 min.
+# built libvgpu.so>. nvcc is optional (used for the launch-overhead loop). Takes about 3-4 min.
 #
 #   e2e/gpu/run.sh                 # builds with cargo --release
 #   VGPU_SHIM=/path/libvgpu.so e2e/gpu/run.sh
@@ -15,7 +15,12 @@
 # read only (the GPU's MIG mode is never changed): reports the mode NVML gives, and where MIG is
 # enabled, that the device plugin's discovery (--print-register, --mig-strategy single) lists
 # exactly the MIG instances nvidia-smi -L lists; (8) what the node's memory check sees: NVML's
-# per-process memory of a shim process (the driver's own reservation) and of a dlmopen bypass.
+# per-process memory of a shim process (the driver's own reservation) and of a dlmopen bypass;
+# (9) opt-in oversubscription: past the device share, cuMemAlloc is served from host memory, the
+# card holds only the share, the booking is enforced, and what host-backed memory costs; (10)
+# serving patterns under one limit: vLLM-style memory profiling, CUDA graph replay, CUDA IPC
+# between two processes (counted once), managed memory, expandable segments (cuMemCreate/Map);
+# (11) NVML inside a container does not list another tenant's process.
 # TESSERA_DEVICE_PLUGIN=<path> skips its build.
 # Exit status: number of failed checks.
 set -u
@@ -218,18 +223,26 @@ echo "== 8. what the node's memory check sees (NVML per process) against what th
 # devicePlugin.unaccountedProcesses.memoryAllowanceMiB (1024 per process) must cover it.
 # (b) cuda_probe bypass: a second copy of the driver (dlmopen) allocates 3000 MiB under a 1024 MiB
 # limit; NVML must count it for the process, which is what GpuMemoryOverBooking reports.
+# NVML is read outside the shim (as the node reads it): inside, the shim answers the process
+# list with its own count (check 11), which would hide the driver's reservation.
 cat >"$WORK/nvml_self.py" <<'EOF'
-import os, torch, pynvml
-G = 1 << 30
-x = torch.empty(1 * G, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
+import os, sys, time, torch
+x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
+open(sys.argv[1], "w").write(str(os.getpid())); time.sleep(30)
+EOF
+cat >"$WORK/nvml_outside.py" <<'EOF'
+import sys, pynvml
+pid = int(open(sys.argv[1]).read())
 pynvml.nvmlInit()
-h = pynvml.nvmlDeviceGetHandleByIndex(0)
-procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-mine = [p.usedGpuMemory for p in procs if p.pid == os.getpid()]
-print(f"NVML lists {len(procs)} process(es); this one: {[m >> 20 for m in mine if m]} MiB")
+procs = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0))
+mine = [p.usedGpuMemory for p in procs if p.pid == pid]
+print(f"NVML (outside the shim) lists {len(procs)} process(es); the shim's process: {[m >> 20 for m in mine if m]} MiB")
 print(f"OVERHEAD_MIB={(mine[0] >> 20) - 1024 if mine and mine[0] else -1}")
 EOF
-OUT8=$(shim "$WORK/n8.cache" 2g $PY "$WORK/nvml_self.py" 2>&1); echo "$OUT8"
+shim "$WORK/n8.cache" 2g $PY "$WORK/nvml_self.py" "$WORK/pid8" & HOLD8=$!
+for _ in $(seq 150); do [ -s "$WORK/pid8" ] && break; sleep 0.2; done
+OUT8=$($PY "$WORK/nvml_outside.py" "$WORK/pid8" 2>&1); echo "$OUT8"
+kill $HOLD8 2>/dev/null; wait $HOLD8 2>/dev/null
 OVER=$(echo "$OUT8" | sed -n 's/^OVERHEAD_MIB=//p')
 if [ "${OVER:--1}" -lt 0 ]; then echo "NVML gives no per-process memory here: (a) not measured"
 elif [ "$OVER" -le 1024 ]; then pass "per-process memory beyond the shim's count: $OVER MiB (allowance 1024)"
@@ -248,6 +261,167 @@ if cc -O1 -o "$WORK/cuda_probe" libvgpu-shim/tests/c/cuda_probe.c -ldl -lpthread
 else
   echo "cuda_probe did not build: $(cat "$WORK/cc.err")"
 fi
+
+echo "== 9. opt-in oversubscription: 4 GiB booked, 1 GiB device share (TESSERA_DEVICE_MEMORY_SHARE_0)"
+cat >"$WORK/oversub.py" <<'EOF'
+import os, sys, time, subprocess, torch
+G = 1 << 30
+def smi_used():
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    return {int(p): int(m) for p, m in (l.split(", ") for l in out.strip().splitlines() if ", " in l)}
+free, total = torch.cuda.mem_get_info()
+print(f"mem_get_info: total {total/G:.2f} GiB, free {free/G:.2f} GiB")
+ok = abs(total - 4 * G) < (1 << 20)
+dev = torch.ones(G // 4 // 4, device="cuda")                    # 0.25 GiB on the card
+t0 = time.perf_counter(); host = torch.empty(3 * G // 4, dtype=torch.float32, device="cuda")  # 3 GiB: past the share
+torch.cuda.synchronize(); t_host = time.perf_counter() - t0
+host.fill_(2.0); s = host.sum().item()
+print(f"3 GiB past the share: allocated in {t_host*1e3:.0f} ms, sum {s:.0f} (expected {2.0 * host.numel():.0f})")
+ok &= s == 2.0 * host.numel()
+mine = smi_used().get(os.getpid())
+print(f"nvidia-smi: this process holds {mine} MiB on the card")
+ok &= mine is not None and mine < 1024 + 600   # the share plus the driver's context, not 3.25 GiB
+try:
+    torch.empty(G, dtype=torch.uint8, device="cuda"); print("1 GiB more fit: NOT limited"); ok = False
+except torch.cuda.OutOfMemoryError:
+    print("1 GiB more: OutOfMemoryError (4 GiB booked)")
+# Cost, same process: alloc+free of 512 MiB from the card (share has room) and from host
+# memory (share full), and read+write bandwidth of a kernel on each.
+del host; torch.cuda.empty_cache()
+import ctypes
+cu = ctypes.CDLL("libcuda.so.1")
+def alloc_free(n):
+    p = ctypes.c_uint64(); t = time.perf_counter()
+    r = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n)); cu.cuMemFree_v2(p)
+    return time.perf_counter() - t if r == 0 else float("nan")
+med = lambda f, n=5: sorted(f() for _ in range(n))[n // 2]
+a_dev = med(lambda: alloc_free(G // 2))
+fill = torch.empty(G // 2 + G // 4, dtype=torch.uint8, device="cuda")  # the card's share is full
+a_host = med(lambda: alloc_free(G // 2))
+h = torch.empty(G // 4, dtype=torch.uint8, device="cuda")              # past the share: host-backed
+del fill; torch.cuda.empty_cache()
+d = torch.empty(G // 4, dtype=torch.uint8, device="cuda")              # on the card
+def bw(x):
+    def once():
+        torch.cuda.synchronize(); t = time.perf_counter(); x.add_(1); torch.cuda.synchronize(); return time.perf_counter() - t
+    return 2 * x.numel() / med(once) / 1e9
+print(f"OVERSUB alloc+free 512 MiB, median of 5: device {a_dev*1e3:.2f} ms, host-backed {a_host*1e3:.2f} ms; "
+      f"read+write bandwidth of a 256 MiB tensor: device {bw(d):.0f} GB/s, host-backed {bw(h):.1f} GB/s")
+sys.exit(0 if ok else 1)
+EOF
+if shim "$WORK/over.cache" 4g env TESSERA_DEVICE_MEMORY_SHARE_0=1g $PY "$WORK/oversub.py"; then pass "oversubscription: past the share from host memory, booking enforced"; else fail "oversubscription"; fi
+
+echo "== 10. serving patterns under a 2 GiB limit: graphs, memory profiling, expandable segments, IPC, managed"
+cat >"$WORK/serving.py" <<'EOF'
+import ctypes, sys, torch, torch.multiprocessing as mp
+G = 1 << 30
+def child(q, done):
+    t = q.get()                                   # opened through CUDA IPC: counted by the exporter
+    x = torch.empty(G // 2 + G // 4, dtype=torch.uint8, device="cuda")  # fits only if the import is not counted again
+    done.put(float(t[0].item()))
+def main():
+    ok = True
+    # vLLM-style profiling: free memory drops by exactly what a warm-up allocates.
+    torch.cuda.init(); torch.empty(1, device="cuda")
+    f0, tot = torch.cuda.mem_get_info()
+    w = torch.empty(G // 2, dtype=torch.uint8, device="cuda")
+    f1, _ = torch.cuda.mem_get_info()
+    print(f"profiling: total {tot/G:.2f} GiB, free dropped {(f0-f1)/2**20:.0f} MiB for a 512 MiB warm-up")
+    ok &= abs(tot - 2 * G) < (1 << 20) and f0 - f1 == G // 2
+    del w; torch.cuda.empty_cache()
+    # CUDA graph capture with allocations inside, replayed 200 times: usage does not grow.
+    s = torch.cuda.Stream(); x = torch.ones(1 << 20, device="cuda")
+    with torch.cuda.stream(s):
+        for _ in range(3): y = x * 2
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = (x * 2).sum()
+    before = torch.cuda.mem_get_info()[0]
+    for _ in range(200): g.replay()
+    torch.cuda.synchronize()
+    after = torch.cuda.mem_get_info()[0]
+    print(f"graph: replayed 200 times, free {before/2**20:.0f} -> {after/2**20:.0f} MiB, result {y.item():.0f}")
+    ok &= after == before and y.item() == 2 * (1 << 20)
+    del g, y, x; torch.cuda.empty_cache()
+    # IPC: a tensor shared with a second process of the container is counted once.
+    t = torch.full((G // 4,), 7.0, device="cuda")  # 1 GiB
+    ctx = mp.get_context("spawn"); q, done = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=child, args=(q, done)); p.start(); q.put(t)
+    try:
+        seen = done.get(timeout=120); print(f"IPC: the second process read {seen:.0f} and allocated 0.75 GiB beside the shared 1 GiB")
+        ok &= seen == 7.0
+    except Exception as e:
+        print(f"IPC: the second process failed: {e}"); ok = False
+    p.join(60); ok &= p.exitcode == 0
+    del t; torch.cuda.empty_cache()
+    # Managed memory counts against the limit.
+    cu = ctypes.CDLL("libcuda.so.1"); m = ctypes.c_uint64(); d = ctypes.c_uint64()
+    r1 = cu.cuMemAllocManaged(ctypes.byref(m), ctypes.c_size_t(G), 1)
+    r2 = cu.cuMemAlloc_v2(ctypes.byref(d), ctypes.c_size_t(G + G // 2))
+    print(f"managed 1 GiB: {r1}; then cuMemAlloc 1.5 GiB: {r2} (2 = out of memory)")
+    ok &= r1 == 0 and r2 == 2
+    cu.cuMemFree_v2(m)
+    sys.exit(0 if ok else 1)
+if __name__ == "__main__":
+    main()
+EOF
+if shim "$WORK/serve.cache" 2g $PY "$WORK/serving.py"; then pass "serving patterns held to one 2 GiB limit"; else fail "serving patterns"; fi
+cat >"$WORK/expand.py" <<'EOF'
+import sys, torch
+G = 1 << 30
+xs = []
+try:
+    for i in range(64): xs.append(torch.empty(G // 8, dtype=torch.uint8, device="cuda"))
+    print("expandable segments: 8 GiB fit: NOT limited"); sys.exit(1)
+except torch.cuda.OutOfMemoryError:
+    print(f"expandable segments (cuMemCreate/cuMemMap): OutOfMemoryError after {len(xs)/8:.3f} GiB")
+    sys.exit(0 if 1.5 <= len(xs) / 8 <= 2 else 1)
+EOF
+if shim "$WORK/exp.cache" 2g env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY "$WORK/expand.py"; then pass "expandable segments held to 2 GiB"; else fail "expandable segments"; fi
+
+echo "== 10b. a CUDA graph captured with stream-ordered allocations (cudaMallocAsync backend) is counted"
+cat >"$WORK/capture.py" <<'EOF'
+import ctypes, sys, torch
+M = 1 << 20
+x = torch.ones(64 * M, device="cuda")                       # 256 MiB
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    for _ in range(3): y = ((x * 2) + 1).sum()
+torch.cuda.current_stream().wait_stream(s); torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    t1 = x * 2; t2 = t1 + 1; y = t2.sum()                     # 512 MiB of intermediates inside the graph
+del t1, t2
+for _ in range(100): g.replay()
+torch.cuda.synchronize()
+cu = ctypes.CDLL("libcuda.so.1"); held = ctypes.c_uint64()
+cu.cuDeviceGetGraphMemAttribute(0, 2, ctypes.byref(held))      # what the driver holds for graphs
+free, total = torch.cuda.mem_get_info()
+print(f"after 100 replays: result {y.item():.0f}, the driver holds {held.value // M} MiB for graphs, "
+      f"the shim counts {(total - free) // M} MiB in use of {total // M}")
+ok = abs(y.item() - 3 * 64 * M) < 1e4 and total - free >= held.value + 256 * M
+try:
+    torch.empty(free + 64 * M, dtype=torch.uint8, device="cuda"); print("past free: NOT limited"); ok = False
+except torch.cuda.OutOfMemoryError:
+    print("past free: OutOfMemoryError")
+sys.exit(0 if ok else 1)
+EOF
+if shim "$WORK/cap.cache" 2g env PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync $PY "$WORK/capture.py"; then pass "captured graph memory counted"; else fail "captured graph memory"; fi
+
+echo "== 11. NVML inside a container lists none of another tenant's processes"
+# The public NVML calls answer with the container's processes (pynvml, vLLM, nvitop). nvidia-smi
+# reads its process table through NVML's private export table, which the shim cannot filter
+# (refusing that table makes nvidia-smi exit 255): printed, not checked (docs/security.md).
+$PY "$WORK/hold.py" "$WORK/ready11" & OTHER=$!
+for _ in $(seq 100); do [ -f "$WORK/ready11" ] && break; sleep 0.2; done
+INSIDE=$(shim "$WORK/n11.cache" 2g $PY -c 'import pynvml as n; n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+print(" ".join(str(p.pid) for f in (n.nvmlDeviceGetComputeRunningProcesses, n.nvmlDeviceGetGraphicsRunningProcesses) for p in f(h)))')
+SMI=$(shim "$WORK/n11.cache" 2g nvidia-smi --query-compute-apps=pid --format=csv,noheader | tr '\n' ' ')
+echo "another tenant: $OTHER; inside a 2 GiB container: NVML lists [$INSIDE], nvidia-smi's own table [$SMI]"
+kill $OTHER 2>/dev/null; wait $OTHER 2>/dev/null
+case " $INSIDE " in *" $OTHER "*) fail "NVML lists another tenant's process inside";; *) pass "NVML does not list another tenant's process inside";; esac
 
 echo "== done: $FAILS failure(s)"
 exit $FAILS

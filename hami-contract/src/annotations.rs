@@ -93,6 +93,28 @@ pub fn is_scheduler_owned(key: &str) -> bool {
 /// Node label naming the device plugin that serves the node, for the extender: `hami` puts the
 /// node in HAMi-plugin mode (HAMi's own device plugin runs there): the extender writes HAMi's
 /// node lock at bind and keeps one bind in flight on the node (`docs/helm.md`, "Mixed clusters").
+/// Tessera's opt-in oversubscription, on the pod: `host` asks that, on a node whose
+/// `deviceMemoryScaling` is above 1, the memory booked past the GPU's physical share be served
+/// from host memory rather than taken from the card (docs/oversubscription.md). Without it,
+/// HAMi's behaviour: the whole booking may be device memory.
+pub const MEMORY_OVERSUBSCRIPTION: &str = "tessera.io/memory-oversubscription";
+/// The one value of [`MEMORY_OVERSUBSCRIPTION`].
+pub const MEMORY_OVERSUBSCRIPTION_HOST: &str = "host";
+
+/// Whether the pod's annotations ask for host-backed oversubscription; `Err` names a value that
+/// is not [`MEMORY_OVERSUBSCRIPTION_HOST`] (the webhook refuses it).
+pub fn memory_oversubscription<'a>(
+    mut annotations: impl Iterator<Item = (&'a str, &'a str)>,
+) -> Result<bool, String> {
+    match annotations.find(|(k, _)| *k == MEMORY_OVERSUBSCRIPTION) {
+        None => Ok(false),
+        Some((_, MEMORY_OVERSUBSCRIPTION_HOST)) => Ok(true),
+        Some((_, other)) => Err(format!(
+            "{MEMORY_OVERSUBSCRIPTION}: {other:?} is not a known value; the only one is {MEMORY_OVERSUBSCRIPTION_HOST:?}"
+        )),
+    }
+}
+
 pub const DEVICE_PLUGIN_LABEL: &str = "tessera.io/device-plugin";
 /// [`DEVICE_PLUGIN_LABEL`]: HAMi's device plugin.
 pub const DEVICE_PLUGIN_HAMI: &str = "hami";

@@ -267,6 +267,35 @@ fn main() {
         }
     }
 
+    // Opt-in oversubscription: alloc+free past the device share (host memory: map, pin, unpin,
+    // unmap), one run per round, against the device path's figure of the shim rounds above.
+    let host_vars = [
+        ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+        ("TESSERA_DEVICE_MEMORY_SHARE_0", "1m"),
+    ];
+    let (mut host, mut device) = (Vec::new(), Vec::new());
+    for shim_round in &runs[1] {
+        let r = run(&bin, true, &host_vars, &[iters, "host-backed"]);
+        host.extend(r.get("cuMemAlloc+cuMemFree past the device share").copied());
+        device.extend(shim_round.get("cuMemAlloc+cuMemFree").copied());
+    }
+    let (h, d) = (median(host.clone()), median(device));
+    println!(
+        "cuMemAlloc+cuMemFree of 4 KiB past the device share (host memory): {h:.1} ns, {:.1}x the device path",
+        h / d
+    );
+    csv.row(
+        &Row::new(
+            "cuMemAlloc+cuMemFree of 4 KiB past the device share (host memory, opt-in oversubscription)",
+            "ns per call (fake driver: the shim's map/pin/unpin/unmap, not the real driver's pinning)",
+            "ns",
+            Stats::of(&host),
+        )
+        .without_p99()
+        .baseline(d)
+        .ratio(h / d),
+    );
+
     // Start-up, interleaved.
     let dir = tempfile::tempdir().unwrap();
     let n = if quick { 5 } else { 41 };

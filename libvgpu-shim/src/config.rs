@@ -88,6 +88,11 @@ pub fn read_limits_file(path: &str) -> Result<Option<String>, String> {
 pub struct Config {
     /// Bytes per region device; 0 = no limit.
     pub memory_limit: [u64; MAX_DEVICES],
+    /// Bytes of device memory per region device under opt-in oversubscription
+    /// (`TESSERA_DEVICE_MEMORY_SHARE_<i>`): past it, up to `memory_limit`, `cuMemAlloc` is
+    /// served from mapped host memory. 0 = no oversubscription (HAMi's behaviour); always below
+    /// a non-zero `memory_limit` when set.
+    pub device_share: [u64; MAX_DEVICES],
     /// Percent per region device; 100 (or 0) = no limit.
     pub sm_limit: [u64; MAX_DEVICES],
     pub policy: UtilizationPolicy,
@@ -143,6 +148,14 @@ impl Config {
             let v = size_var(&env::memory_limit(i), get, &mut warnings);
             if v > 0 { v } else { fallback }
         });
+        let share_fallback = size_var(env::DEVICE_MEMORY_SHARE, get, &mut warnings);
+        let device_share = std::array::from_fn(|i| {
+            let v = match size_var(&env::device_memory_share(i), get, &mut warnings) {
+                0 => share_fallback,
+                v => v,
+            };
+            device_share(v, memory_limit[i])
+        });
         let sm_fallback = match size_var(env::SM_LIMIT, get, &mut warnings) {
             0 => 100,
             v => v,
@@ -164,6 +177,7 @@ impl Config {
         let log_level = get(env::LOG_LEVEL).map_or(2, |v| atoi(&v));
         Config {
             memory_limit,
+            device_share,
             sm_limit,
             policy,
             priority,
@@ -222,6 +236,17 @@ impl Config {
     }
 }
 
+/// The device share in force for a device with memory limit `limit`: oversubscription needs a
+/// limit (host memory is given only up to it) and a share below it (a share at or above the
+/// limit changes nothing).
+pub fn device_share(share: u64, limit: u64) -> u64 {
+    if limit == 0 || share >= limit {
+        0
+    } else {
+        share
+    }
+}
+
 /// Whether a percentage limits anything (HAMi: values ≥ 100 and 0 mean "no limit").
 pub fn sm_limited(percent: u64) -> bool {
     percent > 0 && percent < 100
@@ -240,6 +265,26 @@ mod tests {
     }
 
     const G: u64 = 1 << 30;
+
+    #[test]
+    fn a_device_share_counts_only_below_a_memory_limit() {
+        let c = cfg(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "2g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_2", "512m"),
+            ("TESSERA_DEVICE_MEMORY_SHARE_0", "1g"),
+            ("TESSERA_DEVICE_MEMORY_SHARE_2", "1g"),
+        ]);
+        assert_eq!(c.device_share[0], G);
+        assert_eq!(c.device_share[1], 0, "no share named for device 1");
+        assert_eq!(
+            c.device_share[2], 0,
+            "a share above the limit changes nothing"
+        );
+        assert_eq!(
+            cfg(&[("TESSERA_DEVICE_MEMORY_SHARE_0", "1g")]).device_share[0],
+            0
+        );
+    }
 
     #[test]
     fn per_device_overrides_fallback() {

@@ -126,6 +126,8 @@ struct Tracker {
     pools: pools::PoolTracker,
     /// Graph memory nodes (`graphs.rs`).
     graphs: graphs::GraphTracker,
+    /// Device pointers served from host memory (`host_backed.rs`).
+    host: host_backed::HostMap,
 }
 
 static TRACKER: Mutex<Option<Tracker>> = Mutex::new(None);
@@ -305,6 +307,7 @@ impl Drop for PidGuard {
 }
 
 mod graphs;
+mod host_backed;
 mod launch;
 mod legacy;
 mod modules;
@@ -516,7 +519,16 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> CUresult
         if degraded() || dptr.is_null() || bytes == 0 {
             return call().0;
         }
-        counted(Kind::Ptr, real::current_device(), bytes as u64, call)
+        let dev = real::current_device();
+        let r = counted(Kind::Ptr, dev, bytes as u64, call);
+        // Past the device share (or when the card is full), an oversubscribed container's
+        // allocation comes from host memory; otherwise the OOM stands.
+        match (r, dev) {
+            (CUDA_ERROR_OUT_OF_MEMORY, Some(dev)) => {
+                host_backed::alloc(dptr, bytes as u64, dev).unwrap_or(r)
+            }
+            _ => r,
+        }
     })
 }
 
@@ -577,6 +589,12 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(dptr: u64) -> CUresult {
     guarded("cuMemFree_v2", CUDA_ERROR_UNKNOWN, || {
+        if dptr != 0
+            && !degraded()
+            && let Some(r) = host_backed::free(dptr, None)
+        {
+            return r;
+        }
         let r = real_call!(cuMemFree_v2: unsafe extern "C" fn(u64) -> CUresult, dptr);
         if r == CUDA_SUCCESS && dptr != 0 && !degraded() {
             uncount(Kind::Ptr, dptr);
@@ -596,7 +614,7 @@ macro_rules! alloc_async {
                     // SAFETY: the driver wrote `*dptr` if it succeeded.
                     unsafe { written(r, dptr) }
                 };
-                if degraded() || dptr.is_null() || bytes == 0 {
+                if degraded() || dptr.is_null() || bytes == 0 || graphs::capturing(stream) {
                     return call().0;
                 }
                 pools::pool_alloc(None, bytes as u64, call)
@@ -617,7 +635,7 @@ macro_rules! alloc_from_pool {
                     // SAFETY: the driver wrote `*dptr` if it succeeded.
                     unsafe { written(r, dptr) }
                 };
-                if degraded() || dptr.is_null() || bytes == 0 {
+                if degraded() || dptr.is_null() || bytes == 0 || graphs::capturing(stream) {
                     return call().0;
                 }
                 pools::pool_alloc(Some(pool as u64), bytes as u64, call)
@@ -633,8 +651,16 @@ macro_rules! free_async {
         #[unsafe(no_mangle)]
         pub extern "C" fn $name(dptr: u64, stream: Stream) -> CUresult {
             guarded(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let captured = dptr != 0 && !degraded() && graphs::capturing(stream);
+                if dptr != 0
+                    && !degraded()
+                    && !captured
+                    && let Some(r) = host_backed::free(dptr, Some(stream))
+                {
+                    return r;
+                }
                 let r = real_call!($name: unsafe extern "C" fn(u64, Stream) -> CUresult, dptr, stream);
-                if r == CUDA_SUCCESS && dptr != 0 && !degraded() {
+                if r == CUDA_SUCCESS && dptr != 0 && !degraded() && !captured {
                     pools::pool_free(dptr);
                     graphs::freed(dptr);
                 }
@@ -832,14 +858,44 @@ pub extern "C" fn cuMipmappedArrayDestroy(handle: u64) -> CUresult {
     })
 }
 
+/// How much of its memory limit a container has on a device, as `cuMemGetInfo` and NVML show
+/// it: the limit, whether past the device share host memory serves allocations
+/// (oversubscription), and what is in use (device and host memory together).
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryBooking {
+    pub limit: u64,
+    pub oversubscribed: bool,
+    pub in_use: u64,
+}
+
+impl MemoryBooking {
+    fn of(region: &region::Region, dev: usize) -> Self {
+        MemoryBooking {
+            limit: region.limit(dev),
+            oversubscribed: region.share(dev) > 0,
+            in_use: region.usage(dev).saturating_add(region.host_usage(dev)),
+        }
+    }
+}
+
 /// `(total, free)` as the container should see them: total = min(limit, physical), free =
-/// min(total − container usage, physically free). Never an error, never a wrap.
-pub fn virtual_mem(limit: u64, usage: u64, phys_total: u64, phys_free: u64) -> (u64, u64) {
+/// min(total − container usage, physically free). Oversubscribed, the whole limit is shown
+/// and free is what is left of it (host memory serves what the card cannot). Never an error,
+/// never a wrap.
+pub fn virtual_mem(booking: MemoryBooking, phys_total: u64, phys_free: u64) -> (u64, u64) {
+    let MemoryBooking {
+        limit,
+        oversubscribed,
+        in_use,
+    } = booking;
     if limit == 0 {
         return (phys_total, phys_free);
     }
+    if oversubscribed {
+        return (limit, limit.saturating_sub(in_use));
+    }
     let total = limit.min(phys_total);
-    (total, total.saturating_sub(usage).min(phys_free))
+    (total, total.saturating_sub(in_use).min(phys_free))
 }
 
 #[unsafe(no_mangle)]
@@ -855,7 +911,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         let region = region_with_watcher();
         // SAFETY: written by the driver.
         let (pt, pf) = unsafe { (*total as u64, *free as u64) };
-        let (t, f) = virtual_mem(region.limit(dev), region.usage(dev), pt, pf);
+        let (t, f) = virtual_mem(MemoryBooking::of(region, dev), pt, pf);
         // SAFETY: as above.
         unsafe {
             *total = t as usize;
@@ -887,17 +943,43 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> C
 mod tests {
     use super::*;
 
+    fn booked(limit: u64, in_use: u64) -> MemoryBooking {
+        MemoryBooking {
+            limit,
+            oversubscribed: false,
+            in_use,
+        }
+    }
+
     #[test]
     fn memory_view_never_wraps() {
         const G: u64 = 1 << 30;
-        assert_eq!(virtual_mem(0, 5 * G, 16 * G, 10 * G), (16 * G, 10 * G));
-        assert_eq!(virtual_mem(4 * G, G, 16 * G, 15 * G), (4 * G, 3 * G));
+        assert_eq!(
+            virtual_mem(booked(0, 5 * G), 16 * G, 10 * G),
+            (16 * G, 10 * G)
+        );
+        assert_eq!(
+            virtual_mem(booked(4 * G, G), 16 * G, 15 * G),
+            (4 * G, 3 * G)
+        );
         // Usage above the limit (limit lowered, or foreign writers): free is 0, not an error.
-        assert_eq!(virtual_mem(4 * G, 5 * G, 16 * G, 15 * G), (4 * G, 0));
+        assert_eq!(
+            virtual_mem(booked(4 * G, 5 * G), 16 * G, 15 * G),
+            (4 * G, 0)
+        );
         // A limit above the physical size is clamped (cuDNN broke on total > physical).
-        assert_eq!(virtual_mem(32 * G, G, 16 * G, 15 * G), (16 * G, 15 * G));
+        assert_eq!(
+            virtual_mem(booked(32 * G, G), 16 * G, 15 * G),
+            (16 * G, 15 * G)
+        );
         // Other tenants filled the card: physical free wins.
-        assert_eq!(virtual_mem(4 * G, G, 16 * G, G / 2), (4 * G, G / 2));
+        assert_eq!(virtual_mem(booked(4 * G, G), 16 * G, G / 2), (4 * G, G / 2));
+        // Oversubscribed: the whole booking is shown, host memory serves what the card cannot.
+        let over = MemoryBooking {
+            oversubscribed: true,
+            ..booked(32 * G, 20 * G)
+        };
+        assert_eq!(virtual_mem(over, 16 * G, G), (32 * G, 12 * G));
     }
 
     #[test]

@@ -129,6 +129,11 @@ pub enum Aux {
     nvmlInit_v2,
     nvmlDeviceGetIndex,
     nvmlDeviceGetHandleByIndex_v2,
+    cuMemHostRegister_v2,
+    cuMemHostUnregister,
+    cuMemHostGetDevicePointer_v2,
+    cuStreamSynchronize,
+    cuStreamIsCapturing,
 }
 const AUX_NAMES: &[&str] = &[
     "cuCtxGetDevice\0",
@@ -148,6 +153,11 @@ const AUX_NAMES: &[&str] = &[
     "nvmlInit_v2\0",
     "nvmlDeviceGetIndex\0",
     "nvmlDeviceGetHandleByIndex_v2\0",
+    "cuMemHostRegister_v2\0",
+    "cuMemHostUnregister\0",
+    "cuMemHostGetDevicePointer_v2\0",
+    "cuStreamSynchronize\0",
+    "cuStreamIsCapturing\0",
 ];
 
 const N: usize = NAMES.len();

@@ -35,6 +35,9 @@ pub struct Region {
     /// Limits from the device plugin's limits file, enforced whatever the (container-writable)
     /// region file says. `None`: HAMi semantics, the region's limits.
     fixed: Option<([u64; MAX_DEVICES], [u64; MAX_DEVICES])>,
+    /// Device memory per device under opt-in oversubscription (`Config::device_share`); 0 =
+    /// none. Process-local like `fixed`: every process reads it from the same limits file.
+    share: [u64; MAX_DEVICES],
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics; the raw pointer is valid
@@ -289,6 +292,7 @@ impl Region {
             my_slot: AtomicUsize::new(NO_SLOT),
             private: true,
             fixed: fixed_limits(cfg),
+            share: cfg.device_share,
         };
         r.initialize(cfg);
         r
@@ -307,6 +311,7 @@ impl Region {
                 my_slot: AtomicUsize::new(NO_SLOT),
                 private: false,
                 fixed: fixed_limits(cfg),
+                share: cfg.device_share,
             };
             r.file_lock();
             let result = (|| {
@@ -621,6 +626,7 @@ impl Region {
                 slot::MEM_DATA_SIZE,
                 slot::MEM_OFFSET,
                 slot::MEM_TOTAL,
+                slot::MEM_HOST,
             ] {
                 self.slot_u64(i, slot::mem(d, f))
                     .store(0, Ordering::Relaxed);
@@ -751,14 +757,83 @@ impl Region {
             self.add_locked(i, dev, field, bytes);
             return Ok(());
         }
+        let share = self.share(dev);
         self.locked(|| {
-            let fits = |r: &Self| r.usage(dev).checked_add(bytes).is_some_and(|t| t <= limit);
+            let fits = |r: &Self| {
+                let device = r.usage(dev);
+                let cap = if share > 0 { share } else { limit };
+                device.checked_add(bytes).is_some_and(|t| t <= cap)
+                    && (share == 0
+                        || device
+                            .saturating_add(r.host_usage(dev))
+                            .checked_add(bytes)
+                            .is_some_and(|t| t <= limit))
+            };
             if !fits(self) && (self.sweep_locked() == 0 || !fits(self)) {
                 return Err(());
             }
             self.add_locked(i, dev, field, bytes);
             Ok(())
         })
+    }
+
+    /// The device share in force on `dev` (oversubscription); 0 = none.
+    pub fn share(&self, dev: usize) -> u64 {
+        self.share.get(dev).copied().unwrap_or(0)
+    }
+
+    /// Host memory the container's processes hold in place of device memory on `dev`.
+    pub fn host_usage(&self, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        (0..self.proc_num()).fold(0u64, |acc, i| {
+            acc.saturating_add(
+                self.slot_u64(i, slot::mem(dev, slot::MEM_HOST))
+                    .load(Ordering::Acquire),
+            )
+        })
+    }
+
+    /// Check-and-add of `bytes` of host memory given in place of device memory on `dev`:
+    /// only under oversubscription, and only while device and host memory together stay
+    /// within the limit. `Err(())` means out of memory.
+    pub fn reserve_host(&self, dev: usize, bytes: u64) -> Result<(), ()> {
+        let (limit, share) = (self.limit(dev), self.share(dev));
+        if dev >= MAX_DEVICES || limit == 0 || share == 0 {
+            return Err(());
+        }
+        let Some(i) = self.my_slot() else {
+            return Err(());
+        };
+        self.locked(|| {
+            let fits = |r: &Self| {
+                r.usage(dev)
+                    .saturating_add(r.host_usage(dev))
+                    .checked_add(bytes)
+                    .is_some_and(|t| t <= limit)
+            };
+            if !fits(self) && (self.sweep_locked() == 0 || !fits(self)) {
+                return Err(());
+            }
+            self.slot_u64(i, slot::mem(dev, slot::MEM_HOST))
+                .fetch_add(bytes, Ordering::AcqRel);
+            Ok(())
+        })
+    }
+
+    /// Gives back host memory charged by [`Self::reserve_host`].
+    pub fn release_host(&self, dev: usize, bytes: u64) {
+        if dev >= MAX_DEVICES {
+            return;
+        }
+        if let Some(i) = self.my_slot() {
+            let _ = self
+                .slot_u64(i, slot::mem(dev, slot::MEM_HOST))
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    Some(v.saturating_sub(bytes))
+                });
+        }
     }
 
     /// Charges `bytes` that the driver already holds (no check: refusing cannot give them

@@ -223,6 +223,7 @@ fn the_limits_file_the_node_writes_is_what_the_shim_enforces() {
         dir.path().display().to_string(),
         "protocol-test",
         false,
+        false,
         &settings,
     )
     .expect("a response for one booked GPU");

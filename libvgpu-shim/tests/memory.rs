@@ -429,3 +429,53 @@ fn exports_only_the_hooks() {
         "{dynamic}"
     );
 }
+
+/// Issue #31 item 2, opt-in oversubscription: a container booked 64 MiB with a 16 MiB device
+/// share (`TESSERA_DEVICE_MEMORY_SHARE_0`, which the node writes into the limits file) gets
+/// `cuMemAlloc` past the share from host memory: the card never holds more than the share, the
+/// booking stops everything, `cuMemGetInfo` shows the booking, and the monitor reads the host
+/// memory in the slot's host counter (device usage stays device memory only). Without the
+/// share, the same probe's second allocation would take the card's memory (HAMi's behaviour).
+#[test]
+fn past_the_device_share_allocations_come_from_host_memory_up_to_the_booking() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache(&dir);
+    let (ready, go) = (dir.path().join("ready"), dir.path().join("go"));
+    let (limit, share) = (64 * MIB, 16 * MIB);
+    let mut child = probe(
+        &cache,
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
+            ("TESSERA_DEVICE_MEMORY_SHARE_0", "16m"),
+        ],
+        &[
+            "oversub",
+            &limit.to_string(),
+            &share.to_string(),
+            ready.to_str().unwrap(),
+            go.to_str().unwrap(),
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("spawn probe");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !ready.exists() && std::time::Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let snap = std::fs::read(&cache)
+        .ok()
+        .and_then(|b| vgpu_region::RegionSnapshot::parse(&b).ok());
+    std::fs::write(&go, "").unwrap();
+    let out = child.wait_with_output().expect("probe output");
+    assert_ok(&out);
+    let snap = snap.expect("a valid region at the checkpoint");
+    assert_eq!(snap.device_usage(0), share);
+    assert_eq!(snap.host_usage(0), limit - share);
+    let after = vgpu_region::RegionSnapshot::parse(&std::fs::read(&cache).unwrap()).unwrap();
+    assert_eq!(after.host_usage(0), 0, "host memory given back at exit");
+}

@@ -448,6 +448,7 @@ impl Allocator {
                     container_name: choice.container.name.clone(),
                     disable_control: choice.container.disable_control,
                     cache_id: uuid::Uuid::new_v4().to_string(),
+                    host_oversubscription: host_oversubscription(&pod_key, pod_annotations),
                 };
                 let response = container_response(&choice.devices, &target, &self.settings)
                     .map_err(|source| AllocateError::Response {
@@ -680,6 +681,16 @@ async fn release_lock(patcher: &dyn PodPatcher, ns: &str, name: &str) {
         Ok(Err(e)) => tracing::debug!(error = %DisplayChain(&e), "HAMi node lock not released"),
         Err(_) => tracing::debug!("HAMi node lock not released: timed out"),
     }
+}
+
+/// Whether the pod opted in to host-backed oversubscription; a value the webhook should have
+/// refused (an older webhook, or none) is logged and means no.
+fn host_oversubscription(pod: &str, annotations: &BTreeMap<String, String>) -> bool {
+    keys::memory_oversubscription(annotations.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .unwrap_or_else(|why| {
+            tracing::warn!(%pod, "{why}: served without host-backed oversubscription");
+            false
+        })
 }
 
 fn log_rejections(rejected: &[crate::identity::PodRejection]) {

@@ -49,6 +49,7 @@ mod tests {
             container_name: "trainer".into(),
             disable_control: false,
             cache_id: "4f1c0000-0000-4000-8000-000000000000".into(),
+            host_oversubscription: false,
         };
         let booked = [ContainerDevice::nvidia("GPU-aaa", 1024, 30)];
         let r = container_response(&booked, &target, &s).unwrap();

@@ -272,6 +272,13 @@ impl PluginMetrics {
             ),
             (
                 vgpu(
+                    "tessera_vgpu_host_memory_bytes",
+                    "Host memory a container holds in place of device memory past its device share (opt-in oversubscription, docs/oversubscription.md)",
+                ),
+                |s, _| Some(s.host_memory_bytes as f64),
+            ),
+            (
+                vgpu(
                     "hami_container_device_utilization_ratio",
                     "SM utilization of a container's processes on the device (0-100, as the shim measures it)",
                 ),
@@ -689,6 +696,9 @@ pub struct VgpuSample {
     pub context_bytes: u64,
     pub module_bytes: u64,
     pub buffer_bytes: u64,
+    /// Host memory given in place of device memory (oversubscription); not in
+    /// `memory_used_bytes`, which is device memory.
+    pub host_memory_bytes: u64,
     pub sm_limit: u64,
     /// SM utilization of the container's live processes on the device, summed (HAMi's
     /// `DeviceSmUtil`), as the shim measures it.
@@ -759,6 +769,7 @@ mod tests {
             context_bytes: 1,
             module_bytes: 2,
             buffer_bytes: 3,
+            host_memory_bytes: 0,
             sm_limit: 30,
             sm_util: 25,
             last_kernel_time: 90,
@@ -809,6 +820,7 @@ mod tests {
                 context_bytes: 1,
                 module_bytes: 2,
                 buffer_bytes: 3,
+                host_memory_bytes: 0,
                 sm_limit: 30,
                 sm_util: 25,
                 last_kernel_time: 90,

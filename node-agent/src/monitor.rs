@@ -104,6 +104,7 @@ pub fn samples(pod_uid: &str, container: &str, region: &RegionSnapshot) -> Vec<V
                 context_bytes: ctx,
                 module_bytes: module,
                 buffer_bytes: buffer,
+                host_memory_bytes: region.host_usage(d),
                 sm_limit: region.sm_limit[d],
                 sm_util,
                 last_kernel_time: region.last_kernel_time,

@@ -65,6 +65,10 @@ pub struct ContainerTarget {
     pub disable_control: bool,
     /// Random id for `CUDA_DEVICE_MEMORY_SHARED_CACHE` (HAMi uses a UUID per Allocate).
     pub cache_id: String,
+    /// The pod asks for host-backed oversubscription (`tessera.io/memory-oversubscription:
+    /// host`): on a node whose memory scaling is above 1, the container's device memory is held
+    /// to its physical share and the rest of its booking comes from host memory.
+    pub host_oversubscription: bool,
 }
 
 /// One mount of the response.
@@ -164,6 +168,16 @@ pub fn whole_devices_response(
     }
 }
 
+/// The device memory, in MiB, behind a booking of `booked_mib` on a GPU registered with memory
+/// scaling `scaling` (> 1): the booking's share of the physical card, rounded down.
+pub fn device_share_mib(booked_mib: u32, scaling: f64) -> u64 {
+    if scaling.is_finite() && scaling > 1.0 {
+        (f64::from(booked_mib) / scaling).floor() as u64
+    } else {
+        u64::from(booked_mib)
+    }
+}
+
 /// HAMi's response for a container served `devices` (annotation order = `_<i>` order).
 pub fn container_response(
     devices: &[ContainerDevice],
@@ -184,6 +198,7 @@ pub fn container_response(
         cache_dir,
         &target.cache_id,
         target.disable_control,
+        target.host_oversubscription,
         settings,
     )
 }
@@ -195,6 +210,7 @@ pub fn shim_response(
     cache_dir: String,
     cache_id: &str,
     disable_control: bool,
+    host_oversubscription: bool,
     settings: &ResponseSettings,
 ) -> Result<ContainerResponse, ResponseError> {
     let first = devices.first().ok_or(ResponseError::NoDevices)?;
@@ -212,6 +228,13 @@ pub fn shim_response(
     envs.insert(env::SHARED_CACHE.to_owned(), shared_cache_path(cache_id));
     if settings.memory_scaling > 1.0 {
         envs.insert(env::OVERSUBSCRIBE.to_owned(), "true".to_owned());
+        if host_oversubscription {
+            // The physical part of each booking; the shim serves the rest from host memory.
+            for (i, d) in devices.iter().enumerate() {
+                let share = device_share_mib(d.usedmem, settings.memory_scaling);
+                envs.insert(env::device_memory_share(i), format!("{share}m"));
+            }
+        }
     }
     if !settings.lib_cuda_log_level.is_empty() {
         envs.insert(
@@ -314,6 +337,7 @@ mod tests {
             container_name: "trainer".into(),
             disable_control,
             cache_id: "4f1c0000-0000-4000-8000-000000000000".into(),
+            host_oversubscription: false,
         }
     }
 
@@ -472,6 +496,36 @@ mount /usr/bin/vgpuvalidator <- /opt/hook/vgpu/vgpuvalidator ro
             r.limits_file.content
         );
         assert!(!r.limits_file.content.contains("OVERSUBSCRIBE"));
+    }
+
+    /// Issue #31 item 2: a pod that opts in on a node with scaling 2 gets each device's
+    /// physical share in the limits file (where the shim reads it); without the opt-in, or on a
+    /// node without scaling, nothing changes.
+    #[test]
+    fn an_opted_in_pod_on_a_scaled_node_gets_its_device_shares_in_the_limits_file() {
+        let mut s = settings();
+        s.memory_scaling = 2.0;
+        let devices = [dev("GPU-aaa", 15360, 30), dev("GPU-bbb", 4097, 30)];
+        let mut t = target(false);
+        t.host_oversubscription = true;
+        let r = container_response(&devices, &t, &s).expect("valid");
+        for line in [
+            "\nTESSERA_DEVICE_MEMORY_SHARE_0=7680m\n",
+            "\nTESSERA_DEVICE_MEMORY_SHARE_1=2048m\n",
+            "\nCUDA_DEVICE_MEMORY_LIMIT_0=15360m\n",
+        ] {
+            assert!(
+                r.limits_file.content.contains(line),
+                "{}",
+                r.limits_file.content
+            );
+        }
+        let plain = container_response(&devices, &target(false), &s).expect("valid");
+        assert!(!plain.limits_file.content.contains("MEMORY_SHARE_"));
+        s.memory_scaling = 1.0;
+        let unscaled = container_response(&devices, &t, &s).expect("valid");
+        assert!(!unscaled.limits_file.content.contains("MEMORY_SHARE_"));
+        assert_eq!(device_share_mib(100, f64::NAN), 100);
     }
 
     #[test]

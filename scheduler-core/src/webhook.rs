@@ -367,6 +367,15 @@ fn mutate(
         if let Some(name) = containers.privileged {
             return Decision::Deny(format!("{PRIVILEGED_PREFIX}{name}{PRIVILEGED_REASON}"));
         }
+        if let Err(why) = hami_contract::annotations::memory_oversubscription(
+            pod.metadata
+                .annotations
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        ) {
+            return Decision::Deny(why);
+        }
         if !cfg.nvidia.runtime_class_name.is_empty() && spec.runtime_class_name.is_none() {
             mutated["spec"]["runtimeClassName"] = json!(cfg.nvidia.runtime_class_name);
         }

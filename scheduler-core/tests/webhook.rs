@@ -155,6 +155,19 @@ fn denials_name_the_problem() {
     let m = denied(&handle(&review("CREATE", "u", privileged, None), &c));
     assert!(m.starts_with("container main is privileged: "), "{m}");
     assert!(m.contains("remove securityContext.privileged"), "{m}");
+    // Tessera's oversubscription opt-in takes one value; a typo is refused, not ignored.
+    let mut typo = pod(json!({"nvidia.com/gpu": "1"}));
+    typo["metadata"]["annotations"] = json!({"tessera.io/memory-oversubscription": "Host"});
+    let m = denied(&handle(&review("CREATE", "u", typo, None), &c));
+    assert!(m.contains("\"Host\" is not a known value"), "{m}");
+    let mut opted = pod(json!({"nvidia.com/gpu": "1"}));
+    opted["metadata"]["annotations"] = json!({"tessera.io/memory-oversubscription": "host"});
+    let a = handle(&review("CREATE", "u", opted, None), &c);
+    assert!(
+        a.body["response"]["allowed"].as_bool().unwrap_or(false),
+        "{:?}",
+        a.body
+    );
     let mut assigned = pod(json!({"nvidia.com/gpu": "1"}));
     assigned["spec"]["nodeName"] = json!("node1");
     let m = denied(&handle(&review("CREATE", "u", assigned, None), &c));

@@ -84,6 +84,11 @@ pub mod slot {
     pub const MEM_DATA_SIZE: usize = 16;
     pub const MEM_OFFSET: usize = 24;
     pub const MEM_TOTAL: usize = 32;
+    /// `device_memory_t.unused[0]`, unused by HAMi. Tessera: bytes of host memory this process
+    /// was given in place of device memory past the container's device share (opt-in
+    /// oversubscription, docs/oversubscription.md). Not part of `total`, which stays device
+    /// memory only.
+    pub const MEM_HOST: usize = 40;
     /// `u64[16]`: NVML-measured bytes.
     pub const MONITORUSED: usize = 1032;
     /// `device_util_t[16]`.
@@ -136,6 +141,8 @@ pub struct DeviceMemory {
     pub data_size: u64,
     pub offset: u64,
     pub total: u64,
+    /// Host memory given in place of device memory (Tessera's oversubscription; 0 under HAMi).
+    pub host: u64,
 }
 
 /// One process slot.
@@ -225,6 +232,7 @@ impl RegionSnapshot {
                         data_size: u64_at(bytes, b + slot::mem(d, slot::MEM_DATA_SIZE)),
                         offset: u64_at(bytes, b + slot::mem(d, slot::MEM_OFFSET)),
                         total: u64_at(bytes, b + slot::mem(d, slot::MEM_TOTAL)),
+                        host: u64_at(bytes, b + slot::mem(d, slot::MEM_HOST)),
                     }),
                     monitorused: std::array::from_fn(|d| {
                         u64_at(bytes, b + slot::MONITORUSED + 8 * d)
@@ -265,6 +273,18 @@ impl RegionSnapshot {
             .iter()
             .filter(|p| p.status != status::EXITED)
             .fold(0u64, |acc, p| acc.saturating_add(p.used[dev].total))
+    }
+
+    /// Host memory the container's live processes hold in place of device memory on region
+    /// device `dev` (oversubscription); saturates, 0 for a bad index.
+    pub fn host_usage(&self, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        self.procs
+            .iter()
+            .filter(|p| p.status != status::EXITED)
+            .fold(0u64, |acc, p| acc.saturating_add(p.used[dev].host))
     }
 
     /// Live (non-exited, non-zero pid) process slots.

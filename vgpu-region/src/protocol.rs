@@ -44,6 +44,11 @@ pub mod env {
     pub const DISABLE_CONTROL: &str = "CUDA_DISABLE_CONTROL";
     /// `true` when the node's memory scaling is above 1.
     pub const OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
+    /// Tessera's opt-in oversubscription (docs/oversubscription.md): the device memory a
+    /// container may hold on device `i` (`_<i>`, HAMi's size syntax). Past it, up to the memory
+    /// limit, `cuMemAlloc` is served from mapped host memory. Absent: HAMi's behaviour (the
+    /// memory limit is all device memory).
+    pub const DEVICE_MEMORY_SHARE: &str = "TESSERA_DEVICE_MEMORY_SHARE";
     /// The shim's log level (HAMi's `libCudaLogLevel`).
     pub const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
     /// The container's scheduling priority (0 high, 1 low), read from the environment.
@@ -58,6 +63,11 @@ pub mod env {
     pub fn sm_limit(device: usize) -> String {
         format!("{SM_LIMIT}_{device}")
     }
+
+    /// `TESSERA_DEVICE_MEMORY_SHARE_<i>`.
+    pub fn device_memory_share(device: usize) -> String {
+        format!("{DEVICE_MEMORY_SHARE}_{device}")
+    }
 }
 
 /// The container path of the shared region for a container's cache id.
@@ -70,6 +80,7 @@ pub fn shared_cache_path(cache_id: &str) -> String {
 pub fn limits_owned(name: &str) -> bool {
     name.starts_with(env::MEMORY_LIMIT)
         || name.starts_with(env::SM_LIMIT)
+        || name.starts_with(env::DEVICE_MEMORY_SHARE)
         || name == env::SHARED_CACHE
         || name == env::CORE_POLICY
 }
@@ -85,6 +96,7 @@ pub fn limits_owned_names() -> Vec<String> {
     for i in 0..MAX_DEVICES {
         v.push(env::memory_limit(i));
         v.push(env::sm_limit(i));
+        v.push(env::device_memory_share(i));
     }
     v
 }

@@ -15,7 +15,8 @@
 //! while an executable graph holding the node exists, and, after a launch that does not free
 //! it in-graph, until the address is freed (`cuMemFreeAsync`, `cuMemFree`, or the launch of a
 //! graph with a free node for it). An address already charged (by another executable graph,
-//! or as a pointer: a captured `cuMemAllocAsync`) is charged once.
+//! or as a pointer) is charged once. A `cuMemAllocAsync` or `cuMemFreeAsync` on a stream being
+//! captured is not counted when it is called ([`capturing`]): it becomes a node like any other.
 //!
 //! The driver keeps the physical memory of freed graph allocations cached for later launches
 //! until `cuDeviceGraphMemTrim`. What it holds for graphs on a device
@@ -448,6 +449,25 @@ pub(super) fn launched(exec: u64) {
         (drop_unheld(t, &others), devices)
     });
     settle(freed, &devices);
+}
+
+/// Whether `stream` is being captured into a graph: a stream-ordered allocation or free on it
+/// is then a node of the graph being built, not memory, and is counted when the graph is
+/// instantiated like any allocation node (charging it as a pointer at capture time made the
+/// captured graph's memory follow the pointer, and the driver's graph cache went uncounted once
+/// it was freed after a launch).
+pub(super) fn capturing(stream: *mut c_void) -> bool {
+    let p = real::aux(real::Aux::cuStreamIsCapturing);
+    if p.is_null() {
+        return false;
+    }
+    let mut status: c_int = 0;
+    // SAFETY: `cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*)`.
+    let r = unsafe {
+        let f: unsafe extern "C" fn(*mut c_void, *mut c_int) -> CUresult = std::mem::transmute(p);
+        f(stream, &mut status)
+    };
+    r == CUDA_SUCCESS && status != 0
 }
 
 /// `dptr` was freed (`cuMemFree*`, `cuMemFreeAsync*`): if it is a graph allocation, it no

@@ -155,12 +155,13 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
         let region = region_with_watcher();
         // SAFETY: written by the driver.
         let (pt, pf) = unsafe { (*total as u64, *free as u64) };
-        // Both results are at most the driver's own 32-bit values.
-        let (t, f) = virtual_mem(region.limit(dev), region.usage(dev), pt, pf);
+        // Both results are at most the driver's own 32-bit values, except an oversubscribed
+        // booking's, which saturate.
+        let (t, f) = virtual_mem(MemoryBooking::of(region, dev), pt, pf);
         // SAFETY: as above.
         unsafe {
-            *total = t as c_uint;
-            *free = f as c_uint;
+            *total = t.min(c_uint::MAX as u64) as c_uint;
+            *free = f.min(c_uint::MAX as u64) as c_uint;
         }
         r
     })

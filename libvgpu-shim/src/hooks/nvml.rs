@@ -43,14 +43,17 @@ fn nvml_region_device(device: *mut c_void) -> Option<usize> {
 /// (total, used, free) for nvidia-smi: total = limit (≤ physical), used = container usage,
 /// free = total − used, saturating (HAMi-core wrapped to ~18 EB).
 fn nvml_virtual(dev: usize, phys_total: u64, phys_used: u64, phys_free: u64) -> (u64, u64, u64) {
-    let region = region_with_watcher();
-    let limit = region.limit(dev);
-    let usage = region.usage(dev);
-    if limit == 0 {
+    let booking = MemoryBooking::of(region_with_watcher(), dev);
+    if booking.limit == 0 {
         return (phys_total, phys_used, phys_free);
     }
-    let total = limit.min(phys_total);
-    (total, usage, total.saturating_sub(usage))
+    // Oversubscribed: the whole booking, host memory in use included (deviation Y6).
+    let total = if booking.oversubscribed {
+        booking.limit
+    } else {
+        booking.limit.min(phys_total)
+    };
+    (total, booking.in_use, total.saturating_sub(booking.in_use))
 }
 
 /// The fields both NVML memory structs share, so one wrapper serves `_v1` and `_v2`.

@@ -1117,6 +1117,613 @@ static int mode_agnostic(size_t limit, const char *order) {
     return done();
 }
 
+/* Opt-in oversubscription: LIMIT bytes booked, SHARE of them on the device (the limits file's
+ * TESSERA_DEVICE_MEMORY_SHARE_0). cuMemAlloc past the share is served from mapped host memory
+ * (the card's usage does not grow), every other path stops at the share, the whole booking
+ * stops everything, frees (plain and stream-ordered) give host memory back. With READY/GO
+ * files, holds SHARE on the device and LIMIT - SHARE on the host between them. */
+static int mode_oversub(size_t limit, size_t share, const char *ready, const char *go) {
+    setup();
+    typedef unsigned long long (*DeviceUsedFn)(int);
+    DeviceUsedFn used = (DeviceUsedFn)dlsym(RTLD_DEFAULT, "fake_cuda_device_used");
+    Calls calls = (Calls)dlsym(RTLD_DEFAULT, "fake_cuda_calls");
+    CHECK(used && calls, "fake driver symbols");
+    if (!used || !calls) return done();
+    size_t free_b = 0, total = 0;
+    EXPECT(cuMemGetInfo_v2(&free_b, &total), 0);
+    CHECK(total == limit && free_b == limit, "memory info before: free %zu total %zu, expected %zu", free_b, total, limit);
+    CUdeviceptr dev = 0, host = 0, more = 0;
+    EXPECT(cuMemAlloc_v2(&dev, share), 0);
+    CHECK(used(0) == share, "the share is on the card: %llu", used(0));
+    EXPECT(cuMemAlloc_v2(&host, limit - share), 0);
+    CHECK(used(0) == share, "past the share the card holds nothing more: %llu", used(0));
+    CHECK(calls("cuMemHostRegister_v2") == 1, "served from host memory (%llu cuMemHostRegister_v2)", calls("cuMemHostRegister_v2"));
+    EXPECT(cuMemGetInfo_v2(&free_b, &total), 0);
+    CHECK(total == limit && free_b == 0, "memory info when full: free %zu total %zu", free_b, total);
+    EXPECT(cuMemAlloc_v2(&more, 1), OOM);
+    if (ready) {
+        FILE *f = fopen(ready, "w");
+        if (f) fclose(f);
+        while (access(go, F_OK) != 0) usleep(1000);
+    }
+    EXPECT(cuMemFree_v2(host), 0);
+    CHECK(calls("cuMemHostUnregister") == 1, "host memory given back (%llu cuMemHostUnregister)", calls("cuMemHostUnregister"));
+    /* Other paths are held to the share, not the booking: the device is full. */
+    EXPECT(cuMemAllocAsync(&more, 1 << 20, 0), OOM);
+    unsigned long long h = 0;
+    CUmemAllocationProp prop = { .type = 1, .locType = 1, .locId = 0 };
+    EXPECT(cuMemCreate(&h, 2 << 20, &prop, 0), OOM);
+    /* A stream-ordered free of host-backed memory waits for the stream and gives it back. */
+    EXPECT(cuMemAlloc_v2(&host, limit - share), 0);
+    EXPECT(cuMemFreeAsync(host, 0), 0);
+    CHECK(calls("cuMemHostUnregister") == 2, "stream-ordered free (%llu cuMemHostUnregister)", calls("cuMemHostUnregister"));
+    EXPECT(cuMemFree_v2(dev), 0);
+    CHECK(used(0) == 0, "all freed, the card holds %llu", used(0));
+    /* The share is device memory again for every path. */
+    EXPECT(cuMemAllocAsync(&more, share, 0), 0);
+    EXPECT(cuMemFreeAsync(more, 0), 0);
+    EXPECT(cuStreamSynchronize(0), 0);
+    return done();
+}
+
+/* ---- LLM serving patterns (tests/serving.rs): tensor-parallel workers, vLLM's memory
+ * profiling, CUDA graph replay, IPC and VMM sharing between processes, expandable segments,
+ * and cuGetProcAddress as CUDA 13's cudart calls it. */
+#include <fcntl.h>
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuDeviceGetCount(int *);
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
+typedef struct { int locType, locId; int flags; } CUmemAccessDesc;
+CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef struct { char reserved[64]; } CUipcMemHandle;
+CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned);
+CUresult cuIpcCloseMemHandle(CUdeviceptr);
+CUresult cuMemExportToShareableHandle(void *, unsigned long long, int, unsigned long long);
+CUresult cuMemImportFromShareableHandle(unsigned long long *, void *, int);
+
+/* Waits (bounded) for PATH to exist; false on timeout. */
+static int wait_file(const char *path, double seconds) {
+    double end = now_s() + seconds;
+    while (access(path, F_OK) != 0) {
+        if (now_s() > end) { CHECK(0, "timed out waiting for %s", path); return 0; }
+        usleep(500);
+    }
+    return 1;
+}
+static void touch(const char *path) { FILE *f = fopen(path, "w"); if (f) fclose(f); }
+static const char *in_dir(const char *dir, const char *name) {
+    static char buf[8][512]; static int n = 0;
+    char *b = buf[n++ % 8];
+    snprintf(b, 512, "%s/%s", dir, name);
+    return b;
+}
+
+/* One vLLM tensor-parallel worker: the primary context of device ORDINAL made current, then
+ * (from START on, all workers at once) the device filled to LIMIT in 1 MiB blocks, one byte
+ * more refused, READY written while the memory is held, and kernels of 40 blocks launched for
+ * SECONDS (paced by CUDA_DEVICE_SM_LIMIT); every launch reaches the driver. */
+static int mode_tpworker(int ordinal, size_t limit, double seconds, const char *start, const char *ready) {
+    CUdevice dev; CUcontext ctx = 0;
+    EXPECT(cuInit(0), 0);
+    EXPECT(cuDeviceGet(&dev, ordinal), 0);
+    EXPECT(cuDevicePrimaryCtxRetain(&ctx, dev), 0);
+    EXPECT(cuCtxSetCurrent(ctx), 0);
+    Calls calls = (Calls)dlsym(RTLD_DEFAULT, "fake_cuda_calls");
+    CHECK(calls, "fake_cuda_calls");
+    if (failures) return done();
+    if (!wait_file(start, 30)) return done();
+    size_t f = 0, t = 0;
+    EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+    CHECK(t == limit && f == limit, "device %d before: free %zu total %zu, limit %zu", ordinal, f, t, limit);
+    static CUdeviceptr blocks[4096];
+    size_t n = 0, mib = 1 << 20;
+    while (n < 4096 && cuMemAlloc_v2(&blocks[n], mib) == 0) n++;
+    CHECK(n * mib == limit, "device %d: %zu MiB allocated under a %zu-byte limit", ordinal, n, limit);
+    CUdeviceptr q;
+    EXPECT(cuMemAlloc_v2(&q, 1), OOM);
+    EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+    CHECK(f == 0 && t == limit, "device %d full: free %zu total %zu", ordinal, f, t);
+    touch(ready);
+    unsigned long long before = calls("cuLaunchKernel");
+    long launches = 0;
+    double end = now_s() + seconds;
+    while (now_s() < end) {
+        CUresult r = cuLaunchKernel((void *)1, 40, 1, 1, 128, 1, 1, 0, 0, 0, 0);
+        if (r != 0) { CHECK(0, "device %d: launch %ld returned %d", ordinal, launches, r); break; }
+        launches++;
+    }
+    EXPECT(cuCtxSynchronize(), 0);
+    CHECK(launches > 0 && calls("cuLaunchKernel") == before + launches, "device %d: %ld launches, %llu reached the driver",
+          ordinal, launches, calls("cuLaunchKernel") - before);
+    for (size_t i = 0; i < n; i++) EXPECT(cuMemFree_v2(blocks[i]), 0);
+    EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+    CHECK(f == limit, "device %d after: free %zu of %zu", ordinal, f, limit);
+    printf("device %d: %ld launches\n", ordinal, launches);
+    return done();
+}
+
+/* The driver / NCCL initialisation pattern: one process touches each of the N devices in turn
+ * (primary context, memory info, a small buffer, a kernel), then fills each device to its own
+ * limit (LIMITS[d]): one byte past it is refused on that device only, the devices not yet
+ * filled keep their whole free memory. */
+static int mode_tpinit(int n, char **limits) {
+    EXPECT(cuInit(0), 0);
+    const size_t mib = 1 << 20;
+    CUcontext ctx[16] = {0};
+    CUdeviceptr small[16] = {0}, big[16] = {0}, q;
+    size_t lim[16], f = 0, t = 0, tm = 0;
+    Calls calls = (Calls)dlsym(RTLD_DEFAULT, "fake_cuda_calls");
+    CHECK(calls && n > 0 && n <= 16, "fake_cuda_calls, device count %d", n);
+    if (failures) return done();
+    int count = 0;
+    EXPECT(cuDeviceGetCount(&count), 0);
+    CHECK(count == n, "%d devices, expected %d", count, n);
+    for (int d = 0; d < n; d++) {
+        lim[d] = strtoull(limits[d], 0, 10);
+        CUdevice dev;
+        EXPECT(cuDeviceGet(&dev, d), 0);
+        EXPECT(cuDevicePrimaryCtxRetain(&ctx[d], dev), 0);
+        EXPECT(cuCtxSetCurrent(ctx[d]), 0);
+        EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+        CHECK(t == lim[d] && f == lim[d], "device %d: free %zu total %zu, limit %zu", d, f, t, lim[d]);
+        EXPECT(cuDeviceTotalMem_v2(&tm, dev), 0);
+        CHECK(tm == lim[d], "device %d: cuDeviceTotalMem %zu, limit %zu", d, tm, lim[d]);
+        EXPECT(cuMemAlloc_v2(&small[d], mib), 0);
+        unsigned long long before = calls("cuLaunchKernel");
+        EXPECT(cuLaunchKernel((void *)1, 40, 1, 1, 128, 1, 1, 0, 0, 0, 0), 0);
+        EXPECT(cuCtxSynchronize(), 0);
+        CHECK(calls("cuLaunchKernel") == before + 1, "device %d: the launch did not reach the driver", d);
+    }
+    for (int d = 0; d < n; d++) {
+        EXPECT(cuCtxSetCurrent(ctx[d]), 0);
+        EXPECT(cuMemAlloc_v2(&big[d], lim[d] - mib), 0);
+        EXPECT(cuMemAlloc_v2(&q, 1), OOM);
+        EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+        CHECK(f == 0 && t == lim[d], "device %d full: free %zu total %zu", d, f, t);
+        for (int e = d + 1; e < n; e++) {
+            EXPECT(cuCtxSetCurrent(ctx[e]), 0);
+            EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+            CHECK(f == lim[e] - mib, "device %d full, device %d: free %zu, expected %zu", d, e, f, lim[e] - mib);
+            EXPECT(cuLaunchKernel((void *)1, 40, 1, 1, 128, 1, 1, 0, 0, 0, 0), 0);
+        }
+    }
+    for (int d = 0; d < n; d++) {
+        EXPECT(cuCtxSetCurrent(ctx[d]), 0);
+        EXPECT(cuMemFree_v2(big[d]), 0);
+        EXPECT(cuMemFree_v2(small[d]), 0);
+        EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+        CHECK(f == lim[d], "device %d freed: free %zu of %zu", d, f, lim[d]);
+    }
+    return done();
+}
+
+/* Allocates BYTES, writes READY, holds them until GO, frees and exits (another process of the
+ * container, allocating while a profiler measures). */
+static int mode_allochold(size_t bytes, const char *ready, const char *go) {
+    setup();
+    CUdeviceptr p = 0;
+    EXPECT(cuMemAlloc_v2(&p, bytes), 0);
+    touch(ready);
+    wait_file(go, 30);
+    EXPECT(cuMemFree_v2(p), 0);
+    return done();
+}
+
+/* vLLM's memory profiling (determine_available_memory): cuMemGetInfo before and after a
+ * warm-up allocation of WARM bytes (cuMemAlloc and stream-ordered halves) reports free memory
+ * lower by exactly WARM and total = the limit; while another process of the container holds
+ * OTHER bytes (the test starts it between DIR/a1 and DIR/b), free is lower by OTHER too and
+ * exactly what is left is allocatable; when it has exited (DIR/bgone), its share is back. */
+static int mode_memprofile(size_t limit, size_t warm, size_t other, const char *dir) {
+    setup();
+    size_t f0 = 0, t0 = 0, f = 0, t = 0;
+    EXPECT(cuMemGetInfo_v2(&f0, &t0), 0);
+    CHECK(t0 == limit && f0 == limit, "before: free %zu total %zu, limit %zu", f0, t0, limit);
+    CUdeviceptr a = 0, b = 0, q = 0;
+    EXPECT(cuMemAlloc_v2(&a, warm / 2), 0);
+    EXPECT(cuMemAllocAsync(&b, warm - warm / 2, 0), 0);
+    EXPECT(cuStreamSynchronize(0), 0);
+    EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+    CHECK(t == limit && f == f0 - warm, "after the warm-up: free %zu (dropped by %zu, allocated %zu) total %zu",
+          f, f0 - f, warm, t);
+    touch(in_dir(dir, "a1"));
+    if (!wait_file(in_dir(dir, "b"), 30)) return done();
+    EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+    CHECK(t == limit && f == f0 - warm - other, "with the other process: free %zu, expected %zu", f, f0 - warm - other);
+    /* vLLM sizes its KV cache from free: exactly that much fits, one byte more does not. */
+    EXPECT(cuMemAlloc_v2(&q, f + 1), OOM);
+    EXPECT(cuMemAlloc_v2(&q, f), 0);
+    EXPECT(cuMemFree_v2(q), 0);
+    touch(in_dir(dir, "a2"));
+    if (!wait_file(in_dir(dir, "bgone"), 30)) return done();
+    EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+    CHECK(f == f0 - warm, "the other process exited: free %zu, expected %zu", f, f0 - warm);
+    EXPECT(cuMemFree_v2(a), 0);
+    EXPECT(cuMemFreeAsync(b, 0), 0);
+    EXPECT(cuStreamSynchronize(0), 0);
+    EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+    CHECK(f == limit, "all freed: free %zu of %zu", f, limit);
+    return done();
+}
+
+/* CUDA graph replay: two executable graphs, one with an in-graph workspace (alloc + free node,
+ * half the limit) and one whose output outlives each launch (a quarter, freed by the program
+ * after each replay), replayed 300 times on a stream: the count never grows, the card never
+ * holds more than the half the driver caches for graphs, and what is left stays allocatable to
+ * the byte. */
+static int mode_graphreplay(size_t limit) {
+    setup();
+    device_used = (DeviceUsed)dlsym(RTLD_DEFAULT, "fake_cuda_device_used");
+    CHECK(device_used != 0, "fake_cuda_device_used");
+    if (!device_used) return done();
+    const size_t half = limit / 2, quarter = limit / 4, left = limit - half - quarter;
+    void *stream = 0, *e1 = 0, *e2 = 0;
+    CUdeviceptr out = 0, p = 0;
+    EXPECT(cuStreamCreate(&stream, 0), 0);
+    void *g1 = alloc_graph(half, 1, 0), *g2 = alloc_graph(quarter, 0, &out);
+    EXPECT(cuGraphInstantiateWithFlags(&e1, g1, 0), 0);
+    EXPECT(cuGraphInstantiateWithFlags(&e2, g2, 0), 0);
+    expect_free(left, __LINE__);
+    for (int i = 0; i < 300; i++) {
+        EXPECT(cuGraphLaunch(e1, stream), 0);
+        EXPECT(cuGraphLaunch(e2, stream), 0);
+        EXPECT(cuMemFreeAsync(out, stream), 0);
+        if (i % 50 == 0 || i == 299) {
+            EXPECT(cuStreamSynchronize(stream), 0);
+            expect_free(left, __LINE__);
+            CHECK(device_used(0) == half, "replay %d: the card holds %llu, expected %zu", i, device_used(0), half);
+        }
+        if (failures) return done();
+    }
+    EXPECT(cuMemAlloc_v2(&p, left + 1), OOM);
+    EXPECT(cuMemAlloc_v2(&p, left), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+    EXPECT(cuGraphExecDestroy(e1), 0);
+    EXPECT(cuGraphExecDestroy(e2), 0);
+    /* What the driver keeps cached for graphs stays charged until it is trimmed. */
+    expect_free(limit - half, __LINE__);
+    EXPECT(cuDeviceGraphMemTrim(0), 0);
+    expect_free(limit, __LINE__);
+    CHECK(device_used(0) == 0, "after the trim the card holds %llu", device_used(0));
+    EXPECT(cuGraphDestroy(g1), 0);
+    EXPECT(cuGraphDestroy(g2), 0);
+    return done();
+}
+
+/* The exporting side of IPC (vLLM's custom all-reduce buffers, PyTorch's CUDA tensors sent to
+ * another process): IPC bytes from cuMemAlloc exported with cuIpcGetMemHandle (DIR/ipc), VMM
+ * bytes from cuMemCreate exported as a file descriptor (DIR/fd: "pid fd"), DIR/exported
+ * written; after DIR/imported (the importer opened, mapped, closed and released everything),
+ * its own count is unchanged, then it frees everything. */
+static int mode_ipcexport(size_t limit, size_t ipc, size_t vmm, const char *dir) {
+    setup();
+    CUdeviceptr p = 0, va = 0;
+    CUipcMemHandle h; memset(&h, 0, sizeof h);
+    EXPECT(cuMemAlloc_v2(&p, ipc), 0);
+    EXPECT(cuIpcGetMemHandle(&h, p), 0);
+    FILE *fp = fopen(in_dir(dir, "ipc.tmp"), "wb");
+    CHECK(fp && fwrite(&h, sizeof h, 1, fp) == 1, "write the IPC handle");
+    if (fp) fclose(fp);
+    rename(in_dir(dir, "ipc.tmp"), in_dir(dir, "ipc"));
+    CUmemAllocationProp prop; memset(&prop, 0, sizeof prop);
+    prop.type = 1; prop.handleTypes = 1 /* POSIX fd */; prop.locType = 1; prop.locId = 0;
+    unsigned long long vh = 0;
+    int fd = -1;
+    EXPECT(cuMemCreate(&vh, vmm, &prop, 0), 0);
+    EXPECT(cuMemExportToShareableHandle(&fd, vh, 1, 0), 0);
+    EXPECT(cuMemAddressReserve(&va, vmm, 0, 0, 0), 0);
+    EXPECT(cuMemMap(va, vmm, 0, vh, 0), 0);
+    fp = fopen(in_dir(dir, "fd"), "w");
+    if (fp) { fprintf(fp, "%d %d\n", (int)getpid(), fd); fclose(fp); }
+    expect_free(limit - ipc - vmm, __LINE__);
+    touch(in_dir(dir, "exported"));
+    if (!wait_file(in_dir(dir, "imported"), 30)) return done();
+    /* The importer's close and release took nothing from the exporter's count. */
+    expect_free(limit - ipc - vmm, __LINE__);
+    CUdeviceptr q;
+    EXPECT(cuMemAlloc_v2(&q, limit - ipc - vmm + 1), OOM);
+    EXPECT(cuMemUnmap(va, vmm), 0);
+    EXPECT(cuMemRelease(vh), 0);
+    EXPECT(cuMemAddressFree(va, vmm), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+    close(fd);
+    expect_free(limit, __LINE__);
+    return done();
+}
+
+/* The importing side: opens the IPC handle and maps the imported VMM handle; neither is counted
+ * again (free stays limit − IPC − VMM, and exactly that much is still allocatable), the fake
+ * card holds nothing for this process; READY written, GO awaited (the test reads the region);
+ * closing, unmapping and releasing uncount nothing; then DIR/imported. */
+static int mode_ipcimport(size_t limit, size_t ipc, size_t vmm, const char *dir, const char *ready, const char *go) {
+    setup();
+    device_used = (DeviceUsed)dlsym(RTLD_DEFAULT, "fake_cuda_device_used");
+    CHECK(device_used != 0, "fake_cuda_device_used");
+    if (!device_used || !wait_file(in_dir(dir, "exported"), 30)) return done();
+    const size_t left = limit - ipc - vmm;
+    CUipcMemHandle h; memset(&h, 0, sizeof h);
+    FILE *fp = fopen(in_dir(dir, "ipc"), "rb");
+    CHECK(fp && fread(&h, sizeof h, 1, fp) == 1, "read the IPC handle");
+    if (fp) fclose(fp);
+    int pid = 0, fd = -1;
+    fp = fopen(in_dir(dir, "fd"), "r");
+    CHECK(fp && fscanf(fp, "%d %d", &pid, &fd) == 2, "read the exporter's fd");
+    if (fp) fclose(fp);
+    if (failures) return done();
+    expect_free(left, __LINE__);
+    CUdeviceptr ip = 0, va = 0, q = 0;
+    EXPECT(cuIpcOpenMemHandle_v2(&ip, h, 1), 0);
+    expect_free(left, __LINE__);
+    /* The exporter's file descriptor, as pidfd_getfd or SCM_RIGHTS would pass it. */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+    int mine = open(path, O_RDONLY);
+    CHECK(mine >= 0, "open %s", path);
+    unsigned long long ih = 0;
+    EXPECT(cuMemImportFromShareableHandle(&ih, (void *)(intptr_t)mine, 1), 0);
+    EXPECT(cuMemAddressReserve(&va, vmm, 0, 0, 0), 0);
+    EXPECT(cuMemMap(va, vmm, 0, ih, 0), 0);
+    CUmemAccessDesc acc = { 1, 0, 3 };
+    EXPECT(cuMemSetAccess(va, vmm, &acc, 1), 0);
+    expect_free(left, __LINE__);
+    CHECK(device_used(0) == 0, "opened and mapped: the card holds %llu for the importer", device_used(0));
+    EXPECT(cuMemAlloc_v2(&q, left + 1), OOM);
+    EXPECT(cuMemAlloc_v2(&q, left), 0);
+    EXPECT(cuMemFree_v2(q), 0);
+    touch(ready);
+    wait_file(go, 30);
+    EXPECT(cuIpcCloseMemHandle(ip), 0);
+    EXPECT(cuMemUnmap(va, vmm), 0);
+    EXPECT(cuMemRelease(ih), 0);
+    EXPECT(cuMemAddressFree(va, vmm), 0);
+    if (mine >= 0) close(mine);
+    expect_free(left, __LINE__);
+    EXPECT(cuMemAlloc_v2(&q, left + 1), OOM);
+    touch(in_dir(dir, "imported"));
+    return done();
+}
+
+/* One serving process's allocators together: weights in managed memory, stream-ordered
+ * activations, a pool that keeps what is freed (PyTorch's cudaMallocAsync backend), and
+ * expandable segments (a large reserved VA range, 2 MiB cuMemCreate chunks mapped until the
+ * limit: one chunk more is OOM, so is every other path); shrinking the segment gives memory
+ * the pool can take, to the byte; everything given back at the end. */
+static int mode_serve(size_t limit) {
+    setup();
+    device_used = (DeviceUsed)dlsym(RTLD_DEFAULT, "fake_cuda_device_used");
+    CHECK(device_used != 0, "fake_cuda_device_used");
+    if (!device_used) return done();
+    const size_t M = 1 << 20, gran = 2 * M, weights = 8 * M, act = 4 * M, kept = 6 * M;
+    CUdeviceptr w = 0, a = 0, x = 0, q = 0, va = 0;
+    EXPECT(cuMemAllocManaged(&w, weights, 1), 0);
+    EXPECT(cuMemAllocAsync(&a, act, 0), 0);
+    CUmemPoolProps props; memset(&props, 0, sizeof props);
+    props.allocType = 1; props.locType = 1; props.locId = 0;
+    void *pool = 0;
+    unsigned long long keep_all = ~0ULL;
+    EXPECT(cuMemPoolCreate(&pool, &props), 0);
+    EXPECT(cuMemPoolSetAttribute(pool, 4, &keep_all), 0);
+    EXPECT(cuMemAllocFromPoolAsync(&x, kept, pool, 0), 0);
+    EXPECT(cuMemFreeAsync(x, 0), 0);
+    EXPECT(cuStreamSynchronize(0), 0);
+    const size_t base = weights + act + kept;
+    expect_free(limit - base, __LINE__);
+    /* Expandable segments: twice the limit of address space, chunks mapped until OOM. */
+    EXPECT(cuMemAddressReserve(&va, 2 * limit, 0, 0, 0), 0);
+    CUmemAllocationProp prop; memset(&prop, 0, sizeof prop);
+    prop.type = 1; prop.locType = 1; prop.locId = 0;
+    CUmemAccessDesc acc = { 1, 0, 3 };
+    static unsigned long long chunk[4096];
+    size_t n = 0;
+    CUresult last = 0;
+    while (n < 4096) {
+        last = cuMemCreate(&chunk[n], gran, &prop, 0);
+        if (last != 0) break;
+        EXPECT(cuMemMap(va + n * gran, gran, 0, chunk[n], 0), 0);
+        EXPECT(cuMemSetAccess(va + n * gran, gran, &acc, 1), 0);
+        n++;
+    }
+    CHECK(last == OOM, "the chunk past the limit returned %d, not OOM", last);
+    CHECK(n * gran == (limit - base) / gran * gran, "%zu chunks of 2 MiB mapped, %zu bytes were left", n, limit - base);
+    size_t rest = limit - base - n * gran;
+    expect_free(rest, __LINE__);
+    EXPECT(cuMemAlloc_v2(&q, rest + 1), OOM);
+    EXPECT(cuMemAllocAsync(&q, rest + 1, 0), OOM);
+    EXPECT(cuMemAllocManaged(&q, rest + 1, 1), OOM);
+    CHECK(device_used(0) <= limit, "the card holds %llu of a %zu limit", device_used(0), limit);
+    /* The segment shrinks by two chunks: the pool serves what it kept plus those, exactly. */
+    for (int i = 0; i < 2 && n > 0; i++) {
+        n--;
+        EXPECT(cuMemUnmap(va + n * gran, gran), 0);
+        EXPECT(cuMemRelease(chunk[n]), 0);
+    }
+    expect_free(rest + 2 * gran, __LINE__);
+    EXPECT(cuMemAllocFromPoolAsync(&x, kept + rest + 2 * gran + 1, pool, 0), OOM);
+    EXPECT(cuMemAllocFromPoolAsync(&x, kept + rest + 2 * gran, pool, 0), 0);
+    expect_free(0, __LINE__);
+    EXPECT(cuMemFreeAsync(x, 0), 0);
+    EXPECT(cuStreamSynchronize(0), 0);
+    /* Teardown. */
+    while (n > 0) {
+        n--;
+        EXPECT(cuMemUnmap(va + n * gran, gran), 0);
+        EXPECT(cuMemRelease(chunk[n]), 0);
+    }
+    EXPECT(cuMemAddressFree(va, 2 * limit), 0);
+    EXPECT(cuMemPoolDestroy(pool), 0);
+    EXPECT(cuMemFreeAsync(a, 0), 0);
+    EXPECT(cuStreamSynchronize(0), 0);
+    EXPECT(cuMemFree_v2(w), 0);
+    expect_free(limit, __LINE__);
+    CHECK(device_used(0) == 0, "at the end the card holds %llu", device_used(0));
+    return done();
+}
+
+/* CUDA 13's cudart: every hooked name asked through cuGetProcAddress_v2 at VERSION with FLAGS
+ * is the shim's wrapper of the variant the driver picks (unhooked names stay the driver's), and
+ * the memory, launch and graph entry points so obtained enforce the limit. */
+static int mode_procall(size_t limit, int version, unsigned long long flags) {
+    GetProc2 gpa = (GetProc2)dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2");
+    ResolveName expected = (ResolveName)dlsym(RTLD_DEFAULT, "fake_cuda_resolve_name");
+    Calls calls = (Calls)dlsym(RTLD_DEFAULT, "fake_cuda_calls");
+    CHECK(gpa && expected && calls, "driver symbols missing");
+    if (failures) return done();
+    const char *names[] = {
+        "cuInit", "cuGetProcAddress", "cuMemAlloc", "cuMemAllocManaged", "cuMemAllocPitch", "cuMemFree",
+        "cuArrayCreate", "cuArray3DCreate", "cuMemGetInfo", "cuDeviceTotalMem", "cuMemAllocAsync",
+        "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuMemCreate", "cuMemRelease", "cuArrayDestroy",
+        "cuMipmappedArrayCreate", "cuMipmappedArrayDestroy", "cuLaunchKernel", "cuLaunchKernelEx",
+        "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuLaunch", "cuLaunchGrid", "cuLaunchGridAsync",
+        "cuLaunchCooperativeKernelMultiDevice", "cuGraphInstantiate", "cuGraphInstantiateWithFlags",
+        "cuGraphInstantiateWithParams", "cuGraphExecDestroy", "cuDeviceGraphMemTrim", "cuModuleLoad",
+        "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuModuleUnload",
+        "cuLibraryLoadData", "cuLibraryLoadFromFile", "cuLibraryUnload", "cuMemPoolTrimTo",
+        "cuMemPoolSetAttribute", "cuMemPoolDestroy",
+        /* not hooked: must stay the driver's */
+        "cuMemMap", "cuMemSetAccess", "cuIpcOpenMemHandle", "cuIpcCloseMemHandle",
+        "cuMemImportFromShareableHandle", "cuCtxSynchronize", "cuStreamSynchronize", "cuMemPoolCreate", 0 };
+    /* Every cu* symbol libvgpu.so exports (tests/memory.rs checks that list). */
+    const char *hooked[] = {
+        "cuInit", "cuGetProcAddress", "cuGetProcAddress_v2", "cuMemAlloc", "cuMemAlloc_v2", "cuMemAllocManaged",
+        "cuMemAllocPitch", "cuMemAllocPitch_v2", "cuMemFree", "cuMemFree_v2", "cuArrayCreate", "cuArrayCreate_v2",
+        "cuArray3DCreate", "cuArray3DCreate_v2", "cuMemGetInfo", "cuMemGetInfo_v2", "cuDeviceTotalMem",
+        "cuDeviceTotalMem_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync",
+        "cuMemAllocFromPoolAsync_ptsz", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuMemCreate", "cuMemRelease",
+        "cuArrayDestroy", "cuMipmappedArrayCreate", "cuMipmappedArrayDestroy", "cuLaunchKernel",
+        "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel",
+        "cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch", "cuGraphLaunch_ptsz", "cuLaunch", "cuLaunchGrid",
+        "cuLaunchGridAsync", "cuLaunchCooperativeKernelMultiDevice", "cuGraphInstantiate", "cuGraphInstantiate_v2",
+        "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams_ptsz",
+        "cuGraphExecDestroy", "cuDeviceGraphMemTrim", "cuModuleLoad", "cuModuleLoadData", "cuModuleLoadDataEx",
+        "cuModuleLoadFatBinary", "cuModuleUnload", "cuLibraryLoadData", "cuLibraryLoadFromFile", "cuLibraryUnload",
+        "cuMemPoolTrimTo", "cuMemPoolSetAttribute", "cuMemPoolDestroy", 0 };
+    void *fns[64] = {0};
+    Dl_info info;
+    for (int i = 0; names[i]; i++) {
+        int status = -1;
+        CUresult r = gpa(names[i], &fns[i], version, flags, &status);
+        const char *want = expected(names[i], version, flags);
+        CHECK(want, "the fake driver has no %s at %d", names[i], version);
+        if (!want) continue;
+        CHECK(r == 0 && status == 0 && fns[i], "%s@%d flags %llu: result %d status %d", names[i], version, flags, r, status);
+        if (!fns[i]) continue;
+        if (!dladdr(fns[i], &info) || !info.dli_sname) {
+            CHECK(0, "%s@%d flags %llu: %p is no exported symbol (not wrapped)", names[i], version, flags, fns[i]);
+            continue;
+        }
+        int is_hooked = 0;
+        for (int k = 0; hooked[k]; k++) if (!strcmp(hooked[k], want)) is_hooked = 1;
+        int in_shim = strstr(info.dli_fname, "libvgpu") != 0;
+        CHECK(!strcmp(info.dli_sname, want) && is_hooked == in_shim, "%s@%d flags %llu: got %s from %s, the driver's choice is %s (%s)",
+              names[i], version, flags, info.dli_sname, info.dli_fname, want, is_hooked ? "hooked" : "not hooked");
+    }
+    if (failures) return done();
+    /* What cudart 13 would then call. */
+    CUresult (*init)(unsigned) = fns[0];
+    CUresult (*alloc)(CUdeviceptr *, size_t) = fns[2];
+    CUresult (*freep)(CUdeviceptr) = fns[5];
+    CUresult (*meminfo)(size_t *, size_t *) = fns[8];
+    CUresult (*aalloc)(CUdeviceptr *, size_t, void *) = fns[10];
+    CUresult (*afree)(CUdeviceptr, void *) = fns[12];
+    CUresult (*create)(unsigned long long *, size_t, const CUmemAllocationProp *, unsigned long long) = fns[13];
+    CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **) = fns[18];
+    CUresult (*inst)(void **, void *, unsigned long long) = fns[26];
+    EXPECT(init(0), 0);
+    CUdevice dev; CUcontext ctx;
+    EXPECT(cuDeviceGet(&dev, 0), 0);
+    EXPECT(cuCtxCreate_v2(&ctx, 0, dev), 0);
+    size_t f = 0, t = 0;
+    CUdeviceptr p = 0, q = 0;
+    EXPECT(meminfo(&f, &t), 0);
+    CHECK(f == limit && t == limit, "cuMemGetInfo@%d: free %zu total %zu, limit %zu", version, f, t, limit);
+    EXPECT(alloc(&p, limit), 0);
+    EXPECT(alloc(&q, 1), OOM);
+    EXPECT(aalloc(&q, 1, 0), OOM);
+    CUmemAllocationProp prop; memset(&prop, 0, sizeof prop);
+    prop.type = 1; prop.locType = 1; prop.locId = 0;
+    unsigned long long h = 0;
+    EXPECT(create(&h, 2 << 20, &prop, 0), OOM);
+    EXPECT(freep(p), 0);
+    EXPECT(aalloc(&p, limit, 0), 0);
+    EXPECT(alloc(&q, 1), OOM);
+    EXPECT(afree(p, 0), 0);
+    EXPECT(cuStreamSynchronize(0), 0);
+    void *g = alloc_graph(limit + 1, 1, 0), *e = 0;
+    EXPECT(version >= 12000 ? inst(&e, g, 0) : OOM, OOM);
+    EXPECT(cuGraphDestroy(g), 0);
+    const char *lname = expected("cuLaunchKernel", version, flags);
+    unsigned long long before = calls(lname);
+    EXPECT(launch((void *)1, 1, 1, 1, 32, 1, 1, 0, 0, 0, 0), 0);
+    CHECK(calls(lname) == before + 1, "the launch did not reach the driver's %s", lname);
+    EXPECT(meminfo(&f, &t), 0);
+    CHECK(f == limit, "everything freed: free %zu", f);
+    return done();
+}
+/* CUDA graph capture with the stream-ordered allocator (PyTorch's cudaMallocAsync backend under
+ * torch.cuda.graph): on a captured stream a workspace (half the limit) is allocated and freed,
+ * an output (a quarter) allocated and left for the program to free; the capture puts nothing on
+ * the card. Instantiated, the graph counts both; replayed 300 times, with the output freed
+ * after each replay, the count stays; destroyed, the memory the driver caches for graphs stays
+ * counted until trimmed. */
+CUresult cuStreamBeginCapture_v2(void *, int);
+CUresult cuStreamEndCapture(void *, void **);
+CUresult cuStreamIsCapturing(void *, int *);
+static int mode_graphcapture(size_t limit) {
+    setup();
+    device_used = (DeviceUsed)dlsym(RTLD_DEFAULT, "fake_cuda_device_used");
+    CHECK(device_used != 0, "fake_cuda_device_used");
+    if (!device_used) return done();
+    const size_t half = limit / 2, quarter = limit / 4, left = limit - half - quarter;
+    void *stream = 0, *g = 0, *e = 0;
+    CUdeviceptr ws = 0, out = 0, p = 0;
+    int st = -1;
+    size_t f = 0, t = 0;
+    EXPECT(cuStreamCreate(&stream, 0), 0);
+    EXPECT(cuStreamBeginCapture_v2(stream, 0), 0);
+    EXPECT(cuStreamIsCapturing(stream, &st), 0);
+    CHECK(st == 1, "capture status %d", st);
+    EXPECT(cuMemAllocAsync(&ws, half, stream), 0);
+    EXPECT(cuMemAllocAsync(&out, quarter, stream), 0);
+    EXPECT(cuMemFreeAsync(ws, stream), 0);
+    EXPECT(cuStreamEndCapture(stream, &g), 0);
+    CHECK(device_used(0) == 0, "the capture put %llu bytes on the card", device_used(0));
+    EXPECT(cuMemGetInfo_v2(&f, &t), 0);
+    printf("after capture, before instantiation: free %zu of %zu\n", f, t);
+    EXPECT(cuGraphInstantiateWithFlags(&e, g, 0), 0);
+    expect_free(left, __LINE__);
+    EXPECT(cuMemAlloc_v2(&p, left + 1), OOM);
+    for (int i = 0; i < 300; i++) {
+        EXPECT(cuGraphLaunch(e, stream), 0);
+        EXPECT(cuMemFreeAsync(out, stream), 0);
+        if (i % 50 == 0 || i == 299) {
+            EXPECT(cuStreamSynchronize(stream), 0);
+            expect_free(left, __LINE__);
+            CHECK(device_used(0) == half + quarter, "replay %d: the card holds %llu", i, device_used(0));
+            /* The driver keeps the output's memory for the next replay: past the limit is OOM. */
+            CUresult r = cuMemAlloc_v2(&p, left + 1);
+            CHECK(r == OOM, "replay %d: %zu bytes allocated beside the graph; the card holds %llu of a %zu limit",
+                  i, left + 1, device_used(0), limit);
+            if (r == 0) EXPECT(cuMemFree_v2(p), 0);
+        }
+        if (failures) return done();
+    }
+    EXPECT(cuMemAlloc_v2(&p, left + 1), OOM);
+    EXPECT(cuMemAlloc_v2(&p, left), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+    EXPECT(cuGraphExecDestroy(e), 0);
+    expect_free(left, __LINE__);
+    EXPECT(cuDeviceGraphMemTrim(0), 0);
+    expect_free(limit, __LINE__);
+    CHECK(device_used(0) == 0, "after the trim the card holds %llu", device_used(0));
+    EXPECT(cuGraphDestroy(g), 0);
+    return done();
+}
+/* ---- end of the serving patterns */
+
 int main(int argc, char **argv) {
     setvbuf(stdout, 0, _IONBF, 0);
     if (argc >= 3 && !strcmp(argv[1], "limit")) return mode_limit(strtoull(argv[2], 0, 10));
@@ -1138,6 +1745,22 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "forkstorm")) return mode_forkstorm(strtoull(argv[2], 0, 10));
     if (argc >= 4 && !strcmp(argv[1], "busy")) return mode_busy(atof(argv[2]), (unsigned)atoi(argv[3]), argc >= 5 ? argv[4] : "kernel");
     if (argc >= 3 && !strcmp(argv[1], "graphmem")) return mode_graphmem(strtoull(argv[2], 0, 10));
+    if (argc >= 4 && !strcmp(argv[1], "oversub"))
+        return mode_oversub(strtoull(argv[2], 0, 10), strtoull(argv[3], 0, 10), argc >= 6 ? argv[4] : 0, argc >= 6 ? argv[5] : 0);
+    if (argc >= 7 && !strcmp(argv[1], "tpworker"))
+        return mode_tpworker(atoi(argv[2]), strtoull(argv[3], 0, 10), atof(argv[4]), argv[5], argv[6]);
+    if (argc >= 3 && !strcmp(argv[1], "tpinit") && argc >= 3 + atoi(argv[2])) return mode_tpinit(atoi(argv[2]), argv + 3);
+    if (argc >= 5 && !strcmp(argv[1], "allochold")) return mode_allochold(strtoull(argv[2], 0, 10), argv[3], argv[4]);
+    if (argc >= 6 && !strcmp(argv[1], "memprofile"))
+        return mode_memprofile(strtoull(argv[2], 0, 10), strtoull(argv[3], 0, 10), strtoull(argv[4], 0, 10), argv[5]);
+    if (argc >= 3 && !strcmp(argv[1], "graphreplay")) return mode_graphreplay(strtoull(argv[2], 0, 10));
+    if (argc >= 3 && !strcmp(argv[1], "graphcapture")) return mode_graphcapture(strtoull(argv[2], 0, 10));
+    if (argc >= 6 && !strcmp(argv[1], "ipcexport"))
+        return mode_ipcexport(strtoull(argv[2], 0, 10), strtoull(argv[3], 0, 10), strtoull(argv[4], 0, 10), argv[5]);
+    if (argc >= 8 && !strcmp(argv[1], "ipcimport"))
+        return mode_ipcimport(strtoull(argv[2], 0, 10), strtoull(argv[3], 0, 10), strtoull(argv[4], 0, 10), argv[5], argv[6], argv[7]);
+    if (argc >= 3 && !strcmp(argv[1], "serve")) return mode_serve(strtoull(argv[2], 0, 10));
+    if (argc >= 5 && !strcmp(argv[1], "procall")) return mode_procall(strtoull(argv[2], 0, 10), atoi(argv[3]), strtoull(argv[4], 0, 10));
     fprintf(stderr, "usage: cuda_probe limit|procaddr|dlsym|hold|grab|busy ...\n");
     return 2;
 }

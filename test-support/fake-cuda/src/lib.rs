@@ -32,12 +32,19 @@
 //! the launch and `cuGraphExecDestroy` until `cuMemFreeAsync` / `cuMemFree_v2`. Freed graph
 //! memory stays reserved in the pool until `cuDeviceGraphMemTrim`;
 //! `cuDeviceGetGraphMemAttribute` reports `USED_MEM_CURRENT` and `RESERVED_MEM_CURRENT`.
+//! Stream capture (`cuStreamBeginCapture_v2`, `cuStreamEndCapture`, `cuStreamIsCapturing`):
+//! stream-ordered allocations and frees on a captured stream become memory nodes.
 //!
 //! Launches: `cuLaunch` (1 block), `cuLaunchGrid(Async)`, and
 //! `cuLaunchCooperativeKernelMultiDevice`, each entry on the device of its stream
 //! (`cuStreamCreate` makes a stream of the current context's device; `cuStreamGetCtx`).
 //!
 //! `fake_cuda_device_used(dev)` (exported) is what the simulated card holds for this process.
+//!
+//! Sharing between processes: `cuIpcGetMemHandle` / `cuIpcOpenMemHandle_v2` /
+//! `cuIpcCloseMemHandle`, and `cuMemExportToShareableHandle` /
+//! `cuMemImportFromShareableHandle` for POSIX file descriptors (a memfd). What another process
+//! opens or imports stays the exporter's memory: nothing is charged to the importer.
 //!
 //! `cuGetProcAddress(_v2)`: `FAKE_CUDA_PROC_INTERNAL=1` returns internal entry points (same
 //! behaviour, other addresses than the exported symbols) for a few names, as some drivers do;
@@ -162,6 +169,14 @@ struct Memory {
     /// Per device: (reserved, used) bytes of the graph memory pool. Freed graph memory stays
     /// reserved (cached for later launches) until `cuDeviceGraphMemTrim`.
     graph_pool: [(u64, u64); 16],
+    /// IPC mappings opened here (`cuIpcOpenMemHandle_v2`): address → (device, bytes). The memory
+    /// is the exporter's allocation, charged once, to the exporter.
+    ipc_opened: HashMap<u64, (usize, u64)>,
+    /// VMM handles imported here (`cuMemImportFromShareableHandle`): handle → (device, bytes).
+    /// They reference the exporter's `cuMemCreate` allocation: nothing is charged here.
+    imported: HashMap<u64, (usize, u64)>,
+    /// Streams being captured (`cuStreamBeginCapture_v2`): stream → the graph being built.
+    capturing: HashMap<u64, u64>,
 }
 
 /// A graph node as the fake models it.
@@ -1417,9 +1432,12 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
     size: usize,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CUresult {
     count("cuMemAllocAsync");
+    if let Some(r) = captured_alloc(dptr, size, stream) {
+        return r;
+    }
     // SAFETY: same contract.
     unsafe { pool_alloc(dptr, size, None) }
 }
@@ -1428,9 +1446,12 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     dptr: *mut CUdeviceptr,
     size: usize,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CUresult {
     count("cuMemAllocAsync_ptsz");
+    if let Some(r) = captured_alloc(dptr, size, stream) {
+        return r;
+    }
     // SAFETY: same contract.
     unsafe { pool_alloc(dptr, size, None) }
 }
@@ -1440,9 +1461,12 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     dptr: *mut CUdeviceptr,
     size: usize,
     pool: *mut c_void,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CUresult {
     count("cuMemAllocFromPoolAsync");
+    if let Some(r) = captured_alloc(dptr, size, stream) {
+        return r;
+    }
     // A NULL pool is the current device's (lenient: the driver refuses it).
     // SAFETY: same contract.
     unsafe { pool_alloc(dptr, size, (!pool.is_null()).then_some(pool as u64)) }
@@ -1453,23 +1477,32 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     dptr: *mut CUdeviceptr,
     size: usize,
     pool: *mut c_void,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CUresult {
     count("cuMemAllocFromPoolAsync_ptsz");
+    if let Some(r) = captured_alloc(dptr, size, stream) {
+        return r;
+    }
     // A NULL pool is the current device's (lenient: the driver refuses it).
     // SAFETY: same contract.
     unsafe { pool_alloc(dptr, size, (!pool.is_null()).then_some(pool as u64)) }
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
+pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: *mut c_void) -> CUresult {
     count("cuMemFreeAsync");
+    if let Some(r) = captured_free(dptr, stream) {
+        return r;
+    }
     free(dptr)
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
+pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: *mut c_void) -> CUresult {
     count("cuMemFreeAsync_ptsz");
+    if let Some(r) = captured_free(dptr, stream) {
+        return r;
+    }
     free(dptr)
 }
 
@@ -1547,6 +1580,8 @@ pub extern "C" fn cuMemRelease(handle: u64) -> CUresult {
             uncharge(m, dev, size);
             CUDA_SUCCESS
         }
+        // An imported handle's memory is the exporter's: releasing it gives nothing back here.
+        None if m.imported.remove(&handle).is_some() => CUDA_SUCCESS,
         None => CUDA_ERROR_INVALID_VALUE,
     })
 }
@@ -1606,7 +1641,7 @@ pub extern "C" fn cuMemMap(
     count("cuMemMap");
     require_init!();
     with_memory(|m| {
-        if m.handles.contains_key(&handle) {
+        if m.handles.contains_key(&handle) || m.imported.contains_key(&handle) {
             CUDA_SUCCESS
         } else {
             CUDA_ERROR_INVALID_VALUE
@@ -1617,6 +1652,220 @@ pub extern "C" fn cuMemMap(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemUnmap(_ptr: CUdeviceptr, _size: usize) -> CUresult {
     count("cuMemUnmap");
+    CUDA_SUCCESS
+}
+
+/// `cuMemSetAccess`: every mapping is accessible in the fake.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemSetAccess(
+    _ptr: CUdeviceptr,
+    _size: usize,
+    desc: *const c_void,
+    n: usize,
+) -> CUresult {
+    count("cuMemSetAccess");
+    require_init!();
+    if desc.is_null() || n == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    CUDA_SUCCESS
+}
+
+// ---------------------------------------------------------------- inter-process sharing
+//
+// Both kinds of handle carry the exporter's allocation as a record `[magic, pid, key, device,
+// bytes]` (five u64). The importer charges nothing: the memory is the exporter's allocation,
+// counted once, on the exporter's side (and in the shared simulated GPU under the exporter's
+// pid); closing or releasing the imported mapping gives nothing back. The exporter is not told
+// of imports (a real driver keeps the memory until the last importer lets go even after the
+// exporter frees it; the fake frees it with the exporter).
+
+const IPC_MAGIC: u64 = 0x3143_5049_4b41_4646; // "FFAKIPC1"
+const VMM_MAGIC: u64 = 0x314d_4d56_4b41_4646; // "FFAKVMM1"
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const HANDLE_TYPE_POSIX_FD: c_int = 1;
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag `cuIpcOpenMemHandle` takes.
+const IPC_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; 64],
+}
+
+fn share_record(magic: u64, key: u64, dev: usize, bytes: u64) -> [u8; 40] {
+    let mut r = [0u8; 40];
+    for (i, v) in [magic, std::process::id() as u64, key, dev as u64, bytes]
+        .into_iter()
+        .enumerate()
+    {
+        r[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+    r
+}
+
+/// `(pid, key, device, bytes)` of a record with `magic`, if the device exists and the exporter
+/// is alive.
+fn read_share_record(magic: u64, r: &[u8]) -> Option<(u64, u64, usize, u64)> {
+    let field = |i: usize| u64::from_ne_bytes(r[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+    if r.len() < 40 || field(0) != magic {
+        return None;
+    }
+    let (pid, key, dev, bytes) = (field(1), field(2), field(3) as usize, field(4));
+    (dev < config().devices && bytes > 0 && fake_gpu_state::pid_alive(pid))
+        .then_some((pid, key, dev, bytes))
+}
+
+/// `cuIpcGetMemHandle`: a handle for an allocation of `cuMemAlloc*` (its base address).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcGetMemHandle(
+    handle: *mut CUipcMemHandle,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    count("cuIpcGetMemHandle");
+    require_init!();
+    if handle.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some((dev, size)) = with_memory(|m| {
+        m.allocs
+            .get(&dptr)
+            .filter(|a| a.pool.is_none())
+            .map(|a| (a.dev, a.size))
+    }) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    let mut h = CUipcMemHandle { reserved: [0; 64] };
+    h.reserved[..40].copy_from_slice(&share_record(IPC_MAGIC, dptr, dev, size));
+    // SAFETY: checked non-null.
+    unsafe { *handle = h };
+    CUDA_SUCCESS
+}
+
+/// `cuIpcOpenMemHandle_v2`: maps another process's allocation at a new address of this one.
+/// Opening a handle of this process fails, as with the driver.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
+    dptr: *mut CUdeviceptr,
+    handle: CUipcMemHandle,
+    flags: c_uint,
+) -> CUresult {
+    count("cuIpcOpenMemHandle_v2");
+    require_init!();
+    if dptr.is_null() || flags & !IPC_LAZY_ENABLE_PEER_ACCESS != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if current_device().is_none() {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    let Some((pid, _, dev, bytes)) = read_share_record(IPC_MAGIC, &handle.reserved) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    if pid == std::process::id() as u64 {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    let addr = with_memory(|m| {
+        let step = bytes.div_ceil(512) * 512;
+        m.next_addr += step;
+        let addr = m.next_addr - step;
+        m.ipc_opened.insert(addr, (dev, bytes));
+        addr
+    });
+    // SAFETY: checked non-null.
+    unsafe { *dptr = addr };
+    CUDA_SUCCESS
+}
+
+/// `cuIpcCloseMemHandle`: unmaps an opened allocation (the exporter still holds it).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult {
+    count("cuIpcCloseMemHandle");
+    require_init!();
+    with_memory(|m| match m.ipc_opened.remove(&dptr) {
+        Some(_) => CUDA_SUCCESS,
+        None => CUDA_ERROR_INVALID_VALUE,
+    })
+}
+
+/// `cuMemExportToShareableHandle` for `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: a new file
+/// descriptor (a memfd holding the record), written as an `int` at `shareable`. Other handle
+/// types are not supported by the fake.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: u64,
+    handle_type: c_int,
+    flags: u64,
+) -> CUresult {
+    count("cuMemExportToShareableHandle");
+    require_init!();
+    if shareable.is_null() || flags != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if handle_type != HANDLE_TYPE_POSIX_FD {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    let record = match with_memory(|m| {
+        m.handles
+            .get(&handle)
+            .or_else(|| m.imported.get(&handle))
+            .copied()
+    }) {
+        Some((dev, size)) => share_record(VMM_MAGIC, handle, dev, size),
+        None => return CUDA_ERROR_INVALID_VALUE,
+    };
+    // SAFETY: a plain memfd, written whole, handed to the caller (who closes it).
+    let fd = unsafe { libc::memfd_create(c"fake-cuda-vmm".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return CUDA_ERROR_UNKNOWN;
+    }
+    // SAFETY: `record` is 40 readable bytes.
+    let n = unsafe { libc::pwrite(fd, record.as_ptr().cast(), record.len(), 0) };
+    if n != record.len() as isize {
+        // SAFETY: our own fd.
+        unsafe { libc::close(fd) };
+        return CUDA_ERROR_UNKNOWN;
+    }
+    // SAFETY: checked non-null; the caller passes room for an `int`.
+    unsafe { *shareable.cast::<c_int>() = fd };
+    CUDA_SUCCESS
+}
+
+/// `cuMemImportFromShareableHandle` for a file descriptor (passed as the pointer's value): a
+/// handle of this process that maps (`cuMemMap`) the exporter's memory; nothing is charged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut u64,
+    os_handle: *mut c_void,
+    handle_type: c_int,
+) -> CUresult {
+    count("cuMemImportFromShareableHandle");
+    require_init!();
+    if handle.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if handle_type != HANDLE_TYPE_POSIX_FD {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    let fd = os_handle as usize as c_int;
+    let mut record = [0u8; 40];
+    // SAFETY: reads at most 40 bytes into `record`; a bad fd fails.
+    let n = unsafe { libc::pread(fd, record.as_mut_ptr().cast(), record.len(), 0) };
+    if n != record.len() as isize {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some((_, _, dev, bytes)) = read_share_record(VMM_MAGIC, &record) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    let h = with_memory(|m| {
+        let h = m.next_handle;
+        m.next_handle += 1;
+        m.imported.insert(h, (dev, bytes));
+        h
+    });
+    // SAFETY: checked non-null.
+    unsafe { *handle = h };
     CUDA_SUCCESS
 }
 
@@ -1646,6 +1895,48 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     count("cuMemFreeHost");
     // SAFETY: `p` came from cuMemHostAlloc.
     unsafe { libc::free(p) };
+    CUDA_SUCCESS
+}
+
+/// Pins host memory for the device: the fake only records the range (device memory is not
+/// touched, as on a real card).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostRegister_v2(
+    p: *mut c_void,
+    size: usize,
+    _flags: c_uint,
+) -> CUresult {
+    count("cuMemHostRegister_v2");
+    require_init!();
+    if p.is_null() || size == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    count("cuMemHostUnregister");
+    if p.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    CUDA_SUCCESS
+}
+
+/// Under unified addressing a mapped host allocation's device pointer is its host pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
+    dptr: *mut u64,
+    p: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    count("cuMemHostGetDevicePointer_v2");
+    require_init!();
+    if dptr.is_null() || p.is_null() || flags != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null.
+    unsafe { *dptr = p as u64 };
     CUDA_SUCCESS
 }
 
@@ -2145,6 +2436,114 @@ pub unsafe extern "C" fn cuStreamGetCtx(stream: *mut c_void, ctx: *mut *mut c_vo
     };
     // SAFETY: checked non-null.
     unsafe { *ctx = ctx_handle(dev) };
+    CUDA_SUCCESS
+}
+
+// ---------------------------------------------------------------- stream capture
+//
+// A captured stream records instead of running: `cuMemAllocAsync` / `cuMemAllocFromPoolAsync`
+// add an allocation node (an address, no memory: the graph maps it when it runs), and
+// `cuMemFreeAsync` a free node, to the graph `cuStreamEndCapture` returns. Kernels launched on
+// a captured stream still run at once (the fake records no kernel nodes). The NULL stream
+// cannot be captured.
+
+const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
+const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+
+/// The graph `stream` is being captured into.
+fn capture_graph(m: &Memory, stream: *mut c_void) -> Option<u64> {
+    if stream.is_null() {
+        return None;
+    }
+    m.capturing.get(&(stream as u64)).copied()
+}
+
+/// A stream-ordered allocation on a captured stream: an allocation node of the capture graph.
+fn captured_alloc(dptr: *mut CUdeviceptr, size: usize, stream: *mut c_void) -> Option<CUresult> {
+    if !initialized() {
+        return None;
+    }
+    let graph = with_memory(|m| capture_graph(m, stream))?;
+    if dptr.is_null() || size == 0 {
+        return Some(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = stream_device(stream)?;
+    let bytes = size as u64;
+    let mut node = 0u64;
+    let mut addr = 0;
+    let r = add_node(&mut node, graph, |m| {
+        let step = bytes.div_ceil(512) * 512;
+        m.next_addr += step;
+        addr = m.next_addr - step;
+        GraphNode::MemAlloc {
+            dev,
+            bytes,
+            dptr: addr,
+        }
+    });
+    if r == CUDA_SUCCESS {
+        // SAFETY: checked non-null.
+        unsafe { *dptr = addr };
+    }
+    Some(r)
+}
+
+/// A stream-ordered free on a captured stream: a free node of the capture graph.
+fn captured_free(dptr: CUdeviceptr, stream: *mut c_void) -> Option<CUresult> {
+    if !initialized() {
+        return None;
+    }
+    let graph = with_memory(|m| capture_graph(m, stream))?;
+    let mut node = 0u64;
+    Some(add_node(&mut node, graph, |_| GraphNode::MemFree { dptr }))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamBeginCapture_v2(stream: *mut c_void, _mode: c_int) -> CUresult {
+    count("cuStreamBeginCapture_v2");
+    require_init!();
+    if stream.is_null() || stream as usize <= 2 {
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    with_memory(|m| {
+        if m.capturing.contains_key(&(stream as u64)) {
+            return CUDA_ERROR_ILLEGAL_STATE;
+        }
+        let g = new_handle(m);
+        m.graphs.insert(g, Vec::new());
+        m.capturing.insert(stream as u64, g);
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamEndCapture(stream: *mut c_void, graph: *mut u64) -> CUresult {
+    count("cuStreamEndCapture");
+    require_init!();
+    if graph.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match with_memory(|m| m.capturing.remove(&(stream as u64))) {
+        Some(g) => {
+            // SAFETY: checked non-null.
+            unsafe { *graph = g };
+            CUDA_SUCCESS
+        }
+        None => CUDA_ERROR_ILLEGAL_STATE,
+    }
+}
+
+/// `CUstreamCaptureStatus`: 0 none, 1 active.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: *mut c_void, status: *mut c_int) -> CUresult {
+    count("cuStreamIsCapturing");
+    require_init!();
+    if status.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let on = with_memory(|m| capture_graph(m, stream).is_some());
+    // SAFETY: checked non-null.
+    unsafe { *status = c_int::from(on) };
     CUDA_SUCCESS
 }
 
@@ -2714,6 +3113,22 @@ fn proc_table() -> &'static [ProcEntry] {
             entry!("cuMemRelease", 10020, false, cuMemRelease),
             entry!("cuMemMap", 10020, false, cuMemMap),
             entry!("cuMemUnmap", 10020, false, cuMemUnmap),
+            entry!("cuMemSetAccess", 10020, false, cuMemSetAccess),
+            entry!(
+                "cuMemExportToShareableHandle",
+                10020,
+                false,
+                cuMemExportToShareableHandle
+            ),
+            entry!(
+                "cuMemImportFromShareableHandle",
+                10020,
+                false,
+                cuMemImportFromShareableHandle
+            ),
+            entry!("cuIpcGetMemHandle", 4010, false, cuIpcGetMemHandle),
+            entry!("cuIpcOpenMemHandle", 11000, false, cuIpcOpenMemHandle_v2),
+            entry!("cuIpcCloseMemHandle", 4010, false, cuIpcCloseMemHandle),
             entry!("cuMemAddressReserve", 10020, false, cuMemAddressReserve),
             entry!("cuMemAddressFree", 10020, false, cuMemAddressFree),
             entry!(
@@ -2766,6 +3181,14 @@ fn proc_table() -> &'static [ProcEntry] {
             entry!("cuStreamCreate", 2000, false, cuStreamCreate),
             entry!("cuStreamDestroy", 4000, false, cuStreamDestroy_v2),
             entry!("cuStreamGetCtx", 9020, false, cuStreamGetCtx),
+            entry!(
+                "cuStreamBeginCapture",
+                10010,
+                false,
+                cuStreamBeginCapture_v2
+            ),
+            entry!("cuStreamEndCapture", 10000, false, cuStreamEndCapture),
+            entry!("cuStreamIsCapturing", 10000, false, cuStreamIsCapturing),
             entry!("cuGraphCreate", 10000, false, cuGraphCreate),
             entry!("cuGraphDestroy", 10000, false, cuGraphDestroy),
             entry!(
