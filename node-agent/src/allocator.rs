@@ -967,6 +967,57 @@ mod tests {
         );
     }
 
+    /// Issue #31 item 2 end to end in the plugin: a pod annotated for host-backed
+    /// oversubscription, on a node with memory scaling 2, gets its device share in the limits
+    /// file the shim trusts; its neighbour without the annotation does not; a bad value is
+    /// served without it.
+    #[tokio::test]
+    async fn an_opted_in_pod_gets_its_device_share_in_the_limits_file() {
+        use crate::testing::{MemoryApi, bound_pod};
+        for (value, want) in [(Some("host"), Some("5120m")), (None, None), (Some("yes"), None)] {
+            let mut pod = bound_pod("node-a", "llm", &[&[("GPU-a", 10240, 0)]], 1);
+            if let Some(v) = value {
+                pod.annotations
+                    .insert(keys::MEMORY_OVERSUBSCRIPTION.into(), v.into());
+            }
+            let source = Arc::new(LaggingCache {
+                stale: vec![pod.clone()],
+                current: vec![pod],
+            });
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut settings = crate::testing::response_settings(dir.path());
+            settings.memory_scaling = 2.0;
+            let allocator = Allocator::new(
+                "node-a".into(),
+                settings,
+                Arc::new(RwLock::new(BTreeSet::from(["GPU-a".to_owned()]))),
+                source,
+                Arc::new(MemoryApi::default()),
+                Arc::new(crate::edges::NoPodResources),
+            );
+            let resp = allocator
+                .allocate(dp::AllocateRequest {
+                    container_requests: vec![dp::ContainerAllocateRequest {
+                        devices_ids: vec!["GPU-a-0".into()],
+                    }],
+                })
+                .await
+                .expect("the pod is identified");
+            let r = &resp.container_responses[0];
+            let limits = r
+                .mounts
+                .iter()
+                .find(|m| m.container_path == vgpu_region::protocol::CONTAINER_LIMITS_PATH)
+                .map(|m| std::fs::read_to_string(&m.host_path).expect("limits file"))
+                .expect("the limits file is mounted");
+            let share = limits
+                .lines()
+                .find_map(|l| l.strip_prefix("TESSERA_DEVICE_MEMORY_SHARE_0="));
+            assert_eq!(share, want, "{value:?}: {limits}");
+            assert!(limits.contains("CUDA_DEVICE_MEMORY_LIMIT_0=10240m\n"), "{limits}");
+        }
+    }
+
     #[test]
     fn grpc_status_message_carries_the_cause() {
         let e = AllocateError::CacheDir {
