@@ -11,6 +11,39 @@ fn cache(dir: &tempfile::TempDir) -> std::path::PathBuf {
     dir.path().join("region.cache")
 }
 
+/// Runs the probe with `args` followed by a ready and a go file, reads the region at the point
+/// where the probe says it is ready, lets it go on, and returns that snapshot (the probe must
+/// have succeeded).
+fn region_at_checkpoint(
+    dir: &tempfile::TempDir,
+    vars: &[(&str, &str)],
+    args: &[&str],
+) -> vgpu_region::RegionSnapshot {
+    let cache = cache(dir);
+    let (ready, go) = (dir.path().join("ready"), dir.path().join("go"));
+    let mut args = args.to_vec();
+    args.extend([ready.to_str().unwrap(), go.to_str().unwrap()]);
+    let mut child = probe(&cache, vars, &args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn probe");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !ready.exists() && std::time::Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let snap = std::fs::read(&cache)
+        .ok()
+        .and_then(|b| vgpu_region::RegionSnapshot::parse(&b).ok());
+    std::fs::write(&go, "").unwrap();
+    let out = child.wait_with_output().expect("probe output");
+    assert_ok(&out);
+    snap.expect("a valid region at the checkpoint")
+}
+
 #[test]
 fn limit_exactly_reached_then_one_byte_over_on_every_allocation_path() {
     let dir = tempfile::tempdir().unwrap();
@@ -53,37 +86,12 @@ fn a_limit_as_large_as_the_card_is_usable_to_the_last_byte() {
 #[test]
 fn module_loads_and_memory_kept_by_pools_are_counted_and_visible_to_the_monitor() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = cache(&dir);
-    let (ready, go) = (dir.path().join("ready"), dir.path().join("go"));
     let limit = 64 * MIB;
-    let mut child = probe(
-        &cache,
+    let snap = region_at_checkpoint(
+        &dir,
         &[("CUDA_DEVICE_MEMORY_LIMIT", "64m")],
-        &[
-            "modpool",
-            &limit.to_string(),
-            ready.to_str().unwrap(),
-            go.to_str().unwrap(),
-        ],
-    )
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .expect("spawn probe");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !ready.exists() && std::time::Instant::now() < deadline {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let snap = std::fs::read(&cache)
-        .ok()
-        .and_then(|b| vgpu_region::RegionSnapshot::parse(&b).ok());
-    std::fs::write(&go, "").unwrap();
-    let out = child.wait_with_output().expect("probe output");
-    assert_ok(&out);
-    let snap = snap.expect("a valid region at the checkpoint");
+        &["modpool", &limit.to_string()],
+    );
     let slot = snap.live_procs().next().expect("the probe's slot");
     let used = slot.used[0];
     assert_eq!(used.module_size, 16 * MIB, "{used:?}");
@@ -439,43 +447,17 @@ fn exports_only_the_hooks() {
 #[test]
 fn past_the_device_share_allocations_come_from_host_memory_up_to_the_booking() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = cache(&dir);
-    let (ready, go) = (dir.path().join("ready"), dir.path().join("go"));
     let (limit, share) = (64 * MIB, 16 * MIB);
-    let mut child = probe(
-        &cache,
+    let snap = region_at_checkpoint(
+        &dir,
         &[
             ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
             ("TESSERA_DEVICE_MEMORY_SHARE_0", "16m"),
         ],
-        &[
-            "oversub",
-            &limit.to_string(),
-            &share.to_string(),
-            ready.to_str().unwrap(),
-            go.to_str().unwrap(),
-        ],
-    )
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .expect("spawn probe");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !ready.exists() && std::time::Instant::now() < deadline {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let snap = std::fs::read(&cache)
-        .ok()
-        .and_then(|b| vgpu_region::RegionSnapshot::parse(&b).ok());
-    std::fs::write(&go, "").unwrap();
-    let out = child.wait_with_output().expect("probe output");
-    assert_ok(&out);
-    let snap = snap.expect("a valid region at the checkpoint");
+        &["oversub", &limit.to_string(), &share.to_string()],
+    );
     assert_eq!(snap.device_usage(0), share);
     assert_eq!(snap.host_usage(0), limit - share);
-    let after = vgpu_region::RegionSnapshot::parse(&std::fs::read(&cache).unwrap()).unwrap();
+    let after = vgpu_region::RegionSnapshot::parse(&std::fs::read(cache(&dir)).unwrap()).unwrap();
     assert_eq!(after.host_usage(0), 0, "host memory given back at exit");
 }

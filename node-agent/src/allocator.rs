@@ -926,13 +926,36 @@ mod tests {
         }
     }
 
+    /// `Allocate` of one replica of GPU-a on node-a, pods from `source`, no pod-resources.
+    async fn allocate_gpu_a(
+        source: Arc<LaggingCache>,
+        settings: ResponseSettings,
+    ) -> dp::AllocateResponse {
+        let allocator = Allocator::new(
+            "node-a".into(),
+            settings,
+            Arc::new(RwLock::new(BTreeSet::from(["GPU-a".to_owned()]))),
+            source,
+            Arc::new(crate::testing::MemoryApi::default()),
+            Arc::new(crate::edges::NoPodResources),
+        );
+        allocator
+            .allocate(dp::AllocateRequest {
+                container_requests: vec![dp::ContainerAllocateRequest {
+                    devices_ids: vec!["GPU-a-0".into()],
+                }],
+            })
+            .await
+            .expect("the pod is identified")
+    }
+
     /// The swap CI caught on a real node (without pod-resources, after the plugin restarted):
     /// `Allocate` for a 10 GiB pod answered from the cache, where a rejected 900 MiB pod was
     /// still the unique pending candidate, and the container ran with 900 MiB. The call must be
     /// decided on the API server's current state.
     #[tokio::test]
     async fn allocate_ignores_a_cache_that_lags_the_api_server() {
-        use crate::testing::{MemoryApi, bound_pod};
+        use crate::testing::bound_pod;
         let rejected = bound_pod("node-a", "rejected", &[&[("GPU-a", 900, 0)]], 1);
         let admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
         let mut rejected_now = rejected.clone();
@@ -941,24 +964,8 @@ mod tests {
             stale: vec![rejected],
             current: vec![rejected_now, admitted],
         });
-        let patcher = Arc::new(MemoryApi::default());
         let dir = tempfile::tempdir().expect("tempdir");
-        let allocator = Allocator::new(
-            "node-a".into(),
-            crate::testing::response_settings(dir.path()),
-            Arc::new(RwLock::new(BTreeSet::from(["GPU-a".to_owned()]))),
-            source,
-            patcher.clone(),
-            Arc::new(crate::edges::NoPodResources),
-        );
-        let resp = allocator
-            .allocate(dp::AllocateRequest {
-                container_requests: vec![dp::ContainerAllocateRequest {
-                    devices_ids: vec!["GPU-a-0".into()],
-                }],
-            })
-            .await
-            .expect("the admitted pod is identified");
+        let resp = allocate_gpu_a(source, crate::testing::response_settings(dir.path())).await;
         let envs = &resp.container_responses[0].envs;
         assert_eq!(
             envs.get("CUDA_DEVICE_MEMORY_LIMIT_0").map(String::as_str),
@@ -973,8 +980,12 @@ mod tests {
     /// served without it.
     #[tokio::test]
     async fn an_opted_in_pod_gets_its_device_share_in_the_limits_file() {
-        use crate::testing::{MemoryApi, bound_pod};
-        for (value, want) in [(Some("host"), Some("5120m")), (None, None), (Some("yes"), None)] {
+        use crate::testing::bound_pod;
+        for (value, want) in [
+            (Some("host"), Some("5120m")),
+            (None, None),
+            (Some("yes"), None),
+        ] {
             let mut pod = bound_pod("node-a", "llm", &[&[("GPU-a", 10240, 0)]], 1);
             if let Some(v) = value {
                 pod.annotations
@@ -987,22 +998,7 @@ mod tests {
             let dir = tempfile::tempdir().expect("tempdir");
             let mut settings = crate::testing::response_settings(dir.path());
             settings.memory_scaling = 2.0;
-            let allocator = Allocator::new(
-                "node-a".into(),
-                settings,
-                Arc::new(RwLock::new(BTreeSet::from(["GPU-a".to_owned()]))),
-                source,
-                Arc::new(MemoryApi::default()),
-                Arc::new(crate::edges::NoPodResources),
-            );
-            let resp = allocator
-                .allocate(dp::AllocateRequest {
-                    container_requests: vec![dp::ContainerAllocateRequest {
-                        devices_ids: vec!["GPU-a-0".into()],
-                    }],
-                })
-                .await
-                .expect("the pod is identified");
+            let resp = allocate_gpu_a(source, settings).await;
             let r = &resp.container_responses[0];
             let limits = r
                 .mounts
@@ -1014,7 +1010,10 @@ mod tests {
                 .lines()
                 .find_map(|l| l.strip_prefix("TESSERA_DEVICE_MEMORY_SHARE_0="));
             assert_eq!(share, want, "{value:?}: {limits}");
-            assert!(limits.contains("CUDA_DEVICE_MEMORY_LIMIT_0=10240m\n"), "{limits}");
+            assert!(
+                limits.contains("CUDA_DEVICE_MEMORY_LIMIT_0=10240m\n"),
+                "{limits}"
+            );
         }
     }
 

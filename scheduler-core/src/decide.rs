@@ -1,7 +1,7 @@
 //! One filter decision over the cluster state: the part shared by the decision loop and
 //! `simulate`. Pure (the caller owns the state and does the I/O).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use hami_contract::PodDevices;
 use hami_contract::identity::AllocationSignature;
@@ -68,6 +68,9 @@ pub enum Verdict {
     /// No candidate fits; why, per node.
     NoFit {
         failed: BTreeMap<String, NodeFailure>,
+        /// The failed nodes where preemption cannot help ([`beyond_preemption`]): kube-scheduler
+        /// gets them as `FailedAndUnresolvableNodes` and runs no preemption dry run there.
+        unresolvable: BTreeSet<String>,
     },
     Placed(Placement),
 }
@@ -488,8 +491,70 @@ fn filter(
             }
         }
     }
+    let failed = failure_map(failed);
+    let unresolvable = beyond_preemption(&eval, &failed);
     Verdict::NoFit {
-        failed: failure_map(failed),
+        failed,
+        unresolvable,
+    }
+}
+
+/// The failed nodes where evicting pods cannot make room: the node is not known or takes no GPU
+/// pod, or the pod does not fit it even with no pod on any of its GPUs (a card too small or of
+/// the wrong type, excluded by UUID, unhealthy or cordoned, too few cards). Decided with the real
+/// fit on an emptied copy of the node, without the namespace budget (evicting the namespace's
+/// own pods could free budget). A node with a `mig` GPU is left out: its instances are state
+/// the emptying does not model.
+fn beyond_preemption(
+    eval: &EvalInput<'_>,
+    failed: &BTreeMap<String, NodeFailure>,
+) -> BTreeSet<String> {
+    failed
+        .iter()
+        .filter(|(name, failure)| match failure {
+            NodeFailure::Unknown | NodeFailure::Unregistered(_) => true,
+            NodeFailure::PendingConflict { .. } => false,
+            NodeFailure::Fit(why) => match eval.state.candidate(name, eval.uid, eval.uid_on) {
+                // A `mig` GPU's health and instances follow its bookings.
+                Some(Candidate::Usable(node, _, _))
+                    if node.gpus.iter().any(|g| g.mode == fit::MIG_MODE) =>
+                {
+                    false
+                }
+                Some(Candidate::Usable(node, nvidia, _)) => {
+                    statically_refused(why)
+                        || fit::evaluate_picks(
+                            &fit::emptied(&node),
+                            Some(nvidia),
+                            eval.ask,
+                            eval.opts,
+                            None,
+                        )
+                        .is_err()
+                }
+                _ => true,
+            },
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Too few cards, or every card refused for what no eviction changes (on a node without `mig`
+/// GPUs): the emptied fit would refuse too, so it need not run.
+fn statically_refused(why: &fit::FitFailure) -> bool {
+    use fit::{FitFailure, FitReason};
+    match why {
+        FitFailure::NodeInsufficientDevice => true,
+        FitFailure::Devices(counts) => counts.reasons().all(|(r, _)| {
+            matches!(
+                r,
+                FitReason::CardTypeMismatch
+                    | FitReason::CardUuidMismatch
+                    | FitReason::CardNotHealth
+                    | FitReason::CardCordoned
+            )
+        }),
+        FitFailure::MigAllocation { .. } => false,
     }
 }
 

@@ -147,6 +147,28 @@ pub struct ExtenderFilterResult {
 }
 
 impl ExtenderFilterResult {
+    /// The answer for a pod that fits none of the candidates: the nodes where preemption cannot
+    /// help (`unresolvable`) go to `FailedAndUnresolvableNodes`, so kube-scheduler runs no
+    /// preemption dry run there; the rest to `FailedNodes`. Each with HAMi's reason string.
+    pub fn no_fit(
+        failed: BTreeMap<String, NodeFailure>,
+        unresolvable: &std::collections::BTreeSet<String>,
+    ) -> Self {
+        let (never, maybe): (BTreeMap<_, _>, BTreeMap<_, _>) = failed
+            .into_iter()
+            .partition(|(name, _)| unresolvable.contains(name));
+        ExtenderFilterResult {
+            failed_nodes: Some(maybe),
+            failed_and_unresolvable_nodes: (!never.is_empty()).then(|| {
+                never
+                    .into_iter()
+                    .map(|(name, why)| (name, why.to_string()))
+                    .collect()
+            }),
+            ..Default::default()
+        }
+    }
+
     pub fn error(msg: impl Into<String>) -> Self {
         ExtenderFilterResult {
             error: msg.into(),

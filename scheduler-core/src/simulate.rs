@@ -405,10 +405,10 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
                 );
             }
             Verdict::Invalid(e) => result.error = Some(e.to_string()),
-            Verdict::NoFit { failed } if failed.is_empty() && names.is_empty() => {
+            Verdict::NoFit { failed, .. } if failed.is_empty() && names.is_empty() => {
                 result.error = Some(NO_GPU_NODES.to_owned());
             }
-            Verdict::NoFit { failed } => {
+            Verdict::NoFit { failed, .. } => {
                 result.mig = explain_mig(&state, cfg, &pod, &uid, &failed);
                 result.reasons = reason_strings(failed);
             }

@@ -524,6 +524,7 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
             prop_assert_eq!(&pruned, &full, "request {} over {:?}", i, names);
         }
         let v = filter_pod_with(&mut state, &cfg, &pod, &uid, &all, s.avoid_decided);
+        check_unresolvable(s, &cfg, &pod, &uid, &v)?;
         if let Verdict::Placed(p) = &v
             && s.reserve[i % s.reserve.len()]
         {
@@ -531,6 +532,55 @@ fn run(s: &Scenario) -> Result<(), TestCaseError> {
                 &pod, &uid, p, 1,
             ));
         }
+    }
+    Ok(())
+}
+
+/// Issue 30 item 3: of the nodes a pod fits nowhere on, exactly those it would not fit with
+/// every pod gone (the node alone in a cluster, no quota) are beyond preemption. Nodes kube-
+/// scheduler does not know as registered GPU nodes and pending conflicts are left out; a node
+/// with a `mig` GPU only needs to be right when it is marked.
+fn check_unresolvable(
+    s: &Scenario,
+    cfg: &DecisionConfig,
+    pod: &Pod,
+    uid: &str,
+    v: &Verdict,
+) -> Result<(), TestCaseError> {
+    use tessera_scheduler_core::decide::NodeFailure;
+    let Verdict::NoFit {
+        failed,
+        unresolvable,
+    } = v
+    else {
+        return Ok(());
+    };
+    for (name, failure) in failed {
+        let Some(i) = name.strip_prefix('n').and_then(|x| x.parse::<usize>().ok()) else {
+            continue;
+        };
+        let marked = unresolvable.contains(name);
+        if !matches!(failure, NodeFailure::Fit(_))
+            || s.nodes[i].unregistered
+            || (s.nodes[i].gpus.iter().any(|g| g.mig) && !marked)
+        {
+            continue;
+        }
+        let mut alone = ClusterState::new();
+        alone.upsert_node(node_record(i, &s.nodes[i]));
+        let fits_alone = matches!(
+            filter_pod_unpruned(&mut alone, cfg, pod, uid, std::slice::from_ref(name), false),
+            Verdict::Placed(_)
+        );
+        prop_assert_eq!(
+            fits_alone,
+            !marked,
+            "node {} ({}): fits with no pod on it: {}, marked beyond preemption: {}",
+            name,
+            failure,
+            fits_alone,
+            marked
+        );
     }
     Ok(())
 }

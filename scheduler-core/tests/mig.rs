@@ -82,7 +82,7 @@ fn place(s: &mut ClusterState, p: &Pod, nodes: &[&str]) -> Result<Placement, Str
     let uid = p.metadata.uid.clone().unwrap_or_default();
     match filter_pod(s, &DecisionConfig::default(), p, &uid, &names) {
         Verdict::Placed(pl) => Ok(pl),
-        Verdict::NoFit { failed } => Err(failed
+        Verdict::NoFit { failed, .. } => Err(failed
             .values()
             .map(ToString::to_string)
             .collect::<Vec<_>>()

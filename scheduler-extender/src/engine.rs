@@ -357,7 +357,7 @@ impl Engine {
                 self.unschedulable.remove(&uid);
                 self.pending.remove(&uid);
             }
-            Verdict::NoFit { failed } => {
+            Verdict::NoFit { failed, .. } => {
                 self.pending
                     .insert(uid.clone(), decide::pending_reason(failed));
                 self.unschedulable.insert(
@@ -458,7 +458,7 @@ impl Engine {
         );
         match verdict {
             Verdict::Placed(p) => Ok(decide::reservation_for(live, uid, &p, self.tick)),
-            Verdict::NoFit { failed } => Err(Refusal::Rejected(format!(
+            Verdict::NoFit { failed, .. } => Err(Refusal::Rejected(format!(
                 "pod {key} was filtered by another tessera-scheduler replica and no longer fits node {node} ({}); it will be filtered again",
                 failed
                     .get(node)

@@ -454,9 +454,16 @@ async fn filter_pod<E: ClusterEdge>(
             app.metrics.decision("filter", "InvalidAnnotation");
             ExtenderFilterResult::error(format!("pod {key}: {e}"))
         }
-        Verdict::NoFit { failed } => {
+        Verdict::NoFit {
+            failed,
+            unresolvable,
+        } => {
             app.metrics.decision("filter", "NoFit");
-            tracing::debug!(nodes = failed.len(), "no candidate fits");
+            tracing::debug!(
+                nodes = failed.len(),
+                unresolvable = unresolvable.len(),
+                "no candidate fits"
+            );
             app.edge
                 .event(event(
                     EventType::Warning,
@@ -464,10 +471,7 @@ async fn filter_pod<E: ClusterEdge>(
                     decide::failure_summary(&failed),
                 ))
                 .await;
-            ExtenderFilterResult {
-                failed_nodes: Some(failed),
-                ..Default::default()
-            }
+            ExtenderFilterResult::no_fit(failed, &unresolvable)
         }
         Verdict::Placed(p) => {
             if app.decision.writes.decision_at_filter {
@@ -527,10 +531,10 @@ fn filter_full_nodes<E: ClusterEdge>(
             ..Default::default()
         },
         Verdict::Invalid(e) => ExtenderFilterResult::error(e.to_string()),
-        Verdict::NoFit { failed } => ExtenderFilterResult {
-            failed_nodes: Some(failed),
-            ..Default::default()
-        },
+        Verdict::NoFit {
+            failed,
+            unresolvable,
+        } => ExtenderFilterResult::no_fit(failed, &unresolvable),
         Verdict::Placed(p) => ExtenderFilterResult {
             nodes: Some(NodeListOut {
                 metadata: BTreeMap::new(),

@@ -31,7 +31,7 @@ fn placed(v: &Result<Verdict, Refusal>) -> Option<String> {
 
 fn reasons(v: &Result<Verdict, Refusal>) -> String {
     match v {
-        Ok(Verdict::NoFit { failed }) => failed
+        Ok(Verdict::NoFit { failed, .. }) => failed
             .values()
             .map(ToString::to_string)
             .collect::<Vec<_>>()
@@ -326,7 +326,7 @@ fn large_candidate_lists_choose_like_a_sequential_pass() {
 fn failed_reasons(v: &Result<Verdict, Refusal>) -> std::collections::BTreeMap<String, String> {
     match v {
         Ok(Verdict::Placed(p)) => reason_strings(&p.failed),
-        Ok(Verdict::NoFit { failed }) => reason_strings(failed),
+        Ok(Verdict::NoFit { failed, .. }) => reason_strings(failed),
         other => panic!("{other:?}"),
     }
 }

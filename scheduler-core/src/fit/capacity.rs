@@ -187,6 +187,18 @@ pub struct NodeState {
     pub topology: Option<TopologyScores>,
 }
 
+/// `node` as it would be with no pod on any of its GPUs: the same cards, health, cordons and
+/// topology, no usage. What the pod could have if every pod there were evicted.
+pub fn emptied(node: &NodeState) -> NodeState {
+    let mut empty = node.clone();
+    for g in &mut empty.gpus {
+        g.used = 0;
+        g.usedmem = 0;
+        g.usedcores = 0;
+    }
+    empty
+}
+
 /// The namespace's GPU budget (contract §5.7): limits are the minimum over all ResourceQuota objects of the
 /// namespace, memory already multiplied by `memoryFactor`; `used_*` include in-flight
 /// reservations.

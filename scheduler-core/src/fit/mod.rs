@@ -23,7 +23,7 @@ mod topology;
 
 pub use capacity::{
     Charge, GpuState, MIG_MODE, MigGpu, NodeState, QuotaBudget, TopologyScores, book_pod,
-    book_pod_mig, is_nvidia, nvidia_mask,
+    book_pod_mig, emptied, is_nvidia, nvidia_mask,
 };
 pub use container::{ContainerFit, MigPick, Pick};
 pub use input::{
