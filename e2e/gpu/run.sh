@@ -20,7 +20,8 @@
 # card holds only the share, the booking is enforced, and what host-backed memory costs; (10)
 # serving patterns under one limit: vLLM-style memory profiling, CUDA graph replay, CUDA IPC
 # between two processes (counted once), managed memory, expandable segments (cuMemCreate/Map);
-# (11) NVML inside a container does not list another tenant's process.
+# (11) NVML inside a container does not list another tenant's process; (6b) cuCtxSetLimit's
+# memory (stack, heap) counts against the limit.
 # TESSERA_DEVICE_PLUGIN=<path> skips its build.
 # Exit status: number of failed checks.
 set -u
@@ -189,6 +190,25 @@ sys.exit(0 if ok else 1)
 EOF
 if shim "$WORK/modpool.cache" 2g env CUDA_MODULE_LOADING=EAGER PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
   $PY "$WORK/modpool.py"; then pass "module and pool memory counted"; else fail "module / pool memory"; fi
+
+echo "== 6b. a context limit's memory counts (2 GiB limit): a 32 KiB stack is refused and set back"
+cat >"$WORK/ctxlimit.py" <<'EOF'
+import ctypes, sys, torch
+torch.empty(1, device="cuda")
+cu = ctypes.CDLL("libcuda.so.1"); v = ctypes.c_size_t()
+cu.cuCtxGetLimit(ctypes.byref(v), 0); before = v.value
+r = cu.cuCtxSetLimit(0, ctypes.c_size_t(32768))                # stack for every resident thread
+cu.cuCtxGetLimit(ctypes.byref(v), 0)
+print(f"stack 32 KiB: {r} (2 = out of memory); stack size now {v.value} (was {before})")
+ok = r == 2 and v.value == before
+f0 = torch.cuda.mem_get_info()[0]
+r2 = cu.cuCtxSetLimit(2, ctypes.c_size_t(512 << 20))          # malloc heap
+f1 = torch.cuda.mem_get_info()[0]
+print(f"heap 512 MiB: {r2}; free {f0 >> 20} -> {f1 >> 20} MiB (a driver may reserve the heap only at the next launch: printed, not checked)")
+ok &= r2 == 0
+sys.exit(0 if ok else 1)
+EOF
+if shim "$WORK/ctx.cache" 2g $PY "$WORK/ctxlimit.py"; then pass "context limits counted"; else fail "context limits"; fi
 
 echo "== 7. MIG, read only"
 MIG_MODE=$(nvidia-smi -i 0 --query-gpu=mig.mode.current,mig.mode.pending --format=csv,noheader 2>/dev/null || echo "unknown")

@@ -128,6 +128,8 @@ struct Tracker {
     graphs: graphs::GraphTracker,
     /// Device pointers served from host memory (`host_backed.rs`).
     host: host_backed::HostMap,
+    /// Context limits (`modules.rs`): (device << 32 | limit) → (device, bytes measured).
+    context_limits: KeyMap,
 }
 
 static TRACKER: Mutex<Option<Tracker>> = Mutex::new(None);
@@ -175,6 +177,8 @@ enum Kind {
     Handle,
     Array,
     Module,
+    /// What the driver reserves for a context limit (`cuCtxSetLimit`), keyed by device and limit.
+    ContextLimit,
 }
 
 impl Kind {
@@ -182,6 +186,7 @@ impl Kind {
     fn field(self) -> usize {
         match self {
             Kind::Module => vgpu_region::slot::MEM_MODULE_SIZE,
+            Kind::ContextLimit => vgpu_region::slot::MEM_CONTEXT_SIZE,
             _ => vgpu_region::slot::MEM_DATA_SIZE,
         }
     }
@@ -200,6 +205,7 @@ fn map_of(t: &mut Tracker, kind: Kind) -> &mut KeyMap {
         Kind::Handle => &mut t.handles,
         Kind::Array => &mut t.arrays,
         Kind::Module => &mut t.modules,
+        Kind::ContextLimit => &mut t.context_limits,
     }
 }
 

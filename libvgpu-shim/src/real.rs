@@ -89,6 +89,7 @@ hooked!(
     cuMemPoolTrimTo,
     cuMemPoolSetAttribute,
     cuMemPoolDestroy,
+    cuCtxSetLimit,
     nvmlDeviceGetMemoryInfo,
     nvmlDeviceGetMemoryInfo_v2,
     nvmlDeviceGetComputeRunningProcesses,
@@ -134,6 +135,7 @@ pub enum Aux {
     cuMemHostGetDevicePointer_v2,
     cuStreamSynchronize,
     cuStreamIsCapturing,
+    cuCtxGetLimit,
 }
 const AUX_NAMES: &[&str] = &[
     "cuCtxGetDevice\0",
@@ -158,6 +160,7 @@ const AUX_NAMES: &[&str] = &[
     "cuMemHostGetDevicePointer_v2\0",
     "cuStreamSynchronize\0",
     "cuStreamIsCapturing\0",
+    "cuCtxGetLimit\0",
 ];
 
 const N: usize = NAMES.len();
@@ -541,6 +544,7 @@ const PROC_NAMES: &[(F, &CStr, c_int, bool)] = &[
         false,
     ),
     (F::cuMemPoolDestroy, c"cuMemPoolDestroy", 11020, false),
+    (F::cuCtxSetLimit, c"cuCtxSetLimit", 3010, false),
 ];
 
 /// What the driver's `cuGetProcAddress` returned for each entry of [`PROC_NAMES`] (same index),

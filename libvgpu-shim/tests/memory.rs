@@ -405,6 +405,7 @@ fn exports_only_the_hooks() {
         "cuMemPoolTrimTo",
         "cuMemPoolSetAttribute",
         "cuMemPoolDestroy",
+        "cuCtxSetLimit",
         "dlsym",
         "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetMemoryInfo_v2",
@@ -460,4 +461,19 @@ fn past_the_device_share_allocations_come_from_host_memory_up_to_the_booking() {
     assert_eq!(snap.host_usage(0), limit - share);
     let after = vgpu_region::RegionSnapshot::parse(&std::fs::read(cache(&dir)).unwrap()).unwrap();
     assert_eq!(after.host_usage(0), 0, "host memory given back at exit");
+}
+
+/// Context limits are device memory: `cuCtxSetLimit` of a stack size (reserved for every thread
+/// the GPU can hold), a `malloc` heap or a printf FIFO is measured and counted, refused and set
+/// back when it does not fit, and given back when lowered. Before, a 32 KiB stack on a 132-SM
+/// GPU took about 8.6 GiB beside any limit.
+#[test]
+fn context_limits_are_counted_and_refused_over_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(&mut probe(
+        &cache(&dir),
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "64m")],
+        &["ctxlimit", &(64 * MIB).to_string()],
+    ));
+    assert_ok(&out);
 }

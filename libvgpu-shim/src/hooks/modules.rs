@@ -232,7 +232,20 @@ pub extern "C" fn cuLibraryUnload(library: u64) -> CUresult {
 
 #[cfg(test)]
 mod tests {
-    use super::module_bytes;
+    use super::{limit_charge, module_bytes};
+
+    #[test]
+    fn a_new_limit_value_replaces_the_old_charge() {
+        const M: u64 = 1 << 20;
+        // 16 MiB held, the new value takes 48 MiB more: 64 MiB.
+        assert_eq!(limit_charge(16 * M, 100 * M, 52 * M, 0, 0), 64 * M);
+        // Lowered: 12 MiB come back.
+        assert_eq!(limit_charge(16 * M, 52 * M, 64 * M, 0, 0), 4 * M);
+        // Another thread allocated 8 MiB (counted) meanwhile: not the limit's.
+        assert_eq!(limit_charge(0, 100 * M, 84 * M, 0, 8 * M), 8 * M);
+        // Freed more than was charged (a foreign free): never negative.
+        assert_eq!(limit_charge(M, 10 * M, 20 * M, 0, 0), 0);
+    }
 
     #[test]
     fn module_bytes_subtracts_counted_changes_and_never_goes_negative() {
@@ -248,4 +261,84 @@ mod tests {
         assert_eq!(module_bytes(u64::MAX, 0, 0, 0), u64::MAX);
         assert_eq!(module_bytes(u64::MAX, 0, 0, u64::MAX), 0);
     }
+}
+
+// ---------------------------------------------------------------- context limits
+
+/// What the limit reserves now, measured as a load is, starting from `old` (the charge of the
+/// value before): the drop in free memory, less the container's counted changes, added to it;
+/// a smaller value gives memory back. Never negative.
+pub fn limit_charge(
+    old: u64,
+    free_before: u64,
+    free_after: u64,
+    usage_before: u64,
+    usage_after: u64,
+) -> u64 {
+    let taken = free_before as i128 - free_after as i128;
+    let counted = usage_after as i128 - usage_before as i128;
+    (old as i128 + taken - counted).clamp(0, u64::MAX as i128) as u64
+}
+
+/// `cuCtxSetLimit`: the stack size (reserved for every thread the GPU can hold: 32 KiB on a
+/// 132-SM GPU is about 8.6 GiB), the device `malloc` heap and the printf FIFO are device memory
+/// the driver reserves for the program. Measured like a module load and charged to the slot's
+/// `context_size` per device and limit (a new value replaces the old charge); a value whose
+/// memory does not fit the limit is set back to the old value and refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY`. Local memory a later launch grows for a kernel with a larger
+/// stack frame is not seen (no call to measure).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
+    guarded("cuCtxSetLimit", CUDA_ERROR_UNKNOWN, || {
+        let set = |v: usize| real_call!(cuCtxSetLimit: unsafe extern "C" fn(c_int, usize) -> CUresult, limit, v);
+        if degraded() {
+            return set(value);
+        }
+        let Some(dev) = real::current_device() else {
+            return set(value);
+        };
+        let region = region_with_watcher();
+        let _one_at_a_time = MEASURING.lock();
+        let old_value = {
+            let p = real::aux(real::Aux::cuCtxGetLimit);
+            let mut v = 0usize;
+            // SAFETY: `cuCtxGetLimit(size_t *pvalue, CUlimit limit)`.
+            let r = (!p.is_null()).then(|| unsafe {
+                let f: unsafe extern "C" fn(*mut usize, c_int) -> CUresult = std::mem::transmute(p);
+                f(&mut v, limit)
+            });
+            (r == Some(CUDA_SUCCESS)).then_some(v)
+        };
+        let before = (device_free(), region.usage(dev));
+        let r = set(value);
+        if r != CUDA_SUCCESS {
+            return r;
+        }
+        let after = (device_free(), region.usage(dev));
+        let (Some(free_before), Some(free_after)) = (before.0, after.0) else {
+            return r;
+        };
+        let key = ((dev as u64) << 32) | (limit as u32 as u64);
+        let old = with_tracker(|t| t.context_limits.get(&key).map_or(0, |&(_, b)| b));
+        let new = limit_charge(old, free_before, free_after, before.1, after.1);
+        if new > old {
+            if reserve(region, dev, Kind::ContextLimit, new - old).is_err() {
+                log::info!(
+                    "device {dev}: OOM, context limit {limit} = {value} reserves {new} bytes of device memory, {} of {} in use; set back",
+                    region.usage(dev),
+                    region.limit(dev)
+                );
+                if old_value.is_some_and(|v| set(v) == CUDA_SUCCESS) {
+                    return CUDA_ERROR_OUT_OF_MEMORY;
+                }
+                // The old value cannot be restored: the memory is held, so it is counted (past
+                // the limit: later allocations are refused until it is back).
+                region.charge_as(dev, Kind::ContextLimit.field(), new - old);
+            }
+        } else {
+            region.release_as(dev, Kind::ContextLimit.field(), old - new);
+        }
+        track(Kind::ContextLimit, key, dev, new);
+        r
+    })
 }

@@ -1117,6 +1117,48 @@ static int mode_agnostic(size_t limit, const char *order) {
     return done();
 }
 
+/* Context limits reserve device memory (the fake: stack size x 65536 threads, heap and printf
+ * FIFO at their size). Under LIMIT: counted in cuMemGetInfo, a value that does not fit is
+ * refused and set back, a smaller value gives memory back, the card never holds more. */
+typedef CUresult (*CtxSetLimit)(int, size_t);
+typedef CUresult (*CtxGetLimit)(size_t *, int);
+static int mode_ctxlimit(size_t limit) {
+    setup();
+    typedef unsigned long long (*DeviceUsedFn)(int);
+    DeviceUsedFn used = (DeviceUsedFn)dlsym(RTLD_DEFAULT, "fake_cuda_device_used");
+    CtxSetLimit set = (CtxSetLimit)dlsym(RTLD_DEFAULT, "cuCtxSetLimit");
+    CtxGetLimit get = (CtxGetLimit)dlsym(RTLD_DEFAULT, "cuCtxGetLimit");
+    CHECK(used && set && get, "driver symbols");
+    if (!used || !set || !get) return done();
+    Dl_info info;
+    CHECK(dladdr((void *)set, &info) && strstr(info.dli_fname, "libvgpu"), "cuCtxSetLimit is the shim's");
+    const size_t M = 1 << 20;
+    size_t free_b = 0, total = 0, v = 0;
+    CUdeviceptr p = 0;
+    EXPECT(set(0, 256), 0); /* 16 MiB of stack */
+    EXPECT(cuMemGetInfo_v2(&free_b, &total), 0);
+    CHECK(free_b == limit - 16 * M, "free after a 16 MiB stack: %zu", free_b);
+    EXPECT(cuMemAlloc_v2(&p, limit - 16 * M), 0);
+    EXPECT(cuMemAlloc_v2(&p, 1), OOM);
+    EXPECT(cuMemFree_v2(p), 0);
+    EXPECT(set(0, limit / 65536), 0); /* the whole limit */
+    EXPECT(cuMemAlloc_v2(&p, 1), OOM);
+    EXPECT(set(0, 2 * limit / 65536), OOM); /* twice the limit: refused, set back */
+    EXPECT(get(&v, 0), 0);
+    CHECK(v == limit / 65536, "the stack size set back: %zu", v);
+    CHECK(used(0) == limit, "the card holds the limit's worth: %llu", used(0));
+    EXPECT(set(0, 0), 0); /* gives it back */
+    EXPECT(cuMemGetInfo_v2(&free_b, &total), 0);
+    CHECK(free_b == limit, "free after the stack is given back: %zu", free_b);
+    EXPECT(set(2, limit + 1), OOM); /* a malloc heap larger than the limit */
+    CHECK(used(0) == 0, "nothing held: %llu", used(0));
+    EXPECT(set(2, 8 * M), 0);
+    EXPECT(cuMemAlloc_v2(&p, limit - 8 * M + 1), OOM);
+    EXPECT(cuMemAlloc_v2(&p, limit - 8 * M), 0);
+    EXPECT(cuMemFree_v2(p), 0);
+    return done();
+}
+
 /* Opt-in oversubscription: LIMIT bytes booked, SHARE of them on the device (the limits file's
  * TESSERA_DEVICE_MEMORY_SHARE_0). cuMemAlloc past the share is served from mapped host memory
  * (the card's usage does not grow), every other path stops at the share, the whole booking
@@ -1745,6 +1787,7 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "forkstorm")) return mode_forkstorm(strtoull(argv[2], 0, 10));
     if (argc >= 4 && !strcmp(argv[1], "busy")) return mode_busy(atof(argv[2]), (unsigned)atoi(argv[3]), argc >= 5 ? argv[4] : "kernel");
     if (argc >= 3 && !strcmp(argv[1], "graphmem")) return mode_graphmem(strtoull(argv[2], 0, 10));
+    if (argc >= 3 && !strcmp(argv[1], "ctxlimit")) return mode_ctxlimit(strtoull(argv[2], 0, 10));
     if (argc >= 4 && !strcmp(argv[1], "oversub"))
         return mode_oversub(strtoull(argv[2], 0, 10), strtoull(argv[3], 0, 10), argc >= 6 ? argv[4] : 0, argc >= 6 ? argv[5] : 0);
     if (argc >= 7 && !strcmp(argv[1], "tpworker"))

@@ -177,6 +177,8 @@ struct Memory {
     imported: HashMap<u64, (usize, u64)>,
     /// Streams being captured (`cuStreamBeginCapture_v2`): stream → the graph being built.
     capturing: HashMap<u64, u64>,
+    /// `cuCtxSetLimit` values per (device, limit): (value, device bytes the driver reserved).
+    ctx_limits: HashMap<(usize, c_int), (usize, u64)>,
 }
 
 /// A graph node as the fake models it.
@@ -670,6 +672,60 @@ fn sync_device(dev: usize) {
             std::thread::sleep(std::time::Duration::from_nanos(until - now));
         }
     }
+}
+
+/// Resident threads whose stack the fake reserves per byte of `CU_LIMIT_STACK_SIZE` (a real
+/// driver reserves the stack size for every thread the GPU can hold: SMs × threads per SM).
+pub const FAKE_STACK_THREADS: u64 = 65_536;
+
+/// Device memory a context limit reserves in the fake: the stack for every resident thread,
+/// the device `malloc` heap and the printf FIFO at their size; other limits reserve nothing.
+fn limit_bytes(limit: c_int, value: usize) -> u64 {
+    match limit {
+        0 => (value as u64).saturating_mul(FAKE_STACK_THREADS),
+        1 | 2 => value as u64,
+        _ => 0,
+    }
+}
+
+/// `cuCtxSetLimit`: the reservation is replaced by the new one, refused with OOM when the card
+/// cannot hold it (as a real driver refuses).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
+    count("cuCtxSetLimit");
+    require_init!();
+    let Some(dev) = current_device() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    let new = limit_bytes(limit, value);
+    with_memory(|m| {
+        let old = m.ctx_limits.get(&(dev, limit)).map_or(0, |&(_, b)| b);
+        if new > old {
+            if let Err(e) = charge(m, dev, new - old) {
+                return e;
+            }
+        } else {
+            uncharge(m, dev, old - new);
+        }
+        m.ctx_limits.insert((dev, limit), (value, new));
+        CUDA_SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUresult {
+    count("cuCtxGetLimit");
+    require_init!();
+    let Some(dev) = current_device() else {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    };
+    if value.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let v = with_memory(|m| m.ctx_limits.get(&(dev, limit)).map_or(0, |&(v, _)| v));
+    // SAFETY: checked non-null.
+    unsafe { *value = v };
+    CUDA_SUCCESS
 }
 
 #[unsafe(no_mangle)]
@@ -3082,6 +3138,8 @@ fn proc_table() -> &'static [ProcEntry] {
             entry!("cuCtxPushCurrent", 4000, false, cuCtxPushCurrent_v2),
             entry!("cuCtxPopCurrent", 4000, false, cuCtxPopCurrent_v2),
             entry!("cuCtxSynchronize", 2000, false, cuCtxSynchronize),
+            entry!("cuCtxSetLimit", 3010, false, cuCtxSetLimit),
+            entry!("cuCtxGetLimit", 3010, false, cuCtxGetLimit),
             entry!("cuStreamSynchronize", 2000, false, cuStreamSynchronize),
             entry!("cuStreamSynchronize", 7000, true, cuStreamSynchronize_ptsz),
             entry!("cuMemGetInfo", 2000, false, cuMemGetInfo),
