@@ -48,7 +48,7 @@ fi
 # kubeconform reads {{ .ResourceKind }}{{ .KindSuffix }}.json; the strict tree forbids unknown fields.
 SCHEMA_LOCATION="$K8S_SCHEMA_DIR/strict/{{ .ResourceKind }}{{ .KindSuffix }}.json"
 # Custom resources without a schema in the Kubernetes release; asserted below.
-CRD_KINDS="monitoring.coreos.com/v1/ServiceMonitor,cert-manager.io/v1/Certificate,cert-manager.io/v1/Issuer"
+CRD_KINDS="monitoring.coreos.com/v1/ServiceMonitor,monitoring.coreos.com/v1/PrometheusRule,cert-manager.io/v1/Certificate,cert-manager.io/v1/Issuer"
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -191,7 +191,7 @@ for set in "${value_sets[@]}"; do
 		fail "[$set] kubeconform -strict"
 	fi
 	# Only the CRD kinds may be skipped; anything else without a schema is an error above.
-	builtin="$(grep -E '^kind: ' "$out" | grep -Evc '^kind: (ServiceMonitor|Certificate|Issuer)$' || true)"
+	builtin="$(grep -E '^kind: ' "$out" | grep -Evc '^kind: (ServiceMonitor|PrometheusRule|Certificate|Issuer)$' || true)"
 	[[ "$builtin" -gt 0 ]] || fail "[$set] rendered no built-in objects"
 
 	# kube-scheduler's own types decode the scheduler config strictly.
@@ -315,6 +315,24 @@ expect_not "metricsAuthorization=none: no token review rights, no scrape token" 
 render "$WORK/metrics-sm.yaml" --set serviceMonitor.enabled=true --show-only templates/monitoring/servicemonitor.yaml
 expect_count "the ServiceMonitors send Prometheus' token" "$WORK/metrics-sm.yaml" '^      bearerTokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token$' 2
 expect_count "the ServiceMonitors keep the series' namespace, pod and container labels" "$WORK/metrics-sm.yaml" '^      honorLabels: true$' 2
+# The PrometheusRule: promtool checks its rules and runs their unit tests
+# (charts/tessera/tests/prometheusrule-test.yaml) on the rules as the chart renders them.
+render "$WORK/prometheusrule.yaml" --set prometheusRule.enabled=true --show-only templates/monitoring/prometheusrule.yaml
+mkdir -p "$WORK/promrules"
+python3 - "$WORK/prometheusrule.yaml" "$WORK/promrules/tessera-rules.yaml" <<'PY'
+import sys, yaml
+doc = yaml.safe_load(open(sys.argv[1]))
+with open(sys.argv[2], "w") as out:
+    yaml.safe_dump({"groups": doc["spec"]["groups"]}, out, sort_keys=False)
+PY
+cp "$ROOT/charts/tessera/tests/prometheusrule-test.yaml" "$WORK/promrules/"
+if report="$("$PROMTOOL" check rules "$WORK/promrules/tessera-rules.yaml" 2>&1)" \
+	&& report="$report"$'\n'"$(cd "$WORK/promrules" && "$PROMTOOL" test rules prometheusrule-test.yaml 2>&1)"; then
+	pass "PrometheusRule: promtool check rules and $(grep -c 'alertname:' "$ROOT/charts/tessera/tests/prometheusrule-test.yaml") alert checks of its unit tests pass"
+else
+	printf '%s\n' "$report" >&2
+	fail "PrometheusRule: promtool"
+fi
 render "$WORK/json-logs.yaml" --set logFormat=json --set dra.enabled=true
 expect_count "logFormat=json reaches every daemon" "$WORK/json-logs.yaml" '^            - --log-format=json$' 3
 if render "$WORK/logs-bad.yaml" --set logFormat=yaml 2>"$WORK/logs-bad.err"; then

@@ -8,6 +8,7 @@
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/kubeconform-<v>/kubeconform
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/k8s-schemas-<v>/{<kind>-<group>-<version>.json, strict/...}
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/chartcheck-<k8s v>-r<n>/chartcheck
+#   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/promtool-<v>/promtool
 #
 # Prints `NAME=PATH` lines on stdout (eval-able); progress goes to stderr.
 #
@@ -35,6 +36,9 @@ K8S_SCHEMA_VERSION="${TESSERA_K8S_SCHEMA_VERSION:-v1.34.4}"
 SCHEMA_GENERATOR_REVISION=1
 # Staging-module release matching K8S_SCHEMA_VERSION (v1.X.Y <-> v0.X.Y), for chartcheck.
 K8S_STAGING_VERSION="v0.${K8S_SCHEMA_VERSION#v1.}"
+# promtool, for the chart's PrometheusRule (check and unit tests). Prometheus v3.x's module
+# versions are v0.3XX.Y (v0.316.0 is Prometheus 3.16.0).
+PROMTOOL_VERSION="${TESSERA_PROMTOOL_VERSION:-v0.316.0}"
 # Bump when chartcheck's source below changes.
 CHARTCHECK_REVISION=1
 
@@ -671,6 +675,7 @@ go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "$(printf -- '-X %s ' \
 	"helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$HELM_K8S_MINOR")"
 go_install kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION" \
 	"-X main.version=$KUBECONFORM_VERSION"
+go_install promtool github.com/prometheus/prometheus/cmd/promtool "$PROMTOOL_VERSION"
 generate_schemas
 build_chartcheck
 
@@ -679,3 +684,4 @@ echo "KUBECONFORM=$TOOLS/kubeconform-$KUBECONFORM_VERSION/kubeconform"
 echo "K8S_SCHEMA_DIR=$TOOLS/k8s-schemas-$K8S_SCHEMA_VERSION"
 echo "K8S_SCHEMA_VERSION=${K8S_SCHEMA_VERSION#v}"
 echo "CHARTCHECK=$TOOLS/chartcheck-$K8S_SCHEMA_VERSION-r$CHARTCHECK_REVISION/chartcheck"
+echo "PROMTOOL=$TOOLS/promtool-$PROMTOOL_VERSION/promtool"

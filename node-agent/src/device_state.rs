@@ -146,6 +146,9 @@ impl DeviceState {
 
     /// Applies a health event; streams the change at once.
     pub fn health_event(&self, event: &HealthEvent, now: Instant) {
+        if let (HealthEvent::Xid { uuid, xid }, Some(m)) = (event, &self.metrics) {
+            m.xid_error(uuid, *xid);
+        }
         let changed = self
             .with_inner(|inner| inner.health.apply(event, now))
             .unwrap_or(false);

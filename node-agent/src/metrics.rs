@@ -93,6 +93,7 @@ pub struct PluginMetrics {
     identity: Family<Labels, Counter>,
     registrations: Counter,
     gpu_healthy: Family<Labels, Gauge>,
+    xid_errors: Family<Labels, Counter>,
     plugin_conflicts: Family<Labels, Gauge>,
     runtime_device_list: Family<Labels, Gauge>,
     annotation_patches: Family<Labels, Counter>,
@@ -170,6 +171,12 @@ impl PluginMetrics {
             "tessera_device_plugin_gpu_healthy",
             "1 when the GPU is healthy, 0 when its replicas are reported unhealthy",
             Family::<Labels, Gauge>::default(),
+        );
+        let xid_errors = registered(
+            &mut registry,
+            "tessera_device_plugin_xid_errors",
+            "XID errors NVML reported per GPU (xid: the code; the ignored application XIDs included, which leave the GPU healthy)",
+            Family::<Labels, Counter>::default(),
         );
         let plugin_conflicts = registered(
             &mut registry,
@@ -337,6 +344,7 @@ impl PluginMetrics {
             identity,
             registrations,
             gpu_healthy,
+            xid_errors,
             plugin_conflicts,
             runtime_device_list,
             annotation_patches,
@@ -387,6 +395,15 @@ impl PluginMetrics {
         self.gpu_healthy
             .get_or_create(&vec![("device_uuid".into(), uuid.into())])
             .set(i64::from(healthy));
+    }
+
+    pub fn xid_error(&self, uuid: &str, xid: u64) {
+        self.xid_errors
+            .get_or_create(&vec![
+                ("device_uuid".into(), uuid.into()),
+                ("xid".into(), xid.to_string()),
+            ])
+            .inc();
     }
 
     /// Sets (`seen`) or removes the conflict's series.
@@ -758,6 +775,7 @@ mod tests {
         m.observe_allocate(Duration::from_millis(3), true);
         m.identity_choice("unique");
         m.gpu_health("GPU-a", false);
+        m.xid_error("GPU-a", 79);
         m.host_gpu("node-a", "NVIDIA-Tesla T4", &gpu_sample(1, 1048576, 42));
         let sample = VgpuSample {
             pod_uid: "u1".into(),
@@ -793,6 +811,9 @@ mod tests {
         ));
         assert!(text.contains("tessera_device_plugin_allocations_total{result=\"success\"} 1"));
         assert!(text.contains("tessera_device_plugin_gpu_healthy{device_uuid=\"GPU-a\"} 0"));
+        assert!(text.contains(
+            "tessera_device_plugin_xid_errors_total{device_uuid=\"GPU-a\",xid=\"79\"} 1"
+        ));
         assert!(text.contains(
             "hami_host_gpu_utilization_ratio{node=\"node-a\",device_index=\"1\",device_uuid=\"GPU-a\",device_type=\"NVIDIA-Tesla T4\"} 42.0"
         ));

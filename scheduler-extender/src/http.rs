@@ -802,6 +802,7 @@ async fn webhook_handler<E: ClusterEdge>(
         Ok(b) => b,
         Err(r) => return r,
     };
+    let started = Instant::now();
     let answer = match webhook::parse(&body) {
         Ok(req) => review(&app, &req),
         Err(e) => {
@@ -809,8 +810,24 @@ async fn webhook_handler<E: ClusterEdge>(
             WebhookAnswer::error(&e)
         }
     };
+    app.metrics
+        .webhook_review(review_result(&answer), started.elapsed().as_secs_f64());
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
     json(status, answer.body.to_string())
+}
+
+/// The `result` label of an answered review.
+fn review_result(answer: &WebhookAnswer) -> &'static str {
+    let response = &answer.body["response"];
+    if answer.status != 200 || response.is_null() {
+        "error"
+    } else if response["allowed"].as_bool() != Some(true) {
+        "denied"
+    } else if response.get("patch").is_some_and(|p| !p.is_null()) {
+        "mutated"
+    } else {
+        "allowed"
+    }
 }
 
 /// The webhook's answer to one AdmissionReview, in a span that names the pod.

@@ -24,6 +24,9 @@ pub struct Metrics {
     pub bind_seconds: Histogram,
     /// `verb` (filter|bind), `result` (a reason code or `success`).
     pub decisions: Family<Labels, Counter>,
+    pub webhook_seconds: Histogram,
+    /// `result`: allowed, mutated, denied or error (no AdmissionReview answer).
+    pub webhook_reviews: Family<Labels, Counter>,
     /// Also export HAMi's pre-v2.9 names and labels (`--legacy-metrics`, chart `legacyMetrics`).
     pub legacy: bool,
     /// The registries and the state they export, shared by every clone; one scrape at a time.
@@ -33,13 +36,25 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let buckets = || Histogram::new(exponential_buckets(0.0001, 2.0, 16));
-        let (filter_seconds, bind_seconds) = (buckets(), buckets());
-        let decisions = Family::default();
-        let exposition = Exposition::new(&filter_seconds, &bind_seconds, &decisions);
+        let (filter_seconds, bind_seconds, webhook_seconds) = (buckets(), buckets(), buckets());
+        let (decisions, webhook_reviews) = (Family::default(), Family::default());
+        let mut exposition = Exposition::new(&filter_seconds, &bind_seconds, &decisions);
+        exposition.always.register(
+            "tessera_webhook_duration_seconds",
+            "Latency of the admission webhook's answer",
+            webhook_seconds.clone(),
+        );
+        exposition.always.register(
+            "tessera_webhook_reviews",
+            "Admission reviews answered, by result (allowed, mutated, denied, error)",
+            webhook_reviews.clone(),
+        );
         Metrics {
             filter_seconds,
             bind_seconds,
             decisions,
+            webhook_seconds,
+            webhook_reviews,
             legacy: false,
             exposition: Arc::new(Mutex::new(exposition)),
         }
@@ -581,6 +596,14 @@ impl Metrics {
             legacy,
             ..Metrics::default()
         }
+    }
+
+    /// One admission review answered in `seconds`.
+    pub fn webhook_review(&self, result: &str, seconds: f64) {
+        self.webhook_seconds.observe(seconds);
+        self.webhook_reviews
+            .get_or_create(&vec![("result".to_owned(), result.to_owned())])
+            .inc();
     }
 
     pub fn decision(&self, verb: &str, result: &str) {

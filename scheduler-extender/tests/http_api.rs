@@ -579,6 +579,20 @@ async fn the_webhook_denies_memory_above_the_largest_gpu_from_the_replicas_facts
         v["response"]["status"]["message"],
         "container main asks for 20000 MiB of GPU memory per GPU (nvidia.com/gpumem); no GPU in the cluster has that much: no node can ever run this pod; lower nvidia.com/gpumem or use nvidia.com/gpumem-percentage"
     );
+    // Both reviews are counted by result and timed (the webhook alerts read these).
+    let (_, text) = get_metrics_listener(&h, &None, "/metrics", None).await;
+    assert!(
+        text.contains(r#"tessera_webhook_reviews_total{result="denied"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"tessera_webhook_reviews_total{result="allowed"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("tessera_webhook_duration_seconds_count 2"),
+        "{text}"
+    );
 }
 
 /// A reviewer that knows two tokens: Prometheus' (allowed) and a tenant's (a real user, not
