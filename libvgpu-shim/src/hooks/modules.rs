@@ -230,39 +230,6 @@ pub extern "C" fn cuLibraryUnload(library: u64) -> CUresult {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::{limit_charge, module_bytes};
-
-    #[test]
-    fn a_new_limit_value_replaces_the_old_charge() {
-        const M: u64 = 1 << 20;
-        // 16 MiB held, the new value takes 48 MiB more: 64 MiB.
-        assert_eq!(limit_charge(16 * M, 100 * M, 52 * M, 0, 0), 64 * M);
-        // Lowered: 12 MiB come back.
-        assert_eq!(limit_charge(16 * M, 52 * M, 64 * M, 0, 0), 4 * M);
-        // Another thread allocated 8 MiB (counted) meanwhile: not the limit's.
-        assert_eq!(limit_charge(0, 100 * M, 84 * M, 0, 8 * M), 8 * M);
-        // Freed more than was charged (a foreign free): never negative.
-        assert_eq!(limit_charge(M, 10 * M, 20 * M, 0, 0), 0);
-    }
-
-    #[test]
-    fn module_bytes_subtracts_counted_changes_and_never_goes_negative() {
-        const M: u64 = 1 << 20;
-        // 100 MiB gone, nothing counted meanwhile: the module took 100 MiB.
-        assert_eq!(module_bytes(1000 * M, 900 * M, 0, 0), 100 * M);
-        // Another thread counted 300 MiB meanwhile: still 100 MiB for the module.
-        assert_eq!(module_bytes(1000 * M, 600 * M, 50 * M, 350 * M), 100 * M);
-        // Another process freed 500 MiB meanwhile (counted): still 100 MiB.
-        assert_eq!(module_bytes(1000 * M, 1400 * M, 600 * M, 100 * M), 100 * M);
-        // More free memory than before, nothing counted: 0, not a wrap.
-        assert_eq!(module_bytes(900 * M, 1000 * M, 0, 0), 0);
-        assert_eq!(module_bytes(u64::MAX, 0, 0, 0), u64::MAX);
-        assert_eq!(module_bytes(u64::MAX, 0, 0, u64::MAX), 0);
-    }
-}
-
 // ---------------------------------------------------------------- context limits
 
 /// What the limit reserves now, measured as a load is, starting from `old` (the charge of the
@@ -341,4 +308,37 @@ pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
         track(Kind::ContextLimit, key, dev, new);
         r
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{limit_charge, module_bytes};
+
+    #[test]
+    fn a_new_limit_value_replaces_the_old_charge() {
+        const M: u64 = 1 << 20;
+        // 16 MiB held, the new value takes 48 MiB more: 64 MiB.
+        assert_eq!(limit_charge(16 * M, 100 * M, 52 * M, 0, 0), 64 * M);
+        // Lowered: 12 MiB come back.
+        assert_eq!(limit_charge(16 * M, 52 * M, 64 * M, 0, 0), 4 * M);
+        // Another thread allocated 8 MiB (counted) meanwhile: not the limit's.
+        assert_eq!(limit_charge(0, 100 * M, 84 * M, 0, 8 * M), 8 * M);
+        // Freed more than was charged (a foreign free): never negative.
+        assert_eq!(limit_charge(M, 10 * M, 20 * M, 0, 0), 0);
+    }
+
+    #[test]
+    fn module_bytes_subtracts_counted_changes_and_never_goes_negative() {
+        const M: u64 = 1 << 20;
+        // 100 MiB gone, nothing counted meanwhile: the module took 100 MiB.
+        assert_eq!(module_bytes(1000 * M, 900 * M, 0, 0), 100 * M);
+        // Another thread counted 300 MiB meanwhile: still 100 MiB for the module.
+        assert_eq!(module_bytes(1000 * M, 600 * M, 50 * M, 350 * M), 100 * M);
+        // Another process freed 500 MiB meanwhile (counted): still 100 MiB.
+        assert_eq!(module_bytes(1000 * M, 1400 * M, 600 * M, 100 * M), 100 * M);
+        // More free memory than before, nothing counted: 0, not a wrap.
+        assert_eq!(module_bytes(900 * M, 1000 * M, 0, 0), 0);
+        assert_eq!(module_bytes(u64::MAX, 0, 0, 0), u64::MAX);
+        assert_eq!(module_bytes(u64::MAX, 0, 0, u64::MAX), 0);
+    }
 }
