@@ -251,15 +251,15 @@ fn spawn_tessera_kube_scheduler(
         extender_port,
         &c.dir,
     )?;
-    let mut cfg: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    let mut cfg: yaml_serde::Value = yaml_serde::from_str(&text)?;
     if let Some(q) = qps {
         cfg["clientConnection"]["qps"] = q.into();
         cfg["clientConnection"]["burst"] = (2 * q).into();
     }
-    cfg["leaderElection"] = serde_yaml::to_value(json!({"leaderElect": false}))?;
+    cfg["leaderElection"] = yaml_serde::to_value(json!({"leaderElect": false}))?;
     cfg["profiles"][0]["schedulerName"] = profile.into();
     let path = c.dir.join(format!("{profile}.yaml"));
-    std::fs::write(&path, serde_yaml::to_string(&cfg)?)?;
+    std::fs::write(&path, yaml_serde::to_string(&cfg)?)?;
     spawn_kube_scheduler(c, &path, &format!("{profile}-kube-scheduler"))
 }
 

@@ -121,7 +121,7 @@ fn write_kubeconfig(path: &Path, port: u16, ca: &Path, user: &str) -> Result<()>
         "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "u"}}],
         "current-context": "e2e",
     });
-    std::fs::write(path, serde_yaml::to_string(&doc)?)?;
+    std::fs::write(path, yaml_serde::to_string(&doc)?)?;
     Ok(())
 }
 
@@ -375,7 +375,7 @@ impl Cluster {
             "clientConnection": {"kubeconfig": kubeconfig_path(&self.dir, "system:kube-scheduler")},
             "leaderElection": {"leaderElect": false},
         });
-        std::fs::write(&config, serde_yaml::to_string(&doc)?)?;
+        std::fs::write(&config, yaml_serde::to_string(&doc)?)?;
         let mut cmd = Command::new(&self.artifacts.kube_scheduler);
         cmd.arg(format!("--config={}", config.display()))
             .arg("--bind-address=127.0.0.1")
@@ -809,8 +809,8 @@ pub fn scheduler_config(
 ) -> Result<String> {
     let text =
         std::fs::read_to_string(root.join("charts/tessera/files/kube-scheduler-config.yaml"))?;
-    let mut cfg: serde_yaml::Value = serde_yaml::from_str(&text)?;
-    cfg["clientConnection"] = serde_yaml::to_value(json!({"kubeconfig": kubeconfig}))?;
+    let mut cfg: yaml_serde::Value = yaml_serde::from_str(&text)?;
+    cfg["clientConnection"] = yaml_serde::to_value(json!({"kubeconfig": kubeconfig}))?;
     let ext = cfg
         .get_mut("extenders")
         .and_then(|e| e.get_mut(0))
@@ -819,14 +819,14 @@ pub fn scheduler_config(
     let (scheme, _) = url
         .rsplit_once(':')
         .ok_or_else(|| Error::msg(format!("urlPrefix {url:?} has no port")))?;
-    ext["urlPrefix"] = serde_yaml::Value::from(format!("{scheme}:{extender_port}"));
+    ext["urlPrefix"] = yaml_serde::Value::from(format!("{scheme}:{extender_port}"));
     if let Some(tls) = ext.get_mut("tlsConfig") {
         tls["certFile"] =
-            serde_yaml::Value::from(certs.join("extender-client.crt").display().to_string());
+            yaml_serde::Value::from(certs.join("extender-client.crt").display().to_string());
         tls["keyFile"] =
-            serde_yaml::Value::from(certs.join("extender-client.key").display().to_string());
+            yaml_serde::Value::from(certs.join("extender-client.key").display().to_string());
     }
-    Ok(serde_yaml::to_string(&cfg)?)
+    Ok(yaml_serde::to_string(&cfg)?)
 }
 
 /// The chart's `MutatingWebhookConfiguration`, rendered by helm with a URL client config (the
@@ -855,7 +855,7 @@ async fn install_webhook(a: &Artifacts, admin: &kube::Client, pki: &Pki, port: u
             String::from_utf8_lossy(&out.stderr)
         )));
     }
-    let mut mwc: MutatingWebhookConfiguration = serde_yaml::from_slice(&out.stdout)?;
+    let mut mwc: MutatingWebhookConfiguration = yaml_serde::from_slice(&out.stdout)?;
     let ca = k8s_openapi::ByteString(pki.ca_pem().into_bytes());
     for w in mwc.webhooks.iter_mut().flatten() {
         w.client_config.ca_bundle = Some(ca.clone());

@@ -45,15 +45,15 @@ pub fn read_pods(path: &Path) -> Result<Vec<Pod>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::msg(format!("reading {}: {e}", path.display())))?;
     let mut pods: Vec<Pod> = Vec::new();
-    for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-        let bad = |e: serde_yaml::Error| {
+    for (i, doc) in yaml_serde::Deserializer::from_str(&text).enumerate() {
+        let bad = |e: yaml_serde::Error| {
             Error::msg(format!("{}: document {}: {e}", path.display(), i + 1))
         };
-        let v = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).map_err(bad)?;
+        let v = <yaml_serde::Value as serde::Deserialize>::deserialize(doc).map_err(bad)?;
         if v.is_null() {
             continue;
         }
-        let pod = serde_yaml::from_value::<Pod>(v).map_err(bad)?;
+        let pod = yaml_serde::from_value::<Pod>(v).map_err(bad)?;
         let Some(name) = pod.metadata.name.as_deref().filter(|n| !n.is_empty()) else {
             return Err(Error::msg(format!(
                 "{}: document {}: a pod without metadata.name",
@@ -386,7 +386,7 @@ fn host_kubeconfig(ca_pem: &[u8], port: u16) -> Result<String> {
         "contexts": [{"name": "tessera-demo", "context": {"cluster": "tessera-demo", "user": "admin"}}],
         "current-context": "tessera-demo",
     });
-    Ok(serde_yaml::to_string(&doc)?)
+    Ok(yaml_serde::to_string(&doc)?)
 }
 
 /// Forwards every connection to `listener` (made in the host's network namespace) to the API

@@ -45,7 +45,7 @@ pub enum Error {
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error("YAML: {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] yaml_serde::Error),
     #[error("certificates: {0}")]
     Certs(#[from] rcgen::Error),
 }

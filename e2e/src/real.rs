@@ -481,14 +481,14 @@ fn cert_kubeconfig(
             key: &key,
         },
     );
-    write(&path, serde_yaml::to_string(&doc)?)?;
+    write(&path, yaml_serde::to_string(&doc)?)?;
     Ok(path)
 }
 
 fn token_kubeconfig(dir: &Path, user: &str) -> Result<PathBuf> {
     let path = dir.join(format!("{}.kubeconfig", token(user)));
     let doc = kubeconfig(&dir.join("ca.crt"), KubeconfigUser::Token(token(user)));
-    write(&path, serde_yaml::to_string(&doc)?)?;
+    write(&path, yaml_serde::to_string(&doc)?)?;
     Ok(path)
 }
 
@@ -1212,14 +1212,14 @@ impl RealCluster {
     /// credentials replaced by the token).
     pub async fn client_with_token(&self, token: &str) -> Result<kube::Client> {
         let text = std::fs::read_to_string(self.kubeconfig_admin())?;
-        let mut doc: serde_json::Value = serde_yaml::from_str(&text)?;
+        let mut doc: serde_json::Value = yaml_serde::from_str(&text)?;
         let users = doc["users"]
             .as_array_mut()
             .ok_or_else(|| Error::msg("kubeconfig without users"))?;
         for u in users {
             u["user"] = json!({ "token": token });
         }
-        let kc = kube::config::Kubeconfig::from_yaml(&serde_yaml::to_string(&doc)?)?;
+        let kc = kube::config::Kubeconfig::from_yaml(&yaml_serde::to_string(&doc)?)?;
         let cfg =
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await?;
@@ -1469,7 +1469,7 @@ fn write_webhook_client(dir: &Path) -> Result<()> {
     });
     write(
         &dir.join("webhook-kubeconfig.yaml"),
-        serde_yaml::to_string(&kubeconfig)?,
+        yaml_serde::to_string(&kubeconfig)?,
     )?;
     let webhook = json!({
         "apiVersion": "apiserver.config.k8s.io/v1",
@@ -1486,7 +1486,7 @@ fn write_webhook_client(dir: &Path) -> Result<()> {
     });
     write(
         &dir.join("admission.yaml"),
-        serde_yaml::to_string(&admission)?,
+        yaml_serde::to_string(&admission)?,
     )
 }
 
@@ -1605,7 +1605,7 @@ fn start_kube_scheduler(
         "clientConnection": {"kubeconfig": kubeconfig},
         "leaderElection": {"leaderElect": false},
     });
-    write(&config, serde_yaml::to_string(&doc)?)?;
+    write(&config, yaml_serde::to_string(&doc)?)?;
     let mut cmd = Command::new(&a.kube_scheduler);
     cmd.arg(format!("--config={}", config.display()))
         .arg("--bind-address=127.0.0.1")

@@ -312,14 +312,14 @@ async fn dra_scenario(c: &RealCluster) -> Result<()> {
     for entry in std::fs::read_dir(&examples)? {
         let path = entry?.path();
         let text = std::fs::read_to_string(&path)?;
-        let kind = serde_yaml::from_str::<serde_json::Value>(&text)?["kind"].clone();
+        let kind = yaml_serde::from_str::<serde_json::Value>(&text)?["kind"].clone();
         let r = match kind.as_str() {
             Some("ResourceClaimTemplate") => templates_api(c)
-                .create(&dry, &serde_yaml::from_str(&text)?)
+                .create(&dry, &yaml_serde::from_str(&text)?)
                 .await
                 .map(drop),
             Some("Pod") => Api::<Pod>::namespaced(c.admin().clone(), TENANT)
-                .create(&dry, &serde_yaml::from_str(&text)?)
+                .create(&dry, &yaml_serde::from_str(&text)?)
                 .await
                 .map(drop),
             other => panic!("{}: unexpected kind {other:?}", path.display()),

@@ -252,11 +252,11 @@ impl DeviceConfig {
     /// defaults. Errors name the key path (`nvidia.defaultMemory: invalid type: …`).
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
         // A syntax error surfaces mid-walk with a half-built path; report it against the file.
-        serde_yaml::from_str::<serde_yaml::Value>(text).map_err(|e| ConfigError::Syntax {
+        yaml_serde::from_str::<yaml_serde::Value>(text).map_err(|e| ConfigError::Syntax {
             file: "device-config.yaml",
             message: e.to_string(),
         })?;
-        let de = serde_yaml::Deserializer::from_str(text);
+        let de = yaml_serde::Deserializer::from_str(text);
         let raw: Option<RawDeviceConfig> = serde_path_to_error::deserialize(de)
             .map_err(|e| path_error("device-config.yaml", e))?;
         let raw_nvidia = raw.and_then(|r| r.nvidia).unwrap_or_default();
@@ -272,8 +272,8 @@ fn path_error<E: fmt::Display>(
 ) -> ConfigError {
     let path = e.path().to_string();
     let message = e.inner().to_string();
-    // serde_yaml prefixes nested errors with its own idea of the path (wrong for custom errors);
-    // the path from serde_path_to_error is the right one, so drop serde_yaml's. Its path never
+    // yaml_serde prefixes nested errors with its own idea of the path (wrong for custom errors);
+    // the path from serde_path_to_error is the right one, so drop yaml_serde's. Its path never
     // contains whitespace, while every serde message does before its first ": ".
     let message = match message.split_once(": ") {
         Some((prefix, rest)) if !prefix.is_empty() && !prefix.contains(char::is_whitespace) => {

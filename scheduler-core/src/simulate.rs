@@ -24,7 +24,7 @@ pub enum SimulateError {
     #[error("document {doc}: not valid YAML: {source}")]
     Yaml {
         doc: usize,
-        source: serde_yaml::Error,
+        source: yaml_serde::Error,
     },
     #[error("document {doc}: {kind} {name:?}: {source}")]
     Decode {
@@ -107,10 +107,10 @@ impl Input {
 
     /// Adds the objects of another file (documents are numbered within each file).
     pub fn add_text(&mut self, text: &str) -> Result<(), SimulateError> {
-        for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        for (i, doc) in yaml_serde::Deserializer::from_str(text).enumerate() {
             let doc_no = i + 1;
             let value =
-                serde_yaml::Value::deserialize(doc).map_err(|source| SimulateError::Yaml {
+                yaml_serde::Value::deserialize(doc).map_err(|source| SimulateError::Yaml {
                     doc: doc_no,
                     source,
                 })?;

@@ -47,7 +47,7 @@ fn nvml_virtual(dev: usize, phys_total: u64, phys_used: u64, phys_free: u64) -> 
     if booking.limit == 0 {
         return (phys_total, phys_used, phys_free);
     }
-    // Oversubscribed: the whole booking, host memory in use included (deviation Y6).
+    // Oversubscribed: the whole booking, host memory in use included (deviation Z2).
     let total = if booking.oversubscribed {
         booking.limit
     } else {
