@@ -1,8 +1,9 @@
 //! The labels of HAMi's `hami_build_info` gauge (constant 1), for both daemons: dashboards and
 //! alerts select a rollout's version with it.
 //!
-//! `revision` and `build_date` come from `TESSERA_REVISION` / `TESSERA_BUILD_DATE` at compile
-//! time (the image builds pass them as build arguments); a plain `cargo build` says `unknown`.
+//! `revision` and `build_date` come from `TESSERA_REVISION` / `TESSERA_BUILD_DATE` in the
+//! environment of the compile; nothing sets them yet (the release build of issue 32 is to), so
+//! every build today says `unknown`.
 //! HAMi's `go_version` label is left out: a Tessera binary has no Go version, and an empty label
 //! is the same as none to Prometheus.
 
