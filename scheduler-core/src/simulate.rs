@@ -192,6 +192,102 @@ pub struct PodResult {
     /// What simulate did not evaluate for this pod (DRA: CEL selectors, …).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Every node the pod fits, with the score the node policy ranks them by (the chosen node's
+    /// included; binpack prefers the highest, spread the lowest).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub scores: BTreeMap<String, f32>,
+    /// Refusing nodes where evicting every pod would still not make room (a card too small or of
+    /// the wrong type, too few cards, …): kube-scheduler gets them as
+    /// `FailedAndUnresolvableNodes`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub never_fits: Vec<String>,
+}
+
+/// The results as a table for a terminal: pod, node, the slice on each GPU, the chosen node's
+/// score, and why not elsewhere (or, for a pod that fits nowhere, why not anywhere).
+pub fn table(results: &[PodResult]) -> String {
+    let rows: Vec<[String; 5]> = results
+        .iter()
+        .map(|r| {
+            let node = r.node.clone().unwrap_or_else(|| "pending".to_owned());
+            let slices = slices(&r.devices);
+            let score = r
+                .node
+                .as_ref()
+                .and_then(|n| r.scores.get(n))
+                .map_or_else(|| "-".to_owned(), |s| format!("{s:.2}"));
+            let why = match &r.error {
+                Some(e) => e.clone(),
+                None => r
+                    .reasons
+                    .iter()
+                    .map(|(n, why)| {
+                        let never = if r.never_fits.contains(n) {
+                            " (even if emptied)"
+                        } else {
+                            ""
+                        };
+                        format!("{n}: {why}{never}")
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            };
+            [r.pod.clone(), node, slices, score, why]
+        })
+        .collect();
+    let header = [
+        "POD",
+        "NODE",
+        "GPU SLICES",
+        "SCORE",
+        "WHY NOT ELSEWHERE / WHY PENDING",
+    ];
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; 5]| {
+        let mut l = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(cell);
+            } else {
+                l.push_str(&format!("{cell:<width$}  ", width = widths[i]));
+            }
+        }
+        l.trim_end().to_owned() + "\n"
+    };
+    let mut out = line(header);
+    for r in &rows {
+        out.push_str(&line([&r[0], &r[1], &r[2], &r[3], &r[4]]));
+    }
+    out
+}
+
+/// HAMi's device list as a reader wants it: per container, each GPU's memory and cores
+/// (`GPU-t4-1 4000 MiB 20%`), containers separated by ` | `; the text itself when it is not
+/// HAMi's form (a DRA claim's devices).
+fn slices(devices: &str) -> String {
+    if devices.is_empty() {
+        return "-".to_owned();
+    }
+    match hami_contract::PodDevices::decode(devices) {
+        Ok(pod) => pod
+            .0
+            .iter()
+            .filter(|c| !c.is_empty())
+            .map(|c| {
+                c.iter()
+                    .map(|d| format!("{} {} MiB {}%", d.uuid, d.usedmem, d.usedcores))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .collect::<Vec<_>>()
+            .join(" | "),
+        Err(_) => devices.to_owned(),
+    }
 }
 
 /// Why the MIG GPUs of the nodes that refused `pod` with `CardMigTopologyInfeasible` did: the
@@ -369,6 +465,8 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
             error: None,
             mig: BTreeMap::new(),
             notes: Vec::new(),
+            scores: BTreeMap::new(),
+            never_fits: Vec::new(),
         };
         let uses_claims = pod
             .spec
@@ -408,13 +506,18 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
             Verdict::NoFit { failed, .. } if failed.is_empty() && names.is_empty() => {
                 result.error = Some(NO_GPU_NODES.to_owned());
             }
-            Verdict::NoFit { failed, .. } => {
+            Verdict::NoFit {
+                failed,
+                unresolvable,
+            } => {
                 result.mig = explain_mig(&state, cfg, &pod, &uid, &failed);
                 result.reasons = reason_strings(failed);
+                result.never_fits = unresolvable.into_iter().collect();
             }
             Verdict::Placed(p) => {
                 let r = decide::reservation_for(&pod, &uid, &p, tick as u64);
                 state.reserve(r);
+                result.scores = p.fitting.iter().map(|(n, s)| (n.to_string(), *s)).collect();
                 result.node = Some(p.node.clone());
                 result.devices = p.devices.encode();
                 result.reasons = reason_strings(p.failed);

@@ -62,9 +62,16 @@ impl PolicyArgs {
     }
 }
 
+/// How `simulate` prints its results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Json,
+    Table,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Place the pending pods of a file offline and print one JSON line per pod.
+    /// Place the pending pods of a file offline and print one JSON line (or table row) per pod.
     Simulate {
         /// Multi-document YAML (or a v1 List): Nodes, running Pods, ResourceQuotas, pending Pods;
         /// for pods that use claims, ResourceSlices, ResourceClaims, ResourceClaimTemplates and
@@ -72,6 +79,9 @@ enum Command {
         /// (`kubectl get nodes,pods -A -o yaml | tessera-scheduler simulate -f -`).
         #[arg(short = 'f', long = "file", required = true)]
         file: Vec<PathBuf>,
+        /// `json`: one JSON object per pod (for scripts); `table`: a table for a terminal.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Json)]
+        output: Output,
         #[command(flatten)]
         policy: PolicyArgs,
     },
@@ -92,7 +102,11 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     cli.logging.init(OWN_CRATES)?;
     match cli.command {
-        Command::Simulate { file, policy } => {
+        Command::Simulate {
+            file,
+            output,
+            policy,
+        } => {
             let cfg = policy.decision_config()?;
             let mut input = tessera_scheduler_core::simulate::Input::default();
             for file in &file {
@@ -112,14 +126,23 @@ fn main() -> anyhow::Result<()> {
             for problem in tessera_scheduler_core::simulate::input_warnings(&input) {
                 tracing::warn!(%problem, "simulate leaves part of the input out");
             }
-            let mut out = std::io::stdout().lock();
-            let mut no_gpu_nodes = false;
-            for line in tessera_scheduler_core::simulate::run(&input, &cfg) {
-                serde_json::to_writer(&mut out, &line)?;
-                writeln!(out)?;
-                no_gpu_nodes |=
-                    line.error.as_deref() == Some(tessera_scheduler_core::simulate::NO_GPU_NODES);
+            let results = tessera_scheduler_core::simulate::run(&input, &cfg);
+            let text = match output {
+                Output::Json => results.iter().try_fold(String::new(), |mut text, line| {
+                    text.push_str(&serde_json::to_string(line)?);
+                    text.push('\n');
+                    Ok::<_, serde_json::Error>(text)
+                })?,
+                Output::Table => tessera_scheduler_core::simulate::table(&results),
+            };
+            // A reader that stops early (`| head`) is not an error.
+            match std::io::stdout().lock().write_all(text.as_bytes()) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                written => written.context("writing to standard output")?,
             }
+            let no_gpu_nodes = results.iter().any(|line| {
+                line.error.as_deref() == Some(tessera_scheduler_core::simulate::NO_GPU_NODES)
+            });
             if no_gpu_nodes {
                 anyhow::bail!(tessera_scheduler_core::simulate::NO_GPU_NODES);
             }

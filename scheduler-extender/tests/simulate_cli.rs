@@ -355,3 +355,66 @@ spec:
         "{stdout}"
     );
 }
+
+/// Issue 34: the scores of the nodes that fit, the nodes no eviction would help, and a table for
+/// a terminal (`-o table`) that says the same as the JSON lines.
+#[test]
+fn scores_the_nodes_beyond_preemption_and_a_table_for_a_terminal() {
+    let (ok, lines, err) = run(&["simulate", "-f", "examples/simulate/cluster.yaml"]);
+    assert!(ok, "{err}");
+    let notebook = by_pod(&lines, "default/notebook");
+    let scores = notebook["scores"].as_object().expect("scores");
+    assert!(
+        scores.contains_key("t4-node") && scores.contains_key("a100-node"),
+        "{notebook}"
+    );
+    // binpack: the chosen node has the highest score.
+    let best = scores
+        .iter()
+        .max_by(|a, b| a.1.as_f64().partial_cmp(&b.1.as_f64()).unwrap())
+        .map(|(n, _)| n.as_str());
+    assert_eq!(best, Some("t4-node"));
+    let big = by_pod(&lines, "default/too-big");
+    assert_eq!(
+        big["never_fits"],
+        serde_json::json!(["a100-node", "l4-node", "t4-node"])
+    );
+    // Over its namespace budget: evicting pods could free budget, so not beyond preemption.
+    let over = by_pod(&lines, "team-a/batch-2");
+    assert_eq!(over["never_fits"], serde_json::json!(["l4-node"]));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
+        .args([
+            "simulate",
+            "-f",
+            "examples/simulate/cluster.yaml",
+            "-o",
+            "table",
+        ])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("run tessera-scheduler");
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = table.lines().collect();
+    assert_eq!(rows.len(), 1 + lines.len(), "{table}");
+    assert!(
+        rows[0].starts_with("POD ") && rows[0].contains("SCORE"),
+        "{table}"
+    );
+    let row = |pod: &str| {
+        *rows
+            .iter()
+            .find(|r| r.starts_with(pod))
+            .unwrap_or_else(|| panic!("{pod}: {table}"))
+    };
+    assert!(
+        row("default/notebook").contains("t4-node    GPU-t4-1 4000 MiB 20%"),
+        "{table}"
+    );
+    assert!(
+        row("default/too-big").contains("pending")
+            && row("default/too-big").contains("4/4 CardInsufficientMemory (even if emptied)"),
+        "{table}"
+    );
+}
