@@ -4,6 +4,25 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 
+use crate::config::DecisionConfig;
+use crate::state::{ClusterState, NodeRecord};
+
+/// A cluster state holding `nodes` (those that register GPUs) and `pods`, with the default
+/// decision config.
+pub fn cluster_state(nodes: &[Node], pods: &[Pod]) -> ClusterState {
+    let cfg = DecisionConfig::default();
+    let mut s = ClusterState::new();
+    for n in nodes {
+        if let Some(r) = NodeRecord::from_node(n, &cfg) {
+            s.upsert_node(r);
+        }
+    }
+    for p in pods {
+        s.upsert_pod(p);
+    }
+    s
+}
+
 /// A node registering `gpus` cards of `mem` MiB, `count` replicas each.
 pub fn gpu_node(name: &str, gpus: u32, mem: u32, count: u32) -> Node {
     let devices: Vec<serde_json::Value> = (0..gpus)

@@ -7,7 +7,7 @@ use serde_json::json;
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::decide::{Placement, Verdict, filter_pod, reservation_for};
 use tessera_scheduler_core::patch::binding_metadata;
-use tessera_scheduler_core::state::{ClusterState, NodeRecord};
+use tessera_scheduler_core::state::ClusterState;
 
 /// A node registering one GPU per entry of `modes` (`mig` GPUs with A100-40GB's profiles).
 fn node(name: &str, modes: &[&str]) -> Node {
@@ -64,17 +64,7 @@ fn running(name: &str, node: &str, allocated: &str, mig: Option<&str>) -> Pod {
 }
 
 fn state(nodes: &[Node], pods: &[Pod]) -> ClusterState {
-    let cfg = DecisionConfig::default();
-    let mut s = ClusterState::new();
-    for n in nodes {
-        if let Some(r) = NodeRecord::from_node(n, &cfg) {
-            s.upsert_node(r);
-        }
-    }
-    for p in pods {
-        s.upsert_pod(p);
-    }
-    s
+    tessera_scheduler_core::fixtures::cluster_state(nodes, pods)
 }
 
 fn place(s: &mut ClusterState, p: &Pod, nodes: &[&str]) -> Result<Placement, String> {

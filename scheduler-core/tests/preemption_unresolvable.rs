@@ -7,20 +7,10 @@ use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::decide::{Verdict, filter_pod};
 use tessera_scheduler_core::extender::ExtenderFilterResult;
 use tessera_scheduler_core::fixtures::{gpu_node, gpu_pod, running_pod};
-use tessera_scheduler_core::state::{ClusterState, NodeRecord};
+use tessera_scheduler_core::state::ClusterState;
 
 fn state(nodes: &[Node], pods: &[Pod]) -> ClusterState {
-    let cfg = DecisionConfig::default();
-    let mut s = ClusterState::new();
-    for n in nodes {
-        if let Some(r) = NodeRecord::from_node(n, &cfg) {
-            s.upsert_node(r);
-        }
-    }
-    for p in pods {
-        s.upsert_pod(p);
-    }
-    s
+    tessera_scheduler_core::fixtures::cluster_state(nodes, pods)
 }
 
 /// The wire answer for `pod` over `candidates`.
