@@ -106,6 +106,9 @@ struct InProcess {
     candidates: usize,
     /// The cluster of [`busy_observations`].
     busy: bool,
+    /// The pod fits no node (a whole node of 8 free cards on the busy cluster): every refusal is
+    /// then also checked against the node emptied (`FailedAndUnresolvableNodes`).
+    nowhere: bool,
     engine: Engine,
     names: Vec<String>,
     pod: Pod,
@@ -120,6 +123,19 @@ impl InProcess {
     /// All `nodes` nodes of [`busy_observations`] as candidates.
     fn busy(nodes: usize) -> InProcess {
         Self::build(nodes, 0, nodes, true)
+    }
+
+    /// [`Self::busy`] with a pod no node can take now: 8 whole cards.
+    fn nowhere(nodes: usize) -> InProcess {
+        let mut me = Self::build(nodes, 0, nodes, true);
+        me.nowhere = true;
+        me.pod = gpu_pod("bench", "candidate", 8, 81920, 100);
+        me.case = format!(
+            "{nodes} nodes x 8 GPUs; 90 % of nodes full; a pod that fits nowhere (8 whole cards)"
+        );
+        me.samples.clear();
+        me.once();
+        me
     }
 
     fn build(nodes: usize, pods_per_node: usize, candidates: usize, busy: bool) -> InProcess {
@@ -146,6 +162,7 @@ impl InProcess {
             pods_per_node,
             candidates,
             busy,
+            nowhere: false,
             engine,
             names,
             pod: gpu_pod("bench", "candidate", 1, 8192, 20),
@@ -161,10 +178,17 @@ impl InProcess {
         let v = self.engine.filter(&self.pod, &self.names);
         self.engine.filter_abort("uid-bench-candidate");
         let d = t.elapsed();
-        assert!(
-            matches!(v, Ok(tessera_scheduler_core::decide::Verdict::Placed(_))),
-            "the bench pod must be placed"
-        );
+        if self.nowhere {
+            assert!(
+                matches!(v, Ok(tessera_scheduler_core::decide::Verdict::NoFit { .. })),
+                "the bench pod must fit nowhere"
+            );
+        } else {
+            assert!(
+                matches!(v, Ok(tessera_scheduler_core::decide::Verdict::Placed(_))),
+                "the bench pod must be placed"
+            );
+        }
         d.as_secs_f64() * 1e6
     }
 
@@ -332,6 +356,7 @@ fn main() {
         InProcess::new(1_000, 0, 1_000),
         InProcess::new(1_000, 50, 1_000),
         InProcess::busy(5_000),
+        InProcess::nowhere(5_000),
     ];
     let mut http = Http::new(1_000);
     eprintln!("clusters built in {:.1} s", t.elapsed().as_secs_f64());
@@ -358,9 +383,17 @@ fn main() {
     }
     let csv = Csv::open("filter_latency");
     let mut median_at = std::collections::BTreeMap::new();
+    // A pod that fits nowhere, against one that fits on the same busy cluster (same run).
+    let placed_on_busy = cases
+        .iter()
+        .find(|c| c.busy && !c.nowhere)
+        .map(|c| Stats::of(&c.samples).median);
     for c in &cases {
         let s = Stats::of(&c.samples);
         let mut row = Row::new(c.case.clone(), "filter+score in-process", "us", s);
+        if let (true, Some(b)) = (c.nowhere, placed_on_busy) {
+            row = row.baseline(b).ratio(s.median / b);
+        }
         if c.nodes == 1_000 && c.candidates == 1_000 && c.pods_per_node == 10 {
             row = row.goal("p99 < 1000 us", s.p99 < 1_000.0);
         }

@@ -457,6 +457,11 @@ pub(super) fn launched(exec: u64) {
 /// captured graph's memory follow the pointer, and the driver's graph cache went uncounted once
 /// it was freed after a launch).
 pub(super) fn capturing(stream: *mut c_void) -> bool {
+    // CU_STREAM_LEGACY cannot be captured: no driver call for it. (The NULL stream can be the
+    // per-thread stream, through the `_ptsz` entry points, which can.)
+    if stream as usize == 1 {
+        return false;
+    }
     let p = real::aux(real::Aux::cuStreamIsCapturing);
     if p.is_null() {
         return false;

@@ -17,6 +17,10 @@ use super::*;
 /// mapped.
 const HOST_REGISTER_FLAGS: c_uint = 0x01 | 0x02;
 
+/// Set at the first host-backed allocation: until then a free need not look for one (the
+/// common case, a container without oversubscription, pays no lookup per free).
+static IN_USE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// One host-backed allocation: its region device, bytes charged and the host pointer to free.
 #[derive(Clone, Copy)]
 pub(super) struct HostBacked {
@@ -82,6 +86,7 @@ pub(super) fn alloc(dptr: *mut u64, bytes: u64, dev: usize) -> Option<CUresult> 
         region.release_host(dev, bytes);
         return Some(CUDA_ERROR_OUT_OF_MEMORY);
     }
+    IN_USE.store(true, Ordering::Release);
     with_tracker(|t| {
         t.host.insert(
             device,
@@ -141,6 +146,9 @@ fn unregister(host: *mut c_void) -> CUresult {
 /// memory). `stream`: a stream-ordered free waits for the stream first, since the host
 /// memory is given back at once.
 pub(super) fn free(dptr: u64, stream: Option<Stream>) -> Option<CUresult> {
+    if !IN_USE.load(Ordering::Acquire) {
+        return None;
+    }
     let entry = with_tracker(|t| t.host.remove(&dptr))?;
     if let Some(stream) = stream {
         type Sync = unsafe extern "C" fn(Stream) -> CUresult;
