@@ -271,6 +271,15 @@ fn uncount(kind: Kind, key: u64) {
     }
 }
 
+/// The driver's auxiliary entry point `a` as the function type `T`, or `None` when the driver
+/// lacks it. `T` must be `a`'s C signature (each caller names it).
+fn aux_fn<T: Copy>(a: real::Aux) -> Option<T> {
+    let p = real::aux(a);
+    // SAFETY: the caller's `T` is the C signature of the driver's `a`; a function pointer has
+    // the size of `*mut c_void`.
+    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
+}
+
 /// A lock between the threads of one process that a `fork` cannot leave held: it stores the
 /// holder's pid, and a pid other than ours is a lock inherited from a thread that does not
 /// exist in this process, taken over. Waiters sleep (the sections it guards call the driver).
@@ -657,16 +666,13 @@ macro_rules! free_async {
         #[unsafe(no_mangle)]
         pub extern "C" fn $name(dptr: u64, stream: Stream) -> CUresult {
             guarded(stringify!($name), CUDA_ERROR_UNKNOWN, || {
-                let captured = dptr != 0 && !degraded() && graphs::capturing(stream);
-                if dptr != 0
-                    && !degraded()
-                    && !captured
-                    && let Some(r) = host_backed::free(dptr, Some(stream))
-                {
+                // A free on a stream being captured is a node of the graph, not a free now.
+                let counted = dptr != 0 && !degraded() && !graphs::capturing(stream);
+                if counted && let Some(r) = host_backed::free(dptr, Some(stream)) {
                     return r;
                 }
                 let r = real_call!($name: unsafe extern "C" fn(u64, Stream) -> CUresult, dptr, stream);
-                if r == CUDA_SUCCESS && dptr != 0 && !degraded() && !captured {
+                if r == CUDA_SUCCESS && counted {
                     pools::pool_free(dptr);
                     graphs::freed(dptr);
                 }

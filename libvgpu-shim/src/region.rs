@@ -607,15 +607,41 @@ impl Region {
 
     /// Bytes used on `dev` by every process of the container.
     pub fn usage(&self, dev: usize) -> u64 {
+        self.summed(dev, slot::MEM_TOTAL)
+    }
+
+    /// Field `field` of `used[dev]` summed over every process of the container.
+    fn summed(&self, dev: usize, field: usize) -> u64 {
         if dev >= MAX_DEVICES {
             return 0;
         }
         (0..self.proc_num()).fold(0u64, |acc, i| {
             acc.saturating_add(
-                self.slot_u64(i, slot::mem(dev, slot::MEM_TOTAL))
+                self.slot_u64(i, slot::mem(dev, field))
                     .load(Ordering::Acquire),
             )
         })
+    }
+
+    /// Subtracts `bytes` from slot `i`'s `used[dev]` field `field`, saturating.
+    fn subtract(&self, i: usize, dev: usize, field: usize, bytes: u64) {
+        let _ = self.slot_u64(i, slot::mem(dev, field)).fetch_update(
+            Ordering::AcqRel,
+            Ordering::Acquire,
+            |v| Some(v.saturating_sub(bytes)),
+        );
+    }
+
+    /// Whether `bytes` more fit on `dev` under `limit` (non-zero) and the device share `share`
+    /// (0: none): on the device (`on_host` false) device memory is held to the share when
+    /// there is one, else to the limit; under a share, device and host memory together are
+    /// held to the limit.
+    fn fits(&self, dev: usize, bytes: u64, limit: u64, share: u64, on_host: bool) -> bool {
+        let device = self.usage(dev);
+        let within = |used: u64, cap: u64| used.checked_add(bytes).is_some_and(|t| t <= cap);
+        let device_ok = on_host || within(device, if share > 0 { share } else { limit });
+        let total_ok = share == 0 || within(device.saturating_add(self.host_usage(dev)), limit);
+        device_ok && total_ok
     }
 
     fn zero_slot(&self, i: usize) {
@@ -759,16 +785,7 @@ impl Region {
         }
         let share = self.share(dev);
         self.locked(|| {
-            let fits = |r: &Self| {
-                let device = r.usage(dev);
-                let cap = if share > 0 { share } else { limit };
-                device.checked_add(bytes).is_some_and(|t| t <= cap)
-                    && (share == 0
-                        || device
-                            .saturating_add(r.host_usage(dev))
-                            .checked_add(bytes)
-                            .is_some_and(|t| t <= limit))
-            };
+            let fits = |r: &Self| r.fits(dev, bytes, limit, share, false);
             if !fits(self) && (self.sweep_locked() == 0 || !fits(self)) {
                 return Err(());
             }
@@ -784,15 +801,7 @@ impl Region {
 
     /// Host memory the container's processes hold in place of device memory on `dev`.
     pub fn host_usage(&self, dev: usize) -> u64 {
-        if dev >= MAX_DEVICES {
-            return 0;
-        }
-        (0..self.proc_num()).fold(0u64, |acc, i| {
-            acc.saturating_add(
-                self.slot_u64(i, slot::mem(dev, slot::MEM_HOST))
-                    .load(Ordering::Acquire),
-            )
-        })
+        self.summed(dev, slot::MEM_HOST)
     }
 
     /// Check-and-add of `bytes` of host memory given in place of device memory on `dev`:
@@ -807,12 +816,7 @@ impl Region {
             return Err(());
         };
         self.locked(|| {
-            let fits = |r: &Self| {
-                r.usage(dev)
-                    .saturating_add(r.host_usage(dev))
-                    .checked_add(bytes)
-                    .is_some_and(|t| t <= limit)
-            };
+            let fits = |r: &Self| r.fits(dev, bytes, limit, share, true);
             if !fits(self) && (self.sweep_locked() == 0 || !fits(self)) {
                 return Err(());
             }
@@ -828,11 +832,7 @@ impl Region {
             return;
         }
         if let Some(i) = self.my_slot() {
-            let _ = self
-                .slot_u64(i, slot::mem(dev, slot::MEM_HOST))
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                    Some(v.saturating_sub(bytes))
-                });
+            self.subtract(i, dev, slot::MEM_HOST, bytes);
         }
     }
 
@@ -861,10 +861,7 @@ impl Region {
             return;
         };
         for field in [field, slot::MEM_TOTAL] {
-            let a = self.slot_u64(i, slot::mem(dev, field));
-            let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                Some(v.saturating_sub(bytes))
-            });
+            self.subtract(i, dev, field, bytes);
         }
     }
 

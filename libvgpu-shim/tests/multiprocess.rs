@@ -5,27 +5,10 @@
     reason = "times real processes and threads, no tokio clock"
 )]
 
-use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use shim_harness::*;
-use vgpu_region::RegionSnapshot;
-
-fn snapshot(cache: &Path) -> RegionSnapshot {
-    let bytes = std::fs::read(cache).expect("read region");
-    RegionSnapshot::parse(&bytes).expect("a valid region")
-}
-
-struct Kill(Vec<Child>);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 #[test]
 fn four_racing_processes_never_exceed_the_limit_and_kill_9_frees_within_1s() {
@@ -37,7 +20,7 @@ fn four_racing_processes_never_exceed_the_limit_and_kill_9_frees_within_1s() {
         ("CUDA_DEVICE_MEMORY_LIMIT", "64m"),
         ("CUDA_TASK_PRIORITY", "3"),
     ];
-    let mut procs = Kill(Vec::new());
+    let mut procs = Children(Vec::new());
     let reports: Vec<_> = (0..4)
         .map(|i| dir.path().join(format!("report{i}")))
         .collect();
@@ -84,7 +67,7 @@ fn four_racing_processes_never_exceed_the_limit_and_kill_9_frees_within_1s() {
     assert_eq!(total, 21 * chunk, "all that fits was allocated: {counts:?}");
 
     // The monitor's view (the device plugin parses the file with vgpu-region).
-    let snap = snapshot(&cache);
+    let snap = region_snapshot(&cache);
     assert_eq!(snap.limit[0], 64 * MIB);
     assert_eq!(snap.sm_limit[0], 100);
     assert_eq!(snap.priority, 3);
@@ -120,7 +103,7 @@ fn four_racing_processes_never_exceed_the_limit_and_kill_9_frees_within_1s() {
         .expect("grab");
     assert!(grab.status.success(), "{}", text(&grab));
     loop {
-        let snap = snapshot(&cache);
+        let snap = region_snapshot(&cache);
         if snap.device_usage(0) <= total && snap.live_procs().count() == 3 {
             break;
         }
@@ -143,7 +126,7 @@ fn normal_exit_releases_the_slot_at_once() {
         &[("CUDA_DEVICE_MEMORY_LIMIT", "64m")],
         &["limit", &limit],
     )));
-    let snap = snapshot(&cache);
+    let snap = region_snapshot(&cache);
     assert_eq!(snap.live_procs().count(), 0);
     assert_eq!(snap.device_usage(0), 0);
 }
@@ -158,7 +141,7 @@ fn a_forked_child_is_accounted_in_its_own_slot() {
         &[("CUDA_DEVICE_MEMORY_LIMIT", "64m")],
         &["fork", &limit],
     )));
-    let snap = snapshot(&cache);
+    let snap = region_snapshot(&cache);
     assert_eq!(snap.live_procs().count(), 0, "both slots released at exit");
 }
 

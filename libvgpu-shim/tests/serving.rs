@@ -21,29 +21,20 @@
 )]
 
 use std::path::Path;
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use shim_harness::*;
-use vgpu_region::RegionSnapshot;
 
-fn snapshot(cache: &Path) -> RegionSnapshot {
-    RegionSnapshot::parse(&std::fs::read(cache).expect("read region")).expect("a valid region")
+/// What the serving tests do with their probe processes.
+trait Probes {
+    fn spawn(&mut self, cmd: std::process::Command) -> usize;
+    fn wait_for(&mut self, path: &Path, within: Duration);
+    fn finish(self, within: Duration) -> Vec<Output>;
 }
 
-/// Children killed if a test fails before collecting them.
-struct Procs(Vec<Child>);
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Procs {
+impl Probes for Children {
     fn spawn(&mut self, mut cmd: std::process::Command) -> usize {
         let child = cmd
             .stdout(Stdio::piped())
@@ -151,7 +142,7 @@ fn tensor_parallel(n: usize) -> Vec<f64> {
     let ready: Vec<_> = (0..n)
         .map(|d| dir.path().join(format!("ready{d}")))
         .collect();
-    let mut procs = Procs(Vec::new());
+    let mut procs = Children(Vec::new());
     artifacts();
     let t0 = Instant::now();
     for (d, ready) in ready.iter().enumerate() {
@@ -175,7 +166,7 @@ fn tensor_parallel(n: usize) -> Vec<f64> {
         procs.wait_for(r, Duration::from_secs(20));
     }
     // Every worker holds its device's whole limit, in its own slot, on its own device only.
-    let snap = snapshot(&cache);
+    let snap = region_snapshot(&cache);
     assert_eq!(snap.live_procs().count(), n);
     for (d, mib) in TP_LIMITS_MIB.iter().enumerate().take(n) {
         let limit = mib * MIB;
@@ -218,7 +209,7 @@ fn tensor_parallel(n: usize) -> Vec<f64> {
         t0.elapsed()
     );
     // Every slot released at exit.
-    let after = snapshot(&cache);
+    let after = region_snapshot(&cache);
     assert_eq!(after.live_procs().count(), 0);
     for d in 0..n {
         assert_eq!(after.device_usage(d), 0, "device {d} after exit");
@@ -261,7 +252,7 @@ fn one_process_touching_every_gpu_in_turn_sees_each_device_limit_separately() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     artifacts();
     let t0 = Instant::now();
-    let mut procs = Procs(Vec::new());
+    let mut procs = Children(Vec::new());
     procs.spawn(probe(&dir.path().join("c.cache"), &as_refs(&vars), &args));
     for out in procs.finish(Duration::from_secs(20)) {
         assert_ok(&out);
@@ -280,7 +271,7 @@ fn vllm_memory_profiling_sees_its_warm_up_and_other_processes_in_free_memory() {
     let vars = [("CUDA_DEVICE_MEMORY_LIMIT", "64m")];
     let (warm, other) = (10 * MIB + 12345, 7 * MIB + 4096);
     let d = dir.path();
-    let mut profiler = Procs(Vec::new());
+    let mut profiler = Children(Vec::new());
     profiler.spawn(probe(
         &cache,
         &vars,
@@ -293,7 +284,7 @@ fn vllm_memory_profiling_sees_its_warm_up_and_other_processes_in_free_memory() {
         ],
     ));
     profiler.wait_for(&d.join("a1"), Duration::from_secs(20));
-    let mut neighbour = Procs(Vec::new());
+    let mut neighbour = Children(Vec::new());
     neighbour.spawn(probe(
         &cache,
         &vars,
@@ -373,7 +364,7 @@ fn ipc_and_vmm_memory_opened_by_another_process_is_counted_once_by_the_exporter(
     ];
     let (limit, ipc, vmm) = (64 * MIB, 16 * MIB, 8 * MIB);
     let sizes = [limit.to_string(), ipc.to_string(), vmm.to_string()];
-    let mut procs = Procs(Vec::new());
+    let mut procs = Children(Vec::new());
     procs.spawn(probe(
         &cache,
         &vars,
@@ -401,7 +392,7 @@ fn ipc_and_vmm_memory_opened_by_another_process_is_counted_once_by_the_exporter(
     ));
     procs.wait_for(&ready, Duration::from_secs(20));
     // The monitor's view while the importer has everything open and mapped.
-    let snap = snapshot(&cache);
+    let snap = region_snapshot(&cache);
     let slot = |i: usize| {
         let pid = procs.0[i].id() as i32;
         snap.procs
@@ -418,7 +409,7 @@ fn ipc_and_vmm_memory_opened_by_another_process_is_counted_once_by_the_exporter(
     for out in procs.finish(Duration::from_secs(20)) {
         assert_ok(&out);
     }
-    assert_eq!(snapshot(&cache).device_usage(0), 0);
+    assert_eq!(region_snapshot(&cache).device_usage(0), 0);
     assert_eq!(gpu.devices[0].used_bytes(), 0);
 }
 

@@ -266,25 +266,24 @@ impl RegionSnapshot {
     /// Bytes in use on region device `dev` the way HAMi's monitor counts them: the sum of
     /// `used[dev].total` over slots whose status is not "exited". Saturates; 0 for a bad index.
     pub fn device_usage(&self, dev: usize) -> u64 {
+        self.summed(dev, |m| m.total)
+    }
+
+    /// `field` of `used[dev]` summed over the slots not "exited"; saturates, 0 for a bad index.
+    fn summed(&self, dev: usize, field: impl Fn(&DeviceMemory) -> u64) -> u64 {
         if dev >= MAX_DEVICES {
             return 0;
         }
         self.procs
             .iter()
             .filter(|p| p.status != status::EXITED)
-            .fold(0u64, |acc, p| acc.saturating_add(p.used[dev].total))
+            .fold(0u64, |acc, p| acc.saturating_add(field(&p.used[dev])))
     }
 
     /// Host memory the container's live processes hold in place of device memory on region
     /// device `dev` (oversubscription); saturates, 0 for a bad index.
     pub fn host_usage(&self, dev: usize) -> u64 {
-        if dev >= MAX_DEVICES {
-            return 0;
-        }
-        self.procs
-            .iter()
-            .filter(|p| p.status != status::EXITED)
-            .fold(0u64, |acc, p| acc.saturating_add(p.used[dev].host))
+        self.summed(dev, |m| m.host)
     }
 
     /// Live (non-exited, non-zero pid) process slots.

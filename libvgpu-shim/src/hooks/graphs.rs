@@ -462,16 +462,13 @@ pub(super) fn capturing(stream: *mut c_void) -> bool {
     if stream as usize == 1 {
         return false;
     }
-    let p = real::aux(real::Aux::cuStreamIsCapturing);
-    if p.is_null() {
+    type IsCapturing = unsafe extern "C" fn(*mut c_void, *mut c_int) -> CUresult;
+    let Some(is_capturing) = aux_fn::<IsCapturing>(real::Aux::cuStreamIsCapturing) else {
         return false;
-    }
+    };
     let mut status: c_int = 0;
     // SAFETY: `cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*)`.
-    let r = unsafe {
-        let f: unsafe extern "C" fn(*mut c_void, *mut c_int) -> CUresult = std::mem::transmute(p);
-        f(stream, &mut status)
-    };
+    let r = unsafe { is_capturing(stream, &mut status) };
     r == CUDA_SUCCESS && status != 0
 }
 

@@ -31,13 +31,6 @@ pub(super) struct HostBacked {
 
 pub(super) type HostMap = HashMap<u64, HostBacked, std::hash::BuildHasherDefault<super::KeyHasher>>;
 
-fn aux<T: Copy>(a: real::Aux) -> Option<T> {
-    let p = real::aux(a);
-    // SAFETY: `T` is the C signature of the driver's `a` (checked at each use below); a
-    // function pointer has the size of `*mut c_void`.
-    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
-}
-
 /// Serves `bytes` on `dev` from mapped host memory if the container is oversubscribed there
 /// and its limit still has room; `None` when oversubscription does not apply (the caller
 /// answers as without it).
@@ -58,8 +51,8 @@ pub(super) fn alloc(dptr: *mut u64, bytes: u64, dev: usize) -> Option<CUresult> 
     type Register = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CUresult;
     type DevicePointer = unsafe extern "C" fn(*mut u64, *mut c_void, c_uint) -> CUresult;
     let (Some(register), Some(device_pointer)) = (
-        aux::<Register>(real::Aux::cuMemHostRegister_v2),
-        aux::<DevicePointer>(real::Aux::cuMemHostGetDevicePointer_v2),
+        aux_fn::<Register>(real::Aux::cuMemHostRegister_v2),
+        aux_fn::<DevicePointer>(real::Aux::cuMemHostGetDevicePointer_v2),
     ) else {
         region.release_host(dev, bytes);
         return Some(CUDA_ERROR_OUT_OF_MEMORY);
@@ -135,7 +128,7 @@ fn unmap_host(host: *mut c_void, bytes: u64) {
 
 fn unregister(host: *mut c_void) -> CUresult {
     type Unregister = unsafe extern "C" fn(*mut c_void) -> CUresult;
-    match aux::<Unregister>(real::Aux::cuMemHostUnregister) {
+    match aux_fn::<Unregister>(real::Aux::cuMemHostUnregister) {
         // SAFETY: `cuMemHostUnregister(void *p)` on a registered mapping.
         Some(f) => unsafe { f(host) },
         None => CUDA_ERROR_NOT_FOUND,
@@ -152,7 +145,7 @@ pub(super) fn free(dptr: u64, stream: Option<Stream>) -> Option<CUresult> {
     let entry = with_tracker(|t| t.host.remove(&dptr))?;
     if let Some(stream) = stream {
         type Sync = unsafe extern "C" fn(Stream) -> CUresult;
-        if let Some(sync) = aux::<Sync>(real::Aux::cuStreamSynchronize) {
+        if let Some(sync) = aux_fn::<Sync>(real::Aux::cuStreamSynchronize) {
             // SAFETY: `cuStreamSynchronize(CUstream)` on the caller's stream.
             let r = unsafe { sync(stream) };
             if r != CUDA_SUCCESS {

@@ -266,16 +266,12 @@ pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
         };
         let region = region_with_watcher();
         let _one_at_a_time = MEASURING.lock();
-        let old_value = {
-            let p = real::aux(real::Aux::cuCtxGetLimit);
+        type GetLimit = unsafe extern "C" fn(*mut usize, c_int) -> CUresult;
+        let old_value = aux_fn::<GetLimit>(real::Aux::cuCtxGetLimit).and_then(|get| {
             let mut v = 0usize;
             // SAFETY: `cuCtxGetLimit(size_t *pvalue, CUlimit limit)`.
-            let r = (!p.is_null()).then(|| unsafe {
-                let f: unsafe extern "C" fn(*mut usize, c_int) -> CUresult = std::mem::transmute(p);
-                f(&mut v, limit)
-            });
-            (r == Some(CUDA_SUCCESS)).then_some(v)
-        };
+            (unsafe { get(&mut v, limit) } == CUDA_SUCCESS).then_some(v)
+        });
         let before = (device_free(), region.usage(dev));
         let r = set(value);
         if r != CUDA_SUCCESS {

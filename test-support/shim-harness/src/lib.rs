@@ -168,3 +168,23 @@ pub fn skip(why: &str) {
     }
     eprintln!("skipped: {why}");
 }
+
+/// The region file at `cache`, decoded (the test fails if it is missing or not a valid region).
+pub fn region_snapshot(cache: &Path) -> vgpu_region::RegionSnapshot {
+    let bytes = std::fs::read(cache).expect("read region");
+    vgpu_region::RegionSnapshot::parse(&bytes).expect("a valid region")
+}
+
+/// Child processes killed and reaped when dropped, so a test that fails before collecting
+/// them leaves none behind.
+#[derive(Debug)]
+pub struct Children(pub Vec<std::process::Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
