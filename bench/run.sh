@@ -67,6 +67,7 @@ STEPS=(
     "filter_latency|cargo bench --locked -q -p tessera-scheduler --bench filter_latency"
     "memory|cargo bench --locked -q -p tessera-scheduler --bench memory -- $mem_args"
     "memory_scale|cargo bench --locked -q -p tessera-scheduler --bench memory -- $mem_scale_args"
+    "preempt_latency|cargo bench --locked -q -p tessera-scheduler --bench preempt_latency"
     "allocate_latency|cargo bench --locked -q -p tessera-node --bench allocate_latency"
     "device_plugin|cargo bench --locked -q -p tessera-e2e --bench device_plugin"
     "shim_overhead|cargo bench --locked -q -p libvgpu-shim --bench overhead"

@@ -247,7 +247,14 @@ expect "bindVerb bind" "$S" '^    bindVerb: bind$'
 expect "nodeCacheCapable" "$S" '^    nodeCacheCapable: true$'
 expect "httpTimeout 30s" "$S" '^    httpTimeout: 30s$'
 expect_count "all 5 managed resources ignoredByScheduler" "$S" '^        ignoredByScheduler: true$' 5
-expect_not "no prioritize or preempt verb" "$S" 'prioritizeVerb|preemptVerb'
+expect "preemptVerb preempt (GPU-aware preemption)" "$S" '^    preemptVerb: preempt$'
+expect_not "no prioritize verb" "$S" 'prioritizeVerb'
+render "$WORK/sched-rbac.yaml" --show-only templates/scheduler/rbac.yaml
+expect "PodDisruptionBudgets listable for preemption" "$WORK/sched-rbac.yaml" 'resources: \[poddisruptionbudgets\]'
+render "$WORK/sched-cm-nopreempt.yaml" --show-only templates/scheduler/configmap.yaml --set scheduler.preemption.enabled=false
+expect_not "preemption off: no preemptVerb" "$WORK/sched-cm-nopreempt.yaml" 'preemptVerb'
+render "$WORK/sched-rbac-nopreempt.yaml" --show-only templates/scheduler/rbac.yaml --set scheduler.preemption.enabled=false
+expect_not "preemption off: no PodDisruptionBudget access" "$WORK/sched-rbac-nopreempt.yaml" 'poddisruptionbudgets'
 
 if $UPDATE; then
 	{

@@ -890,3 +890,120 @@ async fn topology_aware_pods_get_gpus_joined_by_nvlink() {
         "topology-aware chose {chosen:?} with {links} NVLink(s) between them: {alloc}\nscore: {score}"
     );
 }
+
+/// Issue 30 on the real kube-scheduler (v1.34): a pod of priority 100 that needs both CPU and
+/// GPU memory on a node held by lower-priority pods. kube-scheduler's own dry run picks the victim
+/// its CPU needs (`low-a`: `low-b` is more important and is put back first); the extender's
+/// `/preempt` adds the GPU pod whose slice is also needed (`low-b`) and never the higher-priority
+/// tenant (`keep`). Both are evicted,
+/// the pod is placed, and `keep` is untouched. A pod larger than any card is said to be beyond
+/// preemption and evicts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn preemption_evicts_the_gpu_slice_kube_scheduler_alone_would_not_free() {
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    let c = start(ClusterOptions::new("preempt", a100_nodes(1, 1))).await;
+    let classes: Api<PriorityClass> = Api::all(c.admin().clone());
+    for (name, value) in [("low", 10), ("lowish", 20), ("mid", 100), ("top", 1000)] {
+        let pc: PriorityClass = serde_json::from_value(serde_json::json!({
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value}))
+        .expect("class");
+        classes
+            .create(&PostParams::default(), &pc)
+            .await
+            .expect("create class");
+    }
+    // (name, class, CPU, GPU MiB): 40,000 of the A100's 40,960 MiB and 41 of the node's 64 CPUs.
+    let pod = |name: &str, class: &str, cpu: u32, mib: u64| {
+        let mut p = gpu_pod("default", name, GpuRequest::mem(1, mib));
+        let spec = p.spec.as_mut().expect("spec");
+        spec.priority_class_name = Some(class.to_owned());
+        let limits = spec.containers[0]
+            .resources
+            .get_or_insert_with(Default::default)
+            .limits
+            .get_or_insert_with(Default::default);
+        limits.insert(
+            "cpu".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(cpu.to_string()),
+        );
+        p
+    };
+    for (name, class, cpu, mib) in [
+        ("low-a", "low", 10, 8000),
+        ("low-b", "lowish", 30, 28000),
+        ("keep", "top", 1, 4000),
+    ] {
+        create_as_user(&c, &pod(name, class, cpu, mib))
+            .await
+            .expect("create");
+        wait_admitted(&c, &[name.to_owned()], Duration::from_secs(60)).await;
+    }
+    let keep_uid = {
+        let api: Api<Pod> = Api::namespaced(c.admin().clone(), "default");
+        uid(&api.get("keep").await.expect("keep"))
+    };
+    // 30 CPUs: kube-scheduler must free 7; evicting low-a (10) does. 20,000 MiB: evicting low-a
+    // frees 8,000, so low-b's 28,000 must go too; keep outranks the pod.
+    create_as_user(&c, &pod("urgent", "mid", 30, 20000))
+        .await
+        .expect("create");
+    let placed = wait_admitted(&c, &["urgent".to_owned()], Duration::from_secs(120)).await;
+    let pods = c.pods("default").await.expect("pods");
+    let alive: Vec<String> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert!(
+        !alive.contains(&"low-a".to_owned()) && !alive.contains(&"low-b".to_owned()),
+        "both low-priority tenants evicted: {alive:?}"
+    );
+    let keep = pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some("keep"))
+        .expect("keep still exists");
+    assert_eq!(uid(keep), keep_uid, "keep was never recreated");
+    assert!(keep.metadata.deletion_timestamp.is_none());
+    let (urgent, _) = &placed["urgent"];
+    assert!(tessera_e2e::pods::node_of(urgent).is_some());
+    // The preemptor's Event names the GPU slice and both victims.
+    let events = eventually(
+        "the preemption Event",
+        Duration::from_secs(30),
+        Duration::from_millis(300),
+        || async {
+            let evs: Api<k8s_openapi::api::core::v1::Event> =
+                Api::namespaced(c.admin().clone(), "default");
+            let list = evs.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("PreemptionCandidates")
+                    && e.involved_object.name.as_deref() == Some("urgent")
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(30)));
+    let message = events.message.unwrap_or_default();
+    assert!(
+        message.contains("evicting default/low-b (priority 20) frees GPU-")
+            && message.contains("with 1 pod(s) kube-scheduler chose"),
+        "{message}"
+    );
+    // Larger than the card: beyond preemption, nothing is evicted.
+    create_as_user(&c, &pod("huge", "top", 1, 50000))
+        .await
+        .expect("create");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let api: Api<Pod> = Api::namespaced(c.admin().clone(), "default");
+    let huge = api.get("huge").await.expect("huge");
+    assert!(tessera_e2e::pods::node_of(&huge).is_none());
+    for name in ["keep", "urgent"] {
+        let p = api.get(name).await.expect("still there");
+        assert!(
+            p.metadata.deletion_timestamp.is_none(),
+            "{name} evicted for nothing"
+        );
+    }
+    assert_no_overbooking(&c).await;
+}

@@ -231,3 +231,154 @@ impl ExtenderBindingResult {
         answer_json(self)
     }
 }
+
+/// `ExtenderPreemptionArgs`: the pod and kube-scheduler's victims per candidate node, as pod
+/// UIDs (`NodeNameToMetaVictims`, `nodeCacheCapable: true`) or as whole pods
+/// (`NodeNameToVictims`, of which only the UIDs are read).
+#[derive(Debug, Clone)]
+pub struct ExtenderPreemptionArgs {
+    pub pod: Pod,
+    pub victims: BTreeMap<String, crate::preempt::Victims>,
+}
+
+/// The UIDs of a `Pods` list of `MetaVictims` (`[{"UID": …}]`) or of `Victims` (whole pods,
+/// `[{"metadata": {"uid": …}}]`).
+fn victim_uids(pods: &Value, field_name: &'static str) -> Result<Vec<String>, WireError> {
+    let bad = |problem| WireError::Field {
+        field: field_name,
+        problem,
+    };
+    let items = match pods {
+        Value::Null => return Ok(Vec::new()),
+        Value::Array(a) => a,
+        _ => return Err(bad("Pods must be an array")),
+    };
+    items
+        .iter()
+        .map(|item| {
+            let Value::Object(o) = item else {
+                return Err(bad("each victim must be an object"));
+            };
+            let uid = field(o, "UID").or_else(|| match field(o, "metadata") {
+                Some(Value::Object(m)) => field(m, "uid"),
+                _ => None,
+            });
+            match uid {
+                Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+                _ => Err(bad("a victim has no UID")),
+            }
+        })
+        .collect()
+}
+
+impl ExtenderPreemptionArgs {
+    pub fn decode(body: &[u8]) -> Result<Self, WireError> {
+        let obj = object(body)?;
+        let pod = match field(&obj, "Pod") {
+            None | Some(Value::Null) => {
+                return Err(WireError::Field {
+                    field: "Pod",
+                    problem: "missing",
+                });
+            }
+            Some(v) => {
+                serde_json::from_value::<Pod>(v.clone()).map_err(|source| WireError::Decode {
+                    field: "Pod",
+                    source,
+                })?
+            }
+        };
+        let mut victims = BTreeMap::new();
+        for field_name in ["NodeNameToMetaVictims", "NodeNameToVictims"] {
+            match field(&obj, field_name) {
+                None | Some(Value::Null) => continue,
+                Some(Value::Object(nodes)) => {
+                    for (node, v) in nodes {
+                        let Value::Object(v) = v else {
+                            return Err(WireError::Field {
+                                field: field_name,
+                                problem: "each node's victims must be an object",
+                            });
+                        };
+                        let pods =
+                            victim_uids(field(v, "Pods").unwrap_or(&Value::Null), field_name)?;
+                        let pdb_violations = match field(v, "NumPDBViolations") {
+                            None | Some(Value::Null) => 0,
+                            Some(n) => n.as_i64().ok_or(WireError::Field {
+                                field: field_name,
+                                problem: "NumPDBViolations must be an integer",
+                            })?,
+                        };
+                        victims.insert(
+                            node.clone(),
+                            crate::preempt::Victims {
+                                pods,
+                                pdb_violations,
+                            },
+                        );
+                    }
+                }
+                Some(_) => {
+                    return Err(WireError::Field {
+                        field: field_name,
+                        problem: "must be an object of node names",
+                    });
+                }
+            }
+        }
+        Ok(ExtenderPreemptionArgs { pod, victims })
+    }
+}
+
+/// `MetaPod`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MetaPod {
+    #[serde(rename = "UID")]
+    pub uid: String,
+}
+
+/// `MetaVictims`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct MetaVictims {
+    pub pods: Vec<MetaPod>,
+    #[serde(rename = "NumPDBViolations")]
+    pub num_pdb_violations: i64,
+}
+
+/// `ExtenderPreemptionResult`: the nodes where preemption helps, each with a non-empty victim
+/// list (kube-scheduler refuses an empty one); a node left out is not preempted on. kube-scheduler
+/// has no error field here: a request it cannot use is answered with an HTTP error.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderPreemptionResult {
+    pub node_name_to_meta_victims: BTreeMap<String, MetaVictims>,
+}
+
+impl ExtenderPreemptionResult {
+    pub fn from_victims(chosen: &BTreeMap<String, crate::preempt::NodeVictims>) -> Self {
+        ExtenderPreemptionResult {
+            node_name_to_meta_victims: chosen
+                .iter()
+                .filter(|(_, v)| !v.pods.is_empty())
+                .map(|(node, v)| {
+                    (
+                        node.clone(),
+                        MetaVictims {
+                            pods: v
+                                .pods
+                                .iter()
+                                .map(|uid| MetaPod { uid: uid.clone() })
+                                .collect(),
+                            num_pdb_violations: v.pdb_violations,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        answer_json(self)
+    }
+}

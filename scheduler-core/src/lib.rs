@@ -10,6 +10,7 @@
 //!   write on the pod;
 //! - [`extender`]: kube-scheduler's extender wire types; [`webhook`]: the admission webhook as a
 //!   function of the AdmissionReview and the [`facts`] every replica keeps;
+//! - [`preempt`]: the extender's preemption verb (which pods to evict for a pod, per node);
 //! - [`lease`]: the leader-election decision; [`simulate`]: the offline `simulate` tool;
 //! - `fixtures` (feature `testing`): Kubernetes objects for tests, benchmarks and fuzzing.
 //!
@@ -30,6 +31,7 @@ pub mod fixtures;
 pub mod lease;
 pub mod patch;
 pub mod podspec;
+pub mod preempt;
 pub mod quota;
 pub mod simulate;
 pub mod state;

@@ -11,6 +11,7 @@ use crate::decide::{self, NodeFailure, Verdict};
 use crate::dra::{DraObjects, DraState};
 use crate::fit::FitReason;
 use crate::podspec::{self, pod_key};
+use crate::preempt;
 use crate::quota::QuotaKeys;
 use crate::state::{ClusterState, NodeRecord};
 
@@ -201,6 +202,11 @@ pub struct PodResult {
     /// `FailedAndUnresolvableNodes`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub never_fits: Vec<String>,
+    /// For a pod that fits nowhere: per node where preemption would make room, the lower-priority
+    /// GPU pods it would evict and the GPUs that frees (what the extender's `/preempt` answers
+    /// kube-scheduler; kube-scheduler's own victims for CPU or memory are not modelled).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub preemption: BTreeMap<String, String>,
 }
 
 /// The results as a table for a terminal: pod, node, the slice on each GPU, the chosen node's
@@ -231,6 +237,16 @@ pub fn table(results: &[PodResult]) -> String {
                     })
                     .collect::<Vec<_>>()
                     .join("; "),
+            };
+            let why = if r.preemption.is_empty() {
+                why
+            } else {
+                let evict: Vec<String> = r
+                    .preemption
+                    .iter()
+                    .map(|(n, what)| format!("{n}: {what}"))
+                    .collect();
+                format!("{why}; preemption would: {}", evict.join("; "))
             };
             [r.pod.clone(), node, slices, score, why]
         })
@@ -467,6 +483,7 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
             notes: Vec::new(),
             scores: BTreeMap::new(),
             never_fits: Vec::new(),
+            preemption: BTreeMap::new(),
         };
         let uses_claims = pod
             .spec
@@ -511,6 +528,23 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
                 unresolvable,
             } => {
                 result.mig = explain_mig(&state, cfg, &pod, &uid, &failed);
+                let proposed = failed
+                    .keys()
+                    .filter(|n| !unresolvable.contains(*n))
+                    .map(|n| (n.clone(), preempt::Victims::default()))
+                    .collect();
+                let (chosen, _) = preempt::preempt(&mut state, cfg, &pod, &uid, &proposed, &[]);
+                result.preemption = chosen
+                    .into_iter()
+                    .map(|(node, v)| {
+                        let why = format!(
+                            "evict {} (frees {})",
+                            v.evicted.join(", "),
+                            v.gpus.join(", ")
+                        );
+                        (node, why)
+                    })
+                    .collect();
                 result.reasons = reason_strings(failed);
                 result.never_fits = unresolvable.into_iter().collect();
             }

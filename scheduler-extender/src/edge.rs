@@ -124,6 +124,12 @@ pub trait ClusterEdge: Send + Sync + 'static {
         value: &str,
     ) -> impl Future<Output = Result<(), EdgeError>> + Send;
 
+    /// The cluster's PodDisruptionBudgets, read when kube-scheduler asks for victims (their
+    /// allowances change with every eviction, so they are read then, not cached).
+    fn disruption_budgets(
+        &self,
+    ) -> impl Future<Output = Result<Vec<tessera_scheduler_core::preempt::Budget>, EdgeError>> + Send;
+
     /// Records an Event (best effort).
     fn event(&self, event: PodEvent) -> impl Future<Output = ()> + Send;
 }

@@ -12,9 +12,9 @@ use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::decide::{self, Verdict};
 use tessera_scheduler_core::fit::Charge;
-use tessera_scheduler_core::podspec;
 use tessera_scheduler_core::quota::QuotaKeys;
 use tessera_scheduler_core::state::{BindStage, ClusterState, NodeRecord, Reservation, ResyncKind};
+use tessera_scheduler_core::{podspec, preempt};
 use tokio::sync::{mpsc, oneshot};
 
 /// Why the loop will not decide now. Always retryable by kube-scheduler.
@@ -125,6 +125,13 @@ pub enum Command {
         node_names: Vec<String>,
         reply: oneshot::Sender<Result<Verdict, Refusal>>,
     },
+    /// kube-scheduler's preemption verb: the victims per candidate node.
+    Preempt {
+        pod: Box<Pod>,
+        proposed: BTreeMap<String, preempt::Victims>,
+        budgets: Vec<preempt::Budget>,
+        reply: oneshot::Sender<Result<Preemption, Refusal>>,
+    },
     /// Writing the filter decision to the pod failed: drop the reservation.
     FilterAbort {
         uid: String,
@@ -178,6 +185,14 @@ pub enum Command {
     Bookings {
         reply: oneshot::Sender<Vec<GpuMetrics>>,
     },
+}
+
+/// What the preemption verb concluded: the victims per node where preemption helps, and why it
+/// does not help on the others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preemption {
+    pub chosen: BTreeMap<String, preempt::NodeVictims>,
+    pub refused: BTreeMap<String, preempt::NoVictims>,
 }
 
 /// A pod that failed filtering for lack of capacity, to be nudged when capacity frees.
@@ -372,6 +387,21 @@ impl Engine {
             Verdict::NotGpu | Verdict::Invalid(_) => {}
         }
         Ok(verdict)
+    }
+
+    /// The victims per candidate node that let `pod` fit ([`preempt::preempt`]); decided by
+    /// the leader only, on the same state as its filters.
+    pub fn preempt(
+        &mut self,
+        pod: &Pod,
+        proposed: &BTreeMap<String, preempt::Victims>,
+        budgets: &[preempt::Budget],
+    ) -> Result<Preemption, Refusal> {
+        self.ready()?;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let (chosen, refused) =
+            preempt::preempt(&mut self.state, &self.cfg, pod, &uid, proposed, budgets);
+        Ok(Preemption { chosen, refused })
     }
 
     pub fn filter_abort(&mut self, uid: &str) {
@@ -668,6 +698,14 @@ impl Engine {
                 let r = self.filter(&pod, &node_names);
                 let _ = reply.send(r);
             }
+            Command::Preempt {
+                pod,
+                proposed,
+                budgets,
+                reply,
+            } => {
+                let _ = reply.send(self.preempt(&pod, &proposed, &budgets));
+            }
             Command::FilterAbort { uid } => self.filter_abort(&uid),
             Command::BindReserved { uid, node, reply } => {
                 let _ = reply.send(self.bind_reserved(&uid, &node));
@@ -749,6 +787,23 @@ impl EngineHandle {
         self.send(Command::Filter {
             pod: Box::new(pod),
             node_names,
+            reply,
+        })
+        .await;
+        rx.await.unwrap_or(Err(Refusal::Stopped))
+    }
+
+    pub async fn preempt(
+        &self,
+        pod: Pod,
+        proposed: BTreeMap<String, preempt::Victims>,
+        budgets: Vec<preempt::Budget>,
+    ) -> Result<Preemption, Refusal> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Preempt {
+            pod: Box::new(pod),
+            proposed,
+            budgets,
             reply,
         })
         .await;

@@ -20,13 +20,13 @@ use tessera_runtime::DisplayChain;
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::decide::{self, Verdict};
 use tessera_scheduler_core::extender::{
-    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, NodeListOut,
-    WireError,
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult,
+    ExtenderPreemptionArgs, ExtenderPreemptionResult, NodeListOut, WireError,
 };
 use tessera_scheduler_core::facts::SharedFacts;
 use tessera_scheduler_core::patch::{bind_phase_patch, binding_metadata, decision_patch};
-use tessera_scheduler_core::podspec;
 use tessera_scheduler_core::webhook::{self, WebhookAnswer, WebhookConfig};
+use tessera_scheduler_core::{podspec, preempt};
 use tracing::Instrument;
 
 use crate::edge::{ClusterEdge, EdgeError, EventType, PodEvent};
@@ -268,6 +268,10 @@ pub fn router<E: ClusterEdge>(app: Arc<App<E>>) -> Router {
             "/bind",
             post(|State(app), req| extender_call::<E>(app, req, ExtenderCall::Bind)),
         )
+        .route(
+            "/preempt",
+            post(|State(app), req| extender_call::<E>(app, req, ExtenderCall::Preempt)),
+        )
         .route("/webhook", post(webhook_handler::<E>))
         .merge(probes())
         .with_state(app)
@@ -319,6 +323,7 @@ pub fn metrics_router<E: ClusterEdge>(
 enum ExtenderCall {
     Filter,
     Bind,
+    Preempt,
 }
 
 impl ExtenderCall {
@@ -327,6 +332,7 @@ impl ExtenderCall {
         match self {
             ExtenderCall::Filter => "filter",
             ExtenderCall::Bind => "bind",
+            ExtenderCall::Preempt => "preempt",
         }
     }
 
@@ -334,6 +340,7 @@ impl ExtenderCall {
         match self {
             ExtenderCall::Filter => &metrics.filter_seconds,
             ExtenderCall::Bind => &metrics.bind_seconds,
+            ExtenderCall::Preempt => &metrics.preempt_seconds,
         }
     }
 
@@ -342,21 +349,32 @@ impl ExtenderCall {
         match self {
             ExtenderCall::Filter => ExtenderFilterResult::error(error).to_json(),
             ExtenderCall::Bind => ExtenderBindingResult { error }.to_json(),
+            // `ExtenderPreemptionResult` has no error field: the status says it.
+            ExtenderCall::Preempt => serde_json::json!({ "Error": error }).to_string(),
         }
     }
 
-    /// Decides on `body` and answers (the body of a 200).
-    async fn answer<E: ClusterEdge>(self, app: &App<E>, body: &[u8]) -> String {
+    /// Decides on `body` and answers: the status and the body.
+    async fn answer<E: ClusterEdge>(self, app: &App<E>, body: &[u8]) -> (StatusCode, String) {
         match self {
-            ExtenderCall::Filter => filter_body(app, body).await.to_json(),
-            ExtenderCall::Bind => ExtenderBindingResult {
-                error: bind_body(app, body)
-                    .await
-                    .err()
-                    .map(|e| e.to_string())
-                    .unwrap_or_default(),
-            }
-            .to_json(),
+            ExtenderCall::Filter => (StatusCode::OK, filter_body(app, body).await.to_json()),
+            ExtenderCall::Bind => (
+                StatusCode::OK,
+                ExtenderBindingResult {
+                    error: bind_body(app, body)
+                        .await
+                        .err()
+                        .map(|e| e.to_string())
+                        .unwrap_or_default(),
+                }
+                .to_json(),
+            ),
+            ExtenderCall::Preempt => match preempt_body(app, body).await {
+                Ok(result) => (StatusCode::OK, result.to_json()),
+                // kube-scheduler reads any other status as the extender's error and preempts
+                // nothing this cycle.
+                Err((status, error)) => (status, self.refusal(error)),
+            },
         }
     }
 }
@@ -382,10 +400,74 @@ async fn extender_call<E: ClusterEdge>(
         Ok(b) => b,
         Err(r) => return r,
     };
-    let answer = call.answer(&app, &body).await;
+    let (status, answer) = call.answer(&app, &body).await;
     call.seconds(&app.metrics)
         .observe(started.elapsed().as_secs_f64());
-    json(StatusCode::OK, answer)
+    json(status, answer)
+}
+
+/// `/preempt`: for each candidate node kube-scheduler proposes (with its own victims), the
+/// lower-priority GPU pods whose eviction lets the pod fit ([`preempt::preempt`]); nodes where
+/// preemption cannot help are left out. One Event on the pod names the cheapest slice.
+async fn preempt_body<E: ClusterEdge>(
+    app: &App<E>,
+    body: &[u8],
+) -> Result<ExtenderPreemptionResult, (StatusCode, String)> {
+    let args = ExtenderPreemptionArgs::decode(body).map_err(|e| {
+        app.metrics.decision("preempt", "BadRequest");
+        (StatusCode::BAD_REQUEST, e.to_string())
+    })?;
+    let pod = args.pod;
+    let span = tracing::info_span!(
+        "preempt",
+        pod = %PodRef::of(&pod),
+        pod_uid = pod.metadata.uid.as_deref().unwrap_or_default(),
+        nodes = args.victims.len(),
+    );
+    async {
+        let budgets = app.edge.disruption_budgets().await.map_err(|e| {
+            app.metrics.decision("preempt", "BudgetsUnreadable");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("reading PodDisruptionBudgets failed: {e}"),
+            )
+        })?;
+        let found = app
+            .engine
+            .preempt(pod.clone(), args.victims, budgets)
+            .await
+            .map_err(|r| {
+                app.metrics.decision("preempt", refusal_code(&r));
+                (StatusCode::SERVICE_UNAVAILABLE, r.to_string())
+            })?;
+        let helped = found.chosen.values().filter(|v| !v.pods.is_empty()).count();
+        app.metrics
+            .decision("preempt", if helped == 0 { "NoVictims" } else { "success" });
+        tracing::debug!(helped, refused = found.refused.len(), "preemption victims");
+        if let Some(message) = preempt::describe(&found.chosen, &found.refused) {
+            app.edge
+                .event(PodEvent {
+                    namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                    name: pod.metadata.name.clone().unwrap_or_default(),
+                    uid: pod.metadata.uid.clone().unwrap_or_default(),
+                    kind: if helped == 0 {
+                        EventType::Warning
+                    } else {
+                        EventType::Normal
+                    },
+                    reason: if helped == 0 {
+                        "PreemptionNotHelpful".to_owned()
+                    } else {
+                        "PreemptionCandidates".to_owned()
+                    },
+                    message,
+                })
+                .await;
+        }
+        Ok(ExtenderPreemptionResult::from_victims(&found.chosen))
+    }
+    .instrument(span)
+    .await
 }
 
 async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilterResult {

@@ -291,6 +291,21 @@ impl ClusterEdge for KubeEdge {
         self.remove_hami_lock_if(node, |v| v == value).await
     }
 
+    async fn disruption_budgets(
+        &self,
+    ) -> Result<Vec<tessera_scheduler_core::preempt::Budget>, EdgeError> {
+        let list =
+            Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::all(self.client.clone())
+                .list(&kube::api::ListParams::default())
+                .await
+                .map_err(edge_err)?;
+        Ok(list
+            .items
+            .iter()
+            .map(tessera_scheduler_core::preempt::Budget::from_pdb)
+            .collect())
+    }
+
     async fn event(&self, event: PodEvent) {
         if let Err(e) = self.events.try_send(event) {
             let event = e.into_inner();

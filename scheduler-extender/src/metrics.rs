@@ -22,7 +22,8 @@ type Labels = Vec<(String, String)>;
 pub struct Metrics {
     pub filter_seconds: Histogram,
     pub bind_seconds: Histogram,
-    /// `verb` (filter|bind), `result` (a reason code or `success`).
+    pub preempt_seconds: Histogram,
+    /// `verb` (filter|bind|preempt), `result` (a reason code or `success`).
     pub decisions: Family<Labels, Counter>,
     pub webhook_seconds: Histogram,
     /// `result`: allowed, mutated, denied or error (no AdmissionReview answer).
@@ -39,6 +40,12 @@ impl Default for Metrics {
         let (filter_seconds, bind_seconds, webhook_seconds) = (buckets(), buckets(), buckets());
         let (decisions, webhook_reviews) = (Family::default(), Family::default());
         let mut exposition = Exposition::new(&filter_seconds, &bind_seconds, &decisions);
+        let preempt_seconds = buckets();
+        exposition.always.register(
+            "tessera_preempt_duration_seconds",
+            "Latency of /preempt (kube-scheduler asking which GPU pods to evict)",
+            preempt_seconds.clone(),
+        );
         exposition.always.register(
             "tessera_webhook_duration_seconds",
             "Latency of the admission webhook's answer",
@@ -52,6 +59,7 @@ impl Default for Metrics {
         Metrics {
             filter_seconds,
             bind_seconds,
+            preempt_seconds,
             decisions,
             webhook_seconds,
             webhook_reviews,
@@ -108,7 +116,7 @@ impl Exposition {
         );
         always.register(
             "tessera_scheduler_decisions",
-            "Filter and bind outcomes by reason",
+            "Filter, bind and preempt outcomes by reason",
             decisions.clone(),
         );
         let leader = Gauge::<i64>::default();

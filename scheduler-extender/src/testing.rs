@@ -19,6 +19,8 @@ pub struct FakeEdge {
     /// HAMi node lock values by node (the only node field the extender writes).
     hami_locks: Mutex<HashMap<String, String>>,
     events: Mutex<Vec<PodEvent>>,
+    /// What `disruption_budgets` answers.
+    budgets: Mutex<Vec<tessera_scheduler_core::preempt::Budget>>,
     informer: Mutex<Vec<EngineHandle>>,
     /// Fail the next N Binding calls.
     pub fail_binds: std::sync::atomic::AtomicUsize,
@@ -51,6 +53,10 @@ impl FakeEdge {
             pod.metadata.name.clone().unwrap_or_default(),
         );
         lock(&self.pods).insert(key, pod);
+    }
+
+    pub fn set_budgets(&self, budgets: Vec<tessera_scheduler_core::preempt::Budget>) {
+        *lock(&self.budgets) = budgets;
     }
 
     pub fn pods(&self) -> Vec<Pod> {
@@ -288,6 +294,13 @@ impl ClusterEdge for FakeEdge {
             locks.remove(node);
         }
         Ok(())
+    }
+
+    async fn disruption_budgets(
+        &self,
+    ) -> Result<Vec<tessera_scheduler_core::preempt::Budget>, EdgeError> {
+        self.call("list", "", "poddisruptionbudgets");
+        Ok(lock(&self.budgets).clone())
     }
 
     async fn event(&self, event: PodEvent) {

@@ -488,6 +488,12 @@ async fn callers_must_authenticate_when_a_token_is_configured() {
     )
     .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // Whoever may not filter may not ask which pods to evict either (nothing is read for it).
+    h.edge.take_calls();
+    let preempt = json!({"Pod": pod, "NodeNameToMetaVictims": {"node1": {"Pods": []}}});
+    let (status, _) = post(&h, "/preempt", preempt.to_string(), Some("wrong")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(h.edge.take_calls().is_empty());
     assert_eq!(booked(&h).await, (0, 0, 0));
     let (status, body) = post(&h, "/filter", filter_args(&pod, &["node1"]), Some("s3cret")).await;
     assert_eq!(status, StatusCode::OK);
@@ -685,4 +691,71 @@ async fn pending_gpu_pods_are_counted_by_reason_until_they_go() {
         .await;
     let (_, text) = get_metrics_listener(&h, &None, "/metrics", None).await;
     assert!(!text.contains("tessera_pending_gpu_pods{"), "{text}");
+}
+
+/// `/preempt` (issue 30): a high-priority pod gets the lower-priority tenant of node1's GPU as
+/// its victim (UIDs, kube-scheduler's `nodeCacheCapable` form), the PodDisruptionBudgets are
+/// read for the ranking, the pod gets an Event naming the GPU, and a body that is not
+/// `ExtenderPreemptionArgs` is a 400 kube-scheduler reads as the extender's error.
+#[tokio::test]
+async fn preempt_names_the_lower_priority_tenant_of_the_gpu_and_only_it() {
+    let h = harness().await;
+    let mut low = tessera_scheduler_core::fixtures::running_pod(
+        "default",
+        "low",
+        "node1",
+        "GPU-node1-0,NVIDIA,12000,0:;",
+    );
+    low.spec.as_mut().unwrap().priority = Some(1);
+    let mut high = tessera_scheduler_core::fixtures::running_pod(
+        "default",
+        "high",
+        "node1",
+        "GPU-node1-0,NVIDIA,2000,0:;",
+    );
+    high.spec.as_mut().unwrap().priority = Some(1000);
+    for p in [low, high] {
+        h.engine
+            .send(Command::Observe(Observation::PodUpsert(Box::new(p))))
+            .await;
+    }
+    let mut urgent = gpu_pod("default", "urgent", 1, 10000, 0);
+    urgent.spec.as_mut().unwrap().priority = Some(100);
+    let args = json!({"Pod": urgent, "NodeNameToMetaVictims": {
+        "node1": {"Pods": [], "NumPDBViolations": 0}}});
+    h.edge.take_calls();
+    let (status, body) = post(&h, "/preempt", args.to_string(), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v,
+        json!({"NodeNameToMetaVictims": {"node1": {
+            "Pods": [{"UID": "uid-default-low"}], "NumPDBViolations": 0}}})
+    );
+    assert_eq!(h.edge.take_calls(), ["list /poddisruptionbudgets"]);
+    let events = h.edge.events();
+    let e = events.last().unwrap();
+    assert_eq!(e.reason, "PreemptionCandidates");
+    assert!(
+        e.message.contains("default/low (priority 1)") && e.message.contains("GPU-node1-0"),
+        "{}",
+        e.message
+    );
+    // Too large for the card: no node is offered, and the Event says why.
+    let mut huge = gpu_pod("default", "huge", 1, 20000, 0);
+    huge.spec.as_mut().unwrap().priority = Some(100);
+    let args = json!({"Pod": huge, "NodeNameToMetaVictims": {"node1": {"Pods": []}}});
+    let (status, body) = post(&h, "/preempt", args.to_string(), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"NodeNameToMetaVictims": {}})
+    );
+    assert_eq!(
+        h.edge.events().last().unwrap().reason,
+        "PreemptionNotHelpful"
+    );
+    let (status, body) = post(&h, "/preempt", r#"{"NodeNameToMetaVictims": {}}"#, None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("Pod: missing"), "{body}");
 }

@@ -31,6 +31,9 @@ extenders:
 {{- end }}
     filterVerb: filter
     bindVerb: bind
+    {{- if .Values.scheduler.preemption.enabled }}
+    preemptVerb: preempt
+    {{- end }}
     nodeCacheCapable: true
     weight: 1
     httpTimeout: {{ .Values.scheduler.extenderHTTPTimeout }}

@@ -76,6 +76,9 @@ pub(super) struct PodEntry {
     pub(super) decode_error: Option<Box<str>>,
     /// [`PodRecord::mig`], kept only for the pods that have MIG reservations.
     pub(super) mig: Option<Box<[MigAllocation]>>,
+    pub(super) priority: i32,
+    pub(super) started: Option<i64>,
+    pub(super) labels: Box<[(Box<str>, Box<str>)]>,
 }
 
 impl PodEntry {
@@ -95,6 +98,7 @@ impl PodEntry {
             signature,
             decode_error,
             mig,
+            standing,
         } = rec;
         let devices = devices
             .0
@@ -144,6 +148,26 @@ impl PodEntry {
             constraints,
             decode_error: decode_error.map(String::into_boxed_str),
             mig: (!mig.is_empty()).then(|| mig.into_boxed_slice()),
+            priority: standing.priority,
+            started: standing.started,
+            labels: standing
+                .labels
+                .into_iter()
+                .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
+                .collect(),
+        }
+    }
+
+    /// [`PodRecord::standing`].
+    pub(super) fn standing(&self) -> Standing {
+        Standing {
+            priority: self.priority,
+            started: self.started,
+            labels: self
+                .labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         }
     }
 
@@ -211,6 +235,7 @@ impl PodEntry {
             signature,
             decode_error: self.decode_error.as_deref().map(str::to_owned),
             mig: self.mig.as_deref().map(<[_]>::to_vec).unwrap_or_default(),
+            standing: self.standing(),
         }
     }
 }
@@ -225,6 +250,14 @@ pub(super) enum UsageRef<'a> {
 impl<'a> UsageRef<'a> {
     /// `(uuid, slots, mem, cores)` of every entry.
     pub(super) fn each(self, mut f: impl FnMut(&str, u32, u32, u32)) {
+        match self {
+            UsageRef::Full(u) => u.iter().for_each(|u| f(&u.uuid, u.slots, u.mem, u.cores)),
+            UsageRef::Compact(u) => u.iter().for_each(|u| f(&u.uuid, u.slots, u.mem, u.cores)),
+        }
+    }
+
+    /// [`Self::each`] with the UUIDs borrowed for as long as the usage is.
+    pub(super) fn each_ref(self, mut f: impl FnMut(&'a str, u32, u32, u32)) {
         match self {
             UsageRef::Full(u) => u.iter().for_each(|u| f(&u.uuid, u.slots, u.mem, u.cores)),
             UsageRef::Compact(u) => u.iter().for_each(|u| f(&u.uuid, u.slots, u.mem, u.cores)),

@@ -26,6 +26,7 @@ mod budget;
 mod ledger;
 mod node_cache;
 mod records;
+mod victims;
 
 use books::*;
 use node_cache::*;
@@ -34,7 +35,8 @@ use records::*;
 pub use books::{BookedPod, usage_charge};
 pub use ledger::{BindStage, Reservation, confusable_pending};
 pub use node_cache::{Candidate, NameHash, NodeSet, NodeSlot, QuickCandidate};
-pub use records::{NodeRecord, PodRecord, slim_node, slim_pod};
+pub use records::{NodeRecord, PodRecord, Standing, slim_node, slim_pod};
+pub use victims::BoundGpuPod;
 
 /// A kind of object a watcher lists, for [`ClusterState::missing`]: its keys are node names, pod
 /// UIDs, and `namespace/name` of quotas.

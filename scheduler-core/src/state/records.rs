@@ -140,6 +140,33 @@ pub struct PodRecord {
     /// `hami.io/vgpu-mig-allocations` (contract §6.4); empty when absent or undecodable (HAMi
     /// ignores an undecodable value).
     pub mig: Vec<MigAllocation>,
+    /// What preemption ranks the pod by as a victim.
+    pub standing: Standing,
+}
+
+/// What preemption reads of a pod that could be a victim: kube-scheduler's order of importance
+/// (priority, then the earlier start) and the labels PodDisruptionBudgets select by.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Standing {
+    /// `spec.priority` (0 when unset, as kube-scheduler reads it).
+    pub priority: i32,
+    /// `status.startTime` in seconds since the epoch; `None` before the kubelet started it.
+    pub started: Option<i64>,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Standing {
+    pub fn of(pod: &Pod) -> Self {
+        Standing {
+            priority: pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
+            started: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.start_time.as_ref())
+                .map(|t| t.0.as_second()),
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+        }
+    }
 }
 
 pub(super) fn all_init_done(pod: &Pod) -> bool {
@@ -217,6 +244,7 @@ impl PodRecord {
             signature,
             decode_error,
             mig,
+            standing: Standing::of(pod),
         })
     }
 
@@ -318,6 +346,10 @@ pub fn slim_pod(pod: Pod) -> Pod {
         spec,
         status,
     } = pod;
+    let has_decision = metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(ann::DEVICES_ALLOCATED));
     Pod {
         metadata: ObjectMeta {
             name: metadata.name,
@@ -331,11 +363,15 @@ pub fn slim_pod(pod: Pod) -> Pod {
                     a.retain(|k, _| pod_annotation_read(k));
                     a
                 }),
+            // Labels only where preemption may read them: a pod with a decision (a victim's
+            // PodDisruptionBudgets select by them).
+            labels: metadata.labels.filter(|_| has_decision),
             deletion_timestamp: metadata.deletion_timestamp,
             ..Default::default()
         },
         spec: spec.map(|s| PodSpec {
             node_name: s.node_name,
+            priority: s.priority,
             init_containers: s.init_containers.map(|v| {
                 v.into_iter()
                     .map(|c| Container {
@@ -348,6 +384,7 @@ pub fn slim_pod(pod: Pod) -> Pod {
         }),
         status: status.map(|s| PodStatus {
             phase: s.phase,
+            start_time: s.start_time,
             init_container_statuses: s.init_container_statuses,
             ..Default::default()
         }),

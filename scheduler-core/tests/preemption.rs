@@ -1,0 +1,386 @@
+//! Issue 30 item 1: the extender's preemption verb evicts exactly the lower-priority pods of one
+//! GPU that the pod needs, says where preemption cannot help, follows PodDisruptionBudgets as
+//! kube-scheduler ranks them, and (property) leaves a minimal victim set after which the pod
+//! fits.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use proptest::prelude::*;
+use serde_json::json;
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::decide::{Verdict, filter_pod};
+use tessera_scheduler_core::extender::{ExtenderPreemptionArgs, ExtenderPreemptionResult};
+use tessera_scheduler_core::fixtures::{cluster_state, gpu_node, gpu_pod, running_pod};
+use tessera_scheduler_core::preempt::{Budget, NoVictims, Victims, preempt};
+use tessera_scheduler_core::state::ClusterState;
+
+/// A running pod with a priority, a start time and labels.
+fn tenant(name: &str, node: &str, allocated: &str, priority: i32, started: i64) -> Pod {
+    let mut p = running_pod("ns", name, node, allocated);
+    let spec = p.spec.get_or_insert_with(Default::default);
+    spec.priority = Some(priority);
+    p.metadata.labels = Some(BTreeMap::from([("app".to_owned(), name.to_owned())]));
+    let status = p.status.get_or_insert_with(Default::default);
+    status.start_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::from_second(started).expect("time"),
+    ));
+    p
+}
+
+fn preemptor(priority: i32, nums: u32, mem: u32) -> Pod {
+    let mut p = gpu_pod("ns", "urgent", nums, mem, 0);
+    p.spec.get_or_insert_with(Default::default).priority = Some(priority);
+    p
+}
+
+fn ask(
+    s: &mut ClusterState,
+    pod: &Pod,
+    nodes: &[&str],
+    budgets: &[Budget],
+) -> (
+    BTreeMap<String, tessera_scheduler_core::preempt::NodeVictims>,
+    BTreeMap<String, NoVictims>,
+) {
+    let proposed: BTreeMap<String, Victims> = nodes
+        .iter()
+        .map(|n| ((*n).to_owned(), Victims::default()))
+        .collect();
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    preempt(s, &DecisionConfig::default(), pod, &uid, &proposed, budgets)
+}
+
+/// Two 16 GiB cards. GPU 0: `a` (6 GiB, priority 10) beside `keep` (6 GiB, priority 1000).
+/// GPU 1: `b` (8 GiB, priority 10) and `c` (8 GiB, priority 5).
+fn two_cards() -> (Vec<Node>, Vec<Pod>) {
+    (
+        vec![gpu_node("n", 2, 16384, 10)],
+        vec![
+            tenant("a", "n", "GPU-n-0,NVIDIA,6144,0:;", 10, 100),
+            tenant("keep", "n", "GPU-n-0,NVIDIA,6144,0:;", 1000, 100),
+            tenant("b", "n", "GPU-n-1,NVIDIA,8192,0:;", 10, 200),
+            tenant("c", "n", "GPU-n-1,NVIDIA,8192,0:;", 5, 300),
+        ],
+    )
+}
+
+#[test]
+fn the_cheapest_gpu_is_freed_and_nothing_else() {
+    let (nodes, pods) = two_cards();
+    let mut s = cluster_state(&nodes, &pods);
+    let (chosen, refused) = ask(&mut s, &preemptor(100, 1, 10240), &["n"], &[]);
+    assert!(refused.is_empty(), "{refused:?}");
+    let v = &chosen["n"];
+    // Evicting `a` frees 10 GiB on GPU 0; GPU 1 would cost two pods; `keep` outranks the pod.
+    assert_eq!(v.pods, ["uid-ns-a"]);
+    assert_eq!(v.gpus, ["GPU-n-0"]);
+    assert_eq!(v.pdb_violations, 0);
+    // After the eviction the real filter places the pod.
+    s.remove_pod("uid-ns-a");
+    let pod = preemptor(100, 1, 10240);
+    assert!(matches!(
+        filter_pod(
+            &mut s,
+            &DecisionConfig::default(),
+            &pod,
+            "uid-ns-urgent",
+            &["n".to_owned()]
+        ),
+        Verdict::Placed(_)
+    ));
+}
+
+#[test]
+fn a_budget_that_would_be_violated_moves_the_choice_to_another_gpu() {
+    let (nodes, pods) = two_cards();
+    let mut s = cluster_state(&nodes, &pods);
+    let pdb = Budget {
+        namespace: "ns".into(),
+        selector: Some(serde_json::from_value(json!({"matchLabels": {"app": "a"}})).expect("sel")),
+        allowed: 0,
+        disrupted: Default::default(),
+    };
+    let (chosen, _) = ask(
+        &mut s,
+        &preemptor(100, 1, 10240),
+        &["n"],
+        std::slice::from_ref(&pdb),
+    );
+    // Fewest PDB violations first: both of GPU 1's tenants, most important first.
+    assert_eq!(chosen["n"].pods, ["uid-ns-b", "uid-ns-c"]);
+    assert_eq!(chosen["n"].pdb_violations, 0);
+    // With an allowance of one, evicting `a` violates nothing and wins again.
+    let relaxed = Budget { allowed: 1, ..pdb };
+    let (chosen, _) = ask(&mut s, &preemptor(100, 1, 10240), &["n"], &[relaxed]);
+    assert_eq!(chosen["n"].pods, ["uid-ns-a"]);
+}
+
+#[test]
+fn where_preemption_cannot_help_nothing_is_evicted_and_the_reason_is_given() {
+    let (nodes, pods) = two_cards();
+    let mut s = cluster_state(&nodes, &pods);
+    // Larger than a card; and a pod of lower priority than every tenant of GPU 0 and 1.
+    let (chosen, refused) = ask(&mut s, &preemptor(100, 1, 20000), &["n", "gone"], &[]);
+    assert!(chosen.is_empty(), "{chosen:?}");
+    assert!(
+        matches!(refused["n"], NoVictims::DoesNotFit(_)),
+        "{refused:?}"
+    );
+    assert_eq!(refused["gone"], NoVictims::Unknown);
+    let (chosen, refused) = ask(&mut s, &preemptor(1, 1, 10240), &["n"], &[]);
+    assert!(chosen.is_empty(), "{chosen:?}");
+    assert!(matches!(refused["n"], NoVictims::DoesNotFit(_)));
+    // A pod that already fits needs no victim (kube-scheduler must not get an empty list).
+    let (chosen, refused) = ask(&mut s, &preemptor(100, 1, 1024), &["n"], &[]);
+    assert!(chosen.is_empty());
+    assert_eq!(refused["n"], NoVictims::AlreadyFits);
+}
+
+#[test]
+fn kube_schedulers_own_victims_are_kept_and_count() {
+    let (nodes, pods) = two_cards();
+    let mut s = cluster_state(&nodes, &pods);
+    let pod = preemptor(100, 1, 10240);
+    let proposed = BTreeMap::from([(
+        "n".to_owned(),
+        Victims {
+            pods: vec!["uid-ns-c".into(), "uid-plain".into()],
+            pdb_violations: 1,
+        },
+    )]);
+    let (chosen, _) = preempt(
+        &mut s,
+        &DecisionConfig::default(),
+        &pod,
+        "uid-ns-urgent",
+        &proposed,
+        &[],
+    );
+    // With `c` gone GPU 1 has 8 GiB free: `a` (one pod, priority 10) or `b` (one pod, priority
+    // 10, started later): kube-scheduler's ranking ties, and the first GPU is taken.
+    let v = &chosen["n"];
+    assert_eq!(&v.pods[..2], ["uid-ns-c", "uid-plain"]);
+    assert_eq!(v.pods.len(), 3, "{v:?}");
+    assert_eq!(v.pdb_violations, 1);
+}
+
+#[test]
+fn a_multi_gpu_pod_frees_whole_cards_and_a_tenant_spanning_both_counts_once() {
+    let nodes = vec![gpu_node("n", 2, 16384, 10)];
+    let pods = vec![
+        tenant(
+            "wide",
+            "n",
+            "GPU-n-0,NVIDIA,8192,0:GPU-n-1,NVIDIA,8192,0:;",
+            10,
+            100,
+        ),
+        tenant("small", "n", "GPU-n-1,NVIDIA,1024,0:;", 10, 100),
+    ];
+    let mut s = cluster_state(&nodes, &pods);
+    let (chosen, _) = ask(&mut s, &preemptor(100, 2, 12288), &["n"], &[]);
+    assert_eq!(chosen["n"].pods, ["uid-ns-wide"]);
+    assert_eq!(chosen["n"].gpus, ["GPU-n-0", "GPU-n-1"]);
+}
+
+#[test]
+fn the_wire_forms_decode_and_the_answer_is_what_kube_scheduler_reads() {
+    let pod = serde_json::to_value(preemptor(100, 1, 1024)).expect("pod");
+    let meta = json!({"Pod": pod, "NodeNameToMetaVictims": {
+        "n": {"Pods": [{"UID": "u1"}], "NumPDBViolations": 2}, "m": {"Pods": null}}});
+    let args = ExtenderPreemptionArgs::decode(meta.to_string().as_bytes()).expect("decode");
+    assert_eq!(args.victims["n"].pods, ["u1"]);
+    assert_eq!(args.victims["n"].pdb_violations, 2);
+    assert!(args.victims["m"].pods.is_empty());
+    let full = json!({"pod": pod, "nodeNameToVictims": {
+        "n": {"pods": [{"metadata": {"uid": "u2"}}], "numPDBViolations": 0}}});
+    let args = ExtenderPreemptionArgs::decode(full.to_string().as_bytes()).expect("decode");
+    assert_eq!(args.victims["n"].pods, ["u2"]);
+    for bad in [
+        json!({"NodeNameToMetaVictims": {}}),
+        json!({"Pod": pod, "NodeNameToMetaVictims": []}),
+        json!({"Pod": pod, "NodeNameToMetaVictims": {"n": {"Pods": [{"UID": ""}]}}}),
+        json!({"Pod": pod, "NodeNameToMetaVictims": {"n": {"Pods": [], "NumPDBViolations": "x"}}}),
+    ] {
+        assert!(
+            ExtenderPreemptionArgs::decode(bad.to_string().as_bytes()).is_err(),
+            "{bad}"
+        );
+    }
+    let (nodes, pods) = two_cards();
+    let mut s = cluster_state(&nodes, &pods);
+    let (chosen, _) = ask(&mut s, &preemptor(100, 1, 10240), &["n"], &[]);
+    let out: serde_json::Value =
+        serde_json::from_str(&ExtenderPreemptionResult::from_victims(&chosen).to_json())
+            .expect("json");
+    assert_eq!(
+        out,
+        json!({"NodeNameToMetaVictims": {"n": {"Pods": [{"UID": "uid-ns-a"}], "NumPDBViolations": 0}}})
+    );
+}
+
+/// A tenant of the property test: which GPUs (of 3), memory per GPU, priority.
+#[derive(Debug, Clone)]
+struct Tenant {
+    gpus: Vec<usize>,
+    mem: u32,
+    priority: i32,
+}
+
+fn tenant_spec() -> impl Strategy<Value = Tenant> {
+    (
+        prop::collection::btree_set(0usize..3, 1..3),
+        prop_oneof![Just(2048u32), Just(4096), Just(6144), 1000u32..8000],
+        0i32..4,
+    )
+        .prop_map(|(gpus, mem, priority)| Tenant {
+            gpus: gpus.into_iter().collect(),
+            mem,
+            priority: priority * 10,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    /// Whatever the tenants: victims have lower priority than the pod; once they are gone the
+    /// real filter places the pod; putting back any one of them makes it not fit (minimal); and
+    /// where no victims are named, the pod does not fit even with every lower-priority pod gone.
+    #[test]
+    fn victims_are_lower_priority_sufficient_and_minimal(
+        tenants in prop::collection::vec(tenant_spec(), 0..8),
+        nums in 1u32..3,
+        mem in prop_oneof![Just(4096u32), Just(8192), 1000u32..16000],
+        priority in 0i32..5,
+    ) {
+        let priority = priority * 10 + 5;
+        let nodes = vec![gpu_node("n", 3, 16384, 4)];
+        // Tenants are added while they fit, as a scheduler would have placed them.
+        let mut used = [(0u32, 0u32); 3];
+        let mut pods = Vec::new();
+        for (i, t) in tenants.iter().enumerate() {
+            if t.gpus.iter().any(|&g| used[g].0 >= 4 || used[g].1 + t.mem > 16384) {
+                continue;
+            }
+            let mut allocated = String::new();
+            for &g in &t.gpus {
+                used[g].0 += 1;
+                used[g].1 += t.mem;
+                allocated.push_str(&format!("GPU-n-{g},NVIDIA,{},0:", t.mem));
+            }
+            allocated.push(';');
+            pods.push((format!("t{i}"), t.priority,
+                tenant(&format!("t{i}"), "n", &allocated, t.priority, 100 + i as i64)));
+        }
+        let all: Vec<Pod> = pods.iter().map(|(_, _, p)| p.clone()).collect();
+        let pod = preemptor(priority, nums, mem);
+        let cfg = DecisionConfig::default();
+        let fits_without = |gone: &[String]| {
+            let mut s = cluster_state(&nodes, &all);
+            for uid in gone {
+                s.remove_pod(uid);
+            }
+            matches!(filter_pod(&mut s, &cfg, &pod, "uid-ns-urgent", &["n".to_owned()]),
+                Verdict::Placed(_))
+        };
+        let mut s = cluster_state(&nodes, &all);
+        let (chosen, refused) = ask(&mut s, &pod, &["n"], &[]);
+        match chosen.get("n") {
+            Some(v) => {
+                prop_assert!(!v.pods.is_empty());
+                for uid in &v.pods {
+                    let (_, p, _) = pods.iter().find(|(n, _, _)| format!("uid-ns-{n}") == *uid)
+                        .expect("a known tenant");
+                    prop_assert!(*p < priority, "{uid} has priority {p} >= {priority}");
+                }
+                prop_assert!(fits_without(&v.pods), "does not fit after evicting {:?}", v.pods);
+                for i in 0..v.pods.len() {
+                    let mut fewer = v.pods.clone();
+                    let back = fewer.remove(i);
+                    prop_assert!(!fits_without(&fewer), "{back} need not be evicted: {:?}", v.pods);
+                }
+            }
+            None => {
+                let lower: Vec<String> = pods.iter().filter(|(_, p, _)| *p < priority)
+                    .map(|(n, _, _)| format!("uid-ns-{n}")).collect();
+                match &refused["n"] {
+                    NoVictims::AlreadyFits => prop_assert!(fits_without(&[])),
+                    other => prop_assert!(!fits_without(&lower), "{other}, yet fits without {lower:?}"),
+                }
+            }
+        }
+    }
+}
+
+/// `simulate` answers "what would this pod evict, where": a pending pod of priority 100 that fits
+/// nowhere names the lower-priority tenant of one GPU, not the GPU's higher-priority tenant.
+#[test]
+fn simulate_says_what_a_pending_pod_would_evict() {
+    let text = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: n
+  annotations:
+    hami.io/node-nvidia-register: '[{"id":"GPU-n-0","count":10,"devmem":16384,"devcore":100,"type":"NVIDIA-Tesla T4","mode":"hami-core","health":true}]'
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: batch
+  namespace: default
+  annotations:
+    hami.io/vgpu-node: n
+    hami.io/vgpu-devices-allocated: "GPU-n-0,NVIDIA,10000,0:;"
+    hami.io/bind-phase: success
+spec:
+  nodeName: n
+  priority: 10
+  containers: [{name: main, image: trainer}]
+status: {phase: Running}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: serving
+  namespace: default
+  annotations:
+    hami.io/vgpu-node: n
+    hami.io/vgpu-devices-allocated: "GPU-n-0,NVIDIA,4000,0:;"
+    hami.io/bind-phase: success
+spec:
+  nodeName: n
+  priority: 1000
+  containers: [{name: main, image: server}]
+status: {phase: Running}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: urgent
+  namespace: default
+spec:
+  priority: 100
+  containers:
+  - name: main
+    image: app
+    resources:
+      limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 8000}
+"#;
+    let input = tessera_scheduler_core::simulate::Input::parse(text).expect("input");
+    let results = tessera_scheduler_core::simulate::run(&input, &DecisionConfig::default());
+    let urgent = results
+        .iter()
+        .find(|r| r.pod == "default/urgent")
+        .expect("urgent");
+    assert_eq!(urgent.node, None);
+    assert_eq!(
+        urgent.preemption["n"],
+        "evict default/batch (priority 10) (frees GPU-n-0)"
+    );
+    let table = tessera_scheduler_core::simulate::table(&results);
+    assert!(
+        table.contains("preemption would: n: evict default/batch (priority 10)"),
+        "{table}"
+    );
+}
