@@ -147,6 +147,57 @@ struct EvalInput<'a> {
     /// The request, when the nodes' summaries answer it ([`fit::QuickAsk`]); `None`: every
     /// candidate is evaluated fully.
     quick: Option<&'a fit::QuickAsk>,
+    /// Slices held on a node for pods nominated there ([`held_slices`]); those nodes are
+    /// evaluated fully, with the slices booked.
+    holds: &'a BTreeMap<&'a str, Vec<Held>>,
+}
+
+/// A pod nominated to a node, as the filter of a pod of no higher priority books it there.
+#[derive(Debug)]
+struct Held {
+    ask: fit::PodAsk,
+    opts: fit::PlacementOptions,
+    init_count: usize,
+}
+
+/// The slices held, by node, against a pod of `priority`: the nominations of other pods of at
+/// least its priority that ask for GPUs.
+fn held_slices<'s>(
+    state: &'s ClusterState,
+    cfg: &DecisionConfig,
+    priority: i32,
+    uid: &str,
+) -> BTreeMap<&'s str, Vec<Held>> {
+    state
+        .holds_against(priority, uid)
+        .into_iter()
+        .map(|(node, nominations)| {
+            let held: Vec<Held> = nominations
+                .iter()
+                .filter_map(|n| {
+                    let (ask, _) = podspec::pod_ask(&n.pod, &cfg.nvidia);
+                    if ask.is_empty() {
+                        return None;
+                    }
+                    let opts =
+                        podspec::placement_options(&annotations(&n.pod), &cfg.defaults).ok()?;
+                    let init_count = n
+                        .pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.init_containers.as_ref())
+                        .map_or(0, Vec::len);
+                    Some(Held {
+                        ask,
+                        opts,
+                        init_count,
+                    })
+                })
+                .collect();
+            (node, held)
+        })
+        .filter(|(_, held)| !held.is_empty())
+        .collect()
 }
 
 impl EvalInput<'_> {
@@ -192,7 +243,8 @@ impl EvalInput<'_> {
                 match self.quick {
                     Some(quick)
                         if self.uid_on != Some(name.as_str())
-                            && !self.pending_nodes.contains(name.as_str()) =>
+                            && !self.pending_nodes.contains(name.as_str())
+                            && !self.holds.contains_key(name.as_str()) =>
                     {
                         self.quick_one(quick, name, slot, &mut out);
                     }
@@ -251,6 +303,12 @@ impl EvalInput<'_> {
             }
             Some(Candidate::Usable(node, nvidia, shared_name)) => (node, nvidia, shared_name),
         };
+        let node = match self.holds.get(name) {
+            Some(held) => {
+                std::borrow::Cow::Owned(self.with_holds(name, node.into_owned(), nvidia, held))
+            }
+            None => node,
+        };
         // Only the kept node's device list is built (UUID strings); the others are
         // compared by score alone.
         match fit::evaluate_picks(&node, Some(nvidia), self.ask, self.opts, self.quota) {
@@ -289,6 +347,42 @@ impl EvalInput<'_> {
                 }
             }
         }
+    }
+
+    /// `node` with the slices held for the pods nominated there booked: each nominated pod is
+    /// placed on the node as its victims leave it (the pods being deleted gone), and the devices
+    /// it would get are booked on `node`, so a pod of no higher priority cannot take them, even
+    /// while the victims are still terminating. A nominated pod that does not fit even then
+    /// holds nothing (kube-scheduler will look for another node for it).
+    fn with_holds(
+        &self,
+        name: &str,
+        mut node: fit::NodeState,
+        nvidia: &[bool],
+        held: &[Held],
+    ) -> fit::NodeState {
+        let Some(mut after) = self.state.node_after_deletions(name) else {
+            return node;
+        };
+        for h in held {
+            let Ok(picks) = fit::evaluate_picks(&after, Some(nvidia), &h.ask, &h.opts, None) else {
+                continue;
+            };
+            let devices = picks.devices(&after);
+            let usage = hami_contract::usage::collapse_pod_usage(
+                &devices.of_vendor(hami_contract::NVIDIA_VENDOR),
+                h.init_count,
+                false,
+            );
+            for u in &usage {
+                for state in [&mut after, &mut node] {
+                    if let Some(g) = state.gpus.iter_mut().find(|g| g.uuid == u.uuid) {
+                        g.book_usage(u.slots, u.mem, u.cores);
+                    }
+                }
+            }
+        }
+        node
     }
 
     /// The chosen node with its devices: a node the quick check kept is evaluated fully now.
@@ -425,6 +519,8 @@ fn filter(
     } else {
         None
     };
+    let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+    let holds = held_slices(state, cfg, priority, uid);
     let mut eval = EvalInput {
         state,
         ask: &ask,
@@ -436,6 +532,7 @@ fn filter(
         avoid_decided,
         annotations: &annotations,
         quick: quick_ask.as_ref(),
+        holds: &holds,
     };
     // Nodes are independent: with `--filter-threads` > 1, large candidate lists are evaluated on
     // scoped threads (read-only

@@ -384,3 +384,73 @@ spec:
         "{table}"
     );
 }
+
+/// Issue 30 item 4: once kube-scheduler has evicted the victims and nominated the preemptor to
+/// the node, the slice is held for it: a pod of no higher priority is not placed there, while the
+/// victims are still terminating or after they are gone; a pod of higher priority is, and the
+/// hold ends with the nomination.
+#[test]
+fn the_freed_slice_is_held_for_the_nominated_pod() {
+    let nodes = vec![gpu_node("n", 1, 16384, 10)];
+    let mut victim = tenant("victim", "n", "GPU-n-0,NVIDIA,10240,0:;", 10, 100);
+    victim.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(200).expect("time"),
+        ));
+    let mut nominated = preemptor(100, 1, 12288);
+    nominated.metadata.name = Some("nominated".into());
+    nominated.metadata.uid = Some("uid-ns-nominated".into());
+    nominated.status = Some(
+        serde_json::from_value(json!({"phase": "Pending", "nominatedNodeName": "n"}))
+            .expect("status"),
+    );
+    // What the extender's watch keeps of it.
+    let nominated = tessera_scheduler_core::state::slim_pod(nominated);
+    let mut s = cluster_state(&nodes, &[victim, nominated.clone()]);
+    let cfg = DecisionConfig::default();
+    let filter = |s: &mut ClusterState, priority: i32| {
+        let mut p = gpu_pod("ns", &format!("p{priority}"), 1, 4096, 0);
+        p.spec.as_mut().expect("spec").priority = Some(priority);
+        let uid = p.metadata.uid.clone().expect("uid");
+        filter_pod(s, &cfg, &p, &uid, &["n".to_owned()])
+    };
+    // The victim still terminates (10 GiB booked); the nominated pod's 12 GiB are held beside it.
+    assert!(matches!(filter(&mut s, 10), Verdict::NoFit { .. }));
+    assert!(
+        matches!(filter(&mut s, 100), Verdict::NoFit { .. }),
+        "equal priority waits too"
+    );
+    // The victim is gone: of 16 GiB, 12 are held; a 4 GiB pod fits, an 8 GiB one does not.
+    s.remove_pod("uid-ns-victim");
+    assert!(matches!(filter(&mut s, 10), Verdict::Placed(_)));
+    let mut big = gpu_pod("ns", "big", 1, 8192, 0);
+    big.spec.as_mut().expect("spec").priority = Some(10);
+    assert!(matches!(
+        filter_pod(&mut s, &cfg, &big, "uid-ns-big", &["n".to_owned()]),
+        Verdict::NoFit { .. }
+    ));
+    // A pod of higher priority is not held back; nor is anyone once the nomination ends.
+    big.spec.as_mut().expect("spec").priority = Some(1000);
+    assert!(matches!(
+        filter_pod(&mut s, &cfg, &big, "uid-ns-big", &["n".to_owned()]),
+        Verdict::Placed(_)
+    ));
+    big.spec.as_mut().expect("spec").priority = Some(10);
+    s.remove_pod("uid-ns-nominated");
+    assert!(matches!(
+        filter_pod(&mut s, &cfg, &big, "uid-ns-big", &["n".to_owned()]),
+        Verdict::Placed(_)
+    ));
+    // The nominated pod itself is never held back by its own nomination.
+    let mut s = cluster_state(&nodes, std::slice::from_ref(&nominated));
+    assert!(matches!(
+        filter_pod(
+            &mut s,
+            &cfg,
+            &nominated,
+            "uid-ns-nominated",
+            &["n".to_owned()]
+        ),
+        Verdict::Placed(_)
+    ));
+}

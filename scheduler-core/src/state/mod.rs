@@ -25,6 +25,7 @@ mod books;
 mod budget;
 mod ledger;
 mod node_cache;
+mod nominations;
 mod records;
 mod victims;
 
@@ -35,6 +36,7 @@ use records::*;
 pub use books::{BookedPod, usage_charge};
 pub use ledger::{BindStage, Reservation, confusable_pending};
 pub use node_cache::{Candidate, NameHash, NodeSet, NodeSlot, QuickCandidate};
+pub use nominations::Nomination;
 pub use records::{NodeRecord, PodRecord, Standing, slim_node, slim_pod};
 pub use victims::BoundGpuPod;
 
@@ -67,6 +69,8 @@ pub struct ClusterState {
     res_by_node: HashMap<String, BTreeSet<String>>,
     quotas: Quotas,
     reservations: HashMap<String, Reservation>,
+    /// Pods nominated to a node and not bound yet, by UID ([`Nomination`]).
+    nominations: HashMap<Box<str>, Nomination>,
     /// Node states with all effective usage applied, rebuilt lazily.
     cache: NodeCache,
     dirty: HashSet<String>,
@@ -136,9 +140,11 @@ impl ClusterState {
         };
         self.drop_pod_record(&uid);
         let Some(rec) = PodRecord::from_pod(pod) else {
+            self.note_nomination(&uid, Nomination::of(pod));
             self.live.insert(uid.into_boxed_str());
             return;
         };
+        self.note_nomination(&uid, None);
         self.live.remove(uid.as_str());
         {
             // The informer caught up with our decision: the overlay is no longer needed. A
@@ -214,6 +220,7 @@ impl ClusterState {
     /// The pod is gone: forget it and release any reservation it held.
     pub fn remove_pod(&mut self, uid: &str) {
         self.live.remove(uid);
+        self.nominations.remove(uid);
         self.drop_pod_record(uid);
         self.release(uid);
     }

@@ -350,6 +350,42 @@ pub fn slim_pod(pod: Pod) -> Pod {
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(ann::DEVICES_ALLOCATED));
+    let nominated = !has_decision
+        && status
+            .as_ref()
+            .and_then(|s| s.nominated_node_name.as_deref())
+            .is_some_and(|n| !n.is_empty());
+    if nominated {
+        // A pod nominated after preemption (few at a time): what the filter needs to hold its
+        // slice ([`Nomination`](super::Nomination)): its GPU requests and placement annotations.
+        let keep = |c: Container| Container {
+            name: c.name,
+            resources: c.resources,
+            ..Default::default()
+        };
+        return Pod {
+            metadata: ObjectMeta {
+                name: metadata.name,
+                namespace: metadata.namespace,
+                uid: metadata.uid,
+                annotations: metadata.annotations,
+                deletion_timestamp: metadata.deletion_timestamp,
+                ..Default::default()
+            },
+            spec: spec.map(|s| PodSpec {
+                node_name: s.node_name,
+                priority: s.priority,
+                containers: s.containers.into_iter().map(keep).collect(),
+                init_containers: s.init_containers.map(|v| v.into_iter().map(keep).collect()),
+                ..Default::default()
+            }),
+            status: status.map(|s| PodStatus {
+                phase: s.phase,
+                nominated_node_name: s.nominated_node_name,
+                ..Default::default()
+            }),
+        };
+    }
     Pod {
         metadata: ObjectMeta {
             name: metadata.name,
