@@ -896,7 +896,7 @@ async fn topology_aware_pods_get_gpus_joined_by_nvlink() {
 /// its CPU needs (`low-a`: `low-b` is more important and is put back first); the extender's
 /// `/preempt` adds the GPU pod whose slice is also needed (`low-b`) and never the higher-priority
 /// tenant (`keep`). Both are evicted,
-/// the pod is placed, and `keep` is untouched. A pod larger than any card is said to be beyond
+/// the pod is placed, and `keep` is untouched. A pod asking more cards than the node has is beyond
 /// preemption and evicts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn preemption_evicts_the_gpu_slice_kube_scheduler_alone_would_not_free() {
@@ -990,14 +990,23 @@ async fn preemption_evicts_the_gpu_slice_kube_scheduler_alone_would_not_free() {
             && message.contains("with 1 pod(s) kube-scheduler chose"),
         "{message}"
     );
-    // Larger than the card: beyond preemption, nothing is evicted.
-    create_as_user(&c, &pod("huge", "top", 1, 50000))
-        .await
-        .expect("create");
+    // Two cards on a one-card node: beyond preemption (the webhook already refuses a card larger
+    // than any), so nothing is evicted, whatever the priority.
+    let mut pair = pod("pair", "top", 1, 1000);
+    pair.spec.as_mut().expect("spec").containers[0]
+        .resources
+        .as_mut()
+        .and_then(|r| r.limits.as_mut())
+        .expect("limits")
+        .insert(
+            "nvidia.com/gpu".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("2".into()),
+        );
+    create_as_user(&c, &pair).await.expect("create");
     tokio::time::sleep(Duration::from_secs(8)).await;
     let api: Api<Pod> = Api::namespaced(c.admin().clone(), "default");
-    let huge = api.get("huge").await.expect("huge");
-    assert!(tessera_e2e::pods::node_of(&huge).is_none());
+    let pair = api.get("pair").await.expect("pair");
+    assert!(tessera_e2e::pods::node_of(&pair).is_none());
     for name in ["keep", "urgent"] {
         let p = api.get(name).await.expect("still there");
         assert!(
