@@ -900,35 +900,14 @@ async fn topology_aware_pods_get_gpus_joined_by_nvlink() {
 /// preemption and evicts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn preemption_evicts_the_gpu_slice_kube_scheduler_alone_would_not_free() {
-    use k8s_openapi::api::scheduling::v1::PriorityClass;
     let c = start(ClusterOptions::new("preempt", a100_nodes(1, 1))).await;
-    let classes: Api<PriorityClass> = Api::all(c.admin().clone());
-    for (name, value) in [("low", 10), ("lowish", 20), ("mid", 100), ("top", 1000)] {
-        let pc: PriorityClass = serde_json::from_value(serde_json::json!({
-            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-            "metadata": {"name": name}, "value": value}))
-        .expect("class");
-        classes
-            .create(&PostParams::default(), &pc)
-            .await
-            .expect("create class");
-    }
+    priority_classes(
+        &c,
+        &[("low", 10), ("lowish", 20), ("mid", 100), ("top", 1000)],
+    )
+    .await;
+    let pod = prioritized_pod;
     // (name, class, CPU, GPU MiB): 40,000 of the A100's 40,960 MiB and 41 of the node's 64 CPUs.
-    let pod = |name: &str, class: &str, cpu: u32, mib: u64| {
-        let mut p = gpu_pod("default", name, GpuRequest::mem(1, mib));
-        let spec = p.spec.as_mut().expect("spec");
-        spec.priority_class_name = Some(class.to_owned());
-        let limits = spec.containers[0]
-            .resources
-            .get_or_insert_with(Default::default)
-            .limits
-            .get_or_insert_with(Default::default);
-        limits.insert(
-            "cpu".into(),
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity(cpu.to_string()),
-        );
-        p
-    };
     for (name, class, cpu, mib) in [
         ("low-a", "low", 10, 8000),
         ("low-b", "lowish", 30, 28000),
@@ -968,23 +947,7 @@ async fn preemption_evicts_the_gpu_slice_kube_scheduler_alone_would_not_free() {
     let (urgent, _) = &placed["urgent"];
     assert!(tessera_e2e::pods::node_of(urgent).is_some());
     // The preemptor's Event names the GPU slice and both victims.
-    let events = eventually(
-        "the preemption Event",
-        Duration::from_secs(30),
-        Duration::from_millis(300),
-        || async {
-            let evs: Api<k8s_openapi::api::core::v1::Event> =
-                Api::namespaced(c.admin().clone(), "default");
-            let list = evs.list(&Default::default()).await.ok()?;
-            list.items.into_iter().find(|e| {
-                e.reason.as_deref() == Some("PreemptionCandidates")
-                    && e.involved_object.name.as_deref() == Some("urgent")
-            })
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(30)));
-    let message = events.message.unwrap_or_default();
+    let message = preemption_event(&c, "urgent").await;
     assert!(
         message.contains("evicting default/low-b (priority 20) frees GPU-")
             && message.contains("with 1 pod(s) kube-scheduler chose"),
@@ -1015,4 +978,119 @@ async fn preemption_evicts_the_gpu_slice_kube_scheduler_alone_would_not_free() {
         );
     }
     assert_no_overbooking(&c).await;
+}
+
+/// Creates PriorityClasses `(name, value)`.
+async fn priority_classes(c: &Cluster, classes: &[(&str, i32)]) {
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    let api: Api<PriorityClass> = Api::all(c.admin().clone());
+    for (name, value) in classes {
+        let pc: PriorityClass = serde_json::from_value(serde_json::json!({
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value}))
+        .expect("class");
+        api.create(&PostParams::default(), &pc)
+            .await
+            .expect("create class");
+    }
+}
+
+/// A pod of `default` in priority class `class` asking `cpu` CPUs and one GPU of `mib` MiB,
+/// labelled `app: <name>`.
+fn prioritized_pod(name: &str, class: &str, cpu: u32, mib: u64) -> Pod {
+    let mut p = gpu_pod("default", name, GpuRequest::mem(1, mib));
+    p.metadata.labels = Some(BTreeMap::from([("app".to_owned(), name.to_owned())]));
+    let spec = p.spec.as_mut().expect("spec");
+    spec.priority_class_name = Some(class.to_owned());
+    let limits = spec.containers[0]
+        .resources
+        .get_or_insert_with(Default::default)
+        .limits
+        .get_or_insert_with(Default::default);
+    limits.insert(
+        "cpu".into(),
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity(cpu.to_string()),
+    );
+    p
+}
+
+/// Issue 30: a PodDisruptionBudget changes the extender's choice as kube-scheduler's rules say.
+/// Two A100s, one held by `guarded` (priority 5, covered by a budget that allows no disruption),
+/// the other by `free` (priority 10); `hog` (priority 5) holds the CPUs the pod needs, so
+/// kube-scheduler's own dry run names it. Without the budget `guarded` (the lower priority) would
+/// be the GPU victim; with it, `free` is, and `guarded` keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_disruption_budget_moves_preemption_to_the_other_gpu() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let c = start(ClusterOptions::new("preempt-pdb", a100_nodes(1, 2))).await;
+    priority_classes(&c, &[("lowest", 5), ("low", 10), ("mid", 100)]).await;
+    let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "guarded", "namespace": "default"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
+    .expect("pdb");
+    Api::<PodDisruptionBudget>::namespaced(c.admin().clone(), "default")
+        .create(&PostParams::default(), &pdb)
+        .await
+        .expect("create pdb");
+    for (name, class, cpu, mib) in [
+        ("guarded", "lowest", 1, 30000),
+        ("free", "low", 1, 30000),
+        ("hog", "lowest", 40, 1000),
+    ] {
+        create_as_user(&c, &prioritized_pod(name, class, cpu, mib))
+            .await
+            .expect("create");
+        wait_admitted(&c, &[name.to_owned()], Duration::from_secs(60)).await;
+    }
+    let api: Api<Pod> = Api::namespaced(c.admin().clone(), "default");
+    let guarded_uid = uid(&api.get("guarded").await.expect("guarded"));
+    create_as_user(&c, &prioritized_pod("urgent", "mid", 30, 20000))
+        .await
+        .expect("create");
+    wait_admitted(&c, &["urgent".to_owned()], Duration::from_secs(120)).await;
+    let alive: Vec<String> = c
+        .pods("default")
+        .await
+        .expect("pods")
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert!(
+        !alive.contains(&"hog".to_owned()) && !alive.contains(&"free".to_owned()),
+        "kube-scheduler's victim and the unguarded GPU tenant evicted: {alive:?}"
+    );
+    let guarded = api.get("guarded").await.expect("guarded still exists");
+    assert_eq!(uid(&guarded), guarded_uid);
+    assert!(guarded.metadata.deletion_timestamp.is_none());
+    // The extender, not kube-scheduler, chose `free`: kube-scheduler's dry run named `hog`.
+    let message = preemption_event(&c, "urgent").await;
+    assert!(
+        message.contains("evicting default/free (priority 10)")
+            && message.contains("with 1 pod(s) kube-scheduler chose"),
+        "{message}"
+    );
+    assert_no_overbooking(&c).await;
+}
+
+/// The message of the extender's `PreemptionCandidates` Event on pod `name` of `default`.
+async fn preemption_event(c: &Cluster, name: &str) -> String {
+    let found = eventually(
+        "the preemption Event",
+        Duration::from_secs(30),
+        Duration::from_millis(300),
+        || async {
+            let evs: Api<k8s_openapi::api::core::v1::Event> =
+                Api::namespaced(c.admin().clone(), "default");
+            let list = evs.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("PreemptionCandidates")
+                    && e.involved_object.name.as_deref() == Some(name)
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(30)));
+    found.message.unwrap_or_default()
 }

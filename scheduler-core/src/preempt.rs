@@ -19,7 +19,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::config::DecisionConfig;
 use crate::fit::{self, QuotaBudget};
@@ -35,66 +34,53 @@ pub struct Victims {
 }
 
 /// A PodDisruptionBudget as preemption reads it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Budget {
     pub namespace: String,
-    pub selector: Option<LabelSelector>,
     /// `status.disruptionsAllowed`.
     pub allowed: i32,
     /// `status.disruptedPods`: names of pods already being evicted, not counted again.
     pub disrupted: BTreeSet<String>,
+    /// UIDs of the pods its selector selects (listed from the API server by the caller; a budget
+    /// with an empty or invalid selector selects none, as kube-scheduler reads it).
+    pub covered: BTreeSet<String>,
 }
 
 impl Budget {
-    pub fn from_pdb(pdb: &PodDisruptionBudget) -> Self {
+    /// The budget `pdb` with the UIDs of the pods its selector selects.
+    pub fn from_pdb(pdb: &PodDisruptionBudget, covered: BTreeSet<String>) -> Self {
         let status = pdb.status.as_ref();
         Budget {
             namespace: pdb.metadata.namespace.clone().unwrap_or_default(),
-            selector: pdb.spec.as_ref().and_then(|s| s.selector.clone()),
             allowed: status.map_or(0, |s| s.disruptions_allowed),
             disrupted: status
                 .and_then(|s| s.disrupted_pods.as_ref())
                 .map(|d| d.keys().cloned().collect())
                 .unwrap_or_default(),
+            covered,
         }
     }
 
-    /// Whether the budget covers a pod of `namespace` with `labels` (kube-scheduler: a budget
-    /// with an empty or invalid selector covers nothing).
-    fn covers(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
-        self.namespace == namespace
-            && self
-                .selector
-                .as_ref()
-                .is_some_and(|s| selects(s, labels) == Some(true))
+    /// Whether the budget counts the eviction of pod `uid` (`name` in `namespace`).
+    fn counts(&self, namespace: &str, name: &str, uid: &str) -> bool {
+        self.namespace == namespace && self.covered.contains(uid) && !self.disrupted.contains(name)
     }
 }
 
-/// Whether `selector` selects `labels`, with Kubernetes' semantics; `None` for an empty
-/// selector (no requirement) or an invalid one (an unknown operator, values where none belong).
-pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> Option<bool> {
-    let match_labels = selector.match_labels.as_ref();
-    let exprs = selector.match_expressions.as_deref().unwrap_or_default();
-    if match_labels.is_none_or(BTreeMap::is_empty) && exprs.is_empty() {
-        return None;
-    }
-    let mut all = true;
-    for (k, v) in match_labels.into_iter().flatten() {
-        all &= labels.get(k) == Some(v);
-    }
-    for e in exprs {
-        let values = e.values.as_deref().unwrap_or_default();
-        let have = labels.get(&e.key);
-        let ok = match e.operator.as_str() {
-            "In" if !values.is_empty() => have.is_some_and(|v| values.contains(v)),
-            "NotIn" if !values.is_empty() => have.is_none_or(|v| !values.contains(v)),
-            "Exists" if values.is_empty() => have.is_some(),
-            "DoesNotExist" if values.is_empty() => have.is_none(),
-            _ => return None,
-        };
-        all &= ok;
-    }
-    Some(all)
+/// The namespaces of the pods preemption could name as victims for `pod` on the nodes of
+/// `proposed`: the PodDisruptionBudgets that can matter are in these.
+pub fn victim_namespaces(
+    state: &ClusterState,
+    pod: &Pod,
+    proposed: &BTreeMap<String, Victims>,
+) -> BTreeSet<String> {
+    let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+    proposed
+        .keys()
+        .flat_map(|node| state.victims_on(node))
+        .filter(|v| v.standing.priority < priority)
+        .map(|v| v.namespace.to_owned())
+        .collect()
 }
 
 /// A node's answer: the victims to evict and what their eviction frees.
@@ -261,7 +247,7 @@ impl Preemptor<'_> {
         // kube-scheduler's victims that hold GPU slices here, and the lower-priority GPU pods
         // it left.
         let (kept_pods, mut victims): (Vec<BoundGpuPod<'_>>, Vec<BoundGpuPod<'_>>) = state
-            .victims_on(name, !budgets.is_empty())
+            .victims_on(name)
             .into_iter()
             .filter(|v| v.uid != self.uid)
             .partition(|v| kept_set.contains(v.uid));
@@ -279,9 +265,7 @@ impl Preemptor<'_> {
         let mut allowed: Vec<i32> = budgets.iter().map(|b| b.allowed).collect();
         for c in &mut candidates {
             for (i, b) in budgets.iter().enumerate() {
-                if b.covers(c.pod.namespace, &c.pod.standing.labels)
-                    && !b.disrupted.contains(c.pod.name)
-                {
+                if b.counts(c.pod.namespace, c.pod.name, c.pod.uid) {
                     allowed[i] -= 1;
                     c.violates |= allowed[i] < 0;
                 }

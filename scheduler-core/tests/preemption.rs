@@ -97,9 +97,9 @@ fn a_budget_that_would_be_violated_moves_the_choice_to_another_gpu() {
     let mut s = cluster_state(&nodes, &pods);
     let pdb = Budget {
         namespace: "ns".into(),
-        selector: Some(serde_json::from_value(json!({"matchLabels": {"app": "a"}})).expect("sel")),
         allowed: 0,
         disrupted: Default::default(),
+        covered: ["uid-ns-a".to_owned()].into(),
     };
     let (chosen, _) = ask(
         &mut s,

@@ -124,10 +124,12 @@ pub trait ClusterEdge: Send + Sync + 'static {
         value: &str,
     ) -> impl Future<Output = Result<(), EdgeError>> + Send;
 
-    /// The cluster's PodDisruptionBudgets, read when kube-scheduler asks for victims (their
-    /// allowances change with every eviction, so they are read then, not cached).
+    /// The PodDisruptionBudgets of `namespaces`, each with the UIDs of the pods it selects, read
+    /// when kube-scheduler asks for victims (allowances change with every eviction, so they are
+    /// read then, not cached; and the state keeps no pod labels).
     fn disruption_budgets(
         &self,
+        namespaces: &std::collections::BTreeSet<String>,
     ) -> impl Future<Output = Result<Vec<tessera_scheduler_core::preempt::Budget>, EdgeError>> + Send;
 
     /// Records an Event (best effort).

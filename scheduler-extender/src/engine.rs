@@ -132,6 +132,12 @@ pub enum Command {
         budgets: Vec<preempt::Budget>,
         reply: oneshot::Sender<Result<Preemption, Refusal>>,
     },
+    /// The namespaces of the possible victims ([`Engine::victim_namespaces`]).
+    VictimNamespaces {
+        pod: Box<Pod>,
+        proposed: BTreeMap<String, preempt::Victims>,
+        reply: oneshot::Sender<std::collections::BTreeSet<String>>,
+    },
     /// Writing the filter decision to the pod failed: drop the reservation.
     FilterAbort {
         uid: String,
@@ -402,6 +408,15 @@ impl Engine {
         let (chosen, refused) =
             preempt::preempt(&mut self.state, &self.cfg, pod, &uid, proposed, budgets);
         Ok(Preemption { chosen, refused })
+    }
+
+    /// [`preempt::victim_namespaces`]: where the PodDisruptionBudgets that can matter are.
+    pub fn victim_namespaces(
+        &mut self,
+        pod: &Pod,
+        proposed: &BTreeMap<String, preempt::Victims>,
+    ) -> std::collections::BTreeSet<String> {
+        preempt::victim_namespaces(&self.state, pod, proposed)
     }
 
     pub fn filter_abort(&mut self, uid: &str) {
@@ -706,6 +721,13 @@ impl Engine {
             } => {
                 let _ = reply.send(self.preempt(&pod, &proposed, &budgets));
             }
+            Command::VictimNamespaces {
+                pod,
+                proposed,
+                reply,
+            } => {
+                let _ = reply.send(self.victim_namespaces(&pod, &proposed));
+            }
             Command::FilterAbort { uid } => self.filter_abort(&uid),
             Command::BindReserved { uid, node, reply } => {
                 let _ = reply.send(self.bind_reserved(&uid, &node));
@@ -791,6 +813,21 @@ impl EngineHandle {
         })
         .await;
         rx.await.unwrap_or(Err(Refusal::Stopped))
+    }
+
+    pub async fn victim_namespaces(
+        &self,
+        pod: Pod,
+        proposed: BTreeMap<String, preempt::Victims>,
+    ) -> std::collections::BTreeSet<String> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::VictimNamespaces {
+            pod: Box::new(pod),
+            proposed,
+            reply,
+        })
+        .await;
+        rx.await.unwrap_or_default()
     }
 
     pub async fn preempt(

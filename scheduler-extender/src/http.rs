@@ -425,13 +425,21 @@ async fn preempt_body<E: ClusterEdge>(
         nodes = args.victims.len(),
     );
     async {
-        let budgets = app.edge.disruption_budgets().await.map_err(|e| {
-            app.metrics.decision("preempt", "BudgetsUnreadable");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("reading PodDisruptionBudgets failed: {e}"),
-            )
-        })?;
+        let namespaces = app
+            .engine
+            .victim_namespaces(pod.clone(), args.victims.clone())
+            .await;
+        let budgets = app
+            .edge
+            .disruption_budgets(&namespaces)
+            .await
+            .map_err(|e| {
+                app.metrics.decision("preempt", "BudgetsUnreadable");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("reading PodDisruptionBudgets failed: {e}"),
+                )
+            })?;
         let found = app
             .engine
             .preempt(pod.clone(), args.victims, budgets)

@@ -293,17 +293,40 @@ impl ClusterEdge for KubeEdge {
 
     async fn disruption_budgets(
         &self,
+        namespaces: &std::collections::BTreeSet<String>,
     ) -> Result<Vec<tessera_scheduler_core::preempt::Budget>, EdgeError> {
-        let list =
-            Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::all(self.client.clone())
+        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+        use tessera_scheduler_core::preempt::Budget;
+        let mut out = Vec::new();
+        for ns in namespaces {
+            let pdbs = Api::<PodDisruptionBudget>::namespaced(self.client.clone(), ns)
                 .list(&kube::api::ListParams::default())
                 .await
                 .map_err(edge_err)?;
-        Ok(list
-            .items
-            .iter()
-            .map(tessera_scheduler_core::preempt::Budget::from_pdb)
-            .collect())
+            for pdb in &pdbs.items {
+                // kube-scheduler: a budget whose selector is empty or invalid selects nothing.
+                let selector = pdb
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.selector.clone())
+                    .and_then(|s| kube::core::Selector::try_from(s).ok())
+                    .filter(|s| !s.selects_all());
+                let Some(selector) = selector else {
+                    continue;
+                };
+                let pods = Api::<Pod>::namespaced(self.client.clone(), ns)
+                    .list_metadata(&kube::api::ListParams::default().labels_from(&selector))
+                    .await
+                    .map_err(edge_err)?;
+                let covered = pods
+                    .items
+                    .into_iter()
+                    .filter_map(|p| p.metadata.uid)
+                    .collect();
+                out.push(Budget::from_pdb(pdb, covered));
+            }
+        }
+        Ok(out)
     }
 
     async fn event(&self, event: PodEvent) {

@@ -298,9 +298,16 @@ impl ClusterEdge for FakeEdge {
 
     async fn disruption_budgets(
         &self,
+        namespaces: &std::collections::BTreeSet<String>,
     ) -> Result<Vec<tessera_scheduler_core::preempt::Budget>, EdgeError> {
-        self.call("list", "", "poddisruptionbudgets");
-        Ok(lock(&self.budgets).clone())
+        for ns in namespaces {
+            self.call("list", ns, "poddisruptionbudgets");
+        }
+        Ok(lock(&self.budgets)
+            .iter()
+            .filter(|b| namespaces.contains(&b.namespace))
+            .cloned()
+            .collect())
     }
 
     async fn event(&self, event: PodEvent) {

@@ -732,7 +732,8 @@ async fn preempt_names_the_lower_priority_tenant_of_the_gpu_and_only_it() {
         json!({"NodeNameToMetaVictims": {"node1": {
             "Pods": [{"UID": "uid-default-low"}], "NumPDBViolations": 0}}})
     );
-    assert_eq!(h.edge.take_calls(), ["list /poddisruptionbudgets"]);
+    // Only the namespaces of possible victims are asked for their budgets.
+    assert_eq!(h.edge.take_calls(), ["list default/poddisruptionbudgets"]);
     let events = h.edge.events();
     let e = events.last().unwrap();
     assert_eq!(e.reason, "PreemptionCandidates");

