@@ -247,6 +247,7 @@ fn spawn_tessera_kube_scheduler(
 ) -> Res<tessera_e2e::process::Proc> {
     let text = tessera_e2e::cluster::scheduler_config(
         &c.artifacts.root,
+        "kube-scheduler-config.yaml",
         &c.kubeconfig("system:kube-scheduler"),
         extender_port,
         &c.dir,

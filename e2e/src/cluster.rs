@@ -38,6 +38,9 @@ pub struct ClusterOptions {
     pub scheduler_pods: usize,
     /// Extra flags for every `tessera-scheduler serve`.
     pub tessera_args: Vec<String>,
+    /// kube-scheduler's configuration as the chart renders it: a file of `charts/tessera/files/`
+    /// (chart-test checks each is what the chart renders with the values its header names).
+    pub kube_scheduler_config: &'static str,
 }
 
 impl ClusterOptions {
@@ -47,6 +50,7 @@ impl ClusterOptions {
             nodes,
             scheduler_pods: 1,
             tessera_args: Vec::new(),
+            kube_scheduler_config: "kube-scheduler-config.yaml",
         }
     }
 }
@@ -489,6 +493,7 @@ impl Cluster {
     fn spawn_kube_scheduler(&self, pod: &str, extender_port: u16) -> Result<Proc> {
         let config = scheduler_config(
             &self.artifacts.root,
+            self.opts.kube_scheduler_config,
             &kubeconfig_path(&self.dir, "system:kube-scheduler"),
             extender_port,
             &self.dir,
@@ -798,17 +803,17 @@ pub(crate) async fn wait_apiserver(admin: &kube::Client, proc_: &mut Proc) -> Re
     }
 }
 
-/// `charts/tessera/files/kube-scheduler-config.yaml` (asserted by the chart tests to be exactly
-/// what the chart renders), with the apiserver connection added and the extender's port and
-/// client-certificate paths pointed at this cluster.
+/// `charts/tessera/files/<file>` (asserted by the chart tests to be exactly what the chart
+/// renders), with the apiserver connection added and the extender's port and client-certificate
+/// paths pointed at this cluster.
 pub fn scheduler_config(
     root: &Path,
+    file: &str,
     kubeconfig: &Path,
     extender_port: u16,
     certs: &Path,
 ) -> Result<String> {
-    let text =
-        std::fs::read_to_string(root.join("charts/tessera/files/kube-scheduler-config.yaml"))?;
+    let text = std::fs::read_to_string(root.join("charts/tessera/files").join(file))?;
     let mut cfg: yaml_serde::Value = yaml_serde::from_str(&text)?;
     cfg["clientConnection"] = yaml_serde::to_value(json!({"kubeconfig": kubeconfig}))?;
     let ext = cfg

@@ -1094,3 +1094,45 @@ async fn preemption_event(c: &Cluster, name: &str) -> String {
     .unwrap_or_else(|e| panic!("{e}\n{}", c.logs_tail(30)));
     found.message.unwrap_or_default()
 }
+
+/// Issue 30 item 2, the v1.34 opt-in (`scheduler.preemption.countSlots=true`): with no CPU or
+/// memory pressure at all, a node whose GPU slots are all taken reaches preemption, because
+/// kube-scheduler now counts `nvidia.com/gpu`. One A100 split in two: `small` (priority 20,
+/// 15,000 MiB) and `large` (priority 10, 20,000 MiB) hold both slots. kube-scheduler's dry run
+/// frees one slot by naming the less important `large`; the pod (priority 100, 30,000 MiB) needs
+/// `small`'s memory too, which the extender adds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn counted_slots_bring_gpu_only_pressure_to_preemption() {
+    let mut node = NodeSpec::uniform("gpu-node-0", 1, "NVIDIA A100-SXM4-40GB", A100_MIB);
+    node.split_count = Some(2);
+    let mut opts = ClusterOptions::new("preempt-slots", vec![node]);
+    opts.kube_scheduler_config = "kube-scheduler-config-count-slots.yaml";
+    let c = start(opts).await;
+    priority_classes(&c, &[("low", 10), ("lowish", 20), ("mid", 100)]).await;
+    for (name, class, mib) in [("small", "lowish", 15000), ("large", "low", 20000)] {
+        create_as_user(&c, &prioritized_pod(name, class, 1, mib))
+            .await
+            .expect("create");
+        wait_admitted(&c, &[name.to_owned()], Duration::from_secs(60)).await;
+    }
+    create_as_user(&c, &prioritized_pod("urgent", "mid", 1, 30000))
+        .await
+        .expect("create");
+    wait_admitted(&c, &["urgent".to_owned()], Duration::from_secs(120)).await;
+    let alive: Vec<String> = c
+        .pods("default")
+        .await
+        .expect("pods")
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert_eq!(alive, ["urgent"], "both tenants evicted");
+    let message = preemption_event(&c, "urgent").await;
+    assert!(
+        message.contains("evicting default/small (priority 20)")
+            && message.contains("with 1 pod(s) kube-scheduler chose"),
+        "{message}"
+    );
+    assert_no_overbooking(&c).await;
+}

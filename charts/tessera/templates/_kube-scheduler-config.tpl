@@ -39,7 +39,7 @@ extenders:
     httpTimeout: {{ .Values.scheduler.extenderHTTPTimeout }}
     managedResources:
       - name: {{ .Values.resourceName }}
-        ignoredByScheduler: true
+        ignoredByScheduler: {{ not (and .Values.scheduler.preemption.enabled .Values.scheduler.preemption.countSlots) }}
       - name: {{ .Values.resourceMem }}
         ignoredByScheduler: true
       - name: {{ .Values.resourceCores }}
