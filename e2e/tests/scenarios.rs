@@ -953,6 +953,14 @@ async fn preemption_evicts_the_gpu_slice_kube_scheduler_alone_would_not_free() {
             && message.contains("with 1 pod(s) kube-scheduler chose"),
         "{message}"
     );
+    // Each victim is told which slice its eviction frees.
+    for (victim, mib) in [("low-a", 8000), ("low-b", 28000)] {
+        let message = pod_event(&c, victim, "GPUSlicePreempted").await;
+        assert!(
+            message.contains(&format!(" {mib} MiB ")) && message.contains("on node gpu-node-0"),
+            "{victim}: {message}"
+        );
+    }
     // Two cards on a one-card node: beyond preemption (the webhook already refuses a card larger
     // than any), so nothing is evicted, whatever the priority.
     let mut pair = pod("pair", "top", 1, 1000);
@@ -1076,8 +1084,13 @@ async fn a_disruption_budget_moves_preemption_to_the_other_gpu() {
 
 /// The message of the extender's `PreemptionCandidates` Event on pod `name` of `default`.
 async fn preemption_event(c: &Cluster, name: &str) -> String {
+    pod_event(c, name, "PreemptionCandidates").await
+}
+
+/// The message of an Event with `reason` on pod `name` of `default`.
+async fn pod_event(c: &Cluster, name: &str, reason: &str) -> String {
     let found = eventually(
-        "the preemption Event",
+        &format!("a {reason} Event on {name}"),
         Duration::from_secs(30),
         Duration::from_millis(300),
         || async {
@@ -1085,7 +1098,7 @@ async fn preemption_event(c: &Cluster, name: &str) -> String {
                 Api::namespaced(c.admin().clone(), "default");
             let list = evs.list(&Default::default()).await.ok()?;
             list.items.into_iter().find(|e| {
-                e.reason.as_deref() == Some("PreemptionCandidates")
+                e.reason.as_deref() == Some(reason)
                     && e.involved_object.name.as_deref() == Some(name)
             })
         },

@@ -226,6 +226,20 @@ pub struct Engine {
     /// Unlike `unschedulable` it is not emptied by a requeue nudge.
     pending: BTreeMap<String, &'static str>,
     requeue: Option<mpsc::UnboundedSender<Vec<Unschedulable>>>,
+    /// Where the GPU pods kube-scheduler marks for preemption are reported.
+    preempted: Option<mpsc::UnboundedSender<PreemptedPod>>,
+}
+
+/// A GPU pod kube-scheduler has marked for eviction to make room for a higher-priority pod, with
+/// the slices it held: what its Event says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreemptedPod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub node: String,
+    /// `GPU-… 10000 MiB 30%` per GPU it held.
+    pub slices: Vec<String>,
 }
 
 impl Engine {
@@ -242,12 +256,19 @@ impl Engine {
             unschedulable: BTreeMap::new(),
             pending: BTreeMap::new(),
             requeue: None,
+            preempted: None,
         }
     }
 
     /// Where to send pods worth retrying when capacity frees.
     pub fn with_requeue(mut self, tx: mpsc::UnboundedSender<Vec<Unschedulable>>) -> Self {
         self.requeue = Some(tx);
+        self
+    }
+
+    /// Reports each GPU pod kube-scheduler marks for preemption, once, on `tx`.
+    pub fn with_preempted(mut self, tx: mpsc::UnboundedSender<PreemptedPod>) -> Self {
+        self.preempted = Some(tx);
         self
     }
 
@@ -288,7 +309,11 @@ impl Engine {
             Observation::PodUpsert(p) => {
                 let uid = p.metadata.uid.clone().unwrap_or_default();
                 let booked_before = self.state.pod(&uid).is_some_and(|r| r.books_capacity());
+                let preempted_before = self.state.pod_preempted(&uid);
                 self.state.upsert_pod(&p);
+                if !preempted_before && self.state.pod_preempted(&uid) {
+                    self.report_preempted(&uid);
+                }
                 let booked_after = self.state.pod(&uid).is_some_and(|r| r.books_capacity());
                 if booked_before && !booked_after {
                     self.capacity_freed();
@@ -334,6 +359,28 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Sends the slices of pod `uid`, just marked for preemption, to the reporter.
+    fn report_preempted(&self, uid: &str) {
+        let (Some(tx), Some(rec)) = (&self.preempted, self.state.pod(uid)) else {
+            return;
+        };
+        let Some(node) = rec.node.clone() else {
+            return;
+        };
+        let slices = rec
+            .usage
+            .iter()
+            .map(|u| format!("{} {} MiB {}%", u.uuid, u.mem, u.cores))
+            .collect();
+        let _ = tx.send(PreemptedPod {
+            namespace: rec.namespace,
+            name: rec.name,
+            uid: rec.uid,
+            node,
+            slices,
+        });
     }
 
     fn capacity_freed(&mut self) {

@@ -406,6 +406,36 @@ async fn extender_call<E: ClusterEdge>(
     json(status, answer)
 }
 
+/// Writes an Event on each GPU pod kube-scheduler marks for preemption, naming the slices its
+/// eviction frees (kube-scheduler's own `Preempted` Event names the preemptor, not the GPU), and
+/// counts it; until the loop stops.
+pub async fn report_preempted<E: ClusterEdge>(
+    edge: Arc<E>,
+    metrics: Metrics,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<crate::engine::PreemptedPod>,
+) {
+    while let Some(p) = rx.recv().await {
+        metrics.preemption_victims.inc();
+        edge.event(preempted_event(&p)).await;
+    }
+}
+
+/// The Event on a pod kube-scheduler preempts.
+pub fn preempted_event(p: &crate::engine::PreemptedPod) -> PodEvent {
+    PodEvent {
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        uid: p.uid.clone(),
+        kind: EventType::Warning,
+        reason: "GPUSlicePreempted".to_owned(),
+        message: format!(
+            "kube-scheduler is evicting this pod for a higher-priority pod; it frees {} on node {}",
+            p.slices.join(", "),
+            p.node
+        ),
+    }
+}
+
 /// `/preempt`: for each candidate node kube-scheduler proposes (with its own victims), the
 /// lower-priority GPU pods whose eviction lets the pod fit ([`preempt::preempt`]); nodes where
 /// preemption cannot help are left out. One Event on the pod names the cheapest slice.

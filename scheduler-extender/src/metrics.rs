@@ -23,6 +23,8 @@ pub struct Metrics {
     pub filter_seconds: Histogram,
     pub bind_seconds: Histogram,
     pub preempt_seconds: Histogram,
+    /// GPU pods kube-scheduler marked for preemption (leader only: its loop sees them).
+    pub preemption_victims: Counter,
     /// `verb` (filter|bind|preempt), `result` (a reason code or `success`).
     pub decisions: Family<Labels, Counter>,
     pub webhook_seconds: Histogram,
@@ -46,6 +48,12 @@ impl Default for Metrics {
             "Latency of /preempt (kube-scheduler asking which GPU pods to evict)",
             preempt_seconds.clone(),
         );
+        let preemption_victims = Counter::default();
+        exposition.always.register(
+            "tessera_preemption_victims",
+            "GPU pods kube-scheduler marked for eviction to make room for a higher-priority pod",
+            preemption_victims.clone(),
+        );
         exposition.always.register(
             "tessera_webhook_duration_seconds",
             "Latency of the admission webhook's answer",
@@ -60,6 +68,7 @@ impl Default for Metrics {
             filter_seconds,
             bind_seconds,
             preempt_seconds,
+            preemption_victims,
             decisions,
             webhook_seconds,
             webhook_reviews,

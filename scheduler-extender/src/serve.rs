@@ -265,8 +265,18 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         Some(identity.clone()),
     ));
     let (requeue_tx, requeue_rx) = tokio::sync::mpsc::unbounded_channel();
-    let engine = EngineHandle::spawn(Engine::new(cfg.clone()).with_requeue(requeue_tx));
+    let (preempted_tx, preempted_rx) = tokio::sync::mpsc::unbounded_channel();
+    let engine = EngineHandle::spawn(
+        Engine::new(cfg.clone())
+            .with_requeue(requeue_tx)
+            .with_preempted(preempted_tx),
+    );
     spawn_task("requeue", run_requeue((*edge).clone(), requeue_rx));
+    let metrics = Metrics::new(args.legacy_metrics);
+    spawn_task(
+        "preemption-events",
+        tessera_scheduler::http::report_preempted(edge.clone(), metrics.clone(), preempted_rx),
+    );
     let leadership = start_leadership(&args, &client, &identity, &engine)?;
     // Every replica serves the webhook, so every replica keeps its cluster facts.
     let facts: SharedFacts = Default::default();
@@ -290,7 +300,7 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
         webhook: webhook_config(&args, &cfg),
         decision: cfg,
         facts,
-        metrics: Metrics::new(args.legacy_metrics),
+        metrics,
         ready,
     });
     let tls_cfg = tls_config(&args)?;

@@ -419,3 +419,38 @@ fn on_one_node_a_confusable_pod_waits_for_the_decided_one_and_identical_pods_do_
     });
     assert_eq!(placed(&e.filter(&b, &n)).as_deref(), Some("n1"));
 }
+
+/// A GPU pod kube-scheduler marks for preemption (its `DisruptionTarget` condition, as the watch
+/// keeps it) is reported once, with the slices its eviction frees; its Event says so.
+#[test]
+fn a_pod_marked_for_preemption_is_reported_once_with_its_slices() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut e = engine().with_preempted(tx);
+    let running = running_pod("ns", "victim", "n1", "GPU-n1-0,NVIDIA,10000,30:;");
+    e.observe(Observation::PodUpsert(Box::new(running.clone())));
+    assert!(rx.try_recv().is_err());
+    let mut marked = running;
+    marked
+        .status
+        .get_or_insert_with(Default::default)
+        .conditions = Some(vec![
+        serde_json::from_value(json!({"type": "DisruptionTarget", "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": "hami-scheduler: preempting to accommodate a higher priority pod"}))
+        .unwrap(),
+    ]);
+    let marked = tessera_scheduler_core::state::slim_pod(marked);
+    e.observe(Observation::PodUpsert(Box::new(marked.clone())));
+    let p = rx.try_recv().expect("reported");
+    assert_eq!((p.name.as_str(), p.node.as_str()), ("victim", "n1"));
+    assert_eq!(p.slices, ["GPU-n1-0 10000 MiB 30%"]);
+    let event = tessera_scheduler::http::preempted_event(&p);
+    assert_eq!(event.reason, "GPUSlicePreempted");
+    assert!(
+        event
+            .message
+            .contains("frees GPU-n1-0 10000 MiB 30% on node n1")
+    );
+    e.observe(Observation::PodUpsert(Box::new(marked)));
+    assert!(rx.try_recv().is_err(), "reported once");
+}

@@ -77,6 +77,7 @@ pub(super) struct PodEntry {
     /// [`PodRecord::mig`], kept only for the pods that have MIG reservations.
     pub(super) mig: Option<Box<[MigAllocation]>>,
     pub(super) standing: Standing,
+    pub(super) preempted: bool,
 }
 
 impl PodEntry {
@@ -97,6 +98,7 @@ impl PodEntry {
             decode_error,
             mig,
             standing,
+            preempted,
         } = rec;
         let devices = devices
             .0
@@ -147,6 +149,7 @@ impl PodEntry {
             decode_error: decode_error.map(String::into_boxed_str),
             mig: (!mig.is_empty()).then(|| mig.into_boxed_slice()),
             standing,
+            preempted,
         }
     }
 
@@ -215,6 +218,7 @@ impl PodEntry {
             decode_error: self.decode_error.as_deref().map(str::to_owned),
             mig: self.mig.as_deref().map(<[_]>::to_vec).unwrap_or_default(),
             standing: self.standing,
+            preempted: self.preempted,
         }
     }
 }

@@ -95,6 +95,11 @@ impl ClusterState {
         self.pods.get(uid).map(|p| p.record(uid))
     }
 
+    /// [`PodRecord::preempted`] of the pod `uid`; false when the state has no record of it.
+    pub fn pod_preempted(&self, uid: &str) -> bool {
+        self.pods.get(uid).is_some_and(|p| p.preempted)
+    }
+
     /// [`PodRecord::books_capacity`] of the pod `uid`; false when the state has no record of it.
     pub fn pod_books_capacity(&self, uid: &str) -> bool {
         self.pods.get(uid).is_some_and(PodEntry::books_capacity)

@@ -142,6 +142,16 @@ pub struct PodRecord {
     pub mig: Vec<MigAllocation>,
     /// What preemption ranks the pod by as a victim.
     pub standing: Standing,
+    /// kube-scheduler has marked it for eviction to make room for a higher-priority pod (the
+    /// `DisruptionTarget` condition with reason `PreemptionByScheduler`).
+    pub preempted: bool,
+}
+
+/// The condition kube-scheduler sets on a victim before deleting it.
+fn preempted_by_scheduler(c: &k8s_openapi::api::core::v1::PodCondition) -> bool {
+    c.type_ == "DisruptionTarget"
+        && c.status == "True"
+        && c.reason.as_deref() == Some("PreemptionByScheduler")
 }
 
 /// What preemption reads of a pod that could be a victim: kube-scheduler's order of importance
@@ -245,6 +255,11 @@ impl PodRecord {
             decode_error,
             mig,
             standing: Standing::of(pod),
+            preempted: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(preempted_by_scheduler)),
         })
     }
 
@@ -419,6 +434,16 @@ pub fn slim_pod(pod: Pod) -> Pod {
             phase: s.phase,
             start_time: s.start_time,
             init_container_statuses: s.init_container_statuses,
+            // Only kube-scheduler's preemption mark, only on pods with a decision.
+            conditions: s
+                .conditions
+                .filter(|_| has_decision)
+                .map(|c| {
+                    c.into_iter()
+                        .filter(preempted_by_scheduler)
+                        .collect::<Vec<_>>()
+                })
+                .filter(|c| !c.is_empty()),
             ..Default::default()
         }),
     }
