@@ -908,32 +908,24 @@ async fn preemption_evicts_the_gpu_slice_kube_scheduler_alone_would_not_free() {
     .await;
     let pod = prioritized_pod;
     // (name, class, CPU, GPU MiB): 40,000 of the A100's 40,960 MiB and 41 of the node's 64 CPUs.
-    for (name, class, cpu, mib) in [
-        ("low-a", "low", 10, 8000),
-        ("low-b", "lowish", 30, 28000),
-        ("keep", "top", 1, 4000),
-    ] {
-        create_as_user(&c, &pod(name, class, cpu, mib))
-            .await
-            .expect("create");
-        wait_admitted(&c, &[name.to_owned()], Duration::from_secs(60)).await;
-    }
+    place_in_order(
+        &c,
+        vec![
+            pod("low-a", "low", 10, 8000),
+            pod("low-b", "lowish", 30, 28000),
+            pod("keep", "top", 1, 4000),
+        ],
+    )
+    .await;
     let keep_uid = {
         let api: Api<Pod> = Api::namespaced(c.admin().clone(), "default");
         uid(&api.get("keep").await.expect("keep"))
     };
     // 30 CPUs: kube-scheduler must free 7; evicting low-a (10) does. 20,000 MiB: evicting low-a
     // frees 8,000, so low-b's 28,000 must go too; keep outranks the pod.
-    create_as_user(&c, &pod("urgent", "mid", 30, 20000))
-        .await
-        .expect("create");
-    let placed = wait_admitted(&c, &["urgent".to_owned()], Duration::from_secs(120)).await;
+    place_in_order(&c, vec![pod("urgent", "mid", 30, 20000)]).await;
     let pods = c.pods("default").await.expect("pods");
-    let alive: Vec<String> = pods
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| p.metadata.name.clone())
-        .collect();
+    let alive = alive_pods(&c).await;
     assert!(
         !alive.contains(&"low-a".to_owned()) && !alive.contains(&"low-b".to_owned()),
         "both low-priority tenants evicted: {alive:?}"
@@ -944,7 +936,10 @@ async fn preemption_evicts_the_gpu_slice_kube_scheduler_alone_would_not_free() {
         .expect("keep still exists");
     assert_eq!(uid(keep), keep_uid, "keep was never recreated");
     assert!(keep.metadata.deletion_timestamp.is_none());
-    let (urgent, _) = &placed["urgent"];
+    let urgent = pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some("urgent"))
+        .expect("urgent");
     assert!(tessera_e2e::pods::node_of(urgent).is_some());
     // The preemptor's Event names the GPU slice and both victims.
     let message = preemption_event(&c, "urgent").await;
@@ -1041,30 +1036,19 @@ async fn a_disruption_budget_moves_preemption_to_the_other_gpu() {
         .create(&PostParams::default(), &pdb)
         .await
         .expect("create pdb");
-    for (name, class, cpu, mib) in [
-        ("guarded", "lowest", 1, 30000),
-        ("free", "low", 1, 30000),
-        ("hog", "lowest", 40, 1000),
-    ] {
-        create_as_user(&c, &prioritized_pod(name, class, cpu, mib))
-            .await
-            .expect("create");
-        wait_admitted(&c, &[name.to_owned()], Duration::from_secs(60)).await;
-    }
+    place_in_order(
+        &c,
+        vec![
+            prioritized_pod("guarded", "lowest", 1, 30000),
+            prioritized_pod("free", "low", 1, 30000),
+            prioritized_pod("hog", "lowest", 40, 1000),
+        ],
+    )
+    .await;
     let api: Api<Pod> = Api::namespaced(c.admin().clone(), "default");
     let guarded_uid = uid(&api.get("guarded").await.expect("guarded"));
-    create_as_user(&c, &prioritized_pod("urgent", "mid", 30, 20000))
-        .await
-        .expect("create");
-    wait_admitted(&c, &["urgent".to_owned()], Duration::from_secs(120)).await;
-    let alive: Vec<String> = c
-        .pods("default")
-        .await
-        .expect("pods")
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| p.metadata.name.clone())
-        .collect();
+    place_in_order(&c, vec![prioritized_pod("urgent", "mid", 30, 20000)]).await;
+    let alive = alive_pods(&c).await;
     assert!(
         !alive.contains(&"hog".to_owned()) && !alive.contains(&"free".to_owned()),
         "kube-scheduler's victim and the unguarded GPU tenant evicted: {alive:?}"
@@ -1122,24 +1106,16 @@ async fn counted_slots_bring_gpu_only_pressure_to_preemption() {
     opts.kube_scheduler_config = "kube-scheduler-config-count-slots.yaml";
     let c = start(opts).await;
     priority_classes(&c, &[("low", 10), ("lowish", 20), ("mid", 100)]).await;
-    for (name, class, mib) in [("small", "lowish", 15000), ("large", "low", 20000)] {
-        create_as_user(&c, &prioritized_pod(name, class, 1, mib))
-            .await
-            .expect("create");
-        wait_admitted(&c, &[name.to_owned()], Duration::from_secs(60)).await;
-    }
-    create_as_user(&c, &prioritized_pod("urgent", "mid", 1, 30000))
-        .await
-        .expect("create");
-    wait_admitted(&c, &["urgent".to_owned()], Duration::from_secs(120)).await;
-    let alive: Vec<String> = c
-        .pods("default")
-        .await
-        .expect("pods")
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| p.metadata.name.clone())
-        .collect();
+    place_in_order(
+        &c,
+        vec![
+            prioritized_pod("small", "lowish", 1, 15000),
+            prioritized_pod("large", "low", 1, 20000),
+            prioritized_pod("urgent", "mid", 1, 30000),
+        ],
+    )
+    .await;
+    let alive = alive_pods(&c).await;
     assert_eq!(alive, ["urgent"], "both tenants evicted");
     let message = preemption_event(&c, "urgent").await;
     assert!(
@@ -1148,4 +1124,26 @@ async fn counted_slots_bring_gpu_only_pressure_to_preemption() {
         "{message}"
     );
     assert_no_overbooking(&c).await;
+}
+
+/// Names of the pods of `default` not being deleted.
+async fn alive_pods(c: &Cluster) -> Vec<String> {
+    c.pods("default")
+        .await
+        .expect("pods")
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.name.clone())
+        .collect()
+}
+
+/// Creates each pod as the tenant and waits for its node to admit it before the next (so each
+/// placement is known when the next is decided; two minutes each, for preemption's few
+/// scheduling cycles).
+async fn place_in_order(c: &Cluster, pods: Vec<Pod>) {
+    for pod in pods {
+        let name = pod.metadata.name.clone().expect("name");
+        create_as_user(c, &pod).await.expect("create");
+        wait_admitted(c, &[name], Duration::from_secs(120)).await;
+    }
 }
