@@ -40,7 +40,8 @@ unit:
 build:
 	cargo build --locked --workspace
 
-# Scenarios on the real control plane (e2e/control-plane.sh builds it once, kubelet and
+# Scenarios on the real control plane (e2e/control-plane.sh builds it once, with a newer
+# kube-scheduler for the preemption scenario that needs one, kubelet and
 # kube-controller-manager included), on harness nodes and on real nodes (kubelet + containerd,
 # which e2e/node-tools.sh installs from Debian's packages once; root; containerd v2 for the DRA
 # nodes, e2e/containerd-v2.sh). The Go builds run here, before the tests: a test builds what is

@@ -4,6 +4,8 @@
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/k8s-<v>-r<recipe>/{kube-apiserver,kube-scheduler,
 #                                                  kube-controller-manager,kubelet}
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/etcd-<v>/etcd
+#   ${TESSERA_CACHE:-$HOME/.cache/tessera}/kube-scheduler-<next>-r1/kube-scheduler (a newer
+#                                                  kube-scheduler, v1.38.0-beta.0, Go 1.27)
 #
 # k8s.io/kubernetes cannot be `go install`ed (its go.mod replaces every staging module with a
 # local path), so a throw-away wrapper module requires it and replaces each staging module, read
@@ -22,6 +24,9 @@ RECIPE=2
 CACHE="${TESSERA_CACHE:-$HOME/.cache/tessera}"
 K8S_DIR="$CACHE/k8s-$K8S_VERSION-r$RECIPE"
 ETCD_DIR="$CACHE/etcd-$ETCD_VERSION-r1"
+NEXT_SCHEDULER_VERSION="${TESSERA_NEXT_SCHEDULER_VERSION:-v1.38.0-beta.0}"
+NEXT_SCHEDULER_TOOLCHAIN="${TESSERA_NEXT_SCHEDULER_TOOLCHAIN:-go1.27.4}"
+NEXT_SCHEDULER_DIR="$CACHE/kube-scheduler-$NEXT_SCHEDULER_VERSION-r1"
 # The control plane and the node agent, one `go build` (they share most packages).
 K8S_BINARIES="kube-apiserver kube-scheduler kube-controller-manager kubelet"
 
@@ -34,55 +39,49 @@ export GOFLAGS="${GOFLAGS:-} -mod=mod"
 export GOWORK=off
 mkdir -p "$CACHE"
 
+# build_k8s VERSION GO DIR BINARIES...: the named commands of k8s.io/kubernetes@VERSION into DIR,
+# with the Go release GO (the wrapper module's `go` and `godebug` lines: upstream's own GODEBUG
+# defaults for that release; only the main module's line counts).
 build_k8s() {
+	local version="$1" gover="$2" dir="$3"; shift 3
 	local b missing=0
-	for b in $K8S_BINARIES; do [[ -x "$K8S_DIR/$b" ]] || missing=1; done
+	for b in "$@"; do [[ -x "$dir/$b" ]] || missing=1; done
 	[[ $missing == 1 ]] || return 0
-	local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-	local staging="v0.${K8S_VERSION#v1.}"
-	log "building $K8S_BINARIES $K8S_VERSION from k8s.io/kubernetes (one-time cost, 20-30 min on 2 cores)"
+	local minor="${version#v1.}"; minor="${minor%%.*}"
+	local staging="v0.${version#v1.}"
+	log "building $* $version from k8s.io/kubernetes (one-time cost, 20-30 min on 2 cores for all four)"
 	local src
 	src="$(mktemp -d "$CACHE/.k8s-src-XXXXXX")"
 	trap 'rm -rf "$src"' RETURN
-	# Upstream's own GODEBUG defaults for this release (only the main module's line counts).
 	cat >"$src/go.mod" <<GOMOD
 module tessera.local/k8sbin
-
-go 1.24.0
-
-godebug default=go1.24
+go $gover.0
+godebug default=go$gover
 GOMOD
 	local gomod
-	gomod="$(cd "$src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
-	[[ -f "$gomod" ]] || { log "error: go.mod of k8s.io/kubernetes@$K8S_VERSION not found"; exit 1; }
+	gomod="$(cd "$src" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+	[[ -f "$gomod" ]] || { log "error: go.mod of k8s.io/kubernetes@$version not found"; exit 1; }
 	local replaces=()
 	while read -r mod; do
 		replaces+=("-replace=$mod=$mod@$staging")
 	done < <(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/k8s\.io/[a-z0-9-]*$#\1#p' "$gomod")
 	[[ ${#replaces[@]} -gt 20 ]] || { log "error: found only ${#replaces[@]} staging modules in $gomod"; exit 1; }
 	log "replacing ${#replaces[@]} staging modules with $staging"
-	(cd "$src" && go mod edit "${replaces[@]}" "-require=k8s.io/kubernetes@$K8S_VERSION")
-	cat >"$src/tools.go" <<'GOSRC'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubelet"
-)
-GOSRC
+	(cd "$src" && go mod edit "${replaces[@]}" "-require=k8s.io/kubernetes@$version")
+	{
+		printf '//go:build tools\n\npackage tools\n\nimport (\n'
+		for b in "$@"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$b"; done
+		printf ')\n'
+	} >"$src/tools.go"
 	(cd "$src" && go mod tidy >&2)
 	local x=""
 	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-		x+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+		x+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 	done
 	(cd "$src" && nice -n 19 go build -trimpath -tags=notest,grpcnotrace -ldflags "-s -w$x" -o "$src/bin/" \
-		$(for b in $K8S_BINARIES; do printf 'k8s.io/kubernetes/cmd/%s ' "$b"; done) >&2)
-	mkdir -p "$K8S_DIR"
-	for b in $K8S_BINARIES; do mv -f "$src/bin/$b" "$K8S_DIR/"; done
+		$(for b in "$@"; do printf 'k8s.io/kubernetes/cmd/%s ' "$b"; done) >&2)
+	mkdir -p "$dir"
+	for b in "$@"; do mv -f "$src/bin/$b" "$dir/"; done
 }
 
 build_etcd() {
@@ -112,11 +111,16 @@ GOSRC
 }
 
 build_etcd
-build_k8s
+build_k8s "$K8S_VERSION" 1.24 "$K8S_DIR" $K8S_BINARIES
+# A newer kube-scheduler beside the v1.34 control plane, for what only newer releases do
+# (preemption candidates without victims for an extender, upstream PR #135486). Its go.mod needs
+# Go 1.27: the toolchain comes from the Go module proxy, like the modules.
+GOTOOLCHAIN="$NEXT_SCHEDULER_TOOLCHAIN" build_k8s "$NEXT_SCHEDULER_VERSION" 1.27 "$NEXT_SCHEDULER_DIR" kube-scheduler
 
 echo "KUBE_APISERVER=$K8S_DIR/kube-apiserver"
 echo "KUBE_SCHEDULER=$K8S_DIR/kube-scheduler"
 echo "KUBE_CONTROLLER_MANAGER=$K8S_DIR/kube-controller-manager"
 echo "KUBELET=$K8S_DIR/kubelet"
 echo "ETCD=$ETCD_DIR/etcd"
+echo "KUBE_SCHEDULER_NEXT=$NEXT_SCHEDULER_DIR/kube-scheduler"
 echo "K8S_VERSION=$K8S_VERSION"

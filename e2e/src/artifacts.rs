@@ -41,6 +41,9 @@ pub struct Artifacts {
     pub root: PathBuf,
     pub kube_apiserver: PathBuf,
     pub kube_scheduler: PathBuf,
+    /// A newer kube-scheduler (`e2e/control-plane.sh`: v1.38.0-beta.0) for what only newer
+    /// releases do.
+    pub kube_scheduler_next: PathBuf,
     pub kube_controller_manager: PathBuf,
     pub kubelet: PathBuf,
     pub etcd: PathBuf,
@@ -144,6 +147,7 @@ fn discover() -> Result<Artifacts, ArtifactError> {
         &[
             "KUBE_APISERVER",
             "KUBE_SCHEDULER",
+            "KUBE_SCHEDULER_NEXT",
             "KUBE_CONTROLLER_MANAGER",
             "KUBELET",
             "ETCD",
@@ -177,6 +181,7 @@ fn discover() -> Result<Artifacts, ArtifactError> {
     Ok(Artifacts {
         kube_apiserver: var_path(&cp, "KUBE_APISERVER")?,
         kube_scheduler: var_path(&cp, "KUBE_SCHEDULER")?,
+        kube_scheduler_next: var_path(&cp, "KUBE_SCHEDULER_NEXT")?,
         kube_controller_manager: var_path(&cp, "KUBE_CONTROLLER_MANAGER")?,
         kubelet: var_path(&cp, "KUBELET")?,
         etcd: var_path(&cp, "ETCD")?,

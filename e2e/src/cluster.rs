@@ -41,6 +41,8 @@ pub struct ClusterOptions {
     /// kube-scheduler's configuration as the chart renders it: a file of `charts/tessera/files/`
     /// (chart-test checks each is what the chart renders with the values its header names).
     pub kube_scheduler_config: &'static str,
+    /// Run the newer kube-scheduler ([`Artifacts::kube_scheduler_next`]) in the scheduler pods.
+    pub newer_kube_scheduler: bool,
 }
 
 impl ClusterOptions {
@@ -51,6 +53,7 @@ impl ClusterOptions {
             scheduler_pods: 1,
             tessera_args: Vec::new(),
             kube_scheduler_config: "kube-scheduler-config.yaml",
+            newer_kube_scheduler: false,
         }
     }
 }
@@ -504,7 +507,19 @@ impl Cluster {
         let mut cmd = Command::new("unshare");
         cmd.args(uts_unshare_args())
             .args(["--", "sh", "-c", "hostname \"$0\" && exec \"$@\"", pod])
-            .arg(&self.artifacts.kube_scheduler)
+            .arg(if self.opts.newer_kube_scheduler {
+                &self.artifacts.kube_scheduler_next
+            } else {
+                &self.artifacts.kube_scheduler
+            })
+            // The newer one emulates the oldest release it can (kube 1.35), so it looks for no
+            // API the v1.34 API server lacks (v1.38 lists DeviceTaintRules, and waits for them
+            // forever); what it runs, preemption's code included, is still its own.
+            .args(
+                self.opts
+                    .newer_kube_scheduler
+                    .then_some("--emulated-version=kube=1.35"),
+            )
             .arg(format!("--config={}", path.display()))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--secure-port={}", free_port()))

@@ -1147,3 +1147,36 @@ async fn place_in_order(c: &Cluster, pods: Vec<Pod>) {
         wait_admitted(c, &[name], Duration::from_secs(120)).await;
     }
 }
+
+/// Issue 30 item 2 on kube-scheduler v1.38.0-beta.0 (upstream PR #135486: preemption candidates
+/// without victims for an extender that can preempt), with the chart's default configuration:
+/// pure GPU memory pressure, no CPU, memory or slot pressure at all, reaches the extender, which
+/// names the lower-priority tenant of the GPU; the higher-priority tenant stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gpu_memory_pressure_alone_reaches_preemption_on_newer_kube_scheduler() {
+    let mut opts = ClusterOptions::new("preempt-next", a100_nodes(1, 1));
+    opts.newer_kube_scheduler = true;
+    let c = start(opts).await;
+    priority_classes(&c, &[("low", 10), ("mid", 100), ("top", 1000)]).await;
+    place_in_order(
+        &c,
+        vec![
+            prioritized_pod("batch", "low", 1, 30000),
+            prioritized_pod("serving", "top", 1, 8000),
+            prioritized_pod("urgent", "mid", 1, 20000),
+        ],
+    )
+    .await;
+    let alive = alive_pods(&c).await;
+    assert!(
+        !alive.contains(&"batch".to_owned()) && alive.contains(&"serving".to_owned()),
+        "only the lower-priority tenant evicted: {alive:?}"
+    );
+    let message = preemption_event(&c, "urgent").await;
+    assert!(
+        message.contains("evicting default/batch (priority 10) frees GPU-")
+            && !message.contains("kube-scheduler chose"),
+        "{message}"
+    );
+    assert_no_overbooking(&c).await;
+}
