@@ -181,12 +181,7 @@ fn held_slices<'s>(
                     }
                     let opts =
                         podspec::placement_options(&annotations(&n.pod), &cfg.defaults).ok()?;
-                    let init_count = n
-                        .pod
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.init_containers.as_ref())
-                        .map_or(0, Vec::len);
+                    let init_count = podspec::init_container_count(&n.pod);
                     Some(Held {
                         ask,
                         opts,
@@ -375,11 +370,8 @@ impl EvalInput<'_> {
                 false,
             );
             for u in &usage {
-                for state in [&mut after, &mut node] {
-                    if let Some(g) = state.gpus.iter_mut().find(|g| g.uuid == u.uuid) {
-                        g.book_usage(u.slots, u.mem, u.cores);
-                    }
-                }
+                after.book_usage(&u.uuid, u.slots, u.mem, u.cores);
+                node.book_usage(&u.uuid, u.slots, u.mem, u.cores);
             }
         }
         node
@@ -687,11 +679,7 @@ fn failure_map(mut failed: Vec<(String, NodeFailure)>) -> BTreeMap<String, NodeF
 
 /// The reservation that records `placement` for `pod` in the overlay.
 pub fn reservation_for(pod: &Pod, uid: &str, placement: &Placement, tick: u64) -> Reservation {
-    let init_count = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.init_containers.as_ref())
-        .map_or(0, Vec::len);
+    let init_count = podspec::init_container_count(pod);
     let nvidia = placement.devices.of_vendor(hami_contract::NVIDIA_VENDOR);
     Reservation {
         uid: uid.to_owned(),

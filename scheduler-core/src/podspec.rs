@@ -126,6 +126,14 @@ pub fn placement_options(
     })
 }
 
+/// How many init containers the pod's spec has (the first entries of its device list).
+pub fn init_container_count(pod: &Pod) -> usize {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .map_or(0, Vec::len)
+}
+
 /// `namespace/name` of a pod, for messages and simulate output.
 pub fn pod_key(pod: &Pod) -> String {
     format!(

@@ -95,6 +95,23 @@ pub struct NodeVictims {
     pub evicted: Vec<String>,
 }
 
+impl NodeVictims {
+    /// What evicting these victims does, for Events and `simulate`.
+    pub fn what_it_frees(&self) -> String {
+        let chosen_by_scheduler = self.pods.len() - self.evicted.len();
+        let gpu = format!(
+            "evicting {} frees {}",
+            self.evicted.join(", "),
+            self.gpus.join(", ")
+        );
+        match (self.gpus.is_empty(), chosen_by_scheduler) {
+            (true, _) => "kube-scheduler's own victims also free the GPU slice".to_owned(),
+            (false, 0) => gpu,
+            (false, n) => format!("{gpu} (with {n} pod(s) kube-scheduler chose)"),
+        }
+    }
+}
+
 /// Why preemption cannot help the pod on a node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NoVictims {
@@ -350,11 +367,7 @@ impl Preemptor<'_> {
                     kept.iter()
                         .filter_map(|uid| self.state.charge_in(uid, &self.namespace)),
                 );
-            for c in freed {
-                q.used_mem = q.used_mem.saturating_sub(c.mem);
-                q.used_cores = q.used_cores.saturating_sub(c.cores);
-                q.used_count = q.used_count.saturating_sub(c.count);
-            }
+            freed.for_each(|c| q.give_back(c));
             q
         })
     }
@@ -362,12 +375,8 @@ impl Preemptor<'_> {
 
 /// Takes a pod's usage off the node's GPUs (what its eviction frees).
 fn unbook(node: &mut fit::NodeState, usage: &[(&str, u32, u32, u32)]) {
-    for (uuid, slots, mem, cores) in usage {
-        if let Some(g) = node.gpus.iter_mut().find(|g| g.uuid == *uuid) {
-            g.used = g.used.saturating_sub((*slots).max(1));
-            g.usedmem = g.usedmem.saturating_sub(*mem);
-            g.usedcores = g.usedcores.saturating_sub(*cores);
-        }
+    for &(uuid, slots, mem, cores) in usage {
+        node.unbook_usage(uuid, slots, mem, cores);
     }
 }
 
@@ -396,15 +405,13 @@ impl<'k> NodeUnderTest<'k> {
         };
         let mig = cached.gpus.iter().any(|g| g.mode == fit::MIG_MODE);
         let nvidia = nvidia.to_vec();
-        let state = if mig {
-            cached.into_owned()
-        } else {
-            let mut state = cached.into_owned();
+        let mut state = cached.into_owned();
+        // (A `mig` node is rebuilt from the books for each fit; its state is not read.)
+        if !mig {
             for k in kept_pods {
                 unbook(&mut state, &k.usage);
             }
-            state
-        };
+        }
         Some(NodeUnderTest {
             name: name.to_owned(),
             kept,
@@ -520,28 +527,11 @@ pub fn describe(
         .iter()
         .min_by_key(|(_, v)| (v.pdb_violations, v.pods.len()));
     match cheapest {
-        Some((node, v)) => {
-            let chosen_by_scheduler = v.pods.len() - v.evicted.len();
-            let what = if v.gpus.is_empty() {
-                "kube-scheduler's own victims also free the GPU slice".to_owned()
-            } else if chosen_by_scheduler == 0 {
-                format!(
-                    "evicting {} frees {}",
-                    v.evicted.join(", "),
-                    v.gpus.join(", ")
-                )
-            } else {
-                format!(
-                    "evicting {} frees {} (with {chosen_by_scheduler} pod(s) kube-scheduler chose)",
-                    v.evicted.join(", "),
-                    v.gpus.join(", ")
-                )
-            };
-            Some(format!(
-                "GPU preemption can help on {} node(s); on {node}: {what}",
-                helped.len()
-            ))
-        }
+        Some((node, v)) => Some(format!(
+            "GPU preemption can help on {} node(s); on {node}: {}",
+            helped.len(),
+            v.what_it_frees()
+        )),
         None => {
             let (node, why) = refused.iter().next()?;
             Some(format!(

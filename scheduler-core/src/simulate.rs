@@ -246,7 +246,7 @@ pub fn table(results: &[PodResult]) -> String {
                     .iter()
                     .map(|(n, what)| format!("{n}: {what}"))
                     .collect();
-                format!("{why}; preemption would: {}", evict.join("; "))
+                format!("{why}; by preemption: {}", evict.join("; "))
             };
             [r.pod.clone(), node, slices, score, why]
         })
@@ -536,14 +536,7 @@ pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
                 let (chosen, _) = preempt::preempt(&mut state, cfg, &pod, &uid, &proposed, &[]);
                 result.preemption = chosen
                     .into_iter()
-                    .map(|(node, v)| {
-                        let why = format!(
-                            "evict {} (frees {})",
-                            v.evicted.join(", "),
-                            v.gpus.join(", ")
-                        );
-                        (node, why)
-                    })
+                    .map(|(node, v)| (node, v.what_it_frees()))
                     .collect();
                 result.reasons = reason_strings(failed);
                 result.never_fits = unresolvable.into_iter().collect();

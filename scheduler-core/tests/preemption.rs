@@ -376,11 +376,11 @@ spec:
     assert_eq!(urgent.node, None);
     assert_eq!(
         urgent.preemption["n"],
-        "evict default/batch (priority 10) (frees GPU-n-0)"
+        "evicting default/batch (priority 10) frees GPU-n-0"
     );
     let table = tessera_scheduler_core::simulate::table(&results);
     assert!(
-        table.contains("preemption would: n: evict default/batch (priority 10)"),
+        table.contains("by preemption: n: evicting default/batch (priority 10) frees GPU-n-0"),
         "{table}"
     );
 }

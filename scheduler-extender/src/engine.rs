@@ -459,7 +459,7 @@ impl Engine {
 
     /// [`preempt::victim_namespaces`]: where the PodDisruptionBudgets that can matter are.
     pub fn victim_namespaces(
-        &mut self,
+        &self,
         pod: &Pod,
         proposed: &BTreeMap<String, preempt::Victims>,
     ) -> std::collections::BTreeSet<String> {

@@ -483,21 +483,18 @@ async fn preempt_body<E: ClusterEdge>(
             .decision("preempt", if helped == 0 { "NoVictims" } else { "success" });
         tracing::debug!(helped, refused = found.refused.len(), "preemption victims");
         if let Some(message) = preempt::describe(&found.chosen, &found.refused) {
+            let (kind, reason) = if helped == 0 {
+                (EventType::Warning, "PreemptionNotHelpful")
+            } else {
+                (EventType::Normal, "PreemptionCandidates")
+            };
             app.edge
                 .event(PodEvent {
                     namespace: pod.metadata.namespace.clone().unwrap_or_default(),
                     name: pod.metadata.name.clone().unwrap_or_default(),
                     uid: pod.metadata.uid.clone().unwrap_or_default(),
-                    kind: if helped == 0 {
-                        EventType::Warning
-                    } else {
-                        EventType::Normal
-                    },
-                    reason: if helped == 0 {
-                        "PreemptionNotHelpful".to_owned()
-                    } else {
-                        "PreemptionCandidates".to_owned()
-                    },
+                    kind,
+                    reason: reason.to_owned(),
                     message,
                 })
                 .await;

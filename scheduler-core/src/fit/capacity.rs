@@ -172,6 +172,13 @@ impl GpuState {
         self.usedmem = self.usedmem.saturating_add(mem);
         self.usedcores = self.usedcores.saturating_add(cores);
     }
+
+    /// Takes a collapsed pod usage entry off again (what evicting the pod frees).
+    pub fn unbook_usage(&mut self, slots: u32, mem: u32, cores: u32) {
+        self.used = self.used.saturating_sub(slots.max(1));
+        self.usedmem = self.usedmem.saturating_sub(mem);
+        self.usedcores = self.usedcores.saturating_sub(cores);
+    }
 }
 
 /// Pairwise GPU topology scores from `hami.io/node-nvidia-score` (contract §2.2).
@@ -185,6 +192,22 @@ pub struct NodeState {
     /// UUIDs from `hami.io/device-cordon`.
     pub cordoned: HashSet<String>,
     pub topology: Option<TopologyScores>,
+}
+
+impl NodeState {
+    /// [`GpuState::book_usage`] on the GPU `uuid`; nothing when the node has no such GPU.
+    pub fn book_usage(&mut self, uuid: &str, slots: u32, mem: u32, cores: u32) {
+        if let Some(g) = self.gpus.iter_mut().find(|g| g.uuid == uuid) {
+            g.book_usage(slots, mem, cores);
+        }
+    }
+
+    /// [`GpuState::unbook_usage`] on the GPU `uuid`; nothing when the node has no such GPU.
+    pub fn unbook_usage(&mut self, uuid: &str, slots: u32, mem: u32, cores: u32) {
+        if let Some(g) = self.gpus.iter_mut().find(|g| g.uuid == uuid) {
+            g.unbook_usage(slots, mem, cores);
+        }
+    }
 }
 
 /// `node` as it would be with no pod on any of its GPUs: the same cards, health, cordons and
@@ -246,6 +269,13 @@ impl QuotaBudget {
         within(self.mem_limit, self.used_mem, extra.mem)
             && within(self.cores_limit, self.used_cores, extra.cores)
             && within(self.count_limit, self.used_count, extra.count)
+    }
+
+    /// The budget with `freed` no longer charged (a pod of the namespace evicted).
+    pub fn give_back(&mut self, freed: Charge) {
+        self.used_mem = self.used_mem.saturating_sub(freed.mem);
+        self.used_cores = self.used_cores.saturating_sub(freed.cores);
+        self.used_count = self.used_count.saturating_sub(freed.count);
     }
 }
 

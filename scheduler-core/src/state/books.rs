@@ -281,11 +281,7 @@ impl<'a> UsageRef<'a> {
 
     /// [`fit::book_pod`].
     pub(super) fn book(self, node: &mut NodeState) {
-        self.each(|uuid, slots, mem, cores| {
-            if let Some(g) = node.gpus.iter_mut().find(|g| g.uuid == uuid) {
-                g.book_usage(slots, mem, cores);
-            }
-        });
+        self.each(|uuid, slots, mem, cores| node.book_usage(uuid, slots, mem, cores));
     }
 }
 

@@ -187,15 +187,12 @@ pub type NodeSet<'a> = HashSet<&'a str, NameHash>;
 
 impl ClusterState {
     pub(super) fn build_node(&self, name: &str, exclude: Option<&str>) -> Option<NodeState> {
-        self.build_node_without(name, |uid| Some(uid) == exclude)
+        self.node_without(name, |uid| Some(uid) == exclude)
     }
 
-    /// Node `name` with every effective usage applied except that of the pods `exclude` names.
-    pub(super) fn build_node_without(
-        &self,
-        name: &str,
-        exclude: impl Fn(&str) -> bool,
-    ) -> Option<NodeState> {
+    /// Node `name` with every effective usage applied except that of the pods `exclude` names,
+    /// built from the books (not the cache); `None` for a node the cluster does not have.
+    pub fn node_without(&self, name: &str, exclude: impl Fn(&str) -> bool) -> Option<NodeState> {
         let rec = self.nodes.get(name)?;
         let mut state = rec.base_state();
         let has_mig = state.gpus.iter().any(|g| g.mode == fit::MIG_MODE);

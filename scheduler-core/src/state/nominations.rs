@@ -64,6 +64,6 @@ impl ClusterState {
     /// Node `name` as the nominated pods' victims leave it: without the pods being deleted there
     /// (they are going away; the nominated pod's slice is where they were).
     pub fn node_after_deletions(&self, name: &str) -> Option<NodeState> {
-        self.build_node_without(name, |uid| self.pods.get(uid).is_some_and(|p| p.deleting))
+        self.node_without(name, |uid| self.pods.get(uid).is_some_and(|p| p.deleting))
     }
 }

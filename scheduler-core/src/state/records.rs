@@ -180,11 +180,7 @@ impl Standing {
 }
 
 pub(super) fn all_init_done(pod: &Pod) -> bool {
-    let spec_init = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.init_containers.as_ref())
-        .map_or(0, Vec::len);
+    let spec_init = crate::podspec::init_container_count(pod);
     if spec_init == 0 {
         return false;
     }
@@ -222,11 +218,7 @@ impl PodRecord {
             .cloned()
             .filter(|n| !n.is_empty())
             .or_else(|| bound_node.clone());
-        let init_count = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.init_containers.as_ref())
-            .map_or(0, Vec::len);
+        let init_count = crate::podspec::init_container_count(pod);
         let (devices, decode_error) = match PodDevices::decode(allocated) {
             Ok(d) => (d, None),
             Err(e) => (PodDevices::default(), Some(e.to_string())),

@@ -1,5 +1,5 @@
-//! What preemption reads of the state: the GPU pods bound to a node, and a node's state with
-//! some of them gone.
+//! What preemption reads of the state: the GPU pods bound to a node and what they charge (the
+//! node's state with some of them gone is [`ClusterState::node_without`]).
 
 use super::*;
 use crate::state::records::Standing;
@@ -61,12 +61,6 @@ impl ClusterState {
                 })
             })
             .collect()
-    }
-
-    /// Node `name` with every effective usage applied except that of the pods `gone` names.
-    /// `None` for a node the cluster does not have.
-    pub fn node_without(&self, name: &str, gone: impl Fn(&str) -> bool) -> Option<NodeState> {
-        self.build_node_without(name, gone)
     }
 
     /// What pod `uid` charges against the budget of `namespace`, if it is a pod of that
