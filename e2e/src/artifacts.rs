@@ -44,6 +44,8 @@ pub struct Artifacts {
     /// A newer kube-scheduler (`e2e/control-plane.sh`: v1.38.0-beta.0) for what only newer
     /// releases do.
     pub kube_scheduler_next: PathBuf,
+    /// `v1.38.0-beta.0`: the release of [`Artifacts::kube_scheduler_next`].
+    pub kube_scheduler_next_version: String,
     pub kube_controller_manager: PathBuf,
     pub kubelet: PathBuf,
     pub etcd: PathBuf,
@@ -182,6 +184,10 @@ fn discover() -> Result<Artifacts, ArtifactError> {
         kube_apiserver: var_path(&cp, "KUBE_APISERVER")?,
         kube_scheduler: var_path(&cp, "KUBE_SCHEDULER")?,
         kube_scheduler_next: var_path(&cp, "KUBE_SCHEDULER_NEXT")?,
+        kube_scheduler_next_version: cp
+            .get("KUBE_SCHEDULER_NEXT_VERSION")
+            .cloned()
+            .unwrap_or_default(),
         kube_controller_manager: var_path(&cp, "KUBE_CONTROLLER_MANAGER")?,
         kubelet: var_path(&cp, "KUBELET")?,
         etcd: var_path(&cp, "ETCD")?,

@@ -502,29 +502,14 @@ pub fn specs_for(h: &HostInputs, extra: &ImageNames) -> Result<Vec<ImageSpec>, I
         working_dir: None,
     };
 
-    // As registry.k8s.io/kube-scheduler: the binary at /usr/local/bin on a distroless base; the
-    // chart runs `command: [kube-scheduler, …]`, found through PATH. The Go build is static
-    // (CGO_ENABLED=0); should it not be, its libraries come along.
-    let mut ks_files = distroless_cc(&[&h.kube_scheduler])?;
-    ks_files.push(ImageFile::host(
-        "/usr/local/bin/kube-scheduler",
+    let kube_scheduler = kube_scheduler_spec(
+        "kube-scheduler",
         &h.kube_scheduler,
-        0o755,
-    ));
-    let kube_scheduler = ImageSpec {
-        id: "kube-scheduler".into(),
-        names: names(
+        names(
             format!("registry.k8s.io/kube-scheduler:{k8s_tag}"),
             &extra.kube_scheduler,
         ),
-        files: ks_files,
-        user: None,
-        entrypoint: vec!["/usr/local/bin/kube-scheduler".into()],
-        cmd: vec![],
-        exposed_ports: vec![],
-        env: distroless_env.clone(),
-        working_dir: None,
-    };
+    )?;
 
     // The GPU workload: the probe, glibc, a busybox shell. No driver: the runtime mounts it; but
     // what the driver and the shim (mounted by the device plugin) load must be there, as in any
@@ -1181,6 +1166,49 @@ pub fn build_cached(spec: &ImageSpec, out_dir: &Path) -> Result<BuiltImage, Imag
         }
     }
     Ok(built)
+}
+
+/// An image as registry.k8s.io/kube-scheduler is made: `binary` at /usr/local/bin on a
+/// distroless base; the chart runs `command: [kube-scheduler, …]`, found through PATH. The Go
+/// build is static (CGO_ENABLED=0); should it not be, its libraries come along.
+fn kube_scheduler_spec(
+    id: &str,
+    binary: &Path,
+    names: Vec<String>,
+) -> Result<ImageSpec, ImageError> {
+    let mut files = distroless_cc(&[binary])?;
+    files.push(ImageFile::host(
+        "/usr/local/bin/kube-scheduler",
+        binary,
+        0o755,
+    ));
+    Ok(ImageSpec {
+        id: id.into(),
+        names,
+        files,
+        user: None,
+        entrypoint: vec!["/usr/local/bin/kube-scheduler".into()],
+        cmd: vec![],
+        exposed_ports: vec![],
+        env: vec![DISTROLESS_PATH.to_owned(), DISTROLESS_SSL.to_owned()],
+        working_dir: None,
+    })
+}
+
+/// The newer kube-scheduler ([`Artifacts::kube_scheduler_next`]) as
+/// `registry.k8s.io/kube-scheduler:<its release>`: what the chart's `kubeScheduler.image.tag`
+/// set to that release runs.
+pub fn build_kube_scheduler_next(a: &Artifacts, out_dir: &Path) -> Result<BuiltImage, ImageError> {
+    std::fs::create_dir_all(out_dir).map_err(io(format!("creating {}", out_dir.display())))?;
+    let spec = kube_scheduler_spec(
+        "kube-scheduler-next",
+        &a.kube_scheduler_next,
+        vec![format!(
+            "registry.k8s.io/kube-scheduler:{}",
+            a.kube_scheduler_next_version
+        )],
+    )?;
+    build_cached(&spec, out_dir)
 }
 
 /// Builds (or reuses) every image of [`image_specs`] into `out_dir`.

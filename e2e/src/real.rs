@@ -704,6 +704,36 @@ impl RealCluster {
         self.nodes.iter().find(|n| n.name() == name)
     }
 
+    /// Builds the newer kube-scheduler's image ([`Artifacts::kube_scheduler_next`]) and imports
+    /// it into every node's containerd, as the nodes would pull it; returns its tag, for the
+    /// chart's `scheduler.kubeScheduler.image.tag`. Only the tests that run it pay the import.
+    pub async fn import_kube_scheduler_next(&self) -> Result<String> {
+        let built = crate::images::build_kube_scheduler_next(
+            self.artifacts,
+            &crate::images::default_out_dir(),
+        )
+        .map_err(|e| Error::msg(format!("building the newer kube-scheduler's image: {e}")))?;
+        let tools = node_tools()?;
+        for node in &self.nodes {
+            let mut cmd = node.command_in(&tools.ctr)?;
+            cmd.args(["-a", "/run/containerd/containerd.sock", "-n", "k8s.io"])
+                .args(["images", "import"])
+                .arg(&built.tar);
+            let out = tokio::task::spawn_blocking(move || cmd.output())
+                .await
+                .map_err(|e| Error::msg(format!("ctr: {e}")))??;
+            if !out.status.success() {
+                return Err(Error::msg(format!(
+                    "importing {} on {}: {}",
+                    built.tar.display(),
+                    node.name(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+        }
+        Ok(self.artifacts.kube_scheduler_next_version.clone())
+    }
+
     fn start_node(
         &self,
         index: usize,
