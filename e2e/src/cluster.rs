@@ -38,11 +38,6 @@ pub struct ClusterOptions {
     pub scheduler_pods: usize,
     /// Extra flags for every `tessera-scheduler serve`.
     pub tessera_args: Vec<String>,
-    /// kube-scheduler's configuration as the chart renders it: a file of `charts/tessera/files/`
-    /// (chart-test checks each is what the chart renders with the values its header names).
-    pub kube_scheduler_config: &'static str,
-    /// Run the newer kube-scheduler ([`Artifacts::kube_scheduler_next`]) in the scheduler pods.
-    pub newer_kube_scheduler: bool,
 }
 
 impl ClusterOptions {
@@ -52,8 +47,6 @@ impl ClusterOptions {
             nodes,
             scheduler_pods: 1,
             tessera_args: Vec::new(),
-            kube_scheduler_config: "kube-scheduler-config.yaml",
-            newer_kube_scheduler: false,
         }
     }
 }
@@ -496,7 +489,7 @@ impl Cluster {
     fn spawn_kube_scheduler(&self, pod: &str, extender_port: u16) -> Result<Proc> {
         let config = scheduler_config(
             &self.artifacts.root,
-            self.opts.kube_scheduler_config,
+            "kube-scheduler-config.yaml",
             &kubeconfig_path(&self.dir, "system:kube-scheduler"),
             extender_port,
             &self.dir,
@@ -507,19 +500,7 @@ impl Cluster {
         let mut cmd = Command::new("unshare");
         cmd.args(uts_unshare_args())
             .args(["--", "sh", "-c", "hostname \"$0\" && exec \"$@\"", pod])
-            .arg(if self.opts.newer_kube_scheduler {
-                &self.artifacts.kube_scheduler_next
-            } else {
-                &self.artifacts.kube_scheduler
-            })
-            // The newer one emulates the oldest release it can (kube 1.35), so it looks for no
-            // API the v1.34 API server lacks (v1.38 lists DeviceTaintRules, and waits for them
-            // forever); what it runs, preemption's code included, is still its own.
-            .args(
-                self.opts
-                    .newer_kube_scheduler
-                    .then_some("--emulated-version=kube=1.35"),
-            )
+            .arg(&self.artifacts.kube_scheduler)
             .arg(format!("--config={}", path.display()))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--secure-port={}", free_port()))

@@ -225,7 +225,9 @@ fn real_nodes_preemption_frees_exactly_the_slice_it_needs_on_both_kube_scheduler
 
         // The newer kube-scheduler, with the chart's default configuration (no slot counting):
         // GPU memory pressure alone now reaches the extender. It emulates kube 1.35, the oldest
-        // it can, so it asks nothing of the v1.34 API server that it lacks.
+        // it can, so it asks nothing of the v1.34 API server that it lacks (v1.38 lists
+        // DeviceTaintRules, and would wait for them forever); what it runs, preemption's code
+        // included, is still its own.
         let api: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
         tessera_e2e::pods::delete_all(&api, Duration::from_secs(90)).await?;
         let tag = c.import_kube_scheduler_next().await?;

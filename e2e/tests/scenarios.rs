@@ -1017,55 +1017,6 @@ fn prioritized_pod(name: &str, class: &str, cpu: u32, mib: u64) -> Pod {
     p
 }
 
-/// Issue 30: a PodDisruptionBudget changes the extender's choice as kube-scheduler's rules say.
-/// Two A100s, one held by `guarded` (priority 5, covered by a budget that allows no disruption),
-/// the other by `free` (priority 10); `hog` (priority 5) holds the CPUs the pod needs, so
-/// kube-scheduler's own dry run names it. Without the budget `guarded` (the lower priority) would
-/// be the GPU victim; with it, `free` is, and `guarded` keeps running.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_disruption_budget_moves_preemption_to_the_other_gpu() {
-    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-    let c = start(ClusterOptions::new("preempt-pdb", a100_nodes(1, 2))).await;
-    priority_classes(&c, &[("lowest", 5), ("low", 10), ("mid", 100)]).await;
-    let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": "guarded", "namespace": "default"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
-    .expect("pdb");
-    Api::<PodDisruptionBudget>::namespaced(c.admin().clone(), "default")
-        .create(&PostParams::default(), &pdb)
-        .await
-        .expect("create pdb");
-    place_in_order(
-        &c,
-        vec![
-            prioritized_pod("guarded", "lowest", 1, 30000),
-            prioritized_pod("free", "low", 1, 30000),
-            prioritized_pod("hog", "lowest", 40, 1000),
-        ],
-    )
-    .await;
-    let api: Api<Pod> = Api::namespaced(c.admin().clone(), "default");
-    let guarded_uid = uid(&api.get("guarded").await.expect("guarded"));
-    place_in_order(&c, vec![prioritized_pod("urgent", "mid", 30, 20000)]).await;
-    let alive = alive_pods(&c).await;
-    assert!(
-        !alive.contains(&"hog".to_owned()) && !alive.contains(&"free".to_owned()),
-        "kube-scheduler's victim and the unguarded GPU tenant evicted: {alive:?}"
-    );
-    let guarded = api.get("guarded").await.expect("guarded still exists");
-    assert_eq!(uid(&guarded), guarded_uid);
-    assert!(guarded.metadata.deletion_timestamp.is_none());
-    // The extender, not kube-scheduler, chose `free`: kube-scheduler's dry run named `hog`.
-    let message = preemption_event(&c, "urgent").await;
-    assert!(
-        message.contains("evicting default/free (priority 10)")
-            && message.contains("with 1 pod(s) kube-scheduler chose"),
-        "{message}"
-    );
-    assert_no_overbooking(&c).await;
-}
-
 /// The message of the extender's `PreemptionCandidates` Event on pod `name` of `default`.
 async fn preemption_event(c: &Cluster, name: &str) -> String {
     pod_event(c, name, "PreemptionCandidates").await
@@ -1092,40 +1043,6 @@ async fn pod_event(c: &Cluster, name: &str, reason: &str) -> String {
     found.message.unwrap_or_default()
 }
 
-/// Issue 30 item 2, the v1.34 opt-in (`scheduler.preemption.countSlots=true`): with no CPU or
-/// memory pressure at all, a node whose GPU slots are all taken reaches preemption, because
-/// kube-scheduler now counts `nvidia.com/gpu`. One A100 split in two: `small` (priority 20,
-/// 15,000 MiB) and `large` (priority 10, 20,000 MiB) hold both slots. kube-scheduler's dry run
-/// frees one slot by naming the less important `large`; the pod (priority 100, 30,000 MiB) needs
-/// `small`'s memory too, which the extender adds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn counted_slots_bring_gpu_only_pressure_to_preemption() {
-    let mut node = NodeSpec::uniform("gpu-node-0", 1, "NVIDIA A100-SXM4-40GB", A100_MIB);
-    node.split_count = Some(2);
-    let mut opts = ClusterOptions::new("preempt-slots", vec![node]);
-    opts.kube_scheduler_config = "kube-scheduler-config-count-slots.yaml";
-    let c = start(opts).await;
-    priority_classes(&c, &[("low", 10), ("lowish", 20), ("mid", 100)]).await;
-    place_in_order(
-        &c,
-        vec![
-            prioritized_pod("small", "lowish", 1, 15000),
-            prioritized_pod("large", "low", 1, 20000),
-            prioritized_pod("urgent", "mid", 1, 30000),
-        ],
-    )
-    .await;
-    let alive = alive_pods(&c).await;
-    assert_eq!(alive, ["urgent"], "both tenants evicted");
-    let message = preemption_event(&c, "urgent").await;
-    assert!(
-        message.contains("evicting default/small (priority 20)")
-            && message.contains("with 1 pod(s) kube-scheduler chose"),
-        "{message}"
-    );
-    assert_no_overbooking(&c).await;
-}
-
 /// Names of the pods of `default` not being deleted.
 async fn alive_pods(c: &Cluster) -> Vec<String> {
     c.pods("default")
@@ -1146,37 +1063,4 @@ async fn place_in_order(c: &Cluster, pods: Vec<Pod>) {
         create_as_user(c, &pod).await.expect("create");
         wait_admitted(c, &[name], Duration::from_secs(120)).await;
     }
-}
-
-/// Issue 30 item 2 on kube-scheduler v1.38.0-beta.0 (upstream PR #135486: preemption candidates
-/// without victims for an extender that can preempt), with the chart's default configuration:
-/// pure GPU memory pressure, no CPU, memory or slot pressure at all, reaches the extender, which
-/// names the lower-priority tenant of the GPU; the higher-priority tenant stays.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn gpu_memory_pressure_alone_reaches_preemption_on_newer_kube_scheduler() {
-    let mut opts = ClusterOptions::new("preempt-next", a100_nodes(1, 1));
-    opts.newer_kube_scheduler = true;
-    let c = start(opts).await;
-    priority_classes(&c, &[("low", 10), ("mid", 100), ("top", 1000)]).await;
-    place_in_order(
-        &c,
-        vec![
-            prioritized_pod("batch", "low", 1, 30000),
-            prioritized_pod("serving", "top", 1, 8000),
-            prioritized_pod("urgent", "mid", 1, 20000),
-        ],
-    )
-    .await;
-    let alive = alive_pods(&c).await;
-    assert!(
-        !alive.contains(&"batch".to_owned()) && alive.contains(&"serving".to_owned()),
-        "only the lower-priority tenant evicted: {alive:?}"
-    );
-    let message = preemption_event(&c, "urgent").await;
-    assert!(
-        message.contains("evicting default/batch (priority 10) frees GPU-")
-            && !message.contains("kube-scheduler chose"),
-        "{message}"
-    );
-    assert_no_overbooking(&c).await;
 }

@@ -454,3 +454,68 @@ fn the_freed_slice_is_held_for_the_nominated_pod() {
         Verdict::Placed(_)
     ));
 }
+
+/// Issue 30 item 6: in a cluster where HAMi's own scheduler placed some pods, those pods are
+/// victims like Tessera's. The pod below is what HAMi v2.10 leaves on a pod it placed and its
+/// device plugin allocated: two containers sharing GPU 1, `vgpu-devices-to-allocate` consumed
+/// down to its separators, no `spec.priority` (HAMi's charts set no priority class: 0), no
+/// Tessera annotation. It is also a victim while HAMi's plugin has not allocated it yet
+/// (`bind-phase: allocating`): it is bound, so kube-scheduler finds it on the node.
+#[test]
+fn pods_hamis_scheduler_placed_are_victims_like_any_other() {
+    let hami_placed = |phase: &str| -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "hami-job", "namespace": "ml", "uid": "uid-hami-job",
+                "annotations": {
+                    "hami.io/vgpu-node": "n",
+                    "hami.io/vgpu-time": "1733300000",
+                    "hami.io/vgpu-devices-to-allocate": if phase == "success" {
+                        ";;".to_owned()
+                    } else {
+                        "GPU-n-1,NVIDIA,4096,0:;GPU-n-1,NVIDIA,4096,0:;".to_owned()
+                    },
+                    "hami.io/vgpu-devices-allocated": "GPU-n-1,NVIDIA,4096,0:;GPU-n-1,NVIDIA,4096,0:;",
+                    "hami.io/bind-phase": phase,
+                    "hami.io/bind-time": "1733300001"}},
+            "spec": {"nodeName": "n", "schedulerName": "hami-scheduler", "containers": [
+                {"name": "a", "image": "app", "resources": {"limits": {
+                    "nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}}},
+                {"name": "b", "image": "app", "resources": {"limits": {
+                    "nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}}}]},
+            "status": {"phase": if phase == "success" { "Running" } else { "Pending" }},
+        }))
+        .expect("a HAMi-placed pod")
+    };
+    for phase in ["success", "allocating"] {
+        // GPU 0: `a` (priority 10) and `keep` (1000) leave 4 GiB, 10 GiB without `a`: too
+        // little. GPU 1: HAMi's pod holds 8 GiB in two containers.
+        let nodes = vec![gpu_node("n", 2, 16384, 10)];
+        let pods = vec![
+            tenant("a", "n", "GPU-n-0,NVIDIA,6144,0:;", 10, 100),
+            tenant("keep", "n", "GPU-n-0,NVIDIA,6144,0:;", 1000, 100),
+            hami_placed(phase),
+        ];
+        let mut s = cluster_state(&nodes, &pods);
+        let pod = preemptor(100, 1, 12288);
+        let (chosen, refused) = ask(&mut s, &pod, &["n"], &[]);
+        assert!(refused.is_empty(), "{phase}: {refused:?}");
+        assert_eq!(chosen["n"].pods, ["uid-hami-job"], "{phase}");
+        assert_eq!(chosen["n"].gpus, ["GPU-n-1"], "{phase}");
+        // Both containers' memory is freed: the real filter places the pod once it is gone.
+        s.remove_pod("uid-hami-job");
+        assert!(
+            matches!(
+                filter_pod(
+                    &mut s,
+                    &DecisionConfig::default(),
+                    &pod,
+                    "uid-ns-urgent",
+                    &["n".to_owned()]
+                ),
+                Verdict::Placed(_)
+            ),
+            "{phase}"
+        );
+    }
+}
