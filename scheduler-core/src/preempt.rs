@@ -39,31 +39,34 @@ pub struct Budget {
     pub namespace: String,
     /// `status.disruptionsAllowed`.
     pub allowed: i32,
-    /// `status.disruptedPods`: names of pods already being evicted, not counted again.
-    pub disrupted: BTreeSet<String>,
-    /// UIDs of the pods its selector selects (listed from the API server by the caller; a budget
-    /// with an empty or invalid selector selects none, as kube-scheduler reads it).
-    pub covered: BTreeSet<String>,
+    /// UIDs of the pods whose eviction it counts: those its selector selects (listed from the
+    /// API server by the caller; a budget with an empty or invalid selector selects none, as
+    /// kube-scheduler reads it) less those in `status.disruptedPods` (being evicted already).
+    pub counted: BTreeSet<String>,
 }
 
 impl Budget {
-    /// The budget `pdb` with the UIDs of the pods its selector selects.
-    pub fn from_pdb(pdb: &PodDisruptionBudget, covered: BTreeSet<String>) -> Self {
+    /// The budget `pdb` with the pods its selector selects, as (name, UID).
+    pub fn from_pdb(
+        pdb: &PodDisruptionBudget,
+        selected: impl IntoIterator<Item = (String, String)>,
+    ) -> Self {
         let status = pdb.status.as_ref();
+        let disrupted = status.and_then(|s| s.disrupted_pods.as_ref());
         Budget {
             namespace: pdb.metadata.namespace.clone().unwrap_or_default(),
             allowed: status.map_or(0, |s| s.disruptions_allowed),
-            disrupted: status
-                .and_then(|s| s.disrupted_pods.as_ref())
-                .map(|d| d.keys().cloned().collect())
-                .unwrap_or_default(),
-            covered,
+            counted: selected
+                .into_iter()
+                .filter(|(name, _)| disrupted.is_none_or(|d| !d.contains_key(name)))
+                .map(|(_, uid)| uid)
+                .collect(),
         }
     }
 
-    /// Whether the budget counts the eviction of pod `uid` (`name` in `namespace`).
-    fn counts(&self, namespace: &str, name: &str, uid: &str) -> bool {
-        self.namespace == namespace && self.covered.contains(uid) && !self.disrupted.contains(name)
+    /// Whether the budget counts the eviction of pod `uid`.
+    fn counts(&self, uid: &str) -> bool {
+        self.counted.contains(uid)
     }
 }
 
@@ -277,12 +280,20 @@ impl Preemptor<'_> {
             })
             .collect();
         // kube-scheduler's `filterPodsWithPDBViolation`, in importance order, each budget's
-        // allowance used up by the victims before it.
+        // allowance used up by the victims before it; kube-scheduler's own victims (counted in
+        // its `NumPDBViolations`) use it first, whatever they are, since they go anyway.
         candidates.sort_by(|a, b| more_important(&a.pod.standing, &b.pod.standing));
-        let mut allowed: Vec<i32> = budgets.iter().map(|b| b.allowed).collect();
+        let mut allowed: Vec<i32> = budgets
+            .iter()
+            .map(|b| {
+                let used = kept.pods.iter().filter(|uid| b.counts(uid)).count();
+                b.allowed
+                    .saturating_sub(i32::try_from(used).unwrap_or(i32::MAX))
+            })
+            .collect();
         for c in &mut candidates {
             for (i, b) in budgets.iter().enumerate() {
-                if b.counts(c.pod.namespace, c.pod.name, c.pod.uid) {
+                if b.counts(c.pod.uid) {
                     allowed[i] -= 1;
                     c.violates |= allowed[i] < 0;
                 }

@@ -98,8 +98,7 @@ fn a_budget_that_would_be_violated_moves_the_choice_to_another_gpu() {
     let pdb = Budget {
         namespace: "ns".into(),
         allowed: 0,
-        disrupted: Default::default(),
-        covered: ["uid-ns-a".to_owned()].into(),
+        counted: ["uid-ns-a".to_owned()].into(),
     };
     let (chosen, _) = ask(
         &mut s,
@@ -114,6 +113,62 @@ fn a_budget_that_would_be_violated_moves_the_choice_to_another_gpu() {
     let relaxed = Budget { allowed: 1, ..pdb };
     let (chosen, _) = ask(&mut s, &preemptor(100, 1, 10240), &["n"], &[relaxed]);
     assert_eq!(chosen["n"].pods, ["uid-ns-a"]);
+}
+
+/// kube-scheduler's own victims use a budget's allowance first: with one disruption allowed and
+/// kube-scheduler already evicting `c` (covered), evicting `a` too would violate the budget, so
+/// GPU 1's `b` (not covered) is chosen instead, and no violation is reported.
+#[test]
+fn kube_schedulers_victims_use_the_budget_first() {
+    let (nodes, pods) = two_cards();
+    let mut s = cluster_state(&nodes, &pods);
+    let pdb = Budget {
+        namespace: "ns".into(),
+        allowed: 1,
+        counted: ["uid-ns-a".to_owned(), "uid-ns-c".to_owned()].into(),
+    };
+    let pod = preemptor(100, 1, 10240);
+    let proposed = BTreeMap::from([(
+        "n".to_owned(),
+        Victims {
+            pods: vec!["uid-ns-c".into()],
+            pdb_violations: 0,
+        },
+    )]);
+    let (chosen, _) = preempt(
+        &mut s,
+        &DecisionConfig::default(),
+        &pod,
+        "uid-ns-urgent",
+        &proposed,
+        std::slice::from_ref(&pdb),
+    );
+    assert_eq!(chosen["n"].pods, ["uid-ns-c", "uid-ns-b"]);
+    assert_eq!(chosen["n"].pdb_violations, 0);
+    // Without kube-scheduler's victim, `a` (GPU 0) is the cheapest again.
+    let (chosen, _) = ask(&mut s, &pod, &["n"], &[pdb]);
+    assert_eq!(chosen["n"].pods, ["uid-ns-a"]);
+    assert_eq!(chosen["n"].pdb_violations, 0);
+}
+
+/// A pod already being evicted (`status.disruptedPods`) is not counted again.
+#[test]
+fn a_pod_the_budget_lists_as_disrupted_is_not_counted_again() {
+    let pdb: k8s_openapi::api::policy::v1::PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "b", "namespace": "ns"},
+        "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1,
+                   "expectedPods": 2, "disruptedPods": {"a": "2026-12-04T10:00:00Z"}}}))
+    .expect("pdb");
+    let budget = Budget::from_pdb(
+        &pdb,
+        [
+            ("a".to_owned(), "uid-ns-a".to_owned()),
+            ("b".to_owned(), "uid-ns-b".to_owned()),
+        ],
+    );
+    assert_eq!(budget.namespace, "ns");
+    assert_eq!(budget.allowed, 0);
+    assert_eq!(budget.counted, ["uid-ns-b".to_owned()].into());
 }
 
 #[test]

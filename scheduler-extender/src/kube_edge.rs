@@ -318,12 +318,11 @@ impl ClusterEdge for KubeEdge {
                     .list_metadata(&kube::api::ListParams::default().labels_from(&selector))
                     .await
                     .map_err(edge_err)?;
-                let covered = pods
+                let selected = pods
                     .items
                     .into_iter()
-                    .filter_map(|p| p.metadata.uid)
-                    .collect();
-                out.push(Budget::from_pdb(pdb, covered));
+                    .filter_map(|p| Some((p.metadata.name?, p.metadata.uid?)));
+                out.push(Budget::from_pdb(pdb, selected));
             }
         }
         Ok(out)
