@@ -310,12 +310,17 @@ impl Engine {
                 let uid = p.metadata.uid.clone().unwrap_or_default();
                 let booked_before = self.state.pod(&uid).is_some_and(|r| r.books_capacity());
                 let preempted_before = self.state.pod_preempted(&uid);
+                let held_before = self.state.nomination_of(&uid).map(str::to_owned);
                 self.state.upsert_pod(&p);
                 if !preempted_before && self.state.pod_preempted(&uid) {
                     self.report_preempted(&uid);
                 }
                 let booked_after = self.state.pod(&uid).is_some_and(|r| r.books_capacity());
-                if booked_before && !booked_after {
+                // A hold that ends (the nominated pod bound, anywhere, or its nomination
+                // cleared or moved) frees the slice it kept from the pods it held back.
+                let hold_ended = held_before.is_some()
+                    && held_before.as_deref() != self.state.nomination_of(&uid);
+                if (booked_before && !booked_after) || hold_ended {
                     self.capacity_freed();
                 }
                 if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
@@ -325,7 +330,8 @@ impl Engine {
             }
             Observation::PodDelete { uid } => {
                 let booked = self.state.pod(&uid).is_some_and(|r| r.books_capacity())
-                    || self.state.reservation(&uid).is_some();
+                    || self.state.reservation(&uid).is_some()
+                    || self.state.nomination_of(&uid).is_some();
                 self.state.remove_pod(&uid);
                 self.unschedulable.remove(&uid);
                 self.pending.remove(&uid);

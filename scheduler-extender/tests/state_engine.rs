@@ -194,6 +194,44 @@ fn pending_pods_are_requeued_when_capacity_frees() {
     assert_eq!(nudged[0].name, "waiting");
 }
 
+/// A pod held back by a nominated pod's hold (issue 30 item 4) is requeued when the hold ends:
+/// the nominated pod bound elsewhere, or deleted, without any booking changing.
+#[test]
+fn pods_held_back_by_a_nomination_are_requeued_when_it_ends() {
+    for end in ["bound elsewhere", "deleted"] {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut e = Engine::standalone(DecisionConfig::default()).with_requeue(tx);
+        for n in ["n1", "n2"] {
+            e.observe(Observation::NodeUpsert(Box::new(gpu_node(n, 1, 16000, 10))));
+        }
+        let busy = running_pod("d", "busy", "n2", "GPU-n2-0,NVIDIA,16000,100:;");
+        e.observe(Observation::PodUpsert(Box::new(busy)));
+        let mut nominee = gpu_pod("d", "nominee", 1, 12000, 0);
+        nominee.spec.as_mut().expect("spec").priority = Some(100);
+        nominee.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            nominated_node_name: Some("n1".into()),
+            phase: Some("Pending".into()),
+            ..Default::default()
+        });
+        e.observe(Observation::PodUpsert(Box::new(nominee.clone())));
+        let waiting = gpu_pod("d", "waiting", 1, 8000, 0);
+        let nodes = ["n1".to_owned(), "n2".to_owned()];
+        assert!(placed(&e.filter(&waiting, &nodes)).is_none(), "{end}: held");
+        assert!(rx.try_recv().is_err());
+        if end == "deleted" {
+            e.observe(Observation::PodDelete {
+                uid: "uid-d-nominee".to_owned(),
+            });
+        } else {
+            nominee.spec.as_mut().expect("spec").node_name = Some("n3".into());
+            e.observe(Observation::PodUpsert(Box::new(nominee)));
+        }
+        let nudged = rx.try_recv().expect("a requeue batch");
+        assert_eq!(nudged.len(), 1, "{end}");
+        assert_eq!(nudged[0].name, "waiting", "{end}");
+    }
+}
+
 #[test]
 fn a_refiltered_pod_with_a_stale_failed_phase_still_books_its_new_decision() {
     let mut e = Engine::standalone(DecisionConfig::default());

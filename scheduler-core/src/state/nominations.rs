@@ -49,6 +49,11 @@ impl ClusterState {
         }
     }
 
+    /// The node pod `uid` is nominated to (where it holds a slice), if any.
+    pub fn nomination_of(&self, uid: &str) -> Option<&str> {
+        self.nominations.get(uid).map(|n| n.node.as_str())
+    }
+
     /// The nominations a pod of `priority` must leave room for: those of other pods with at
     /// least its priority, by node.
     pub fn holds_against(&self, priority: i32, uid: &str) -> BTreeMap<&str, Vec<&Nomination>> {
