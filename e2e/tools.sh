@@ -9,6 +9,7 @@
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/k8s-schemas-<v>/{<kind>-<group>-<version>.json, strict/...}
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/chartcheck-<k8s v>-r<n>/chartcheck
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/promtool-<v>/promtool
+#   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/actionlint-<v>/actionlint
 #
 # Prints `NAME=PATH` lines on stdout (eval-able); progress goes to stderr.
 #
@@ -39,6 +40,8 @@ K8S_STAGING_VERSION="v0.${K8S_SCHEMA_VERSION#v1.}"
 # promtool, for the chart's PrometheusRule (check and unit tests). Prometheus v3.x's module
 # versions are v0.3XX.Y (v0.316.0 is Prometheus 3.16.0).
 PROMTOOL_VERSION="${TESSERA_PROMTOOL_VERSION:-v0.316.0}"
+# actionlint, for .github/workflows/ (scripts/lint-workflows.sh).
+ACTIONLINT_VERSION="${TESSERA_ACTIONLINT_VERSION:-v1.7.12}"
 # Bump when chartcheck's source below changes.
 CHARTCHECK_REVISION=1
 
@@ -676,6 +679,8 @@ go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "$(printf -- '-X %s ' \
 go_install kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION" \
 	"-X main.version=$KUBECONFORM_VERSION"
 go_install promtool github.com/prometheus/prometheus/cmd/promtool "$PROMTOOL_VERSION"
+go_install actionlint github.com/rhysd/actionlint/cmd/actionlint "$ACTIONLINT_VERSION" \
+	"-X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION"
 generate_schemas
 build_chartcheck
 
@@ -685,3 +690,4 @@ echo "K8S_SCHEMA_DIR=$TOOLS/k8s-schemas-$K8S_SCHEMA_VERSION"
 echo "K8S_SCHEMA_VERSION=${K8S_SCHEMA_VERSION#v}"
 echo "CHARTCHECK=$TOOLS/chartcheck-$K8S_SCHEMA_VERSION-r$CHARTCHECK_REVISION/chartcheck"
 echo "PROMTOOL=$TOOLS/promtool-$PROMTOOL_VERSION/promtool"
+echo "ACTIONLINT=$TOOLS/actionlint-$ACTIONLINT_VERSION/actionlint"

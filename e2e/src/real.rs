@@ -700,6 +700,33 @@ impl RealCluster {
         self.dir.join(format!("{}.kubeconfig", token("admin")))
     }
 
+    /// The tenant's kubeconfig ([`USER`], a token).
+    pub fn kubeconfig_user(&self) -> PathBuf {
+        self.dir.join(format!("{}.kubeconfig", token(USER)))
+    }
+
+    /// Runs `kubectl tessera <args>` as the administrator or as the tenant (their kubeconfig,
+    /// namespace `default` unless `args` say otherwise); returns whether it succeeded and what
+    /// it printed (stdout, then stderr).
+    pub async fn kubectl_tessera(&self, as_tenant: bool, args: &[&str]) -> Result<(bool, String)> {
+        let kubeconfig = if as_tenant {
+            self.kubeconfig_user()
+        } else {
+            self.kubeconfig_admin()
+        };
+        let mut cmd = Command::new(&self.artifacts.kubectl_tessera);
+        cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .map_err(|e| Error::msg(format!("kubectl-tessera: {e}")))??;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok((out.status.success(), text))
+    }
+
     pub fn node(&self, name: &str) -> Option<&RealNode> {
         self.nodes.iter().find(|n| n.name() == name)
     }

@@ -222,6 +222,7 @@ fn real_nodes_preemption_frees_exactly_the_slice_it_needs_on_both_kube_scheduler
         }
 
         counted_slots_on_v1_34(&c, &gpu0, &gpu1).await?;
+        operator_answers(&c, &gpu0, &gpu1).await?;
 
         // The newer kube-scheduler, with the chart's default configuration (no slot counting):
         // GPU memory pressure alone now reaches the extender. It emulates kube 1.35, the oldest
@@ -329,6 +330,114 @@ async fn counted_slots_on_v1_34(c: &RealCluster, gpu0: &str, gpu1: &str) -> Resu
     }
     assert!(tessera_e2e::pods::node_of(&api.get("pair").await?).is_none());
     assert_not_overbooked(c).await
+}
+
+/// `kubectl tessera` (issue 34) on the cluster the v1.34 case leaves: GPU 0 holds `a-top`
+/// (8,000 MiB) and `urgent` (30,000), two of its three slots; GPU 1 is full (three pods, 40,000
+/// MiB); `sneak` and `pair` are pending. What an operator and a tenant read.
+async fn operator_answers(c: &RealCluster, gpu0: &str, gpu1: &str) -> Result<()> {
+    let run = |as_tenant: bool, args: &'static [&'static str]| async move {
+        let (ok, text) = c.kubectl_tessera(as_tenant, args).await?;
+        eprintln!(
+            "kubectl tessera {} ({}):\n{text}",
+            args.join(" "),
+            if as_tenant { "tenant" } else { "admin" }
+        );
+        Ok::<_, Error>((ok, text))
+    };
+    // Who uses which GPU, for the administrator: totals, bookings and each pod's slice.
+    let (ok, gpus) = run(false, &["gpus"]).await?;
+    assert!(ok, "{gpus}");
+    for want in [
+        gpu0,
+        gpu1,
+        "38000/40960 MiB",
+        "40000/40960 MiB",
+        "2/3",
+        "3/3",
+        "team-a/urgent",
+        "30000 MiB",
+        "team-a/b-fair-2",
+    ] {
+        assert!(gpus.contains(want), "gpus lacks {want:?}:\n{gpus}");
+    }
+    assert!(
+        !gpus.contains("team-a/sneak"),
+        "a pending pod books nothing:\n{gpus}"
+    );
+    // The tenant may list only its namespace's pods: it sees its own slices, totals unknown,
+    // and is told what it does not see.
+    let (ok, mine) = run(true, &["gpus", "-n", TENANT]).await?;
+    assert!(ok, "{mine}");
+    assert!(
+        mine.contains("team-a/urgent")
+            && mine.contains("38000 MiB/?")
+            && mine.contains("you may not list Nodes")
+            && mine.contains("only in namespace team-a"),
+        "{mine}"
+    );
+    // Why a pending pod waits: the node's reason, and the largest slice free (GPU 0's 2,960 MiB;
+    // GPU 1 has no free slot).
+    let (ok, sneak) = run(false, &["why", "sneak", "-n", TENANT]).await?;
+    assert!(ok, "{sneak}");
+    assert!(
+        sneak.contains("team-a/sneak fits no node now")
+            && sneak.contains("gpu-node: ")
+            && sneak.contains(&format!("gpu-node: {gpu0} 2960 MiB")),
+        "{sneak}"
+    );
+    let (ok, bound) = run(false, &["why", "urgent", "-n", TENANT]).await?;
+    assert!(
+        ok && bound.contains("is bound to node gpu-node: GPU-") && bound.contains("30000 MiB"),
+        "{bound}"
+    );
+    // The tenant cannot list Nodes: `why` says what it needs instead of guessing.
+    let (ok, denied) = run(true, &["why", "sneak", "-n", TENANT]).await?;
+    assert!(!ok && denied.contains("may not list"), "{denied}");
+    // Where pods of a file would go now, nothing created: 2,000 MiB fits GPU 0's last slot;
+    // 30,000 MiB fits nowhere.
+    let plan = c.dir.join("plan.yaml");
+    let manifest = |name: &str, mib: u64| {
+        serde_json::to_string(&probe::pod(
+            TENANT,
+            name,
+            None,
+            Vec::new(),
+            vec![probe::container("main", &Slice::mib(1, mib), false)],
+        ))
+    };
+    std::fs::write(
+        &plan,
+        format!(
+            "{}\n---\n{}\n",
+            manifest("small", 2000)?,
+            manifest("big", 30000)?
+        ),
+    )?;
+    let plan = plan.display().to_string();
+    let (ok, planned) = c
+        .kubectl_tessera(false, &["plan", "-f", &plan, "-n", TENANT])
+        .await?;
+    eprintln!("kubectl tessera plan:\n{planned}");
+    assert!(ok, "{planned}");
+    let line = |name: &str| {
+        planned
+            .lines()
+            .find(|l| l.starts_with(&format!("{TENANT}/{name} ")))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        line("small").contains("gpu-node") && line("small").contains(gpu0),
+        "{planned}"
+    );
+    assert!(line("big").contains("pending"), "{planned}");
+    let api: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    assert!(
+        api.get_opt("small").await?.is_none(),
+        "plan created nothing"
+    );
+    Ok(())
 }
 
 /// Waits until the scheduler pods run kube-scheduler `tag` and nothing older.

@@ -12,6 +12,7 @@
 //!   function of the AdmissionReview and the [`facts`] every replica keeps;
 //! - [`preempt`]: the extender's preemption verb (which pods to evict for a pod, per node);
 //! - [`lease`]: the leader-election decision; [`simulate`]: the offline `simulate` tool;
+//!   [`inventory`]: who uses which GPU (`kubectl tessera gpus`); [`text`]: terminal tables;
 //! - `fixtures` (feature `testing`): Kubernetes objects for tests, benchmarks and fuzzing.
 //!
 //! What does not: the decision loop that owns the state, the Kubernetes client, the HTTP and TLS
@@ -28,6 +29,7 @@ pub mod facts;
 pub mod fit;
 #[cfg(feature = "testing")]
 pub mod fixtures;
+pub mod inventory;
 pub mod lease;
 pub mod patch;
 pub mod podspec;
@@ -35,4 +37,5 @@ pub mod preempt;
 pub mod quota;
 pub mod simulate;
 pub mod state;
+pub mod text;
 pub mod webhook;

@@ -99,6 +99,41 @@ fn is_placed(pod: &Pod) -> bool {
 }
 
 impl Input {
+    /// The cluster the input describes, before any pending pod is placed: its GPU nodes (and
+    /// their names, in input order), the placed pods and the quotas.
+    pub fn state(&self, cfg: &DecisionConfig) -> (ClusterState, Vec<String>) {
+        let mut state = ClusterState::new();
+        let keys = QuotaKeys::new(&cfg.nvidia.resources, cfg.nvidia.effective_memory_factor());
+        let mut names = Vec::new();
+        for n in &self.nodes {
+            if let Some(rec) = NodeRecord::from_node(n, cfg) {
+                names.push(rec.name.clone());
+                state.upsert_node(rec);
+            }
+        }
+        for p in &self.running {
+            state.upsert_pod(&with_uid(p));
+        }
+        for q in &self.quotas {
+            let mut q = q.clone();
+            if q.metadata.namespace.is_none() {
+                q.metadata.namespace = Some("default".to_owned());
+            }
+            state.upsert_quota(&q, &keys);
+        }
+        (state, names)
+    }
+
+    /// Adds a pod: to the placed ones if it is bound or carries a placement, else to the pods
+    /// to place.
+    pub fn add_pod(&mut self, pod: Pod) {
+        if is_placed(&pod) {
+            self.running.push(pod);
+        } else {
+            self.pending.push(pod);
+        }
+    }
+
     /// Reads multi-document YAML (or JSON); a `List` (`v1 List`, `NodeList`, …) is unpacked.
     pub fn parse(text: &str) -> Result<Self, SimulateError> {
         let mut input = Input::default();
@@ -156,11 +191,7 @@ impl Input {
                 if pod.metadata.name.is_none() {
                     return Err(invalid("metadata.name is required"));
                 }
-                if is_placed(&pod) {
-                    self.running.push(pod);
-                } else {
-                    self.pending.push(pod);
-                }
+                self.add_pod(pod);
             }
             "ResourceQuota" => self.quotas.push(typed(&v, err)?),
             "" => return Err(invalid("object has no kind")),
@@ -251,41 +282,22 @@ pub fn table(results: &[PodResult]) -> String {
             [r.pod.clone(), node, slices, score, why]
         })
         .collect();
-    let header = [
-        "POD",
-        "NODE",
-        "GPU SLICES",
-        "SCORE",
-        "WHY NOT ELSEWHERE / WHY PENDING",
-    ];
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: [&str; 5]| {
-        let mut l = String::new();
-        for (i, cell) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                l.push_str(cell);
-            } else {
-                l.push_str(&format!("{cell:<width$}  ", width = widths[i]));
-            }
-        }
-        l.trim_end().to_owned() + "\n"
-    };
-    let mut out = line(header);
-    for r in &rows {
-        out.push_str(&line([&r[0], &r[1], &r[2], &r[3], &r[4]]));
-    }
-    out
+    crate::text::table(
+        [
+            "POD",
+            "NODE",
+            "GPU SLICES",
+            "SCORE",
+            "WHY NOT ELSEWHERE / WHY PENDING",
+        ],
+        &rows,
+    )
 }
 
 /// HAMi's device list as a reader wants it: per container, each GPU's memory and cores
 /// (`GPU-t4-1 4000 MiB 20%`), containers separated by ` | `; the text itself when it is not
 /// HAMi's form (a DRA claim's devices).
-fn slices(devices: &str) -> String {
+pub fn slices(devices: &str) -> String {
     if devices.is_empty() {
         return "-".to_owned();
     }
@@ -449,25 +461,7 @@ pub const NO_GPU_NODES: &str = "the input has no node that takes GPU pods: add t
 
 /// Places every pending pod in file order; each placement books capacity for the next.
 pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
-    let mut state = ClusterState::new();
-    let keys = QuotaKeys::new(&cfg.nvidia.resources, cfg.nvidia.effective_memory_factor());
-    let mut names = Vec::new();
-    for n in &input.nodes {
-        if let Some(rec) = NodeRecord::from_node(n, cfg) {
-            names.push(rec.name.clone());
-            state.upsert_node(rec);
-        }
-    }
-    for p in &input.running {
-        state.upsert_pod(&with_uid(p));
-    }
-    for q in &input.quotas {
-        let mut q = q.clone();
-        if q.metadata.namespace.is_none() {
-            q.metadata.namespace = Some("default".to_owned());
-        }
-        state.upsert_quota(&q, &keys);
-    }
+    let (mut state, names) = input.state(cfg);
     let mut dra = DraState::new(&input.dra);
     let mut out = Vec::new();
     for (tick, pod) in input.pending.iter().enumerate() {

@@ -86,6 +86,55 @@ impl FitReason {
     }
 }
 
+impl FitReason {
+    /// What the reason means, for a person reading why a pod is pending.
+    pub const fn meaning(self) -> &'static str {
+        match self {
+            FitReason::CardTypeMismatch => {
+                "the GPU's model is not one the pod allows (nvidia.com/use-gputype, nouse-gputype)"
+            }
+            FitReason::CardUuidMismatch => {
+                "the GPU is not one the pod allows (nvidia.com/use-gpuuuid, nouse-gpuuuid)"
+            }
+            FitReason::CardTimeSlicingExhausted => {
+                "every share of the GPU is taken (deviceSplitCount pods already use it)"
+            }
+            FitReason::CardComputeUnitsExhausted => {
+                "the GPU's SMs are fully booked, or the pod asks for the whole GPU (gpucores: 100) \
+                 and others use it"
+            }
+            FitReason::CardInsufficientMemory => "not enough GPU memory left unbooked on the GPU",
+            FitReason::CardInsufficientCore => "not enough SM percentage left unbooked on the GPU",
+            FitReason::CardNotHealth => "the device plugin reports the GPU unhealthy",
+            FitReason::CardCordoned => "the GPU is cordoned (hami.io/device-cordon)",
+            FitReason::NumaNotFit => {
+                "the GPUs that fit are not on one NUMA node (nvidia.com/numa-bind)"
+            }
+            FitReason::ExclusiveDeviceAllocateConflict => {
+                "the GPU is held exclusively by another pod, or the pod wants it exclusively"
+            }
+            FitReason::CardNotFoundCustomFilterRule => "no GPU matches the pod's filter rules",
+            FitReason::CardMigTopologyInfeasible => {
+                "no allowed MIG profile with enough memory has a free placement on the GPU"
+            }
+            FitReason::NodeInsufficientDevice => {
+                "the node has fewer usable GPUs than the pod asks for"
+            }
+            FitReason::AllocatedCardsInsufficientRequest => {
+                "too few of the node's GPUs fit the pod's request together"
+            }
+            FitReason::ResourceQuotaNotFit => {
+                "the namespace's GPU ResourceQuota has no room for the pod"
+            }
+        }
+    }
+
+    /// The reason named `name` (HAMi's name).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+}
+
 impl fmt::Display for FitReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

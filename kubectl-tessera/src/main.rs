@@ -1,0 +1,502 @@
+//! `kubectl tessera`: Tessera's GPU sharing from a terminal, with the caller's own credentials
+//! and RBAC. Installed as `kubectl-tessera` on the PATH (or through krew), kubectl runs it for
+//! `kubectl tessera …`.
+//!
+//! Every answer comes from the scheduler's own decision code (`tessera-scheduler-core`) run on a
+//! snapshot of the cluster read with the caller's credentials: nothing is written, and what the
+//! caller may not list is left out and said so.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use kube::api::ListParams;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use tessera_scheduler_core::config::DecisionConfig;
+use tessera_scheduler_core::fit::FitReason;
+use tessera_scheduler_core::inventory;
+use tessera_scheduler_core::simulate::{self, Input, PodResult};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl-tessera",
+    version,
+    about = "Tessera's GPU sharing from a terminal: who uses which GPU, why a GPU pod is pending, \
+             where pods would go. Reads the cluster with your own credentials; writes nothing."
+)]
+struct Cli {
+    /// The kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: the current one).
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// The namespace (default: the context's, else `default`).
+    #[arg(short = 'n', long, global = true)]
+    namespace: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Per node and GPU: the model, health, slots, memory and cores booked, and each pod's
+    /// slice. Without permission to list Nodes or other namespaces' pods, only the GPUs of the
+    /// pods you may list are shown (their totals unknown).
+    Gpus {
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Why a GPU pod is pending: each node's reason, the nodes it fits now with their scores,
+    /// what preemption would evict for it, and the largest slice free on each node.
+    Why {
+        /// The pod's name (in --namespace).
+        pod: String,
+    },
+    /// Where the pods of a file would go on the cluster as it is now, in file order (nothing is
+    /// created).
+    Plan {
+        /// Pod manifests (multi-document YAML or JSON); `-` reads standard input.
+        #[arg(short = 'f', long = "file", required = true)]
+        file: Vec<PathBuf>,
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match answer(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The causes on one line, never a backtrace: this is read by a person.
+            eprintln!("kubectl-tessera: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn answer(cli: Cli) -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let text = runtime.block_on(run(cli))?;
+    // A reader that stops early (`| head`) is not an error.
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        written => written.context("writing to standard output"),
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<String> {
+    let (client, context_namespace) = connect(cli.kubeconfig.as_ref(), cli.context.clone()).await?;
+    let namespace = cli.namespace.unwrap_or(context_namespace);
+    // The chart's defaults (HAMi's resource names and scaling): what `tessera-scheduler` decides
+    // with unless its own flags change them.
+    let cfg = DecisionConfig::default();
+    match cli.command {
+        Command::Gpus { output } => {
+            let snap = Snapshot::read(&client, &namespace, None).await?;
+            let (mut state, _) = snap.input.state(&cfg);
+            let rows = inventory::gpus(&mut state);
+            Ok(match output {
+                Output::Json => serde_json::to_string_pretty(&rows)? + "\n",
+                Output::Table => {
+                    let mut text = if rows.is_empty() {
+                        "No GPU is registered or booked that you may see.\n".to_owned()
+                    } else {
+                        inventory::table(&rows)
+                    };
+                    for (node, why) in inventory::unregistered(&state) {
+                        text.push_str(&format!("node {node}: no GPUs usable: {why}\n"));
+                    }
+                    text.push_str(&snap.notes());
+                    text
+                }
+            })
+        }
+        Command::Why { pod } => why(&client, &namespace, &pod, &cfg).await,
+        Command::Plan { file, output } => {
+            let mut snap = Snapshot::read(&client, &namespace, None).await?;
+            // Only the file's pods are placed; the cluster's own pending pods are not.
+            snap.input.pending.clear();
+            let mut planned = Input::default();
+            for f in &file {
+                let text = if f.as_os_str() == "-" {
+                    std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+                } else {
+                    std::fs::read_to_string(f)
+                        .with_context(|| format!("reading {}", f.display()))?
+                };
+                planned
+                    .add_text(&text)
+                    .with_context(|| format!("parsing {}", f.display()))?;
+            }
+            for mut p in planned.running.into_iter().chain(planned.pending) {
+                // A pod of the file is placed as new, whatever its status says.
+                if let Some(spec) = p.spec.as_mut() {
+                    spec.node_name = None;
+                }
+                if let Some(a) = p.metadata.annotations.as_mut() {
+                    a.retain(|k, _| !k.starts_with("hami.io/"));
+                }
+                if p.metadata.namespace.is_none() {
+                    p.metadata.namespace = Some(namespace.clone());
+                }
+                snap.input.pending.push(p);
+            }
+            let results = simulate::run(&snap.input, &cfg);
+            Ok(match output {
+                Output::Json => results.iter().try_fold(String::new(), |mut t, r| {
+                    t.push_str(&serde_json::to_string(r)?);
+                    t.push('\n');
+                    Ok::<_, serde_json::Error>(t)
+                })?,
+                Output::Table => simulate::table(&results) + &snap.notes(),
+            })
+        }
+    }
+}
+
+/// A client for the kubeconfig (or in-cluster) and the context's namespace.
+async fn connect(
+    kubeconfig: Option<&PathBuf>,
+    context: Option<String>,
+) -> anyhow::Result<(Client, String)> {
+    let opts = KubeConfigOptions {
+        context,
+        ..Default::default()
+    };
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &opts).await?
+        }
+        None if opts.context.is_some() => Config::from_kubeconfig(&opts).await?,
+        None => Config::infer()
+            .await
+            .context("no kubeconfig ($KUBECONFIG, ~/.kube/config) and not in a cluster")?,
+    };
+    let namespace = config.default_namespace.clone();
+    Ok((Client::try_from(config)?, namespace))
+}
+
+/// What the caller may read of the cluster, as `simulate` takes it, and what was left out.
+struct Snapshot {
+    input: Input,
+    limited: Vec<String>,
+}
+
+fn forbidden(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 403)
+}
+
+impl Snapshot {
+    /// Nodes, pods and ResourceQuotas: cluster-wide where allowed, else the namespace's (pods
+    /// and quotas) or none (Nodes). `skip` is a pod UID left out (the one `why` asks about).
+    async fn read(client: &Client, namespace: &str, skip: Option<&str>) -> anyhow::Result<Self> {
+        let lp = ListParams::default();
+        let mut input = Input::default();
+        let mut limited = Vec::new();
+        match Api::<Node>::all(client.clone()).list(&lp).await {
+            Ok(l) => input.nodes = l.items,
+            Err(e) if forbidden(&e) => limited.push(
+                "you may not list Nodes: GPU totals and free GPUs are unknown (`kubectl auth \
+                 can-i list nodes`)"
+                    .to_owned(),
+            ),
+            Err(e) => return Err(e).context("listing Nodes"),
+        }
+        let pods = match Api::<Pod>::all(client.clone()).list(&lp).await {
+            Ok(l) => l.items,
+            Err(e) if forbidden(&e) => {
+                limited.push(format!(
+                    "you may list pods only in namespace {namespace}: other namespaces' bookings \
+                     are not counted"
+                ));
+                Api::<Pod>::namespaced(client.clone(), namespace)
+                    .list(&lp)
+                    .await
+                    .with_context(|| format!("listing the pods of namespace {namespace}"))?
+                    .items
+            }
+            Err(e) => return Err(e).context("listing pods"),
+        };
+        for p in pods {
+            let ended = matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            );
+            if ended || (skip.is_some() && p.metadata.uid.as_deref() == skip) {
+                continue;
+            }
+            input.add_pod(p);
+        }
+        input.quotas = match Api::<ResourceQuota>::all(client.clone()).list(&lp).await {
+            Ok(l) => l.items,
+            Err(e) if forbidden(&e) => {
+                match Api::<ResourceQuota>::namespaced(client.clone(), namespace)
+                    .list(&lp)
+                    .await
+                {
+                    Ok(l) => l.items,
+                    Err(e) if forbidden(&e) => {
+                        limited.push(
+                            "you may not list ResourceQuotas: budgets are not checked".into(),
+                        );
+                        Vec::new()
+                    }
+                    Err(e) => return Err(e).context("listing ResourceQuotas"),
+                }
+            }
+            Err(e) => return Err(e).context("listing ResourceQuotas"),
+        };
+        Ok(Snapshot { input, limited })
+    }
+
+    /// The footnotes saying what the answer leaves out.
+    fn notes(&self) -> String {
+        self.limited
+            .iter()
+            .map(|l| format!("note: {l}\n"))
+            .collect()
+    }
+}
+
+/// `why POD`: the pod's placement if it has one, else each node's reason and what would help.
+async fn why(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    cfg: &DecisionConfig,
+) -> anyhow::Result<String> {
+    let pod = Api::<Pod>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .with_context(|| format!("reading pod {namespace}/{name}"))?;
+    let key = format!("{namespace}/{name}");
+    if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+        let devices = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("hami.io/vgpu-devices-allocated"))
+            .map(|d| simulate::slices(d))
+            .unwrap_or_else(|| "no GPU slice".to_owned());
+        return Ok(format!("{key} is bound to node {node}: {devices}\n"));
+    }
+    let mut snap = Snapshot::read(client, namespace, pod.metadata.uid.as_deref()).await?;
+    if snap.input.nodes.is_empty() {
+        bail!(
+            "why needs the Nodes, which your account may not list (kubectl auth can-i list \
+             nodes): ask your cluster administrator for read access to Nodes and pods"
+        );
+    }
+    snap.input.pending = vec![pod];
+    let results = simulate::run(&snap.input, cfg);
+    let Some(result) = results.first() else {
+        bail!("{key}: nothing to evaluate");
+    };
+    let (mut state, _) = snap.input.state(cfg);
+    let free = largest_free_slices(&inventory::gpus(&mut state));
+    Ok(explain(&key, result, &free) + &snap.notes())
+}
+
+/// Per node, the GPU with the most free memory among those with a free slot: (GPU, MiB, cores).
+fn largest_free_slices(rows: &[inventory::GpuRow]) -> Vec<(String, String, u32, u32)> {
+    let mut best: std::collections::BTreeMap<&str, (String, u32, u32)> = Default::default();
+    for r in rows {
+        let Some(reg) = &r.registered else { continue };
+        if !reg.healthy || r.slots_used >= reg.slots {
+            continue;
+        }
+        let mem = reg.mem.saturating_sub(r.mem_used);
+        let cores = reg.cores.saturating_sub(r.cores_used);
+        let entry = best.entry(&r.node).or_insert((r.uuid.clone(), mem, cores));
+        if mem > entry.1 {
+            *entry = (r.uuid.clone(), mem, cores);
+        }
+    }
+    best.into_iter()
+        .map(|(node, (gpu, mem, cores))| (node.to_owned(), gpu, mem, cores))
+        .collect()
+}
+
+/// The answer for a terminal.
+fn explain(key: &str, r: &PodResult, free: &[(String, String, u32, u32)]) -> String {
+    let mut out = String::new();
+    if let Some(e) = &r.error {
+        out.push_str(&format!("{key} cannot be placed by Tessera: {e}\n"));
+        return out;
+    }
+    if r.scores.is_empty() {
+        out.push_str(&format!(
+            "{key} fits no node now ({} node(s) refuse it):\n",
+            r.reasons.len()
+        ));
+    } else {
+        let fits: Vec<String> = r
+            .scores
+            .iter()
+            .map(|(n, s)| format!("{n} (score {s:.2})"))
+            .collect();
+        out.push_str(&format!(
+            "{key} fits now on {}; the GPU share is not what holds it: `kubectl describe pod` \
+             shows kube-scheduler's other reasons (CPU, memory, affinity, taints), or it has not \
+             been tried since room was made.\n",
+            fits.join(", ")
+        ));
+        if !r.reasons.is_empty() {
+            out.push_str("Other nodes refuse it:\n");
+        }
+    }
+    for (node, why) in &r.reasons {
+        let never = if r.never_fits.contains(node) {
+            " (even with every pod there evicted)"
+        } else {
+            ""
+        };
+        out.push_str(&format!("  {node}: {why}{never}\n"));
+    }
+    if !r.preemption.is_empty() {
+        out.push_str(
+            "Preemption makes room (kube-scheduler evicts these lower-priority pods for it):\n",
+        );
+        for (node, what) in &r.preemption {
+            out.push_str(&format!("  {node}: {what}\n"));
+        }
+    }
+    // HAMi's reason names, in words.
+    let named: std::collections::BTreeSet<FitReason> = r
+        .reasons
+        .values()
+        .flat_map(|why| why.split([',', ' ', ';', ':']))
+        .filter_map(FitReason::from_name)
+        .collect();
+    for reason in named {
+        out.push_str(&format!("  ({reason}: {})\n", reason.meaning()));
+    }
+    if r.scores.is_empty() && !free.is_empty() {
+        out.push_str(
+            "The largest slice free on one GPU of each node (a smaller request fits there):\n",
+        );
+        for (node, gpu, mem, cores) in free {
+            out.push_str(&format!("  {node}: {gpu} {mem} MiB, {cores}% cores\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn pending(reasons: &[(&str, &str)]) -> PodResult {
+        PodResult {
+            pod: "ns/p".into(),
+            node: None,
+            devices: String::new(),
+            reasons: reasons
+                .iter()
+                .map(|(n, w)| ((*n).to_owned(), (*w).to_owned()))
+                .collect(),
+            error: None,
+            mig: BTreeMap::new(),
+            notes: Vec::new(),
+            scores: BTreeMap::new(),
+            never_fits: vec!["small".into()],
+            preemption: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_pending_pod_is_explained_in_words_with_what_would_fit() {
+        let r = pending(&[
+            (
+                "big",
+                "1/2 CardInsufficientMemory, 1/2 CardTimeSlicingExhausted",
+            ),
+            ("small", "1/1 CardInsufficientMemory"),
+        ]);
+        let free = [("big".to_owned(), "GPU-0".to_owned(), 2960, 100)];
+        let text = explain("ns/p", &r, &free);
+        assert!(
+            text.starts_with("ns/p fits no node now (2 node(s) refuse it):\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  small: 1/1 CardInsufficientMemory (even with every pod there evicted)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("(CardTimeSlicingExhausted: every share of the GPU is taken"),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("(CardInsufficientMemory:").count(),
+            1,
+            "{text}"
+        );
+        assert!(
+            text.ends_with("  big: GPU-0 2960 MiB, 100% cores\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_pod_that_fits_is_said_to_wait_for_something_else() {
+        let mut r = pending(&[]);
+        r.scores.insert("n1".into(), 1.5);
+        let text = explain("ns/p", &r, &[]);
+        assert!(text.contains("fits now on n1 (score 1.50)"), "{text}");
+        assert!(text.contains("kubectl describe pod"), "{text}");
+    }
+
+    #[test]
+    fn the_largest_free_slice_skips_full_and_unhealthy_gpus() {
+        let row = |uuid: &str, healthy: bool, slots_used: u32, mem_used: u32| inventory::GpuRow {
+            node: "n".into(),
+            uuid: uuid.into(),
+            registered: Some(inventory::Registered {
+                index: 0,
+                model: "A100".into(),
+                mode: "hami-core".into(),
+                healthy,
+                slots: 2,
+                mem: 40960,
+                cores: 100,
+            }),
+            slots_used,
+            mem_used,
+            cores_used: 0,
+            mig: Vec::new(),
+            tenants: Vec::new(),
+        };
+        let rows = [
+            row("GPU-full", true, 2, 0),
+            row("GPU-sick", false, 0, 0),
+            row("GPU-a", true, 1, 30000),
+            row("GPU-b", true, 1, 20000),
+        ];
+        assert_eq!(
+            largest_free_slices(&rows),
+            [("n".to_owned(), "GPU-b".to_owned(), 20960, 100)]
+        );
+    }
+}
