@@ -437,6 +437,52 @@ async fn operator_answers(c: &RealCluster, gpu0: &str, gpu1: &str) -> Result<()>
         api.get_opt("small").await?.is_none(),
         "plan created nothing"
     );
+
+    // The installation checked: whole as the chart installed it.
+    let (ok, healthy) = run(false, &["doctor"]).await?;
+    assert!(ok, "{healthy}");
+    for want in [
+        "ok    scheduler     tessera-system/tessera-scheduler: 1/1 ready",
+        "service tessera-system/tessera-scheduler has a ready endpoint",
+        "ok    node          gpu-node: 2 GPU(s) registered, 6 nvidia.com/gpu allocatable",
+        "0 failure(s), 0 warning(s)",
+    ] {
+        assert!(healthy.contains(want), "doctor lacks {want:?}:\n{healthy}");
+    }
+    // NVIDIA's device plugin deployed beside it (as the GPU Operator would; on no node here):
+    // a warning naming it and the fix, not a failure.
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "gpu-operator"}}))?;
+    Api::all(c.admin().clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    let nvidia: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": "gpu-operator"},
+        "spec": {"selector": {"matchLabels": {"app": "nvidia-device-plugin"}},
+                 "template": {"metadata": {"labels": {"app": "nvidia-device-plugin"}},
+                    "spec": {"nodeSelector": {"nvidia.com/gpu.deploy.device-plugin": "true"},
+                             "containers": [{"name": "nvidia-device-plugin",
+                                             "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"}]}}}}))?;
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(c.admin().clone(), "gpu-operator");
+    daemonsets.create(&PostParams::default(), &nvidia).await?;
+    let (ok, warned) = run(false, &["doctor"]).await?;
+    assert!(
+        ok && warned.contains(
+            "WARN  other plugin  gpu-operator/nvidia-device-plugin-daemonset: NVIDIA's device plugin"
+        ) && warned.contains("devicePlugin.enabled=false")
+            && warned.contains("0 failure(s), 1 warning(s)"),
+        "{warned}"
+    );
+    daemonsets
+        .delete("nvidia-device-plugin-daemonset", &Default::default())
+        .await?;
+    // A tenant cannot read what doctor needs, and is told so.
+    let (ok, denied) = run(true, &["doctor"]).await?;
+    assert!(
+        !ok && denied.contains("an administrator's read access"),
+        "{denied}"
+    );
     Ok(())
 }
 

@@ -20,6 +20,8 @@ use tessera_scheduler_core::fit::FitReason;
 use tessera_scheduler_core::inventory;
 use tessera_scheduler_core::simulate::{self, Input, PodResult};
 
+mod doctor;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "kubectl-tessera",
@@ -64,6 +66,10 @@ enum Command {
     },
     /// Where the pods of a file would go on the cluster as it is now, in file order (nothing is
     /// created).
+    /// Checks the installation: the scheduler and its webhook, the device plugin on every GPU
+    /// node, what each node registered against what its kubelet advertises, and no second GPU
+    /// device plugin beside Tessera's; names the fix for each problem. Exits 1 on a failure.
+    Doctor,
     Plan {
         /// Pod manifests (multi-document YAML or JSON); `-` reads standard input.
         #[arg(short = 'f', long = "file", required = true)]
@@ -78,8 +84,16 @@ fn main() -> std::process::ExitCode {
     match answer(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            // The causes on one line, never a backtrace: this is read by a person.
-            eprintln!("kubectl-tessera: {e:#}");
+            // The causes on one line, never a backtrace: this is read by a person. The API
+            // server's own message rather than kube's debug form of its Status.
+            let causes: Vec<String> = e
+                .chain()
+                .map(|cause| match cause.downcast_ref::<kube::Error>() {
+                    Some(kube::Error::Api(status)) => status.message.clone(),
+                    _ => cause.to_string(),
+                })
+                .collect();
+            eprintln!("kubectl-tessera: {}", causes.join(": "));
             std::process::ExitCode::FAILURE
         }
     }
@@ -91,26 +105,36 @@ fn answer(cli: Cli) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let text = runtime.block_on(run(cli))?;
+    let (text, healthy) = runtime.block_on(run(cli))?;
     // A reader that stops early (`| head`) is not an error.
     match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        written => written.context("writing to standard output"),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        written => written.context("writing to standard output")?,
     }
+    if !healthy {
+        bail!("the installation has failures (above)");
+    }
+    Ok(())
 }
 
-async fn run(cli: Cli) -> anyhow::Result<String> {
+/// The answer's text, and whether it found the cluster healthy (only `doctor` can say no).
+async fn run(cli: Cli) -> anyhow::Result<(String, bool)> {
     let (client, context_namespace) = connect(cli.kubeconfig.as_ref(), cli.context.clone()).await?;
     let namespace = cli.namespace.unwrap_or(context_namespace);
     // The chart's defaults (HAMi's resource names and scaling): what `tessera-scheduler` decides
     // with unless its own flags change them.
     let cfg = DecisionConfig::default();
-    match cli.command {
+    let text = match cli.command {
+        Command::Doctor => {
+            let findings = doctor::check(&doctor_facts(&client).await?, &cfg);
+            let healthy = findings.iter().all(|f| f.level != doctor::Level::Fail);
+            return Ok((doctor::report(&findings), healthy));
+        }
         Command::Gpus { output } => {
             let snap = Snapshot::read(&client, &namespace, None).await?;
             let (mut state, _) = snap.input.state(&cfg);
             let rows = inventory::gpus(&mut state);
-            Ok(match output {
+            match output {
                 Output::Json => serde_json::to_string_pretty(&rows)? + "\n",
                 Output::Table => {
                     let mut text = if rows.is_empty() {
@@ -124,9 +148,9 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
                     text.push_str(&snap.notes());
                     text
                 }
-            })
+            }
         }
-        Command::Why { pod } => why(&client, &namespace, &pod, &cfg).await,
+        Command::Why { pod } => why(&client, &namespace, &pod, &cfg).await?,
         Command::Plan { file, output } => {
             let mut snap = Snapshot::read(&client, &namespace, None).await?;
             // Only the file's pods are placed; the cluster's own pending pods are not.
@@ -157,16 +181,72 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
                 snap.input.pending.push(p);
             }
             let results = simulate::run(&snap.input, &cfg);
-            Ok(match output {
+            match output {
                 Output::Json => results.iter().try_fold(String::new(), |mut t, r| {
                     t.push_str(&serde_json::to_string(r)?);
                     t.push('\n');
                     Ok::<_, serde_json::Error>(t)
                 })?,
                 Output::Table => simulate::table(&results) + &snap.notes(),
-            })
+            }
+        }
+    };
+    Ok((text, true))
+}
+
+/// What `doctor` reads: cluster-wide, so it needs an administrator's read access.
+async fn doctor_facts(client: &Client) -> anyhow::Result<doctor::Facts> {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let all = ListParams::default();
+    let part = |c: &str| ListParams::default().labels(&format!("{}={c}", doctor::COMPONENT));
+    let need = "doctor reads Deployments, DaemonSets, Nodes, pods, EndpointSlices and \
+                MutatingWebhookConfigurations cluster-wide (an administrator's read access)";
+    let schedulers = Api::<Deployment>::all(client.clone())
+        .list(&part("scheduler"))
+        .await
+        .context(need)?
+        .items;
+    let webhooks = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .list(&part("webhook"))
+        .await
+        .context(need)?
+        .items;
+    let mut endpoints = Vec::new();
+    for w in webhooks.iter().flat_map(|c| c.webhooks.iter().flatten()) {
+        if let Some(svc) = &w.client_config.service {
+            let lp =
+                ListParams::default().labels(&format!("kubernetes.io/service-name={}", svc.name));
+            endpoints.extend(
+                Api::<EndpointSlice>::namespaced(client.clone(), &svc.namespace)
+                    .list(&lp)
+                    .await
+                    .context(need)?
+                    .items,
+            );
         }
     }
+    Ok(doctor::Facts {
+        schedulers,
+        daemonsets: Api::<DaemonSet>::all(client.clone())
+            .list(&all)
+            .await
+            .context(need)?
+            .items,
+        webhooks,
+        endpoints,
+        nodes: Api::<Node>::all(client.clone())
+            .list(&all)
+            .await
+            .context(need)?
+            .items,
+        plugin_pods: Api::<Pod>::all(client.clone())
+            .list(&part("device-plugin"))
+            .await
+            .context(need)?
+            .items,
+    })
 }
 
 /// A client for the kubeconfig (or in-cluster) and the context's namespace.
