@@ -474,6 +474,12 @@ async fn run_real(
             }
         }
     }
+    // Who uses which GPU, as an operator asks it: the kubectl plugin, with the administrator's
+    // credentials.
+    let (_, gpus) = cluster.kubectl_tessera(false, &["gpus"]).await?;
+    say("");
+    say("kubectl tessera gpus:");
+    say(gpus.trim_end());
     say("");
     say(&format!("kubeconfig: {}", kubeconfig.display()));
     eprintln!(
