@@ -1,5 +1,5 @@
 # The README's two commands live here so that CI (.ci/run) and users run the same thing.
-.PHONY: demo simulate test lint unit chart e2e build musl bench bench-quick fuzz-smoke
+.PHONY: demo simulate test lint unit chart e2e build musl bench bench-quick fuzz-smoke release release-check
 
 # A local cluster on real nodes (root): etcd, kube-apiserver, kube-controller-manager and
 # kube-scheduler built from their Go modules, three nodes with simulated GPUs of three models, each
@@ -26,12 +26,14 @@ test: lint unit chart e2e musl bench-quick fuzz-smoke
 # tessera-scheduler-core or hami-contract), and cargo-deny's licence, ban and source checks
 # (installs a pinned cargo-deny once, about 8 minutes; advisories need GitHub, unreachable here).
 # Module circles and the contract citations are checked by tests in `make unit`
-# (hami-contract/tests/module_cycles.rs, contract_refs.rs).
+# (hami-contract/tests/module_cycles.rs, contract_refs.rs). The GitHub workflows are linted with
+# actionlint and shellcheck, and the release scripts checked (scripts/lint-workflows.sh).
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
 	./scripts/check-core-deps.sh
 	./scripts/deny.sh
+	./scripts/lint-workflows.sh
 
 unit:
 	cargo test --locked --workspace --exclude tessera-e2e
@@ -76,3 +78,13 @@ bench-quick:
 
 fuzz-smoke:
 	./fuzz/run.sh
+
+# The release artifacts for linux/amd64 and linux/arm64 into dist/ (docs/release.md): binaries,
+# one multi-platform OCI archive per image, SBOMs, the packaged chart, a values overlay pinning
+# the images by digest, SHA256SUMS. About 25 minutes cold on two cores. release-check builds
+# twice (the second from an empty target directory) and fails unless every file is identical.
+release:
+	./scripts/release.sh
+
+release-check:
+	./scripts/release.sh --check

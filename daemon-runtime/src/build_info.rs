@@ -2,10 +2,24 @@
 //! alerts select a rollout's version with it.
 //!
 //! `revision` and `build_date` come from `TESSERA_REVISION` / `TESSERA_BUILD_DATE` in the
-//! environment of the compile; nothing sets them yet (the release build of issue 32 is to), so
-//! every build today says `unknown`.
+//! environment of the compile: `make release` sets them (the commit and its time); a developer's
+//! build says `unknown`.
 //! HAMi's `go_version` label is left out: a Tessera binary has no Go version, and an empty label
 //! is the same as none to Prometheus.
+
+/// What every binary's `--version` prints after its name: `0.1.0 (revision <commit>, built
+/// <date>)`.
+pub fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        format!(
+            "{} (revision {}, built {})",
+            env!("CARGO_PKG_VERSION"),
+            option_env!("TESSERA_REVISION").unwrap_or("unknown"),
+            option_env!("TESSERA_BUILD_DATE").unwrap_or("unknown"),
+        )
+    })
+}
 
 /// `(label, value)` pairs, in HAMi's order: `version`, `revision`, `build_date`, `compiler`,
 /// `platform`. `version` is the daemon's crate version.
@@ -73,5 +87,15 @@ mod tests {
         assert_eq!(labels[0].1, "1.2.3");
         assert!(labels[4].1.starts_with("linux/"), "{}", labels[4].1);
         assert_eq!(go_arch("x86_64"), "amd64");
+    }
+}
+
+#[cfg(test)]
+mod version_tests {
+    #[test]
+    fn version_names_the_release_commit_and_build_date() {
+        let v = super::version();
+        assert!(v.starts_with(env!("CARGO_PKG_VERSION")), "{v}");
+        assert!(v.contains("(revision ") && v.contains(", built "), "{v}");
     }
 }

@@ -19,7 +19,7 @@ pub const OWN_CRATES: &[&str] = &[
 /// Tessera device plugin: advertises GPUs to the kubelet and HAMi's scheduler, and gives each
 /// container its scheduler-decided share through the HAMi-core shim.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "tessera-device-plugin", version)]
+#[command(name = "tessera-device-plugin", version = tessera_runtime::build_info::version())]
 // The plugin has always read `LOG_FORMAT` (not the runtime's `TESSERA_LOG_FORMAT`).
 #[command(mut_arg("log_format", |a| a.env("LOG_FORMAT")))]
 pub struct Cli {

@@ -46,7 +46,7 @@ pub const OWN_CRATES: &[&str] = &[
 /// prepares the ResourceClaims kube-scheduler allocates on them, each with the memory and cores
 /// it was given enforced in the container by the HAMi-core shim.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "tessera-dra-plugin", version)]
+#[command(name = "tessera-dra-plugin", version = tessera_runtime::build_info::version())]
 pub struct DraCli {
     /// This node's name (the DaemonSet sets it from the downward API).
     #[arg(long, env = "NODE_NAME")]

@@ -385,7 +385,7 @@ const NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files
 networks: files\nprotocols: files\nservices: files\nethers: files\nrpc: files\n";
 
 /// distroless/static: users, groups, `/tmp`, CA certificates.
-fn distroless_static() -> Vec<ImageFile> {
+pub(crate) fn distroless_static() -> Vec<ImageFile> {
     let mut files = vec![
         ImageFile::bytes("/etc/passwd", PASSWD, 0o644),
         ImageFile::bytes("/etc/group", GROUP, 0o644),
@@ -401,7 +401,7 @@ fn distroless_static() -> Vec<ImageFile> {
 }
 
 /// distroless/cc: the static base plus the loader and every library `binaries` need.
-fn distroless_cc(binaries: &[&Path]) -> Result<Vec<ImageFile>, ImageError> {
+pub(crate) fn distroless_cc(binaries: &[&Path]) -> Result<Vec<ImageFile>, ImageError> {
     let mut files = distroless_static();
     let mut libs = BTreeSet::new();
     for b in binaries {
@@ -859,26 +859,54 @@ fn layout(spec: &ImageSpec, scratch: &Path) -> Result<BTreeMap<String, Entry>, I
     Ok(entries)
 }
 
-/// Builds `spec` into an OCI archive at `out_tar` (written to a temporary file beside it, then
-/// renamed).
-pub fn build_image(spec: &ImageSpec, out_tar: &Path) -> Result<BuiltImage, ImageError> {
-    if spec.names.is_empty() {
-        return Err(msg(format!("image {} has no name", spec.id)));
-    }
-    let dir = out_tar
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-    let scratch = tempfile::Builder::new()
-        .prefix(&format!(".{}-build-", spec.id))
-        .tempdir_in(dir)
-        .map_err(io(format!("a scratch directory in {}", dir.display())))?;
+/// What an image's config carries beyond its spec: the platform, the creation time and labels
+/// (a release's; the e2e images have none and are of this machine's architecture).
+#[derive(Debug, Clone, Default)]
+pub struct ImageMeta {
+    pub arch: Option<Arch>,
+    /// RFC 3339; none: no `created` field, so the digest does not depend on the time.
+    pub created: Option<String>,
+    pub labels: std::collections::HashMap<String, String>,
+}
 
-    let entries = layout(spec, scratch.path())?;
-    let layer_path = scratch.path().join("layer.tar");
+/// The blobs of one single-platform image.
+struct ImageBlobs {
+    arch: Arch,
+    config_json: Vec<u8>,
+    manifest_json: Vec<u8>,
+    layer_path: PathBuf,
+    layer_hex: String,
+    layer_len: u64,
+}
+
+impl ImageBlobs {
+    fn manifest_descriptor(&self) -> Result<Descriptor, ImageError> {
+        Ok(Descriptor::new(
+            MediaType::ImageManifest,
+            self.manifest_json.len() as u64,
+            digest(&sha256_hex(&self.manifest_json))?,
+        ))
+    }
+
+    fn platform(&self) -> Result<oci_spec::image::Platform, ImageError> {
+        Ok(PlatformBuilder::default()
+            .architecture(self.arch.clone())
+            .os(Os::Linux)
+            .build()?)
+    }
+}
+
+/// The layer, config and manifest of `spec`, written or kept in `scratch`.
+fn image_blobs(
+    spec: &ImageSpec,
+    meta: &ImageMeta,
+    scratch: &Path,
+) -> Result<ImageBlobs, ImageError> {
+    let entries = layout(spec, scratch)?;
+    let layer_path = scratch.join(format!("{}-layer.tar", spec.id));
     let (layer_hex, layer_len) = write_layer(&entries, &layer_path)?;
     let layer_digest = digest(&layer_hex)?;
+    let arch = meta.arch.clone().unwrap_or_else(this_arch);
 
     let mut config = ConfigBuilder::default();
     if let Some(u) = &spec.user {
@@ -899,8 +927,11 @@ pub fn build_image(spec: &ImageSpec, out_tar: &Path) -> Result<BuiltImage, Image
     if let Some(w) = &spec.working_dir {
         config = config.working_dir(w.clone());
     }
-    let image_config = ImageConfigurationBuilder::default()
-        .architecture(this_arch())
+    if !meta.labels.is_empty() {
+        config = config.labels(meta.labels.clone());
+    }
+    let mut image_config = ImageConfigurationBuilder::default()
+        .architecture(arch.clone())
         .os(Os::Linux)
         .config(config.build()?)
         .rootfs(
@@ -910,6 +941,7 @@ pub fn build_image(spec: &ImageSpec, out_tar: &Path) -> Result<BuiltImage, Image
                 .build()?,
         )
         .build()?;
+    image_config.set_created(meta.created.clone());
     let config_json = canonical_json(&image_config)?;
     let config_hex = sha256_hex(&config_json);
 
@@ -928,19 +960,106 @@ pub fn build_image(spec: &ImageSpec, out_tar: &Path) -> Result<BuiltImage, Image
         )])
         .build()?;
     let manifest_json = canonical_json(&manifest)?;
-    let manifest_hex = sha256_hex(&manifest_json);
+    Ok(ImageBlobs {
+        arch,
+        config_json,
+        manifest_json,
+        layer_path,
+        layer_hex,
+        layer_len,
+    })
+}
 
-    let platform = PlatformBuilder::default()
-        .architecture(this_arch())
-        .os(Os::Linux)
-        .build()?;
+/// Writes an OCI archive (`oci-layout`, `index.json`, then every blob) to `tmp_tar`; `extra`
+/// are small blobs beside the images' (a nested index).
+fn write_archive(
+    tmp_tar: &Path,
+    index_json: &[u8],
+    images: &[ImageBlobs],
+    extra: &[&[u8]],
+) -> Result<(), ImageError> {
+    let layout_json = br#"{"imageLayoutVersion":"1.0.0"}"#;
+    let file =
+        std::fs::File::create(tmp_tar).map_err(io(format!("creating {}", tmp_tar.display())))?;
+    let mut b = tar::Builder::new(std::io::BufWriter::new(file));
+    let err = || io(format!("writing {}", tmp_tar.display()));
+    let small = |b: &mut tar::Builder<_>, path: &str, data: &[u8]| {
+        let mut h = header(tar::EntryType::Regular, 0o644, data.len() as u64);
+        b.append_data(&mut h, path, data)
+    };
+    small(&mut b, "oci-layout", layout_json).map_err(err())?;
+    small(&mut b, "index.json", index_json).map_err(err())?;
+    for d in ["blobs/", "blobs/sha256/"] {
+        let mut h = header(tar::EntryType::Directory, 0o755, 0);
+        b.append_data(&mut h, d, std::io::empty()).map_err(err())?;
+    }
+    for blob in extra {
+        small(&mut b, &format!("blobs/sha256/{}", sha256_hex(blob)), blob).map_err(err())?;
+    }
+    for i in images {
+        for json in [&i.config_json, &i.manifest_json] {
+            small(&mut b, &format!("blobs/sha256/{}", sha256_hex(json)), json).map_err(err())?;
+        }
+        let layer = std::fs::File::open(&i.layer_path).map_err(err())?;
+        let mut h = header(tar::EntryType::Regular, 0o644, i.layer_len);
+        b.append_data(
+            &mut h,
+            format!("blobs/sha256/{}", i.layer_hex),
+            layer.take(i.layer_len),
+        )
+        .map_err(err())?;
+    }
+    let mut w = b.into_inner().map_err(err())?;
+    w.flush().map_err(err())?;
+    Ok(())
+}
+
+/// A scratch directory beside `out_tar`.
+fn scratch_beside(out_tar: &Path, id: &str) -> Result<tempfile::TempDir, ImageError> {
+    let dir = out_tar
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    tempfile::Builder::new()
+        .prefix(&format!(".{id}-build-"))
+        .tempdir_in(dir)
+        .map_err(io(format!("a scratch directory in {}", dir.display())))
+}
+
+fn finish(
+    tmp_tar: &Path,
+    out_tar: &Path,
+    id: &str,
+    names: &[String],
+    digest_hex: String,
+) -> Result<BuiltImage, ImageError> {
+    std::fs::rename(tmp_tar, out_tar).map_err(io(format!("renaming to {}", out_tar.display())))?;
+    let size = std::fs::metadata(out_tar)
+        .map_err(io(format!("{}", out_tar.display())))?
+        .len();
+    Ok(BuiltImage {
+        id: id.to_owned(),
+        names: names.to_vec(),
+        tar: out_tar.to_owned(),
+        manifest_digest: format!("sha256:{digest_hex}"),
+        size,
+        reused: false,
+    })
+}
+
+/// Builds `spec` into an OCI archive at `out_tar` (written to a temporary file beside it, then
+/// renamed).
+pub fn build_image(spec: &ImageSpec, out_tar: &Path) -> Result<BuiltImage, ImageError> {
+    if spec.names.is_empty() {
+        return Err(msg(format!("image {} has no name", spec.id)));
+    }
+    let scratch = scratch_beside(out_tar, &spec.id)?;
+    let image = image_blobs(spec, &ImageMeta::default(), scratch.path())?;
+    let platform = image.platform()?;
     let mut descriptors = Vec::new();
     for name in &spec.names {
-        let mut d = Descriptor::new(
-            MediaType::ImageManifest,
-            manifest_json.len() as u64,
-            digest(&manifest_hex)?,
-        );
+        let mut d = image.manifest_descriptor()?;
         // One annotation per descriptor: a HashMap of one key serializes the same every time.
         d.set_annotations(Some(
             [(CONTAINERD_IMAGE_NAME.to_owned(), name.clone())].into(),
@@ -953,55 +1072,71 @@ pub fn build_image(spec: &ImageSpec, out_tar: &Path) -> Result<BuiltImage, Image
         .media_type(MediaType::ImageIndex)
         .manifests(descriptors)
         .build()?;
-    let index_json = canonical_json(&index)?;
-    let layout_json = br#"{"imageLayoutVersion":"1.0.0"}"#;
-
     let tmp_tar = scratch.path().join("image.tar");
-    {
-        let file = std::fs::File::create(&tmp_tar)
-            .map_err(io(format!("creating {}", tmp_tar.display())))?;
-        let mut b = tar::Builder::new(std::io::BufWriter::new(file));
-        let err = || io(format!("writing {}", tmp_tar.display()));
-        let small = |b: &mut tar::Builder<_>, path: &str, data: &[u8]| {
-            let mut h = header(tar::EntryType::Regular, 0o644, data.len() as u64);
-            b.append_data(&mut h, path, data)
-        };
-        small(&mut b, "oci-layout", layout_json).map_err(err())?;
-        small(&mut b, "index.json", &index_json).map_err(err())?;
-        for d in ["blobs/", "blobs/sha256/"] {
-            let mut h = header(tar::EntryType::Directory, 0o755, 0);
-            b.append_data(&mut h, d, std::io::empty()).map_err(err())?;
-        }
-        small(&mut b, &format!("blobs/sha256/{config_hex}"), &config_json).map_err(err())?;
-        small(
-            &mut b,
-            &format!("blobs/sha256/{manifest_hex}"),
-            &manifest_json,
-        )
-        .map_err(err())?;
-        let layer = std::fs::File::open(&layer_path).map_err(err())?;
-        let mut h = header(tar::EntryType::Regular, 0o644, layer_len);
-        b.append_data(
-            &mut h,
-            format!("blobs/sha256/{layer_hex}"),
-            layer.take(layer_len),
-        )
-        .map_err(err())?;
-        let mut w = b.into_inner().map_err(err())?;
-        w.flush().map_err(err())?;
+    write_archive(
+        &tmp_tar,
+        &canonical_json(&index)?,
+        std::slice::from_ref(&image),
+        &[],
+    )?;
+    let manifest_hex = sha256_hex(&image.manifest_json);
+    finish(&tmp_tar, out_tar, &spec.id, &spec.names, manifest_hex)
+}
+
+/// Builds one image for several platforms into an OCI archive at `out_tar`: `index.json` holds
+/// one image index (tagged `ref_name` with `org.opencontainers.image.ref.name`, and named `name`
+/// for containerd) whose manifests are the platforms' images, as a registry serves a
+/// multi-platform image (`skopeo copy --all oci-archive:<tar>:<ref_name> docker://…` pushes it).
+/// The returned digest is the image index's: what a pod pins the image by.
+pub fn build_multi_platform(
+    id: &str,
+    name: &str,
+    ref_name: &str,
+    platforms: &[(&ImageSpec, ImageMeta)],
+    out_tar: &Path,
+) -> Result<BuiltImage, ImageError> {
+    let scratch = scratch_beside(out_tar, id)?;
+    let mut images = Vec::new();
+    let mut manifests = Vec::new();
+    for (i, (spec, meta)) in platforms.iter().enumerate() {
+        let dir = scratch.path().join(i.to_string());
+        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+        let image = image_blobs(spec, meta, &dir)?;
+        let mut d = image.manifest_descriptor()?;
+        d.set_platform(Some(image.platform()?));
+        manifests.push(d);
+        images.push(image);
     }
-    std::fs::rename(&tmp_tar, out_tar).map_err(io(format!("renaming to {}", out_tar.display())))?;
-    let size = std::fs::metadata(out_tar)
-        .map_err(io(format!("{}", out_tar.display())))?
-        .len();
-    Ok(BuiltImage {
-        id: spec.id.clone(),
-        names: spec.names.clone(),
-        tar: out_tar.to_owned(),
-        manifest_digest: format!("sha256:{manifest_hex}"),
-        size,
-        reused: false,
-    })
+    let nested = ImageIndexBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageIndex)
+        .manifests(manifests)
+        .build()?;
+    let nested_json = canonical_json(&nested)?;
+    let nested_hex = sha256_hex(&nested_json);
+    let mut top = Descriptor::new(
+        MediaType::ImageIndex,
+        nested_json.len() as u64,
+        digest(&nested_hex)?,
+    );
+    top.set_annotations(Some(
+        [
+            (
+                "org.opencontainers.image.ref.name".to_owned(),
+                ref_name.to_owned(),
+            ),
+            (CONTAINERD_IMAGE_NAME.to_owned(), name.to_owned()),
+        ]
+        .into(),
+    ));
+    let index = ImageIndexBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageIndex)
+        .manifests(vec![top])
+        .build()?;
+    let tmp_tar = scratch.path().join("image.tar");
+    write_archive(&tmp_tar, &canonical_json(&index)?, &images, &[&nested_json])?;
+    finish(&tmp_tar, out_tar, id, &[name.to_owned()], nested_hex)
 }
 
 /// What an OCI archive holds: `index.json` and, by digest, the small blobs (manifests and

@@ -28,6 +28,7 @@ pub mod pods;
 pub mod probe;
 pub mod process;
 pub mod real;
+pub mod release;
 
 /// Errors of the harness; a failed test prints them with the logs' location.
 #[derive(Debug, thiserror::Error)]

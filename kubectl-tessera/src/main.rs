@@ -25,7 +25,7 @@ mod doctor;
 #[derive(Debug, Parser)]
 #[command(
     name = "kubectl-tessera",
-    version,
+    version = tessera_runtime::build_info::version(),
     about = "Tessera's GPU sharing from a terminal: who uses which GPU, why a GPU pod is pending, \
              where pods would go. Reads the cluster with your own credentials; writes nothing."
 )]

@@ -12,7 +12,7 @@ use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::podspec::PolicyDefaults;
 
 #[derive(Debug, Parser)]
-#[command(name = "tessera-scheduler", version, about)]
+#[command(name = "tessera-scheduler", version = tessera_runtime::build_info::version(), about)]
 struct Cli {
     /// `--log-format`, and klog's `-v`/`--v` and HAMi's `--debug` (global: before or after the
     /// subcommand, as HAMi's chart passes them).

@@ -87,7 +87,8 @@ annotations:
        replaced by Tessera's own: registry ghcr.io, DEFAULT_REPOSITORY, the chart's appVersion.
      - global.imageRegistry replaces the registry (a mirror), for HAMi's images too.
      - An empty tag takes global.imageTag, unless that is a HAMi release tag (`v2.10.0`, see
-       tessera.isHamiReleaseTag), then the chart's appVersion. */}}
+       tessera.isHamiReleaseTag), then the chart's appVersion.
+     - A digest (`sha256:…`, a release's values-digests.yaml) pins the image: <ref>@<digest>. */}}
 {{- define "tessera.tesseraImage" -}}
 {{- $root := index . 0 -}}
 {{- $img := index . 1 | default dict -}}
@@ -112,6 +113,7 @@ annotations:
 {{- end -}}
 {{- end -}}
 {{- include "tessera.imageRef" (list ($root.Values.global.imageRegistry | default $registry) $repository $tag) -}}
+{{- with $img.digest }}@{{ . }}{{ end -}}
 {{- end -}}
 
 {{/* The Kubernetes version the chart renders for, without a distribution suffix
