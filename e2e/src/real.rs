@@ -970,7 +970,7 @@ impl RealCluster {
     pub async fn helm_install(&mut self, values: &ChartValues) -> Result<()> {
         let mut cmd = Command::new(&self.artifacts.helm);
         cmd.args(["install", RELEASE])
-            .arg(self.artifacts.root.join("charts/tessera"))
+            .arg(packaged_chart(self.artifacts)?)
             .args(["--namespace", NAMESPACE, "--create-namespace"])
             .arg("--kubeconfig")
             .arg(self.kubeconfig_admin())
@@ -1030,7 +1030,7 @@ impl RealCluster {
     async fn helm_upgrade_with(&mut self, args: Vec<String>) -> Result<()> {
         let mut cmd = Command::new(&self.artifacts.helm);
         cmd.args(["upgrade", RELEASE])
-            .arg(self.artifacts.root.join("charts/tessera"))
+            .arg(packaged_chart(self.artifacts)?)
             .args(["--namespace", NAMESPACE])
             .arg("--kubeconfig")
             .arg(self.kubeconfig_admin())
@@ -1446,6 +1446,42 @@ fn node_images(a: &Artifacts) -> Result<Vec<PathBuf>> {
     let built = crate::images::build_all(a, &names, &crate::images::default_out_dir())
         .map_err(|e| Error::msg(format!("building the node images: {e}")))?;
     Ok(built.into_iter().map(|b| b.tar).collect())
+}
+
+/// The chart as a user gets it: `helm package` of `charts/tessera` (what `make release`
+/// publishes), made once per test process, so what the package leaves out (`.helmignore`) is
+/// missing in the e2e too.
+fn packaged_chart(a: &Artifacts) -> Result<PathBuf> {
+    static PACKAGED: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    PACKAGED
+        .get_or_init(|| {
+            let dir = a
+                .root
+                .join("target/e2e-chart")
+                .join(std::process::id().to_string());
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let out = Command::new(&a.helm)
+                .arg("package")
+                .arg(a.root.join("charts/tessera"))
+                .arg("-d")
+                .arg(&dir)
+                .output()
+                .map_err(|e| format!("helm package: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "helm package failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            std::fs::read_dir(&dir)
+                .map_err(|e| format!("{}: {e}", dir.display()))?
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| p.extension().is_some_and(|x| x == "tgz"))
+                .ok_or_else(|| format!("helm package wrote no .tgz into {}", dir.display()))
+        })
+        .clone()
+        .map_err(Error::msg)
 }
 
 /// The fake NVIDIA container runtime (`e2e/src/bin/fake-nvidia-container-runtime.rs`), built
