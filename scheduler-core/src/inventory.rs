@@ -185,11 +185,14 @@ pub fn table(rows: &[GpuRow]) -> String {
     )
 }
 
-/// Nodes whose GPUs the extender cannot use, with why (no or bad registration).
+/// Nodes whose device plugin registered something the extender cannot use, with why (a bad or
+/// empty registration, no allocatable GPUs). Nodes that registered nothing at all (every CPU node)
+/// are not listed.
 pub fn unregistered(state: &ClusterState) -> Vec<(String, String)> {
     state
         .nodes()
         .filter_map(|n| Some((n.name.clone(), n.unregistered.clone()?)))
+        .filter(|(_, why)| why != crate::state::NOT_REGISTERED)
         .collect()
 }
 
@@ -218,6 +221,22 @@ mod tests {
         assert_eq!(rows[1].mem_used, 0);
         assert!(rows[2].registered.is_none());
         assert_eq!(rows[2].mem_used, 2000);
+        // A CPU node (no register annotation) is not a GPU node gone wrong; a node that
+        // registered nothing usable is.
+        let cpu: k8s_openapi::api::core::v1::Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "cpu"}})).expect("node");
+        let mut empty = gpu_node("empty", 1, 16384, 10);
+        empty
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert("hami.io/node-nvidia-register".into(), "[]".into());
+        let s = cluster_state(&[cpu, empty], &[]);
+        let listed: Vec<String> = super::unregistered(&s)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(listed, ["empty"]);
         let t = super::table(&rows);
         assert!(
             t.contains("GPU-n-0") && t.contains("12000/16384 MiB"),

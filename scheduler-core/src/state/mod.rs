@@ -37,7 +37,7 @@ pub use books::{BookedPod, usage_charge};
 pub use ledger::{BindStage, Reservation, confusable_pending};
 pub use node_cache::{Candidate, NameHash, NodeSet, NodeSlot, QuickCandidate};
 pub use nominations::Nomination;
-pub use records::{NodeRecord, PodRecord, Standing, slim_node, slim_pod};
+pub use records::{NOT_REGISTERED, NodeRecord, PodRecord, Standing, slim_node, slim_pod};
 pub use victims::BoundGpuPod;
 
 /// A kind of object a watcher lists, for [`ClusterState::missing`]: its keys are node names, pod

@@ -36,6 +36,10 @@ pub(super) fn topology_scores(value: &str) -> Option<TopologyScores> {
     )
 }
 
+/// Why a node without HAMi's register annotation takes no GPU pod (HAMi's words): a node with no
+/// GPU device plugin, such as every CPU node.
+pub const NOT_REGISTERED: &str = "node unregistered";
+
 impl NodeRecord {
     pub fn from_node(node: &Node, cfg: &DecisionConfig) -> Option<Self> {
         let count_resource = cfg.nvidia.resources.count.as_str();
@@ -53,7 +57,7 @@ impl NodeRecord {
             .get(ann::NODE_SCORE)
             .and_then(|v| topology_scores(v));
         let (devices, mut unregistered) = match annotations.get(ann::NODE_REGISTER) {
-            None => (Vec::new(), Some("node unregistered".to_owned())),
+            None => (Vec::new(), Some(NOT_REGISTERED.to_owned())),
             Some(v) => match hami_contract::node::decode_node_devices(v) {
                 // HAMi keeps no device entry for a node that registered none: "node
                 // unregistered", not NodeInsufficientDevice.
