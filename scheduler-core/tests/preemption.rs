@@ -51,6 +51,28 @@ fn ask(
     preempt(s, &DecisionConfig::default(), pod, &uid, &proposed, budgets)
 }
 
+/// [`ask`] on node `n` with kube-scheduler's own victims there (UIDs, their PDB violations).
+fn ask_with_victims(
+    s: &mut ClusterState,
+    pod: &Pod,
+    victims: &[&str],
+    pdb_violations: i64,
+    budgets: &[Budget],
+) -> (
+    BTreeMap<String, tessera_scheduler_core::preempt::NodeVictims>,
+    BTreeMap<String, NoVictims>,
+) {
+    let proposed = BTreeMap::from([(
+        "n".to_owned(),
+        Victims {
+            pods: victims.iter().map(|v| (*v).to_owned()).collect(),
+            pdb_violations,
+        },
+    )]);
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    preempt(s, &DecisionConfig::default(), pod, &uid, &proposed, budgets)
+}
+
 /// Two 16 GiB cards. GPU 0: `a` (6 GiB, priority 10) beside `keep` (6 GiB, priority 1000).
 /// GPU 1: `b` (8 GiB, priority 10) and `c` (8 GiB, priority 5).
 fn two_cards() -> (Vec<Node>, Vec<Pod>) {
@@ -128,21 +150,7 @@ fn kube_schedulers_victims_use_the_budget_first() {
         counted: ["uid-ns-a".to_owned(), "uid-ns-c".to_owned()].into(),
     };
     let pod = preemptor(100, 1, 10240);
-    let proposed = BTreeMap::from([(
-        "n".to_owned(),
-        Victims {
-            pods: vec!["uid-ns-c".into()],
-            pdb_violations: 0,
-        },
-    )]);
-    let (chosen, _) = preempt(
-        &mut s,
-        &DecisionConfig::default(),
-        &pod,
-        "uid-ns-urgent",
-        &proposed,
-        std::slice::from_ref(&pdb),
-    );
+    let (chosen, _) = ask_with_victims(&mut s, &pod, &["uid-ns-c"], 0, std::slice::from_ref(&pdb));
     assert_eq!(chosen["n"].pods, ["uid-ns-c", "uid-ns-b"]);
     assert_eq!(chosen["n"].pdb_violations, 0);
     // Without kube-scheduler's victim, `a` (GPU 0) is the cheapest again.
@@ -197,21 +205,7 @@ fn kube_schedulers_own_victims_are_kept_and_count() {
     let (nodes, pods) = two_cards();
     let mut s = cluster_state(&nodes, &pods);
     let pod = preemptor(100, 1, 10240);
-    let proposed = BTreeMap::from([(
-        "n".to_owned(),
-        Victims {
-            pods: vec!["uid-ns-c".into(), "uid-plain".into()],
-            pdb_violations: 1,
-        },
-    )]);
-    let (chosen, _) = preempt(
-        &mut s,
-        &DecisionConfig::default(),
-        &pod,
-        "uid-ns-urgent",
-        &proposed,
-        &[],
-    );
+    let (chosen, _) = ask_with_victims(&mut s, &pod, &["uid-ns-c", "uid-plain"], 1, &[]);
     // With `c` gone GPU 1 has 8 GiB free: `a` (one pod, priority 10) or `b` (one pod, priority
     // 10, started later): kube-scheduler's ranking ties, and the first GPU is taken.
     let v = &chosen["n"];
