@@ -311,12 +311,17 @@ fn crates_of(
 
 /// The Debian package (and version) a host file of the image comes from, if any.
 fn debian_package(path: &Path) -> Option<(String, String)> {
+    // dpkg knows a file by the path its package installed it at: on a merged-/usr system that
+    // may be the path as given (/lib/x86_64-linux-gnu/…) or its target (/usr/lib/…).
     let real = std::fs::canonicalize(path).ok()?;
-    let out = Command::new("dpkg").arg("-S").arg(&real).output().ok()?;
-    let line = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()?
-        .to_owned();
+    let line = [path, real.as_path()].into_iter().find_map(|p| {
+        let out = Command::new("dpkg").arg("-S").arg(p).output().ok()?;
+        let text = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()?
+            .to_owned();
+        out.status.success().then_some(text)
+    })?;
     let pkg = line.split(':').next()?.trim().to_owned();
     let qualified = line.split_once(": ")?.0.to_owned();
     let version = Command::new("dpkg-query")
