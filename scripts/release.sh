@@ -60,6 +60,22 @@ need_packages() {
 	fi
 }
 
+# zig and cargo-zigbuild from PyPI (their wheels carry the binaries), once, keyed by version.
+zig_version="${TESSERA_ZIG_VERSION:-0.13.0}"
+zigbuild_version="${TESSERA_CARGO_ZIGBUILD_VERSION:-0.24.0}"
+zig_dir="$HOME/.cache/tessera/tools/ziglang-$zig_version/ziglang"
+zigbuild="$HOME/.cache/tessera/tools/cargo-zigbuild-$zigbuild_version/bin/cargo-zigbuild"
+zig_tools() {
+	if [[ ! -x "$zig_dir/zig" ]]; then
+		log "installing zig $zig_version from PyPI (once)"
+		python3 -m pip install --quiet --target "$(dirname "$zig_dir")" "ziglang==$zig_version" >&2
+	fi
+	if [[ ! -x "$zigbuild" ]]; then
+		log "installing cargo-zigbuild $zigbuild_version from PyPI (once)"
+		python3 -m pip install --quiet --target "$(dirname "$(dirname "$zigbuild")")" "cargo-zigbuild==$zigbuild_version" >&2
+	fi
+}
+
 # build_binaries ARCH OUT: the release binaries of ARCH into OUT.
 build_binaries() {
 	local arch="$1" out="$2" triple
@@ -77,16 +93,31 @@ build_binaries() {
 		RUSTFLAGS="--remap-path-prefix=$root=/tessera --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=${RUSTUP_HOME:-$HOME/.rustup}=/rustup" \
 		CARGO_INCREMENTAL=0 CARGO_TARGET_DIR="$target_dir" nice -n 10 \
 		cargo build --locked --release --target "$triple" \
-		-p tessera-scheduler -p tessera-device-plugin -p tessera-dra-plugin -p kubectl-tessera -p libvgpu-shim >&2
+		-p tessera-scheduler -p tessera-device-plugin -p tessera-dra-plugin -p kubectl-tessera >&2
+	# The glibc shim is loaded into every GPU workload, whatever its distribution, so it links
+	# against glibc 2.17 (as docker/device-plugin.Dockerfile's manylinux2014 stage does), not
+	# this machine's 2.36: zig's linker with 2.17's symbol versions (cargo-zigbuild).
+	zig_tools
+	log "building the $arch glibc shim against glibc 2.17 (cargo-zigbuild)"
+	SOURCE_DATE_EPOCH="$epoch" \
+		RUSTFLAGS="--remap-path-prefix=$root=/tessera --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=${RUSTUP_HOME:-$HOME/.rustup}=/rustup" \
+		CARGO_INCREMENTAL=0 CARGO_TARGET_DIR="$target_dir/shim-glibc" PATH="$zig_dir:$PATH" nice -n 10 \
+		"$zigbuild" zigbuild --locked --release --target "$triple.2.17" -p libvgpu-shim >&2
+	local shim="$target_dir/shim-glibc/$triple/release/libvgpu.so"
+	if readelf -W --dyn-syms "$shim" | grep -Eo 'GLIBC_2\.(1[8-9]|[2-9][0-9])' | sort -u | grep .; then
+		log "error: the $arch libvgpu.so needs a glibc newer than 2.17 (above)"
+		exit 1
+	fi
 	mkdir -p "$out"
 	local rel="$target_dir/$triple/release"
 	# The release profile keeps line tables for backtraces in development; the shipped files
 	# keep their symbols (function names in backtraces) and drop the DWARF (about 4/5 of them).
 	local objcopy=objcopy
 	[[ "$arch" == arm64 ]] && objcopy=aarch64-linux-gnu-objcopy
-	for b in tessera-scheduler tessera-device-plugin tessera-dra-plugin kubectl-tessera libvgpu.so; do
+	for b in tessera-scheduler tessera-device-plugin tessera-dra-plugin kubectl-tessera; do
 		"$objcopy" --strip-debug "$rel/$b" "$out/$b"
 	done
+	"$objcopy" --strip-debug "$shim" "$out/libvgpu.so"
 	if [[ "$arch" == amd64 ]]; then
 		need_packages musl-tools
 		SOURCE_DATE_EPOCH="$epoch" RUSTFLAGS="--remap-path-prefix=$root=/tessera --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=${RUSTUP_HOME:-$HOME/.rustup}=/rustup" \

@@ -714,6 +714,12 @@ impl RealCluster {
         } else {
             self.kubeconfig_admin()
         };
+        if !self.artifacts.kubectl_tessera.is_file() {
+            return Err(Error::msg(format!(
+                "{} not found: run `make build` first",
+                self.artifacts.kubectl_tessera.display()
+            )));
+        }
         let mut cmd = Command::new(&self.artifacts.kubectl_tessera);
         cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
         let out = tokio::task::spawn_blocking(move || cmd.output())
