@@ -96,12 +96,14 @@ build_binaries() {
 		-p tessera-scheduler -p tessera-device-plugin -p tessera-dra-plugin -p kubectl-tessera >&2
 	# The glibc shim is loaded into every GPU workload, whatever its distribution, so it links
 	# against glibc 2.17 (as docker/device-plugin.Dockerfile's manylinux2014 stage does), not
-	# this machine's 2.36: zig's linker with 2.17's symbol versions (cargo-zigbuild).
+	# this machine's 2.36: zig's linker with 2.17's symbol versions (cargo-zigbuild; the Debian
+	# cross linker set above for arm64 must not replace zig's).
 	zig_tools
 	log "building the $arch glibc shim against glibc 2.17 (cargo-zigbuild)"
 	SOURCE_DATE_EPOCH="$epoch" \
 		RUSTFLAGS="--remap-path-prefix=$root=/tessera --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=${RUSTUP_HOME:-$HOME/.rustup}=/rustup" \
-		CARGO_INCREMENTAL=0 CARGO_TARGET_DIR="$target_dir/shim-glibc" PATH="$zig_dir:$PATH" nice -n 10 \
+		CARGO_INCREMENTAL=0 CARGO_TARGET_DIR="$target_dir/shim-glibc" PATH="$zig_dir:$PATH" \
+		env -u CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER -u CC_aarch64_unknown_linux_gnu nice -n 10 \
 		"$zigbuild" zigbuild --locked --release --target "$triple.2.17" -p libvgpu-shim >&2
 	local shim="$target_dir/shim-glibc/$triple/release/libvgpu.so"
 	if readelf -W --dyn-syms "$shim" | grep -Eo 'GLIBC_2\.(1[8-9]|[2-9][0-9])' | sort -u | grep .; then
