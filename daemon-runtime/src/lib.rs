@@ -13,6 +13,7 @@
 
 pub mod build_info;
 pub mod chain;
+pub mod input;
 pub mod logging;
 pub mod rate_limited;
 pub mod shutdown;

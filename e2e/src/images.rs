@@ -109,12 +109,12 @@ pub enum ImageError {
     Json(#[from] serde_json::Error),
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ImageError {
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ImageError {
     let what = what.into();
     move |source| ImageError::Io { what, source }
 }
 
-fn msg(m: impl Into<String>) -> ImageError {
+pub(crate) fn msg(m: impl Into<String>) -> ImageError {
     ImageError::Msg(m.into())
 }
 
@@ -1014,6 +1014,15 @@ fn write_archive(
     Ok(())
 }
 
+/// An OCI image index of `manifests`.
+fn image_index(manifests: Vec<Descriptor>) -> Result<ImageIndex, ImageError> {
+    Ok(ImageIndexBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageIndex)
+        .manifests(manifests)
+        .build()?)
+}
+
 /// A scratch directory beside `out_tar`.
 fn scratch_beside(out_tar: &Path, id: &str) -> Result<tempfile::TempDir, ImageError> {
     let dir = out_tar
@@ -1067,11 +1076,7 @@ pub fn build_image(spec: &ImageSpec, out_tar: &Path) -> Result<BuiltImage, Image
         d.set_platform(Some(platform.clone()));
         descriptors.push(d);
     }
-    let index = ImageIndexBuilder::default()
-        .schema_version(2u32)
-        .media_type(MediaType::ImageIndex)
-        .manifests(descriptors)
-        .build()?;
+    let index = image_index(descriptors)?;
     let tmp_tar = scratch.path().join("image.tar");
     write_archive(
         &tmp_tar,
@@ -1107,11 +1112,7 @@ pub fn build_multi_platform(
         manifests.push(d);
         images.push(image);
     }
-    let nested = ImageIndexBuilder::default()
-        .schema_version(2u32)
-        .media_type(MediaType::ImageIndex)
-        .manifests(manifests)
-        .build()?;
+    let nested = image_index(manifests)?;
     let nested_json = canonical_json(&nested)?;
     let nested_hex = sha256_hex(&nested_json);
     let mut top = Descriptor::new(
@@ -1129,11 +1130,7 @@ pub fn build_multi_platform(
         ]
         .into(),
     ));
-    let index = ImageIndexBuilder::default()
-        .schema_version(2u32)
-        .media_type(MediaType::ImageIndex)
-        .manifests(vec![top])
-        .build()?;
+    let index = image_index(vec![top])?;
     let tmp_tar = scratch.path().join("image.tar");
     write_archive(&tmp_tar, &canonical_json(&index)?, &images, &[&nested_json])?;
     finish(&tmp_tar, out_tar, id, &[name.to_owned()], nested_hex)

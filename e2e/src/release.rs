@@ -15,6 +15,7 @@ use oci_spec::image::Arch;
 
 use crate::images::{
     self, BuiltImage, DISTROLESS_PATH, DISTROLESS_SSL, ImageError, ImageFile, ImageMeta, ImageSpec,
+    io, msg as err,
 };
 
 /// Where Tessera's images are published (the chart's default registry and repositories).
@@ -33,10 +34,6 @@ pub struct PlatformBuild {
     /// A static busybox of that architecture (the chart's init container installs the shim with
     /// it).
     pub busybox: PathBuf,
-}
-
-fn err(m: impl Into<String>) -> ImageError {
-    ImageError::Msg(m.into())
 }
 
 fn oci_arch(arch: &str) -> Result<Arch, ImageError> {
@@ -247,7 +244,6 @@ pub fn build_release_images(
     for p in platforms {
         specs.push((p.arch.clone(), platform_specs(p, &release.version)?));
     }
-    let io = |what: String| move |e: std::io::Error| err(format!("{what}: {e}"));
     for d in ["images", "sbom"] {
         std::fs::create_dir_all(out.join(d)).map_err(io(format!("creating {d}")))?;
     }
@@ -423,21 +419,18 @@ fn sbom(
 /// no time in the gzip header, so the archive depends only on its contents.
 pub fn normalize_tgz(path: &Path, mtime: u64) -> Result<(), ImageError> {
     use std::io::{Read, Write};
-    let io = |what: &str| {
-        let what = format!("{what} {}", path.display());
-        move |e: std::io::Error| err(format!("{what}: {e}"))
-    };
+    let at = |what: &str| io(format!("{what} {}", path.display()));
     let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(path).map_err(io("opening"))?)
+    flate2::read::GzDecoder::new(std::fs::File::open(path).map_err(at("opening"))?)
         .read_to_end(&mut raw)
-        .map_err(io("reading"))?;
+        .map_err(at("reading"))?;
     let mut entries = Vec::new();
     let mut archive = tar::Archive::new(raw.as_slice());
-    for e in archive.entries().map_err(io("reading"))? {
-        let mut e = e.map_err(io("reading"))?;
+    for e in archive.entries().map_err(at("reading"))? {
+        let mut e = e.map_err(at("reading"))?;
         let mut data = Vec::new();
-        e.read_to_end(&mut data).map_err(io("reading"))?;
-        let path = e.path().map_err(io("reading"))?.into_owned();
+        e.read_to_end(&mut data).map_err(at("reading"))?;
+        let path = e.path().map_err(at("reading"))?.into_owned();
         entries.push((
             path,
             e.header().mode().unwrap_or(0o644),
@@ -447,7 +440,7 @@ pub fn normalize_tgz(path: &Path, mtime: u64) -> Result<(), ImageError> {
     }
     let tmp = path.with_extension("tgz.tmp");
     {
-        let file = std::fs::File::create(&tmp).map_err(io("creating"))?;
+        let file = std::fs::File::create(&tmp).map_err(at("creating"))?;
         let gz = flate2::GzBuilder::new()
             .mtime(0)
             .write(file, flate2::Compression::default());
@@ -461,13 +454,13 @@ pub fn normalize_tgz(path: &Path, mtime: u64) -> Result<(), ImageError> {
             h.set_uid(0);
             h.set_gid(0);
             b.append_data(&mut h, p, data.as_slice())
-                .map_err(io("writing"))?;
+                .map_err(at("writing"))?;
         }
-        let mut gz = b.into_inner().map_err(io("writing"))?;
-        gz.flush().map_err(io("writing"))?;
-        gz.finish().map_err(io("writing"))?;
+        let mut gz = b.into_inner().map_err(at("writing"))?;
+        gz.flush().map_err(at("writing"))?;
+        gz.finish().map_err(at("writing"))?;
     }
-    std::fs::rename(&tmp, path).map_err(io("renaming"))
+    std::fs::rename(&tmp, path).map_err(at("renaming"))
 }
 
 #[cfg(test)]

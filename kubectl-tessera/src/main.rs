@@ -157,12 +157,7 @@ async fn run(cli: Cli) -> anyhow::Result<(String, bool)> {
             snap.input.pending.clear();
             let mut planned = Input::default();
             for f in &file {
-                let text = if f.as_os_str() == "-" {
-                    std::io::read_to_string(std::io::stdin()).context("reading standard input")?
-                } else {
-                    std::fs::read_to_string(f)
-                        .with_context(|| format!("reading {}", f.display()))?
-                };
+                let text = tessera_runtime::input::read_file_or_stdin(f)?;
                 planned
                     .add_text(&text)
                     .with_context(|| format!("parsing {}", f.display()))?;

@@ -51,6 +51,20 @@ fn ask(
     preempt(s, &DecisionConfig::default(), pod, &uid, &proposed, budgets)
 }
 
+/// Whether the real `/filter` places `pod` (as `uid-ns-urgent`) on node `n`.
+fn placed_on_n(s: &mut ClusterState, pod: &Pod) -> bool {
+    matches!(
+        filter_pod(
+            s,
+            &DecisionConfig::default(),
+            pod,
+            "uid-ns-urgent",
+            &["n".to_owned()]
+        ),
+        Verdict::Placed(_)
+    )
+}
+
 /// [`ask`] on node `n` with kube-scheduler's own victims there (UIDs, their PDB violations).
 fn ask_with_victims(
     s: &mut ClusterState,
@@ -100,17 +114,7 @@ fn the_cheapest_gpu_is_freed_and_nothing_else() {
     assert_eq!(v.pdb_violations, 0);
     // After the eviction the real filter places the pod.
     s.remove_pod("uid-ns-a");
-    let pod = preemptor(100, 1, 10240);
-    assert!(matches!(
-        filter_pod(
-            &mut s,
-            &DecisionConfig::default(),
-            &pod,
-            "uid-ns-urgent",
-            &["n".to_owned()]
-        ),
-        Verdict::Placed(_)
-    ));
+    assert!(placed_on_n(&mut s, &preemptor(100, 1, 10240)));
 }
 
 #[test]
@@ -553,18 +557,6 @@ fn pods_hamis_scheduler_placed_are_victims_like_any_other() {
         assert_eq!(chosen["n"].gpus, ["GPU-n-1"], "{phase}");
         // Both containers' memory is freed: the real filter places the pod once it is gone.
         s.remove_pod("uid-hami-job");
-        assert!(
-            matches!(
-                filter_pod(
-                    &mut s,
-                    &DecisionConfig::default(),
-                    &pod,
-                    "uid-ns-urgent",
-                    &["n".to_owned()]
-                ),
-                Verdict::Placed(_)
-            ),
-            "{phase}"
-        );
+        assert!(placed_on_n(&mut s, &pod), "{phase}");
     }
 }

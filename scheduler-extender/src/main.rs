@@ -110,12 +110,7 @@ fn main() -> anyhow::Result<()> {
             let cfg = policy.decision_config()?;
             let mut input = tessera_scheduler_core::simulate::Input::default();
             for file in &file {
-                let text = if file.as_os_str() == "-" {
-                    std::io::read_to_string(std::io::stdin()).context("reading standard input")?
-                } else {
-                    std::fs::read_to_string(file)
-                        .with_context(|| format!("reading {}", file.display()))?
-                };
+                let text = tessera_runtime::input::read_file_or_stdin(file)?;
                 input
                     .add_text(&text)
                     .with_context(|| format!("parsing {}", file.display()))?;
