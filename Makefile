@@ -46,7 +46,8 @@ build:
 # kube-scheduler for the preemption scenario that needs one, kubelet and
 # kube-controller-manager included), on harness nodes and on real nodes (kubelet + containerd,
 # which e2e/node-tools.sh installs from Debian's packages once; root; containerd v2 for the DRA
-# nodes, e2e/containerd-v2.sh). The Go builds run here, before the tests: a test builds what is
+# nodes, e2e/containerd-v2.sh), and the previous release an upgrade starts from
+# (e2e/previous-release.sh, built from this repository's history once). The Go builds run here, before the tests: a test builds what is
 # missing inside its network namespace, where the module proxy cannot be reached, and the demo
 # test gives the cluster five minutes, not the 20 a cold build takes. One cluster at a time: two
 # cores cannot host several apiservers.
@@ -54,6 +55,7 @@ e2e: build
 	./e2e/node-tools.sh >/dev/null
 	./e2e/control-plane.sh >/dev/null
 	./e2e/containerd-v2.sh >/dev/null
+	./e2e/previous-release.sh >/dev/null
 	cargo test --locked -p tessera-e2e -- --test-threads=1
 
 # Helm lint/template/kubeconform on the chart; builds pinned helm and kubeconform with Go into

@@ -213,7 +213,7 @@ fn main() -> Result<()> {
     let rounds = if quick { 1 } else { 2 };
     let csv = Csv::open("real_burst");
     real::run(1, move |net| async move {
-        let mut c = RealCluster::start(
+        let c = RealCluster::start(
             net,
             RealClusterOptions {
                 name: "bench-real-burst".into(),

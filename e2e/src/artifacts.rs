@@ -213,3 +213,54 @@ pub fn artifacts() -> Result<&'static Artifacts, &'static ArtifactError> {
     static A: OnceLock<Result<Artifacts, ArtifactError>> = OnceLock::new();
     A.get_or_init(discover).as_ref()
 }
+
+/// The release an upgrade starts from (`e2e/previous-release.sh`): its daemons and shim, built
+/// from this repository's history, and its chart's source.
+#[derive(Debug, Clone)]
+pub struct PreviousRelease {
+    /// The commit it was built from.
+    pub rev: String,
+    pub tessera_scheduler: PathBuf,
+    pub tessera_device_plugin: PathBuf,
+    pub tessera_dra_plugin: PathBuf,
+    pub shim: PathBuf,
+    /// `charts/tessera` of that commit.
+    pub chart_dir: PathBuf,
+}
+
+impl PreviousRelease {
+    /// The image tag its images carry: `prev-<short commit>` (never the workspace's version,
+    /// which the current images carry).
+    pub fn tag(&self) -> String {
+        format!("prev-{}", &self.rev[..self.rev.len().min(12)])
+    }
+}
+
+fn discover_previous() -> Result<PreviousRelease, ArtifactError> {
+    let root = workspace_root();
+    let vars = script_vars(
+        &root,
+        "e2e/previous-release.sh",
+        &["PREVIOUS_REV", "PREVIOUS_DIR"],
+    )?;
+    let dir = PathBuf::from(vars.get("PREVIOUS_DIR").cloned().unwrap_or_default());
+    let chart_dir = dir.join("chart/tessera");
+    if !chart_dir.join("Chart.yaml").is_file() {
+        return Err(ArtifactError::Missing(chart_dir.join("Chart.yaml")));
+    }
+    Ok(PreviousRelease {
+        rev: vars.get("PREVIOUS_REV").cloned().unwrap_or_default(),
+        tessera_scheduler: existing(dir.join("bin/tessera-scheduler"))?,
+        tessera_device_plugin: existing(dir.join("bin/tessera-device-plugin"))?,
+        tessera_dra_plugin: existing(dir.join("bin/tessera-dra-plugin"))?,
+        shim: existing(dir.join("bin/libvgpu.so"))?,
+        chart_dir,
+    })
+}
+
+/// Discovered (and built, the first time on a machine) once per process, by the tests that
+/// upgrade from it.
+pub fn previous_release() -> Result<&'static PreviousRelease, &'static ArtifactError> {
+    static P: OnceLock<Result<PreviousRelease, ArtifactError>> = OnceLock::new();
+    P.get_or_init(discover_previous).as_ref()
+}

@@ -1343,6 +1343,37 @@ pub fn build_kube_scheduler_next(a: &Artifacts, out_dir: &Path) -> Result<BuiltI
     build_cached(&spec, out_dir)
 }
 
+/// The previous release's two Tessera images ([`crate::artifacts::PreviousRelease`]): its
+/// device plugin (with its shim) and its scheduler, each only under
+/// `ghcr.io/tessera-gpu/<repository>:<its tag>`, so they never shadow the current ones.
+pub fn build_previous_release(
+    a: &Artifacts,
+    previous: &crate::artifacts::PreviousRelease,
+    out_dir: &Path,
+) -> Result<Vec<BuiltImage>, ImageError> {
+    std::fs::create_dir_all(out_dir).map_err(io(format!("creating {}", out_dir.display())))?;
+    let host = HostInputs {
+        tessera_scheduler: previous.tessera_scheduler.clone(),
+        tessera_device_plugin: previous.tessera_device_plugin.clone(),
+        tessera_dra_plugin: previous.tessera_dra_plugin.clone(),
+        shim: previous.shim.clone(),
+        ..HostInputs::from_artifacts(a)?
+    };
+    let tag = previous.tag();
+    specs_for(&host, &ImageNames::default())?
+        .into_iter()
+        .filter_map(|mut spec| {
+            let repository = match spec.id.as_str() {
+                "tessera-device-plugin" | "tessera-scheduler" => spec.id.clone(),
+                _ => return None,
+            };
+            spec.names = vec![format!("ghcr.io/tessera-gpu/{repository}:{tag}")];
+            spec.id = format!("{repository}-previous");
+            Some(build_cached(&spec, out_dir))
+        })
+        .collect()
+}
+
 /// Builds (or reuses) every image of [`image_specs`] into `out_dir`.
 pub fn build_all(
     a: &Artifacts,

@@ -43,10 +43,6 @@ pub const USER: &str = "alice@example.com";
 pub const SCRAPER: &str = "e2e-metrics-scraper";
 /// The image the GPU workloads run: the CUDA probe and busybox.
 pub const PROBE_IMAGE: &str = "tessera.local/cuda-probe:e2e";
-/// The device plugin's image under a later tag: `devicePlugin.image.tag` = [`UPGRADE_PLUGIN_TAG`]
-/// rolls the DaemonSet to it.
-pub const UPGRADE_PLUGIN_TAG: &str = "0.1.1-e2e";
-const UPGRADE_PLUGIN_IMAGE: &str = "ghcr.io/tessera-gpu/tessera-device-plugin:0.1.1-e2e";
 /// The chart's default hook path (`global.gpuHookPath`).
 const DEFAULT_HOOK_PATH: &str = "/usr/local";
 
@@ -176,6 +172,19 @@ pub struct RealClusterOptions {
     pub chart: ChartValues,
 }
 
+/// The previous release, ready to install ([`RealCluster::import_previous_release`]).
+#[derive(Debug, Clone)]
+pub struct PreviousInstall {
+    /// The commit it was built from.
+    pub rev: String,
+    /// Its images' tag: install it with `global.imageTag` = this.
+    pub tag: String,
+    /// Its packaged chart.
+    pub chart: PathBuf,
+    /// Its shim, as the plugin installs it on the host.
+    pub shim: PathBuf,
+}
+
 /// A running node: `unshare` → `node.sh` → containerd, kubelet and the node's containers.
 #[derive(Debug)]
 pub struct RealNode {
@@ -217,6 +226,12 @@ impl RealNode {
                 .join("containers"),
             None => self.dir.join("fs").join(vgpu).join("containers"),
         }
+    }
+
+    /// A file of the node's `<gpuHookPath>/vgpu` (`libvgpu.so`, `ld.so.preload`), as the node
+    /// and its containers' mounts see it.
+    pub fn vgpu_file(&self, name: &str) -> PathBuf {
+        self.containers_dir().with_file_name(name)
     }
 
     /// The node's `node.sh` (PID 1 of its PID namespace), seen from the test.
@@ -746,25 +761,59 @@ impl RealCluster {
             &crate::images::default_out_dir(),
         )
         .map_err(|e| Error::msg(format!("building the newer kube-scheduler's image: {e}")))?;
+        self.import_everywhere(&built.tar).await?;
+        Ok(self.artifacts.kube_scheduler_next_version.clone())
+    }
+
+    /// The release an upgrade starts from ([`crate::artifacts::previous_release`]): its images
+    /// built and imported into every node's containerd (as the nodes would pull them), its chart
+    /// packaged. Only the tests that upgrade pay for it.
+    pub async fn import_previous_release(&self) -> Result<PreviousInstall> {
+        let previous = crate::artifacts::previous_release()
+            .map_err(|e| Error::msg(format!("the previous release: {e}")))?;
+        let built = crate::images::build_previous_release(
+            self.artifacts,
+            previous,
+            &crate::images::default_out_dir(),
+        )
+        .map_err(|e| Error::msg(format!("building the previous release's images: {e}")))?;
+        for image in &built {
+            self.import_everywhere(&image.tar).await?;
+        }
+        let chart = package_chart(
+            &self.artifacts.helm,
+            &previous.chart_dir,
+            &self.dir.join("previous-chart"),
+        )?;
+        Ok(PreviousInstall {
+            rev: previous.rev.clone(),
+            tag: previous.tag(),
+            chart,
+            shim: previous.shim.clone(),
+        })
+    }
+
+    /// `ctr images import` of `tar` into every node's containerd (the CRI's namespace).
+    async fn import_everywhere(&self, tar: &Path) -> Result<()> {
         let tools = node_tools()?;
         for node in &self.nodes {
             let mut cmd = node.command_in(&tools.ctr)?;
             cmd.args(["-a", "/run/containerd/containerd.sock", "-n", "k8s.io"])
                 .args(["images", "import"])
-                .arg(&built.tar);
+                .arg(tar);
             let out = tokio::task::spawn_blocking(move || cmd.output())
                 .await
                 .map_err(|e| Error::msg(format!("ctr: {e}")))??;
             if !out.status.success() {
                 return Err(Error::msg(format!(
                     "importing {} on {}: {}",
-                    built.tar.display(),
+                    tar.display(),
                     node.name(),
                     String::from_utf8_lossy(&out.stderr).trim()
                 )));
             }
         }
-        Ok(self.artifacts.kube_scheduler_next_version.clone())
+        Ok(())
     }
 
     fn start_node(
@@ -974,33 +1023,24 @@ impl RealCluster {
     /// `helm install` of `charts/tessera` into the release namespace, waiting (helm's `--wait`)
     /// until every Deployment and DaemonSet pod is Ready.
     pub async fn helm_install(&mut self, values: &ChartValues) -> Result<()> {
+        let chart = packaged_chart(self.artifacts)?;
+        self.helm_install_chart(&chart, values).await
+    }
+
+    /// `helm install` of a packaged `chart` (e.g. [`PreviousInstall::chart`]), as
+    /// [`RealCluster::helm_install`].
+    pub async fn helm_install_chart(&mut self, chart: &Path, values: &ChartValues) -> Result<()> {
+        if matches!(values, ChartValues::None) {
+            return Ok(());
+        }
         let mut cmd = Command::new(&self.artifacts.helm);
         cmd.args(["install", RELEASE])
-            .arg(packaged_chart(self.artifacts)?)
+            .arg(chart)
             .args(["--namespace", NAMESPACE, "--create-namespace"])
             .arg("--kubeconfig")
             .arg(self.kubeconfig_admin())
-            .args(["--wait", "--timeout", "240s"]);
-        match values {
-            ChartValues::Recommended(sets) => {
-                // docs/helm.md's install.
-                for (k, v) in RECOMMENDED_SETS {
-                    cmd.args(["--set", &format!("{k}={v}")]);
-                }
-                for (k, v) in sets {
-                    if v == CLUSTER_WEBHOOK_CLIENT_CA {
-                        let ca = self.dir.join(WEBHOOK_CLIENT_CA);
-                        cmd.args(["--set-file", &format!("{k}={}", ca.display())]);
-                    } else {
-                        cmd.args(["--set", &format!("{k}={v}")]);
-                    }
-                }
-            }
-            ChartValues::File(f) => {
-                cmd.arg("-f").arg(f);
-            }
-            ChartValues::None => return Ok(()),
-        }
+            .args(["--wait", "--timeout", "240s"])
+            .args(self.values_args(values));
         let out = tokio::task::spawn_blocking(move || cmd.output())
             .await
             .map_err(|e| Error::msg(format!("helm: {e}")))??;
@@ -1018,25 +1058,67 @@ impl RealCluster {
         Ok(())
     }
 
+    /// `helm`'s arguments for `values`: docs/helm.md's recommended install with its `--set`
+    /// pairs, or a values file.
+    fn values_args(&self, values: &ChartValues) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
+        match values {
+            ChartValues::Recommended(sets) => {
+                for (k, v) in RECOMMENDED_SETS {
+                    args.extend(["--set".into(), format!("{k}={v}").into()]);
+                }
+                for (k, v) in sets {
+                    if v == CLUSTER_WEBHOOK_CLIENT_CA {
+                        let ca = self.dir.join(WEBHOOK_CLIENT_CA);
+                        args.extend(["--set-file".into(), format!("{k}={}", ca.display()).into()]);
+                    } else {
+                        args.extend(["--set".into(), format!("{k}={v}").into()]);
+                    }
+                }
+            }
+            ChartValues::File(f) => args.extend(["-f".into(), f.clone().into_os_string()]),
+            ChartValues::None => {}
+        }
+        args
+    }
+
     /// `helm upgrade` of the release with the values file it was installed with plus `sets`
     /// (no `--wait`: a test that upgrades watches what it expects).
-    pub async fn helm_upgrade(&mut self, values: &Path, sets: &[(&str, &str)]) -> Result<()> {
-        let mut args = vec!["-f".to_owned(), values.display().to_string()];
-        args.extend(sets.iter().map(|(k, v)| format!("--set={k}={v}")));
-        self.helm_upgrade_with(args).await
+    pub async fn helm_upgrade(&self, values: &Path, sets: &[(&str, &str)]) -> Result<()> {
+        let mut args = vec!["-f".into(), values.as_os_str().to_owned()];
+        args.extend(sets.iter().map(|(k, v)| format!("--set={k}={v}").into()));
+        let chart = packaged_chart(self.artifacts)?;
+        self.helm_upgrade_with(&chart, args).await
     }
 
     /// `helm upgrade --reuse-values` with `sets` on top (no `--wait`).
-    pub async fn helm_upgrade_set(&mut self, sets: &[(&str, &str)]) -> Result<()> {
-        let mut args = vec!["--reuse-values".to_owned()];
-        args.extend(sets.iter().map(|(k, v)| format!("--set={k}={v}")));
-        self.helm_upgrade_with(args).await
+    pub async fn helm_upgrade_set(&self, sets: &[(&str, &str)]) -> Result<()> {
+        let mut args = vec!["--reuse-values".into()];
+        args.extend(sets.iter().map(|(k, v)| format!("--set={k}={v}").into()));
+        let chart = packaged_chart(self.artifacts)?;
+        self.helm_upgrade_with(&chart, args).await
     }
 
-    async fn helm_upgrade_with(&mut self, args: Vec<String>) -> Result<()> {
+    /// `helm upgrade` of the release to a packaged `chart` with `values` as a user gives them
+    /// (not reused from the release): this workspace's chart for an upgrade,
+    /// [`PreviousInstall::chart`] for a downgrade. No `--wait`.
+    pub async fn helm_upgrade_chart(
+        &self,
+        chart: Option<&Path>,
+        values: &ChartValues,
+    ) -> Result<()> {
+        let args = self.values_args(values);
+        let chart = match chart {
+            Some(c) => c.to_owned(),
+            None => packaged_chart(self.artifacts)?,
+        };
+        self.helm_upgrade_with(&chart, args).await
+    }
+
+    async fn helm_upgrade_with(&self, chart: &Path, args: Vec<std::ffi::OsString>) -> Result<()> {
         let mut cmd = Command::new(&self.artifacts.helm);
         cmd.args(["upgrade", RELEASE])
-            .arg(packaged_chart(self.artifacts)?)
+            .arg(chart)
             .args(["--namespace", NAMESPACE])
             .arg("--kubeconfig")
             .arg(self.kubeconfig_admin())
@@ -1445,8 +1527,6 @@ fn node_images(a: &Artifacts) -> Result<Vec<PathBuf>> {
             "registry.cn-hangzhou.aliyuncs.com/google_containers/kube-scheduler:{}",
             a.k8s_version
         )],
-        // The same plugin under a newer tag, for the `helm upgrade` of the plugin's image.
-        device_plugin: vec![UPGRADE_PLUGIN_IMAGE.to_owned()],
         ..Default::default()
     };
     let built = crate::images::build_all(a, &names, &crate::images::default_out_dir())
@@ -1465,29 +1545,41 @@ fn packaged_chart(a: &Artifacts) -> Result<PathBuf> {
                 .root
                 .join("target/e2e-chart")
                 .join(std::process::id().to_string());
-            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            let out = Command::new(&a.helm)
-                .arg("package")
-                .arg(a.root.join("charts/tessera"))
-                .arg("-d")
-                .arg(&dir)
-                .output()
-                .map_err(|e| format!("helm package: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "helm package failed: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
-            std::fs::read_dir(&dir)
-                .map_err(|e| format!("{}: {e}", dir.display()))?
-                .flatten()
-                .map(|e| e.path())
-                .find(|p| p.extension().is_some_and(|x| x == "tgz"))
-                .ok_or_else(|| format!("helm package wrote no .tgz into {}", dir.display()))
+            package_chart(&a.helm, &a.root.join("charts/tessera"), &dir).map_err(|e| e.to_string())
         })
         .clone()
         .map_err(Error::msg)
+}
+
+/// `helm package` of the chart source `chart_dir` into `out_dir`; the `.tgz` it wrote.
+fn package_chart(helm: &Path, chart_dir: &Path, out_dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(out_dir)
+        .map_err(|e| Error::msg(format!("{}: {e}", out_dir.display())))?;
+    let out = Command::new(helm)
+        .arg("package")
+        .arg(chart_dir)
+        .arg("-d")
+        .arg(out_dir)
+        .output()
+        .map_err(|e| Error::msg(format!("helm package: {e}")))?;
+    if !out.status.success() {
+        return Err(Error::msg(format!(
+            "helm package of {} failed: {}",
+            chart_dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    std::fs::read_dir(out_dir)
+        .map_err(|e| Error::msg(format!("{}: {e}", out_dir.display())))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "tgz"))
+        .ok_or_else(|| {
+            Error::msg(format!(
+                "helm package wrote no .tgz into {}",
+                out_dir.display()
+            ))
+        })
 }
 
 /// The fake NVIDIA container runtime (`e2e/src/bin/fake-nvidia-container-runtime.rs`), built

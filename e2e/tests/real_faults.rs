@@ -1,10 +1,15 @@
-//! Faults on real nodes. Long-running GPU jobs hold most of the cluster's GPU memory; then one
-//! thing breaks at a time: the kubelet, containerd, the device-plugin pod, the plugin's image
-//! upgraded by `helm upgrade`, the tessera-scheduler Deployment rolled during a burst, the API
-//! server, a Node object deleted under its running GPU pods. After each, the running jobs still
-//! run with their own devices and limits (their latest report from inside), new pods are placed
-//! and see their own limits, a pod that only fits if the books forgot a running job is not
-//! placed, and no GPU is over-booked.
+//! Faults on real nodes. The cluster starts on the previous release (`e2e/previous-release.sh`:
+//! its daemons, shim and chart, built from this repository's history); long-running GPU jobs
+//! hold most of the cluster's GPU memory; then one thing happens at a time: `helm upgrade` to
+//! this version during a burst of GPU pods, the kubelet, containerd and the device-plugin pod
+//! restarted, `helm upgrade` back to the previous release (a downgrade) during a burst and up
+//! again, the tessera-scheduler Deployment rolled during a burst, the API server restarted, a
+//! Node object deleted under its running GPU pods. After each, the running jobs still run with
+//! their own devices and limits (their latest report from inside; one process that loaded the
+//! shim before the upgrade still refuses past its limit), new pods are placed and see their own
+//! limits and the shim of the version that runs, a pod that only fits if the books forgot a
+//! running job is not placed, and no GPU is over-booked. Across each upgrade the host's
+//! `libvgpu.so` is only ever one of the two versions' files, never a partly written one.
 #![allow(
     clippy::disallowed_types,
     reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
@@ -22,7 +27,7 @@ use serde_json::json;
 use tessera_e2e::node::NodeSpec;
 use tessera_e2e::probe::{self, Report, Slice};
 use tessera_e2e::real::{
-    self, ChartValues, NAMESPACE, RealCluster, RealClusterOptions, RealNodeSpec, UPGRADE_PLUGIN_TAG,
+    self, ChartValues, NAMESPACE, PreviousInstall, RealCluster, RealClusterOptions, RealNodeSpec,
 };
 use tessera_e2e::{Error, Result, eventually};
 
@@ -41,6 +46,15 @@ const JOBS: [(&str, &str, Slice); 3] = [
 ];
 /// Fits only if the books forgot a job.
 const TOO_BIG: Slice = Slice::mib(1, 20000);
+
+const MIB: u64 = 1024 * 1024;
+/// A job that loaded the shim once, before the upgrade, and keeps allocating through it: an
+/// 8000 MiB slice of an A100, 4000 MiB of it held.
+const STEADY: &str = "steady";
+const STEADY_SLICE: Slice = Slice::mib(1, 8000);
+const STEADY_HELD_MIB: u64 = 4000;
+/// Where containers find the shim (the chart's `devicePlugin.libPath`).
+const SHIM_IN_CONTAINER: &str = "/usr/local/vgpu/libvgpu.so";
 
 fn pod(name: &str, node: Option<&str>, slice: &Slice, forever: bool) -> Pod {
     let main = probe::container("main", slice, forever);
@@ -97,20 +111,31 @@ async fn no_gpu_overbooked(c: &RealCluster, after: &str) -> Result<()> {
     Ok(())
 }
 
-/// A new small pod on `node` runs with its own limits, and a pod that fits only if the books
-/// forgot a running job stays unplaced meanwhile.
+/// A new small pod on `node` runs with its own limits and the shim of the version that runs
+/// (`shim`: its SHA-256), and a pod that fits only if the books forgot a running job stays
+/// unplaced meanwhile.
 async fn new_pods_are_placed_and_nothing_overbooked(
     c: &RealCluster,
     after: &str,
     node: &str,
+    shim: &str,
 ) -> Result<()> {
     let small = Slice::mib(1, 1000 + after.len() as u64);
     let small_name = format!("new-{after}");
     let big_name = format!("too-big-{after}");
     c.create_pod_as_user(&pod(&big_name, None, &TOO_BIG, false))
         .await?;
-    c.create_pod_as_user(&pod(&small_name, Some(node), &small, false))
-        .await?;
+    let mut main = probe::container("main", &small, false);
+    let script = main["command"][2].as_str().unwrap_or_default().to_owned();
+    main["command"][2] = json!(format!("sha256sum {SHIM_IN_CONTAINER}; {script}"));
+    c.create_pod_as_user(&probe::pod(
+        TENANT,
+        &small_name,
+        Some(node),
+        Vec::new(),
+        vec![main],
+    ))
+    .await?;
     let done = c
         .wait_finished(TENANT, &small_name, Duration::from_secs(120))
         .await?;
@@ -125,6 +150,11 @@ async fn new_pods_are_placed_and_nothing_overbooked(
         probe::judge(&logs, &small, false),
         Report::Own,
         "{small_name}: {logs}"
+    );
+    assert!(
+        logs.lines()
+            .any(|l| l.starts_with(shim) && l.ends_with(SHIM_IN_CONTAINER)),
+        "{small_name} did not get the shim of the version that runs ({shim}): {logs}"
     );
     let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
     let big = pods.get(&big_name).await?;
@@ -187,36 +217,57 @@ async fn scheduler_rolled_out(c: &RealCluster) -> Result<()> {
     .await
 }
 
-/// Twelve small pods at once while the scheduler Deployment rolls: each runs with its own
-/// limits (a pod may be refused at admission and recreated, as its owner would; counted).
-async fn burst_during_scheduler_rollout(c: &RealCluster) -> Result<()> {
+/// Patches every Deployment of the release so that it rolls (`kubectl rollout restart`).
+async fn restart_deployments(c: &RealCluster) -> Result<()> {
     let deploys: Api<Deployment> = Api::namespaced(c.admin().clone(), NAMESPACE);
     let patch = json!({"spec": {"template": {"metadata": {"annotations": {
         "kubectl.kubernetes.io/restartedAt": "e2e-rollout"}}}}});
+    for d in deploys.list(&ListParams::default()).await?.items {
+        let name = d.metadata.name.unwrap_or_default();
+        deploys
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Twelve small pods at once while `roll` rolls the release: each runs with its own limits and
+/// no GPU is over-booked. A pod the kubelet refused at admission (`UnexpectedAdmissionError`:
+/// bound while the node's device plugin was being replaced) is created again, as its owner
+/// would; such refusals are printed.
+async fn burst_during(
+    c: &RealCluster,
+    label: &str,
+    roll: impl std::future::Future<Output = Result<()>>,
+) -> Result<()> {
     let slices: Vec<(String, Slice)> = (0..12)
-        .map(|i| (format!("roll-{i}"), Slice::mib(1, 300 + 10 * i)))
+        .map(|i| (format!("{label}-{i}"), Slice::mib(1, 300 + 10 * i)))
         .collect();
     let creates = slices
         .iter()
         .map(|(n, s)| async { c.create_pod_as_user(&pod(n, None, s, false)).await });
-    let roll = async {
-        for d in deploys.list(&ListParams::default()).await?.items {
-            let name = d.metadata.name.unwrap_or_default();
-            deploys
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-        }
-        Ok::<(), Error>(())
-    };
     let (created, rolled) = tokio::join!(join_all(creates), roll);
     rolled?;
     for r in created {
         r?;
     }
+    let mut refused = Vec::new();
     for (name, slice) in &slices {
-        let done = c
-            .wait_finished(TENANT, name, Duration::from_secs(240))
-            .await?;
+        let mut attempts = 0;
+        let done = loop {
+            let done = c
+                .wait_finished(TENANT, name, Duration::from_secs(240))
+                .await?;
+            let status = done.status.clone().unwrap_or_default();
+            if status.reason.as_deref() == Some("UnexpectedAdmissionError") && attempts < 3 {
+                attempts += 1;
+                refused.push(format!("{name}: {}", status.message.unwrap_or_default()));
+                c.delete_pod(TENANT, name).await?;
+                c.create_pod_as_user(&pod(name, None, slice, false)).await?;
+                continue;
+            }
+            break done;
+        };
         assert_eq!(
             done.status.and_then(|s| s.phase).as_deref(),
             Some("Succeeded"),
@@ -230,11 +281,121 @@ async fn burst_during_scheduler_rollout(c: &RealCluster) -> Result<()> {
             "{name}: {logs}"
         );
     }
-    no_gpu_overbooked(c, "scheduler rollout").await?;
+    println!(
+        "{label}: {} pods placed during the roll, {} refused at admission and created again{}",
+        slices.len(),
+        refused.len(),
+        refused
+            .iter()
+            .map(|r| format!("\n  {r}"))
+            .collect::<String>()
+    );
+    no_gpu_overbooked(c, label).await?;
     for (name, _) in &slices {
         c.delete_pod(TENANT, name).await?;
     }
     scheduler_rolled_out(c).await
+}
+
+/// The steady job: the same pod, never restarted, its one process still reporting (its count
+/// passed `seen`), its limit as the total, one byte past the limit refused. Returns the count.
+async fn steady_keeps_enforcing(c: &RealCluster, after: &str, uid: &str, seen: u64) -> u64 {
+    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    let r = eventually(
+        &format!("{STEADY} to report again after {after}"),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        || async {
+            let p = pods.get_opt(STEADY).await.ok().flatten()?;
+            let cs = p.status?.container_statuses?.into_iter().next()?;
+            let logs = c.logs(TENANT, STEADY, "main").await.ok()?;
+            let last = logs.lines().rfind(|l| l.starts_with("STEADY "))?.to_owned();
+            let n: u64 = last
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("n="))?
+                .parse()
+                .ok()?;
+            (n > seen).then_some((
+                p.metadata.uid.unwrap_or_default(),
+                cs.restart_count,
+                n,
+                last,
+            ))
+        },
+    )
+    .await;
+    let (pod_uid, restarts, n, last) = match r {
+        Ok(r) => r,
+        Err(e) => panic!("{e}\n{}", c.describe_pods(TENANT).await),
+    };
+    assert_eq!(pod_uid, uid, "{STEADY} was replaced after {after}");
+    assert_eq!(restarts, 0, "{STEADY} restarted after {after}");
+    let total = format!("total={}", STEADY_SLICE.mem_mib * MIB);
+    assert!(
+        last.contains(" info=0 ") && last.contains(&total) && last.ends_with(" over=refused"),
+        "{STEADY} after {after}: {last} (wanted info=0, {total}, over=refused)"
+    );
+    n
+}
+
+/// The device plugin on the A100 node reads the steady job's shared region (written by the
+/// shim it loaded, whichever version that was): its memory in use is at least what it holds.
+async fn steady_usage_is_read(c: &RealCluster, after: &str) -> Result<()> {
+    let held = STEADY_HELD_MIB * MIB;
+    eventually(
+        &format!("the plugin's hami_vgpu_memory_used_bytes of {STEADY} after {after}"),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        || async {
+            let metrics = c.device_plugin_metrics(A100).await?;
+            metrics
+                .lines()
+                .filter(|l| {
+                    l.starts_with("hami_vgpu_memory_used_bytes{")
+                        && l.contains(&format!("pod=\"{STEADY}\""))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .any(|v| v >= held as f64)
+                .then_some(())
+        },
+    )
+    .await
+}
+
+fn sha256_of(path: &std::path::Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::msg(format!("reading {}: {e}", path.display())))?;
+    Ok(format!("{:x}", Sha256::digest(&bytes)))
+}
+
+/// Hashes the node's `libvgpu.so` every 20 ms until stopped: every version of the file a
+/// container starting at that moment could have been given, with how often it was seen.
+struct ShimWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<BTreeMap<String, u32>>,
+}
+
+impl ShimWatch {
+    fn start(path: std::path::PathBuf) -> ShimWatch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = BTreeMap::new();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let h = sha256_of(&path).unwrap_or_else(|e| format!("unreadable: {e}"));
+                *seen.entry(h).or_insert(0) += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            seen
+        });
+        ShimWatch { stop, thread }
+    }
+
+    fn finish(self) -> BTreeMap<String, u32> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
 }
 
 /// The device-plugin pod on `node`, if any.
@@ -285,6 +446,16 @@ async fn replace_plugin_pod_on(c: &RealCluster, node: &str) -> Result<()> {
     plugin_ready_on(c, node, old.metadata.uid.as_deref()).await
 }
 
+/// The previous release's install: the recommended values, its own images.
+fn previous_values(previous: &PreviousInstall) -> ChartValues {
+    ChartValues::Recommended(vec![("global.imageTag".into(), previous.tag.clone())])
+}
+
+/// This version's install: the recommended values.
+fn current_values() -> ChartValues {
+    ChartValues::Recommended(Vec::new())
+}
+
 #[test]
 fn real_nodes_running_jobs_survive_faults_and_nothing_is_overbooked() -> Result<()> {
     real::run(2, |net| async move {
@@ -301,12 +472,15 @@ fn real_nodes_running_jobs_survive_faults_and_nothing_is_overbooked() -> Result<
                     )),
                     RealNodeSpec::gpu(NodeSpec::uniform(T4, 1, "Tesla T4", T4_MIB)),
                 ],
-                chart: ChartValues::Recommended(Vec::new()),
+                chart: ChartValues::None,
             },
         )
         .await?;
+        let previous = c.import_previous_release().await?;
+        c.helm_install_chart(&previous.chart, &previous_values(&previous))
+            .await?;
         c.tenant_namespace(TENANT).await?;
-        let r = faults(&mut c).await;
+        let r = faults(&mut c, &previous).await;
         if let Err(e) = r {
             panic!("{e}\n{}", c.describe_pods(TENANT).await);
         }
@@ -314,14 +488,87 @@ fn real_nodes_running_jobs_survive_faults_and_nothing_is_overbooked() -> Result<
     })
 }
 
-async fn faults(c: &mut RealCluster) -> Result<()> {
+/// `helm upgrade` of the whole release to `chart` (this version's when `None`) during a burst of
+/// GPU pods, until every daemon rolled and both nodes serve GPUs again; meanwhile the A100
+/// node's `libvgpu.so` is only ever the file of version `from` or `to` (SHA-256), and `to`'s
+/// afterwards, on both nodes.
+async fn roll_release(
+    c: &RealCluster,
+    label: &str,
+    chart: Option<&std::path::Path>,
+    values: &ChartValues,
+    from: &str,
+    to: &str,
+) -> Result<()> {
+    let node = |n: &str| c.node(n).ok_or_else(|| Error::msg(format!("no node {n}")));
+    let watch = ShimWatch::start(node(A100)?.vgpu_file("libvgpu.so"));
+    let rolled = async {
+        burst_during(c, label, c.helm_upgrade_chart(chart, values)).await?;
+        c.wait_plugin_rolled_out().await?;
+        for n in [A100, T4] {
+            plugin_ready_on(c, n, None).await?;
+            node_serves_gpus(c, n).await?;
+        }
+        Ok::<(), Error>(())
+    }
+    .await;
+    let seen = watch.finish();
+    rolled?;
+    let count = |h: &str| seen.get(h).copied().unwrap_or(0);
+    println!(
+        "{label}: the host's libvgpu.so read {} times as the old version's file, {} as the new one's",
+        count(from),
+        count(to)
+    );
+    let partial: Vec<_> = seen.keys().filter(|h| *h != from && *h != to).collect();
+    assert!(
+        partial.is_empty(),
+        "during the {label}, the host's libvgpu.so was neither version's file: {partial:?} \
+         (seen: {seen:?}; from {from}, to {to})"
+    );
+    for n in [A100, T4] {
+        assert_eq!(
+            sha256_of(&node(n)?.vgpu_file("libvgpu.so"))?,
+            to,
+            "{n}'s libvgpu.so after the {label}"
+        );
+    }
+    Ok(())
+}
+
+async fn faults(c: &mut RealCluster, previous: &PreviousInstall) -> Result<()> {
+    let old_shim = sha256_of(&previous.shim)?;
+    let new_shim = sha256_of(
+        &tessera_e2e::artifacts::artifacts()
+            .map_err(|e| Error::msg(e.to_string()))?
+            .shim,
+    )?;
+    assert_ne!(
+        old_shim, new_shim,
+        "the previous release's shim is byte for byte this one: the upgrade could not be told apart"
+    );
+    let mut steady = probe::container("main", &STEADY_SLICE, true);
+    steady["command"] = json!([
+        "/usr/bin/cuda_probe",
+        "steady",
+        (STEADY_SLICE.mem_mib * MIB).to_string(),
+        (STEADY_HELD_MIB * MIB).to_string()
+    ]);
+    c.create_pod_as_user(&probe::pod(
+        TENANT,
+        STEADY,
+        Some(A100),
+        Vec::new(),
+        vec![steady],
+    ))
+    .await?;
     for (name, node, slice) in JOBS {
         c.create_pod_as_user(&pod(name, Some(node), &slice, true))
             .await?;
     }
     let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
     let mut uids = BTreeMap::new();
-    for (name, _, _) in JOBS {
+    for name in JOBS.iter().map(|(n, _, _)| *n).chain([STEADY]) {
         let p = eventually(
             &format!("{name} running"),
             Duration::from_secs(120),
@@ -335,8 +582,30 @@ async fn faults(c: &mut RealCluster) -> Result<()> {
         .await?;
         uids.insert(name.to_owned(), p.metadata.uid.unwrap_or_default());
     }
+    let steady_uid = uids.get(STEADY).cloned().unwrap_or_default();
+    assert_eq!(
+        sha256_of(
+            &c.node(A100)
+                .ok_or_else(|| Error::msg("no node"))?
+                .vgpu_file("libvgpu.so")
+        )?,
+        old_shim,
+        "the previous release's shim on the host"
+    );
     jobs_keep_their_limits(c, "start", &uids).await;
-    new_pods_are_placed_and_nothing_overbooked(c, "start", A100).await?;
+    let mut steady_n = steady_keeps_enforcing(c, "start", &steady_uid, 0).await;
+    steady_usage_is_read(c, "start").await?;
+    new_pods_are_placed_and_nothing_overbooked(c, "start", A100, &old_shim).await?;
+
+    println!(
+        "upgrade: helm upgrade from the previous release ({}) to this version during a burst",
+        previous.rev
+    );
+    roll_release(c, "upgrade", None, &current_values(), &old_shim, &new_shim).await?;
+    jobs_keep_their_limits(c, "upgrade", &uids).await;
+    steady_n = steady_keeps_enforcing(c, "upgrade", &steady_uid, steady_n).await;
+    steady_usage_is_read(c, "upgrade").await?;
+    new_pods_are_placed_and_nothing_overbooked(c, "upgrade", A100, &new_shim).await?;
 
     println!("fault: kubelet restart");
     c.node(A100)
@@ -344,7 +613,7 @@ async fn faults(c: &mut RealCluster) -> Result<()> {
         .restart_kubelet()?;
     node_serves_gpus(c, A100).await?;
     jobs_keep_their_limits(c, "kubelet restart", &uids).await;
-    new_pods_are_placed_and_nothing_overbooked(c, "kubelet", A100).await?;
+    new_pods_are_placed_and_nothing_overbooked(c, "kubelet", A100, &new_shim).await?;
 
     println!("fault: containerd restart");
     c.node(A100)
@@ -352,34 +621,52 @@ async fn faults(c: &mut RealCluster) -> Result<()> {
         .restart_containerd()?;
     node_serves_gpus(c, A100).await?;
     jobs_keep_their_limits(c, "containerd restart", &uids).await;
-    new_pods_are_placed_and_nothing_overbooked(c, "containerd", A100).await?;
+    new_pods_are_placed_and_nothing_overbooked(c, "containerd", A100, &new_shim).await?;
 
     println!("fault: device-plugin pod deleted");
     replace_plugin_pod_on(c, A100).await?;
     node_serves_gpus(c, A100).await?;
     jobs_keep_their_limits(c, "plugin pod deleted", &uids).await;
-    new_pods_are_placed_and_nothing_overbooked(c, "plugin", A100).await?;
+    new_pods_are_placed_and_nothing_overbooked(c, "plugin", A100, &new_shim).await?;
 
-    println!("fault: helm upgrade of the plugin's image");
-    c.helm_upgrade_set(&[("devicePlugin.image.tag", UPGRADE_PLUGIN_TAG)])
-        .await?;
-    c.wait_plugin_rolled_out().await?;
-    plugin_ready_on(c, A100, None).await?;
-    plugin_ready_on(c, T4, None).await?;
-    node_serves_gpus(c, A100).await?;
-    node_serves_gpus(c, T4).await?;
-    jobs_keep_their_limits(c, "plugin upgrade", &uids).await;
-    new_pods_are_placed_and_nothing_overbooked(c, "upgrade", T4).await?;
+    println!("downgrade: helm upgrade back to the previous release during a burst");
+    roll_release(
+        c,
+        "downgrade",
+        Some(&previous.chart),
+        &previous_values(previous),
+        &new_shim,
+        &old_shim,
+    )
+    .await?;
+    jobs_keep_their_limits(c, "downgrade", &uids).await;
+    steady_n = steady_keeps_enforcing(c, "downgrade", &steady_uid, steady_n).await;
+    steady_usage_is_read(c, "downgrade").await?;
+    new_pods_are_placed_and_nothing_overbooked(c, "downgrade", T4, &old_shim).await?;
+
+    println!("upgrade again: to this version during a burst");
+    roll_release(
+        c,
+        "reupgrade",
+        None,
+        &current_values(),
+        &old_shim,
+        &new_shim,
+    )
+    .await?;
+    jobs_keep_their_limits(c, "second upgrade", &uids).await;
+    steady_keeps_enforcing(c, "second upgrade", &steady_uid, steady_n).await;
+    new_pods_are_placed_and_nothing_overbooked(c, "reupgrade", A100, &new_shim).await?;
 
     println!("fault: tessera-scheduler rollout during a burst");
-    burst_during_scheduler_rollout(c).await?;
+    burst_during(c, "rollout", restart_deployments(c)).await?;
     jobs_keep_their_limits(c, "scheduler rollout", &uids).await;
 
     println!("fault: kube-apiserver restart");
     c.restart_apiserver(Duration::from_secs(3)).await?;
     node_serves_gpus(c, A100).await?;
     jobs_keep_their_limits(c, "apiserver restart", &uids).await;
-    new_pods_are_placed_and_nothing_overbooked(c, "apiserver", A100).await?;
+    new_pods_are_placed_and_nothing_overbooked(c, "apiserver", A100, &new_shim).await?;
 
     // The Node object of the T4 node is deleted under its running job. Kubernetes' pod garbage
     // collector deletes pods bound to a node that no longer exists; the kubelet, restarted by

@@ -446,7 +446,7 @@ fn real_nodes_hami_default_values_and_a_node_without_driver() -> Result<()> {
         // environment: the toolkit's defaults (no configuration file), which the plugin reports.
         let mut t4 = RealNodeSpec::gpu(NodeSpec::uniform("t4-node", 1, "Tesla T4", T4_MIB));
         t4.runtime = NodeRuntime::ToolkitDefaults;
-        let mut c = RealCluster::start(
+        let c = RealCluster::start(
             net,
             RealClusterOptions {
                 name: "real-hami-values".into(),

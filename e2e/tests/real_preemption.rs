@@ -185,7 +185,7 @@ fn real_nodes_preemption_frees_exactly_the_slice_it_needs_on_both_kube_scheduler
         let gpu0 = node.gpus[0].uuid.clone();
         let gpu1 = node.gpus[1].uuid.clone();
         let set = |k: &str, v: &str| (k.to_owned(), v.to_owned());
-        let mut c = RealCluster::start(
+        let c = RealCluster::start(
             net,
             RealClusterOptions {
                 name: "real-preempt".into(),

@@ -721,6 +721,27 @@ static int mode_info(void) {
     return done();
 }
 
+/* A long-running job that loaded the shim once (the e2e's upgrade: the host's libvgpu.so is
+ * replaced under it): holds HELD bytes, then every two seconds prints what cuMemGetInfo says and
+ * whether one byte more than the rest of its limit LIMIT is refused, until killed. */
+static int mode_steady(size_t limit, size_t held) {
+    setup();
+    CUdeviceptr keep = 0;
+    EXPECT(cuMemAlloc_v2(&keep, held), 0);
+    for (unsigned long n = 1;; n++) {
+        size_t f = 0, t = 0;
+        CUdeviceptr p = 0;
+        CUresult info = cuMemGetInfo_v2(&f, &t);
+        CUresult over = cuMemAlloc_v2(&p, limit - held + 1);
+        if (over == 0) cuMemFree_v2(p);
+        printf("STEADY n=%lu info=%d total=%zu free=%zu over=%s\n", n, info, t, f,
+               over == OOM ? "refused" : "ALLOWED");
+        fflush(stdout);
+        sleep(2);
+    }
+    return 0;
+}
+
 /* Launch BLOCKS-block kernels in a loop for SECONDS through PATH: kernel (cuLaunchKernel, the
  * default), launch (cuLaunch: one block), grid (cuLaunchGrid), gridasync (cuLaunchGridAsync),
  * multidevice (cuLaunchCooperativeKernelMultiDevice, one entry on a created stream),
@@ -1778,6 +1799,7 @@ int main(int argc, char **argv) {
     if (argc >= 5 && !strcmp(argv[1], "hold")) return mode_hold(strtoull(argv[2], 0, 10), argv[3], argv[4]);
     if (argc >= 4 && !strcmp(argv[1], "grab")) return mode_grab(strtoull(argv[2], 0, 10), atof(argv[3]));
     if (argc >= 2 && !strcmp(argv[1], "info")) return mode_info();
+    if (argc >= 4 && !strcmp(argv[1], "steady")) return mode_steady(strtoull(argv[2], 0, 10), strtoull(argv[3], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "threads")) return mode_threads(strtoull(argv[2], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "fork")) return mode_fork(strtoull(argv[2], 0, 10));
     if (argc >= 3 && !strcmp(argv[1], "nvml")) return mode_nvml(strtoull(argv[2], 0, 10));
