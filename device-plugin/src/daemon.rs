@@ -10,7 +10,7 @@
 //! | `vgpu-monitor` | container usage metrics, gone pods' directories | [`Periods::vgpu_monitor`] |
 //! | `gpu-process-watch` | GPU processes no allocation accounts for: Event, metric, log; eviction under `evict` (`--unaccounted-process-policy`) | [`Periods::unaccounted`] |
 //! | `vgpu-feedback` | `recent_kernel` and `utilization_switch` into the regions (priority, elastic core limit) | [`Periods::vgpu_feedback`] |
-//! | `ledger-gc` | drops ledger entries of pods no longer pending | [`Periods::ledger_gc`] |
+//! | `ledger-gc` | drops ledger entries of pods no longer pending; releases a HAMi node lock no pod waits on | [`Periods::ledger_gc`] |
 //! | `pod-watch`, `node-watch` | informers | continuously |
 //! | `metrics-server` | `/metrics`, `/healthz` | continuously |
 //! | `sighup`, `signals` | restart on SIGHUP; shutdown on SIGTERM / SIGINT | on signal |
@@ -390,7 +390,8 @@ fn node_gpus(
     })
 }
 
-/// Drops ledger entries of pods no longer pending (first run one period after start).
+/// Drops ledger entries of pods no longer pending, and releases a HAMi node lock no pod waits
+/// on (first run one period after start).
 fn spawn_ledger_gc(allocator: &Arc<Allocator>, periods: &Periods, shutdown: &CancellationToken) {
     let allocator = allocator.clone();
     spawn_periodic(
@@ -399,7 +400,10 @@ fn spawn_ledger_gc(allocator: &Arc<Allocator>, periods: &Periods, shutdown: &Can
         shutdown.clone(),
         move || {
             let allocator = allocator.clone();
-            async move { allocator.gc_ledger().await }
+            async move {
+                allocator.gc_ledger().await;
+                allocator.release_stale_hami_lock().await;
+            }
         },
     );
 }

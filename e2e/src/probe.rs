@@ -7,10 +7,14 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
 use serde_json::json;
 
-use crate::real::PROBE_IMAGE;
+use crate::real::{PROBE_IMAGE, RealCluster};
+use crate::{Result, eventually};
 
 /// One GPU container's request: GPUs, memory per GPU in MiB, SM percent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +99,128 @@ pub fn container(name: &str, slice: &Slice, forever: bool) -> serde_json::Value 
         "command": ["/bin/sh", "-c", if forever { REPORT_FOREVER } else { REPORT_ONCE }],
         "resources": {"limits": slice.resources()},
     })
+}
+
+/// A long-running job that loads the shim once (one `cuda_probe steady` process, never a new
+/// one): it holds `held_mib` of its slice, then every two seconds prints
+/// `STEADY n=<count> info=<cuMemGetInfo's result> total=<bytes> free=<bytes> over=refused|ALLOWED`
+/// (`over`: one byte more than the rest of its limit). It shows that a process keeps its limits
+/// across what happens on the node after it started (an upgrade replacing the host's shim, a
+/// takeover), and its shared region shows what it holds to the node's monitor.
+#[derive(Debug, Clone, Copy)]
+pub struct Steady {
+    pub slice: Slice,
+    pub held_mib: u64,
+}
+
+const MIB: u64 = 1024 * 1024;
+
+impl Steady {
+    /// Its container (one GPU).
+    pub fn container(&self, name: &str) -> serde_json::Value {
+        let mut c = container(name, &self.slice, true);
+        c["command"] = json!([
+            "/usr/bin/cuda_probe",
+            "steady",
+            (self.slice.mem_mib * MIB).to_string(),
+            (self.held_mib * MIB).to_string()
+        ]);
+        c
+    }
+
+    /// The count and text of the last `STEADY` line of `logs`.
+    pub fn last(logs: &str) -> Option<(u64, String)> {
+        let line = logs.lines().rfind(|l| l.starts_with("STEADY "))?;
+        let n = line
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("n="))?
+            .parse()
+            .ok()?;
+        Some((n, line.to_owned()))
+    }
+
+    /// Whether `line` shows this job's limit enforced: `cuMemGetInfo` answered, its total is the
+    /// limit, and one byte past the limit was refused.
+    pub fn enforced(&self, line: &str) -> bool {
+        line.contains(" info=0 ")
+            && line.contains(&format!(" total={} ", self.slice.mem_mib * MIB))
+            && line.ends_with(" over=refused")
+    }
+
+    /// Pod `namespace/pod` is still the pod `uid`, its container never restarted, and its one
+    /// process still reports (its count passed `seen`) with its limit enforced. Returns the
+    /// count. Panics with the namespace's pods otherwise.
+    pub async fn keeps_enforcing(
+        &self,
+        c: &RealCluster,
+        namespace: &str,
+        pod: &str,
+        uid: &str,
+        seen: u64,
+        after: &str,
+    ) -> u64 {
+        let pods: Api<Pod> = Api::namespaced(c.admin().clone(), namespace);
+        let r = eventually(
+            &format!("{pod} to report again after {after}"),
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+            || async {
+                let p = pods.get_opt(pod).await.ok().flatten()?;
+                let cs = p.status?.container_statuses?.into_iter().next()?;
+                let logs = c.logs(namespace, pod, &cs.name).await.ok()?;
+                let (n, line) = Steady::last(&logs)?;
+                (n > seen).then_some((
+                    p.metadata.uid.unwrap_or_default(),
+                    cs.restart_count,
+                    n,
+                    line,
+                ))
+            },
+        )
+        .await;
+        let (pod_uid, restarts, n, line) = match r {
+            Ok(r) => r,
+            Err(e) => panic!("{e}\n{}", c.describe_pods(namespace).await),
+        };
+        assert_eq!(pod_uid, uid, "{pod} was replaced after {after}");
+        assert_eq!(restarts, 0, "{pod} restarted after {after}");
+        assert!(
+            self.enforced(&line),
+            "{pod} after {after}: {line} (wanted info=0, total={}, over=refused)",
+            self.slice.mem_mib * MIB
+        );
+        n
+    }
+
+    /// The device plugin on `node` reads pod `pod`'s shared region (written by whichever shim
+    /// its process loaded): its memory in use is at least what it holds.
+    pub async fn usage_is_read(
+        &self,
+        c: &RealCluster,
+        node: &str,
+        pod: &str,
+        after: &str,
+    ) -> Result<()> {
+        let held = (self.held_mib * MIB) as f64;
+        eventually(
+            &format!("the plugin's hami_vgpu_memory_used_bytes of {pod} after {after}"),
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+            || async {
+                let metrics = c.device_plugin_metrics(node).await?;
+                metrics
+                    .lines()
+                    .filter(|l| {
+                        l.starts_with("hami_vgpu_memory_used_bytes{")
+                            && l.contains(&format!("pod=\"{pod}\""))
+                    })
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .any(|v| v >= held)
+                    .then_some(())
+            },
+        )
+        .await
+    }
 }
 
 /// A pod that runs once (`restartPolicy: Never`): `init_containers`, then `containers` (JSON

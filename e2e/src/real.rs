@@ -1022,14 +1022,14 @@ impl RealCluster {
 
     /// `helm install` of `charts/tessera` into the release namespace, waiting (helm's `--wait`)
     /// until every Deployment and DaemonSet pod is Ready.
-    pub async fn helm_install(&mut self, values: &ChartValues) -> Result<()> {
+    pub async fn helm_install(&self, values: &ChartValues) -> Result<()> {
         let chart = packaged_chart(self.artifacts)?;
         self.helm_install_chart(&chart, values).await
     }
 
     /// `helm install` of a packaged `chart` (e.g. [`PreviousInstall::chart`]), as
     /// [`RealCluster::helm_install`].
-    pub async fn helm_install_chart(&mut self, chart: &Path, values: &ChartValues) -> Result<()> {
+    pub async fn helm_install_chart(&self, chart: &Path, values: &ChartValues) -> Result<()> {
         if matches!(values, ChartValues::None) {
             return Ok(());
         }
@@ -1053,6 +1053,26 @@ impl RealCluster {
                 "helm install failed: {}\n{}",
                 String::from_utf8_lossy(&out.stderr).trim(),
                 self.describe_pods(NAMESPACE).await
+            )));
+        }
+        Ok(())
+    }
+
+    /// `helm uninstall --wait` of the release: every object it made is gone when this returns
+    /// (the pods it placed keep running).
+    pub async fn helm_uninstall(&self) -> Result<()> {
+        let mut cmd = Command::new(&self.artifacts.helm);
+        cmd.args(["uninstall", RELEASE, "--namespace", NAMESPACE])
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig_admin())
+            .args(["--wait", "--timeout", "180s"]);
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .map_err(|e| Error::msg(format!("helm: {e}")))??;
+        if !out.status.success() {
+            return Err(Error::msg(format!(
+                "helm uninstall failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
         Ok(())

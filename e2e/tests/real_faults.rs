@@ -25,7 +25,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tessera_e2e::node::NodeSpec;
-use tessera_e2e::probe::{self, Report, Slice};
+use tessera_e2e::probe::{self, Report, Slice, Steady};
 use tessera_e2e::real::{
     self, ChartValues, NAMESPACE, PreviousInstall, RealCluster, RealClusterOptions, RealNodeSpec,
 };
@@ -47,12 +47,13 @@ const JOBS: [(&str, &str, Slice); 3] = [
 /// Fits only if the books forgot a job.
 const TOO_BIG: Slice = Slice::mib(1, 20000);
 
-const MIB: u64 = 1024 * 1024;
 /// A job that loaded the shim once, before the upgrade, and keeps allocating through it: an
 /// 8000 MiB slice of an A100, 4000 MiB of it held.
 const STEADY: &str = "steady";
-const STEADY_SLICE: Slice = Slice::mib(1, 8000);
-const STEADY_HELD_MIB: u64 = 4000;
+const STEADY_JOB: Steady = Steady {
+    slice: Slice::mib(1, 8000),
+    held_mib: 4000,
+};
 /// Where containers find the shim (the chart's `devicePlugin.libPath`).
 const SHIM_IN_CONTAINER: &str = "/usr/local/vgpu/libvgpu.so";
 
@@ -297,71 +298,6 @@ async fn burst_during(
     scheduler_rolled_out(c).await
 }
 
-/// The steady job: the same pod, never restarted, its one process still reporting (its count
-/// passed `seen`), its limit as the total, one byte past the limit refused. Returns the count.
-async fn steady_keeps_enforcing(c: &RealCluster, after: &str, uid: &str, seen: u64) -> u64 {
-    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
-    let r = eventually(
-        &format!("{STEADY} to report again after {after}"),
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-        || async {
-            let p = pods.get_opt(STEADY).await.ok().flatten()?;
-            let cs = p.status?.container_statuses?.into_iter().next()?;
-            let logs = c.logs(TENANT, STEADY, "main").await.ok()?;
-            let last = logs.lines().rfind(|l| l.starts_with("STEADY "))?.to_owned();
-            let n: u64 = last
-                .split_whitespace()
-                .find_map(|f| f.strip_prefix("n="))?
-                .parse()
-                .ok()?;
-            (n > seen).then_some((
-                p.metadata.uid.unwrap_or_default(),
-                cs.restart_count,
-                n,
-                last,
-            ))
-        },
-    )
-    .await;
-    let (pod_uid, restarts, n, last) = match r {
-        Ok(r) => r,
-        Err(e) => panic!("{e}\n{}", c.describe_pods(TENANT).await),
-    };
-    assert_eq!(pod_uid, uid, "{STEADY} was replaced after {after}");
-    assert_eq!(restarts, 0, "{STEADY} restarted after {after}");
-    let total = format!("total={}", STEADY_SLICE.mem_mib * MIB);
-    assert!(
-        last.contains(" info=0 ") && last.contains(&total) && last.ends_with(" over=refused"),
-        "{STEADY} after {after}: {last} (wanted info=0, {total}, over=refused)"
-    );
-    n
-}
-
-/// The device plugin on the A100 node reads the steady job's shared region (written by the
-/// shim it loaded, whichever version that was): its memory in use is at least what it holds.
-async fn steady_usage_is_read(c: &RealCluster, after: &str) -> Result<()> {
-    let held = STEADY_HELD_MIB * MIB;
-    eventually(
-        &format!("the plugin's hami_vgpu_memory_used_bytes of {STEADY} after {after}"),
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-        || async {
-            let metrics = c.device_plugin_metrics(A100).await?;
-            metrics
-                .lines()
-                .filter(|l| {
-                    l.starts_with("hami_vgpu_memory_used_bytes{")
-                        && l.contains(&format!("pod=\"{STEADY}\""))
-                })
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .any(|v| v >= held as f64)
-                .then_some(())
-        },
-    )
-    .await
-}
-
 fn sha256_of(path: &std::path::Path) -> Result<String> {
     use sha2::{Digest, Sha256};
     let bytes =
@@ -547,13 +483,7 @@ async fn faults(c: &mut RealCluster, previous: &PreviousInstall) -> Result<()> {
         old_shim, new_shim,
         "the previous release's shim is byte for byte this one: the upgrade could not be told apart"
     );
-    let mut steady = probe::container("main", &STEADY_SLICE, true);
-    steady["command"] = json!([
-        "/usr/bin/cuda_probe",
-        "steady",
-        (STEADY_SLICE.mem_mib * MIB).to_string(),
-        (STEADY_HELD_MIB * MIB).to_string()
-    ]);
+    let steady = STEADY_JOB.container("main");
     c.create_pod_as_user(&probe::pod(
         TENANT,
         STEADY,
@@ -593,8 +523,10 @@ async fn faults(c: &mut RealCluster, previous: &PreviousInstall) -> Result<()> {
         "the previous release's shim on the host"
     );
     jobs_keep_their_limits(c, "start", &uids).await;
-    let mut steady_n = steady_keeps_enforcing(c, "start", &steady_uid, 0).await;
-    steady_usage_is_read(c, "start").await?;
+    let mut steady_n = STEADY_JOB
+        .keeps_enforcing(c, TENANT, STEADY, &steady_uid, 0, "start")
+        .await;
+    STEADY_JOB.usage_is_read(c, A100, STEADY, "start").await?;
     new_pods_are_placed_and_nothing_overbooked(c, "start", A100, &old_shim).await?;
 
     println!(
@@ -603,8 +535,10 @@ async fn faults(c: &mut RealCluster, previous: &PreviousInstall) -> Result<()> {
     );
     roll_release(c, "upgrade", None, &current_values(), &old_shim, &new_shim).await?;
     jobs_keep_their_limits(c, "upgrade", &uids).await;
-    steady_n = steady_keeps_enforcing(c, "upgrade", &steady_uid, steady_n).await;
-    steady_usage_is_read(c, "upgrade").await?;
+    steady_n = STEADY_JOB
+        .keeps_enforcing(c, TENANT, STEADY, &steady_uid, steady_n, "upgrade")
+        .await;
+    STEADY_JOB.usage_is_read(c, A100, STEADY, "upgrade").await?;
     new_pods_are_placed_and_nothing_overbooked(c, "upgrade", A100, &new_shim).await?;
 
     println!("fault: kubelet restart");
@@ -640,8 +574,12 @@ async fn faults(c: &mut RealCluster, previous: &PreviousInstall) -> Result<()> {
     )
     .await?;
     jobs_keep_their_limits(c, "downgrade", &uids).await;
-    steady_n = steady_keeps_enforcing(c, "downgrade", &steady_uid, steady_n).await;
-    steady_usage_is_read(c, "downgrade").await?;
+    steady_n = STEADY_JOB
+        .keeps_enforcing(c, TENANT, STEADY, &steady_uid, steady_n, "downgrade")
+        .await;
+    STEADY_JOB
+        .usage_is_read(c, A100, STEADY, "downgrade")
+        .await?;
     new_pods_are_placed_and_nothing_overbooked(c, "downgrade", T4, &old_shim).await?;
 
     println!("upgrade again: to this version during a burst");
@@ -655,7 +593,9 @@ async fn faults(c: &mut RealCluster, previous: &PreviousInstall) -> Result<()> {
     )
     .await?;
     jobs_keep_their_limits(c, "second upgrade", &uids).await;
-    steady_keeps_enforcing(c, "second upgrade", &steady_uid, steady_n).await;
+    STEADY_JOB
+        .keeps_enforcing(c, TENANT, STEADY, &steady_uid, steady_n, "second upgrade")
+        .await;
     new_pods_are_placed_and_nothing_overbooked(c, "reupgrade", A100, &new_shim).await?;
 
     println!("fault: tessera-scheduler rollout during a burst");

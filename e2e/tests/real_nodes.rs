@@ -16,7 +16,7 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_e2e::node::NodeSpec;
-use tessera_e2e::probe;
+use tessera_e2e::probe::{self, Report, Slice, Steady};
 use tessera_e2e::real::{
     self, ChartValues, NAMESPACE, NodeRuntime, PROBE_IMAGE, RealCluster, RealClusterOptions,
     RealNodeSpec,
@@ -540,8 +540,339 @@ fn real_nodes_hami_default_values_and_a_node_without_driver() -> Result<()> {
         )
         .await?;
         println!("failOnInitError=true: {failed:?}");
-        Ok(())
+
+        hami_takeover_and_rollback(&c, &fixture).await
     })
+}
+
+/// The HAMi cluster's jobs on the T4: one process that holds 2000 MiB of its 4000 MiB through the
+/// shim it loaded, and a reporting job with an SM limit.
+const HAMI_STEADY: Steady = Steady {
+    slice: Slice::mib(1, 4000),
+    held_mib: 2000,
+};
+const HAMI_REPORTER: Slice = Slice::mib(1, 3000).with_cores(30);
+/// Placed by Tessera after the takeover.
+const TAKEOVER_POD: Slice = Slice::mib(1, 2000);
+/// Fits on the T4 (15360 MiB) only if a booking HAMi made were forgotten: 15360 - 4000 - 3000 =
+/// 8360 MiB are free.
+const FORGOTTEN_ONLY: Slice = Slice::mib(1, 9000);
+
+/// Strips what only Tessera writes, leaving what HAMi v2.10's scheduler and device plugin leave
+/// (docs/contract/hami.md): no `tessera.io/` annotation on the pods and the Node, no limits file
+/// beside the containers' regions (HAMi-core reads its environment), and HAMi's node lock naming a
+/// pod it already allocated (its plugin stopped before releasing it), 30 s old.
+async fn leave_only_hamis_state(
+    c: &RealCluster,
+    node: &str,
+    pods: &[(&str, String)],
+) -> Result<()> {
+    use hami_contract::annotations::NODE_LOCK;
+    let without_tessera = |ann: Option<BTreeMap<String, String>>| -> serde_json::Value {
+        let removed: serde_json::Map<String, serde_json::Value> = ann
+            .unwrap_or_default()
+            .into_keys()
+            .filter(|k| k.starts_with("tessera.io/"))
+            .map(|k| (k, serde_json::Value::Null))
+            .collect();
+        serde_json::Value::Object(removed)
+    };
+    let pod_api: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    for (name, _) in pods {
+        let p = pod_api.get(name).await?;
+        let patch = json!({"metadata": {"annotations": without_tessera(p.metadata.annotations)}});
+        pod_api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    let nodes: Api<Node> = Api::all(c.admin().clone());
+    let n = nodes.get(node).await?;
+    let mut ann = without_tessera(n.metadata.annotations);
+    let lock_time =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(30);
+    ann[NODE_LOCK] = json!(format!(
+        "{},{TENANT},{}",
+        lock_time.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        pods[0].0
+    ));
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": ann}})),
+        )
+        .await?;
+    let containers = c
+        .node(node)
+        .ok_or_else(|| tessera_e2e::Error::msg("no node"))?
+        .containers_dir();
+    for (_, uid) in pods {
+        let limits = containers
+            .join(format!("{uid}_main"))
+            .join(vgpu_region::protocol::LIMITS_FILE_NAME);
+        std::fs::remove_file(&limits)
+            .map_err(|e| tessera_e2e::Error::msg(format!("{}: {e}", limits.display())))?;
+    }
+    Ok(())
+}
+
+/// Pod `name` in the tenant's namespace: Running with UID `uid`, never restarted, and its latest
+/// report its own `slice`.
+async fn runs_with_own_limits(
+    c: &RealCluster,
+    name: &str,
+    uid: Option<&str>,
+    slice: &Slice,
+    after: &str,
+) -> Result<String> {
+    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    eventually(
+        &format!("{name} running with its own limits after {after}"),
+        Duration::from_secs(90),
+        Duration::from_secs(1),
+        || async {
+            let p = pods.get_opt(name).await.ok().flatten()?;
+            let cs = p.status.clone()?.container_statuses?.into_iter().next()?;
+            let running = cs.state.as_ref().and_then(|s| s.running.as_ref()).is_some();
+            let logs = c.logs(TENANT, name, "main").await.ok()?;
+            let own = probe::judge(&logs, slice, true) == Report::Own;
+            let same = uid.is_none_or(|u| p.metadata.uid.as_deref() == Some(u));
+            (running && own && same && cs.restart_count == 0)
+                .then(|| p.metadata.uid.unwrap_or_default())
+        },
+    )
+    .await
+}
+
+/// Issue 32 item 5 on the HAMi-values cluster. HAMi's binaries are not on the Go module proxy, so
+/// the release installed with HAMi's values file plays HAMi, and its state is then reduced to
+/// exactly what HAMi leaves ([`leave_only_hamis_state`]). Take over: HAMi uninstalled, Tessera
+/// installed with the same values file; HAMi's jobs run on with their limits, their bookings
+/// count from the first decision (a pod that fits only if one were forgotten stays pending, one
+/// that fits is placed at once, HAMi's leftover lock notwithstanding), the plugin reads their
+/// regions, and the lock is released. Roll back: Tessera uninstalled; what it leaves is what
+/// HAMi reads (every GPU pod's booking in HAMi's encoding, the node's GPUs in HAMi's register
+/// annotation, no lock, each container's region in HAMi-core's layout), and the jobs run on.
+async fn hami_takeover_and_rollback(c: &RealCluster, fixture: &std::path::Path) -> Result<()> {
+    const NODE: &str = "t4-node";
+    // A clean start for the scenario: the release as HAMi's values install it.
+    c.helm_upgrade(fixture, &[]).await?;
+    c.wait_release_serving().await?;
+    c.create_pod_as_user(&probe::pod(
+        TENANT,
+        "hami-steady",
+        Some(NODE),
+        Vec::new(),
+        vec![HAMI_STEADY.container("main")],
+    ))
+    .await?;
+    c.create_pod_as_user(&probe::pod(
+        TENANT,
+        "hami-reporter",
+        Some(NODE),
+        Vec::new(),
+        vec![probe::container("main", &HAMI_REPORTER, true)],
+    ))
+    .await?;
+    let reporter_uid =
+        runs_with_own_limits(c, "hami-reporter", None, &HAMI_REPORTER, "start").await?;
+    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    let steady_uid = pods
+        .get("hami-steady")
+        .await?
+        .metadata
+        .uid
+        .unwrap_or_default();
+    let mut steady_n = HAMI_STEADY
+        .keeps_enforcing(c, TENANT, "hami-steady", &steady_uid, 0, "start")
+        .await;
+
+    println!(
+        "takeover: HAMi uninstalled, its state as HAMi leaves it, Tessera installed with the same values"
+    );
+    c.helm_uninstall().await?;
+    let hami_pods = [
+        ("hami-steady", steady_uid.clone()),
+        ("hami-reporter", reporter_uid.clone()),
+    ];
+    leave_only_hamis_state(c, NODE, &hami_pods).await?;
+    // The dry run on the cluster as HAMi leaves it: nothing blocks, and it says what will happen.
+    let fixture_arg = fixture.display().to_string();
+    let (ok, plan) = c
+        .kubectl_tessera(false, &["migrate-from-hami", "-f", &fixture_arg])
+        .await?;
+    println!("kubectl tessera migrate-from-hami:\n{plan}");
+    for says in [
+        "t4-node: 1 GPU(s) registered by HAMi",
+        &format!("naming {TENANT}/hami-steady, which is not waiting"),
+        "2 booking(s) on 1 GPU(s)",
+        "Nothing blocks the switch",
+    ] {
+        assert!(
+            ok && plan.contains(says),
+            "the dry run does not say {says:?}:\n{plan}"
+        );
+    }
+    c.helm_install(&ChartValues::File(fixture.to_owned()))
+        .await?;
+    // The first decisions: a pod that needs a forgotten booking, then one that fits.
+    c.create_pod_as_user(&probe::pod(
+        TENANT,
+        "forgotten-only",
+        Some(NODE),
+        Vec::new(),
+        vec![probe::container("main", &FORGOTTEN_ONLY, true)],
+    ))
+    .await?;
+    c.create_pod_as_user(&probe::pod(
+        TENANT,
+        "tessera-placed",
+        Some(NODE),
+        Vec::new(),
+        vec![probe::container("main", &TAKEOVER_POD, true)],
+    ))
+    .await?;
+    let placed_uid =
+        runs_with_own_limits(c, "tessera-placed", None, &TAKEOVER_POD, "takeover").await?;
+    runs_with_own_limits(
+        c,
+        "hami-reporter",
+        Some(&reporter_uid),
+        &HAMI_REPORTER,
+        "takeover",
+    )
+    .await?;
+    steady_n = HAMI_STEADY
+        .keeps_enforcing(c, TENANT, "hami-steady", &steady_uid, steady_n, "takeover")
+        .await;
+    HAMI_STEADY
+        .usage_is_read(c, NODE, "hami-steady", "takeover")
+        .await?;
+    let forgotten = pods.get("forgotten-only").await?;
+    assert_eq!(
+        forgotten.spec.and_then(|s| s.node_name),
+        None,
+        "forgotten-only was placed: Tessera forgot a booking HAMi made\n{}",
+        c.describe_pods(TENANT).await
+    );
+    let nodes: Api<Node> = Api::all(c.admin().clone());
+    eventually(
+        "Tessera's plugin to release the lock HAMi left",
+        Duration::from_secs(90),
+        Duration::from_secs(1),
+        || async {
+            let n = nodes.get(NODE).await.ok()?;
+            (!n.metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key(hami_contract::annotations::NODE_LOCK))
+            .then_some(())
+        },
+    )
+    .await?;
+    let all_pods = Api::<Pod>::all(c.admin().clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let all_nodes = nodes.list(&ListParams::default()).await?.items;
+    let v = tessera_e2e::booking::violations(&all_nodes, &all_pods);
+    assert!(
+        v.is_empty(),
+        "over-booked after the takeover:\n{}",
+        v.join("\n")
+    );
+    pods.delete("forgotten-only", &Default::default()).await?;
+
+    println!("rollback: Tessera uninstalled; what it leaves is HAMi's state");
+    c.helm_uninstall().await?;
+    let n = nodes.get(NODE).await?;
+    let node_ann = n.metadata.annotations.unwrap_or_default();
+    assert!(
+        !node_ann.contains_key(hami_contract::annotations::NODE_LOCK),
+        "a node lock left behind"
+    );
+    let registered = hami_contract::node::decode_node_devices(
+        node_ann
+            .get(hami_contract::annotations::NODE_REGISTER)
+            .map(String::as_str)
+            .unwrap_or_default(),
+    )
+    .map_err(|e| {
+        tessera_e2e::Error::msg(format!("the node's GPUs are not in HAMi's encoding: {e}"))
+    })?;
+    assert_eq!(registered.len(), 1, "{registered:?}");
+    let containers = c
+        .node(NODE)
+        .ok_or_else(|| tessera_e2e::Error::msg("no node"))?
+        .containers_dir();
+    for (name, uid, slice) in [
+        ("hami-steady", &steady_uid, HAMI_STEADY.slice),
+        ("hami-reporter", &reporter_uid, HAMI_REPORTER),
+        ("tessera-placed", &placed_uid, TAKEOVER_POD),
+    ] {
+        let p = pods.get(name).await?;
+        let ann = p.metadata.annotations.unwrap_or_default();
+        let get = |k: &str| ann.get(k).map(String::as_str).unwrap_or_default();
+        assert_eq!(
+            get(hami_contract::annotations::VGPU_NODE),
+            NODE,
+            "{name}: {ann:?}"
+        );
+        assert_eq!(
+            get(hami_contract::annotations::BIND_PHASE),
+            "success",
+            "{name}: {ann:?}"
+        );
+        let booked = hami_contract::devices::PodDevices::decode(get(
+            hami_contract::annotations::DEVICES_ALLOCATED,
+        ))
+        .map_err(|e| {
+            tessera_e2e::Error::msg(format!("{name}'s booking is not in HAMi's encoding: {e}"))
+        })?;
+        let devices: Vec<_> = booked.0.iter().flatten().collect();
+        assert_eq!(devices.len(), 1, "{name}: {booked:?}");
+        assert_eq!(
+            (u64::from(devices[0].usedmem), devices[0].usedcores),
+            (slice.mem_mib, slice.cores),
+            "{name}: {booked:?}"
+        );
+        // HAMi's monitor reads `<podUID>_<container>/*.cache` in HAMi-core's layout.
+        let dir = containers.join(format!("{uid}_main"));
+        let region = std::fs::read_dir(&dir)?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "cache"))
+            .ok_or_else(|| {
+                tessera_e2e::Error::msg(format!("no region file in {}", dir.display()))
+            })?;
+        let snapshot = vgpu_region::RegionSnapshot::parse(&std::fs::read(&region)?)
+            .map_err(|e| tessera_e2e::Error::msg(format!("{}: {e}", region.display())))?;
+        assert_eq!(
+            snapshot.limit[0],
+            slice.mem_mib * MIB,
+            "{name}'s region: {snapshot:?}"
+        );
+    }
+    runs_with_own_limits(
+        c,
+        "hami-reporter",
+        Some(&reporter_uid),
+        &HAMI_REPORTER,
+        "rollback",
+    )
+    .await?;
+    runs_with_own_limits(
+        c,
+        "tessera-placed",
+        Some(&placed_uid),
+        &TAKEOVER_POD,
+        "rollback",
+    )
+    .await?;
+    HAMI_STEADY
+        .keeps_enforcing(c, TENANT, "hami-steady", &steady_uid, steady_n, "rollback")
+        .await;
+    Ok(())
 }
 
 /// The bare real-node cluster: two nodes join with node credentials and become Ready, a plain

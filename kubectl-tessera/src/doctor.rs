@@ -46,7 +46,12 @@ pub struct Finding {
     pub fix: Option<String>,
 }
 
-fn finding(level: Level, check: &'static str, detail: String, fix: Option<String>) -> Finding {
+pub(crate) fn finding(
+    level: Level,
+    check: &'static str,
+    detail: String,
+    fix: Option<String>,
+) -> Finding {
     Finding {
         level,
         check,
@@ -55,7 +60,7 @@ fn finding(level: Level, check: &'static str, detail: String, fix: Option<String
     }
 }
 
-fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+pub(crate) fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
     format!(
         "{}/{}",
         meta.namespace.as_deref().unwrap_or(""),
@@ -77,7 +82,7 @@ fn labelled(
 }
 
 /// Images of a pod template's containers, `container=image`.
-fn images(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<String> {
+pub(crate) fn images(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Vec<String> {
     spec.map(|s| {
         s.containers
             .iter()

@@ -21,6 +21,7 @@ use tessera_scheduler_core::inventory;
 use tessera_scheduler_core::simulate::{self, Input, PodResult};
 
 mod doctor;
+mod migrate;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -64,12 +65,21 @@ enum Command {
         /// The pod's name (in --namespace).
         pod: String,
     },
-    /// Where the pods of a file would go on the cluster as it is now, in file order (nothing is
-    /// created).
     /// Checks the installation: the scheduler and its webhook, the device plugin on every GPU
     /// node, what each node registered against what its kubelet advertises, and no second GPU
     /// device plugin beside Tessera's; names the fix for each problem. Exits 1 on a failure.
     Doctor,
+    /// What switching this HAMi v2.10 cluster to Tessera will do, with nothing run: HAMi's parts
+    /// that go, each node and the lock HAMi left on it, every booking Tessera will count, what
+    /// would be booked twice or lost, and what the chart does with each key of your values
+    /// file. Exits 1 when something would make the switch fail (docs/migrate-from-hami.md).
+    MigrateFromHami {
+        /// HAMi's values file, as you installed HAMi with it (`helm get values -a <release>`).
+        #[arg(short = 'f', long = "values")]
+        values: Option<PathBuf>,
+    },
+    /// Where the pods of a file would go on the cluster as it is now, in file order (nothing is
+    /// created).
     Plan {
         /// Pod manifests (multi-document YAML or JSON); `-` reads standard input.
         #[arg(short = 'f', long = "file", required = true)]
@@ -117,7 +127,8 @@ fn answer(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The answer's text, and whether it found the cluster healthy (only `doctor` can say no).
+/// The answer's text, and whether it found the cluster healthy (only `doctor` and
+/// `migrate-from-hami` can say no).
 async fn run(cli: Cli) -> anyhow::Result<(String, bool)> {
     let (client, context_namespace) = connect(cli.kubeconfig.as_ref(), cli.context.clone()).await?;
     let namespace = cli.namespace.unwrap_or(context_namespace);
@@ -129,6 +140,20 @@ async fn run(cli: Cli) -> anyhow::Result<(String, bool)> {
             let findings = doctor::check(&doctor_facts(&client).await?, &cfg);
             let healthy = findings.iter().all(|f| f.level != doctor::Level::Fail);
             return Ok((doctor::report(&findings), healthy));
+        }
+        Command::MigrateFromHami { values } => {
+            let values = match values {
+                Some(f) => {
+                    let text = tessera_runtime::input::read_file_or_stdin(&f)?;
+                    Some(
+                        yaml_serde::from_str::<yaml_serde::Value>(&text)
+                            .with_context(|| format!("parsing {}", f.display()))?,
+                    )
+                }
+                None => None,
+            };
+            let plan = migrate::plan(&migrate_facts(&client).await?, &cfg, values.as_ref());
+            return Ok((migrate::report(&plan), !plan.blocked()));
         }
         Command::Gpus { output } => {
             let snap = Snapshot::read(&client, &namespace, None).await?;
@@ -187,6 +212,37 @@ async fn run(cli: Cli) -> anyhow::Result<(String, bool)> {
         }
     };
     Ok((text, true))
+}
+
+/// What `migrate-from-hami` reads: cluster-wide, so it needs an administrator's read access.
+async fn migrate_facts(client: &Client) -> anyhow::Result<migrate::Facts> {
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+    let all = ListParams::default();
+    let need = "migrate-from-hami reads Nodes, pods, Deployments and DaemonSets cluster-wide (an \
+                administrator's read access)";
+    Ok(migrate::Facts {
+        nodes: Api::<Node>::all(client.clone())
+            .list(&all)
+            .await
+            .context(need)?
+            .items,
+        pods: Api::<Pod>::all(client.clone())
+            .list(&all)
+            .await
+            .context(need)?
+            .items,
+        deployments: Api::<Deployment>::all(client.clone())
+            .list(&all)
+            .await
+            .context(need)?
+            .items,
+        daemonsets: Api::<DaemonSet>::all(client.clone())
+            .list(&all)
+            .await
+            .context(need)?
+            .items,
+        now: k8s_openapi::jiff::Timestamp::now(),
+    })
 }
 
 /// What `doctor` reads: cluster-wide, so it needs an administrator's read access.

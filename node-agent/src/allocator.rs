@@ -22,7 +22,7 @@ use crate::edges::{EdgeError, PodPatcher, PodResourcesSource, PodSource};
 use crate::gpu::physical_uuid;
 use crate::identity::{
     BookingPolicy, CallFacts, Choice, IdentityError, Ledger, PodResourcesView, PodSnapshot,
-    pending_pods_checked, select,
+    hami_lock_is_stale, pending_pods_checked, select,
 };
 use crate::metrics::PluginMetrics;
 
@@ -664,6 +664,20 @@ impl Allocator {
             .collect();
         self.ledger.lock().await.retain(&live);
     }
+
+    /// Releases HAMi's node lock when it names a pod that is not waiting for `Allocate` here
+    /// ([`hami_lock_is_stale`]): one HAMi's plugin left behind.
+    /// Tessera never takes the lock on its own plugin's nodes. Returns the holder it released.
+    pub async fn release_stale_hami_lock(&self) -> Option<String> {
+        let holder = self.pods.hami_lock()?;
+        if !hami_lock_is_stale(&self.node, &holder, &self.pods.cached()) {
+            return None;
+        }
+        let (ns, name) = holder.split_once('/')?;
+        tracing::info!(lock = %holder, "releasing a HAMi node lock whose pod is not waiting for Allocate here");
+        release_lock(self.patcher.as_ref(), ns, name).await;
+        Some(holder)
+    }
 }
 
 /// How long a best-effort patch off the kubelet's path (bind-phase failed, lock release) may take.
@@ -947,6 +961,56 @@ mod tests {
             })
             .await
             .expect("the pod is identified")
+    }
+
+    /// A cluster taken over from HAMi: a lock HAMi's plugin left naming a pod it already
+    /// allocated (or one that is gone) is released; a lock naming a pod still waiting for
+    /// `Allocate` here is kept (released when that pod is allocated).
+    #[tokio::test]
+    async fn a_hami_lock_no_pod_waits_on_is_released() {
+        use crate::testing::{MemoryApi, bound_pod};
+        let api = MemoryApi::default();
+        let mut running = bound_pod("node-a", "running", &[&[("GPU-a", 900, 0)]], 1);
+        running
+            .annotations
+            .insert(keys::BIND_PHASE.into(), keys::BIND_PHASE_SUCCESS.into());
+        api.add_pod(running);
+        api.add_pod(bound_pod("node-a", "waiting", &[&[("GPU-a", 900, 0)]], 2));
+        let api = Arc::new(api);
+        let allocator = Allocator::new(
+            "node-a".into(),
+            crate::testing::response_settings(std::path::Path::new("/nonexistent")),
+            Arc::new(RwLock::new(BTreeSet::from(["GPU-a".to_owned()]))),
+            api.clone(),
+            api.clone(),
+            Arc::new(crate::edges::NoPodResources),
+        );
+        let lock_on = |holder: Option<&str>| {
+            *api.hami_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = holder.map(str::to_owned);
+        };
+        let releases = || {
+            api.lock_releases
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        };
+        lock_on(Some("default/waiting"));
+        assert_eq!(allocator.release_stale_hami_lock().await, None);
+        lock_on(Some("default/running"));
+        assert_eq!(
+            allocator.release_stale_hami_lock().await.as_deref(),
+            Some("default/running")
+        );
+        lock_on(Some("default/gone"));
+        assert_eq!(
+            allocator.release_stale_hami_lock().await.as_deref(),
+            Some("default/gone")
+        );
+        lock_on(None);
+        assert_eq!(allocator.release_stale_hami_lock().await, None);
+        assert_eq!(releases(), ["default/running", "default/gone"]);
     }
 
     /// The swap CI caught on a real node (without pod-resources, after the plugin restarted):

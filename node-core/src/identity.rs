@@ -310,6 +310,21 @@ impl Ledger {
     }
 }
 
+/// Whether HAMi's node lock naming `holder` (`namespace/name`) is one nobody will release: its
+/// pod is not waiting for `Allocate` on `node` (gone, deleting, finished, or already allocated).
+/// HAMi's device plugin and this one release the lock at `Allocate`, so a lock outliving that
+/// was left behind: by HAMi's plugin, stopped before it released it, on a cluster taken over
+/// from HAMi. HAMi honours a lock for 5 minutes, so a rollback to HAMi would wait it out.
+pub fn hami_lock_is_stale(node: &str, holder: &str, pods: &[PodSnapshot]) -> bool {
+    !pods.iter().any(|p| {
+        p.key() == holder
+            && !p.terminal
+            && !p.deleting
+            && p.node_name.as_deref() == Some(node)
+            && p.annotation(keys::BIND_PHASE) == Some(keys::BIND_PHASE_ALLOCATING)
+    })
+}
+
 /// Derives the pending allocations of this node from a snapshot, believing every booking
 /// (no [`BookingPolicy`]; the identity logic's tests).
 pub fn pending_pods<'a>(
