@@ -2,46 +2,57 @@
 # tessera-device-plugin, plus the CUDA shim libvgpu.so for glibc and musl workloads and a static
 # busybox that the chart's init container uses to install the shim on the node.
 #
-#   docker build -f docker/device-plugin.Dockerfile -t ghcr.io/tessera-gpu/tessera-device-plugin:0.1.0 .
-#   # arm64 (the glibc shim builder is per architecture):
-#   docker buildx build --platform linux/arm64 \
-#     --build-arg SHIM_GLIBC_BASE=quay.io/pypa/manylinux2014_aarch64 \
-#     -f docker/device-plugin.Dockerfile -t ...:0.1.0-arm64 .
+#   docker buildx build --platform linux/amd64,linux/arm64 \
+#     -f docker/device-plugin.Dockerfile -t ghcr.io/tessera-gpu/tessera-device-plugin:0.1.0 .
 #
-# Build context: the repository root. See docker/README.md for the layout of the image.
+# One invocation builds both architectures: the daemons and the glibc shim are cross-compiled on
+# the builder's own platform, as `make release` does (docker/cross-env.sh; the shim with
+# cargo-zigbuild against glibc 2.17), so nothing runs under emulation except the optional musl
+# shim. Build context: the repository root. See docker/README.md for the layout of the image.
 
 ARG RUST_VERSION=1.95.0
-# The glibc shim is loaded into every GPU workload, whatever its distribution, so it is linked
-# against the oldest glibc Rust supports (2.17, manylinux2014) rather than the builder's: a shim
-# built on Debian 12 needs GLIBC_2.34 and fails to load in Ubuntu 20.04 / RHEL 8 CUDA images.
-ARG SHIM_GLIBC_BASE=quay.io/pypa/manylinux2014_x86_64
+# zig and cargo-zigbuild, from PyPI (their wheels carry the binaries), as scripts/release.sh.
+ARG ZIG_VERSION=0.13.0
+ARG CARGO_ZIGBUILD_VERSION=0.24.0
 ARG BUSYBOX_IMAGE=busybox:1.36.1-musl
 
-# --- the daemon (glibc: it dlopen()s the driver's libnvidia-ml.so.1) ---------------------------
-FROM rust:${RUST_VERSION}-bookworm AS plugin
+# --- the daemons (glibc: they dlopen() the driver's libnvidia-ml.so.1) --------------------------
+FROM --platform=$BUILDPLATFORM rust:${RUST_VERSION}-bookworm AS plugin
+ARG TARGETARCH
 WORKDIR /src
+COPY docker/cross-env.sh /usr/local/bin/cross-env
+RUN cross-env install "$TARGETARCH"
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
-    --mount=type=cache,target=/src/target,id=tessera-device-plugin-target \
-    cargo build --locked --release -p tessera-device-plugin -p tessera-dra-plugin \
- && install -D -m 0755 target/release/tessera-device-plugin /out/tessera-device-plugin \
- && install -D -m 0755 target/release/tessera-dra-plugin /out/tessera-dra-plugin
+    --mount=type=cache,target=/src/target,id=tessera-device-plugin-target-$TARGETARCH \
+    cross-env run "$TARGETARCH" cargo build --locked --release -p tessera-device-plugin -p tessera-dra-plugin \
+ && t="target/$(cross-env triple "$TARGETARCH")/release" \
+ && install -D -m 0755 "$t/tessera-device-plugin" /out/tessera-device-plugin \
+ && install -D -m 0755 "$t/tessera-dra-plugin" /out/tessera-dra-plugin
 
 # --- libvgpu.so for glibc workloads (glibc 2.17 baseline) ---------------------------------------
-FROM ${SHIM_GLIBC_BASE} AS shim-glibc
-ARG RUST_VERSION
-ENV RUSTUP_HOME=/opt/rustup CARGO_HOME=/opt/cargo PATH=/opt/cargo/bin:$PATH
-RUN curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
-    | sh -s -- -y --profile minimal --default-toolchain "${RUST_VERSION}" --no-modify-path
+# The shim is loaded into every GPU workload, whatever its distribution, so it is linked with
+# glibc 2.17's symbol versions (zig's linker, `--target <triple>.2.17`) rather than the builder's:
+# a shim built on Debian 12 needs GLIBC_2.34 and fails to load in Ubuntu 20.04 / RHEL 8 CUDA
+# images. The last step refuses a shim that asks for anything newer.
+FROM --platform=$BUILDPLATFORM rust:${RUST_VERSION}-bookworm AS shim-glibc
+ARG TARGETARCH
+ARG ZIG_VERSION
+ARG CARGO_ZIGBUILD_VERSION
+RUN apt-get update && apt-get install -y --no-install-recommends python3-pip \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m pip install --break-system-packages --no-cache-dir \
+      "ziglang==${ZIG_VERSION}" "cargo-zigbuild==${CARGO_ZIGBUILD_VERSION}"
 WORKDIR /src
+COPY docker/cross-env.sh /usr/local/bin/cross-env
+RUN rustup target add "$(cross-env triple "$TARGETARCH")"
 COPY . .
-# The last step refuses a shim that needs a newer glibc than the baseline (the reason for this
-# stage).
-RUN --mount=type=cache,target=/opt/cargo/registry \
-    --mount=type=cache,target=/src/target,id=tessera-shim-glibc-target \
-    cargo build --locked --release -p libvgpu-shim \
- && install -D -m 0644 target/release/libvgpu.so /out/libvgpu.so \
- && if objdump -T /out/libvgpu.so | grep -Eo 'GLIBC_2\.(1[8-9]|[2-9][0-9])' | sort -u | grep .; then \
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target,id=tessera-shim-glibc-target-$TARGETARCH \
+    triple="$(cross-env triple "$TARGETARCH")" \
+ && cargo zigbuild --locked --release -p libvgpu-shim --target "$triple.2.17" \
+ && install -D -m 0644 "target/$triple/release/libvgpu.so" /out/libvgpu.so \
+ && if readelf --dyn-syms -W /out/libvgpu.so | grep -Eo 'GLIBC_2\.(1[8-9]|[2-9][0-9])' | sort -u | grep .; then \
       echo "libvgpu.so needs a glibc newer than 2.17" >&2; exit 1; fi
 
 # --- libvgpu.so for musl (Alpine) workloads ----------------------------------------------------
