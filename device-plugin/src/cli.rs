@@ -109,6 +109,20 @@ pub struct Cli {
     /// would give any container the GPUs its own environment names.
     #[arg(long, env = "NVIDIA_RUNTIME_CONFIG", default_value = tessera_node::nvidia_runtime::DEFAULT_CONFIG_PATH)]
     pub nvidia_runtime_config: std::path::PathBuf,
+    /// Simulated GPUs (the chart's `simulatedGpus`, for trying Tessera without GPUs): the host
+    /// directory of the fake driver libraries and the node's `scenario.json`, which `Allocate`
+    /// mounts into every GPU container where an NVIDIA runtime would mount the driver. Never on a
+    /// node with real GPUs: the plugin then loads the fake NVML too (`--nvml-lib`).
+    #[arg(long, env = "SIMULATED_GPUS_DIR")]
+    pub simulated_gpus_dir: Option<String>,
+    /// With --simulated-gpus-dir: the memory of each simulated GPU, in MiB.
+    #[arg(
+        long,
+        env = "SIMULATED_GPU_MEMORY_MIB",
+        default_value_t = 16384,
+        requires = "simulated_gpus_dir"
+    )]
+    pub simulated_gpu_memory_mib: u64,
     /// The unaccounted-process watch (`--unaccounted-*`, `--proc-root`).
     #[command(flatten)]
     pub watch: tessera_node::process_watch::WatchArgs,

@@ -523,6 +523,11 @@ fn spawn_usage_monitors(m: UsageMonitors<'_>, shutdown: &CancellationToken) {
 /// own environment names, or none to GPU containers.
 fn check_node_runtime(cli: &Cli, metrics: &PluginMetrics, events: &NodeEvents) {
     use tessera_node::nvidia_runtime::{RuntimeConfig, Verdict, assess};
+    if let Some(dir) = &cli.simulated_gpus_dir {
+        // No NVIDIA runtime on a node with simulated GPUs: the plugin hands out the driver.
+        tracing::warn!(%dir, "simulated GPUs: every GPU container gets the fake driver from this directory; not for nodes with real GPUs");
+        return;
+    }
     let path = &cli.nvidia_runtime_config;
     let config = match std::fs::read_to_string(path) {
         Ok(text) => match RuntimeConfig::parse(&text) {
@@ -617,6 +622,12 @@ fn allocator(
             license_present: Path::new(&format!("{vgpu_dir}/license")).exists(),
             cdi_devices: cli.cdi_devices,
             device_list: cli.device_list_strategy,
+            simulated_driver: cli.simulated_gpus_dir.as_ref().map(|dir| {
+                tessera_node::container_env::SimulatedDriver {
+                    host_dir: dir.clone(),
+                    memory_mib: cli.simulated_gpu_memory_mib,
+                }
+            }),
         },
         state.managed_uuids.clone(),
         pods,

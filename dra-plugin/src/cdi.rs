@@ -160,6 +160,7 @@ mod tests {
             license_present: false,
             cdi_devices: false,
             device_list: Default::default(),
+            simulated_driver: None,
         };
         shim_response(
             &[ContainerDevice::nvidia("GPU-a", 8192, 25)],

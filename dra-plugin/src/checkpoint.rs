@@ -277,6 +277,7 @@ mod tests {
             license_present: false,
             cdi_devices: false,
             device_list: Default::default(),
+            simulated_driver: None,
         }
     }
 

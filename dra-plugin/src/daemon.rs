@@ -202,6 +202,7 @@ fn response_settings(cli: &DraCli) -> ResponseSettings {
         license_present: false,
         cdi_devices: cli.cdi_devices,
         device_list: cli.device_list_strategy,
+        simulated_driver: None,
     }
 }
 

@@ -201,6 +201,7 @@ pub struct ImageNames {
     pub scheduler: Vec<String>,
     pub kube_scheduler: Vec<String>,
     pub cuda_probe: Vec<String>,
+    pub simulated_gpu: Vec<String>,
 }
 
 /// The host files the images are made of (normally from [`Artifacts`]).
@@ -427,12 +428,12 @@ fn names(default: String, extra: &[String]) -> Vec<String> {
     v
 }
 
-/// The five images, declaratively, from the workspace's build outputs.
+/// The six images, declaratively, from the workspace's build outputs.
 pub fn image_specs(a: &Artifacts, names: &ImageNames) -> Result<Vec<ImageSpec>, ImageError> {
     specs_for(&HostInputs::from_artifacts(a)?, names)
 }
 
-/// The five images from any host files (the unit tests use stand-ins).
+/// The six images from any host files (the unit tests use stand-ins).
 pub fn specs_for(h: &HostInputs, extra: &ImageNames) -> Result<Vec<ImageSpec>, ImageError> {
     let distroless_env = vec![DISTROLESS_PATH.to_owned(), DISTROLESS_SSL.to_owned()];
     let k8s_tag = if h.k8s_version.starts_with('v') {
@@ -534,12 +535,44 @@ pub fn specs_for(h: &HostInputs, extra: &ImageNames) -> Result<Vec<ImageSpec>, I
         working_dir: None,
     };
 
+    // The chart's simulated GPUs (`simulatedGpus`): the fake driver in an image of its own, never
+    // in the device plugin's; its init container installs them on the host with busybox.
+    let mut sim_files: Vec<ImageFile> = h
+        .driver_libs
+        .iter()
+        .filter_map(|lib| {
+            let name = lib.file_name()?.to_string_lossy().into_owned();
+            Some(ImageFile::host(
+                format!("/opt/tessera/simulated/{name}"),
+                lib,
+                0o644,
+            ))
+        })
+        .collect();
+    sim_files.push(ImageFile::host(
+        "/opt/tessera/bin/busybox",
+        &h.busybox,
+        0o755,
+    ));
+    let simulated_gpu = ImageSpec {
+        id: "tessera-simulated-gpu".into(),
+        names: names(tessera_image("tessera-simulated-gpu"), &extra.simulated_gpu),
+        files: sim_files,
+        user: None,
+        entrypoint: vec!["/opt/tessera/bin/busybox".into()],
+        cmd: vec!["true".into()],
+        exposed_ports: vec![],
+        env: vec![DISTROLESS_PATH.into()],
+        working_dir: None,
+    };
+
     Ok(vec![
         pause,
         device_plugin,
         scheduler,
         kube_scheduler,
         cuda_probe,
+        simulated_gpu,
     ])
 }
 

@@ -79,6 +79,9 @@ pub enum NodeRuntime {
     /// The file the toolkit installs, with its defaults, which accept the variable from any
     /// container (what HAMi's default `envvar` strategy needs).
     ToolkitDefaults,
+    /// No NVIDIA container runtime at all: containerd runs runc, as on a kind or k3s node
+    /// without GPUs (the chart's simulated GPUs bring their own driver).
+    None,
 }
 
 impl NodeRuntime {
@@ -94,6 +97,7 @@ impl NodeRuntime {
                  #accept-nvidia-visible-devices-as-volume-mounts = false\n\
                  [nvidia-container-cli]\nldconfig = \"@/sbin/ldconfig\"\n",
             ),
+            NodeRuntime::None => None,
         }
     }
 }
@@ -938,6 +942,12 @@ impl RealCluster {
             Some(containerd_v2()?)
         } else {
             None
+        };
+        // Without an NVIDIA runtime containerd runs runc itself.
+        let runtime = if spec.runtime == NodeRuntime::None {
+            tools.runc.clone()
+        } else {
+            runtime
         };
         let config = match v2 {
             Some(v2) => containerd_v2_config(&dir, &cni_conf, &runtime, tools, &v2.shim),

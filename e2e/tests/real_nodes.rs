@@ -875,18 +875,28 @@ async fn hami_takeover_and_rollback(c: &RealCluster, fixture: &std::path::Path) 
     Ok(())
 }
 
-/// The bare real-node cluster: two nodes join with node credentials and become Ready, a plain
-/// pod runs on each through containerd, its exit code and `kubectl logs` come back through the
-/// API server from that node's kubelet, and pods reach each other and the API server's
-/// ClusterIP over the pod network.
+/// The bare real-node cluster: two nodes without any NVIDIA runtime (containerd runs runc, as on
+/// a kind or k3s node without GPUs) join with node credentials and become Ready, a plain pod runs
+/// on each through containerd, its exit code and `kubectl logs` come back through the API server
+/// from that node's kubelet, and pods reach each other and the API server's ClusterIP over the pod
+/// network. Then the five-minute trial of docs/install.md on the same nodes: the chart with
+/// simulated GPUs (`simulatedGpus`, the fake driver from its own image) places GPU pods that run
+/// with their limits, and `kubectl tessera gpus` lists the simulated GPUs.
 #[test]
-fn real_nodes_run_plain_pods_and_serve_their_logs() -> Result<()> {
+fn real_nodes_run_plain_pods_then_simulated_gpus() -> Result<()> {
     real::run(2, |net| async move {
         let c = RealCluster::start(
             net,
             RealClusterOptions {
                 name: "real-plain".into(),
-                nodes: two_nodes(),
+                nodes: two_nodes()
+                    .into_iter()
+                    .map(|mut n| {
+                        n.driver = false;
+                        n.runtime = NodeRuntime::None;
+                        n
+                    })
+                    .collect(),
                 chart: ChartValues::None,
             },
         )
@@ -918,6 +928,56 @@ fn real_nodes_run_plain_pods_and_serve_their_logs() -> Result<()> {
             assert!(log.contains(&format!("on {n}")), "{log}");
             assert!(log.contains("apiserver reachable"), "{log}");
         }
-        Ok(())
+        simulated_gpus(&c).await
     })
+}
+
+/// docs/install.md's five-minute trial: `helm install` with `simulatedGpus.enabled=true` (two T4s
+/// per node), a GPU pod on each node gets exactly its limit (one byte more refused, nvidia-smi's
+/// view the limit), and `kubectl tessera gpus` lists every node's two simulated GPUs.
+async fn simulated_gpus(c: &RealCluster) -> Result<()> {
+    c.helm_install(&ChartValues::Recommended(
+        [
+            ("simulatedGpus.enabled", "true"),
+            ("simulatedGpus.model", "Tesla T4"),
+            ("simulatedGpus.count", "2"),
+            ("simulatedGpus.memoryMiB", "15360"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .to_vec(),
+    ))
+    .await?;
+    for (i, n) in ["a100-node", "t4-node"].into_iter().enumerate() {
+        let mib = 3000 + 1000 * i as u64;
+        let pod = gpu_pod(
+            &format!("simulated-{n}"),
+            Some(n),
+            &[GpuContainer {
+                name: "main",
+                resources: json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": mib}),
+                script: limit_check(mib * MIB),
+            }],
+        );
+        c.create_pod_as_user(&pod).await?;
+    }
+    for (i, n) in ["a100-node", "t4-node"].into_iter().enumerate() {
+        let mib = 3000 + 1000 * i as u64;
+        let (codes, logs) = outcome(c, &format!("simulated-{n}")).await?;
+        assert_eq!(codes.get("main"), Some(&0), "{n}: {logs:?}");
+        assert!(
+            logs["main"].contains(&format!("MEM_LIMIT_0={mib}m")),
+            "{n}: {logs:?}"
+        );
+    }
+    let (ok, gpus) = c.kubectl_tessera(false, &["gpus"]).await?;
+    println!("kubectl tessera gpus with simulated GPUs:\n{gpus}");
+    assert!(ok, "{gpus}");
+    for n in ["a100-node", "t4-node"] {
+        let rows = gpus
+            .lines()
+            .filter(|l| l.starts_with(n) && l.contains("Tesla T4") && l.contains("/15360 MiB"))
+            .count();
+        assert_eq!(rows, 2, "{n}'s two simulated T4s:\n{gpus}");
+    }
+    Ok(())
 }

@@ -217,6 +217,7 @@ pub fn response_settings(hook: &Path) -> ResponseSettings {
         license_present: false,
         cdi_devices: false,
         device_list: Default::default(),
+        simulated_driver: None,
     }
 }
 

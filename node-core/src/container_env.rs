@@ -42,6 +42,62 @@ pub struct ResponseSettings {
     pub cdi_devices: bool,
     /// How the GPUs are named to the NVIDIA container runtime (`deviceListStrategy`).
     pub device_list: DeviceListStrategy,
+    /// Simulated GPUs (chart `simulatedGpus`): no NVIDIA runtime mounts a driver, so every GPU
+    /// container gets the simulated one here.
+    pub simulated_driver: Option<SimulatedDriver>,
+}
+
+/// The simulated GPU driver of a node without GPUs (the chart's `simulatedGpus` mode, for trying
+/// Tessera on kind or k3s): the fake `libcuda.so.1` and `libnvidia-ml.so.1` and the node's GPU
+/// scenario, installed on the host by the chart from their own image (never the production one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimulatedDriver {
+    /// The host directory holding both libraries and `scenario.json`.
+    pub host_dir: String,
+    /// Memory of each simulated GPU, MiB (what the fake CUDA reports as the card's total).
+    pub memory_mib: u64,
+}
+
+/// Where simulated GPU containers find the driver libraries: the directory of the C library's
+/// default search path on Debian and Ubuntu images (the loader searches it without
+/// configuration) and on RHEL-family images, for this architecture.
+pub fn simulated_driver_dirs() -> [String; 2] {
+    [
+        format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH),
+        "/usr/lib64".to_owned(),
+    ]
+}
+
+/// Where a simulated GPU container finds the node's GPU scenario.
+pub const SIMULATED_SCENARIO_PATH: &str = "/etc/tessera-simulated-gpu/scenario.json";
+
+impl SimulatedDriver {
+    /// The mounts and environment that stand in for the NVIDIA runtime's driver injection.
+    fn add_to(&self, envs: &mut BTreeMap<String, String>, mounts: &mut Vec<MountSpec>) {
+        let dir = self.host_dir.trim_end_matches('/');
+        for lib_dir in simulated_driver_dirs() {
+            for lib in ["libcuda.so.1", "libnvidia-ml.so.1"] {
+                mounts.push(MountSpec {
+                    container_path: format!("{lib_dir}/{lib}"),
+                    host_path: format!("{dir}/{lib}"),
+                    read_only: true,
+                });
+            }
+        }
+        mounts.push(MountSpec {
+            container_path: SIMULATED_SCENARIO_PATH.to_owned(),
+            host_path: format!("{dir}/scenario.json"),
+            read_only: true,
+        });
+        envs.insert(
+            "FAKE_NVML_SCENARIO".to_owned(),
+            SIMULATED_SCENARIO_PATH.to_owned(),
+        );
+        envs.insert(
+            "FAKE_CUDA_MEMORY_MIB".to_owned(),
+            self.memory_mib.to_string(),
+        );
+    }
 }
 
 impl ResponseSettings {
@@ -292,6 +348,10 @@ pub fn shim_response(
             read_only: true,
         });
     }
+    // After the limits file: these are the driver's, not limits the shim must trust.
+    if let Some(sim) = &settings.simulated_driver {
+        sim.add_to(&mut envs, &mut mounts);
+    }
     let cdi_devices = if settings.cdi_devices {
         devices
             .iter()
@@ -328,6 +388,7 @@ mod tests {
             license_present: false,
             cdi_devices: false,
             device_list: Default::default(),
+            simulated_driver: None,
         }
     }
 
@@ -423,6 +484,45 @@ CUDA_DEVICE_SM_LIMIT=30
         assert_eq!(
             r.cache_dir,
             "/usr/local/vgpu/containers/0f1e2d3c-aaaa-bbbb-cccc-000000000001_trainer"
+        );
+    }
+
+    /// Simulated GPUs: the driver libraries and the scenario are mounted where the NVIDIA
+    /// runtime would have put the real driver, and the fake driver's settings stay out of the
+    /// limits file the shim trusts.
+    #[test]
+    fn simulated_gpus_get_the_simulated_driver() {
+        let s = ResponseSettings {
+            simulated_driver: Some(SimulatedDriver {
+                host_dir: "/usr/local/vgpu/simulated/".into(),
+                memory_mib: 15360,
+            }),
+            ..settings()
+        };
+        let r = container_response(&[dev("GPU-aaa", 3000, 30)], &target(false), &s).expect("valid");
+        let text = render(&r);
+        let lib_dir = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+        for want in [
+            format!("mount {lib_dir}/libcuda.so.1 <- /usr/local/vgpu/simulated/libcuda.so.1 ro"),
+            "mount /usr/lib64/libnvidia-ml.so.1 <- /usr/local/vgpu/simulated/libnvidia-ml.so.1 ro"
+                .to_owned(),
+            "mount /etc/tessera-simulated-gpu/scenario.json <- /usr/local/vgpu/simulated/scenario.json ro"
+                .to_owned(),
+            "env FAKE_NVML_SCENARIO=/etc/tessera-simulated-gpu/scenario.json".to_owned(),
+            "env FAKE_CUDA_MEMORY_MIB=15360".to_owned(),
+        ] {
+            assert!(text.contains(&want), "{want} missing from\n{text}");
+        }
+        assert!(
+            !r.limits_file.content.contains("FAKE_"),
+            "{}",
+            r.limits_file.content
+        );
+        let real = container_response(&[dev("GPU-aaa", 3000, 30)], &target(false), &settings())
+            .expect("valid");
+        assert!(
+            !render(&real).contains("FAKE_"),
+            "a real node gets no simulated driver"
         );
     }
 

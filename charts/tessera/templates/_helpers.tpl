@@ -395,3 +395,26 @@ The daemons' log format (logFormat): `text` or `json`, refused otherwise.
 {{- end -}}
 {{- $format -}}
 {{- end -}}
+
+{{/* Whether the device plugin serves simulated GPUs: simulatedGpus.enabled, or HAMi's
+     mockDevicePlugin.enabled (docs/install.md, "Five minutes, no GPU"). */}}
+{{- define "tessera.simulatedGpus" -}}
+{{- if or (eq (toString .Values.simulatedGpus.enabled) "true") (eq (toString ((.Values.mockDevicePlugin | default dict).enabled)) "true") }}true{{ end -}}
+{{- end -}}
+
+{{/* The simulated GPUs' image: simulatedGpus.image, with HAMi's mockDevicePlugin.image.registry
+     (a mirror, unless it is Docker Hub, where HAMi's mock image lives) and .pullPolicy when HAMi's
+     key turned the mode on. */}}
+{{- define "tessera.simulatedGpuImage" -}}
+{{- $img := deepCopy .Values.simulatedGpus.image -}}
+{{- $mock := .Values.mockDevicePlugin | default dict -}}
+{{- if eq (toString $mock.enabled) "true" -}}
+{{- $mockImg := $mock.image | default dict -}}
+{{- $reg := trimSuffix "/" (toString ($mockImg.registry | default "")) -}}
+{{- if and $reg (not (has $reg (list "docker.io" "index.docker.io" "registry-1.docker.io"))) -}}
+{{- $_ := set $img "registry" $reg -}}
+{{- end -}}
+{{- with $mockImg.pullPolicy }}{{ $_ := set $img "pullPolicy" . }}{{ end -}}
+{{- end -}}
+{{- toJson $img -}}
+{{- end -}}

@@ -237,7 +237,7 @@ fn other_specs_name_and_place_what_the_cluster_needs() {
             .any(|p| p.contains("libcuda") || p.contains("libnvidia-ml")),
         "the driver comes from the runtime, not the image: {paths:?}"
     );
-    assert_eq!(specs.len(), 5);
+    assert_eq!(specs.len(), 6);
 }
 
 fn sample_spec(host_file: &Path) -> ImageSpec {
