@@ -56,6 +56,7 @@ e2e: build
 	./e2e/control-plane.sh >/dev/null
 	./e2e/containerd-v2.sh >/dev/null
 	./e2e/previous-release.sh >/dev/null
+	./e2e/tools.sh >/dev/null
 	cargo test --locked -p tessera-e2e -- --test-threads=1
 
 # Helm lint/template/kubeconform on the chart; builds pinned helm and kubeconform with Go into

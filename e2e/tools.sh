@@ -679,6 +679,9 @@ go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "$(printf -- '-X %s ' \
 go_install kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION" \
 	"-X main.version=$KUBECONFORM_VERSION"
 go_install promtool github.com/prometheus/prometheus/cmd/promtool "$PROMTOOL_VERSION"
+# The Prometheus server of the same release, for the real-node test that scrapes the daemons and
+# evaluates every dashboard query and alert expression (no UI assets: the HTTP API is enough).
+go_install prometheus github.com/prometheus/prometheus/cmd/prometheus "$PROMTOOL_VERSION"
 go_install actionlint github.com/rhysd/actionlint/cmd/actionlint "$ACTIONLINT_VERSION" \
 	"-X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION"
 generate_schemas
@@ -690,4 +693,5 @@ echo "K8S_SCHEMA_DIR=$TOOLS/k8s-schemas-$K8S_SCHEMA_VERSION"
 echo "K8S_SCHEMA_VERSION=${K8S_SCHEMA_VERSION#v}"
 echo "CHARTCHECK=$TOOLS/chartcheck-$K8S_SCHEMA_VERSION-r$CHARTCHECK_REVISION/chartcheck"
 echo "PROMTOOL=$TOOLS/promtool-$PROMTOOL_VERSION/promtool"
+echo "PROMETHEUS=$TOOLS/prometheus-$PROMTOOL_VERSION/prometheus"
 echo "ACTIONLINT=$TOOLS/actionlint-$ACTIONLINT_VERSION/actionlint"

@@ -51,6 +51,8 @@ pub struct Artifacts {
     pub etcd: PathBuf,
     pub k8s_version: String,
     pub helm: PathBuf,
+    /// The Prometheus server `e2e/tools.sh` builds (the monitoring test).
+    pub prometheus: PathBuf,
     pub tessera_scheduler: PathBuf,
     pub tessera_device_plugin: PathBuf,
     pub tessera_dra_plugin: PathBuf,
@@ -159,7 +161,7 @@ fn discover() -> Result<Artifacts, ArtifactError> {
             "K8S_VERSION",
         ],
     )?;
-    let tools = script_vars(&root, "e2e/tools.sh", &["HELM"])?;
+    let tools = script_vars(&root, "e2e/tools.sh", &["HELM", "PROMETHEUS"])?;
     let target = target_profile_dir(&root);
     let driver_dir = target.join("e2e-drivers");
     std::fs::create_dir_all(&driver_dir).map_err(io("creating the driver dir"))?;
@@ -196,6 +198,8 @@ fn discover() -> Result<Artifacts, ArtifactError> {
         etcd: var_path(&cp, "ETCD")?,
         k8s_version: cp.get("K8S_VERSION").cloned().unwrap_or_default(),
         helm: var_path(&tools, "HELM")?,
+        // Only the test that runs it needs it (checked there).
+        prometheus: PathBuf::from(tools.get("PROMETHEUS").cloned().unwrap_or_default()),
         tessera_scheduler: existing(target.join("tessera-scheduler"))?,
         tessera_device_plugin: existing(target.join("tessera-device-plugin"))?,
         tessera_dra_plugin: existing(target.join("tessera-dra-plugin"))?,

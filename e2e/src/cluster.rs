@@ -177,7 +177,29 @@ pub async fn http_get_status(
     let text = String::from_utf8_lossy(&buf).into_owned();
     let (head, body) = text.split_once("\r\n\r\n")?;
     let status = head.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
-    Some((status, body.to_owned()))
+    let chunked = head
+        .lines()
+        .any(|l| l.to_ascii_lowercase().replace(' ', "") == "transfer-encoding:chunked");
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_owned()
+    };
+    Some((status, body))
+}
+
+/// The body of a `Transfer-Encoding: chunked` response (Go's servers send large answers so).
+fn dechunk(mut rest: &str) -> Option<String> {
+    let mut out = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(out);
+        }
+        out.push_str(after.get(..size)?);
+        rest = after.get(size..)?.strip_prefix("\r\n")?;
+    }
 }
 
 /// The scheduler Service's stand-in: forwards each TCP connection to the first scheduler pod
@@ -865,4 +887,16 @@ async fn install_webhook(a: &Artifacts, admin: &kube::Client, pki: &Pki, port: u
         .create(&PostParams::default(), &mwc)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod http_tests {
+    #[test]
+    fn chunked_bodies_are_joined() {
+        assert_eq!(
+            super::dechunk("5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n").as_deref(),
+            Some("hello, world")
+        );
+        assert_eq!(super::dechunk("5\r\nhel"), None);
+    }
 }

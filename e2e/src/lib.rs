@@ -27,6 +27,7 @@ pub mod node;
 pub mod pods;
 pub mod probe;
 pub mod process;
+pub mod prometheus;
 pub mod real;
 pub mod release;
 

@@ -472,6 +472,203 @@ async fn roll_release(
     Ok(())
 }
 
+/// Issue 34 item 2: a real Prometheus scrapes the daemons as the Prometheus Operator would for
+/// the chart's ServiceMonitors (honorLabels) and loads the chart's PrometheusRule. Every query of
+/// the Grafana dashboard returns series carrying the labels its legend and grouping name (the
+/// refusals panel may be empty: nothing here is refused but for lack of room), every alert
+/// evaluates without error, and every series an alert reads exists with the labels it groups by
+/// (an application XID is injected for the XID counter).
+async fn monitoring_works_as_shipped(c: &RealCluster) -> Result<()> {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    use tessera_e2e::prometheus::{self, Prometheus};
+    let a = tessera_e2e::artifacts::artifacts().map_err(|e| Error::msg(e.to_string()))?;
+    if !a.prometheus.is_file() {
+        return Err(Error::msg(format!(
+            "{} not found: run e2e/tools.sh (make e2e does)",
+            a.prometheus.display()
+        )));
+    }
+    // What the panels show: a namespace budget, a pod that fits nowhere.
+    let quotas: Api<ResourceQuota> = Api::namespaced(c.admin().clone(), TENANT);
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-budget", "namespace": TENANT},
+        "spec": {"hard": {"limits.nvidia.com/gpumem": "1000000"}},
+    }))?;
+    quotas.create(&Default::default(), &quota).await?;
+    c.create_pod_as_user(&pod("fits-nowhere", None, &TOO_BIG, false))
+        .await?;
+    // An application XID (13: the GPU stays healthy, the alert ignores it, the counter counts it).
+    c.node(T4)
+        .ok_or_else(|| Error::msg("no node"))?
+        .nvml_event(&json!({"device": 0, "kind": "xid", "xid": 13}))?;
+    // A container that launches kernels (the last-kernel and utilisation panels).
+    let mut kernels = probe::container("main", &Slice::mib(1, 500), false);
+    kernels["command"] = json!(["/usr/bin/cuda_probe", "busy", "90", "1"]);
+    c.create_pod_as_user(&probe::pod(
+        TENANT,
+        "kernels",
+        Some(T4),
+        Vec::new(),
+        vec![kernels],
+    ))
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    eventually(
+        "the kernel-launching pod running",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            pods.get_opt("kernels")
+                .await
+                .ok()
+                .flatten()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        },
+    )
+    .await?;
+    // The chart as installed, with its ServiceMonitors and PrometheusRule rendered.
+    let out = std::process::Command::new(&a.helm)
+        .arg("template")
+        .arg(real::RELEASE)
+        .arg(a.root.join("charts/tessera"))
+        .args(["--namespace", NAMESPACE])
+        .args(
+            real::RECOMMENDED_SETS
+                .iter()
+                .flat_map(|(k, v)| ["--set".to_owned(), format!("{k}={v}")]),
+        )
+        .args([
+            "--set",
+            "serviceMonitor.enabled=true",
+            "--set",
+            "prometheusRule.enabled=true",
+        ])
+        .output()?;
+    if !out.status.success() {
+        return Err(Error::msg(format!(
+            "helm template: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let objects = prometheus::rendered_objects(&String::from_utf8_lossy(&out.stdout))?;
+    let dir = prometheus::dir_in(&c.dir);
+    std::fs::create_dir_all(&dir)?;
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, c.scrape_token().await?)?;
+    let scrape = prometheus::scrape_configs(&objects, &c.kubeconfig_admin(), &token_file, "2s");
+    let p = Prometheus::start(
+        &a.prometheus,
+        &dir,
+        &c.dir.join("logs"),
+        scrape,
+        &prometheus::rule_groups(&objects),
+        "2s",
+    )?;
+    // The scheduler and both nodes' device plugins, then enough scrapes for 5-minute rates.
+    p.wait_targets_up(3, Duration::from_secs(90)).await?;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        a.root.join("charts/tessera/files/grafana-dashboard.json"),
+    )?)?;
+    let mut problems = Vec::new();
+    for panel in dashboard["panels"].as_array().cloned().unwrap_or_default() {
+        let title = panel["title"].as_str().unwrap_or_default().to_owned();
+        for t in panel["targets"].as_array().cloned().unwrap_or_default() {
+            // Every dashboard variable set to "All".
+            let expr = ["pod_namespace", "namespace", "node"]
+                .iter()
+                .fold(t["expr"].as_str().unwrap_or_default().to_owned(), |e, v| {
+                    e.replace(&format!("${v}"), ".*")
+                });
+            let series = match p.query(&expr).await {
+                Ok(s) => s,
+                Err(e) => {
+                    problems.push(format!("{title}: {expr}: {e}"));
+                    continue;
+                }
+            };
+            let legend = t["legendFormat"].as_str().unwrap_or_default();
+            // `le` is consumed by histogram_quantile.
+            let mut wanted: Vec<String> = prometheus::grouped_by(&expr)
+                .into_iter()
+                .filter(|l| l != "le")
+                .collect();
+            for part in legend.split("{{").skip(1) {
+                if let Some((label, _)) = part.split_once("}}") {
+                    let label = label.trim().to_owned();
+                    if !wanted.contains(&label) {
+                        wanted.push(label);
+                    }
+                }
+            }
+            let refusals = expr.contains("tessera_scheduler_decisions_total");
+            if series.is_empty() && !refusals {
+                problems.push(format!("{title}: {expr}: no series"));
+            }
+            for s in &series {
+                let missing: Vec<_> = wanted.iter().filter(|l| !s.contains_key(*l)).collect();
+                if !missing.is_empty() {
+                    problems.push(format!(
+                        "{title}: {expr}: a series without {missing:?}: {s:?}"
+                    ));
+                }
+            }
+            // Per-container series name the tenant's pod, not the plugin's (honorLabels).
+            if wanted.iter().any(|l| l == "container") {
+                let own = series
+                    .iter()
+                    .any(|s| s.get("namespace").and_then(|v| v.as_str()) == Some(TENANT));
+                if !own {
+                    problems.push(format!(
+                        "{title}: {expr}: no series of namespace {TENANT}: {series:?}"
+                    ));
+                }
+            }
+        }
+    }
+    for rule in p.rules().await? {
+        let name = rule["name"].as_str().unwrap_or_default();
+        if rule["health"] == "err" {
+            problems.push(format!("alert {name}: {}", rule["lastError"]));
+        }
+        let expr = rule["query"].as_str().unwrap_or_default();
+        let metrics = prometheus::metric_names(expr);
+        // An alert over several exporters (`A or B`) needs one of them here: the DRA plugin's
+        // series exist only with DRA nodes.
+        let mut present = Vec::new();
+        for m in &metrics {
+            let by = prometheus::grouped_by(expr);
+            let series = p.query(m).await.unwrap_or_default();
+            if !series.is_empty() {
+                let missing: Vec<_> = by
+                    .iter()
+                    .filter(|l| *l != "le" && series.iter().all(|s| !s.contains_key(*l)))
+                    .collect();
+                if !missing.is_empty() && !m.ends_with("_bucket") {
+                    problems.push(format!("alert {name}: {m} has no {missing:?}"));
+                }
+                present.push(m.clone());
+            }
+        }
+        // A series that exists only while its event lasts: a second device plugin.
+        let event_only = metrics.iter().all(|m| m.ends_with("_plugin_conflict"));
+        if present.is_empty() && !event_only {
+            problems.push(format!("alert {name}: none of {metrics:?} is exported"));
+        }
+        println!("alert {name}: health {}, reads {present:?}", rule["health"]);
+    }
+    assert!(
+        problems.is_empty(),
+        "the dashboard and alerts on the real daemons:\n{}",
+        problems.join("\n")
+    );
+    c.delete_pod(TENANT, "fits-nowhere").await?;
+    c.delete_pod(TENANT, "kernels").await?;
+    quotas.delete("gpu-budget", &Default::default()).await?;
+    Ok(())
+}
+
 async fn faults(c: &mut RealCluster, previous: &PreviousInstall) -> Result<()> {
     let old_shim = sha256_of(&previous.shim)?;
     let new_shim = sha256_of(
@@ -540,6 +737,9 @@ async fn faults(c: &mut RealCluster, previous: &PreviousInstall) -> Result<()> {
         .await;
     STEADY_JOB.usage_is_read(c, A100, STEADY, "upgrade").await?;
     new_pods_are_placed_and_nothing_overbooked(c, "upgrade", A100, &new_shim).await?;
+
+    println!("monitoring: a real Prometheus on the daemons, the dashboard and the alerts");
+    monitoring_works_as_shipped(c).await?;
 
     println!("fault: kubelet restart");
     c.node(A100)

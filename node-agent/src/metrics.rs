@@ -522,8 +522,11 @@ impl PluginMetrics {
     }
 
     /// Replaces all per-container series with `samples` (containers that went away disappear).
-    /// Samples of pods not in `names` are labelled with the pod UID as name and an empty namespace.
-    /// `now_unix_secs` dates `hami_container_last_kernel_elapsed_seconds`.
+    /// Samples of pods not in `names` (deleted pods whose directories wait for their removal) are
+    /// left out: a series must name its pod's namespace and name, which the dashboard and
+    /// Prometheus' `honorLabels` rely on (a real Prometheus showed series of deleted pods named
+    /// by UID, without a namespace). `now_unix_secs` dates
+    /// `hami_container_last_kernel_elapsed_seconds`.
     pub fn set_vgpu(&self, samples: &[VgpuSample], names: &PodNames, now_unix_secs: u64) {
         self.vgpu.clear();
         if let Some(l) = &self.legacy {
@@ -538,10 +541,9 @@ impl PluginMetrics {
             }
         }
         for s in samples {
-            let (ns, pod) = names
-                .get(&s.pod_uid)
-                .cloned()
-                .unwrap_or_else(|| (String::new(), s.pod_uid.clone()));
+            let Some((ns, pod)) = names.get(&s.pod_uid).cloned() else {
+                continue;
+            };
             let labels = vec![
                 ("namespace".into(), ns),
                 ("pod".into(), pod),
@@ -793,13 +795,23 @@ mod tests {
             last_kernel_time: 90,
         };
         let names = [("u1".to_owned(), ("ns".to_owned(), "web".to_owned()))].into();
-        m.set_vgpu(&[sample], &names, 100);
+        m.set_vgpu(&[sample.clone()], &names, 100);
         let text = m.encode();
         assert!(text.contains(
             "hami_vgpu_memory_limit_bytes{namespace=\"ns\",pod=\"web\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-a\"} 2048.0"
         ), "{text}");
         m.set_vgpu(&[], &names, 100);
         assert!(!m.encode().contains("pod=\"web\""), "stale series removed");
+        // A deleted pod whose directory is not removed yet has no series.
+        let gone = VgpuSample {
+            pod_uid: "u-gone".into(),
+            ..sample.clone()
+        };
+        m.set_vgpu(&[gone], &names, 100);
+        assert!(
+            !m.encode().contains("u-gone"),
+            "a series of a pod the node no longer has"
+        );
         assert!(
             !text.contains("HostGPUMemoryUsage"),
             "legacy names only on request"
