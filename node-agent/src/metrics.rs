@@ -795,7 +795,7 @@ mod tests {
             last_kernel_time: 90,
         };
         let names = [("u1".to_owned(), ("ns".to_owned(), "web".to_owned()))].into();
-        m.set_vgpu(&[sample.clone()], &names, 100);
+        m.set_vgpu(std::slice::from_ref(&sample), &names, 100);
         let text = m.encode();
         assert!(text.contains(
             "hami_vgpu_memory_limit_bytes{namespace=\"ns\",pod=\"web\",container=\"main\",vdevice_index=\"0\",device_uuid=\"GPU-a\"} 2048.0"
