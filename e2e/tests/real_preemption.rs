@@ -445,6 +445,9 @@ async fn operator_answers(c: &RealCluster, gpu0: &str, gpu1: &str) -> Result<()>
         "ok    scheduler     tessera-system/tessera-scheduler: 1/1 ready",
         "service tessera-system/tessera-scheduler has a ready endpoint",
         "ok    node          gpu-node: 2 GPU(s) registered, 6 nvidia.com/gpu allocatable",
+        "ok    shim          gpu-node: libvgpu.so installed on the host by tessera-system/",
+        "ok    runtime       no device plugin reported an unsafe NVIDIA runtime configuration",
+        "ok    versions      device plugin tessera-system/tessera-device-plugin 0.1.0, scheduler tessera-system/tessera-scheduler 0.1.0; kubectl-tessera 0.1.0",
         "0 failure(s), 0 warning(s)",
     ] {
         assert!(healthy.contains(want), "doctor lacks {want:?}:\n{healthy}");

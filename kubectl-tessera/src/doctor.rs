@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::state::NodeRecord;
@@ -28,7 +28,17 @@ pub struct Facts {
     pub nodes: Vec<Node>,
     /// The release's device-plugin pods.
     pub plugin_pods: Vec<Pod>,
+    /// The device plugins' `UnsafeGPUDeviceList` Events on Nodes (their runtime check at start).
+    pub runtime_events: Vec<Event>,
+    /// This program's version (the decision code it answers with).
+    pub own_version: String,
 }
+
+/// The Event reason a device plugin gives when the node's NVIDIA runtime would hand GPUs to any
+/// container that names them (`tessera_node::node_events`).
+pub const UNSAFE_RUNTIME_REASON: &str = "UnsafeGPUDeviceList";
+/// The init container that installs the shim on the host (the chart's `tessera.installVgpuHook`).
+const SHIM_INIT_CONTAINER: &str = "install-vgpu-hook";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
@@ -106,8 +116,176 @@ pub fn check(f: &Facts, cfg: &DecisionConfig) -> Vec<Finding> {
         })
         .collect();
     device_plugins(f, &plugins, cfg, &mut out);
+    shims(f, &mut out);
+    runtimes(f, &mut out);
     other_plugins(f, &plugins, &mut out);
+    versions(f, &plugins, &mut out);
     out
+}
+
+/// The shim on each GPU node: the plugin pod's init container installed it there (it exits 0
+/// only once `libvgpu.so` and `ld.so.preload` are in place).
+fn shims(f: &Facts, out: &mut Vec<Finding>) {
+    for p in &f.plugin_pods {
+        let node = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_else(|| "?".into());
+        let ns = p.metadata.namespace.as_deref().unwrap_or("default");
+        let name = p.metadata.name.as_deref().unwrap_or("");
+        let status = p
+            .status
+            .as_ref()
+            .and_then(|s| s.init_container_statuses.as_ref())
+            .and_then(|st| st.iter().find(|c| c.name == SHIM_INIT_CONTAINER));
+        let Some(status) = status else {
+            out.push(finding(
+                Level::Warn,
+                "shim",
+                format!("{node}: the plugin pod {ns}/{name} has no {SHIM_INIT_CONTAINER} init container status yet"),
+                None,
+            ));
+            continue;
+        };
+        let done = status
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .is_some_and(|t| t.exit_code == 0);
+        if done {
+            out.push(finding(
+                Level::Ok,
+                "shim",
+                format!("{node}: libvgpu.so installed on the host by {ns}/{name}"),
+                None,
+            ));
+        } else {
+            out.push(finding(
+                Level::Fail,
+                "shim",
+                format!("{node}: {SHIM_INIT_CONTAINER} of {ns}/{name} has not installed the shim"),
+                Some(format!(
+                    "kubectl -n {ns} logs {name} -c {SHIM_INIT_CONTAINER} (the host directory global.gpuHookPath must be writable)"
+                )),
+            ));
+        }
+    }
+}
+
+/// The node's NVIDIA runtime, as the plugins judged it at start (their Warning Events).
+fn runtimes(f: &Facts, out: &mut Vec<Finding>) {
+    let unsafe_nodes: BTreeMap<String, String> = f
+        .runtime_events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(UNSAFE_RUNTIME_REASON))
+        .filter_map(|e| {
+            Some((
+                e.involved_object.name.clone()?,
+                e.message.clone().unwrap_or_default(),
+            ))
+        })
+        .collect();
+    if unsafe_nodes.is_empty() {
+        out.push(finding(
+            Level::Ok,
+            "runtime",
+            "no device plugin reported an unsafe NVIDIA runtime configuration (they check at start; Events last about an hour)".into(),
+            None,
+        ));
+    }
+    for (node, message) in unsafe_nodes {
+        out.push(finding(
+            Level::Warn,
+            "runtime",
+            format!("{node}: {message}"),
+            Some(
+                "set accept-nvidia-visible-devices-as-volume-mounts = true and accept-nvidia-visible-devices-envvar-when-unprivileged = false in the toolkit's config.toml, and devicePlugin.deviceListStrategy=volume-mounts (docs/install.md)".into(),
+            ),
+        ));
+    }
+}
+
+/// The tag of the first image of `spec` whose repository ends with `repository`; `None` for an
+/// image pinned by digest only.
+fn image_tag(
+    spec: Option<&k8s_openapi::api::core::v1::PodSpec>,
+    repository: &str,
+) -> Option<String> {
+    let image = spec?
+        .containers
+        .iter()
+        .filter_map(|c| c.image.as_deref())
+        .find(|i| {
+            i.split(['@', ':'])
+                .next()
+                .is_some_and(|r| r.ends_with(repository))
+        })?;
+    let without_digest = image.split('@').next()?;
+    let (_, tag) = without_digest
+        .rsplit_once(':')
+        .filter(|(r, _)| !r.ends_with('/') && !r.is_empty())?;
+    (!tag.contains('/')).then(|| tag.to_owned())
+}
+
+/// The versions of the parts: the scheduler's and the plugin's images agree with each other and
+/// with this program's decision code.
+fn versions(f: &Facts, plugins: &[&DaemonSet], out: &mut Vec<Finding>) {
+    let mut tags: BTreeMap<String, String> = BTreeMap::new();
+    for d in &f.schedulers {
+        if let Some(t) = image_tag(
+            d.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+            "tessera-scheduler",
+        ) {
+            tags.insert(format!("scheduler {}", key(&d.metadata)), t);
+        }
+    }
+    for d in plugins {
+        if let Some(t) = image_tag(
+            d.spec.as_ref().and_then(|s| s.template.spec.as_ref()),
+            "tessera-device-plugin",
+        ) {
+            tags.insert(format!("device plugin {}", key(&d.metadata)), t);
+        }
+    }
+    let distinct: BTreeSet<&String> = tags.values().collect();
+    let list = tags
+        .iter()
+        .map(|(part, t)| format!("{part} {t}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if distinct.len() > 1 {
+        out.push(finding(
+            Level::Warn,
+            "versions",
+            format!("the parts run different versions: {list}"),
+            Some("finish the upgrade (helm upgrade with one chart version; kubectl -n <ns> rollout status)".into()),
+        ));
+    } else if let Some(running) = distinct.first() {
+        let own = &f.own_version;
+        if running.trim_start_matches('v') == own.trim_start_matches('v') {
+            out.push(finding(
+                Level::Ok,
+                "versions",
+                format!("{list}; kubectl-tessera {own}"),
+                None,
+            ));
+        } else {
+            out.push(finding(
+                Level::Warn,
+                "versions",
+                format!("{list}, but this kubectl-tessera is {own}: its answers use {own}'s decision code"),
+                Some(format!("install kubectl-tessera {running}")),
+            ));
+        }
+    } else if !tags.is_empty() || !f.schedulers.is_empty() {
+        out.push(finding(
+            Level::Ok,
+            "versions",
+            "the images are pinned by digest: versions not compared".into(),
+            None,
+        ));
+    }
 }
 
 fn schedulers(f: &Facts, out: &mut Vec<Finding>) {
@@ -466,7 +644,11 @@ mod tests {
             plugin_pods: vec![from(json!({
                 "metadata": {"name": "tessera-device-plugin-abc", "namespace": "gpu"},
                 "spec": {"nodeName": "n1", "containers": []},
-                "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))],
+                "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                    "initContainerStatuses": [{"name": "install-vgpu-hook", "ready": true, "restartCount": 0,
+                        "image": "x", "imageID": "", "state": {"terminated": {"exitCode": 0}}}]}}))],
+            runtime_events: Vec::new(),
+            own_version: "0.1.0".into(),
         }
     }
 
@@ -482,7 +664,18 @@ mod tests {
         let found = levels(&healthy());
         assert!(found.iter().all(|(l, _, _)| *l == Level::Ok), "{found:?}");
         let checks: Vec<_> = found.iter().map(|(_, c, _)| *c).collect();
-        assert_eq!(checks, ["scheduler", "webhook", "device plugin", "node"]);
+        assert_eq!(
+            checks,
+            [
+                "scheduler",
+                "webhook",
+                "device plugin",
+                "node",
+                "shim",
+                "runtime",
+                "versions"
+            ]
+        );
         let report = report(&check(&healthy(), &DecisionConfig::default()));
         assert!(report.ends_with("0 failure(s), 0 warning(s)\n"), "{report}");
     }
@@ -535,6 +728,75 @@ mod tests {
                     .fix
                     .as_deref()
                     .is_some_and(|f| f.contains("devicePlugin.enabled=false"))
+        );
+
+        // The shim not installed: its init container failed.
+        let mut f = healthy();
+        f.plugin_pods[0].status = Some(from(json!({"initContainerStatuses": [
+            {"name": "install-vgpu-hook", "ready": false, "restartCount": 3, "image": "x", "imageID": "",
+             "state": {"terminated": {"exitCode": 1}}}]})));
+        let found = check(&f, &DecisionConfig::default());
+        let shim = found
+            .iter()
+            .find(|x| x.check == "shim")
+            .expect("a shim finding");
+        assert_eq!(shim.level, Level::Fail, "{shim:?}");
+        assert!(
+            shim.fix
+                .as_deref()
+                .is_some_and(|f| f.contains("logs tessera-device-plugin-abc -c install-vgpu-hook"))
+        );
+
+        // A node whose runtime takes the device list from any container's environment.
+        let mut f = healthy();
+        f.runtime_events.push(from(json!({
+            "metadata": {"name": "n1.1", "namespace": "default"},
+            "involvedObject": {"kind": "Node", "name": "n1"},
+            "reason": "UnsafeGPUDeviceList",
+            "message": "the NVIDIA runtime accepts NVIDIA_VISIBLE_DEVICES from unprivileged containers"})));
+        let found = check(&f, &DecisionConfig::default());
+        let rt = found
+            .iter()
+            .find(|x| x.check == "runtime")
+            .expect("a runtime finding");
+        assert_eq!(rt.level, Level::Warn);
+        assert!(
+            rt.detail.starts_with("n1: the NVIDIA runtime accepts"),
+            "{rt:?}"
+        );
+
+        // Versions: the parts disagree (an upgrade half done), or this program is another one.
+        let mut f = healthy();
+        f.daemonsets[0] = from(json!({
+            "metadata": {"name": "tessera-device-plugin", "namespace": "gpu", "uid": "ds1",
+                         "labels": {"app.kubernetes.io/name": "tessera", "app.kubernetes.io/component": "device-plugin"}},
+            "spec": {"selector": {}, "template": {"spec": {"nodeSelector": {"gpu": "on"}, "containers": [
+                {"name": "tessera-device-plugin", "image": "ghcr.io/tessera-gpu/tessera-device-plugin:0.2.0"}]}}},
+            "status": {"desiredNumberScheduled": 1, "numberReady": 1, "currentNumberScheduled": 1, "numberMisscheduled": 0}}));
+        let v = check(&f, &DecisionConfig::default())
+            .into_iter()
+            .find(|x| x.check == "versions")
+            .expect("a versions finding");
+        assert_eq!(v.level, Level::Warn);
+        assert!(v.detail.contains("different versions"), "{v:?}");
+        let mut f = healthy();
+        f.own_version = "0.3.0".into();
+        let v = check(&f, &DecisionConfig::default())
+            .into_iter()
+            .find(|x| x.check == "versions")
+            .expect("a versions finding");
+        assert!(
+            v.fix.as_deref() == Some("install kubectl-tessera 0.1.0"),
+            "{v:?}"
+        );
+        assert_eq!(
+            image_tag(
+                Some(&from(
+                    json!({"containers": [{"name": "a", "image": "reg:5000/tessera-gpu/tessera-scheduler@sha256:abc"}]})
+                )),
+                "tessera-scheduler"
+            ),
+            None
         );
 
         // Nothing installed.

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{Event, Node, Pod, ResourceQuota};
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -252,7 +252,7 @@ async fn doctor_facts(client: &Client) -> anyhow::Result<doctor::Facts> {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     let all = ListParams::default();
     let part = |c: &str| ListParams::default().labels(&format!("{}={c}", doctor::COMPONENT));
-    let need = "doctor reads Deployments, DaemonSets, Nodes, pods, EndpointSlices and \
+    let need = "doctor reads Deployments, DaemonSets, Nodes, pods, Events, EndpointSlices and \
                 MutatingWebhookConfigurations cluster-wide (an administrator's read access)";
     let schedulers = Api::<Deployment>::all(client.clone())
         .list(&part("scheduler"))
@@ -297,6 +297,15 @@ async fn doctor_facts(client: &Client) -> anyhow::Result<doctor::Facts> {
             .await
             .context(need)?
             .items,
+        runtime_events: Api::<Event>::all(client.clone())
+            .list(&ListParams::default().fields(&format!(
+                "involvedObject.kind=Node,reason={}",
+                doctor::UNSAFE_RUNTIME_REASON
+            )))
+            .await
+            .context(need)?
+            .items,
+        own_version: env!("CARGO_PKG_VERSION").to_owned(),
     })
 }
 
