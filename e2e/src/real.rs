@@ -1043,26 +1043,37 @@ impl RealCluster {
         if matches!(values, ChartValues::None) {
             return Ok(());
         }
+        let mut args: Vec<std::ffi::OsString> = vec![chart.into()];
+        args.extend(["--create-namespace", "--wait", "--timeout", "240s"].map(Into::into));
+        args.extend(self.values_args(values));
+        if let Err(e) = self.helm("install", args).await {
+            return Err(Error::msg(format!(
+                "{e}\n{}",
+                self.describe_pods(NAMESPACE).await
+            )));
+        }
+        Ok(())
+    }
+
+    /// `helm <verb> <release> --namespace <ns> --kubeconfig <admin> <args>`; its output kept in
+    /// `logs/helm-<verb>.log`, its standard error in the error when it fails.
+    async fn helm(&self, verb: &str, args: Vec<std::ffi::OsString>) -> Result<()> {
         let mut cmd = Command::new(&self.artifacts.helm);
-        cmd.args(["install", RELEASE])
-            .arg(chart)
-            .args(["--namespace", NAMESPACE, "--create-namespace"])
+        cmd.args([verb, RELEASE, "--namespace", NAMESPACE])
             .arg("--kubeconfig")
             .arg(self.kubeconfig_admin())
-            .args(["--wait", "--timeout", "240s"])
-            .args(self.values_args(values));
+            .args(args);
         let out = tokio::task::spawn_blocking(move || cmd.output())
             .await
             .map_err(|e| Error::msg(format!("helm: {e}")))??;
         std::fs::write(
-            self.dir.join("logs/helm-install.log"),
+            self.dir.join(format!("logs/helm-{verb}.log")),
             [&out.stdout[..], &out.stderr[..]].concat(),
         )?;
         if !out.status.success() {
             return Err(Error::msg(format!(
-                "helm install failed: {}\n{}",
-                String::from_utf8_lossy(&out.stderr).trim(),
-                self.describe_pods(NAMESPACE).await
+                "helm {verb} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
         Ok(())
@@ -1071,21 +1082,11 @@ impl RealCluster {
     /// `helm uninstall --wait` of the release: every object it made is gone when this returns
     /// (the pods it placed keep running).
     pub async fn helm_uninstall(&self) -> Result<()> {
-        let mut cmd = Command::new(&self.artifacts.helm);
-        cmd.args(["uninstall", RELEASE, "--namespace", NAMESPACE])
-            .arg("--kubeconfig")
-            .arg(self.kubeconfig_admin())
-            .args(["--wait", "--timeout", "180s"]);
-        let out = tokio::task::spawn_blocking(move || cmd.output())
-            .await
-            .map_err(|e| Error::msg(format!("helm: {e}")))??;
-        if !out.status.success() {
-            return Err(Error::msg(format!(
-                "helm uninstall failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        Ok(())
+        self.helm(
+            "uninstall",
+            ["--wait", "--timeout", "180s"].map(Into::into).to_vec(),
+        )
+        .await
     }
 
     /// `helm`'s arguments for `values`: docs/helm.md's recommended install with its `--set`
@@ -1145,24 +1146,13 @@ impl RealCluster {
         self.helm_upgrade_with(&chart, args).await
     }
 
-    async fn helm_upgrade_with(&self, chart: &Path, args: Vec<std::ffi::OsString>) -> Result<()> {
-        let mut cmd = Command::new(&self.artifacts.helm);
-        cmd.args(["upgrade", RELEASE])
-            .arg(chart)
-            .args(["--namespace", NAMESPACE])
-            .arg("--kubeconfig")
-            .arg(self.kubeconfig_admin())
-            .args(args);
-        let out = tokio::task::spawn_blocking(move || cmd.output())
-            .await
-            .map_err(|e| Error::msg(format!("helm: {e}")))??;
-        if !out.status.success() {
-            return Err(Error::msg(format!(
-                "helm upgrade failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        Ok(())
+    async fn helm_upgrade_with(
+        &self,
+        chart: &Path,
+        mut args: Vec<std::ffi::OsString>,
+    ) -> Result<()> {
+        args.insert(0, chart.into());
+        self.helm("upgrade", args).await
     }
 
     /// Waits until the device-plugin DaemonSet has every pod updated, Ready and available (after
