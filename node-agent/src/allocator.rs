@@ -670,7 +670,10 @@ impl Allocator {
     /// Tessera never takes the lock on its own plugin's nodes. Returns the holder it released.
     pub async fn release_stale_hami_lock(&self) -> Option<String> {
         let holder = self.pods.hami_lock()?;
-        if !hami_lock_is_stale(&self.node, &holder, &self.pods.cached()) {
+        // Judged on the API server's list, not the informer's: a cache that has not caught up
+        // would make a pod waiting for `Allocate` look gone. Rare: only while a lock is live.
+        let pods = self.pods.fresh().await.ok()?;
+        if !hami_lock_is_stale(&self.node, &holder, &pods) {
             return None;
         }
         let (ns, name) = holder.split_once('/')?;
