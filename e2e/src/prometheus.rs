@@ -9,7 +9,7 @@
 //! (`namespace`, `service`, `pod`, `container`, `job`, `endpoint`) and the endpoint's
 //! `honorLabels`, path, interval and bearer token.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -192,8 +192,8 @@ impl Prometheus {
             .collect())
     }
 
-    /// Waits until at least `want` targets are up and each has been scraped `scrapes` times
-    /// (approximately: the time of `scrapes` intervals after the last came up).
+    /// Waits until at least `want` targets are discovered and every discovered one is up; returns
+    /// them.
     pub async fn wait_targets_up(&self, want: usize, within: Duration) -> Result<Vec<Value>> {
         eventually(
             &format!("{want} scrape targets up"),
@@ -320,11 +320,6 @@ pub fn grouped_by(expr: &str) -> Vec<String> {
         .map(|l| l.trim().to_owned())
         .filter(|l| !l.is_empty())
         .collect()
-}
-
-/// The directory under a run directory where Prometheus keeps its files.
-pub fn dir_in(run_dir: &Path) -> PathBuf {
-    run_dir.join("prometheus")
 }
 
 #[cfg(test)]

@@ -346,6 +346,24 @@ async fn plugin_pod_on(c: &RealCluster, node: &str) -> Result<Option<Pod>> {
         .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)))
 }
 
+/// Waits until the tenant's pod `name` is Running.
+async fn running(c: &RealCluster, name: &str) -> Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    eventually(
+        &format!("{name} running"),
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            pods.get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        },
+    )
+    .await
+}
+
 /// Waits until the device-plugin pod on `node` is Ready (its readiness probe passes only once it
 /// is registered with the kubelet) and is not the pod `replaced` (a UID).
 async fn plugin_ready_on(c: &RealCluster, node: &str, replaced: Option<&str>) -> Result<()> {
@@ -512,20 +530,7 @@ async fn monitoring_works_as_shipped(c: &RealCluster) -> Result<()> {
         vec![kernels],
     ))
     .await?;
-    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
-    eventually(
-        "the kernel-launching pod running",
-        Duration::from_secs(60),
-        Duration::from_millis(500),
-        || async {
-            pods.get_opt("kernels")
-                .await
-                .ok()
-                .flatten()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        },
-    )
-    .await?;
+    running(c, "kernels").await?;
     // The chart as installed, with its ServiceMonitors and PrometheusRule rendered.
     let out = std::process::Command::new(&a.helm)
         .arg("template")
@@ -551,7 +556,7 @@ async fn monitoring_works_as_shipped(c: &RealCluster) -> Result<()> {
         )));
     }
     let objects = prometheus::rendered_objects(&String::from_utf8_lossy(&out.stdout))?;
-    let dir = prometheus::dir_in(&c.dir);
+    let dir = c.dir.join("prometheus");
     std::fs::create_dir_all(&dir)?;
     let token_file = dir.join("token");
     std::fs::write(&token_file, c.scrape_token().await?)?;
@@ -696,17 +701,7 @@ async fn faults(c: &mut RealCluster, previous: &PreviousInstall) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
     let mut uids = BTreeMap::new();
     for name in JOBS.iter().map(|(n, _, _)| *n).chain([STEADY]) {
-        let p = eventually(
-            &format!("{name} running"),
-            Duration::from_secs(120),
-            Duration::from_millis(500),
-            || async {
-                pods.get_opt(name).await.ok().flatten().filter(|p| {
-                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                })
-            },
-        )
-        .await?;
+        let p = running(c, name).await?;
         uids.insert(name.to_owned(), p.metadata.uid.unwrap_or_default());
     }
     let steady_uid = uids.get(STEADY).cloned().unwrap_or_default();

@@ -644,6 +644,24 @@ async fn runs_with_own_limits(
     .await
 }
 
+/// Creates the tenant's one-container pod `name` on `node`.
+async fn pod_on(
+    c: &RealCluster,
+    name: &str,
+    node: &str,
+    container: serde_json::Value,
+) -> Result<()> {
+    c.create_pod_as_user(&probe::pod(
+        TENANT,
+        name,
+        Some(node),
+        Vec::new(),
+        vec![container],
+    ))
+    .await
+    .map(drop)
+}
+
 /// Issue 32 item 5 on the HAMi-values cluster. HAMi's binaries are not on the Go module proxy, so
 /// the release installed with HAMi's values file plays HAMi, and its state is then reduced to
 /// exactly what HAMi leaves ([`leave_only_hamis_state`]). Take over: HAMi uninstalled, Tessera
@@ -658,21 +676,13 @@ async fn hami_takeover_and_rollback(c: &RealCluster, fixture: &std::path::Path) 
     // A clean start for the scenario: the release as HAMi's values install it.
     c.helm_upgrade(fixture, &[]).await?;
     c.wait_release_serving().await?;
-    c.create_pod_as_user(&probe::pod(
-        TENANT,
-        "hami-steady",
-        Some(NODE),
-        Vec::new(),
-        vec![HAMI_STEADY.container("main")],
-    ))
-    .await?;
-    c.create_pod_as_user(&probe::pod(
-        TENANT,
+    pod_on(c, "hami-steady", NODE, HAMI_STEADY.container("main")).await?;
+    pod_on(
+        c,
         "hami-reporter",
-        Some(NODE),
-        Vec::new(),
-        vec![probe::container("main", &HAMI_REPORTER, true)],
-    ))
+        NODE,
+        probe::container("main", &HAMI_REPORTER, true),
+    )
     .await?;
     let reporter_uid =
         runs_with_own_limits(c, "hami-reporter", None, &HAMI_REPORTER, "start").await?;
@@ -716,21 +726,19 @@ async fn hami_takeover_and_rollback(c: &RealCluster, fixture: &std::path::Path) 
     c.helm_install(&ChartValues::File(fixture.to_owned()))
         .await?;
     // The first decisions: a pod that needs a forgotten booking, then one that fits.
-    c.create_pod_as_user(&probe::pod(
-        TENANT,
+    pod_on(
+        c,
         "forgotten-only",
-        Some(NODE),
-        Vec::new(),
-        vec![probe::container("main", &FORGOTTEN_ONLY, true)],
-    ))
+        NODE,
+        probe::container("main", &FORGOTTEN_ONLY, true),
+    )
     .await?;
-    c.create_pod_as_user(&probe::pod(
-        TENANT,
+    pod_on(
+        c,
         "tessera-placed",
-        Some(NODE),
-        Vec::new(),
-        vec![probe::container("main", &TAKEOVER_POD, true)],
-    ))
+        NODE,
+        probe::container("main", &TAKEOVER_POD, true),
+    )
     .await?;
     let placed_uid =
         runs_with_own_limits(c, "tessera-placed", None, &TAKEOVER_POD, "takeover").await?;

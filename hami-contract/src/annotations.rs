@@ -115,6 +115,11 @@ pub fn memory_oversubscription<'a>(
     }
 }
 
+/// Tessera's Warning Event reason, on a Node, for an NVIDIA container runtime that would hand
+/// GPUs to any container naming them in its environment (the device plugin writes it at start;
+/// `kubectl tessera doctor` reads it).
+pub const EVENT_UNSAFE_GPU_DEVICE_LIST: &str = "UnsafeGPUDeviceList";
+
 pub const DEVICE_PLUGIN_LABEL: &str = "tessera.io/device-plugin";
 /// [`DEVICE_PLUGIN_LABEL`]: HAMi's device plugin.
 pub const DEVICE_PLUGIN_HAMI: &str = "hami";

@@ -35,8 +35,8 @@ pub struct Facts {
 }
 
 /// The Event reason a device plugin gives when the node's NVIDIA runtime would hand GPUs to any
-/// container that names them (`tessera_node::node_events`).
-pub const UNSAFE_RUNTIME_REASON: &str = "UnsafeGPUDeviceList";
+/// container that names them.
+pub use hami_contract::annotations::EVENT_UNSAFE_GPU_DEVICE_LIST as UNSAFE_RUNTIME_REASON;
 /// The init container that installs the shim on the host (the chart's `tessera.installVgpuHook`).
 const SHIM_INIT_CONTAINER: &str = "install-vgpu-hook";
 

@@ -214,6 +214,19 @@ async fn run(cli: Cli) -> anyhow::Result<(String, bool)> {
     Ok((text, true))
 }
 
+/// Every `K` the list parameters select, cluster-wide; `need` says what access that takes.
+async fn list_all<K>(client: &Client, lp: &ListParams, need: &'static str) -> anyhow::Result<Vec<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Ok(Api::<K>::all(client.clone())
+        .list(lp)
+        .await
+        .context(need)?
+        .items)
+}
+
 /// What `migrate-from-hami` reads: cluster-wide, so it needs an administrator's read access.
 async fn migrate_facts(client: &Client) -> anyhow::Result<migrate::Facts> {
     use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -221,26 +234,10 @@ async fn migrate_facts(client: &Client) -> anyhow::Result<migrate::Facts> {
     let need = "migrate-from-hami reads Nodes, pods, Deployments and DaemonSets cluster-wide (an \
                 administrator's read access)";
     Ok(migrate::Facts {
-        nodes: Api::<Node>::all(client.clone())
-            .list(&all)
-            .await
-            .context(need)?
-            .items,
-        pods: Api::<Pod>::all(client.clone())
-            .list(&all)
-            .await
-            .context(need)?
-            .items,
-        deployments: Api::<Deployment>::all(client.clone())
-            .list(&all)
-            .await
-            .context(need)?
-            .items,
-        daemonsets: Api::<DaemonSet>::all(client.clone())
-            .list(&all)
-            .await
-            .context(need)?
-            .items,
+        nodes: list_all::<Node>(client, &all, need).await?,
+        pods: list_all::<Pod>(client, &all, need).await?,
+        deployments: list_all::<Deployment>(client, &all, need).await?,
+        daemonsets: list_all::<DaemonSet>(client, &all, need).await?,
         now: k8s_openapi::jiff::Timestamp::now(),
     })
 }
@@ -254,16 +251,8 @@ async fn doctor_facts(client: &Client) -> anyhow::Result<doctor::Facts> {
     let part = |c: &str| ListParams::default().labels(&format!("{}={c}", doctor::COMPONENT));
     let need = "doctor reads Deployments, DaemonSets, Nodes, pods, Events, EndpointSlices and \
                 MutatingWebhookConfigurations cluster-wide (an administrator's read access)";
-    let schedulers = Api::<Deployment>::all(client.clone())
-        .list(&part("scheduler"))
-        .await
-        .context(need)?
-        .items;
-    let webhooks = Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .list(&part("webhook"))
-        .await
-        .context(need)?
-        .items;
+    let schedulers = list_all::<Deployment>(client, &part("scheduler"), need).await?;
+    let webhooks = list_all::<MutatingWebhookConfiguration>(client, &part("webhook"), need).await?;
     let mut endpoints = Vec::new();
     for w in webhooks.iter().flat_map(|c| c.webhooks.iter().flatten()) {
         if let Some(svc) = &w.client_config.service {
@@ -280,31 +269,20 @@ async fn doctor_facts(client: &Client) -> anyhow::Result<doctor::Facts> {
     }
     Ok(doctor::Facts {
         schedulers,
-        daemonsets: Api::<DaemonSet>::all(client.clone())
-            .list(&all)
-            .await
-            .context(need)?
-            .items,
+        daemonsets: list_all::<DaemonSet>(client, &all, need).await?,
         webhooks,
         endpoints,
-        nodes: Api::<Node>::all(client.clone())
-            .list(&all)
-            .await
-            .context(need)?
-            .items,
-        plugin_pods: Api::<Pod>::all(client.clone())
-            .list(&part("device-plugin"))
-            .await
-            .context(need)?
-            .items,
-        runtime_events: Api::<Event>::all(client.clone())
-            .list(&ListParams::default().fields(&format!(
+        nodes: list_all::<Node>(client, &all, need).await?,
+        plugin_pods: list_all::<Pod>(client, &part("device-plugin"), need).await?,
+        runtime_events: list_all::<Event>(
+            client,
+            &ListParams::default().fields(&format!(
                 "involvedObject.kind=Node,reason={}",
                 doctor::UNSAFE_RUNTIME_REASON
-            )))
-            .await
-            .context(need)?
-            .items,
+            )),
+            need,
+        )
+        .await?,
         own_version: env!("CARGO_PKG_VERSION").to_owned(),
     })
 }

@@ -23,7 +23,8 @@ pub const REASON_ASYMMETRIC_LINKS: &str = "AsymmetricGPUP2PLink";
 
 /// Reason of the Warning Event for a node whose NVIDIA container runtime would hand GPUs to any
 /// container that names them in its environment, or none to GPU containers.
-pub const REASON_RUNTIME_DEVICE_LIST: &str = "UnsafeGPUDeviceList";
+pub const REASON_RUNTIME_DEVICE_LIST: &str =
+    hami_contract::annotations::EVENT_UNSAFE_GPU_DEVICE_LIST;
 
 /// Events waiting to be written; beyond this new ones are dropped.
 pub const NODE_EVENT_QUEUE: usize = 256;
