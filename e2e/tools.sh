@@ -10,6 +10,7 @@
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/chartcheck-<k8s v>-r<n>/chartcheck
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/promtool-<v>/promtool
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/actionlint-<v>/actionlint
+#   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/kueue-<v>/{kueue, chart/}
 #
 # Prints `NAME=PATH` lines on stdout (eval-able); progress goes to stderr.
 #
@@ -42,6 +43,9 @@ K8S_STAGING_VERSION="v0.${K8S_SCHEMA_VERSION#v1.}"
 PROMTOOL_VERSION="${TESSERA_PROMTOOL_VERSION:-v0.316.0}"
 # actionlint, for .github/workflows/ (scripts/lint-workflows.sh).
 ACTIONLINT_VERSION="${TESSERA_ACTIONLINT_VERSION:-v1.7.12}"
+# Kueue, for the real-node test that queues GPU Jobs with quotas on Tessera's resources: its
+# manager binary from its Go module, and its Helm chart from the same module's files.
+KUEUE_VERSION="${TESSERA_KUEUE_VERSION:-v0.17.0}"
 # Bump when chartcheck's source below changes.
 CHARTCHECK_REVISION=1
 
@@ -684,6 +688,23 @@ go_install promtool github.com/prometheus/prometheus/cmd/promtool "$PROMTOOL_VER
 go_install prometheus github.com/prometheus/prometheus/cmd/prometheus "$PROMTOOL_VERSION"
 go_install actionlint github.com/rhysd/actionlint/cmd/actionlint "$ACTIONLINT_VERSION" \
 	"-X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION"
+# Kueue's manager and its chart (`charts/kueue` of the module, which the proxy serves whole).
+go_install kueue sigs.k8s.io/kueue/cmd/kueue "$KUEUE_VERSION"
+kueue_chart() {
+	local dir="$TOOLS/kueue-$KUEUE_VERSION/chart"
+	if [[ -f "$dir/kueue/Chart.yaml" ]]; then
+		return 0
+	fi
+	local module_dir tmp
+	module_dir="$(cd "$TOOLS" && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+	[[ -f "$module_dir/charts/kueue/Chart.yaml" ]] || { log "error: no charts/kueue in sigs.k8s.io/kueue@$KUEUE_VERSION"; exit 1; }
+	tmp="$(mktemp -d "$TOOLS/.kueue-chart-XXXXXX")"
+	cp -r "$module_dir/charts/kueue" "$tmp/kueue"
+	chmod -R u+w "$tmp"
+	rm -rf "$dir"
+	mv "$tmp" "$dir"
+}
+kueue_chart
 generate_schemas
 build_chartcheck
 
@@ -695,3 +716,6 @@ echo "CHARTCHECK=$TOOLS/chartcheck-$K8S_SCHEMA_VERSION-r$CHARTCHECK_REVISION/cha
 echo "PROMTOOL=$TOOLS/promtool-$PROMTOOL_VERSION/promtool"
 echo "PROMETHEUS=$TOOLS/prometheus-$PROMTOOL_VERSION/prometheus"
 echo "ACTIONLINT=$TOOLS/actionlint-$ACTIONLINT_VERSION/actionlint"
+echo "KUEUE=$TOOLS/kueue-$KUEUE_VERSION/kueue"
+echo "KUEUE_CHART=$TOOLS/kueue-$KUEUE_VERSION/chart/kueue"
+echo "KUEUE_VERSION=$KUEUE_VERSION"

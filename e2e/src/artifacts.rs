@@ -53,6 +53,11 @@ pub struct Artifacts {
     pub helm: PathBuf,
     /// The Prometheus server `e2e/tools.sh` builds (the monitoring test).
     pub prometheus: PathBuf,
+    /// Kueue's manager, its Helm chart (`charts/kueue` of its module) and its release, which
+    /// `e2e/tools.sh` builds and copies (the queueing test).
+    pub kueue: PathBuf,
+    pub kueue_chart: PathBuf,
+    pub kueue_version: String,
     pub tessera_scheduler: PathBuf,
     pub tessera_device_plugin: PathBuf,
     pub tessera_dra_plugin: PathBuf,
@@ -161,7 +166,17 @@ fn discover() -> Result<Artifacts, ArtifactError> {
             "K8S_VERSION",
         ],
     )?;
-    let tools = script_vars(&root, "e2e/tools.sh", &["HELM", "PROMETHEUS"])?;
+    let tools = script_vars(
+        &root,
+        "e2e/tools.sh",
+        &[
+            "HELM",
+            "PROMETHEUS",
+            "KUEUE",
+            "KUEUE_CHART",
+            "KUEUE_VERSION",
+        ],
+    )?;
     let target = target_profile_dir(&root);
     let driver_dir = target.join("e2e-drivers");
     std::fs::create_dir_all(&driver_dir).map_err(io("creating the driver dir"))?;
@@ -200,6 +215,9 @@ fn discover() -> Result<Artifacts, ArtifactError> {
         helm: var_path(&tools, "HELM")?,
         // Only the test that runs it needs it (checked there).
         prometheus: PathBuf::from(tools.get("PROMETHEUS").cloned().unwrap_or_default()),
+        kueue: PathBuf::from(tools.get("KUEUE").cloned().unwrap_or_default()),
+        kueue_chart: PathBuf::from(tools.get("KUEUE_CHART").cloned().unwrap_or_default()),
+        kueue_version: tools.get("KUEUE_VERSION").cloned().unwrap_or_default(),
         tessera_scheduler: existing(target.join("tessera-scheduler"))?,
         tessera_device_plugin: existing(target.join("tessera-device-plugin"))?,
         tessera_dra_plugin: existing(target.join("tessera-dra-plugin"))?,

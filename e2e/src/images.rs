@@ -1376,6 +1376,30 @@ pub fn build_kube_scheduler_next(a: &Artifacts, out_dir: &Path) -> Result<BuiltI
     build_cached(&spec, out_dir)
 }
 
+/// Kueue's manager ([`Artifacts::kueue`]) as its release image is made: `/manager` on a
+/// distroless/static base, run as `nonroot` (the chart asks for `runAsNonRoot`), under the
+/// name `registry.k8s.io/kueue/kueue:<release>` that the test's chart values name.
+pub fn build_kueue(a: &Artifacts, out_dir: &Path) -> Result<BuiltImage, ImageError> {
+    std::fs::create_dir_all(out_dir).map_err(io(format!("creating {}", out_dir.display())))?;
+    let mut files = distroless_static();
+    files.push(ImageFile::host("/manager", &a.kueue, 0o755));
+    let spec = ImageSpec {
+        id: "kueue".into(),
+        names: vec![format!("{KUEUE_REPOSITORY}:{}", a.kueue_version)],
+        files,
+        user: Some("65532:65532".into()),
+        entrypoint: vec!["/manager".into()],
+        cmd: vec![],
+        exposed_ports: vec![],
+        env: vec![DISTROLESS_PATH.to_owned(), DISTROLESS_SSL.to_owned()],
+        working_dir: None,
+    };
+    build_cached(&spec, out_dir)
+}
+
+/// The repository of [`build_kueue`]'s image.
+pub const KUEUE_REPOSITORY: &str = "registry.k8s.io/kueue/kueue";
+
 /// The previous release's two Tessera images ([`crate::artifacts::PreviousRelease`]): its
 /// device plugin (with its shim) and its scheduler, each only under
 /// `ghcr.io/tessera-gpu/<repository>:<its tag>`, so they never shadow the current ones.

@@ -84,3 +84,17 @@ where
         tokio::time::sleep(every).await;
     }
 }
+
+/// Every document of a multi-document YAML text (a rendered chart, a file of manifests) as
+/// JSON, empty documents skipped.
+pub fn yaml_documents(text: &str) -> Result<Vec<serde_json::Value>> {
+    let mut out = Vec::new();
+    for (i, doc) in yaml_serde::Deserializer::from_str(text).enumerate() {
+        let v: serde_json::Value = serde::Deserialize::deserialize(doc)
+            .map_err(|e| Error::msg(format!("YAML document {}: {e}", i + 1)))?;
+        if !v.is_null() {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}

@@ -225,19 +225,6 @@ impl Prometheus {
     }
 }
 
-/// Every document of a rendered chart (`helm template` output) as JSON.
-pub fn rendered_objects(manifest: &str) -> Result<Vec<Value>> {
-    let mut out = Vec::new();
-    for doc in yaml_serde::Deserializer::from_str(manifest) {
-        let v: Value = serde::Deserialize::deserialize(doc)
-            .map_err(|e| Error::msg(format!("a rendered document: {e}")))?;
-        if !v.is_null() {
-            out.push(v);
-        }
-    }
-    Ok(out)
-}
-
 /// The metric names an expression reads: the identifiers outside braces, strings, ranges and
 /// label lists that are not PromQL keywords, aggregations or function calls.
 pub fn metric_names(expr: &str) -> Vec<String> {

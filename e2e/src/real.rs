@@ -34,6 +34,9 @@ use crate::node::NodeSpec;
 use crate::process::{Proc, free_port};
 use crate::{Error, Result, eventually};
 
+/// Where [`RealCluster::install_kueue`] installs Kueue (its documented namespace).
+pub const KUEUE_NAMESPACE: &str = "kueue-system";
+
 /// The chart's release name and namespace in every real-node test.
 pub const RELEASE: &str = "tessera";
 pub const NAMESPACE: &str = "tessera-system";
@@ -557,6 +560,7 @@ impl RealCluster {
             &kubelet_client.key,
         )?;
         write_webhook_client(&dir)?;
+        write_front_proxy(&dir)?;
         let sa = service_account_key()?;
         write(&dir.join("sa.key"), &sa.key)?;
         write(&dir.join("sa.pub"), &sa.cert)?;
@@ -795,6 +799,93 @@ impl RealCluster {
             chart,
             shim: previous.shim.clone(),
         })
+    }
+
+    /// Kueue ([`Artifacts::kueue`], built from its Go module by `e2e/tools.sh`), installed as its
+    /// users install it: `helm install` of its own chart into [`KUEUE_NAMESPACE`] with
+    /// `values` (a values file), its image imported into every node as a registry would serve
+    /// it. Returns once its Deployment is Ready, which Kueue reports only when its webhook
+    /// serves with the certificate it issued itself.
+    pub async fn install_kueue(&self, values: &Path) -> Result<()> {
+        let a = self.artifacts;
+        if !a.kueue.is_file() || !a.kueue_chart.join("Chart.yaml").is_file() {
+            return Err(Error::msg(format!(
+                "Kueue is not built ({} / {}): run e2e/tools.sh",
+                a.kueue.display(),
+                a.kueue_chart.display()
+            )));
+        }
+        let image = crate::images::build_kueue(a, &crate::images::default_out_dir())
+            .map_err(|e| Error::msg(format!("building Kueue's image: {e}")))?;
+        self.import_everywhere(&image.tar).await?;
+        let mut args: Vec<std::ffi::OsString> = vec![a.kueue_chart.clone().into()];
+        args.extend(["--create-namespace", "--wait", "--timeout", "300s", "-f"].map(Into::into));
+        args.push(values.into());
+        // The image as imported (no registry), and requests a two-core node can hold.
+        args.extend(
+            [
+                format!(
+                    "controllerManager.manager.image.repository={}",
+                    crate::images::KUEUE_REPOSITORY
+                ),
+                format!("controllerManager.manager.image.tag={}", a.kueue_version),
+                "controllerManager.manager.image.pullPolicy=Never".to_owned(),
+                "controllerManager.manager.resources.requests.cpu=50m".to_owned(),
+                "controllerManager.manager.resources.requests.memory=128Mi".to_owned(),
+            ]
+            .into_iter()
+            .flat_map(|set| ["--set".into(), set.into()]),
+        );
+        if let Err(e) = self
+            .helm_release("kueue", KUEUE_NAMESPACE, "install", args)
+            .await
+        {
+            return Err(Error::msg(format!(
+                "{e}\n{}",
+                self.describe_pods(KUEUE_NAMESPACE).await
+            )));
+        }
+        Ok(())
+    }
+
+    /// Server-side apply, as the administrator, of every object of a multi-document YAML text
+    /// (`kubectl apply --server-side -f`), of any kind the API server serves: resources are
+    /// found by discovery, as kubectl finds them.
+    pub async fn apply_yaml(&self, yaml: &str) -> Result<()> {
+        use kube::api::{DynamicObject, Patch, PatchParams};
+        use kube::discovery::{Discovery, Scope};
+        let discovery = Discovery::new(self.admin.clone()).run().await?;
+        for doc in crate::yaml_documents(yaml)? {
+            let obj: DynamicObject = serde_json::from_value(doc)?;
+            let types = obj
+                .types
+                .clone()
+                .ok_or_else(|| Error::msg("an object without apiVersion and kind".to_owned()))?;
+            let (group, version) = types
+                .api_version
+                .split_once('/')
+                .unwrap_or(("", types.api_version.as_str()));
+            let gvk = kube::api::GroupVersionKind::gvk(group, version, &types.kind);
+            let (resource, caps) = discovery.resolve_gvk(&gvk).ok_or_else(|| {
+                Error::msg(format!("the API server serves no {}", types.api_version))
+            })?;
+            let name = obj.metadata.name.clone().unwrap_or_default();
+            let api: Api<DynamicObject> = match caps.scope {
+                Scope::Cluster => Api::all_with(self.admin.clone(), &resource),
+                Scope::Namespaced => Api::namespaced_with(
+                    self.admin.clone(),
+                    obj.metadata.namespace.as_deref().unwrap_or("default"),
+                    &resource,
+                ),
+            };
+            api.patch(
+                &name,
+                &PatchParams::apply("tessera-e2e").force(),
+                &Patch::Apply(&obj),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// `ctr images import` of `tar` into every node's containerd (the CRI's namespace).
@@ -1058,16 +1149,33 @@ impl RealCluster {
     /// `helm <verb> <release> --namespace <ns> --kubeconfig <admin> <args>`; its output kept in
     /// `logs/helm-<verb>.log`, its standard error in the error when it fails.
     async fn helm(&self, verb: &str, args: Vec<std::ffi::OsString>) -> Result<()> {
+        self.helm_release(RELEASE, NAMESPACE, verb, args).await
+    }
+
+    /// `helm <verb> <release> --namespace <namespace> …` of any release, as [`RealCluster::helm`]
+    /// (its log `logs/helm-<verb>.log`, or `logs/helm-<release>-<verb>.log` for another release).
+    async fn helm_release(
+        &self,
+        release: &str,
+        namespace: &str,
+        verb: &str,
+        args: Vec<std::ffi::OsString>,
+    ) -> Result<()> {
         let mut cmd = Command::new(&self.artifacts.helm);
-        cmd.args([verb, RELEASE, "--namespace", NAMESPACE])
+        cmd.args([verb, release, "--namespace", namespace])
             .arg("--kubeconfig")
             .arg(self.kubeconfig_admin())
             .args(args);
         let out = tokio::task::spawn_blocking(move || cmd.output())
             .await
             .map_err(|e| Error::msg(format!("helm: {e}")))??;
+        let log = if release == RELEASE {
+            format!("logs/helm-{verb}.log")
+        } else {
+            format!("logs/helm-{release}-{verb}.log")
+        };
         std::fs::write(
-            self.dir.join(format!("logs/helm-{verb}.log")),
+            self.dir.join(log),
             [&out.stdout[..], &out.stderr[..]].concat(),
         )?;
         if !out.status.success() {
@@ -1701,6 +1809,18 @@ fn write_webhook_client(dir: &Path) -> Result<()> {
     )
 }
 
+/// The aggregation layer's front proxy, as kubeadm sets it up: a CA of its own that only signs
+/// the API server's proxy client certificate (`front-proxy-client`), so an aggregated API server
+/// (Kueue's visibility API) trusts the user the API server forwards, and no other certificate
+/// of the cluster can claim to be a forwarded user.
+fn write_front_proxy(dir: &Path) -> Result<()> {
+    let pki = Pki::new()?;
+    write(&dir.join("front-proxy-ca.crt"), pki.ca_pem())?;
+    let client = pki.client_in("front-proxy-client", &[])?;
+    write(&dir.join("front-proxy-client.crt"), &client.cert)?;
+    write(&dir.join("front-proxy-client.key"), &client.key)
+}
+
 /// The CA of the API server's webhook client certificate, in a cluster's directory; as a chart
 /// value ([`ChartValues::Recommended`]) the word [`CLUSTER_WEBHOOK_CLIENT_CA`] stands for it.
 const WEBHOOK_CLIENT_CA: &str = "webhook-client-ca.crt";
@@ -1736,6 +1856,22 @@ fn start_apiserver(
         ))
         // Webhook Services are reached at their endpoints (no kube-proxy in this network).
         .arg("--enable-aggregator-routing=true")
+        .arg(format!(
+            "--requestheader-client-ca-file={}",
+            p("front-proxy-ca.crt")
+        ))
+        .arg("--requestheader-allowed-names=front-proxy-client")
+        .arg("--requestheader-username-headers=X-Remote-User")
+        .arg("--requestheader-group-headers=X-Remote-Group")
+        .arg("--requestheader-extra-headers-prefix=X-Remote-Extra-")
+        .arg(format!(
+            "--proxy-client-cert-file={}",
+            p("front-proxy-client.crt")
+        ))
+        .arg(format!(
+            "--proxy-client-key-file={}",
+            p("front-proxy-client.key")
+        ))
         .arg(format!(
             "--kubelet-client-certificate={}",
             p("apiserver-kubelet-client.crt")

@@ -555,7 +555,7 @@ async fn monitoring_works_as_shipped(c: &RealCluster) -> Result<()> {
             String::from_utf8_lossy(&out.stderr)
         )));
     }
-    let objects = prometheus::rendered_objects(&String::from_utf8_lossy(&out.stdout))?;
+    let objects = tessera_e2e::yaml_documents(&String::from_utf8_lossy(&out.stdout))?;
     let dir = c.dir.join("prometheus");
     std::fs::create_dir_all(&dir)?;
     let token_file = dir.join("token");

@@ -268,8 +268,189 @@ async fn pipeline_and_scaling(c: &RealCluster) -> Result<()> {
         }
 
         scale_deployment_up_and_down(c).await?;
+        kueue_queues_gpu_jobs(c).await?;
         Ok(())
     }
+}
+
+/// Kueue in front of Tessera (docs/kueue.md), with the files the docs give: Kueue's own chart
+/// with `examples/kueue/kueue-values.yaml` (quotas on GPU memory and SMs in all, by Kueue's
+/// `multiplyBy` transformations), `examples/kueue/queues.yaml`, and Jobs made from
+/// `examples/kueue/job.yaml` by the tenant. Four Jobs of 3000 MiB each against an 8192 MiB quota:
+/// Kueue never lets more than two run at once, and each runs with exactly its slice (Tessera's
+/// limits, seen from inside). A Job larger than the whole quota is held, and Kueue says which
+/// quota.
+async fn kueue_queues_gpu_jobs(c: &RealCluster) -> Result<()> {
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+
+    let examples = tessera_e2e::artifacts::workspace_root().join("examples/kueue");
+    c.install_kueue(&examples.join("kueue-values.yaml")).await?;
+    // The namespace opts in to queueing (the values' managedJobsNamespaceSelector).
+    Api::<Namespace>::all(c.admin().clone())
+        .patch(
+            TENANT,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"kueue.x-k8s.io/managed": "true"}}})),
+        )
+        .await?;
+    c.apply_yaml(&std::fs::read_to_string(examples.join("queues.yaml"))?)
+        .await?;
+
+    let template: Job = serde_yaml_job(&std::fs::read_to_string(examples.join("job.yaml"))?)?;
+    let job = |name: &str, gpumem: u64, script: String| -> Result<Job> {
+        let mut j = serde_json::to_value(&template)?;
+        j["metadata"]["name"] = json!(name);
+        j["metadata"]["namespace"] = json!(TENANT);
+        let ctr = &mut j["spec"]["template"]["spec"]["containers"][0];
+        ctr["imagePullPolicy"] = json!("Never");
+        ctr["image"] = json!(PROBE_IMAGE);
+        ctr["command"] = json!(["/bin/sh", "-c", script]);
+        ctr["resources"]["limits"]["nvidia.com/gpumem"] = json!(gpumem);
+        Ok(serde_json::from_value(j)?)
+    };
+    let jobs: Api<Job> = Api::namespaced(c.user().clone(), TENANT);
+    let names: Vec<String> = (1..=4).map(|i| format!("train-{i}")).collect();
+    for name in &names {
+        // Long enough that two admitted Jobs overlap where the test can see them.
+        let script = format!(
+            "{} && test \"$CUDA_DEVICE_SM_LIMIT\" = 50 && sleep 4",
+            limit_check(3000 * MIB)
+        );
+        let created = jobs
+            .create(&PostParams::default(), &job(name, 3000, script)?)
+            .await?;
+        // Kueue's webhook, called by the API server, suspended it on creation.
+        assert_eq!(
+            created.spec.as_ref().and_then(|s| s.suspend),
+            Some(true),
+            "{name} was not suspended by Kueue's webhook"
+        );
+    }
+    // 9000 MiB in all is more than the ClusterQueue's 8192: never admitted.
+    jobs.create(
+        &PostParams::default(),
+        &job("too-big", 9000, "true".to_owned())?,
+    )
+    .await?;
+
+    let workloads: Api<DynamicObject> = Api::namespaced_with(
+        c.admin().clone(),
+        TENANT,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "kueue.x-k8s.io",
+            "v1beta2",
+            "Workload",
+        )),
+    );
+    let admin_jobs: Api<Job> = Api::namespaced(c.admin().clone(), TENANT);
+    let condition = |w: &DynamicObject, type_: &str| -> Option<serde_json::Value> {
+        w.data["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == type_)
+            .cloned()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    let mut most_running = 0;
+    loop {
+        // Running at once: admitted and not finished (Kueue unsuspends exactly those).
+        let items = workloads.list(&ListParams::default()).await?.items;
+        let running = items
+            .iter()
+            .filter(|w| {
+                condition(w, "Admitted").is_some_and(|c| c["status"] == "True")
+                    && !condition(w, "Finished").is_some_and(|c| c["status"] == "True")
+            })
+            .count();
+        most_running = most_running.max(running);
+        let done = admin_jobs
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|j| names.contains(j.metadata.name.as_ref().unwrap_or(&String::new())))
+            .filter(|j| {
+                let st = j.status.clone().unwrap_or_default();
+                st.succeeded.unwrap_or(0) + st.failed.unwrap_or(0) > 0
+            })
+            .count();
+        if done == names.len() {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!(
+                "{done} of {} queued GPU Jobs finished in 240 s\n{}",
+                names.len(),
+                c.describe_pods(TENANT).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        most_running <= 2,
+        "{most_running} Jobs of 3000 MiB ran at once under an 8192 MiB quota"
+    );
+    assert_eq!(
+        most_running, 2,
+        "the quota has room for two 3000 MiB Jobs, yet Kueue never ran two at once"
+    );
+    let pods: Api<Pod> = Api::namespaced(c.admin().clone(), TENANT);
+    for name in &names {
+        let j = admin_jobs.get(name).await?;
+        let lp = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={name}"));
+        let pod = pods.list(&lp).await?.items.into_iter().next();
+        let pod_name = pod.and_then(|p| p.metadata.name).unwrap_or_default();
+        let logs = c.logs(TENANT, &pod_name, "main").await.unwrap_or_default();
+        assert_eq!(
+            j.status.and_then(|s| s.succeeded),
+            Some(1),
+            "queued Job {name} failed; its pod's logs:\n{logs}"
+        );
+        assert!(logs.contains("OK"), "{name}: {logs}");
+    }
+    // The Job over the quota: still suspended, no pod, and Kueue names the quota it exceeds.
+    let held = eventually(
+        "Kueue to explain why too-big waits",
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        || async {
+            workloads
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|w| {
+                    w.metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.name == "too-big")
+                })
+                .and_then(|w| condition(&w, "QuotaReserved"))
+                .filter(|c| c["status"] == "False")
+                .and_then(|c| c["message"].as_str().map(str::to_owned))
+                .filter(|m| m.contains("nvidia.com/total-gpumem"))
+        },
+    )
+    .await?;
+    println!("too-big waits: {held}");
+    let too_big = admin_jobs.get("too-big").await?;
+    assert_eq!(too_big.spec.and_then(|s| s.suspend), Some(true));
+    let lp = ListParams::default().labels("batch.kubernetes.io/job-name=too-big");
+    assert!(pods.list(&lp).await?.items.is_empty());
+    Ok(())
+}
+
+/// The one Job of a YAML file.
+fn serde_yaml_job(text: &str) -> Result<k8s_openapi::api::batch::v1::Job> {
+    let doc = tessera_e2e::yaml_documents(text)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| tessera_e2e::Error::msg("no Job in the file".to_owned()))?;
+    Ok(serde_json::from_value(doc)?)
 }
 
 /// A Deployment of GPU pods scaled 0 → 20 → 0: all 20 run, and afterwards every GPU is free in
