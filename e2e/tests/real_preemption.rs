@@ -376,6 +376,47 @@ async fn operator_answers(c: &RealCluster, gpu0: &str, gpu1: &str) -> Result<()>
             && mine.contains("only in namespace team-a"),
         "{mine}"
     );
+    // Live usage from the device plugin's metrics, through a port-forward, with the
+    // administrator's token (the chart's default metricsAuthorization asks for one): every
+    // running pod's container on its GPU with its limit, the GPUs with their containers' sum.
+    // The plugin's monitor reads the containers' regions every 15 s: the pods preemption
+    // evicted leave, the ones placed since come, within a pass or two.
+    let current = |top: &str| {
+        let urgent = top
+            .lines()
+            .find(|l| l.starts_with("team-a/urgent "))
+            .unwrap_or_default();
+        urgent.contains(gpu0)
+            && urgent.contains("/30000 MiB (")
+            && [
+                "team-a/a-top",
+                "team-a/b-fair-2",
+                "CONTAINERS USED/LIMIT",
+                "SM UTIL",
+            ]
+            .iter()
+            .all(|want| top.contains(want))
+            && !top.contains("team-a/a-low ")
+            && !top.contains("could not be read")
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (ok, top) = c.kubectl_tessera(false, &["top"]).await?;
+        assert!(ok, "{top}");
+        if current(&top) {
+            eprintln!("kubectl tessera top (admin):\n{top}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "top never showed the running pods (urgent on {gpu0} with 30000 MiB, a-top, \
+             b-fair-2) without the evicted a-low:\n{top}"
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    // The tenant may not reach the plugins: told what it takes, nothing shown.
+    let (ok, denied) = run(true, &["top"]).await?;
+    assert!(!ok && denied.contains("port-forwards to them"), "{denied}");
     // Why a pending pod waits: the node's reason, and the largest slice free (GPU 0's 2,960 MiB;
     // GPU 1 has no free slot).
     let (ok, sneak) = run(false, &["why", "sneak", "-n", TENANT]).await?;

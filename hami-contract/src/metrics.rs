@@ -62,6 +62,119 @@ pub fn hami_metrics() -> Vec<HamiMetric> {
         .collect()
 }
 
+/// One sample of a text exposition: `name{label="value",…} value [timestamp]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    /// The labels in the order written.
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+impl Sample {
+    /// The value of label `name`, if the sample has it.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Every sample of a Prometheus text exposition (format 0.0.4), in order. Comment and metadata
+/// lines are skipped, and so is a line that is not a sample (it is counted in the second
+/// value, never guessed at): the text comes from a daemon over the network, and a reader of it
+/// must stay useful when one line is not what it expects.
+pub fn samples(text: &str) -> (Vec<Sample>, usize) {
+    let mut out = Vec::new();
+    let mut malformed = 0;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match sample(line) {
+            Some(s) => out.push(s),
+            None => malformed += 1,
+        }
+    }
+    (out, malformed)
+}
+
+fn sample(line: &str) -> Option<Sample> {
+    let name_end = line
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .unwrap_or(line.len());
+    let name = &line[..name_end];
+    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+        return None;
+    }
+    let mut rest = &line[name_end..];
+    let mut labels = Vec::new();
+    if let Some(after) = rest.strip_prefix('{') {
+        rest = after;
+        loop {
+            rest = rest.trim_start();
+            if let Some(after) = rest.strip_prefix('}') {
+                rest = after;
+                break;
+            }
+            let eq = rest.find('=')?;
+            let label = rest[..eq].trim();
+            if label.is_empty() {
+                return None;
+            }
+            let (value, after) = quoted(rest[eq + 1..].trim_start())?;
+            labels.push((label.to_owned(), value));
+            rest = after.trim_start();
+            rest = rest.strip_prefix(',').unwrap_or(rest);
+        }
+    }
+    let mut fields = rest.split_whitespace();
+    let value = number(fields.next()?)?;
+    // An optional timestamp (milliseconds), then nothing.
+    if let Some(ts) = fields.next() {
+        ts.parse::<i64>().ok()?;
+    }
+    if fields.next().is_some() {
+        return None;
+    }
+    Some(Sample {
+        name: name.to_owned(),
+        labels,
+        value,
+    })
+}
+
+/// A double-quoted label value with the format's escapes (`\\`, `\"`, `\n`), and the text
+/// after its closing quote.
+fn quoted(text: &str) -> Option<(String, &str)> {
+    let body = text.strip_prefix('"')?;
+    let mut value = String::new();
+    let mut chars = body.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => return Some((value, &body[i + 1..])),
+            '\\' => match chars.next()?.1 {
+                'n' => value.push('\n'),
+                other => value.push(other),
+            },
+            c => value.push(c),
+        }
+    }
+    None
+}
+
+/// A sample value: Go's float syntax, as the format allows (`NaN`, `+Inf`, `-Inf` included).
+fn number(text: &str) -> Option<f64> {
+    match text {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        "NaN" => Some(f64::NAN),
+        t => t.parse().ok(),
+    }
+}
+
 /// The series names of a text exposition and, for each, the label names of its first sample
 /// in their order. Names of metadata lines (`# TYPE x gauge`) with no sample map to `None`.
 pub fn exposition_labels(text: &str) -> BTreeMap<String, Option<Vec<String>>> {
@@ -71,19 +184,12 @@ pub fn exposition_labels(text: &str) -> BTreeMap<String, Option<Vec<String>>> {
             if let Some(name) = rest.split_whitespace().next() {
                 out.entry(name.to_owned()).or_insert(None);
             }
-            continue;
         }
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        let (name, labels) = match line.find(['{', ' ']) {
-            Some(i) if line.as_bytes()[i] == b'{' => (&line[..i], label_names(&line[i + 1..])),
-            Some(i) => (&line[..i], Vec::new()),
-            None => continue,
-        };
-        let slot = out.entry(name.to_owned()).or_insert(None);
+    }
+    for s in samples(text).0 {
+        let slot = out.entry(s.name).or_insert(None);
         if slot.is_none() {
-            *slot = Some(labels);
+            *slot = Some(s.labels.into_iter().map(|(k, _)| k).collect());
         }
     }
     out
@@ -143,44 +249,67 @@ pub fn check_exposition(
     }
 }
 
-/// Label names of `a="x",b="y\"z"} 1`, up to the closing brace.
-fn label_names(mut rest: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    loop {
-        rest = rest.trim_start_matches(',');
-        if rest.starts_with('}') || rest.is_empty() {
-            return names;
-        }
-        let Some(eq) = rest.find('=') else {
-            return names;
-        };
-        names.push(rest[..eq].trim().to_owned());
-        // Skip the quoted value, honouring backslash escapes.
-        let value = &rest[eq + 1..];
-        let mut chars = value.char_indices().skip(1);
-        let mut end = None;
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => {
-                    chars.next();
-                }
-                '"' => {
-                    end = Some(i);
-                    break;
-                }
-                _ => {}
-            }
-        }
-        let Some(end) = end else {
-            return names;
-        };
-        rest = &value[end + 1..];
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn samples_read_labels_escapes_values_and_skip_what_is_not_a_sample() {
+        let text = "# HELP x y\n# TYPE hami_vgpu_memory_used_bytes gauge\n\
+            hami_vgpu_memory_used_bytes{namespace=\"team-a\",pod=\"p\\\"q\",container=\"a\\\\b\\nc\"} 1.5e+09\n\
+            up 1 1700000000000\n\
+            no_labels{} +Inf\n\
+            broken{a=\"x} 1\n\
+            1bad 2\n\
+            trailing 1 2 3\n";
+        let (got, malformed) = samples(text);
+        assert_eq!(malformed, 3);
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0].name, "hami_vgpu_memory_used_bytes");
+        assert_eq!(got[0].label("namespace"), Some("team-a"));
+        assert_eq!(got[0].label("pod"), Some("p\"q"));
+        assert_eq!(got[0].label("container"), Some("a\\b\nc"));
+        assert_eq!(got[0].value, 1.5e9);
+        assert_eq!((got[1].name.as_str(), got[1].value), ("up", 1.0));
+        assert!(got[2].labels.is_empty() && got[2].value.is_infinite());
+    }
+
+    fn escape(v: &str) -> String {
+        v.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    }
+
+    proptest! {
+        /// What a daemon writes (any label values, any finite value) reads back the same.
+        #[test]
+        fn samples_read_back_what_was_written(
+            name in "[a-zA-Z_:][a-zA-Z0-9_:]{0,20}",
+            labels in proptest::collection::vec(("[a-z_][a-z0-9_]{0,8}", any::<String>()), 0..4),
+            value in any::<f64>().prop_filter("finite", |v| v.is_finite()),
+        ) {
+            let body: Vec<String> =
+                labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
+            let line = format!("{name}{{{}}} {value:?}\n", body.join(","));
+            let (got, malformed) = samples(&line);
+            prop_assert_eq!(malformed, 0);
+            prop_assert_eq!(got.len(), 1);
+            prop_assert_eq!(&got[0].name, &name);
+            // Lines are split on any line break: a value with \r would not round-trip.
+            let want: Vec<(String, String)> = labels.clone();
+            if !labels.iter().any(|(_, v)| v.contains('\r')) {
+                prop_assert_eq!(&got[0].labels, &want);
+            }
+            prop_assert_eq!(got[0].value, value);
+        }
+
+        /// Any text: no panic.
+        #[test]
+        fn samples_never_panic(text in any::<String>()) {
+            let _ = samples(&text);
+        }
+    }
 
     #[test]
     fn the_inventory_reads_completely() {

@@ -22,6 +22,7 @@ use tessera_scheduler_core::simulate::{self, Input, PodResult};
 
 mod doctor;
 mod migrate;
+mod top;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -78,6 +79,19 @@ enum Command {
         #[arg(short = 'f', long = "values")]
         values: Option<PathBuf>,
     },
+    /// Live GPU usage: per GPU (memory used, SM utilization, its containers' use against their
+    /// limits) and per container (memory used against its limit, SM utilization), from each
+    /// node's device plugin. Needs to list the device-plugin pods and port-forward to them (an
+    /// administrator's access to the release namespace).
+    Top {
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        /// The bearer token sent to the plugins' /metrics when the chart's
+        /// `metricsAuthorization` is `kubernetes` (its default): of a user allowed `get` on the
+        /// non-resource URL /metrics. Default: your kubeconfig's token, if it has one.
+        #[arg(long, env = "TESSERA_METRICS_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Where the pods of a file would go on the cluster as it is now, in file order (nothing is
     /// created).
     Plan {
@@ -96,13 +110,16 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             // The causes on one line, never a backtrace: this is read by a person. The API
             // server's own message rather than kube's debug form of its Status.
-            let causes: Vec<String> = e
-                .chain()
-                .map(|cause| match cause.downcast_ref::<kube::Error>() {
-                    Some(kube::Error::Api(status)) => status.message.clone(),
-                    _ => cause.to_string(),
-                })
-                .collect();
+            // The API server's message is the end of the story: kube's error repeats it
+            // and its reason below it.
+            let mut causes: Vec<String> = Vec::new();
+            for cause in e.chain() {
+                if let Some(kube::Error::Api(status)) = cause.downcast_ref::<kube::Error>() {
+                    causes.push(status.message.clone());
+                    break;
+                }
+                causes.push(cause.to_string());
+            }
             eprintln!("kubectl-tessera: {}", causes.join(": "));
             std::process::ExitCode::FAILURE
         }
@@ -130,7 +147,8 @@ fn answer(cli: Cli) -> anyhow::Result<()> {
 /// The answer's text, and whether it found the cluster healthy (only `doctor` and
 /// `migrate-from-hami` can say no).
 async fn run(cli: Cli) -> anyhow::Result<(String, bool)> {
-    let (client, context_namespace) = connect(cli.kubeconfig.as_ref(), cli.context.clone()).await?;
+    let (client, context_namespace, own_token) =
+        connect(cli.kubeconfig.as_ref(), cli.context.clone()).await?;
     let namespace = cli.namespace.unwrap_or(context_namespace);
     // The chart's defaults (HAMi's resource names and scaling): what `tessera-scheduler` decides
     // with unless its own flags change them.
@@ -176,6 +194,14 @@ async fn run(cli: Cli) -> anyhow::Result<(String, bool)> {
             }
         }
         Command::Why { pod } => why(&client, &namespace, &pod, &cfg).await?,
+        Command::Top { output, token } => {
+            let scrapes = scrape_plugins(&client, token.or(own_token).as_deref()).await?;
+            let usage = top::usage(&scrapes);
+            match output {
+                Output::Json => serde_json::to_string_pretty(&usage)? + "\n",
+                Output::Table => top::table(&usage),
+            }
+        }
         Command::Plan { file, output } => {
             let mut snap = Snapshot::read(&client, &namespace, None).await?;
             // Only the file's pods are placed; the cluster's own pending pods are not.
@@ -291,7 +317,7 @@ async fn doctor_facts(client: &Client) -> anyhow::Result<doctor::Facts> {
 async fn connect(
     kubeconfig: Option<&PathBuf>,
     context: Option<String>,
-) -> anyhow::Result<(Client, String)> {
+) -> anyhow::Result<(Client, String, Option<String>)> {
     let opts = KubeConfigOptions {
         context,
         ..Default::default()
@@ -308,7 +334,119 @@ async fn connect(
             .context("no kubeconfig ($KUBECONFIG, ~/.kube/config) and not in a cluster")?,
     };
     let namespace = config.default_namespace.clone();
-    Ok((Client::try_from(config)?, namespace))
+    let token = bearer_token(&config.auth_info);
+    Ok((Client::try_from(config)?, namespace, token))
+}
+
+/// The kubeconfig user's bearer token, written in the file or in the file it names (a client
+/// certificate or an exec plugin gives none: `top --token` then).
+fn bearer_token(auth: &kube::config::AuthInfo) -> Option<String> {
+    use secrecy::ExposeSecret as _;
+    if let Some(t) = &auth.token {
+        return Some(t.expose_secret().to_owned());
+    }
+    let file = auth.token_file.as_ref()?;
+    let t = std::fs::read_to_string(file).ok()?;
+    Some(t.trim().to_owned()).filter(|t| !t.is_empty())
+}
+
+/// The largest exposition `top` reads from one plugin (a node of 8 GPUs and 100 containers
+/// writes well under 1 MiB).
+const METRICS_LIMIT: usize = 32 << 20;
+
+/// Every Running device-plugin pod's `/metrics`, each through a port-forward to its `metrics`
+/// port (the API server and the kubelet carry the bytes; the caller's own RBAC decides), with
+/// `token` as the bearer. A node whose plugin cannot be read is a row saying why, not a failure.
+async fn scrape_plugins(client: &Client, token: Option<&str>) -> anyhow::Result<Vec<top::Scrape>> {
+    let lp = ListParams::default().labels(&format!("{}=device-plugin", doctor::COMPONENT));
+    let need = "top lists the device-plugin pods cluster-wide and port-forwards to them (list \
+                pods, create pods/portforward in the release namespace)";
+    let mut scrapes = Vec::new();
+    for pod in list_all::<Pod>(client, &lp, need).await? {
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        if pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running") {
+            scrapes.push(top::Scrape {
+                node,
+                text: Err("its device-plugin pod is not Running".to_owned()),
+            });
+            continue;
+        }
+        let port = pod
+            .spec
+            .iter()
+            .flat_map(|s| &s.containers)
+            .flat_map(|c| c.ports.iter().flatten())
+            .find(|p| p.name.as_deref() == Some("metrics"))
+            .and_then(|p| u16::try_from(p.container_port).ok());
+        let text = match port {
+            None => Err("its pod has no port named `metrics`".to_owned()),
+            Some(port) => scrape(client, &pod, port, token)
+                .await
+                .map_err(|e| format!("{e:#}")),
+        };
+        scrapes.push(top::Scrape { node, text });
+    }
+    Ok(scrapes)
+}
+
+/// `GET /metrics` on `port` of `pod`, through a port-forward.
+async fn scrape(
+    client: &Client,
+    pod: &Pod,
+    port: u16,
+    token: Option<&str>,
+) -> anyhow::Result<String> {
+    use http_body_util::BodyExt as _;
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mut forward = pods
+        .portforward(name, &[port])
+        .await
+        .with_context(|| format!("port-forward to {namespace}/{name}:{port}"))?;
+    let stream = forward
+        .take_stream(port)
+        .context("the port-forward gave no stream")?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    let connection = tokio::spawn(connection);
+    let mut request = http::Request::get("/metrics").header(http::header::HOST, "localhost");
+    if let Some(t) = token {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let response = sender
+        .send_request(request.body(http_body_util::Empty::<hyper::body::Bytes>::new())?)
+        .await?;
+    let status = response.status();
+    let body = http_body_util::Limited::new(response.into_body(), METRICS_LIMIT)
+        .collect()
+        .await
+        .map_err(|e| anyhow::anyhow!("reading the metrics: {e}"))?
+        .to_bytes();
+    drop(sender);
+    connection.abort();
+    forward.abort();
+    match status.as_u16() {
+        200 => Ok(String::from_utf8_lossy(&body).into_owned()),
+        401 => bail!(
+            "HTTP 401: the plugin asks for a bearer token (metricsAuthorization: kubernetes) and \
+             {}: pass --token of a user allowed `get` on the non-resource URL /metrics",
+            if token.is_some() {
+                "refused this one"
+            } else {
+                "your kubeconfig has none"
+            }
+        ),
+        403 => bail!(
+            "HTTP 403: the token's user may not `get` the non-resource URL /metrics (bind it to a \
+             ClusterRole that allows it, as Prometheus' has)"
+        ),
+        s => bail!("HTTP {s}: {}", String::from_utf8_lossy(&body).trim()),
+    }
 }
 
 /// What the caller may read of the cluster, as `simulate` takes it, and what was left out.
