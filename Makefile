@@ -61,9 +61,11 @@ e2e: build
 
 # Helm lint/template/kubeconform on the chart; builds pinned helm and kubeconform with Go into
 # ~/.cache/tessera on first use (about 5 minutes once). Runs after `unit` so that the daemons'
-# binaries exist and the chart's flags are checked against them.
+# binaries exist and the chart's flags are checked against them. Then the kubectl plugin's krew
+# manifest, installed by krew from the archive `make release` makes (scripts/krew-check.sh).
 chart:
 	./e2e/chart-test.sh
+	./scripts/krew-check.sh
 
 # The shim built for musl and run in a musl process with the fake driver; installs the rustup
 # target and Debian's musl-tools on first use (about a minute once).

@@ -11,6 +11,7 @@
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/promtool-<v>/promtool
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/actionlint-<v>/actionlint
 #   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/kueue-<v>/{kueue, chart/}
+#   ${TESSERA_CACHE:-$HOME/.cache/tessera}/tools/krew-<v>/krew
 #
 # Prints `NAME=PATH` lines on stdout (eval-able); progress goes to stderr.
 #
@@ -46,6 +47,8 @@ ACTIONLINT_VERSION="${TESSERA_ACTIONLINT_VERSION:-v1.7.12}"
 # Kueue, for the real-node test that queues GPU Jobs with quotas on Tessera's resources: its
 # manager binary from its Go module, and its Helm chart from the same module's files.
 KUEUE_VERSION="${TESSERA_KUEUE_VERSION:-v0.17.0}"
+# krew, which installs `kubectl tessera` from the release's manifest (scripts/krew-check.sh).
+KREW_VERSION="${TESSERA_KREW_VERSION:-v0.4.3}"
 # Bump when chartcheck's source below changes.
 CHARTCHECK_REVISION=1
 
@@ -705,6 +708,7 @@ kueue_chart() {
 	mv "$tmp" "$dir"
 }
 kueue_chart
+go_install krew sigs.k8s.io/krew/cmd/krew "$KREW_VERSION"
 generate_schemas
 build_chartcheck
 
@@ -719,3 +723,4 @@ echo "ACTIONLINT=$TOOLS/actionlint-$ACTIONLINT_VERSION/actionlint"
 echo "KUEUE=$TOOLS/kueue-$KUEUE_VERSION/kueue"
 echo "KUEUE_CHART=$TOOLS/kueue-$KUEUE_VERSION/chart/kueue"
 echo "KUEUE_VERSION=$KUEUE_VERSION"
+echo "KREW=$TOOLS/krew-$KREW_VERSION/krew"

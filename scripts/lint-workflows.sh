@@ -12,7 +12,7 @@ if ! command -v shellcheck >/dev/null 2>&1; then
 		{ apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck >&2; }
 fi
 "$actionlint" -color -shellcheck="$(command -v shellcheck)" -pyflakes=
-shellcheck scripts/release.sh scripts/release-notes.sh scripts/lint-workflows.sh docker/cross-env.sh e2e/previous-release.sh
+shellcheck scripts/release.sh scripts/release-notes.sh scripts/lint-workflows.sh docker/cross-env.sh e2e/previous-release.sh scripts/krew-plugin.sh scripts/krew-check.sh
 
 # release-notes.sh: the section of the version asked for, nothing of the next; a missing one
 # fails.

@@ -3,9 +3,12 @@
 # out commit, into dist/ (TESSERA_DIST overrides):
 #
 #   dist/bin/<arch>/           tessera-scheduler, tessera-device-plugin, tessera-dra-plugin,
-#                              kubectl-tessera, libvgpu.so (glibc); libvgpu-musl.so (amd64)
+#                              kubectl-tessera, libvgpu.so (glibc); libvgpu-musl.so (amd64);
+#                              simulated/ (the simulated GPUs' fake driver)
 #   dist/images/<image>.tar    one OCI archive per image, an index of both architectures
-#                              (tessera-scheduler, tessera-device-plugin)
+#                              (tessera-scheduler, tessera-device-plugin, tessera-simulated-gpu)
+#   dist/kubectl-tessera-v<v>-linux-<arch>.tar.gz, dist/krew/tessera.yaml
+#                              the kubectl plugin's archives and krew manifest
 #   dist/sbom/<image>.cdx.json a CycloneDX SBOM per image
 #   dist/tessera-<v>.tgz       the packaged chart; dist/values-digests.yaml pins its images by
 #                              digest
@@ -24,6 +27,9 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 log() { printf 'release.sh: %s\n' "$*" >&2; }
+# krew_plugin: the kubectl plugin's archives and krew manifest (scripts/krew-check.sh runs it too).
+# shellcheck source=scripts/krew-plugin.sh
+. scripts/krew-plugin.sh
 
 dist="${TESSERA_DIST:-$root/dist}"
 arches="${TESSERA_RELEASE_ARCHES:-amd64 arm64}"
@@ -110,6 +116,20 @@ build_binaries() {
 		log "error: the $arch libvgpu.so needs a glibc newer than 2.17 (above)"
 		exit 1
 	fi
+	# The simulated GPUs' fake driver (the chart's `simulatedGpus` image) is mapped into GPU
+	# workloads of any distribution too: glibc 2.17 alike, built on its own so its crates'
+	# features never reach the shim's build.
+	log "building the $arch simulated GPUs' fake driver against glibc 2.17 (cargo-zigbuild)"
+	SOURCE_DATE_EPOCH="$epoch" \
+		RUSTFLAGS="--remap-path-prefix=$root=/tessera --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=${RUSTUP_HOME:-$HOME/.rustup}=/rustup" \
+		CARGO_INCREMENTAL=0 CARGO_TARGET_DIR="$target_dir/shim-glibc" PATH="$zig_dir:$PATH" \
+		env -u CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER -u CC_aarch64_unknown_linux_gnu nice -n 10 \
+		"$zigbuild" zigbuild --locked --release --target "$triple.2.17" -p fake-cuda -p fake-nvml >&2
+	local fakes="$target_dir/shim-glibc/$triple/release"
+	if readelf -W --dyn-syms "$fakes/libcuda.so" "$fakes/libnvidia_ml.so" | grep -Eo 'GLIBC_2\.(1[8-9]|[2-9][0-9])' | sort -u | grep .; then
+		log "error: the $arch fake driver needs a glibc newer than 2.17 (above)"
+		exit 1
+	fi
 	mkdir -p "$out"
 	local rel="$target_dir/$triple/release"
 	# The release profile keeps line tables for backtraces in development; the shipped files
@@ -120,6 +140,9 @@ build_binaries() {
 		"$objcopy" --strip-debug "$rel/$b" "$out/$b"
 	done
 	"$objcopy" --strip-debug "$shim" "$out/libvgpu.so"
+	mkdir -p "$out/simulated"
+	"$objcopy" --strip-debug "$fakes/libcuda.so" "$out/simulated/libcuda.so.1"
+	"$objcopy" --strip-debug "$fakes/libnvidia_ml.so" "$out/simulated/libnvidia-ml.so.1"
 	if [[ "$arch" == amd64 ]]; then
 		need_packages musl-tools
 		SOURCE_DATE_EPOCH="$epoch" RUSTFLAGS="--remap-path-prefix=$root=/tessera --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=${RUSTUP_HOME:-$HOME/.rustup}=/rustup" \
@@ -154,41 +177,6 @@ busybox() {
 	esac
 }
 
-# krew_plugin OUT: `kubectl tessera` as krew installs it: an archive per architecture
-# (kubectl-tessera and LICENSE, reproducible: sorted, the commit's time, no owner, gzip -n) and
-# OUT/krew/tessera.yaml, krew/tessera.yaml with this version and each archive's SHA-256 (an
-# architecture not built is left out of the manifest).
-krew_plugin() {
-	local out="$1" arch stage
-	for arch in $arches; do
-		stage=$(mktemp -d)
-		install -m 0755 "$out/bin/$arch/kubectl-tessera" "$stage/kubectl-tessera"
-		install -m 0644 LICENSE "$stage/LICENSE"
-		tar --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner -C "$stage" \
-			-cf - kubectl-tessera LICENSE | gzip -n -9 >"$out/kubectl-tessera-v$version-linux-$arch.tar.gz"
-		rm -rf "$stage"
-	done
-	mkdir -p "$out/krew"
-	python3 - krew/tessera.yaml "$out" "$version" $arches >"$out/krew/tessera.yaml" <<'PY'
-import hashlib, sys, yaml
-template, out, version, arches = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-plugin = yaml.safe_load(open(template).read().replace("@VERSION@", version))
-platforms = []
-for p in plugin["spec"]["platforms"]:
-    arch = p["selector"]["matchLabels"]["arch"]
-    if arch not in arches:
-        continue
-    archive = f"{out}/kubectl-tessera-v{version}-linux-{arch}.tar.gz"
-    p["sha256"] = hashlib.sha256(open(archive, "rb").read()).hexdigest()
-    platforms.append(p)
-plugin["spec"]["platforms"] = platforms
-# Multi-line texts stay literal blocks, as written.
-yaml.SafeDumper.add_representer(str, lambda d, s: d.represent_scalar(
-    "tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
-yaml.safe_dump(plugin, sys.stdout, sort_keys=False, width=1000)
-PY
-}
-
 # assemble OUT: images, SBOMs, the chart and the checksums from OUT/bin.
 assemble() {
 	local out="$1"
@@ -204,7 +192,7 @@ assemble() {
 	# helm package stamps the archive entries with the current time: rewrite them with the
 	# commit's, so the chart archive is reproducible too.
 	"$tool" normalize-tgz --mtime "$epoch" "$out/tessera-$version.tgz" >&2
-	krew_plugin "$out"
+	krew_plugin "$out" "$version" "$epoch" "$arches"
 	local files
 	files=$(cd "$out" && find . -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort)
 	(cd "$out" && xargs sha256sum <<<"$files") >"$out/.SHA256SUMS" && mv "$out/.SHA256SUMS" "$out/SHA256SUMS"

@@ -535,36 +535,20 @@ pub fn specs_for(h: &HostInputs, extra: &ImageNames) -> Result<Vec<ImageSpec>, I
         working_dir: None,
     };
 
-    // The chart's simulated GPUs (`simulatedGpus`): the fake driver in an image of its own, never
-    // in the device plugin's; its init container installs them on the host with busybox.
-    let mut sim_files: Vec<ImageFile> = h
-        .driver_libs
-        .iter()
-        .filter_map(|lib| {
-            let name = lib.file_name()?.to_string_lossy().into_owned();
-            Some(ImageFile::host(
-                format!("/opt/tessera/simulated/{name}"),
-                lib,
-                0o644,
-            ))
-        })
-        .collect();
-    sim_files.push(ImageFile::host(
-        "/opt/tessera/bin/busybox",
-        &h.busybox,
-        0o755,
-    ));
-    let simulated_gpu = ImageSpec {
-        id: "tessera-simulated-gpu".into(),
-        names: names(tessera_image("tessera-simulated-gpu"), &extra.simulated_gpu),
-        files: sim_files,
-        user: None,
-        entrypoint: vec!["/opt/tessera/bin/busybox".into()],
-        cmd: vec!["true".into()],
-        exposed_ports: vec![],
-        env: vec![DISTROLESS_PATH.into()],
-        working_dir: None,
+    let driver_lib = |name: &str| {
+        h.driver_libs
+            .iter()
+            .find(|l| l.file_name().is_some_and(|f| f == name))
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(name))
     };
+    let (libcuda, libnvml) = (driver_lib("libcuda.so.1"), driver_lib("libnvidia-ml.so.1"));
+    let simulated_gpu = simulated_gpu_spec(
+        names(tessera_image("tessera-simulated-gpu"), &extra.simulated_gpu),
+        &libcuda,
+        &libnvml,
+        &h.busybox,
+    );
 
     Ok(vec![
         pause,
@@ -574,6 +558,33 @@ pub fn specs_for(h: &HostInputs, extra: &ImageNames) -> Result<Vec<ImageSpec>, I
         cuda_probe,
         simulated_gpu,
     ])
+}
+
+/// The chart's simulated GPUs (`simulatedGpus`): the fake driver (`libcuda.so.1`,
+/// `libnvidia-ml.so.1`) under `/opt/tessera/simulated/` and a static busybox, with which the
+/// device plugin's init container installs them on the node. An image of its own, so the
+/// device plugin's never carries a fake driver; the e2e and `make release` build it alike.
+pub fn simulated_gpu_spec(
+    names: Vec<String>,
+    libcuda: &Path,
+    libnvml: &Path,
+    busybox: &Path,
+) -> ImageSpec {
+    ImageSpec {
+        id: "tessera-simulated-gpu".into(),
+        names,
+        files: vec![
+            ImageFile::host("/opt/tessera/simulated/libcuda.so.1", libcuda, 0o644),
+            ImageFile::host("/opt/tessera/simulated/libnvidia-ml.so.1", libnvml, 0o644),
+            ImageFile::host("/opt/tessera/bin/busybox", busybox, 0o755),
+        ],
+        user: None,
+        entrypoint: vec!["/opt/tessera/bin/busybox".into()],
+        cmd: vec!["true".into()],
+        exposed_ports: vec![],
+        env: vec![DISTROLESS_PATH.into()],
+        working_dir: None,
+    }
 }
 
 /// A built image tar.

@@ -138,9 +138,10 @@ fn base(arch: &str, binaries: &[&Path]) -> Result<Vec<ImageFile>, ImageError> {
     }
 }
 
-/// The two images of one platform, as `docker/*.Dockerfile` build them: the device plugin (with
-/// the DRA plugin, the shims and busybox) and the scheduler extender.
-pub fn platform_specs(p: &PlatformBuild, version: &str) -> Result<[ImageSpec; 2], ImageError> {
+/// The images of one platform: the device plugin (with the DRA plugin, the shims and busybox)
+/// and the scheduler extender, as `docker/*.Dockerfile` build them, and the simulated GPUs'
+/// fake driver (`simulated/` of the binaries; the chart's `simulatedGpus`).
+pub fn platform_specs(p: &PlatformBuild, version: &str) -> Result<[ImageSpec; 3], ImageError> {
     let bin = |name: &str| {
         let path = p.bin_dir.join(name);
         if path.is_file() {
@@ -199,8 +200,25 @@ pub fn platform_specs(p: &PlatformBuild, version: &str) -> Result<[ImageSpec; 2]
         env,
         working_dir: None,
     };
-    Ok([device_plugin, scheduler])
+    let simulated_gpu = images::simulated_gpu_spec(
+        vec![format!("{REGISTRY}/tessera-simulated-gpu:{version}")],
+        &bin("simulated/libcuda.so.1")?,
+        &bin("simulated/libnvidia-ml.so.1")?,
+        &p.busybox,
+    );
+    Ok([device_plugin, scheduler, simulated_gpu])
 }
+
+/// The workspace packages whose code an image carries (`platform_specs`' order), for its SBOM.
+const IMAGE_PACKAGES: [&[&str]; 3] = [
+    &[
+        "tessera-device-plugin",
+        "tessera-dra-plugin",
+        "libvgpu-shim",
+    ],
+    &["tessera-scheduler"],
+    &["fake-cuda", "fake-nvml"],
+];
 
 /// What the release says of itself in every image.
 #[derive(Debug, Clone)]
@@ -240,7 +258,7 @@ pub fn build_release_images(
     platforms: &[PlatformBuild],
     out: &Path,
 ) -> Result<Vec<BuiltImage>, ImageError> {
-    let mut specs: Vec<(String, [ImageSpec; 2])> = Vec::new();
+    let mut specs: Vec<(String, [ImageSpec; 3])> = Vec::new();
     for p in platforms {
         specs.push((p.arch.clone(), platform_specs(p, &release.version)?));
     }
@@ -248,7 +266,7 @@ pub fn build_release_images(
         std::fs::create_dir_all(out.join(d)).map_err(io(format!("creating {d}")))?;
     }
     let mut built = Vec::new();
-    for i in 0..2 {
+    for i in 0..IMAGE_PACKAGES.len() {
         let id = specs[0].1[i].id.clone();
         let name = specs[0].1[i].names[0].clone();
         let per_platform: Vec<(&ImageSpec, ImageMeta)> = specs
@@ -331,24 +349,16 @@ fn debian_package(path: &Path) -> Option<(String, String)> {
     ))
 }
 
-/// A CycloneDX 1.5 SBOM of image `which` (0: device plugin, 1: scheduler): the Rust crates of
+/// A CycloneDX 1.5 SBOM of image `which` (its index in `platform_specs`): the Rust crates of
 /// its binaries per platform and the Debian packages its base files come from.
 fn sbom(
     release: &Release,
     image: &BuiltImage,
     platforms: &[PlatformBuild],
-    specs: &[(String, [ImageSpec; 2])],
+    specs: &[(String, [ImageSpec; 3])],
     which: usize,
 ) -> Result<Vec<u8>, ImageError> {
-    let packages: &[&str] = if which == 0 {
-        &[
-            "tessera-device-plugin",
-            "tessera-dra-plugin",
-            "libvgpu-shim",
-        ]
-    } else {
-        &["tessera-scheduler"]
-    };
+    let packages = IMAGE_PACKAGES[which];
     let mut components: BTreeMap<String, serde_json::Value> = BTreeMap::new();
     for (p, (_, s)) in platforms.iter().zip(specs) {
         let triple = match p.arch.as_str() {

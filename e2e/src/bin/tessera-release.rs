@@ -93,14 +93,10 @@ fn main() -> anyhow::Result<()> {
                 "# The release's images by digest: helm install ... -f values-digests.yaml\n",
             );
             for image in &built {
-                let key = match image.id.as_str() {
-                    "tessera-scheduler" => "scheduler:\n  extender:\n    image:\n",
-                    _ => "devicePlugin:\n  image:\n",
-                };
-                let indent = if image.id == "tessera-scheduler" {
-                    "      "
-                } else {
-                    "    "
+                let (key, indent) = match image.id.as_str() {
+                    "tessera-scheduler" => ("scheduler:\n  extender:\n    image:\n", "      "),
+                    "tessera-simulated-gpu" => ("simulatedGpus:\n  image:\n", "    "),
+                    _ => ("devicePlugin:\n  image:\n", "    "),
                 };
                 overlay.push_str(&format!(
                     "{key}{indent}tag: \"{}\"\n{indent}digest: \"{}\"\n",
