@@ -4,9 +4,10 @@
 #
 #   dist/bin/<arch>/           tessera-scheduler, tessera-device-plugin, tessera-dra-plugin,
 #                              kubectl-tessera, libvgpu.so (glibc); libvgpu-musl.so (amd64);
-#                              simulated/ (the simulated GPUs' fake driver)
+#                              simulated/ (the simulated GPUs' fake driver and probe)
 #   dist/images/<image>.tar    one OCI archive per image, an index of both architectures
-#                              (tessera-scheduler, tessera-device-plugin, tessera-simulated-gpu)
+#                              (tessera-scheduler, tessera-device-plugin, tessera-simulated-gpu,
+#                              tessera-gpu-probe)
 #   dist/kubectl-tessera-v<v>-linux-<arch>.tar.gz, dist/krew/tessera.yaml
 #                              the kubectl plugin's archives and krew manifest
 #   dist/sbom/<image>.cdx.json a CycloneDX SBOM per image
@@ -143,6 +144,13 @@ build_binaries() {
 	mkdir -p "$out/simulated"
 	"$objcopy" --strip-debug "$fakes/libcuda.so" "$out/simulated/libcuda.so.1"
 	"$objcopy" --strip-debug "$fakes/libnvidia_ml.so" "$out/simulated/libnvidia-ml.so.1"
+	# The simulated GPUs' example workload (the tessera-gpu-probe image): the CUDA probe, linked
+	# against the fake libcuda.so.1 and glibc 2.17 by zig's C compiler.
+	local zig_target=x86_64-linux-gnu.2.17
+	[[ "$arch" == arm64 ]] && zig_target=aarch64-linux-gnu.2.17
+	"$zig_dir/zig" cc -target "$zig_target" -O1 -Wall -ffile-prefix-map="$root=/tessera" \
+		-o "$out/simulated/cuda_probe" libvgpu-shim/tests/c/cuda_probe.c \
+		-L"$fakes" -lcuda -ldl -lpthread >&2
 	if [[ "$arch" == amd64 ]]; then
 		need_packages musl-tools
 		SOURCE_DATE_EPOCH="$epoch" RUSTFLAGS="--remap-path-prefix=$root=/tessera --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=${RUSTUP_HOME:-$HOME/.rustup}=/rustup" \

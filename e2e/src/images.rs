@@ -514,26 +514,19 @@ pub fn specs_for(h: &HostInputs, extra: &ImageNames) -> Result<Vec<ImageSpec>, I
 
     // The GPU workload: the probe, glibc, a busybox shell. No driver: the runtime mounts it; but
     // what the driver and the shim (mounted by the device plugin) load must be there, as in any
-    // glibc image (libgcc_s: distroless/cc has it too).
+    // glibc image (libgcc_s: distroless/cc has it too). Also under the name `make release`
+    // publishes it by, so the simulated GPUs' example pod runs here as written.
     let mut needs: Vec<&Path> = vec![&h.cuda_probe, &h.shim];
     needs.extend(h.driver_libs.iter().map(PathBuf::as_path));
-    let mut probe_files = distroless_cc(&needs)?;
-    probe_files.extend([
-        ImageFile::host("/usr/bin/cuda_probe", &h.cuda_probe, 0o755),
-        ImageFile::host("/bin/busybox", &h.busybox, 0o755),
-        ImageFile::symlink("/bin/sh", "busybox"),
-    ]);
-    let cuda_probe = ImageSpec {
-        id: "cuda-probe".into(),
-        names: names(CUDA_PROBE_IMAGE.into(), &extra.cuda_probe),
-        files: probe_files,
-        user: None,
-        entrypoint: vec![],
-        cmd: vec!["/bin/sh".into()],
-        exposed_ports: vec![],
-        env: distroless_env,
-        working_dir: None,
-    };
+    let mut probe_names = names(CUDA_PROBE_IMAGE.into(), &extra.cuda_probe);
+    probe_names.push(tessera_image(GPU_PROBE_REPOSITORY));
+    let cuda_probe = gpu_probe_spec(
+        probe_names,
+        distroless_cc(&needs)?,
+        &h.cuda_probe,
+        &h.busybox,
+        distroless_env,
+    );
 
     let driver_lib = |name: &str| {
         h.driver_libs
@@ -558,6 +551,38 @@ pub fn specs_for(h: &HostInputs, extra: &ImageNames) -> Result<Vec<ImageSpec>, I
         cuda_probe,
         simulated_gpu,
     ])
+}
+
+/// The repository `make release` publishes the probe workload under (the simulated GPUs'
+/// example, `examples/simulated-gpus/probe.yaml`).
+pub const GPU_PROBE_REPOSITORY: &str = "tessera-gpu-probe";
+
+/// The probe workload: `cuda_probe` (`libvgpu-shim/tests/c/cuda_probe.c`: what CUDA and NVML
+/// report, the limit allocatable and one byte more refused) and a busybox shell on `base` (glibc
+/// and what the driver and the shim load; no driver: the runtime or the simulated GPUs mount it).
+pub fn gpu_probe_spec(
+    names: Vec<String>,
+    mut base: Vec<ImageFile>,
+    probe: &Path,
+    busybox: &Path,
+    env: Vec<String>,
+) -> ImageSpec {
+    base.extend([
+        ImageFile::host("/usr/bin/cuda_probe", probe, 0o755),
+        ImageFile::host("/bin/busybox", busybox, 0o755),
+        ImageFile::symlink("/bin/sh", "busybox"),
+    ]);
+    ImageSpec {
+        id: "cuda-probe".into(),
+        names,
+        files: base,
+        user: None,
+        entrypoint: vec![],
+        cmd: vec!["/bin/sh".into()],
+        exposed_ports: vec![],
+        env,
+        working_dir: None,
+    }
 }
 
 /// The chart's simulated GPUs (`simulatedGpus`): the fake driver (`libcuda.so.1`,

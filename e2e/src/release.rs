@@ -139,9 +139,10 @@ fn base(arch: &str, binaries: &[&Path]) -> Result<Vec<ImageFile>, ImageError> {
 }
 
 /// The images of one platform: the device plugin (with the DRA plugin, the shims and busybox)
-/// and the scheduler extender, as `docker/*.Dockerfile` build them, and the simulated GPUs'
-/// fake driver (`simulated/` of the binaries; the chart's `simulatedGpus`).
-pub fn platform_specs(p: &PlatformBuild, version: &str) -> Result<[ImageSpec; 3], ImageError> {
+/// and the scheduler extender, as `docker/*.Dockerfile` build them, the simulated GPUs' fake
+/// driver (`simulated/` of the binaries; the chart's `simulatedGpus`) and the probe workload
+/// their example runs (`simulated/cuda_probe`).
+pub fn platform_specs(p: &PlatformBuild, version: &str) -> Result<[ImageSpec; IMAGES], ImageError> {
     let bin = |name: &str| {
         let path = p.bin_dir.join(name);
         if path.is_file() {
@@ -200,17 +201,37 @@ pub fn platform_specs(p: &PlatformBuild, version: &str) -> Result<[ImageSpec; 3]
         env,
         working_dir: None,
     };
+    let (libcuda, libnvml) = (
+        bin("simulated/libcuda.so.1")?,
+        bin("simulated/libnvidia-ml.so.1")?,
+    );
     let simulated_gpu = images::simulated_gpu_spec(
         vec![format!("{REGISTRY}/tessera-simulated-gpu:{version}")],
-        &bin("simulated/libcuda.so.1")?,
-        &bin("simulated/libnvidia-ml.so.1")?,
+        &libcuda,
+        &libnvml,
         &p.busybox,
     );
-    Ok([device_plugin, scheduler, simulated_gpu])
+    let probe = bin("simulated/cuda_probe")?;
+    let mut gpu_probe = images::gpu_probe_spec(
+        vec![format!(
+            "{REGISTRY}/{}:{version}",
+            images::GPU_PROBE_REPOSITORY
+        )],
+        base(&p.arch, &[&probe, &shim, &libcuda, &libnvml])?,
+        &probe,
+        &p.busybox,
+        vec![DISTROLESS_PATH.to_owned()],
+    );
+    gpu_probe.id = images::GPU_PROBE_REPOSITORY.into();
+    Ok([device_plugin, scheduler, simulated_gpu, gpu_probe])
 }
 
-/// The workspace packages whose code an image carries (`platform_specs`' order), for its SBOM.
-const IMAGE_PACKAGES: [&[&str]; 3] = [
+/// How many images a release has.
+const IMAGES: usize = 4;
+
+/// The workspace packages whose code an image carries (`platform_specs`' order), for its SBOM
+/// (the probe is C: no crate).
+const IMAGE_PACKAGES: [&[&str]; IMAGES] = [
     &[
         "tessera-device-plugin",
         "tessera-dra-plugin",
@@ -218,6 +239,7 @@ const IMAGE_PACKAGES: [&[&str]; 3] = [
     ],
     &["tessera-scheduler"],
     &["fake-cuda", "fake-nvml"],
+    &[],
 ];
 
 /// What the release says of itself in every image.
@@ -258,7 +280,7 @@ pub fn build_release_images(
     platforms: &[PlatformBuild],
     out: &Path,
 ) -> Result<Vec<BuiltImage>, ImageError> {
-    let mut specs: Vec<(String, [ImageSpec; 3])> = Vec::new();
+    let mut specs: Vec<(String, [ImageSpec; IMAGES])> = Vec::new();
     for p in platforms {
         specs.push((p.arch.clone(), platform_specs(p, &release.version)?));
     }
@@ -355,7 +377,7 @@ fn sbom(
     release: &Release,
     image: &BuiltImage,
     platforms: &[PlatformBuild],
-    specs: &[(String, [ImageSpec; 3])],
+    specs: &[(String, [ImageSpec; IMAGES])],
     which: usize,
 ) -> Result<Vec<u8>, ImageError> {
     let packages = IMAGE_PACKAGES[which];
@@ -365,7 +387,12 @@ fn sbom(
             "arm64" => "aarch64-unknown-linux-gnu",
             _ => "x86_64-unknown-linux-gnu",
         };
-        for (name, version, registry) in crates_of(packages, triple)? {
+        let crates = if packages.is_empty() {
+            BTreeSet::new()
+        } else {
+            crates_of(packages, triple)?
+        };
+        for (name, version, registry) in crates {
             let purl = format!("pkg:cargo/{name}@{version}");
             let mut c = serde_json::json!({
                 "type": if packages.contains(&name.as_str()) { "application" } else { "library" },

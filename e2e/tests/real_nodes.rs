@@ -1158,6 +1158,31 @@ async fn simulated_gpus(c: &RealCluster) -> Result<()> {
             "{n}: {logs:?}"
         );
     }
+    // docs/install.md's example workload, as written (its image is imported under the name
+    // `make release` publishes it by; pulled only if absent).
+    let example = tessera_e2e::yaml_documents(&std::fs::read_to_string(
+        tessera_e2e::artifacts::workspace_root().join("examples/simulated-gpus/probe.yaml"),
+    )?)?;
+    let mut probe: Pod = serde_json::from_value(example[0].clone())?;
+    probe.metadata.namespace = Some(TENANT.to_owned());
+    let image = probe
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers[0].image.clone());
+    assert_eq!(
+        image.as_deref(),
+        Some(
+            tessera_e2e::images::tessera_image(tessera_e2e::images::GPU_PROBE_REPOSITORY).as_str()
+        ),
+        "the example names the release's probe image of this version"
+    );
+    c.create_pod_as_user(&probe).await?;
+    let (codes, logs) = outcome(c, "gpu-probe").await?;
+    assert_eq!(codes.get("probe"), Some(&0), "{logs:?}");
+    assert!(
+        logs["probe"].contains("the pod holds exactly 3000 MiB"),
+        "{logs:?}"
+    );
     let (ok, gpus) = c.kubectl_tessera(false, &["gpus"]).await?;
     println!("kubectl tessera gpus with simulated GPUs:\n{gpus}");
     assert!(ok, "{gpus}");

@@ -180,10 +180,11 @@ fn number(text: &str) -> Option<f64> {
 pub fn exposition_labels(text: &str) -> BTreeMap<String, Option<Vec<String>>> {
     let mut out: BTreeMap<String, Option<Vec<String>>> = BTreeMap::new();
     for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            if let Some(name) = rest.split_whitespace().next() {
-                out.entry(name.to_owned()).or_insert(None);
-            }
+        if let Some(name) = line
+            .strip_prefix("# TYPE ")
+            .and_then(|rest| rest.split_whitespace().next())
+        {
+            out.entry(name.to_owned()).or_insert(None);
         }
     }
     for s in samples(text).0 {

@@ -93,15 +93,21 @@ fn main() -> anyhow::Result<()> {
                 "# The release's images by digest: helm install ... -f values-digests.yaml\n",
             );
             for image in &built {
-                let (key, indent) = match image.id.as_str() {
-                    "tessera-scheduler" => ("scheduler:\n  extender:\n    image:\n", "      "),
-                    "tessera-simulated-gpu" => ("simulatedGpus:\n  image:\n", "    "),
-                    _ => ("devicePlugin:\n  image:\n", "    "),
+                // The chart's images; the probe workload is no chart's.
+                let value = match image.id.as_str() {
+                    "tessera-scheduler" => {
+                        Some(("scheduler:\n  extender:\n    image:\n", "      "))
+                    }
+                    "tessera-simulated-gpu" => Some(("simulatedGpus:\n  image:\n", "    ")),
+                    "tessera-device-plugin" => Some(("devicePlugin:\n  image:\n", "    ")),
+                    _ => None,
                 };
-                overlay.push_str(&format!(
-                    "{key}{indent}tag: \"{}\"\n{indent}digest: \"{}\"\n",
-                    r.version, image.manifest_digest
-                ));
+                if let Some((key, indent)) = value {
+                    overlay.push_str(&format!(
+                        "{key}{indent}tag: \"{}\"\n{indent}digest: \"{}\"\n",
+                        r.version, image.manifest_digest
+                    ));
+                }
                 println!(
                     "{} {} {}",
                     image.names[0],

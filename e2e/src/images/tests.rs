@@ -217,7 +217,14 @@ fn other_specs_name_and_place_what_the_cluster_needs() {
     assert_eq!(get("pause").entrypoint, ["/pause"]);
 
     let probe = get("cuda-probe");
-    assert_eq!(probe.names, [CUDA_PROBE_IMAGE]);
+    // Also under the release's name, which the simulated GPUs' example pod names.
+    assert_eq!(
+        probe.names,
+        [
+            CUDA_PROBE_IMAGE.to_owned(),
+            tessera_image(GPU_PROBE_REPOSITORY)
+        ]
+    );
     let paths: BTreeSet<&str> = probe
         .files
         .iter()
