@@ -1,13 +1,17 @@
-//! The burst on a real node (issue 14, item 3): 100 identical pods (`gpumem 2000, gpucores 5`)
-//! created at once onto one 8-GPU node (split 16) run by a real kubelet and containerd, Tessera
-//! installed by `helm install`. Measured from the first create: every `Allocate` served (the
-//! plugin's `hami.io/bind-phase: success` on every pod, seen on a watch) and every pod Running;
-//! per pod: create -> bound and bound -> allocated.
+//! The burst on a real node (issues 14 and 29): 100 identical pods created at once onto one
+//! 8-GPU node (split 16) run by a real kubelet and containerd, Tessera installed by `helm
+//! install`, against the same 100 pods without a GPU (same image and command, the default
+//! scheduler) on the same node, rounds interleaved. Measured from the first create on a watch:
+//! every pod bound, admitted by the kubelet (`status.startTime`), its `Allocate` served (the
+//! plugin's `hami.io/bind-phase: success`) and Running; per pod: create -> bound and bound ->
+//! allocated; and from the kubelet's own metrics, the time its `Allocate` calls took
+//! (`kubelet_device_plugin_alloc_duration_seconds`) against the round's admission window.
 //!
-//! Two cases in one run, on the same cluster: the device plugin with the kubelet's pod-resources
-//! socket (it identifies the pod under admission exactly and says so on its node, so the extender
-//! lets several pods be in flight there), then without it (`devicePlugin.podResourcesPath`
-//! pointing at an empty directory: the bind rule keeps one confusable pod in flight per node).
+//! Two GPU cases on the same cluster, each interleaved with plain rounds: the device plugin with
+//! the kubelet's pod-resources socket (it identifies the pod under admission exactly and says so
+//! on its node, so the extender lets several pods be in flight there), then without it
+//! (`devicePlugin.podResourcesPath` pointing at an empty directory: the bind rule keeps one
+//! confusable pod in flight per node).
 //!
 //! `TESSERA_E2E_PROFILE=release cargo bench -p tessera-e2e --bench real_burst` after a release
 //! build of the daemons (`bench/run.sh` does both); root, like every real-node scenario.
@@ -41,40 +45,80 @@ const NODE: &str = "burst-node";
 const NS: &str = "burst";
 const A100_MIB: u64 = 40960;
 
-/// When each pod was first seen bound, allocated and Running.
+/// When each pod was first seen bound, admitted, allocated and Running.
 #[derive(Debug, Default, Clone, Copy)]
 struct Seen {
     bound: Option<Instant>,
+    admitted: Option<Instant>,
     allocated: Option<Instant>,
     running: Option<Instant>,
     failed: bool,
 }
 
-fn burst_pod(i: usize) -> Pod {
+/// A burst's pods: GPU pods Tessera places, or the same pods without a GPU (the baseline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Gpu,
+    Plain,
+}
+
+fn burst_pod(i: usize, kind: Kind) -> Pod {
+    let (name, resources) = match kind {
+        Kind::Gpu => (
+            format!("burst-{i:03}"),
+            json!({"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000,
+                              "nvidia.com/gpucores": 5}}),
+        ),
+        Kind::Plain => (format!("plain-{i:03}"), json!({})),
+    };
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": format!("burst-{i:03}"), "namespace": NS},
+        "metadata": {"name": name, "namespace": NS},
         "spec": {
             "terminationGracePeriodSeconds": 0,
             "containers": [{
                 "name": "c0", "image": PROBE_IMAGE, "imagePullPolicy": "Never",
                 "command": ["/bin/sh", "-c", "sleep 3600"],
-                "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000,
-                                         "nvidia.com/gpucores": 5}},
+                "resources": resources,
             }],
         },
     }))
     .expect("pod")
 }
 
+/// One burst, in seconds from the first create (NaN where it does not apply: a plain pod is
+/// never allocated).
 struct Round {
+    all_bound: f64,
+    all_admitted: f64,
     all_allocated: f64,
     all_running: f64,
     create_to_bound: Vec<f64>,
     bound_to_allocated: Vec<f64>,
+    /// The kubelet's time in `Allocate` during the round, in seconds (GPU rounds).
+    allocate_seconds: f64,
 }
 
-async fn round(c: &RealCluster, pods: usize) -> Result<Round> {
+/// The kubelet's `kubelet_device_plugin_alloc_duration_seconds_sum` for `nvidia.com/gpu`, read
+/// through the API server's node proxy (0 before its first `Allocate`).
+async fn kubelet_allocate_seconds(c: &RealCluster) -> Result<f64> {
+    let request = http::Request::get(format!("/api/v1/nodes/{NODE}/proxy/metrics"))
+        .body(Vec::new())
+        .map_err(|e| Error::msg(e.to_string()))?;
+    let text = c.admin().request_text(request).await?;
+    Ok(hami_contract::metrics::samples(&text)
+        .0
+        .iter()
+        .filter(|s| {
+            s.name == "kubelet_device_plugin_alloc_duration_seconds_sum"
+                && s.label("resource_name") == Some("nvidia.com/gpu")
+        })
+        .map(|s| s.value)
+        .sum())
+}
+
+async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
+    let allocate_before = kubelet_allocate_seconds(c).await?;
     let api: Api<Pod> = Api::namespaced(c.admin().clone(), NS);
     let user: Api<Pod> = Api::namespaced(c.user().clone(), NS);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Seen)>();
@@ -96,6 +140,14 @@ async fn round(c: &RealCluster, pods: usize) -> Result<Round> {
                 {
                     s.bound = Some(now);
                 }
+                if s.admitted.is_none()
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.start_time.as_ref())
+                        .is_some()
+                {
+                    s.admitted = Some(now);
+                }
                 let phase = tessera_e2e::pods::annotation(&p, BIND_PHASE);
                 if s.allocated.is_none() && phase == Some(BIND_PHASE_SUCCESS) {
                     s.allocated = Some(now);
@@ -114,6 +166,7 @@ async fn round(c: &RealCluster, pods: usize) -> Result<Round> {
                     );
                 }
                 if before.bound != s.bound
+                    || before.admitted != s.admitted
                     || before.allocated != s.allocated
                     || before.running != s.running
                     || before.failed != s.failed
@@ -129,7 +182,7 @@ async fn round(c: &RealCluster, pods: usize) -> Result<Round> {
     let created: BTreeMap<String, Instant> = join_all((0..pods).map(|i| {
         let user = user.clone();
         async move {
-            let p = burst_pod(i);
+            let p = burst_pod(i, kind);
             user.create(&PostParams::default(), &p)
                 .await
                 .map(|_| (p.metadata.name.unwrap_or_default(), Instant::now()))
@@ -141,7 +194,7 @@ async fn round(c: &RealCluster, pods: usize) -> Result<Round> {
 
     let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
     let deadline = t0 + Duration::from_secs(if results::quick() { 180 } else { 600 });
-    let (mut all_allocated, mut all_running) = (None, None);
+    let mut all_running = None;
     while all_running.is_none() {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, rx.recv()).await {
@@ -158,28 +211,23 @@ async fn round(c: &RealCluster, pods: usize) -> Result<Round> {
             _ => {
                 watch.abort();
                 return Err(Error::msg(format!(
-                    "burst: {} of {pods} allocated, {} running when the deadline passed\n{}",
-                    seen.values().filter(|s| s.allocated.is_some()).count(),
+                    "burst: {} of {pods} admitted, {} running when the deadline passed\n{}",
+                    seen.values().filter(|s| s.admitted.is_some()).count(),
                     seen.values().filter(|s| s.running.is_some()).count(),
                     c.describe_pods(NS).await
                 )));
             }
         }
-        let done = |f: fn(&Seen) -> Option<Instant>| {
-            (seen.len() >= pods && seen.values().all(|s| f(s).is_some()))
-                .then(|| seen.values().filter_map(f).max())
-                .flatten()
-        };
-        if all_allocated.is_none() {
-            all_allocated = done(|s| s.allocated);
-        }
-        all_running = done(|s| s.running);
+        all_running = done(&seen, pods, |s| s.running);
     }
     watch.abort();
     let secs = |t: Option<Instant>| t.map_or(f64::NAN, |t| t.duration_since(t0).as_secs_f64());
     let r = Round {
-        all_allocated: secs(all_allocated),
+        all_bound: secs(done(&seen, pods, |s| s.bound)),
+        all_admitted: secs(done(&seen, pods, |s| s.admitted)),
+        all_allocated: secs(done(&seen, pods, |s| s.allocated)),
         all_running: secs(all_running),
+        allocate_seconds: kubelet_allocate_seconds(c).await? - allocate_before,
         create_to_bound: seen
             .iter()
             .filter_map(|(n, s)| {
@@ -207,10 +255,33 @@ async fn round(c: &RealCluster, pods: usize) -> Result<Round> {
     Ok(r)
 }
 
+/// When the last of `pods` pods reached what `f` reads, once all have.
+fn done(
+    seen: &BTreeMap<String, Seen>,
+    pods: usize,
+    f: fn(&Seen) -> Option<Instant>,
+) -> Option<Instant> {
+    (seen.len() >= pods && seen.values().all(|s| f(s).is_some()))
+        .then(|| seen.values().filter_map(f).max())
+        .flatten()
+}
+
+/// The median of per-round ratios `gpu[i] / plain[i]` (rounds interleaved, so each pair shared
+/// the machine's state).
+fn ratio_of_rounds(gpu: &[f64], plain: &[f64]) -> f64 {
+    Stats::of(
+        &gpu.iter()
+            .zip(plain)
+            .map(|(g, p)| g / p)
+            .collect::<Vec<_>>(),
+    )
+    .median
+}
+
 fn main() -> Result<()> {
     let quick = results::quick();
     let pods = if quick { 24 } else { 100 };
-    let rounds = if quick { 1 } else { 2 };
+    let rounds = if quick { 1 } else { 3 };
     let csv = Csv::open("real_burst");
     real::run(1, move |net| async move {
         let c = RealCluster::start(
@@ -245,45 +316,107 @@ fn main() -> Result<()> {
                     .await?;
                 c.wait_plugin_rolled_out().await?;
             }
-            let mut rs = Vec::new();
+            let (mut gpu, mut plain) = (Vec::new(), Vec::new());
             for i in 0..rounds {
-                let r = round(&c, pods).await?;
+                let p = round(&c, pods, Kind::Plain).await?;
+                let g = round(&c, pods, Kind::Gpu).await?;
                 eprintln!(
-                    "real burst, {label}, round {i}: all allocated {:.2} s, all running {:.2} s",
-                    r.all_allocated, r.all_running
+                    "real burst, {label}, round {i}: GPU all admitted {:.2} s, all running {:.2} s; \
+                     plain all admitted {:.2} s, all running {:.2} s",
+                    g.all_admitted, g.all_running, p.all_admitted, p.all_running
                 );
-                rs.push(r);
+                plain.push(p);
+                gpu.push(g);
             }
             let case = format!(
                 "real node: {pods} identical pods (gpumem 2000 gpucores 5) onto one 8-GPU node \
                  (split 16), {label}"
             );
-            let allocated = Stats::of(&rs.iter().map(|r| r.all_allocated).collect::<Vec<_>>());
+            let plain_case = format!(
+                "real node: the same {pods} pods without a GPU (default scheduler), interleaved \
+                 with the rounds of: {label}"
+            );
+            let of = |rs: &[Round], f: fn(&Round) -> f64| rs.iter().map(f).collect::<Vec<_>>();
+            let per_round = |rs: &[Round], f: fn(&Round) -> f64| Stats::of(&of(rs, f));
+            // R1: all Running, GPU / plain.
+            let running = per_round(&gpu, |r| r.all_running);
+            let running_ratio =
+                ratio_of_rounds(&of(&gpu, |r| r.all_running), &of(&plain, |r| r.all_running));
+            csv.row(
+                &Row::new(case.clone(), "first create -> all Running", "s", running)
+                    .without_p99()
+                    .baseline(per_round(&plain, |r| r.all_running).median)
+                    .ratio(running_ratio)
+                    .goal("GPU / plain <= 1.2", running_ratio <= 1.2),
+            );
+            // R2: the admission window, GPU / plain, or at most 20 ms more per pod.
+            let admitted = per_round(&gpu, |r| r.all_admitted);
+            let plain_admitted = per_round(&plain, |r| r.all_admitted);
+            let admitted_ratio = ratio_of_rounds(
+                &of(&gpu, |r| r.all_admitted),
+                &of(&plain, |r| r.all_admitted),
+            );
+            let added_per_pod_ms = (admitted.median - plain_admitted.median) * 1e3 / pods as f64;
+            csv.row(
+                &Row::new(
+                    case.clone(),
+                    "first create -> all admitted (kubelet startTime)",
+                    "s",
+                    admitted,
+                )
+                .without_p99()
+                .baseline(plain_admitted.median)
+                .ratio(admitted_ratio)
+                .goal(
+                    "GPU / plain <= 1.5 or <= 20 ms added per pod",
+                    admitted_ratio <= 1.5 || added_per_pod_ms <= 20.0,
+                ),
+            );
+            csv.row(
+                &Row::new(
+                    case.clone(),
+                    "first create -> all bound",
+                    "s",
+                    per_round(&gpu, |r| r.all_bound),
+                )
+                .without_p99()
+                .baseline(per_round(&plain, |r| r.all_bound).median)
+                .ratio(ratio_of_rounds(
+                    &of(&gpu, |r| r.all_bound),
+                    &of(&plain, |r| r.all_bound),
+                )),
+            );
             csv.row(
                 &Row::new(
                     case.clone(),
                     "first create -> all allocated",
                     "s",
-                    allocated,
+                    per_round(&gpu, |r| r.all_allocated),
                 )
-                .without_p99()
-                .goal("< 5 s", allocated.median < 5.0),
+                .without_p99(),
+            );
+            // R3: the kubelet's time in Allocate against the admission window.
+            let share = Stats::of(
+                &gpu.iter()
+                    .map(|r| r.allocate_seconds / r.all_admitted)
+                    .collect::<Vec<_>>(),
             );
             csv.row(
                 &Row::new(
                     case.clone(),
-                    "first create -> all Running",
-                    "s",
-                    Stats::of(&rs.iter().map(|r| r.all_running).collect::<Vec<_>>()),
+                    "kubelet time in Allocate / admission window",
+                    "ratio",
+                    share,
                 )
-                .without_p99(),
+                .without_p99()
+                .goal("<= 0.10", share.median <= 0.10),
             );
             csv.row(&Row::new(
                 case.clone(),
                 "per pod: create -> bound",
                 "ms",
                 Stats::of(
-                    &rs.iter()
+                    &gpu.iter()
                         .flat_map(|r| r.create_to_bound.clone())
                         .collect::<Vec<_>>(),
                 ),
@@ -293,8 +426,33 @@ fn main() -> Result<()> {
                 "per pod: bound -> allocated (kubelet admission + Allocate + patch)",
                 "ms",
                 Stats::of(
-                    &rs.iter()
+                    &gpu.iter()
                         .flat_map(|r| r.bound_to_allocated.clone())
+                        .collect::<Vec<_>>(),
+                ),
+            ));
+            for (metric, f) in [
+                (
+                    "first create -> all bound",
+                    (|r: &Round| r.all_bound) as fn(&Round) -> f64,
+                ),
+                ("first create -> all admitted (kubelet startTime)", |r| {
+                    r.all_admitted
+                }),
+                ("first create -> all Running", |r| r.all_running),
+            ] {
+                csv.row(
+                    &Row::new(plain_case.clone(), metric, "s", per_round(&plain, f)).without_p99(),
+                );
+            }
+            csv.row(&Row::new(
+                plain_case,
+                "per pod: create -> bound",
+                "ms",
+                Stats::of(
+                    &plain
+                        .iter()
+                        .flat_map(|r| r.create_to_bound.clone())
                         .collect::<Vec<_>>(),
                 ),
             ));
