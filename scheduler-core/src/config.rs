@@ -14,6 +14,11 @@ pub struct DecisionConfig {
     pub node_selector: Vec<(String, String)>,
     /// Threads evaluating candidates of one filter (`--filter-threads`); 0 or 1 = sequential.
     pub filter_threads: usize,
+    /// Whether a placed pod's verdict keeps every other candidate's reason (`simulate` and
+    /// `kubectl tessera` show them). Off in the extender: kube-scheduler reads an extender's
+    /// `FailedNodes` only when no node passes, so on a fitting pod they would be built, encoded
+    /// and decoded for nothing (deviation L7).
+    pub reasons_when_placed: bool,
     /// How decisions reach the API server (not part of the decision itself; it travels with
     /// the rest of the daemon's configuration to the handlers).
     pub writes: WriteOptions,

@@ -86,7 +86,12 @@ pub struct Placement {
     pub mig: Vec<hami_contract::mig::MigAllocation>,
     /// Every node that fits, with its score (names shared with the loop's cache).
     pub fitting: Vec<(std::sync::Arc<str>, f32)>,
+    /// Why each other candidate failed, with [`DecisionConfig::reasons_when_placed`] (`simulate`,
+    /// `kubectl tessera`); empty otherwise (the extender: kube-scheduler reads `FailedNodes`
+    /// only when nothing fits).
     pub failed: BTreeMap<String, NodeFailure>,
+    /// How many candidates failed (distinct names), reasons kept or not.
+    pub failed_count: usize,
 }
 
 fn annotations(pod: &Pod) -> BTreeMap<String, String> {
@@ -124,8 +129,9 @@ impl Best<'_> {
 /// What one slice of the candidates concluded.
 #[derive(Debug, Default)]
 struct Chunk<'c> {
-    /// Why each failed node failed, in candidate order (a map is built once, at the end).
-    failed: Vec<(String, NodeFailure)>,
+    /// Why each failed node failed, in candidate order: names borrowed from the candidates,
+    /// a map of owned names built once at the end, and only when it is wanted.
+    failed: Vec<(&'c str, NodeFailure)>,
     fitting: Vec<(std::sync::Arc<str>, f32)>,
     best: Option<Best<'c>>,
 }
@@ -265,14 +271,14 @@ impl EvalInput<'_> {
         out: &mut Chunk<'c>,
     ) {
         match slot.map(|s| self.state.quick_at(s)) {
-            None => out.failed.push((name.to_owned(), NodeFailure::Unknown)),
+            None => out.failed.push((name, NodeFailure::Unknown)),
             Some(QuickCandidate::Unregistered(why)) => {
                 out.failed
-                    .push((name.to_owned(), NodeFailure::Unregistered(why.to_owned())));
+                    .push((name, NodeFailure::Unregistered(why.to_owned())));
             }
             Some(QuickCandidate::Usable(shared_name, summary)) => {
                 match quick.check(summary, self.quota) {
-                    Err(r) => out.failed.push((name.to_owned(), r.into())),
+                    Err(r) => out.failed.push((name, r.into())),
                     Ok(()) => {
                         out.fitting.push((shared_name.to_owned(), summary.score));
                         if self.prefers(summary.score, &out.best) {
@@ -285,15 +291,15 @@ impl EvalInput<'_> {
     }
 
     /// One candidate evaluated fully.
-    fn full_one(&self, name: &str, out: &mut Chunk<'_>) {
+    fn full_one<'c>(&self, name: &'c str, out: &mut Chunk<'c>) {
         let (node, nvidia, shared_name) = match self.state.candidate(name, self.uid, self.uid_on) {
             None => {
-                out.failed.push((name.to_owned(), NodeFailure::Unknown));
+                out.failed.push((name, NodeFailure::Unknown));
                 return;
             }
             Some(Candidate::Unregistered(why)) => {
                 out.failed
-                    .push((name.to_owned(), NodeFailure::Unregistered(why.to_owned())));
+                    .push((name, NodeFailure::Unregistered(why.to_owned())));
                 return;
             }
             Some(Candidate::Usable(node, nvidia, shared_name)) => (node, nvidia, shared_name),
@@ -308,7 +314,7 @@ impl EvalInput<'_> {
         // compared by score alone.
         match fit::evaluate_picks(&node, Some(nvidia), self.ask, self.opts, self.quota) {
             Err(r) => {
-                out.failed.push((name.to_owned(), r.into()));
+                out.failed.push((name, r.into()));
             }
             Ok(f) => {
                 let conflict = if self.pending_nodes.contains(name) {
@@ -330,10 +336,8 @@ impl EvalInput<'_> {
                 };
                 if let Some(other) = conflict {
                     let hami_plugin = self.state.is_hami_plugin_node(name);
-                    out.failed.push((
-                        name.to_owned(),
-                        NodeFailure::PendingConflict { other, hami_plugin },
-                    ));
+                    out.failed
+                        .push((name, NodeFailure::PendingConflict { other, hami_plugin }));
                 } else {
                     out.fitting.push((shared_name.to_owned(), f.score));
                     if self.prefers(f.score, &out.best) {
@@ -561,6 +565,13 @@ fn filter(
         let Some(b) = best.take() else { break };
         match eval.resolve(b) {
             Some(chosen) => {
+                let (failed, failed_count) = if cfg.reasons_when_placed {
+                    let map = failure_map(failed);
+                    let n = map.len();
+                    (map, n)
+                } else {
+                    (BTreeMap::new(), distinct_names(failed))
+                };
                 return Verdict::Placed(Placement {
                     node: chosen.node.clone(),
                     signature: AllocationSignature::new(&chosen.devices, &annotations),
@@ -568,7 +579,8 @@ fn filter(
                     charge: chosen.charge,
                     mig: chosen.mig,
                     fitting,
-                    failed: failure_map(failed),
+                    failed,
+                    failed_count,
                 });
             }
             None => {
@@ -663,7 +675,7 @@ fn statically_refused(why: &fit::FitFailure) -> bool {
 /// The reasons by node, as inserting them one by one in candidate order would leave them (a
 /// node named twice keeps its last reason), built in one pass: the candidates usually come
 /// sorted, and a map built from a sorted list costs no comparisons beyond the sort's check.
-fn failure_map(mut failed: Vec<(String, NodeFailure)>) -> BTreeMap<String, NodeFailure> {
+fn failure_map(mut failed: Vec<(&str, NodeFailure)>) -> BTreeMap<String, NodeFailure> {
     // Stable: equal names stay in candidate order; of those the last reason is kept.
     failed.sort_by(|a, b| a.0.cmp(&b.0));
     failed.dedup_by(|later, kept| {
@@ -673,8 +685,19 @@ fn failure_map(mut failed: Vec<(String, NodeFailure)>) -> BTreeMap<String, NodeF
         }
         same
     });
-    // Sorted and without duplicates: the map is built in one pass, in place.
-    failed.into_iter().collect()
+    // Sorted and without duplicates: the map is built in one pass.
+    failed
+        .into_iter()
+        .map(|(name, why)| (name.to_owned(), why))
+        .collect()
+}
+
+/// How many distinct nodes failed, without building their reasons.
+fn distinct_names(failed: Vec<(&str, NodeFailure)>) -> usize {
+    let mut names: Vec<&str> = failed.into_iter().map(|(name, _)| name).collect();
+    names.sort_unstable();
+    names.dedup();
+    names.len()
 }
 
 /// The reservation that records `placement` for `pod` in the overlay.
@@ -788,7 +811,7 @@ pub fn success_summary(p: &Placement) -> String {
         out,
         "find fit node({}), {} nodes not fit, {} nodes fit({fits})",
         p.node,
-        p.failed.len(),
+        p.failed_count,
         p.fitting.len()
     );
     out

@@ -461,6 +461,11 @@ pub const NO_GPU_NODES: &str = "the input has no node that takes GPU pods: add t
 
 /// Places every pending pod in file order; each placement books capacity for the next.
 pub fn run(input: &Input, cfg: &DecisionConfig) -> Vec<PodResult> {
+    // Why not elsewhere is half of simulate's answer.
+    let cfg = &DecisionConfig {
+        reasons_when_placed: true,
+        ..cfg.clone()
+    };
     let (mut state, names) = input.state(cfg);
     let mut dra = DraState::new(&input.dra);
     let mut out = Vec::new();

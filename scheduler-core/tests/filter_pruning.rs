@@ -754,10 +754,14 @@ fn threaded_pruned_filter_equals_the_sequential_full_evaluation() {
         .map(|i| format!("n{i}"))
         .chain(["ghost".to_owned()])
         .collect();
-    let sequential = DecisionConfig::default();
+    // Every reason kept, so the pruned and threaded passes are compared on them too.
+    let sequential = DecisionConfig {
+        reasons_when_placed: true,
+        ..DecisionConfig::default()
+    };
     let threaded = DecisionConfig {
         filter_threads: 3,
-        ..DecisionConfig::default()
+        ..sequential.clone()
     };
     let mut placed_with_failures = 0;
     for (mem, cores, policy) in [
@@ -788,7 +792,11 @@ fn threaded_pruned_filter_equals_the_sequential_full_evaluation() {
         for avoid in [false, true] {
             let full = filter_pod_unpruned(&mut state, &sequential, &pod, "uid-t", &names, avoid);
             if let Verdict::Placed(p) = &full {
-                placed_with_failures += usize::from(p.fitting.len() > 256 && p.failed.len() > 256);
+                placed_with_failures += usize::from(
+                    p.fitting.len() > 256
+                        && p.failed.len() > 256
+                        && p.failed_count == p.failed.len(),
+                );
             }
             let pruned = filter_pod_with(&mut state, &threaded, &pod, "uid-t", &names, avoid);
             assert_eq!(pruned, full, "mem {mem} cores {cores} policy {policy:?}");

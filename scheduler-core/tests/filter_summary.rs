@@ -22,6 +22,7 @@ fn placement(fitting: Vec<(String, f32)>, failed: usize) -> Placement {
         failed: (0..failed)
             .map(|i| (format!("f{i}"), NodeFailure::Unregistered("x".to_owned())))
             .collect(),
+        failed_count: failed,
     }
 }
 

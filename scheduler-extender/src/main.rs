@@ -57,6 +57,9 @@ impl PolicyArgs {
             defaults,
             node_selector: Vec::new(),
             filter_threads: 1,
+            // The daemon answers kube-scheduler, which reads other nodes' reasons only when
+            // nothing fits; `simulate` asks for them itself.
+            reasons_when_placed: false,
             writes: Default::default(),
         })
     }

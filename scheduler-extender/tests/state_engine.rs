@@ -313,6 +313,7 @@ fn nodes_outside_the_label_selector_take_no_gpu_pods() {
 fn large_candidate_lists_choose_like_a_sequential_pass() {
     let mut e = Engine::standalone(DecisionConfig {
         filter_threads: 3,
+        reasons_when_placed: true,
         ..Default::default()
     });
     let names: Vec<String> = (0..900).map(|i| format!("n{i:03}")).collect();
@@ -397,7 +398,10 @@ fn decided_pod(pod: &Pod, v: &Result<Verdict, Refusal>) -> Pod {
 /// backed off by kube-scheduler for a second or more).
 #[test]
 fn a_confusable_pod_avoids_a_node_where_another_was_just_decided() {
-    let mut e = Engine::standalone(DecisionConfig::default());
+    let mut e = Engine::standalone(DecisionConfig {
+        reasons_when_placed: true,
+        ..Default::default()
+    });
     for n in ["n1", "n2"] {
         e.observe(Observation::NodeUpsert(Box::new(gpu_node(n, 2, 16000, 10))));
     }
@@ -491,4 +495,43 @@ fn a_pod_marked_for_preemption_is_reported_once_with_its_slices() {
     );
     e.observe(Observation::PodUpsert(Box::new(marked)));
     assert!(rx.try_recv().is_err(), "reported once");
+}
+
+/// The extender's default: a pod that fits is answered with its node and no other candidate's
+/// reason (kube-scheduler reads `FailedNodes` only when nothing fits), the count kept for
+/// HAMi's `FilteringSucceed` text; a pod that fits nowhere still gets every node's reason.
+#[test]
+fn reasons_are_built_only_when_nothing_fits_unless_asked() {
+    let mut e = Engine::standalone(DecisionConfig::default());
+    for n in ["n1", "n2", "n3"] {
+        e.observe(Observation::NodeUpsert(Box::new(gpu_node(n, 1, 16000, 10))));
+    }
+    e.observe(Observation::PodUpsert(Box::new(running_pod(
+        "d",
+        "big",
+        "n1",
+        "GPU-n1-0,NVIDIA,15000,0:;",
+    ))));
+    let nodes: Vec<String> = ["n1", "n2", "n3", "gone"].map(str::to_owned).to_vec();
+    let v = e.filter(&gpu_pod("d", "fits", 1, 4000, 0), &nodes);
+    match &v {
+        Ok(Verdict::Placed(p)) => {
+            assert!(p.failed.is_empty(), "{v:?}");
+            assert_eq!(p.failed_count, 2, "n1 is full, `gone` unknown");
+            assert!(
+                tessera_scheduler_core::decide::success_summary(p).contains("2 nodes not fit"),
+                "{}",
+                tessera_scheduler_core::decide::success_summary(p)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    e.filter_abort("uid-d-fits");
+    let v = e.filter(&gpu_pod("d", "huge", 1, 20000, 0), &nodes);
+    let reasons = failed_reasons(&v);
+    assert_eq!(reasons.len(), 4, "{reasons:?}");
+    assert!(
+        reasons["n2"].contains("CardInsufficientMemory"),
+        "{reasons:?}"
+    );
 }
