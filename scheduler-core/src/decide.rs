@@ -677,7 +677,7 @@ fn statically_refused(why: &fit::FitFailure) -> bool {
 /// sorted, and a map built from a sorted list costs no comparisons beyond the sort's check.
 fn failure_map(mut failed: Vec<(&str, NodeFailure)>) -> BTreeMap<String, NodeFailure> {
     // Stable: equal names stay in candidate order; of those the last reason is kept.
-    failed.sort_by(|a, b| a.0.cmp(&b.0));
+    failed.sort_by(|a, b| a.0.cmp(b.0));
     failed.dedup_by(|later, kept| {
         let same = later.0 == kept.0;
         if same {
