@@ -109,9 +109,8 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // The causes on one line, never a backtrace: this is read by a person. The API
-            // server's own message rather than kube's debug form of its Status.
-            // The API server's message is the end of the story: kube's error repeats it
-            // and its reason below it.
+            // server's own message ends the line (kube's error repeats it and its reason
+            // below it), rather than kube's debug form of its Status.
             let mut causes: Vec<String> = Vec::new();
             for cause in e.chain() {
                 if let Some(kube::Error::Api(status)) = cause.downcast_ref::<kube::Error>() {
