@@ -83,6 +83,36 @@ zig_tools() {
 	fi
 }
 
+# Paths into the build (the checkout, Cargo's registry, the toolchain) are remapped, so the
+# binaries do not depend on where they were built.
+remap="--remap-path-prefix=$root=/tessera --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=${RUSTUP_HOME:-$HOME/.rustup}=/rustup"
+
+# zigbuild_glibc_2_17 TRIPLE WHAT PACKAGE...: PACKAGEs in release against glibc 2.17 (zig's
+# linker with 2.17's symbol versions, cargo-zigbuild) into $target_dir/shim-glibc; the Debian
+# cross linker set for arm64 must not replace zig's.
+zigbuild_glibc_2_17() {
+	local triple="$1" what="$2" p
+	shift 2
+	local packages=()
+	for p in "$@"; do packages+=(-p "$p"); done
+	log "building the $what against glibc 2.17 (cargo-zigbuild)"
+	SOURCE_DATE_EPOCH="$epoch" RUSTFLAGS="$remap" \
+		CARGO_INCREMENTAL=0 CARGO_TARGET_DIR="$target_dir/shim-glibc" PATH="$zig_dir:$PATH" \
+		env -u CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER -u CC_aarch64_unknown_linux_gnu nice -n 10 \
+		"$zigbuild" zigbuild --locked --release --target "$triple.2.17" "${packages[@]}" >&2
+}
+
+# newer_than_glibc_2_17 WHAT FILE...: stops the release when a FILE needs a glibc symbol newer
+# than 2.17 (printed above the error).
+newer_than_glibc_2_17() {
+	local what="$1"
+	shift
+	if readelf -W --dyn-syms "$@" | grep -Eo 'GLIBC_2\.(1[8-9]|[2-9][0-9])' | sort -u | grep .; then
+		log "error: the $what need a glibc newer than 2.17 (above)"
+		exit 1
+	fi
+}
+
 # build_binaries ARCH OUT: the release binaries of ARCH into OUT.
 build_binaries() {
 	local arch="$1" out="$2" triple
@@ -94,43 +124,23 @@ build_binaries() {
 		export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
 	fi
 	log "building the $arch binaries ($triple, release) into $target_dir"
-	# Paths into the build (the checkout, Cargo's registry, the toolchain) are remapped, so the
-	# binaries do not depend on where they were built.
 	SOURCE_DATE_EPOCH="$epoch" TESSERA_REVISION="$revision" TESSERA_BUILD_DATE="$build_date" \
-		RUSTFLAGS="--remap-path-prefix=$root=/tessera --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=${RUSTUP_HOME:-$HOME/.rustup}=/rustup" \
+		RUSTFLAGS="$remap" \
 		CARGO_INCREMENTAL=0 CARGO_TARGET_DIR="$target_dir" nice -n 10 \
 		cargo build --locked --release --target "$triple" \
 		-p tessera-scheduler -p tessera-device-plugin -p tessera-dra-plugin -p kubectl-tessera >&2
 	# The glibc shim is loaded into every GPU workload, whatever its distribution, so it links
 	# against glibc 2.17 (as docker/device-plugin.Dockerfile's manylinux2014 stage does), not
-	# this machine's 2.36: zig's linker with 2.17's symbol versions (cargo-zigbuild; the Debian
-	# cross linker set above for arm64 must not replace zig's).
+	# this machine's 2.36.
 	zig_tools
-	log "building the $arch glibc shim against glibc 2.17 (cargo-zigbuild)"
-	SOURCE_DATE_EPOCH="$epoch" \
-		RUSTFLAGS="--remap-path-prefix=$root=/tessera --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=${RUSTUP_HOME:-$HOME/.rustup}=/rustup" \
-		CARGO_INCREMENTAL=0 CARGO_TARGET_DIR="$target_dir/shim-glibc" PATH="$zig_dir:$PATH" \
-		env -u CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER -u CC_aarch64_unknown_linux_gnu nice -n 10 \
-		"$zigbuild" zigbuild --locked --release --target "$triple.2.17" -p libvgpu-shim >&2
-	local shim="$target_dir/shim-glibc/$triple/release/libvgpu.so"
-	if readelf -W --dyn-syms "$shim" | grep -Eo 'GLIBC_2\.(1[8-9]|[2-9][0-9])' | sort -u | grep .; then
-		log "error: the $arch libvgpu.so needs a glibc newer than 2.17 (above)"
-		exit 1
-	fi
+	zigbuild_glibc_2_17 "$triple" "$arch glibc shim" libvgpu-shim
+	local glibc_2_17="$target_dir/shim-glibc/$triple/release"
+	local shim="$glibc_2_17/libvgpu.so"
 	# The simulated GPUs' fake driver (the chart's `simulatedGpus` image) is mapped into GPU
 	# workloads of any distribution too: glibc 2.17 alike, built on its own so its crates'
 	# features never reach the shim's build.
-	log "building the $arch simulated GPUs' fake driver against glibc 2.17 (cargo-zigbuild)"
-	SOURCE_DATE_EPOCH="$epoch" \
-		RUSTFLAGS="--remap-path-prefix=$root=/tessera --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=${RUSTUP_HOME:-$HOME/.rustup}=/rustup" \
-		CARGO_INCREMENTAL=0 CARGO_TARGET_DIR="$target_dir/shim-glibc" PATH="$zig_dir:$PATH" \
-		env -u CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER -u CC_aarch64_unknown_linux_gnu nice -n 10 \
-		"$zigbuild" zigbuild --locked --release --target "$triple.2.17" -p fake-cuda -p fake-nvml >&2
-	local fakes="$target_dir/shim-glibc/$triple/release"
-	if readelf -W --dyn-syms "$fakes/libcuda.so" "$fakes/libnvidia_ml.so" | grep -Eo 'GLIBC_2\.(1[8-9]|[2-9][0-9])' | sort -u | grep .; then
-		log "error: the $arch fake driver needs a glibc newer than 2.17 (above)"
-		exit 1
-	fi
+	zigbuild_glibc_2_17 "$triple" "$arch simulated GPUs' fake driver" fake-cuda fake-nvml
+	newer_than_glibc_2_17 "$arch glibc shim and fake driver" "$shim" "$glibc_2_17/libcuda.so" "$glibc_2_17/libnvidia_ml.so"
 	mkdir -p "$out"
 	local rel="$target_dir/$triple/release"
 	# The release profile keeps line tables for backtraces in development; the shipped files
@@ -142,18 +152,18 @@ build_binaries() {
 	done
 	"$objcopy" --strip-debug "$shim" "$out/libvgpu.so"
 	mkdir -p "$out/simulated"
-	"$objcopy" --strip-debug "$fakes/libcuda.so" "$out/simulated/libcuda.so.1"
-	"$objcopy" --strip-debug "$fakes/libnvidia_ml.so" "$out/simulated/libnvidia-ml.so.1"
+	"$objcopy" --strip-debug "$glibc_2_17/libcuda.so" "$out/simulated/libcuda.so.1"
+	"$objcopy" --strip-debug "$glibc_2_17/libnvidia_ml.so" "$out/simulated/libnvidia-ml.so.1"
 	# The simulated GPUs' example workload (the tessera-gpu-probe image): the CUDA probe, linked
 	# against the fake libcuda.so.1 and glibc 2.17 by zig's C compiler.
 	local zig_target=x86_64-linux-gnu.2.17
 	[[ "$arch" == arm64 ]] && zig_target=aarch64-linux-gnu.2.17
 	"$zig_dir/zig" cc -target "$zig_target" -O1 -Wall -ffile-prefix-map="$root=/tessera" \
 		-o "$out/simulated/cuda_probe" libvgpu-shim/tests/c/cuda_probe.c \
-		-L"$fakes" -lcuda -ldl -lpthread >&2
+		-L"$glibc_2_17" -lcuda -ldl -lpthread >&2
 	if [[ "$arch" == amd64 ]]; then
 		need_packages musl-tools
-		SOURCE_DATE_EPOCH="$epoch" RUSTFLAGS="--remap-path-prefix=$root=/tessera --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo --remap-path-prefix=${RUSTUP_HOME:-$HOME/.rustup}=/rustup" \
+		SOURCE_DATE_EPOCH="$epoch" RUSTFLAGS="$remap" \
 			CARGO_INCREMENTAL=0 TESSERA_MUSL_TARGET_DIR="$target_dir/musl" nice -n 10 \
 			sh libvgpu-shim/musl-build.sh --locked --release -p libvgpu-shim >&2
 		objcopy --strip-debug "$target_dir/musl/x86_64-unknown-linux-musl/release/libvgpu.so" "$out/libvgpu-musl.so"

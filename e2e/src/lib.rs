@@ -98,3 +98,14 @@ pub fn yaml_documents(text: &str) -> Result<Vec<serde_json::Value>> {
     }
     Ok(out)
 }
+
+/// The object of a one-document YAML file (an example manifest), typed.
+pub fn read_yaml_object<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::msg(format!("reading {}: {e}", path.display())))?;
+    let doc = yaml_documents(&text)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::msg(format!("{}: no object", path.display())))?;
+    Ok(serde_json::from_value(doc)?)
+}

@@ -298,14 +298,14 @@ async fn kueue_queues_gpu_jobs(c: &RealCluster) -> Result<()> {
     c.apply_yaml(&std::fs::read_to_string(examples.join("queues.yaml"))?)
         .await?;
 
-    let template: Job = serde_yaml_job(&std::fs::read_to_string(examples.join("job.yaml"))?)?;
+    // The example as written (its image is the release's probe, imported under that name);
+    // the test gives each Job its name, size and check.
+    let template: Job = tessera_e2e::read_yaml_object(&examples.join("job.yaml"))?;
     let job = |name: &str, gpumem: u64, script: String| -> Result<Job> {
         let mut j = serde_json::to_value(&template)?;
         j["metadata"]["name"] = json!(name);
         j["metadata"]["namespace"] = json!(TENANT);
         let ctr = &mut j["spec"]["template"]["spec"]["containers"][0];
-        ctr["imagePullPolicy"] = json!("Never");
-        ctr["image"] = json!(PROBE_IMAGE);
         ctr["command"] = json!(["/bin/sh", "-c", script]);
         ctr["resources"]["limits"]["nvidia.com/gpumem"] = json!(gpumem);
         Ok(serde_json::from_value(j)?)
@@ -442,15 +442,6 @@ async fn kueue_queues_gpu_jobs(c: &RealCluster) -> Result<()> {
     let lp = ListParams::default().labels("batch.kubernetes.io/job-name=too-big");
     assert!(pods.list(&lp).await?.items.is_empty());
     Ok(())
-}
-
-/// The one Job of a YAML file.
-fn serde_yaml_job(text: &str) -> Result<k8s_openapi::api::batch::v1::Job> {
-    let doc = tessera_e2e::yaml_documents(text)?
-        .into_iter()
-        .next()
-        .ok_or_else(|| tessera_e2e::Error::msg("no Job in the file".to_owned()))?;
-    Ok(serde_json::from_value(doc)?)
 }
 
 /// A Deployment of GPU pods scaled 0 → 20 → 0: all 20 run, and afterwards every GPU is free in
@@ -1160,10 +1151,9 @@ async fn simulated_gpus(c: &RealCluster) -> Result<()> {
     }
     // docs/install.md's example workload, as written (its image is imported under the name
     // `make release` publishes it by; pulled only if absent).
-    let example = tessera_e2e::yaml_documents(&std::fs::read_to_string(
-        tessera_e2e::artifacts::workspace_root().join("examples/simulated-gpus/probe.yaml"),
-    )?)?;
-    let mut probe: Pod = serde_json::from_value(example[0].clone())?;
+    let mut probe: Pod = tessera_e2e::read_yaml_object(
+        &tessera_e2e::artifacts::workspace_root().join("examples/simulated-gpus/probe.yaml"),
+    )?;
     probe.metadata.namespace = Some(TENANT.to_owned());
     let image = probe
         .spec
