@@ -15,6 +15,7 @@ use tokio::sync::Mutex;
 // Deadlines on tokio's clock: the budget follows `tokio::time` (paused in tests), not the wall.
 use tokio::time::Instant;
 
+use crate::cached_identity::{CacheCall, PodReader, choose_from_cache};
 use crate::container_env::{
     ContainerResponse, ContainerTarget, ResponseError, ResponseSettings, container_response,
 };
@@ -117,8 +118,46 @@ impl AllocateError {
 enum PodView {
     /// The informer's cache: may lag; only for answers that cannot swap limits.
     Cache,
-    /// A consistent LIST issued after the call began.
+    /// Read after the call began: the cache completed and confirmed by reads by name where that
+    /// is exact, else a consistent LIST.
     Fresh,
+}
+
+/// What an answer was decided on (the `read` label of the identity metric).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// The informer's cache (`GetPreferredAllocation` only).
+    Cache,
+    /// The cache, completed and confirmed by reads by name ([`crate::cached_identity`]).
+    CacheConfirmed,
+    /// A consistent LIST of the node's pods.
+    List,
+}
+
+impl Read {
+    fn as_str(self) -> &'static str {
+        match self {
+            Read::Cache => "cache",
+            Read::CacheConfirmed => "cache_confirmed",
+            Read::List => "list",
+        }
+    }
+}
+
+/// The pod source's reads by name, as [`crate::cached_identity`] asks for them.
+struct ApiReader<'a>(&'a dyn PodSource);
+
+impl PodReader for ApiReader<'_> {
+    type Error = EdgeError;
+    fn read(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl std::future::Future<Output = Result<Option<PodSnapshot>, EdgeError>> + Send {
+        // Owned copies: the future outlives the borrowed names under the trait's signature.
+        let (source, namespace, name) = (self.0, namespace.to_owned(), name.to_owned());
+        async move { source.get(&namespace, &name).await }
+    }
 }
 
 /// HAMi's GPU scheduler name (`schedulerName` in its chart).
@@ -236,32 +275,62 @@ impl Allocator {
         }
     }
 
-    /// Identity. `Allocate` decides on a fresh, consistent read of the node's pods, never on the
-    /// informer's cache: a lagging cache can both miss the pod being admitted (bound after its
-    /// last event) and still show as pending a pod the kubelet already rejected, and then name
-    /// that pod as the unique candidate, handing its limits to the wrong container. The
-    /// extender binds a pod only after it saw every confusable pod stop being pending, and the
-    /// kubelet asks only after it saw the binding, so a read issued after the call began sees
-    /// both (`docs/design/allocation-identity.md`, step 7). If that read fails, the call fails
+    /// Identity. `Allocate` never decides on the informer's cache alone: a lagging cache can
+    /// both miss the pod being admitted (bound after its last event) and still show as pending
+    /// a pod the kubelet already rejected, and then name that pod as the unique candidate,
+    /// handing its limits to the wrong container. It decides either on the cache completed and
+    /// confirmed by reads by name, where that gives exactly a LIST's answer
+    /// ([`crate::cached_identity`]: a 1.34+ kubelet's pod-resources `List` answered), or on a
+    /// fresh, consistent LIST of the node's pods. The extender binds a pod only after it saw
+    /// every confusable pod stop being pending, and the kubelet asks only after it saw the
+    /// binding, so a read issued after the call began sees both
+    /// (`docs/design/allocation-identity.md`, step 7). If that read fails, the call fails
     /// closed. `GetPreferredAllocation` only steers the kubelet's replica choice, so it answers
     /// from the cache.
     async fn identify(
         &self,
-        ledger: &Ledger,
+        ledger: &mut Ledger,
         count: usize,
         must_include: bool,
         source: PodView,
         deadline: Instant,
-    ) -> Result<(Choice, Vec<PodSnapshot>), AllocateError> {
-        let (view, pods) = match source {
-            PodView::Cache => (self.pod_resources_view().await, self.pods.cached()),
+    ) -> Result<(Choice, Vec<PodSnapshot>, Read), AllocateError> {
+        let lock = self.pods.hami_lock();
+        let view = self.pod_resources_view().await;
+        let (pods, read) = match source {
+            PodView::Cache => (self.pods.cached(), Read::Cache),
             PodView::Fresh => {
+                if !must_include {
+                    let policy = self.booking_policy();
+                    let kubelet_version = self.pods.kubelet_version();
+                    let call = CacheCall {
+                        node: &self.node,
+                        policy: &policy,
+                        count,
+                        hami_lock: lock.as_deref(),
+                        pod_resources: view.as_ref(),
+                        kubelet_version: kubelet_version.as_deref(),
+                    };
+                    let reader = ApiReader(self.pods.as_ref());
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    let from_cache = choose_from_cache(call, ledger, self.pods.cached(), &reader);
+                    match tokio::time::timeout(remaining, from_cache).await {
+                        Ok(Ok(found)) => {
+                            log_rejections(&found.rejected);
+                            return Ok((found.choice, found.pods, Read::CacheConfirmed));
+                        }
+                        Ok(Err(why)) => {
+                            tracing::debug!(reason = %DisplayChain(&why), "Allocate decides on a LIST")
+                        }
+                        Err(_) => {
+                            return Err(AllocateError::PodListTimeout {
+                                node: self.node.clone(),
+                            });
+                        }
+                    }
+                }
                 let remaining = deadline.saturating_duration_since(Instant::now());
-                let (view, pods) = tokio::join!(
-                    self.pod_resources_view(),
-                    tokio::time::timeout(remaining, self.pods.fresh())
-                );
-                let pods = match pods {
+                let pods = match tokio::time::timeout(remaining, self.pods.fresh()).await {
                     Ok(Ok(pods)) => pods,
                     Ok(Err(e)) => {
                         return Err(AllocateError::PodList {
@@ -275,10 +344,9 @@ impl Allocator {
                         });
                     }
                 };
-                (view, pods)
+                (pods, Read::List)
             }
         };
-        let lock = self.pods.hami_lock();
         let facts = CallFacts {
             count,
             must_include,
@@ -288,8 +356,11 @@ impl Allocator {
         let policy = self.booking_policy();
         let (pending, rejected) = pending_pods_checked(&self.node, &policy, &pods, ledger);
         log_rejections(&rejected);
+        if read == Read::List {
+            ledger.note_consistent_read(&pending);
+        }
         let chosen = select(facts, &pending, ledger)?;
-        Ok((chosen, pods))
+        Ok((chosen, pods, read))
     }
 
     /// Serves one kubelet `Allocate`.
@@ -344,7 +415,7 @@ impl Allocator {
         deadline: Instant,
     ) -> Result<dp::ContainerAllocateResponse, AllocateError> {
         let count = creq.devices_ids.len();
-        let (choice, pods) = self
+        let (choice, pods, read) = self
             .identify(ledger, count, false, PodView::Fresh, deadline)
             .await
             .inspect_err(|e| {
@@ -353,10 +424,10 @@ impl Allocator {
         let pod_key = format!("{}/{}", choice.namespace, choice.name);
         record_pod(&pod_key, &choice.uid);
         if let Some(m) = &self.metrics {
-            m.identity_choice(choice.reason.as_str());
+            m.identity_choice(choice.reason.as_str(), read.as_str());
         }
         tracing::info!(pod = %pod_key, container = %choice.container.name, entry = choice.entry_index,
-            reason = choice.reason.as_str(), "Allocate serves pod");
+            reason = choice.reason.as_str(), read = read.as_str(), "Allocate serves pod");
 
         let result = self
             .build_and_record(ledger, creq, &choice, &pods, deadline)
@@ -601,12 +672,12 @@ impl Allocator {
         let deadline = started + self.budget;
         let mut out = Vec::new();
         let answer = tokio::time::timeout(self.budget, async {
-            let ledger = self.ledger().await;
+            let mut ledger = self.ledger().await;
             for creq in &req.container_requests {
                 let size = usize::try_from(creq.allocation_size).unwrap_or(0);
                 let planned = match self
                     .identify(
-                        &ledger,
+                        &mut ledger,
                         size,
                         !creq.must_include_device_i_ds.is_empty(),
                         PodView::Cache,
@@ -614,7 +685,7 @@ impl Allocator {
                     )
                     .await
                 {
-                    Ok((choice, _)) => {
+                    Ok((choice, _, _)) => {
                         record_pod(&format!("{}/{}", choice.namespace, choice.name), &choice.uid);
                         choice.devices.iter().map(|d| d.uuid.clone()).collect()
                     }
@@ -812,6 +883,16 @@ mod tests {
         fn fresh(&self) -> BoxFuture<'_, Result<Vec<PodSnapshot>, EdgeError>> {
             Box::pin(futures::future::pending())
         }
+        fn get<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<Option<PodSnapshot>, EdgeError>> {
+            Box::pin(futures::future::pending())
+        }
+        fn kubelet_version(&self) -> Option<String> {
+            Some("v1.34.4".into())
+        }
         fn hami_lock(&self) -> Option<String> {
             None
         }
@@ -889,10 +970,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn identify_gives_up_on_the_pod_list_at_its_deadline() {
         let allocator = hanging_allocator();
+        let mut ruled_out = Ledger::default();
         let started = Instant::now();
         let deadline = started + Duration::from_millis(1200);
         let err = allocator
-            .identify(&Ledger::default(), 1, false, PodView::Fresh, deadline)
+            .identify(&mut ruled_out, 1, false, PodView::Fresh, deadline)
             .await
             .expect_err("nothing can be known");
         assert_eq!(started.elapsed(), Duration::from_millis(1200));
@@ -937,6 +1019,21 @@ mod tests {
         fn fresh(&self) -> BoxFuture<'_, Result<Vec<PodSnapshot>, EdgeError>> {
             let current = self.current.clone();
             Box::pin(async move { Ok(current) })
+        }
+        fn get<'a>(
+            &'a self,
+            namespace: &'a str,
+            name: &'a str,
+        ) -> BoxFuture<'a, Result<Option<PodSnapshot>, EdgeError>> {
+            let pod = self
+                .current
+                .iter()
+                .find(|p| p.namespace == namespace && p.name == name)
+                .cloned();
+            Box::pin(async move { Ok(pod) })
+        }
+        fn kubelet_version(&self) -> Option<String> {
+            Some("v1.34.4".into())
         }
         fn hami_lock(&self) -> Option<String> {
             None
@@ -1039,6 +1136,218 @@ mod tests {
             Some("10240m"),
             "{envs:?}"
         );
+    }
+
+    /// A kubelet's pod-resources `List` that answers `view`.
+    #[derive(Debug)]
+    struct Listed(PodResourcesView);
+
+    impl PodResourcesSource for Listed {
+        fn list(&self) -> BoxFuture<'_, Result<Option<PodResourcesView>, EdgeError>> {
+            let view = self.0.clone();
+            Box::pin(async move { Ok(Some(view)) })
+        }
+    }
+
+    /// The listing of `pods`: each container with `devices` (none: under admission).
+    fn listing(pods: &[(&PodSnapshot, &[&str])]) -> PodResourcesView {
+        let pods = pods
+            .iter()
+            .map(|(p, devices)| {
+                let containers = p
+                    .containers
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.name.clone(),
+                            devices.iter().map(|d| d.to_string()).collect(),
+                        )
+                    })
+                    .collect();
+                (p.key(), containers)
+            })
+            .collect();
+        PodResourcesView { pods }
+    }
+
+    /// One `Allocate` of GPU-a's first replica on node-a, its memory limit, and the reads by
+    /// name and LISTs it cost.
+    async fn allocate_on(
+        api: crate::testing::MemoryApi,
+        view: PodResourcesView,
+    ) -> (Option<String>, Vec<String>, usize) {
+        let api = Arc::new(api);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let allocator = Allocator::new(
+            "node-a".into(),
+            crate::testing::response_settings(dir.path()),
+            Arc::new(RwLock::new(BTreeSet::from(["GPU-a".to_owned()]))),
+            api.clone(),
+            api.clone(),
+            Arc::new(Listed(view)),
+        );
+        // As after the first call since registration, decided on a LIST without re-askable pods.
+        allocator.ledger.lock().await.note_consistent_read(&[]);
+        let resp = allocator
+            .allocate(dp::AllocateRequest {
+                container_requests: vec![dp::ContainerAllocateRequest {
+                    devices_ids: vec!["GPU-a-0".into()],
+                }],
+            })
+            .await
+            .expect("the pod is identified");
+        let limit = resp.container_responses[0]
+            .envs
+            .get("CUDA_DEVICE_MEMORY_LIMIT_0")
+            .cloned();
+        let reads = api.reads.lock().expect("reads").clone();
+        let lists = *api.lists.lock().expect("lists");
+        (limit, reads, lists)
+    }
+
+    fn api_with(kubelet: &str, pods: &[&PodSnapshot]) -> crate::testing::MemoryApi {
+        let api = crate::testing::MemoryApi::default();
+        *api.kubelet_version.lock().expect("version") = Some(kubelet.into());
+        for p in pods {
+            api.add_pod((*p).clone());
+        }
+        api
+    }
+
+    /// Issue #29: on a 1.34 kubelet with pod-resources, `Allocate` reads the one pod it chose
+    /// by name instead of listing every pod on the node; before 1.34 it keeps the LIST.
+    #[tokio::test]
+    async fn allocate_on_a_134_kubelet_reads_one_pod_instead_of_the_node() {
+        use crate::testing::bound_pod;
+        let mut running = bound_pod("node-a", "running", &[&[("GPU-a", 900, 0)]], 1);
+        running
+            .annotations
+            .insert(keys::BIND_PHASE.into(), keys::BIND_PHASE_SUCCESS.into());
+        let admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
+        let view = listing(&[(&running, &["GPU-a-1"]), (&admitted, &[])]);
+
+        let api = api_with("v1.34.4", &[&running, &admitted]);
+        let (limit, reads, lists) = allocate_on(api, view.clone()).await;
+        assert_eq!(limit.as_deref(), Some("10240m"));
+        assert_eq!(
+            (reads.as_slice(), lists),
+            (&["default/admitted".to_owned()][..], 0)
+        );
+
+        let api = api_with("v1.33.5", &[&running, &admitted]);
+        let (limit, reads, lists) = allocate_on(api, view).await;
+        assert_eq!(limit.as_deref(), Some("10240m"));
+        assert_eq!(
+            (reads.len(), lists),
+            (0, 1),
+            "an older kubelet may list rejected pods"
+        );
+    }
+
+    /// After the plugin registers with a kubelet (its first, or one that restarted), calls are
+    /// decided on a LIST until one showed no pod the kubelet could ask for again.
+    #[tokio::test]
+    async fn after_registration_the_first_call_is_decided_on_a_list() {
+        use crate::testing::bound_pod;
+        let admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
+        let api = Arc::new(api_with("v1.34.4", &[&admitted]));
+        let allocator = Allocator::new(
+            "node-a".into(),
+            crate::testing::response_settings(std::path::Path::new("/nonexistent")),
+            Arc::new(RwLock::new(BTreeSet::from(["GPU-a".to_owned()]))),
+            api.clone(),
+            api.clone(),
+            Arc::new(Listed(listing(&[(&admitted, &[])]))),
+        );
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut reads = Vec::new();
+        for restart in [false, false, true, false] {
+            if restart {
+                allocator.kubelet_restarted();
+            }
+            let mut ledger = allocator.ledger().await;
+            let (choice, _, read) = allocator
+                .identify(&mut ledger, 1, false, PodView::Fresh, deadline)
+                .await
+                .expect("identified");
+            assert_eq!(choice.name, "admitted");
+            reads.push(read);
+        }
+        assert_eq!(
+            reads,
+            [
+                Read::List,
+                Read::CacheConfirmed,
+                Read::List,
+                Read::CacheConfirmed
+            ]
+        );
+    }
+
+    /// The swapped-limits case with pod-resources: the cache still shows the rejected 900 MiB
+    /// pod pending and has not seen the 10 GiB pod bound. The kubelet no longer lists the
+    /// rejected pod and lists the admitted one, which the cache cannot explain, so that one is
+    /// read by name; the container gets 10 GiB, and no LIST was needed.
+    #[tokio::test]
+    async fn a_lagging_cache_on_a_134_kubelet_still_gives_the_admitted_pod_its_limits() {
+        use crate::testing::bound_pod;
+        let rejected = bound_pod("node-a", "rejected", &[&[("GPU-a", 900, 0)]], 1);
+        let admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
+        let mut rejected_now = rejected.clone();
+        rejected_now.terminal = true;
+        let api = api_with("v1.34.4", &[&rejected_now, &admitted]);
+        *api.stale_cache.lock().expect("cache") = Some(vec![rejected]);
+        let (limit, reads, lists) = allocate_on(api, listing(&[(&admitted, &[])])).await;
+        assert_eq!(limit.as_deref(), Some("10240m"));
+        assert_eq!(
+            (reads.as_slice(), lists),
+            (&["default/admitted".to_owned()][..], 0)
+        );
+    }
+
+    /// A pod deleted and created again under the same name (a StatefulSet's replacement) while
+    /// the cache still holds the first: the listing of that name is read by name, so the new
+    /// pod, not its predecessor, gets the container's limits, still without a LIST.
+    #[tokio::test]
+    async fn a_predecessor_of_the_same_name_in_the_cache_is_read_past() {
+        use crate::testing::bound_pod;
+        let before = bound_pod("node-a", "job", &[&[("GPU-a", 900, 0)]], 1);
+        let mut now = bound_pod("node-a", "job", &[&[("GPU-a", 10240, 0)]], 2);
+        now.uid = "uid-job-2".into();
+        let api = api_with("v1.34.4", &[&now]);
+        *api.stale_cache.lock().expect("cache") = Some(vec![before]);
+        let (limit, reads, lists) = allocate_on(api, listing(&[(&now, &[])])).await;
+        assert_eq!(limit.as_deref(), Some("10240m"));
+        assert_eq!(
+            (reads.as_slice(), lists),
+            (&["default/job".to_owned()][..], 0)
+        );
+    }
+
+    /// A read by name that never answers ends at the call's deadline, closed.
+    #[tokio::test(start_paused = true)]
+    async fn identify_gives_up_on_a_read_by_name_at_its_deadline() {
+        use crate::testing::bound_pod;
+        let admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
+        let allocator = Allocator::new(
+            "node-a".into(),
+            crate::testing::response_settings(std::path::Path::new("/nonexistent")),
+            Arc::default(),
+            Arc::new(Hanging),
+            Arc::new(Hanging),
+            Arc::new(Listed(listing(&[(&admitted, &[])]))),
+        );
+        // Past the first LIST after registration (the cache form needs re-asks ruled out).
+        let mut ruled_out = Ledger::default();
+        ruled_out.note_consistent_read(&[]);
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(1200);
+        let err = allocator
+            .identify(&mut ruled_out, 1, false, PodView::Fresh, deadline)
+            .await
+            .expect_err("nothing can be known");
+        assert_eq!(started.elapsed(), Duration::from_millis(1200));
+        assert!(matches!(err, AllocateError::PodListTimeout { .. }), "{err}");
     }
 
     /// Issue #31 item 2 end to end in the plugin: a pod annotated for host-backed

@@ -39,6 +39,14 @@ impl EdgeError {
 pub trait PodSource: Send + Sync + 'static {
     fn cached(&self) -> Vec<PodSnapshot>;
     fn fresh(&self) -> BoxFuture<'_, Result<Vec<PodSnapshot>, EdgeError>>;
+    /// Pod `namespace/name` read from the apiserver now; `None`: there is none.
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<PodSnapshot>, EdgeError>>;
+    /// The node's `status.nodeInfo.kubeletVersion`, as the node informer has it.
+    fn kubelet_version(&self) -> Option<String>;
     /// `<namespace>/<name>` from HAMi's `hami.io/mutex.lock` on this node, if any.
     fn hami_lock(&self) -> Option<String>;
 }

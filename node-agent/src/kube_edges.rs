@@ -243,6 +243,33 @@ impl PodSource for KubePodSource {
         })
     }
 
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<PodSnapshot>, EdgeError>> {
+        Box::pin(async move {
+            let api: Api<Pod> = Api::namespaced(self.pods.clone().into_client(), namespace);
+            let pod = api.get_opt(name).await.map_err(EdgeError::kube(format!(
+                "cannot read pod {namespace}/{name}"
+            )))?;
+            Ok(pod.map(|p| snapshot(&p, &self.resource)))
+        })
+    }
+
+    fn kubelet_version(&self) -> Option<String> {
+        self.node_store.state().iter().find_map(|n| {
+            Some(
+                n.status
+                    .as_ref()?
+                    .node_info
+                    .as_ref()?
+                    .kubelet_version
+                    .clone(),
+            )
+        })
+    }
+
     fn hami_lock(&self) -> Option<String> {
         self.node_store
             .state()

@@ -14,7 +14,9 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 // The pure decisions, under the paths the agent's modules and the daemons use.
-pub use tessera_node_core::{conflict, identity, nvidia_runtime, pod_cgroup, pods, unaccounted};
+pub use tessera_node_core::{
+    cached_identity, conflict, identity, nvidia_runtime, pod_cgroup, pods, unaccounted,
+};
 
 pub mod allocator;
 pub mod cache_dir;

@@ -157,7 +157,7 @@ impl PluginMetrics {
         let identity = registered(
             &mut registry,
             "tessera_device_plugin_identity_choices",
-            "How Allocate identified the pod (continuing, elimination, hami_lock, unique, oldest_of_class, reask)",
+            "How Allocate identified the pod (reason: continuing, elimination, hami_lock, unique, oldest_of_class, reask) and on what it decided (read: cache_confirmed, list)",
             Family::<Labels, Counter>::default(),
         );
         let registrations = registered(
@@ -362,9 +362,13 @@ impl PluginMetrics {
         self.allocations.get_or_create(&result_labels(ok)).inc();
     }
 
-    pub fn identity_choice(&self, reason: &str) {
+    /// `reason`: how the pod was determined; `read`: on what (`cache_confirmed`, `list`).
+    pub fn identity_choice(&self, reason: &str, read: &str) {
         self.identity
-            .get_or_create(&vec![("reason".into(), reason.into())])
+            .get_or_create(&vec![
+                ("reason".into(), reason.into()),
+                ("read".into(), read.into()),
+            ])
             .inc();
     }
 
@@ -775,7 +779,7 @@ mod tests {
     fn exports_hami_and_plugin_names() {
         let m = PluginMetrics::new();
         m.observe_allocate(Duration::from_millis(3), true);
-        m.identity_choice("unique");
+        m.identity_choice("unique", "cache");
         m.gpu_health("GPU-a", false);
         m.xid_error("GPU-a", 79);
         m.host_gpu("node-a", "NVIDIA-Tesla T4", &gpu_sample(1, 1048576, 42));

@@ -39,6 +39,14 @@ pub struct MemoryApi {
     pub lock_releases: Arc<Mutex<Vec<String>>>,
     /// What `hami_lock` answers (`namespace/name` of a live lock).
     pub hami_lock: Arc<Mutex<Option<String>>>,
+    /// What `kubelet_version` answers (none: the allocator decides on a LIST).
+    pub kubelet_version: Arc<Mutex<Option<String>>>,
+    /// A lagging informer cache: `cached` answers this instead of the current pods.
+    pub stale_cache: Arc<Mutex<Option<Vec<PodSnapshot>>>>,
+    /// `namespace/name` of every read by name, in order.
+    pub reads: Arc<Mutex<Vec<String>>>,
+    /// How many LISTs (`fresh`) were answered.
+    pub lists: Arc<Mutex<usize>>,
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -90,11 +98,27 @@ fn uid_conflict(uid: &str, actual: &str, key: &str) -> EdgeError {
 
 impl PodSource for MemoryApi {
     fn cached(&self) -> Vec<PodSnapshot> {
-        self.pods()
+        locked(&self.stale_cache)
+            .clone()
+            .unwrap_or_else(|| self.pods())
     }
     fn fresh(&self) -> BoxFuture<'_, Result<Vec<PodSnapshot>, EdgeError>> {
+        *locked(&self.lists) += 1;
         let pods = self.pods();
         Box::pin(async move { Ok(pods) })
+    }
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<PodSnapshot>, EdgeError>> {
+        let key = format!("{namespace}/{name}");
+        let pod = self.pods().into_iter().find(|p| p.key() == key);
+        locked(&self.reads).push(key);
+        Box::pin(async move { Ok(pod) })
+    }
+    fn kubelet_version(&self) -> Option<String> {
+        locked(&self.kubelet_version).clone()
     }
     fn hami_lock(&self) -> Option<String> {
         locked(&self.hami_lock).clone()

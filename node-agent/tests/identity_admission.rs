@@ -11,9 +11,10 @@ use hami_contract::identity::AllocationSignature;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera_node::allocator::empty_entries;
+use tessera_node::cached_identity::{CacheCall, PodReader, choose_from_cache};
 use tessera_node::identity::{
-    CallFacts, ChoiceReason, ContainerSpec, Ledger, PodResourcesView, PodSnapshot, pending_pods,
-    select,
+    BookingPolicy, CallFacts, ChoiceReason, ContainerSpec, Ledger, PodResourcesView, PodSnapshot,
+    pending_pods, select,
 };
 
 const NODE: &str = "node-a";
@@ -75,6 +76,8 @@ enum Phase {
     /// containers before this one (the kubelet checkpoints after each container).
     Readmit(usize),
     Failed,
+    /// Failed, then deleted so that its replacement could take its name (a StatefulSet's).
+    Deleted,
 }
 
 #[derive(Clone, Debug)]
@@ -110,6 +113,39 @@ struct Sim {
     /// The kubelet now and then rejects a bound pod before any `Allocate` (another admit
     /// handler, or no healthy devices while the plugin restarts); its owner recreates it.
     rejects_before_allocate: bool,
+    /// The plugin answers from an informer cache that lags by up to [`CACHE_LAG`] calls,
+    /// completed and confirmed by reads by name (`cached_identity`), on a 1.34 kubelet.
+    lagging_cache: bool,
+    /// The node's pods as the API server had them at each call (the cache's possible states:
+    /// one watch stream, so always a consistent past state).
+    history: std::collections::VecDeque<Vec<PodSnapshot>>,
+    /// Calls answered from the cache without a LIST, of all `calls`.
+    from_cache: usize,
+    calls: usize,
+    /// A rejected pod is deleted and its replacement takes its name, as a StatefulSet's does.
+    reuse_names: bool,
+}
+
+/// Calls by which the simulated informer cache may lag the API server.
+const CACHE_LAG: usize = 6;
+
+/// Reads by name from the API server's current state.
+struct CurrentPods<'a>(&'a [PodSnapshot]);
+
+impl PodReader for CurrentPods<'_> {
+    type Error = std::convert::Infallible;
+    fn read(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl std::future::Future<Output = Result<Option<PodSnapshot>, Self::Error>> + Send {
+        let pod = self
+            .0
+            .iter()
+            .find(|p| p.namespace == namespace && p.name == name)
+            .cloned();
+        std::future::ready(Ok(pod))
+    }
 }
 
 fn container_names(spec: &Spec) -> (Vec<ContainerSpec>, Vec<ContainerSpec>) {
@@ -154,6 +190,11 @@ impl Sim {
             kubelet_generation: 0,
             restart_batch: Default::default(),
             rejects_before_allocate: false,
+            lagging_cache: false,
+            history: Default::default(),
+            from_cache: 0,
+            calls: 0,
+            reuse_names: false,
         };
         for (i, _) in specs().iter().enumerate() {
             sim.create(i);
@@ -263,7 +304,7 @@ impl Sim {
     fn node_pods(&self) -> Vec<PodSnapshot> {
         self.pods
             .iter()
-            .filter(|p| p.phase != Phase::Waiting)
+            .filter(|p| !matches!(p.phase, Phase::Waiting | Phase::Deleted))
             .map(|p| p.snapshot.clone())
             .collect()
     }
@@ -311,10 +352,17 @@ impl Sim {
                 pod_resources: self.pod_resources.then_some(&view),
             };
             let node_pods = self.node_pods();
-            let result = {
-                let (pending, rejected) = pending_pods(NODE, &node_pods, &self.ledger);
-                assert!(rejected.is_empty(), "{rejected:?}");
-                select(facts, &pending, &self.ledger)
+            let from_cache = self.answer_from_cache(&view, own[k].len(), &node_pods);
+            self.from_cache += usize::from(from_cache.is_some());
+            self.calls += 1;
+            let result = match from_cache {
+                Some(choice) => Ok(choice),
+                None => {
+                    let (pending, rejected) = pending_pods(NODE, &node_pods, &self.ledger);
+                    assert!(rejected.is_empty(), "{rejected:?}");
+                    self.ledger.note_consistent_read(&pending);
+                    select(facts, &pending, &self.ledger)
+                }
             };
             let choice = match result {
                 Ok(c) => c,
@@ -400,6 +448,37 @@ impl Sim {
         self.pods[idx].phase = Phase::Admitted;
     }
 
+    /// The plugin's answer from a cache `CACHE_LAG` calls behind at most, where the cache may
+    /// decide (`Allocator::identify`); `None`: the call is decided on a LIST.
+    fn answer_from_cache(
+        &mut self,
+        view: &PodResourcesView,
+        count: usize,
+        node_pods: &[PodSnapshot],
+    ) -> Option<tessera_node::identity::Choice> {
+        if !(self.lagging_cache && self.pod_resources) {
+            return None;
+        }
+        self.history.push_back(node_pods.to_vec());
+        if self.history.len() > CACHE_LAG {
+            self.history.pop_front();
+        }
+        let cache = self.history[self.rng.random_range(0..self.history.len())].clone();
+        let policy = BookingPolicy::default();
+        let call = CacheCall {
+            node: NODE,
+            policy: &policy,
+            count,
+            hami_lock: None,
+            pod_resources: Some(view),
+            kubelet_version: Some("v1.34.4"),
+        };
+        let reader = CurrentPods(node_pods);
+        futures::executor::block_on(choose_from_cache(call, &self.ledger, cache, &reader))
+            .ok()
+            .map(|found| found.choice)
+    }
+
     /// The kubelet is killed while it admits `idx` (after its container `killed_after`) and comes
     /// back: the plugin registers with the new kubelet, which admits again every pod it had not
     /// started, asking again for the containers whose allocation it had not checkpointed.
@@ -449,6 +528,13 @@ impl Sim {
         self.pods[idx].snapshot.terminal = true;
         let spec = self.pods[idx].spec_index;
         self.create(spec);
+        if self.reuse_names {
+            self.pods[idx].phase = Phase::Deleted;
+            let name = self.pods[idx].snapshot.name.clone();
+            if let Some(replacement) = self.pods.last_mut() {
+                replacement.snapshot.name = name;
+            }
+        }
     }
 
     /// Admitted pods start now and then: from then on their containers show as running.
@@ -573,6 +659,40 @@ fn pods_rejected_before_allocate_never_lend_their_limits() {
         }
     }
     assert!(rejections > 20, "the kubelet rejected pods: {rejections}");
+}
+
+/// Issue #29: the plugin answers from an informer cache lagging by several calls in both
+/// directions (pods bound, rejected, recreated, started, restarted kubelets it has not seen),
+/// completed and confirmed by reads by name; rejected pods are replaced under their own name, so
+/// the cache often holds a name's predecessor. Every container still gets its own pod's limits
+/// and GPUs (asserted in `admit`), and many calls need no LIST.
+#[test]
+fn a_lagging_cache_confirmed_by_reads_never_swaps_limits() {
+    let (mut calls_from_cache, mut calls, mut failures) = (0, 0, 0);
+    for scheduler_rule in [true, false] {
+        for order in ["creation", "reverse", "random"] {
+            for seed in 0..10 {
+                let mut sim = Sim::new(seed, true, scheduler_rule);
+                sim.lagging_cache = true;
+                sim.rejects_before_allocate = true;
+                sim.reuse_names = seed % 2 == 0;
+                sim.run_with_restarts(order, 2_000, &[6, 15]);
+                sim.assert_every_spec_admitted(order);
+                calls_from_cache += sim.from_cache;
+                calls += sim.calls;
+                if scheduler_rule {
+                    failures += sim.failures;
+                }
+            }
+        }
+    }
+    // Without the rule a restarted kubelet's re-asks can stay ambiguous on a LIST too.
+    assert_eq!(failures, 0, "with the rule, nothing is refused");
+    // After each restart, calls are decided on a LIST until none can be a re-ask.
+    assert!(
+        calls_from_cache * 3 > calls,
+        "the cache answered {calls_from_cache} of {calls} calls"
+    );
 }
 
 #[test]

@@ -54,7 +54,7 @@ impl PodSnapshot {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    fn annotation(&self, key: &str) -> Option<&str> {
+    pub(crate) fn annotation(&self, key: &str) -> Option<&str> {
         self.annotations.get(key).map(String::as_str)
     }
 
@@ -76,7 +76,7 @@ impl PodSnapshot {
 
     /// Every container that requests the resource has started: the kubelet's allocation for the
     /// pod is complete and checkpointed, so no restarted kubelet asks for it again.
-    fn gpu_containers_started(&self) -> bool {
+    pub(crate) fn gpu_containers_started(&self) -> bool {
         self.gpu_containers()
             .iter()
             .all(|c| self.started_containers.contains(&c.name))
@@ -253,6 +253,9 @@ pub struct Ledger {
     kubelet: u64,
     /// The kubelet instance that last had each pod served.
     served_by: HashMap<String, u64>,
+    /// A consistent read of the node's pods since this kubelet instance registered showed no
+    /// pod it could ask for again; pods served later are this instance's, so none can appear.
+    reasks_ruled_out: bool,
 }
 
 impl Ledger {
@@ -280,7 +283,23 @@ impl Ledger {
         if generation != self.kubelet {
             self.kubelet = generation;
             self.continuing = None;
+            self.reasks_ruled_out = false;
         }
+    }
+
+    /// `pending` was derived from a consistent read of the node's pods (a LIST issued after the
+    /// call began): when none of them may be asked for again, no re-ask can come from this
+    /// kubelet instance any more.
+    pub fn note_consistent_read(&mut self, pending: &[PendingPod<'_>]) {
+        if pending.iter().all(|p| !p.reaskable) {
+            self.reasks_ruled_out = true;
+        }
+    }
+
+    /// No pod can be asked for again by this kubelet instance (see
+    /// [`Ledger::note_consistent_read`]); until then only a LIST decides (`cached_identity`).
+    pub fn reasks_ruled_out(&self) -> bool {
+        self.reasks_ruled_out
     }
 
     /// `(pod UID, position of its next entry)` of the run in progress.

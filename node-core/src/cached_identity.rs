@@ -1,0 +1,370 @@
+//! `Allocate`'s answer from the informer's cache and one read by name, exactly the answer a
+//! consistent LIST of the node's pods would give (docs/design/allocation-identity.md, step 7).
+//!
+//! Why it is exact. On a kubelet from 1.34 on, pod-resources `List` shows only active pods, and
+//! every active pod but the one under admission has its devices recorded (facts F1, F5). With
+//! pod-resources a pod is a candidate only if it is listed (step 4 of the design), so:
+//! 1. *Every listing that may be the pod under admission is read by name.* A listing is taken
+//!    from the cache only when a cached object of that name, not finished, deleting or
+//!    allocating, reports the same containers, at least one of them a GPU container, and
+//!    devices in exactly its GPU containers. The pod under admission at its first call shows no
+//!    devices at all (a run in progress is refused below), so it is never taken from the cache,
+//!    even when the cache still holds a predecessor of the same name (a StatefulSet's
+//!    replacement). Every other listing (not cached, allocating, anything else) is read: the
+//!    candidates are then the API server's current objects.
+//! 2. *The chosen pod is read.* A candidate is pending: allocating (read in step 1) or served
+//!    and possibly asked for again (ruled out by step 3). Should a choice still come from the
+//!    cache, it is read and must have the same UID and give the same choice (defence in depth).
+//! 3. *Re-asks are ruled out.* A kubelet that restarted may ask again for pods the plugin
+//!    served; which pod it means is decided on a LIST until a LIST showed none left
+//!    ([`Ledger::reasks_ruled_out`]).
+//!
+//! Anything else (an older kubelet, no pod-resources answer, a run in progress, HAMi's node
+//! lock, more listings to read than [`MAX_READS`], a read that fails, a choice not confirmed,
+//! a choice other than a lone candidate or the oldest of one interchangeable class) is
+//! [`NotFromCache`]: the caller decides on a LIST.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+
+use hami_contract::annotations as keys;
+
+use crate::identity::{
+    BookingPolicy, CallFacts, Choice, ChoiceReason, IdentityError, Ledger, PodRejection,
+    PodResourcesView, PodSnapshot, pending_pods_checked, select,
+};
+
+/// Listings read by name before a LIST is cheaper: the pod under admission and two pods whose
+/// `success` the cache has not seen yet.
+pub const MAX_READS: usize = 3;
+
+/// Reads one pod from the API server (a read issued after the call began).
+pub trait PodReader {
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Pod `namespace/name` as the API server has it now; `None`: there is none.
+    fn read(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<PodSnapshot>, Self::Error>> + Send;
+}
+
+/// What the call knows besides the pods.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheCall<'a> {
+    pub node: &'a str,
+    pub policy: &'a BookingPolicy,
+    /// The call's device count.
+    pub count: usize,
+    /// `namespace/name` named by a live HAMi node lock.
+    pub hami_lock: Option<&'a str>,
+    /// The pod-resources `List` taken during the call.
+    pub pod_resources: Option<&'a PodResourcesView>,
+    /// The node's `status.nodeInfo.kubeletVersion`.
+    pub kubelet_version: Option<&'a str>,
+}
+
+/// Why the cache cannot answer this call: the caller decides on a LIST.
+#[derive(Debug, thiserror::Error)]
+pub enum NotFromCache {
+    #[error("the kubelet's pod-resources List did not answer")]
+    NoPodResources,
+    #[error(
+        "kubelet {0:?} may list pods it rejected (pod-resources shows only active pods from 1.34)"
+    )]
+    KubeletBefore134(Option<String>),
+    #[error("a pod's run of calls is in progress")]
+    Continuing,
+    #[error("HAMi's node lock names a pod")]
+    HamiLock,
+    #[error("the kubelet may ask again for pods it was served before it restarted")]
+    ReasksPossible,
+    #[error("{0} pods the kubelet lists would have to be read")]
+    Unexplained(usize),
+    #[error("cannot read pod {pod}")]
+    Read {
+        pod: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("on the cache: {0}")]
+    Undecided(#[source] IdentityError),
+    #[error("chosen as {0}, which only a LIST decides")]
+    Reason(&'static str),
+    #[error("pod {0} is not what the cache showed")]
+    NotConfirmed(String),
+}
+
+/// The answer and what it was decided on.
+#[derive(Debug)]
+pub struct FromCache {
+    pub choice: Choice,
+    /// The cache, with the pods read by name in place of their cached objects.
+    pub pods: Vec<PodSnapshot>,
+    /// Bookings the policy refused (the caller logs them).
+    pub rejected: Vec<PodRejection>,
+}
+
+/// Whether this kubelet's pod-resources `List` shows only active pods (1.34 and later):
+/// `v1.34.4`, `v1.35.0-rc.1`, `v1.34.2-gke.100` do; `v1.33.5` and anything unreadable do not.
+pub fn lists_only_active_pods(kubelet_version: &str) -> bool {
+    let mut parts = kubelet_version.trim_start_matches('v').split('.');
+    let number = |p: Option<&str>| -> Option<u32> {
+        let digits: String = p?.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    match (number(parts.next()), number(parts.next())) {
+        (Some(major), Some(minor)) => (major, minor) >= (1, 34),
+        _ => false,
+    }
+}
+
+/// The keys (`namespace/name`) of listed pods the cache cannot answer for (module docs,
+/// step 1), in the listing's order.
+pub fn unexplained_listings(view: &PodResourcesView, pods: &[PodSnapshot]) -> Vec<String> {
+    view.pods
+        .iter()
+        .filter(|(key, listed)| !pods.iter().any(|p| p.key() == **key && explains(p, listed)))
+        .map(|(key, _)| key.clone())
+        .collect()
+}
+
+/// Cached `pod` accounts for the listing `listed` (container → device IDs) of its name: it is
+/// live and served, and the kubelet recorded devices in exactly its GPU containers.
+fn explains(pod: &PodSnapshot, listed: &BTreeMap<String, Vec<String>>) -> bool {
+    if pod.terminal
+        || pod.deleting
+        || pod.annotation(keys::BIND_PHASE) == Some(keys::BIND_PHASE_ALLOCATING)
+    {
+        return false;
+    }
+    // Pod-resources reports app and restartable init containers, never regular init ones.
+    let reported: Vec<_> = pod
+        .init_containers
+        .iter()
+        .filter(|c| c.restartable_init)
+        .chain(pod.containers.iter())
+        .collect();
+    reported.len() == listed.len()
+        && reported.iter().any(|c| c.requests_resource)
+        && reported.iter().all(|c| {
+            listed
+                .get(&c.name)
+                .is_some_and(|ids| ids.is_empty() != c.requests_resource)
+        })
+}
+
+/// The choice on `pods`, as `Allocate` makes it.
+fn decide(
+    call: &CacheCall<'_>,
+    ledger: &Ledger,
+    pods: &[PodSnapshot],
+) -> (Result<Choice, IdentityError>, Vec<PodRejection>) {
+    let (pending, rejected) = pending_pods_checked(call.node, call.policy, pods, ledger);
+    let facts = CallFacts {
+        count: call.count,
+        must_include: false,
+        hami_lock: call.hami_lock,
+        pod_resources: call.pod_resources,
+    };
+    (select(facts, &pending, ledger), rejected)
+}
+
+async fn read<R: PodReader>(reader: &R, key: &str) -> Result<Option<PodSnapshot>, NotFromCache> {
+    let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+    reader
+        .read(namespace, name)
+        .await
+        .map_err(|e| NotFromCache::Read {
+            pod: key.to_owned(),
+            source: Box::new(e),
+        })
+}
+
+/// Decides a call (no `must_include`) on the cache `pods`, reading by name what the module docs
+/// say; [`NotFromCache`] when only a LIST may decide.
+pub async fn choose_from_cache<R: PodReader>(
+    call: CacheCall<'_>,
+    ledger: &Ledger,
+    mut pods: Vec<PodSnapshot>,
+    reader: &R,
+) -> Result<FromCache, NotFromCache> {
+    let view = call.pod_resources.ok_or(NotFromCache::NoPodResources)?;
+    if !call.kubelet_version.is_some_and(lists_only_active_pods) {
+        return Err(NotFromCache::KubeletBefore134(
+            call.kubelet_version.map(str::to_owned),
+        ));
+    }
+    if ledger.continuing().is_some() {
+        return Err(NotFromCache::Continuing);
+    }
+    if call.hami_lock.is_some() {
+        return Err(NotFromCache::HamiLock);
+    }
+    if !ledger.reasks_ruled_out() {
+        return Err(NotFromCache::ReasksPossible);
+    }
+    let unexplained = unexplained_listings(view, &pods);
+    if unexplained.len() > MAX_READS {
+        return Err(NotFromCache::Unexplained(unexplained.len()));
+    }
+    let mut read_now = BTreeSet::new();
+    for key in &unexplained {
+        let current = read(reader, key).await?;
+        pods.retain(|p| p.key() != *key);
+        if let Some(p) = current {
+            read_now.insert(p.uid.clone());
+            pods.push(p);
+        }
+    }
+    let (first, _) = decide(&call, ledger, &pods);
+    let first = first.map_err(NotFromCache::Undecided)?;
+    match first.reason {
+        ChoiceReason::Elimination | ChoiceReason::Unique | ChoiceReason::OldestOfClass => {}
+        other => return Err(NotFromCache::Reason(other.as_str())),
+    }
+    let key = format!("{}/{}", first.namespace, first.name);
+    if !read_now.contains(&first.uid) {
+        let Some(current) = read(reader, &key).await?.filter(|p| p.uid == first.uid) else {
+            return Err(NotFromCache::NotConfirmed(key));
+        };
+        pods.retain(|p| p.uid != first.uid);
+        pods.push(current);
+    }
+    let (again, rejected) = decide(&call, ledger, &pods);
+    match again {
+        Ok(choice) if choice == first => Ok(FromCache {
+            choice,
+            pods,
+            rejected,
+        }),
+        _ => Err(NotFromCache::NotConfirmed(key)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::ContainerSpec;
+
+    fn pod(name: &str, phase: &str, containers: &[(&str, bool)]) -> PodSnapshot {
+        PodSnapshot {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            node_name: Some("node-a".into()),
+            scheduler_name: None,
+            annotations: BTreeMap::from([(keys::BIND_PHASE.to_owned(), phase.to_owned())]),
+            terminal: false,
+            deleting: false,
+            init_containers: Vec::new(),
+            containers: containers
+                .iter()
+                .map(|(name, gpu)| ContainerSpec {
+                    name: (*name).into(),
+                    requests_resource: *gpu,
+                    restartable_init: false,
+                    disable_control: false,
+                })
+                .collect(),
+            started_containers: BTreeSet::new(),
+            container_ids: BTreeMap::new(),
+        }
+    }
+
+    /// `(namespace/name, [(container, device IDs)])` per listed pod.
+    type Listing<'a> = (&'a str, &'a [(&'a str, &'a [&'a str])]);
+
+    fn view(listed: &[Listing<'_>]) -> PodResourcesView {
+        PodResourcesView {
+            pods: listed
+                .iter()
+                .map(|(key, containers)| {
+                    let containers = containers
+                        .iter()
+                        .map(|(c, ids)| {
+                            (
+                                (*c).to_owned(),
+                                ids.iter().map(|i| (*i).to_owned()).collect(),
+                            )
+                        })
+                        .collect();
+                    ((*key).to_owned(), containers)
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn only_kubelets_from_134_list_only_active_pods() {
+        for v in [
+            "v1.34.0",
+            "v1.34.4",
+            "v1.35.0-rc.1",
+            "1.34.2-gke.100",
+            "v2.0.0",
+        ] {
+            assert!(lists_only_active_pods(v), "{v}");
+        }
+        for v in ["v1.33.5", "v1.9.0", "", "v1", "vX.Y", "v1.3x"] {
+            assert!(!lists_only_active_pods(v), "{v}");
+        }
+    }
+
+    /// A listing is taken from the cache only for a live, served cached pod whose reported
+    /// containers carry the same names and devices in exactly its GPU containers; anything else
+    /// (not cached, allocating, finished, deleting, other containers, a GPU container without
+    /// devices as the pod under admission shows, devices where the cache has no GPU container, a
+    /// pod without reported GPU containers) is read by name.
+    #[test]
+    fn listings_the_cache_cannot_explain_are_read() {
+        let allocating = pod("allocating", keys::BIND_PHASE_ALLOCATING, &[("main", true)]);
+        let done = pod(
+            "done",
+            keys::BIND_PHASE_SUCCESS,
+            &[("main", true), ("log", false)],
+        );
+        let mut finished = pod("finished", keys::BIND_PHASE_SUCCESS, &[("main", true)]);
+        finished.terminal = true;
+        let mut deleting = pod("deleting", keys::BIND_PHASE_ALLOCATING, &[("main", true)]);
+        deleting.deleting = true;
+        let renamed = pod("renamed", keys::BIND_PHASE_SUCCESS, &[("main", true)]);
+        let bare = pod("bare", keys::BIND_PHASE_SUCCESS, &[("main", true)]);
+        let init_only = pod("init-only", keys::BIND_PHASE_SUCCESS, &[("main", false)]);
+        let moved = pod(
+            "moved",
+            keys::BIND_PHASE_SUCCESS,
+            &[("main", true), ("log", false)],
+        );
+        let cache = [
+            allocating, done, finished, deleting, renamed, bare, init_only, moved,
+        ];
+        let listed = view(&[
+            ("default/allocating", &[("main", &[])]),
+            ("default/done", &[("main", &["GPU-a-0"]), ("log", &[])]),
+            ("default/finished", &[("main", &["GPU-a-1"])]),
+            ("default/deleting", &[("main", &[])]),
+            ("default/renamed", &[("other", &["GPU-a-2"])]),
+            ("default/bare", &[("main", &[])]),
+            ("default/new", &[("main", &[])]),
+            ("default/init-only", &[("main", &[])]),
+            (
+                "default/moved",
+                &[("main", &["GPU-a-3"]), ("log", &["GPU-a-4"])],
+            ),
+        ]);
+        assert_eq!(
+            unexplained_listings(&listed, &cache),
+            [
+                "default/allocating",
+                "default/bare",
+                "default/deleting",
+                "default/finished",
+                "default/init-only",
+                "default/moved",
+                "default/new",
+                "default/renamed"
+            ]
+        );
+    }
+}
