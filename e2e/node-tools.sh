@@ -25,8 +25,16 @@ if [[ ${#need[@]} -gt 0 ]]; then
 	[[ $(id -u) == 0 ]] || { log "error: installing ${need[*]} needs root"; exit 1; }
 	log "installing ${need[*]} (one-time, about a minute)"
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq >&2
-	apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+	# A fresh machine's first fetch has failed on a name that did not resolve for a moment
+	# (Temporary failure resolving 'deb.debian.org'): try again before failing the suite.
+	for attempt in 1 2 3; do
+		if apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends "${need[@]}" >&2; then
+			break
+		fi
+		[[ $attempt == 3 ]] && { log "error: apt-get failed three times (a test runs in its own network namespace and reaches nothing outside: run e2e/node-tools.sh, or make test, first)"; exit 1; }
+		log "apt-get failed (attempt $attempt of 3); again in 15 s"
+		sleep 15
+	done
 fi
 # The packages' own services are never used: every node starts its own containerd.
 CNI_DIR=/usr/lib/cni

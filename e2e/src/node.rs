@@ -526,6 +526,9 @@ async fn create_node_object(client: &kube::Client, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The kubelet release whose pod-resources semantics the harness kubelet follows.
+pub const HARNESS_KUBELET_VERSION: &str = "v1.34.4";
+
 /// What a kubelet reports: plenty of CPU, memory and pod slots, and the plugin's device count.
 async fn patch_node_capacity(
     client: &kube::Client,
@@ -539,10 +542,18 @@ async fn patch_node_capacity(
         capacity[GPU_RESOURCE] = json!(total.to_string());
         allocatable[GPU_RESOURCE] = json!(healthy.to_string());
     }
+    // The harness kubelet answers pod-resources as a 1.34 kubelet does (only active pods), and
+    // says so: the plugin reads that version to decide how it may identify pods.
     let patch = json!({"status": {
         "capacity": capacity, "allocatable": allocatable,
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                         "message": "tessera e2e harness kubelet"}],
+        "nodeInfo": {
+            "machineID": name, "systemUUID": name, "bootID": "harness",
+            "kernelVersion": "harness", "osImage": "tessera e2e harness",
+            "containerRuntimeVersion": "harness://0", "kubeletVersion": HARNESS_KUBELET_VERSION,
+            "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64",
+        },
     }});
     nodes
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))

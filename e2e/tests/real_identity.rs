@@ -314,6 +314,27 @@ fn check(tag: &str, r: &BurstReport) {
     );
 }
 
+/// Calls of `tessera_device_plugin_identity_choices` per `read` label in a `/metrics` text.
+fn identity_reads(metrics: &str) -> BTreeMap<String, f64> {
+    let mut reads = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("tessera_device_plugin_identity_choices_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let read = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("read=\""))
+            .map(|v| v.trim_end_matches('"'));
+        if let (Some(read), Ok(value)) = (read, value.trim().parse::<f64>()) {
+            *reads.entry(read.to_owned()).or_insert(0.0) += value;
+        }
+    }
+    reads
+}
+
 /// 40 pods of 8 shapes at once, in shuffled order, onto one node: with pod-resources, then with
 /// the kubelet killed in the middle, then with the device-plugin pod deleted in the middle.
 #[test]
@@ -336,6 +357,16 @@ fn real_identity_bursts_with_pod_resources() -> Result<()> {
         ] {
             let r = burst(&c, tag, seed, fault).await?;
             check(tag, &r);
+            if fault == Fault::None {
+                // Issue 29: on this 1.34 kubelet most calls need no LIST of the node's pods.
+                let metrics = c.device_plugin_metrics(NODE).await.unwrap_or_default();
+                let reads = identity_reads(&metrics);
+                println!("{tag}: Allocate decided on {reads:?}");
+                assert!(
+                    reads.get("cache_confirmed").copied().unwrap_or(0.0) > 0.0,
+                    "no call was decided without a LIST: {reads:?}"
+                );
+            }
         }
         Ok(())
     })

@@ -583,7 +583,10 @@ impl Allocator {
             Err(_) => return Err(AllocateError::Timeout(self.budget)),
         }
         ledger.record(choice);
-        if choice.entries_left == 0 {
+        // Only HAMi's scheduler takes the lock: with none in the node's cache there is nothing
+        // to release, and no GET of the Node per pod; one the cache had not shown yet is
+        // released by the periodic sweep (`release_stale_hami_lock`).
+        if choice.entries_left == 0 && self.pods.hami_lock().is_some() {
             let patcher = self.patcher.clone();
             let (ns, name) = (choice.namespace.clone(), choice.name.clone());
             spawn_task("release-hami-lock", async move {
@@ -930,17 +933,21 @@ mod tests {
         )
     }
 
+    /// The kubelet's `Allocate` of GPU-a's first replica for one container.
+    fn gpu_a_first_replica() -> dp::AllocateRequest {
+        dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: vec!["GPU-a-0".into()],
+            }],
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn allocate_fails_within_its_budget_when_everything_hangs() {
         let allocator = hanging_allocator();
         let started = tokio::time::Instant::now();
-        let req = dp::AllocateRequest {
-            container_requests: vec![dp::ContainerAllocateRequest {
-                devices_ids: vec!["GPU-a-0".into()],
-            }],
-        };
         let err = allocator
-            .allocate(req)
+            .allocate(gpu_a_first_replica())
             .await
             .expect_err("nothing can be known");
         assert!(
@@ -992,11 +999,7 @@ mod tests {
         allocator.budget = Duration::from_secs(1);
         let started = Instant::now();
         let err = allocator
-            .allocate(dp::AllocateRequest {
-                container_requests: vec![dp::ContainerAllocateRequest {
-                    devices_ids: vec!["GPU-a-0".into()],
-                }],
-            })
+            .allocate(gpu_a_first_replica())
             .await
             .expect_err("nothing can be known");
         assert_eq!(started.elapsed(), Duration::from_secs(1));
@@ -1054,11 +1057,7 @@ mod tests {
             Arc::new(crate::edges::NoPodResources),
         );
         allocator
-            .allocate(dp::AllocateRequest {
-                container_requests: vec![dp::ContainerAllocateRequest {
-                    devices_ids: vec!["GPU-a-0".into()],
-                }],
-            })
+            .allocate(gpu_a_first_replica())
             .await
             .expect("the pod is identified")
     }
@@ -1189,11 +1188,7 @@ mod tests {
         // As after the first call since registration, decided on a LIST without re-askable pods.
         allocator.ledger.lock().await.note_consistent_read(&[]);
         let resp = allocator
-            .allocate(dp::AllocateRequest {
-                container_requests: vec![dp::ContainerAllocateRequest {
-                    devices_ids: vec!["GPU-a-0".into()],
-                }],
-            })
+            .allocate(gpu_a_first_replica())
             .await
             .expect("the pod is identified");
         let limit = resp.container_responses[0]
@@ -1282,6 +1277,28 @@ mod tests {
                 Read::CacheConfirmed
             ]
         );
+    }
+
+    /// Issue 29: serving a pod releases HAMi's node lock only when the node shows one; under
+    /// Tessera's scheduler (no lock) no release, hence no GET of the Node, follows a pod.
+    #[tokio::test]
+    async fn a_served_pod_touches_the_node_only_under_a_hami_lock() {
+        use crate::testing::bound_pod;
+        for lock in [None, Some("default/admitted")] {
+            let admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
+            let api = api_with("v1.34.4", &[&admitted]);
+            *api.hami_lock.lock().expect("lock") = lock.map(str::to_owned);
+            let releases = api.lock_releases.clone();
+            let (limit, _, _) = allocate_on(api, listing(&[(&admitted, &[])])).await;
+            assert_eq!(limit.as_deref(), Some("10240m"));
+            // The release runs off the kubelet's path: let it.
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            let released = releases.lock().expect("releases").clone();
+            assert_eq!(released.first().map(String::as_str), lock, "{lock:?}");
+            assert!(released.len() <= 1, "{released:?}");
+        }
     }
 
     /// The swapped-limits case with pod-resources: the cache still shows the rejected 900 MiB
