@@ -40,6 +40,10 @@ pub const KUEUE_NAMESPACE: &str = "kueue-system";
 /// The chart's release name and namespace in every real-node test.
 pub const RELEASE: &str = "tessera";
 pub const NAMESPACE: &str = "tessera-system";
+/// The ServiceAccounts of the scheduler pod's extender and of its kube-scheduler, under
+/// [`RELEASE`].
+pub const SCHEDULER_SA: &str = "tessera-scheduler";
+pub const KUBE_SCHEDULER_SA: &str = "tessera-kube-scheduler";
 /// The ordinary user tests act as; [`RealCluster::tenant_namespace`] gives it `edit` there.
 pub const USER: &str = "alice@example.com";
 /// The e2e's metrics scraper: a ServiceAccount in the chart's namespace ([`RealCluster::scrape_token`]).
@@ -1516,6 +1520,47 @@ impl RealCluster {
             .create_subresource("token", sa, &PostParams::default(), &req)
             .await?;
         Ok(out.status.map(|s| s.token).unwrap_or_default())
+    }
+
+    /// The API Priority and Fairness classification of the chart's service account `sa`'s
+    /// requests: `(FlowSchema, priority level)` names, from the `X-Kubernetes-PF-*-UID` headers
+    /// the API server puts on one of its requests (a list of the release's pods).
+    pub async fn flow_control_of(&self, sa: &str) -> Result<(String, String)> {
+        use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
+        let client = self
+            .client_with_token(&self.service_account_token(sa, None).await?)
+            .await?;
+        let req = http::Request::get(format!("/api/v1/namespaces/{NAMESPACE}/pods?limit=1"))
+            .body(kube::client::Body::from(Vec::new()))
+            .map_err(|e| Error::msg(format!("request: {e}")))?;
+        let resp = client.send(req).await?;
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+                .ok_or_else(|| Error::msg(format!("no {name} on {sa}'s request")))
+        };
+        let (schema_uid, level_uid) = (
+            header("X-Kubernetes-PF-FlowSchema-UID")?,
+            header("X-Kubernetes-PF-PriorityLevel-UID")?,
+        );
+        let lp = ListParams::default();
+        let schema = Api::<FlowSchema>::all(self.admin.clone())
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .find(|f| f.metadata.uid.as_deref() == Some(&schema_uid))
+            .and_then(|f| f.metadata.name);
+        let level = Api::<PriorityLevelConfiguration>::all(self.admin.clone())
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .find(|l| l.metadata.uid.as_deref() == Some(&level_uid))
+            .and_then(|l| l.metadata.name);
+        Ok((schema.unwrap_or(schema_uid), level.unwrap_or(level_uid)))
     }
 
     /// The chart's (first) pod of `component` (`app.kubernetes.io/component`), on any node.

@@ -350,6 +350,12 @@ fn real_identity_bursts_with_pod_resources() -> Result<()> {
         )
         .await?;
         c.tenant_namespace(TENANT).await?;
+        // Issue 29: the scheduler pod's requests are not queued as `workload-low` (the chart's
+        // FlowSchemas). Checked here, where the recommended chart runs.
+        for sa in [real::SCHEDULER_SA, real::KUBE_SCHEDULER_SA] {
+            let (schema, level) = c.flow_control_of(sa).await?;
+            assert_eq!(level, "workload-high", "{sa}: FlowSchema {schema}");
+        }
         for (tag, seed, fault) in [
             ("plain", 1, Fault::None),
             ("kubelet", 2, Fault::KubeletRestart),

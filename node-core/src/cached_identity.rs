@@ -7,11 +7,14 @@
 //! 1. *Every listing that may be the pod under admission is read by name.* A listing is taken
 //!    from the cache only when a cached object of that name, not finished, deleting or
 //!    allocating, reports the same containers, at least one of them a GPU container, and
-//!    devices in exactly its GPU containers. The pod under admission at its first call shows no
-//!    devices at all (a run in progress is refused below), so it is never taken from the cache,
+//!    devices in exactly its GPU containers. The pod under admission never shows that: the
+//!    container being allocated has no devices yet, and if it is a regular init container
+//!    (never reported) neither have the pod's reported GPU containers, which come after it; a
+//!    pod with no reported GPU container is always read. So it is never taken from the cache,
 //!    even when the cache still holds a predecessor of the same name (a StatefulSet's
-//!    replacement). Every other listing (not cached, allocating, anything else) is read: the
-//!    candidates are then the API server's current objects.
+//!    replacement) or an older state of its own run. Every other listing (not cached,
+//!    allocating, anything else) is read: the candidates, the continuing pod among them, are
+//!    then the API server's current objects.
 //! 2. *The chosen pod is read.* A candidate is pending: allocating (read in step 1) or served
 //!    and possibly asked for again (ruled out by step 3). Should a choice still come from the
 //!    cache, it is read and must have the same UID and give the same choice (defence in depth).
@@ -19,10 +22,10 @@
 //!    served; which pod it means is decided on a LIST until a LIST showed none left
 //!    ([`Ledger::reasks_ruled_out`]).
 //!
-//! Anything else (an older kubelet, no pod-resources answer, a run in progress, HAMi's node
-//! lock, more listings to read than [`MAX_READS`], a read that fails, a choice not confirmed,
-//! a choice other than a lone candidate or the oldest of one interchangeable class) is
-//! [`NotFromCache`]: the caller decides on a LIST.
+//! Anything else (an older kubelet, no pod-resources answer, HAMi's node lock, more listings to
+//! read than [`MAX_READS`], a read that fails, a choice not confirmed, a re-ask, a choice the
+//! selection could not make) is [`NotFromCache`]: the caller decides on a LIST. Calls that must
+//! reuse an init container's devices (`must_include`) are not asked here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -73,8 +76,6 @@ pub enum NotFromCache {
         "kubelet {0:?} may list pods it rejected (pod-resources shows only active pods from 1.34)"
     )]
     KubeletBefore134(Option<String>),
-    #[error("a pod's run of calls is in progress")]
-    Continuing,
     #[error("HAMi's node lock names a pod")]
     HamiLock,
     #[error("the kubelet may ask again for pods it was served before it restarted")]
@@ -195,9 +196,6 @@ pub async fn choose_from_cache<R: PodReader>(
             call.kubelet_version.map(str::to_owned),
         ));
     }
-    if ledger.continuing().is_some() {
-        return Err(NotFromCache::Continuing);
-    }
     if call.hami_lock.is_some() {
         return Err(NotFromCache::HamiLock);
     }
@@ -220,7 +218,10 @@ pub async fn choose_from_cache<R: PodReader>(
     let (first, _) = decide(&call, ledger, &pods);
     let first = first.map_err(NotFromCache::Undecided)?;
     match first.reason {
-        ChoiceReason::Elimination | ChoiceReason::Unique | ChoiceReason::OldestOfClass => {}
+        ChoiceReason::Continuing
+        | ChoiceReason::Elimination
+        | ChoiceReason::Unique
+        | ChoiceReason::OldestOfClass => {}
         other => return Err(NotFromCache::Reason(other.as_str())),
     }
     let key = format!("{}/{}", first.namespace, first.name);
