@@ -1112,17 +1112,25 @@ mod tests {
         assert_eq!(releases(), ["default/running", "default/gone"]);
     }
 
+    /// The pods of the swap CI caught: `rejected` (900 MiB) as a lagging cache still has it,
+    /// pending; the same pod as it is now, rejected by the kubelet; `admitted` (10 GiB), bound
+    /// after it.
+    fn the_swap_ci_caught() -> (PodSnapshot, PodSnapshot, PodSnapshot) {
+        use crate::testing::bound_pod;
+        let rejected = bound_pod("node-a", "rejected", &[&[("GPU-a", 900, 0)]], 1);
+        let admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
+        let mut rejected_now = rejected.clone();
+        rejected_now.terminal = true;
+        (rejected, rejected_now, admitted)
+    }
+
     /// The swap CI caught on a real node (without pod-resources, after the plugin restarted):
     /// `Allocate` for a 10 GiB pod answered from the cache, where a rejected 900 MiB pod was
     /// still the unique pending candidate, and the container ran with 900 MiB. The call must be
     /// decided on the API server's current state.
     #[tokio::test]
     async fn allocate_ignores_a_cache_that_lags_the_api_server() {
-        use crate::testing::bound_pod;
-        let rejected = bound_pod("node-a", "rejected", &[&[("GPU-a", 900, 0)]], 1);
-        let admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
-        let mut rejected_now = rejected.clone();
-        rejected_now.terminal = true;
+        let (rejected, rejected_now, admitted) = the_swap_ci_caught();
         let source = Arc::new(LaggingCache {
             stale: vec![rejected],
             current: vec![rejected_now, admitted],
@@ -1307,11 +1315,7 @@ mod tests {
     /// read by name; the container gets 10 GiB, and no LIST was needed.
     #[tokio::test]
     async fn a_lagging_cache_on_a_134_kubelet_still_gives_the_admitted_pod_its_limits() {
-        use crate::testing::bound_pod;
-        let rejected = bound_pod("node-a", "rejected", &[&[("GPU-a", 900, 0)]], 1);
-        let admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
-        let mut rejected_now = rejected.clone();
-        rejected_now.terminal = true;
+        let (rejected, rejected_now, admitted) = the_swap_ci_caught();
         let api = api_with("v1.34.4", &[&rejected_now, &admitted]);
         *api.stale_cache.lock().expect("cache") = Some(vec![rejected]);
         let (limit, reads, lists) = allocate_on(api, listing(&[(&admitted, &[])])).await;
