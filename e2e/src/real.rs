@@ -1545,21 +1545,12 @@ impl RealCluster {
             header("X-Kubernetes-PF-FlowSchema-UID")?,
             header("X-Kubernetes-PF-PriorityLevel-UID")?,
         );
-        let lp = ListParams::default();
-        let schema = Api::<FlowSchema>::all(self.admin.clone())
-            .list(&lp)
-            .await?
-            .items
-            .into_iter()
-            .find(|f| f.metadata.uid.as_deref() == Some(&schema_uid))
-            .and_then(|f| f.metadata.name);
-        let level = Api::<PriorityLevelConfiguration>::all(self.admin.clone())
-            .list(&lp)
-            .await?
-            .items
-            .into_iter()
-            .find(|l| l.metadata.uid.as_deref() == Some(&level_uid))
-            .and_then(|l| l.metadata.name);
+        let schema = name_with_uid(Api::<FlowSchema>::all(self.admin.clone()), &schema_uid).await?;
+        let level = name_with_uid(
+            Api::<PriorityLevelConfiguration>::all(self.admin.clone()),
+            &level_uid,
+        )
+        .await?;
         Ok((schema.unwrap_or(schema_uid), level.unwrap_or(level_uid)))
     }
 
@@ -2135,4 +2126,18 @@ fn kubelet_config(cluster_dir: &Path, ip: std::net::Ipv4Addr, dra: bool) -> serd
         config["featureGates"] = json!({"DRAExtendedResource": true});
     }
     config
+}
+
+/// The name of the object of `api`'s kind whose UID is `uid`, if one is listed.
+async fn name_with_uid<K>(api: Api<K>, uid: &str) -> Result<Option<String>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|o| o.meta().uid.as_deref() == Some(uid))
+        .and_then(|o| o.meta().name.clone()))
 }

@@ -972,19 +972,24 @@ mod tests {
         assert_eq!(pref.container_responses[0].device_i_ds.len(), 1);
     }
 
+    /// One `Allocate` identification with a deadline 1.2 s away (tokio's paused clock): it must
+    /// fail exactly at the deadline; its error.
+    async fn identify_until_deadline(allocator: &Allocator, ledger: &mut Ledger) -> AllocateError {
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(1200);
+        let err = allocator
+            .identify(ledger, 1, false, PodView::Fresh, deadline)
+            .await
+            .expect_err("nothing can be known");
+        assert_eq!(started.elapsed(), Duration::from_millis(1200));
+        err
+    }
+
     /// The deadline is on tokio's clock: with the apiserver hanging, identification gives up on
     /// the pod list exactly at the deadline and fails closed, naming the node.
     #[tokio::test(start_paused = true)]
     async fn identify_gives_up_on_the_pod_list_at_its_deadline() {
-        let allocator = hanging_allocator();
-        let mut ruled_out = Ledger::default();
-        let started = Instant::now();
-        let deadline = started + Duration::from_millis(1200);
-        let err = allocator
-            .identify(&mut ruled_out, 1, false, PodView::Fresh, deadline)
-            .await
-            .expect_err("nothing can be known");
-        assert_eq!(started.elapsed(), Duration::from_millis(1200));
+        let err = identify_until_deadline(&hanging_allocator(), &mut Ledger::default()).await;
         assert!(
             matches!(&err, AllocateError::PodListTimeout { node } if node == "node-a"),
             "{err}"
@@ -1361,13 +1366,7 @@ mod tests {
         // Past the first LIST after registration (the cache form needs re-asks ruled out).
         let mut ruled_out = Ledger::default();
         ruled_out.note_consistent_read(&[]);
-        let started = Instant::now();
-        let deadline = started + Duration::from_millis(1200);
-        let err = allocator
-            .identify(&mut ruled_out, 1, false, PodView::Fresh, deadline)
-            .await
-            .expect_err("nothing can be known");
-        assert_eq!(started.elapsed(), Duration::from_millis(1200));
+        let err = identify_until_deadline(&allocator, &mut ruled_out).await;
         assert!(matches!(err, AllocateError::PodListTimeout { .. }), "{err}");
     }
 

@@ -779,7 +779,7 @@ mod tests {
     fn exports_hami_and_plugin_names() {
         let m = PluginMetrics::new();
         m.observe_allocate(Duration::from_millis(3), true);
-        m.identity_choice("unique", "cache");
+        m.identity_choice("unique", "cache_confirmed");
         m.gpu_health("GPU-a", false);
         m.xid_error("GPU-a", 79);
         m.host_gpu("node-a", "NVIDIA-Tesla T4", &gpu_sample(1, 1048576, 42));
