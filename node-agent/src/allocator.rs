@@ -933,6 +933,23 @@ mod tests {
         )
     }
 
+    /// The allocator of node-a, serving GPU-a, on `api`'s pods and `pod_resources`, writing
+    /// container files under `cache_dir`.
+    fn gpu_a_allocator(
+        api: &Arc<crate::testing::MemoryApi>,
+        pod_resources: Arc<dyn PodResourcesSource>,
+        cache_dir: &std::path::Path,
+    ) -> Allocator {
+        Allocator::new(
+            "node-a".into(),
+            crate::testing::response_settings(cache_dir),
+            Arc::new(RwLock::new(BTreeSet::from(["GPU-a".to_owned()]))),
+            api.clone(),
+            api.clone(),
+            pod_resources,
+        )
+    }
+
     /// The kubelet's `Allocate` of GPU-a's first replica for one container.
     fn gpu_a_first_replica() -> dp::AllocateRequest {
         dp::AllocateRequest {
@@ -1081,13 +1098,10 @@ mod tests {
         api.add_pod(running);
         api.add_pod(bound_pod("node-a", "waiting", &[&[("GPU-a", 900, 0)]], 2));
         let api = Arc::new(api);
-        let allocator = Allocator::new(
-            "node-a".into(),
-            crate::testing::response_settings(std::path::Path::new("/nonexistent")),
-            Arc::new(RwLock::new(BTreeSet::from(["GPU-a".to_owned()]))),
-            api.clone(),
-            api.clone(),
+        let allocator = gpu_a_allocator(
+            &api,
             Arc::new(crate::edges::NoPodResources),
+            std::path::Path::new("/nonexistent"),
         );
         let lock_on = |holder: Option<&str>| {
             *api.hami_lock
@@ -1190,14 +1204,7 @@ mod tests {
     ) -> (Option<String>, Vec<String>, usize) {
         let api = Arc::new(api);
         let dir = tempfile::tempdir().expect("tempdir");
-        let allocator = Allocator::new(
-            "node-a".into(),
-            crate::testing::response_settings(dir.path()),
-            Arc::new(RwLock::new(BTreeSet::from(["GPU-a".to_owned()]))),
-            api.clone(),
-            api.clone(),
-            Arc::new(Listed(view)),
-        );
+        let allocator = gpu_a_allocator(&api, Arc::new(Listed(view)), dir.path());
         // As after the first call since registration, decided on a LIST without re-askable pods.
         allocator.ledger.lock().await.note_consistent_read(&[]);
         let resp = allocator
@@ -1259,13 +1266,10 @@ mod tests {
         use crate::testing::bound_pod;
         let admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
         let api = Arc::new(api_with("v1.34.4", &[&admitted]));
-        let allocator = Allocator::new(
-            "node-a".into(),
-            crate::testing::response_settings(std::path::Path::new("/nonexistent")),
-            Arc::new(RwLock::new(BTreeSet::from(["GPU-a".to_owned()]))),
-            api.clone(),
-            api.clone(),
+        let allocator = gpu_a_allocator(
+            &api,
             Arc::new(Listed(listing(&[(&admitted, &[])]))),
+            std::path::Path::new("/nonexistent"),
         );
         let deadline = Instant::now() + Duration::from_secs(2);
         let mut reads = Vec::new();
