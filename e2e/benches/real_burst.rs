@@ -22,7 +22,7 @@
 )]
 
 use hami_contract::annotations::{BIND_PHASE, BIND_PHASE_SUCCESS};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -97,6 +97,53 @@ struct Round {
     bound_to_allocated: Vec<f64>,
     /// The kubelet's time in `Allocate` during the round, in seconds (GPU rounds).
     allocate_seconds: f64,
+    /// The plugin's `Allocate` calls during the round, in milliseconds per call: the whole
+    /// call (`call`) and each step (`tessera_device_plugin_allocate_step_duration_seconds`).
+    allocate_steps: BTreeMap<String, f64>,
+}
+
+/// The plugin's time in `Allocate` per step, as (sum of seconds, calls), `call` for the whole
+/// call. Empty when the plugin's metrics cannot be read (a plain round needs none).
+async fn plugin_allocate_steps(c: &RealCluster) -> BTreeMap<String, (f64, f64)> {
+    let Some(text) = c.device_plugin_metrics(NODE).await else {
+        return BTreeMap::new();
+    };
+    let mut steps: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for s in hami_contract::metrics::samples(&text).0 {
+        let (step, sum) = match s.name.as_str() {
+            "tessera_device_plugin_allocate_duration_seconds_sum" => ("call", true),
+            "tessera_device_plugin_allocate_duration_seconds_count" => ("call", false),
+            "tessera_device_plugin_allocate_step_duration_seconds_sum" => {
+                (s.label("step").unwrap_or_default(), true)
+            }
+            "tessera_device_plugin_allocate_step_duration_seconds_count" => {
+                (s.label("step").unwrap_or_default(), false)
+            }
+            _ => continue,
+        };
+        let e = steps.entry(step.to_owned()).or_default();
+        if sum {
+            e.0 += s.value;
+        } else {
+            e.1 += s.value;
+        }
+    }
+    steps
+}
+
+/// Milliseconds per call of each step between two readings of [`plugin_allocate_steps`].
+fn per_call_ms(
+    before: &BTreeMap<String, (f64, f64)>,
+    after: &BTreeMap<String, (f64, f64)>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .filter_map(|(step, (sum, calls))| {
+            let (sum0, calls0) = before.get(step).copied().unwrap_or_default();
+            let calls = calls - calls0;
+            (calls > 0.0).then(|| (step.clone(), (sum - sum0) * 1e3 / calls))
+        })
+        .collect()
 }
 
 /// The kubelet's `kubelet_device_plugin_alloc_duration_seconds_sum` for `nvidia.com/gpu`, read
@@ -119,6 +166,10 @@ async fn kubelet_allocate_seconds(c: &RealCluster) -> Result<f64> {
 
 async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
     let allocate_before = kubelet_allocate_seconds(c).await?;
+    let steps_before = match kind {
+        Kind::Gpu => plugin_allocate_steps(c).await,
+        Kind::Plain => BTreeMap::new(),
+    };
     let api: Api<Pod> = Api::namespaced(c.admin().clone(), NS);
     let user: Api<Pod> = Api::namespaced(c.user().clone(), NS);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Seen)>();
@@ -228,6 +279,10 @@ async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
         all_allocated: secs(done(&seen, pods, |s| s.allocated)),
         all_running: secs(all_running),
         allocate_seconds: kubelet_allocate_seconds(c).await? - allocate_before,
+        allocate_steps: match kind {
+            Kind::Gpu => per_call_ms(&steps_before, &plugin_allocate_steps(c).await),
+            Kind::Plain => BTreeMap::new(),
+        },
         create_to_bound: seen
             .iter()
             .filter_map(|(n, s)| {
@@ -322,8 +377,9 @@ fn main() -> Result<()> {
                 let g = round(&c, pods, Kind::Gpu).await?;
                 eprintln!(
                     "real burst, {label}, round {i}: GPU all admitted {:.2} s, all running {:.2} s; \
-                     plain all admitted {:.2} s, all running {:.2} s",
-                    g.all_admitted, g.all_running, p.all_admitted, p.all_running
+                     plain all admitted {:.2} s, all running {:.2} s; the plugin's Allocate, ms \
+                     per call: {:?}",
+                    g.all_admitted, g.all_running, p.all_admitted, p.all_running, g.allocate_steps
                 );
                 plain.push(p);
                 gpu.push(g);
@@ -411,6 +467,21 @@ fn main() -> Result<()> {
                 .without_p99()
                 .goal("<= 0.10", share.median <= 0.10),
             );
+            // Where the kubelet's wait in Allocate goes: the plugin's own steps, per call.
+            let steps: BTreeSet<&String> =
+                gpu.iter().flat_map(|r| r.allocate_steps.keys()).collect();
+            for step in steps {
+                let per_round: Vec<f64> = gpu
+                    .iter()
+                    .filter_map(|r| r.allocate_steps.get(step).copied())
+                    .collect();
+                let what = if step == "call" {
+                    "the plugin's Allocate: whole call, mean per call".to_owned()
+                } else {
+                    format!("the plugin's Allocate: step {step}, mean per call")
+                };
+                csv.row(&Row::new(case.clone(), what, "ms", Stats::of(&per_round)).without_p99());
+            }
             csv.row(&Row::new(
                 case.clone(),
                 "per pod: create -> bound",

@@ -144,6 +144,31 @@ impl Read {
     }
 }
 
+/// A step of an `Allocate` call (the `step` label of
+/// `tessera_device_plugin_allocate_step_duration_seconds`): where the kubelet's wait goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// The kubelet's pod-resources `List`.
+    PodResources,
+    /// Deciding: the reads by name or the LIST, and selection.
+    Identify,
+    /// The container's cache directory and its limits file (with its fsync).
+    Files,
+    /// The pod's annotations (`vgpu-devices-to-allocate`, `bind-phase`).
+    Patch,
+}
+
+impl Step {
+    fn as_str(self) -> &'static str {
+        match self {
+            Step::PodResources => "pod_resources",
+            Step::Identify => "identify",
+            Step::Files => "files",
+            Step::Patch => "patch",
+        }
+    }
+}
+
 /// The pod source's reads by name, as [`crate::cached_identity`] asks for them.
 struct ApiReader<'a>(&'a dyn PodSource);
 
@@ -296,7 +321,11 @@ impl Allocator {
         deadline: Instant,
     ) -> Result<(Choice, Vec<PodSnapshot>, Read), AllocateError> {
         let lock = self.pods.hami_lock();
+        let asked = Instant::now();
         let view = self.pod_resources_view().await;
+        let listed = Instant::now();
+        // `return` inside leaves the block, so both steps are observed on every path.
+        let decided: Result<_, AllocateError> = async {
         let (pods, read) = match source {
             PodView::Cache => (self.pods.cached(), Read::Cache),
             PodView::Fresh => {
@@ -361,6 +390,19 @@ impl Allocator {
         }
         let chosen = select(facts, &pending, ledger)?;
         Ok((chosen, pods, read))
+        }
+        .await;
+        if source == PodView::Fresh {
+            self.observe_step(Step::PodResources, listed - asked);
+            self.observe_step(Step::Identify, listed.elapsed());
+        }
+        decided
+    }
+
+    fn observe_step(&self, step: Step, took: Duration) {
+        if let Some(m) = &self.metrics {
+            m.observe_allocate_step(step.as_str(), took);
+        }
     }
 
     /// Serves one kubelet `Allocate`.
@@ -430,7 +472,7 @@ impl Allocator {
             reason = choice.reason.as_str(), read = read.as_str(), "Allocate serves pod");
 
         let result = self
-            .build_and_record(ledger, creq, &choice, &pods, deadline)
+            .build_and_record(ledger, creq, &choice, &pods, deadline, read)
             .await;
         if let Err(e) = &result {
             tracing::warn!(pod = %pod_key, error = %DisplayChain(e), "Allocate failed; marking bind-phase failed");
@@ -475,6 +517,7 @@ impl Allocator {
         choice: &Choice,
         pods: &[PodSnapshot],
         deadline: Instant,
+        read: Read,
     ) -> Result<dp::ContainerAllocateResponse, AllocateError> {
         let pod_key = format!("{}/{}", choice.namespace, choice.name);
         {
@@ -527,6 +570,7 @@ impl Allocator {
                         container: choice.container.name.clone(),
                         source,
                     })?;
+                let writing = Instant::now();
                 self.prepare_cache_dir(&response.cache_dir)?;
                 // The limits the shim trusts over the container's environment (container_env.rs).
                 crate::container_env::write_limits_file(&response.limits_file).map_err(
@@ -535,6 +579,7 @@ impl Allocator {
                         source,
                     },
                 )?;
+                self.observe_step(Step::Files, writing.elapsed());
                 response
             } else {
                 let (response, annotation) =
@@ -565,14 +610,31 @@ impl Allocator {
                 keys::BIND_PHASE_SUCCESS.to_owned(),
             );
         }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(
+        if read == Read::CacheConfirmed && choice.entries_left == 0 {
+            // The kubelet identifies the pod under admission on this node (pod-resources, 1.34+:
+            // the cache path), so nothing here waits for this record: the ledger holds it for
+            // this plugin's next calls, the extender does not hold pods back for it, and after a
+            // plugin restart the kubelet's own record (devices in every GPU container of the pod)
+            // rules the pod out. It is written after the answer, off the kubelet's path
+            // (docs/design/allocation-identity.md, step 8).
+            ledger.record(choice);
+            record_after_answer(
+                self.patcher.clone(),
+                (&choice.namespace, &choice.name, &choice.uid),
+                ann,
+            );
+            return Ok(to_proto(response));
+        }
+        let patching = Instant::now();
+        let remaining = deadline.saturating_duration_since(patching);
+        let patched = tokio::time::timeout(
             remaining,
             self.patcher
                 .patch_pod_annotations(&choice.namespace, &choice.name, &choice.uid, ann),
         )
-        .await
-        {
+        .await;
+        self.observe_step(Step::Patch, patching.elapsed());
+        match patched {
             Ok(Ok(())) => {}
             Ok(Err(source)) => {
                 return Err(AllocateError::Patch {
@@ -761,6 +823,50 @@ impl Allocator {
 const BACKGROUND_PATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Releases HAMi's node lock if it still names `ns/name`; best effort (HAMi's lock expires).
+/// Writes a served pod's record (`vgpu-devices-to-allocate` emptied, `bind-phase: success`)
+/// after the answer, retrying with backoff until it lands or the pod is gone (the UID
+/// precondition refuses it on a pod recreated under the same name).
+fn record_after_answer(
+    patcher: Arc<dyn PodPatcher>,
+    (ns, name, uid): (&str, &str, &str),
+    annotations: BTreeMap<String, String>,
+) {
+    let (ns, name, uid) = (ns.to_owned(), name.to_owned(), uid.to_owned());
+    spawn_task("record-allocation", async move {
+        let pod = format!("{ns}/{name}");
+        let mut backoff = RECORD_RETRY_FIRST;
+        for attempt in 1..=RECORD_ATTEMPTS {
+            let patch = tokio::time::timeout(
+                BACKGROUND_PATCH_TIMEOUT,
+                patcher.patch_pod_annotations(&ns, &name, &uid, annotations.clone()),
+            )
+            .await;
+            match patch {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) if e.pod_gone() => {
+                    tracing::debug!(%pod, "allocation not recorded: the pod is gone");
+                    return;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(%pod, attempt, error = %DisplayChain(&e), "could not record the allocation; retrying")
+                }
+                Err(_) => {
+                    tracing::warn!(%pod, attempt, "could not record the allocation: timed out; retrying")
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(RECORD_RETRY_MAX);
+        }
+        tracing::error!(%pod, "gave up recording the allocation: its hami.io/bind-phase stays allocating (it runs with its limits; this node's kubelet identifies its pods, so nothing waits for it)");
+    });
+}
+
+/// The deferred record's first retry delay, its longest, and how many tries (about eight
+/// minutes in all).
+const RECORD_RETRY_FIRST: Duration = Duration::from_millis(200);
+const RECORD_RETRY_MAX: Duration = Duration::from_secs(60);
+const RECORD_ATTEMPTS: u32 = 16;
+
 async fn release_lock(patcher: &dyn PodPatcher, ns: &str, name: &str) {
     match tokio::time::timeout(
         BACKGROUND_PATCH_TIMEOUT,
@@ -1218,6 +1324,33 @@ mod tests {
         let reads = api.reads.lock().expect("reads").clone();
         let lists = *api.lists.lock().expect("lists");
         (limit, reads, lists)
+    }
+
+    /// Issue #29: where a kubelet's wait in `Allocate` goes is on the plugin's metrics, one
+    /// observation per step of each call.
+    #[tokio::test]
+    async fn an_allocate_reports_the_time_of_each_step() {
+        let admitted =
+            crate::testing::bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
+        let api = Arc::new(api_with("v1.34.4", &[&admitted]));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let listed = Arc::new(Listed(listing(&[(&admitted, &[])])));
+        let mut allocator = gpu_a_allocator(&api, listed, dir.path());
+        let metrics = PluginMetrics::new();
+        allocator.metrics = Some(metrics.clone());
+        allocator
+            .allocate(gpu_a_first_replica())
+            .await
+            .expect("the pod is identified");
+        let text = metrics.encode();
+        for step in ["pod_resources", "identify", "files", "patch"] {
+            assert!(
+                text.contains(&format!(
+                    "tessera_device_plugin_allocate_step_duration_seconds_count{{step=\"{step}\"}} 1"
+                )),
+                "{step}: {text}"
+            );
+        }
     }
 
     fn api_with(kubelet: &str, pods: &[&PodSnapshot]) -> crate::testing::MemoryApi {

@@ -76,6 +76,10 @@ pub struct CacheDirs {
     pub host_mountinfo: PathBuf,
     /// Whether [`CacheDirs::prepare_reported`] has warned that the limit cannot be applied.
     said_unlimited: Arc<AtomicBool>,
+    /// The host saw one of these mounts: propagation is a property of the plugin's host
+    /// directory (its peer group), which only the host's root changes, so later mounts are not
+    /// checked again (reading the host's mount table costs milliseconds while containers start).
+    host_sees_mounts: Arc<AtomicBool>,
 }
 
 impl Default for CacheDirs {
@@ -84,6 +88,7 @@ impl Default for CacheDirs {
             limit: None,
             host_mountinfo: PathBuf::from("/proc/1/mountinfo"),
             said_unlimited: Arc::default(),
+            host_sees_mounts: Arc::default(),
         }
     }
 }
@@ -106,6 +111,7 @@ impl CacheDirs {
             limit: Some(limit),
             host_mountinfo,
             said_unlimited: Arc::default(),
+            host_sees_mounts: Arc::default(),
         }
     }
 
@@ -137,8 +143,14 @@ impl CacheDirs {
         if let Err(e) = mount_tmpfs(dir, limit) {
             return Ok(Prepared::Unlimited(format!("mounting a tmpfs failed: {e}")));
         }
-        match host_sees(&self.host_mountinfo, dir) {
+        let seen = if self.host_sees_mounts.load(Ordering::Relaxed) {
+            Ok(true)
+        } else {
+            host_sees(&self.host_mountinfo, dir)
+        };
+        match seen {
             Ok(true) => {
+                self.host_sees_mounts.store(true, Ordering::Relaxed);
                 set_mode_0777(dir)?;
                 Ok(Prepared::Limited)
             }
@@ -299,7 +311,7 @@ mod tests {
     }
 
     /// With a limit (as root, which CI is): writes stop at the limit with ENOSPC, files at the
-    /// inode count; a host mount table that does not list the mount undoes it, and the
+    /// inode count; the host's mount table is read until it once showed a mount; one that does not list the mount undoes it, and the
     /// directory is plain and says why.
     #[test]
     fn a_limited_directory_stops_writes_at_its_size_and_an_unseen_mount_is_undone() {
@@ -325,6 +337,14 @@ mod tests {
         assert!(made < 8, "{made} files in an 8-inode directory");
         remove(&dir).unwrap();
         assert!(!dir.exists());
+
+        // Once the host saw a mount, later ones are not checked again (no mount table read).
+        let checked_once = CacheDirs {
+            host_mountinfo: root.path().join("no-such-mountinfo"),
+            ..dirs.clone()
+        };
+        assert_eq!(checked_once.prepare(&dir).unwrap(), Prepared::Limited);
+        remove(&dir).unwrap();
 
         // A mount table that does not list the directory: the mount is undone.
         let elsewhere = root.path().join("mountinfo");

@@ -28,6 +28,18 @@ pub enum EdgeError {
 }
 
 impl EdgeError {
+    /// The API server says the pod is gone: not found, or a UID precondition failed (the name
+    /// now belongs to another pod).
+    pub fn pod_gone(&self) -> bool {
+        match self {
+            EdgeError::Kube {
+                source: kube::Error::Api(status),
+                ..
+            } => status.code == 404 || status.code == 409,
+            _ => false,
+        }
+    }
+
     /// For `map_err`: an apiserver error while doing `what`.
     pub fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> EdgeError {
         let what = what.into();

@@ -89,6 +89,7 @@ pub async fn serve_http(
 pub struct PluginMetrics {
     registry: Arc<Registry>,
     allocate_seconds: Histogram,
+    allocate_steps: Family<Labels, Histogram, fn() -> Histogram>,
     allocations: Family<Labels, Counter>,
     identity: Family<Labels, Counter>,
     registrations: Counter,
@@ -147,6 +148,14 @@ impl PluginMetrics {
             "tessera_device_plugin_allocate_duration_seconds",
             "Time to answer a kubelet Allocate call",
             Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+        );
+        let allocate_steps = registered(
+            &mut registry,
+            "tessera_device_plugin_allocate_step_duration_seconds",
+            "Time an Allocate call spent in each step (step: pod_resources, the kubelet's List; identify, the reads by name or the LIST; files, the cache directory and limits file with its fsync; patch, the pod's annotations)",
+            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+            }),
         );
         let allocations = registered(
             &mut registry,
@@ -340,6 +349,7 @@ impl PluginMetrics {
             mig_device,
             legacy,
             allocate_seconds,
+            allocate_steps,
             allocations,
             identity,
             registrations,
@@ -360,6 +370,14 @@ impl PluginMetrics {
     pub fn observe_allocate(&self, took: Duration, ok: bool) {
         self.allocate_seconds.observe(took.as_secs_f64());
         self.allocations.get_or_create(&result_labels(ok)).inc();
+    }
+
+    /// One step of an `Allocate` call (`pod_resources`, `identify`, `files`, `patch`): where
+    /// the kubelet's wait goes.
+    pub fn observe_allocate_step(&self, step: &'static str, took: Duration) {
+        self.allocate_steps
+            .get_or_create(&vec![("step".into(), step.into())])
+            .observe(took.as_secs_f64());
     }
 
     /// `reason`: how the pod was determined; `read`: on what (`cache_confirmed`, `list`).
@@ -780,6 +798,7 @@ mod tests {
         let m = PluginMetrics::new();
         m.observe_allocate(Duration::from_millis(3), true);
         m.identity_choice("unique", "cache_confirmed");
+        m.observe_allocate_step("patch", Duration::from_millis(2));
         m.gpu_health("GPU-a", false);
         m.xid_error("GPU-a", 79);
         m.host_gpu("node-a", "NVIDIA-Tesla T4", &gpu_sample(1, 1048576, 42));
@@ -837,6 +856,12 @@ mod tests {
             "hami_host_gpu_memory_controller_utilization_ratio{device_index=\"1\",device_uuid=\"GPU-a\",device_type=\"NVIDIA-Tesla T4\"} 7.0"
         ), "{text}");
         assert!(text.contains("hami_build_info{version=\""), "{text}");
+        assert!(
+            text.contains(
+                "tessera_device_plugin_allocate_step_duration_seconds_count{step=\"patch\"} 1"
+            ),
+            "{text}"
+        );
     }
 
     /// Every metric of HAMi's vGPU monitor (the inventory extracted from its source) is exported

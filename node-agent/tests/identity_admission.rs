@@ -124,6 +124,13 @@ struct Sim {
     calls: usize,
     /// A rejected pod is deleted and its replacement takes its name, as a StatefulSet's does.
     reuse_names: bool,
+    /// The plugin's record of a pod's last entry, on a call the cache decided, lands after the
+    /// answer (`Allocator::build_and_record`): (pod UID, entries served). Applied a random
+    /// number of calls later, or lost when the plugin restarts.
+    records_in_flight: Vec<(String, BTreeSet<usize>)>,
+    /// The plugin restarts (a new ledger, records in flight lost) before every n-th call.
+    plugin_restart_every: Option<usize>,
+    plugin_restarts: usize,
 }
 
 /// Calls by which the simulated informer cache may lag the API server.
@@ -195,6 +202,9 @@ impl Sim {
             from_cache: 0,
             calls: 0,
             reuse_names: false,
+            records_in_flight: Vec::new(),
+            plugin_restart_every: None,
+            plugin_restarts: 0,
         };
         for (i, _) in specs().iter().enumerate() {
             sim.create(i);
@@ -298,6 +308,42 @@ impl Sim {
         }
     }
 
+    /// The plugin's record of pod `uid`: `served` entries emptied; `success` when `done`.
+    fn write_record(&mut self, uid: &str, served: &BTreeSet<usize>, done: bool) {
+        let Some(pod) = self.pods.iter_mut().find(|p| p.snapshot.uid == uid) else {
+            return;
+        };
+        let a = &mut pod.snapshot.annotations;
+        let Some(current) = a.get(keys::DEVICES_TO_ALLOCATE) else {
+            return;
+        };
+        let emptied = empty_entries(current, served).expect("valid");
+        a.insert(keys::DEVICES_TO_ALLOCATE.into(), emptied);
+        if done {
+            a.insert(keys::BIND_PHASE.into(), keys::BIND_PHASE_SUCCESS.into());
+        }
+    }
+
+    /// Before a call: each record in flight lands with even odds; every n-th call the plugin
+    /// restarts first, and the records in flight are lost with its ledger.
+    fn land_or_lose_records(&mut self) {
+        if let Some(n) = self.plugin_restart_every
+            && self.calls % n == n - 1
+        {
+            self.ledger = Ledger::default();
+            self.records_in_flight.clear();
+            self.plugin_restarts += 1;
+        }
+        let records = std::mem::take(&mut self.records_in_flight);
+        for (uid, served) in records {
+            if self.rng.random_bool(0.5) {
+                self.write_record(&uid, &served, true);
+            } else {
+                self.records_in_flight.push((uid, served));
+            }
+        }
+    }
+
     /// What the plugin reads for a call: a consistent LIST of the node's pods, issued after the
     /// call began (`Allocator::identify`), so it shows every binding and rejection the kubelet
     /// and the extender acted on.
@@ -344,6 +390,7 @@ impl Sim {
             .cloned()
             .collect();
         for (k, container) in gpu_containers.iter().enumerate().skip(from) {
+            self.land_or_lose_records();
             let view = self.view(idx);
             let facts = CallFacts {
                 count: own[k].len(),
@@ -353,7 +400,8 @@ impl Sim {
             };
             let node_pods = self.node_pods();
             let from_cache = self.answer_from_cache(&view, own[k].len(), &node_pods);
-            self.from_cache += usize::from(from_cache.is_some());
+            let cache_decided = from_cache.is_some();
+            self.from_cache += usize::from(cache_decided);
             self.calls += 1;
             let result = match from_cache {
                 Some(choice) => Ok(choice),
@@ -412,26 +460,14 @@ impl Sim {
                 );
                 self.class_swaps += 1;
             }
-            // The plugin's patch.
-            let ci = self
-                .pods
-                .iter()
-                .position(|p| p.snapshot.uid == choice.uid)
-                .expect("known");
+            // The plugin's patch: before the answer, or after it for a run the cache ended.
             let mut served: BTreeSet<usize> =
                 self.ledger.served(&choice.uid).cloned().unwrap_or_default();
             served.insert(choice.entry_index);
-            let current = self.pods[ci].snapshot.annotations[keys::DEVICES_TO_ALLOCATE].clone();
-            let emptied = empty_entries(&current, &served).expect("valid");
-            self.pods[ci]
-                .snapshot
-                .annotations
-                .insert(keys::DEVICES_TO_ALLOCATE.into(), emptied);
-            if choice.entries_left == 0 {
-                self.pods[ci]
-                    .snapshot
-                    .annotations
-                    .insert(keys::BIND_PHASE.into(), keys::BIND_PHASE_SUCCESS.into());
+            if cache_decided && choice.entries_left == 0 {
+                self.records_in_flight.push((choice.uid.clone(), served));
+            } else {
+                self.write_record(&choice.uid, &served, choice.entries_left == 0);
             }
             self.ledger.record(&choice);
             if choice.reason == ChoiceReason::Reask {
@@ -664,11 +700,13 @@ fn pods_rejected_before_allocate_never_lend_their_limits() {
 /// Issue #29: the plugin answers from an informer cache lagging by several calls in both
 /// directions (pods bound, rejected, recreated, started, restarted kubelets it has not seen),
 /// completed and confirmed by reads by name; rejected pods are replaced under their own name, so
-/// the cache often holds a name's predecessor. Every container still gets its own pod's limits
-/// and GPUs (asserted in `admit`), and many calls need no LIST.
+/// the cache often holds a name's predecessor. The plugin's record of a run the cache ended
+/// lands calls after the answer, and the plugin restarts now and then, losing the records in
+/// flight. Every container still gets its own pod's limits and GPUs (asserted in `admit`), and
+/// many calls need no LIST.
 #[test]
 fn a_lagging_cache_confirmed_by_reads_never_swaps_limits() {
-    let (mut calls_from_cache, mut calls, mut failures) = (0, 0, 0);
+    let (mut calls_from_cache, mut calls, mut failures, mut plugin_restarts) = (0, 0, 0, 0);
     for scheduler_rule in [true, false] {
         for order in ["creation", "reverse", "random"] {
             for seed in 0..10 {
@@ -676,11 +714,15 @@ fn a_lagging_cache_confirmed_by_reads_never_swaps_limits() {
                 sim.lagging_cache = true;
                 sim.rejects_before_allocate = true;
                 sim.reuse_names = seed % 2 == 0;
+                // A restarted plugin knows no run in progress, so it may refuse a pod (fail
+                // closed, the owner recreates it): counted only where the plugin keeps running.
+                sim.plugin_restart_every = (seed % 3 == 1).then_some(11 + seed as usize);
                 sim.run_with_restarts(order, 2_000, &[6, 15]);
                 sim.assert_every_spec_admitted(order);
                 calls_from_cache += sim.from_cache;
                 calls += sim.calls;
-                if scheduler_rule {
+                plugin_restarts += sim.plugin_restarts;
+                if scheduler_rule && sim.plugin_restarts == 0 {
                     failures += sim.failures;
                 }
             }
@@ -692,6 +734,10 @@ fn a_lagging_cache_confirmed_by_reads_never_swaps_limits() {
     assert!(
         calls_from_cache * 3 > calls,
         "the cache answered {calls_from_cache} of {calls} calls"
+    );
+    assert!(
+        plugin_restarts > 20,
+        "the plugin restarted {plugin_restarts} times"
     );
 }
 

@@ -122,21 +122,29 @@ pub fn lists_only_active_pods(kubelet_version: &str) -> bool {
 
 /// The keys (`namespace/name`) of listed pods the cache cannot answer for (module docs,
 /// step 1), in the listing's order.
-pub fn unexplained_listings(view: &PodResourcesView, pods: &[PodSnapshot]) -> Vec<String> {
+pub fn unexplained_listings(
+    view: &PodResourcesView,
+    pods: &[PodSnapshot],
+    ledger: &Ledger,
+) -> Vec<String> {
     view.pods
         .iter()
-        .filter(|(key, listed)| !pods.iter().any(|p| p.key() == **key && explains(p, listed)))
+        .filter(|(key, listed)| {
+            !pods
+                .iter()
+                .any(|p| p.key() == **key && explains(p, listed, ledger))
+        })
         .map(|(key, _)| key.clone())
         .collect()
 }
 
 /// Cached `pod` accounts for the listing `listed` (container → device IDs) of its name: it is
-/// live and served, and the kubelet recorded devices in exactly its GPU containers.
-fn explains(pod: &PodSnapshot, listed: &BTreeMap<String, Vec<String>>) -> bool {
-    if pod.terminal
-        || pod.deleting
-        || pod.annotation(keys::BIND_PHASE) == Some(keys::BIND_PHASE_ALLOCATING)
-    {
+/// live and served, and the kubelet recorded devices in exactly its GPU containers. Served:
+/// the cache shows it past `allocating`, or this plugin served every one of its entries (the
+/// ledger is ahead of the cache by the plugin's own record, which lands after the answer).
+fn explains(pod: &PodSnapshot, listed: &BTreeMap<String, Vec<String>>, ledger: &Ledger) -> bool {
+    let allocating = pod.annotation(keys::BIND_PHASE) == Some(keys::BIND_PHASE_ALLOCATING);
+    if pod.terminal || pod.deleting || (allocating && !ledger.served_all(pod)) {
         return false;
     }
     // Pod-resources reports app and restartable init containers, never regular init ones.
@@ -202,7 +210,7 @@ pub async fn choose_from_cache<R: PodReader>(
     if !ledger.reasks_ruled_out() {
         return Err(NotFromCache::ReasksPossible);
     }
-    let unexplained = unexplained_listings(view, &pods);
+    let unexplained = unexplained_listings(view, &pods, ledger);
     if unexplained.len() > MAX_READS {
         return Err(NotFromCache::Unexplained(unexplained.len()));
     }
@@ -312,6 +320,45 @@ mod tests {
         }
     }
 
+    /// Issue 29: a pod this plugin served in full is explained while the cache still shows it
+    /// `allocating` (the plugin's record lands after the answer), but not in the middle of its
+    /// run, and never when the listing shows a GPU container without devices.
+    #[test]
+    fn a_pod_the_ledger_served_in_full_needs_no_read() {
+        let served = pod("served", keys::BIND_PHASE_ALLOCATING, &[("main", true)]);
+        let pair = pod(
+            "pair",
+            keys::BIND_PHASE_ALLOCATING,
+            &[("a", true), ("b", true)],
+        );
+        let mut ledger = Ledger::default();
+        ledger.record_served(&served.uid, 0, None);
+        ledger.record_served(&pair.uid, 0, Some(1));
+        let cache = [served.clone(), pair.clone()];
+        let listed = view(&[
+            ("default/served", &[("main", &["GPU-a-0"])]),
+            ("default/pair", &[("a", &["GPU-a-1"]), ("b", &[])]),
+        ]);
+        assert_eq!(
+            unexplained_listings(&listed, &cache, &ledger),
+            ["default/pair"]
+        );
+        assert_eq!(
+            unexplained_listings(&listed, &cache, &Ledger::default()),
+            ["default/pair", "default/served"],
+            "without the ledger's record both are read"
+        );
+        ledger.record_served(&pair.uid, 1, None);
+        let listed_done = view(&[("default/pair", &[("a", &["GPU-a-1"]), ("b", &["GPU-a-2"])])]);
+        assert!(unexplained_listings(&listed_done, &cache, &ledger).is_empty());
+        let under_admission = view(&[("default/served", &[("main", &[])])]);
+        assert_eq!(
+            unexplained_listings(&under_admission, &cache, &ledger),
+            ["default/served"],
+            "a listing without devices is the pod under admission (a successor): always read"
+        );
+    }
+
     /// A listing is taken from the cache only for a live, served cached pod whose reported
     /// containers carry the same names and devices in exactly its GPU containers; anything else
     /// (not cached, allocating, finished, deleting, other containers, a GPU container without
@@ -355,7 +402,7 @@ mod tests {
             ),
         ]);
         assert_eq!(
-            unexplained_listings(&listed, &cache),
+            unexplained_listings(&listed, &cache, &Ledger::default()),
             [
                 "default/allocating",
                 "default/bare",

@@ -327,6 +327,16 @@ impl Ledger {
     pub fn served(&self, uid: &str) -> Option<&BTreeSet<usize>> {
         self.served.get(uid)
     }
+
+    /// This plugin served an entry for each of `pod`'s GPU containers and its run is over.
+    pub fn served_all(&self, pod: &PodSnapshot) -> bool {
+        let gpu_containers = pod.gpu_containers().len();
+        gpu_containers > 0
+            && self.continuing().is_none_or(|(uid, _)| uid != pod.uid)
+            && self
+                .served(&pod.uid)
+                .is_some_and(|served| served.len() >= gpu_containers)
+    }
 }
 
 /// Whether HAMi's node lock naming `holder` (`namespace/name`) is one nobody will release: its
