@@ -100,6 +100,57 @@ struct Round {
     /// The plugin's `Allocate` calls during the round, in milliseconds per call: the whole
     /// call (`call`) and each step (`tessera_device_plugin_allocate_step_duration_seconds`).
     allocate_steps: BTreeMap<String, f64>,
+    /// The API server's requests during the round (every client: kubelet, scheduler, plugin,
+    /// controllers, the bench's watch) by `VERB resource[/subresource]`: (requests, seconds).
+    api_requests: BTreeMap<String, (f64, f64)>,
+}
+
+/// The API server's `apiserver_request_duration_seconds` count and sum by
+/// `VERB resource[/subresource]` (long-running WATCHes excluded: they have no duration).
+async fn api_requests(c: &RealCluster) -> Result<BTreeMap<String, (f64, f64)>> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .map_err(|e| Error::msg(e.to_string()))?;
+    let text = c.admin().request_text(request).await?;
+    let mut by_kind: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for s in hami_contract::metrics::samples(&text).0 {
+        let count = match s.name.as_str() {
+            "apiserver_request_duration_seconds_count" => true,
+            "apiserver_request_duration_seconds_sum" => false,
+            _ => continue,
+        };
+        let (Some(verb), Some(resource)) = (s.label("verb"), s.label("resource")) else {
+            continue;
+        };
+        if verb == "WATCH" {
+            continue;
+        }
+        let kind = match s.label("subresource").filter(|r| !r.is_empty()) {
+            Some(sub) => format!("{verb} {resource}/{sub}"),
+            None => format!("{verb} {resource}"),
+        };
+        let e = by_kind.entry(kind).or_default();
+        if count {
+            e.0 += s.value;
+        } else {
+            e.1 += s.value;
+        }
+    }
+    Ok(by_kind)
+}
+
+/// The requests of each kind between two readings of [`api_requests`], dropping kinds with none.
+fn requests_between(
+    before: &BTreeMap<String, (f64, f64)>,
+    after: &BTreeMap<String, (f64, f64)>,
+) -> BTreeMap<String, (f64, f64)> {
+    after
+        .iter()
+        .filter_map(|(kind, (n, secs))| {
+            let (n0, secs0) = before.get(kind).copied().unwrap_or_default();
+            (n - n0 >= 1.0).then(|| (kind.clone(), (n - n0, secs - secs0)))
+        })
+        .collect()
 }
 
 /// The plugin's time in `Allocate` per step, as (sum of seconds, calls), `call` for the whole
@@ -166,6 +217,7 @@ async fn kubelet_allocate_seconds(c: &RealCluster) -> Result<f64> {
 
 async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
     let allocate_before = kubelet_allocate_seconds(c).await?;
+    let requests_before = api_requests(c).await?;
     let steps_before = match kind {
         Kind::Gpu => plugin_allocate_steps(c).await,
         Kind::Plain => BTreeMap::new(),
@@ -272,6 +324,7 @@ async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
         all_running = done(&seen, pods, |s| s.running);
     }
     watch.abort();
+    let requests_after = api_requests(c).await?;
     let secs = |t: Option<Instant>| t.map_or(f64::NAN, |t| t.duration_since(t0).as_secs_f64());
     let r = Round {
         all_bound: secs(done(&seen, pods, |s| s.bound)),
@@ -279,6 +332,7 @@ async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
         all_allocated: secs(done(&seen, pods, |s| s.allocated)),
         all_running: secs(all_running),
         allocate_seconds: kubelet_allocate_seconds(c).await? - allocate_before,
+        api_requests: requests_between(&requests_before, &requests_after),
         allocate_steps: match kind {
             Kind::Gpu => per_call_ms(&steps_before, &plugin_allocate_steps(c).await),
             Kind::Plain => BTreeMap::new(),
@@ -467,6 +521,63 @@ fn main() -> Result<()> {
                 .without_p99()
                 .goal("<= 0.10", share.median <= 0.10),
             );
+            // T2 on the real node: the API server's requests per placed pod by kind, GPU and
+            // plain rounds side by side, and the API server's own time per request of the
+            // kinds Allocate makes (against the plugin's steps: the difference is the client's
+            // wait, on two shared cores).
+            let kinds: BTreeSet<&String> = gpu
+                .iter()
+                .chain(&plain)
+                .flat_map(|r| r.api_requests.keys())
+                .collect();
+            for kind in kinds {
+                let per_pod = |rs: &[Round]| {
+                    Stats::of(
+                        &rs.iter()
+                            .map(|r| {
+                                r.api_requests
+                                    .get(kind)
+                                    .map_or(0.0, |(n, _)| n / pods as f64)
+                            })
+                            .collect::<Vec<_>>(),
+                    )
+                };
+                let (g, p) = (per_pod(&gpu), per_pod(&plain));
+                if g.median < 0.05 && p.median < 0.05 {
+                    continue;
+                }
+                let mut row = Row::new(
+                    case.clone(),
+                    format!("API requests per pod: {kind}"),
+                    "requests",
+                    g,
+                )
+                .without_p99()
+                .baseline(p.median);
+                if p.median > 0.0 {
+                    row = row.ratio(g.median / p.median);
+                }
+                csv.row(&row);
+                if kind == "GET pods" || kind == "PATCH pods" || kind == "LIST pods" {
+                    let ms = Stats::of(
+                        &gpu.iter()
+                            .filter_map(|r| {
+                                let (n, secs) = r.api_requests.get(kind)?;
+                                Some(secs * 1e3 / n)
+                            })
+                            .collect::<Vec<_>>(),
+                    );
+                    csv.row(
+                        &Row::new(
+                            case.clone(),
+                            format!("the API server's time per request: {kind}"),
+                            "ms",
+                            ms,
+                        )
+                        .without_p99(),
+                    );
+                }
+            }
             // Where the kubelet's wait in Allocate goes: the plugin's own steps, per call.
             let steps: BTreeSet<&String> =
                 gpu.iter().flat_map(|r| r.allocate_steps.keys()).collect();

@@ -610,7 +610,14 @@ impl Allocator {
                 keys::BIND_PHASE_SUCCESS.to_owned(),
             );
         }
-        if read == Read::CacheConfirmed && choice.entries_left == 0 {
+        // A regular init container is never reported by pod-resources: only a pod whose every
+        // GPU container is reported leaves the kubelet's own record of its allocation.
+        let kubelet_records_all = pod.is_some_and(|p| {
+            p.init_containers
+                .iter()
+                .all(|c| !c.requests_resource || c.restartable_init)
+        });
+        if read == Read::CacheConfirmed && choice.entries_left == 0 && kubelet_records_all {
             // The kubelet identifies the pod under admission on this node (pod-resources, 1.34+:
             // the cache path), so nothing here waits for this record: the ledger holds it for
             // this plugin's next calls, the extender does not hold pods back for it, and after a
@@ -1324,6 +1331,65 @@ mod tests {
         let reads = api.reads.lock().expect("reads").clone();
         let lists = *api.lists.lock().expect("lists");
         (limit, reads, lists)
+    }
+
+    /// A pod without a GPU container (a DaemonSet's, a plain workload's), as the cache has it.
+    fn gpu_less_pod(name: &str, uid: &str) -> PodSnapshot {
+        PodSnapshot {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: uid.into(),
+            node_name: Some("node-a".into()),
+            scheduler_name: None,
+            annotations: BTreeMap::new(),
+            terminal: false,
+            deleting: false,
+            init_containers: Vec::new(),
+            containers: vec![crate::identity::ContainerSpec {
+                name: "c0".into(),
+                requests_resource: false,
+                restartable_init: false,
+                disable_control: false,
+            }],
+            started_containers: BTreeSet::from(["c0".to_owned()]),
+            container_ids: BTreeMap::new(),
+        }
+    }
+
+    /// Issue #29: the node's GPU-less pods (listed by the kubelet, no device) are not read at
+    /// each call: the pod under admission is, and it alone.
+    #[tokio::test]
+    async fn gpu_less_pods_on_the_node_cost_no_read() {
+        let admitted =
+            crate::testing::bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
+        let daemons: Vec<PodSnapshot> = (0..5)
+            .map(|i| gpu_less_pod(&format!("daemon-{i}"), &format!("uid-daemon-{i}")))
+            .collect();
+        let mut all: Vec<&PodSnapshot> = daemons.iter().collect();
+        all.push(&admitted);
+        let mut listed: Vec<(&PodSnapshot, &[&str])> =
+            daemons.iter().map(|d| (d, &[][..])).collect();
+        listed.push((&admitted, &[]));
+        let (limit, reads, lists) = allocate_on(api_with("v1.34.4", &all), listing(&listed)).await;
+        assert_eq!(limit.as_deref(), Some("10240m"));
+        assert_eq!(
+            (reads.as_slice(), lists),
+            (&["default/admitted".to_owned()][..], 0)
+        );
+    }
+
+    /// Issue #29: a GPU-less pod in the cache whose name a GPU pod took since (the cache lags
+    /// its deletion and the new pod's binding) hides the pod under admission from the cache;
+    /// the call then goes to a LIST and serves the new pod its own limits.
+    #[tokio::test]
+    async fn a_gpu_pod_behind_a_cached_gpu_less_predecessor_is_found_by_a_list() {
+        let successor = crate::testing::bound_pod("node-a", "web", &[&[("GPU-a", 10240, 0)]], 2);
+        let predecessor = gpu_less_pod("web", "uid-web-old");
+        let api = api_with("v1.34.4", &[&successor]);
+        *api.stale_cache.lock().expect("cache") = Some(vec![predecessor]);
+        let (limit, _, lists) = allocate_on(api, listing(&[(&successor, &[])])).await;
+        assert_eq!(limit.as_deref(), Some("10240m"));
+        assert_eq!(lists, 1, "decided on a LIST");
     }
 
     /// Issue #29: where a kubelet's wait in `Allocate` goes is on the plugin's metrics, one

@@ -90,6 +90,10 @@ pub enum NotFromCache {
     },
     #[error("on the cache: {0}")]
     Undecided(#[source] IdentityError),
+    #[error(
+        "no pod the kubelet lists with a GPU container could be meant, and {0} listings the cache shows without one were not read"
+    )]
+    GpuLessUnread(usize),
     #[error("chosen as {0}, which only a LIST decides")]
     Reason(&'static str),
     #[error("pod {0} is not what the cache showed")]
@@ -136,6 +140,22 @@ pub fn unexplained_listings(
         })
         .map(|(key, _)| key.clone())
         .collect()
+}
+
+/// Listing `key` is read only when the others do not decide the call: its cached object is live
+/// and has no container (init or app) that requests the resource, and the kubelet recorded no
+/// device for it. Such a listing is the pod under admission only if the cache holds a
+/// predecessor of its name; then no other listing can be a candidate (the pod under admission is
+/// the only listed pod still missing devices, F1, F5), the cache cannot decide, and the call
+/// goes to a LIST. So a node's GPU-less pods (DaemonSets, the plugin itself, plain workloads)
+/// cost no read per call.
+fn gpu_less(view: &PodResourcesView, pods: &[PodSnapshot], key: &str) -> bool {
+    view.pods
+        .get(key)
+        .is_some_and(|listed| listed.values().all(Vec::is_empty))
+        && pods
+            .iter()
+            .any(|p| p.key() == key && !p.terminal && !p.deleting && p.gpu_containers().is_empty())
 }
 
 /// Cached `pod` accounts for the listing `listed` (container → device IDs) of its name: it is
@@ -210,13 +230,17 @@ pub async fn choose_from_cache<R: PodReader>(
     if !ledger.reasks_ruled_out() {
         return Err(NotFromCache::ReasksPossible);
     }
-    let unexplained = unexplained_listings(view, &pods, ledger);
-    if unexplained.len() > MAX_READS {
-        return Err(NotFromCache::Unexplained(unexplained.len()));
+    let (unread, to_read): (Vec<String>, Vec<String>) = unexplained_listings(view, &pods, ledger)
+        .into_iter()
+        .partition(|key| gpu_less(view, &pods, key));
+    if to_read.len() > MAX_READS {
+        return Err(NotFromCache::Unexplained(to_read.len()));
     }
+    // Concurrently: the call waits for the slowest read, not for their sum.
+    let current = futures::future::join_all(to_read.iter().map(|key| read(reader, key))).await;
     let mut read_now = BTreeSet::new();
-    for key in &unexplained {
-        let current = read(reader, key).await?;
+    for (key, current) in to_read.iter().zip(current) {
+        let current = current?;
         pods.retain(|p| p.key() != *key);
         if let Some(p) = current {
             read_now.insert(p.uid.clone());
@@ -224,7 +248,10 @@ pub async fn choose_from_cache<R: PodReader>(
         }
     }
     let (first, _) = decide(&call, ledger, &pods);
-    let first = first.map_err(NotFromCache::Undecided)?;
+    let first = first.map_err(|why| match unread.len() {
+        0 => NotFromCache::Undecided(why),
+        n => NotFromCache::GpuLessUnread(n),
+    })?;
     match first.reason {
         ChoiceReason::Continuing
         | ChoiceReason::Elimination
