@@ -226,7 +226,7 @@ render "$WORK/default-webhook.yaml" --show-only templates/webhook/mutatingwebhoo
 W="$WORK/default-webhook.yaml"
 expect "webhook fails closed" "$W" '^    failurePolicy: Fail$'
 expect "webhook speaks admission.k8s.io/v1 only" "$W" '^    admissionReviewVersions: \[v1\]$'
-expect "webhook sees CREATE and UPDATE of pods" "$W" 'operations: \[CREATE, UPDATE\]'
+expect "webhook sees CREATE of pods only (HAMi's; updates are the booking policy's)" "$W" 'operations: \[CREATE\]$'
 expect "webhook calls the scheduler Service on /webhook" "$W" '^        path: /webhook$'
 expect "webhook skips hami.io/webhook=ignore" "$W" '^        - key: hami.io/webhook$'
 expect "webhook never matches the release namespace" "$W" "^            - $NAMESPACE\$"

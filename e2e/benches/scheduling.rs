@@ -52,7 +52,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
-use tessera_e2e::cluster::{Cluster, ClusterOptions, DEVICE_PLUGIN_USER};
+use tessera_e2e::cluster::{Cluster, ClusterOptions, DEVICE_PLUGIN_USER, SCHEDULER_USER};
 use tessera_e2e::node::NodeSpec;
 
 use results::{Csv, Row, Stats};
@@ -659,11 +659,11 @@ async fn register_set(
 /// `running` pods on each node set, `running / nodes` per node, created bound (as pods that
 /// were placed earlier): on set b booked as Tessera books them (one GPU, 4000 MiB, 10 %,
 /// `bind-phase: success`), on set a asking `nvidia.com/gpu: 1`. The webhook is skipped (label),
-/// as for pods created before Tessera was installed.
-async fn create_running(admin: &kube::Client, nodes: usize, running: usize) -> Res<()> {
+/// as for pods created before Tessera was installed. `client`: the scheduler's identity.
+async fn create_running(client: &kube::Client, nodes: usize, running: usize) -> Res<()> {
     let ns = "bench-running";
-    ensure_namespace(admin, ns).await?;
-    let api: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    ensure_namespace(client, ns).await?;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let objects = (0..running).flat_map(|i| {
         let node = i % nodes.max(1);
         let slot = i / nodes.max(1);
@@ -1089,7 +1089,10 @@ async fn run(p: Params) -> Res<()> {
     );
     if p.running > 0 {
         let t = Instant::now();
-        create_running(c.admin(), p.nodes, p.running).await?;
+        // Booked as the scheduler books them: only its identity may write the booking
+        // annotations (the chart's booking-annotations admission policy).
+        let scheduler = client_for(&c.kubeconfig(SCHEDULER_USER)).await?;
+        create_running(&scheduler, p.nodes, p.running).await?;
         eprintln!(
             "{} running pods on each node set created in {:.1} s",
             p.running,

@@ -300,6 +300,7 @@ impl Cluster {
         let backends = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let service = spawn_service(service_port, backends.clone())?;
         install_webhook(artifacts, &admin, &pki, service_port).await?;
+        install_booking_policy(artifacts, &admin).await?;
 
         let mut cluster = Cluster {
             dir,
@@ -887,6 +888,92 @@ async fn install_webhook(a: &Artifacts, admin: &kube::Client, pki: &Pki, port: u
         .create(&PostParams::default(), &mwc)
         .await?;
     Ok(())
+}
+
+/// The chart's `booking-annotations` admission policy and its binding, as the chart renders
+/// them: the API server refuses, on every pod write, booking annotations from anyone but the
+/// scheduler and the device plugin (the webhook sees only CREATE). The chart's other policies
+/// need tokens bound to pods and nodes, which the harness's static tokens are not. Returns once
+/// the API server enforces it (policies take effect after its informer saw them).
+async fn install_booking_policy(a: &Artifacts, admin: &kube::Client) -> Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let out = Command::new(&a.helm)
+        .args(["template", "tessera"])
+        .arg(a.root.join("charts/tessera"))
+        .args([
+            "--namespace",
+            NAMESPACE,
+            "--show-only",
+            "templates/admission/policies.yaml",
+        ])
+        .output()?;
+    if !out.status.success() {
+        return Err(Error::msg(format!(
+            "helm template failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut installed = 0;
+    for doc in text.split("\n---") {
+        let object: serde_json::Value = match yaml_serde::from_str(doc) {
+            Ok(v) => v,
+            Err(_) => continue,
+        };
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        if !name.ends_with("-booking-annotations") {
+            continue;
+        }
+        let pp = PostParams::default();
+        match object["kind"].as_str() {
+            Some("ValidatingAdmissionPolicy") => {
+                let policy: ValidatingAdmissionPolicy = serde_json::from_value(object)?;
+                Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+                    .create(&pp, &policy)
+                    .await?;
+            }
+            Some("ValidatingAdmissionPolicyBinding") => {
+                let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(object)?;
+                Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+                    .create(&pp, &binding)
+                    .await?;
+            }
+            _ => continue,
+        }
+        installed += 1;
+    }
+    if installed != 2 {
+        return Err(Error::msg(format!(
+            "the chart's booking-annotations policy and binding: found {installed} of 2 objects"
+        )));
+    }
+    // A forged booking on a pod the webhook does not see (`hami.io/webhook: ignore`), in a dry
+    // run: refused once the policy is enforced.
+    let probe: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "booking-policy-probe", "namespace": "default",
+            "labels": {"hami.io/webhook": "ignore"},
+            "annotations": {"hami.io/bind-phase": "allocating"}},
+        "spec": {"containers": [{"name": "c", "image": "probe"}]},
+    }))?;
+    let pods = Api::<Pod>::namespaced(admin.clone(), "default");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    eventually(
+        "the booking-annotations policy is enforced",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            match pods.create(&dry_run, &probe).await {
+                Err(e) if e.to_string().contains("Tessera admission policy") => Some(()),
+                _ => None,
+            }
+        },
+    )
+    .await
 }
 
 #[cfg(test)]

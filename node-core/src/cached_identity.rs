@@ -13,8 +13,14 @@
 //!    pod with no reported GPU container is always read. So it is never taken from the cache,
 //!    even when the cache still holds a predecessor of the same name (a StatefulSet's
 //!    replacement) or an older state of its own run. Every other listing (not cached,
-//!    allocating, anything else) is read: the candidates, the continuing pod among them, are
-//!    then the API server's current objects.
+//!    allocating, anything else) is read, all at once: the candidates, the continuing pod among
+//!    them, are then the API server's current objects. A pod this plugin served in full is
+//!    explained while the cache still shows it `allocating` (its record follows the answer).
+//!    One exception: a listing without devices whose cached object has no GPU container at all
+//!    (a DaemonSet's pod, a plain workload) is read only if the call is not decided without it.
+//!    It can be the pod under admission only behind a cached predecessor of its name; the pod
+//!    under admission is then the only listed pod missing devices (F1, F5), so no read listing
+//!    is a candidate, the cache decides nothing, and the call goes to a LIST.
 //! 2. *The chosen pod is read.* A candidate is pending: allocating (read in step 1) or served
 //!    and possibly asked for again (ruled out by step 3). Should a choice still come from the
 //!    cache, it is read and must have the same UID and give the same choice (defence in depth).
