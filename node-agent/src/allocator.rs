@@ -152,9 +152,10 @@ enum Step {
     PodResources,
     /// Deciding: the reads by name or the LIST, and selection.
     Identify,
-    /// The container's cache directory and its limits file (with its fsync).
+    /// The container's cache directory (a tmpfs mount by default) and its limits file.
     Files,
-    /// The pod's annotations (`vgpu-devices-to-allocate`, `bind-phase`).
+    /// The pod's record (`vgpu-devices-to-allocate`, `bind-phase`) when written before the
+    /// answer (not where it follows the answer: design step 8).
     Patch,
 }
 
@@ -319,13 +320,9 @@ impl Allocator {
         must_include: bool,
         source: PodView,
         deadline: Instant,
+        view: Option<PodResourcesView>,
     ) -> Result<(Choice, Vec<PodSnapshot>, Read), AllocateError> {
         let lock = self.pods.hami_lock();
-        let asked = Instant::now();
-        let view = self.pod_resources_view().await;
-        let listed = Instant::now();
-        // `return` inside leaves the block, so both steps are observed on every path.
-        let decided: Result<_, AllocateError> = async {
         let (pods, read) = match source {
             PodView::Cache => (self.pods.cached(), Read::Cache),
             PodView::Fresh => {
@@ -390,13 +387,6 @@ impl Allocator {
         }
         let chosen = select(facts, &pending, ledger)?;
         Ok((chosen, pods, read))
-        }
-        .await;
-        if source == PodView::Fresh {
-            self.observe_step(Step::PodResources, listed - asked);
-            self.observe_step(Step::Identify, listed.elapsed());
-        }
-        decided
     }
 
     fn observe_step(&self, step: Step, took: Duration) {
@@ -457,12 +447,17 @@ impl Allocator {
         deadline: Instant,
     ) -> Result<dp::ContainerAllocateResponse, AllocateError> {
         let count = creq.devices_ids.len();
-        let (choice, pods, read) = self
-            .identify(ledger, count, false, PodView::Fresh, deadline)
-            .await
-            .inspect_err(|e| {
-                tracing::warn!(count, error = %e, "Allocate refused: pod not identified");
-            })?;
+        let asked = Instant::now();
+        let view = self.pod_resources_view().await;
+        self.observe_step(Step::PodResources, asked.elapsed());
+        let deciding = Instant::now();
+        let identified = self
+            .identify(ledger, count, false, PodView::Fresh, deadline, view)
+            .await;
+        self.observe_step(Step::Identify, deciding.elapsed());
+        let (choice, pods, read) = identified.inspect_err(|e| {
+            tracing::warn!(count, error = %e, "Allocate refused: pod not identified");
+        })?;
         let pod_key = format!("{}/{}", choice.namespace, choice.name);
         record_pod(&pod_key, &choice.uid);
         if let Some(m) = &self.metrics {
@@ -754,6 +749,7 @@ impl Allocator {
                         !creq.must_include_device_i_ds.is_empty(),
                         PodView::Cache,
                         deadline,
+                        self.pod_resources_view().await,
                     )
                     .await
                 {
@@ -829,7 +825,6 @@ impl Allocator {
 /// How long a best-effort patch off the kubelet's path (bind-phase failed, lock release) may take.
 const BACKGROUND_PATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Releases HAMi's node lock if it still names `ns/name`; best effort (HAMi's lock expires).
 /// Writes a served pod's record (`vgpu-devices-to-allocate` emptied, `bind-phase: success`)
 /// after the answer, retrying with backoff until it lands or the pod is gone (the UID
 /// precondition refuses it on a pod recreated under the same name).
@@ -874,6 +869,7 @@ const RECORD_RETRY_FIRST: Duration = Duration::from_millis(200);
 const RECORD_RETRY_MAX: Duration = Duration::from_secs(60);
 const RECORD_ATTEMPTS: u32 = 16;
 
+/// Releases HAMi's node lock if it still names `ns/name`; best effort (HAMi's lock expires).
 async fn release_lock(patcher: &dyn PodPatcher, ns: &str, name: &str) {
     match tokio::time::timeout(
         BACKGROUND_PATCH_TIMEOUT,
@@ -1107,8 +1103,9 @@ mod tests {
     async fn identify_until_deadline(allocator: &Allocator, ledger: &mut Ledger) -> AllocateError {
         let started = Instant::now();
         let deadline = started + Duration::from_millis(1200);
+        let view = allocator.pod_resources_view().await;
         let err = allocator
-            .identify(ledger, 1, false, PodView::Fresh, deadline)
+            .identify(ledger, 1, false, PodView::Fresh, deadline, view)
             .await
             .expect_err("nothing can be known");
         assert_eq!(started.elapsed(), Duration::from_millis(1200));
@@ -1477,8 +1474,9 @@ mod tests {
                 allocator.kubelet_restarted();
             }
             let mut ledger = allocator.ledger().await;
+            let view = allocator.pod_resources_view().await;
             let (choice, _, read) = allocator
-                .identify(&mut ledger, 1, false, PodView::Fresh, deadline)
+                .identify(&mut ledger, 1, false, PodView::Fresh, deadline, view)
                 .await
                 .expect("identified");
             assert_eq!(choice.name, "admitted");
