@@ -853,33 +853,39 @@ pub fn scheduler_config(
     Ok(yaml_serde::to_string(&cfg)?)
 }
 
-/// The chart's `MutatingWebhookConfiguration`, rendered by helm with a URL client config (the
-/// chart's `customURL`) pointing at the Service stand-in, and this cluster's CA bundle.
-async fn install_webhook(a: &Artifacts, admin: &kube::Client, pki: &Pki, port: u16) -> Result<()> {
-    let out = Command::new(&a.helm)
-        .args(["template", "tessera"])
+/// One template of the chart as `helm template` renders it in the release namespace, with
+/// `--set` values `sets`.
+fn render_chart_template(a: &Artifacts, template: &str, sets: &[String]) -> Result<Vec<u8>> {
+    let mut helm = Command::new(&a.helm);
+    helm.args(["template", "tessera"])
         .arg(a.root.join("charts/tessera"))
-        .args([
-            "--namespace",
-            NAMESPACE,
-            "--show-only",
-            "templates/webhook/mutatingwebhook.yaml",
-        ])
-        .args(["--set", "scheduler.admissionWebhook.customURL.enabled=true"])
-        .args([
-            "--set",
-            "scheduler.admissionWebhook.customURL.host=127.0.0.1",
-        ])
-        .arg("--set")
-        .arg(format!("scheduler.admissionWebhook.customURL.port={port}"))
-        .output()?;
+        .args(["--namespace", NAMESPACE, "--show-only", template]);
+    for set in sets {
+        helm.arg("--set").arg(set);
+    }
+    let out = helm.output()?;
     if !out.status.success() {
         return Err(Error::msg(format!(
-            "helm template failed: {}",
+            "helm template {template} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         )));
     }
-    let mut mwc: MutatingWebhookConfiguration = yaml_serde::from_slice(&out.stdout)?;
+    Ok(out.stdout)
+}
+
+/// The chart's `MutatingWebhookConfiguration`, rendered by helm with a URL client config (the
+/// chart's `customURL`) pointing at the Service stand-in, and this cluster's CA bundle.
+async fn install_webhook(a: &Artifacts, admin: &kube::Client, pki: &Pki, port: u16) -> Result<()> {
+    let rendered = render_chart_template(
+        a,
+        "templates/webhook/mutatingwebhook.yaml",
+        &[
+            "scheduler.admissionWebhook.customURL.enabled=true".to_owned(),
+            "scheduler.admissionWebhook.customURL.host=127.0.0.1".to_owned(),
+            format!("scheduler.admissionWebhook.customURL.port={port}"),
+        ],
+    )?;
+    let mut mwc: MutatingWebhookConfiguration = yaml_serde::from_slice(&rendered)?;
     let ca = k8s_openapi::ByteString(pki.ca_pem().into_bytes());
     for w in mwc.webhooks.iter_mut().flatten() {
         w.client_config.ca_bundle = Some(ca.clone());
@@ -899,23 +905,8 @@ async fn install_booking_policy(a: &Artifacts, admin: &kube::Client) -> Result<(
     use k8s_openapi::api::admissionregistration::v1::{
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     };
-    let out = Command::new(&a.helm)
-        .args(["template", "tessera"])
-        .arg(a.root.join("charts/tessera"))
-        .args([
-            "--namespace",
-            NAMESPACE,
-            "--show-only",
-            "templates/admission/policies.yaml",
-        ])
-        .output()?;
-    if !out.status.success() {
-        return Err(Error::msg(format!(
-            "helm template failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
+    let rendered = render_chart_template(a, "templates/admission/policies.yaml", &[])?;
+    let text = String::from_utf8_lossy(&rendered);
     let mut installed = 0;
     for doc in text.split("\n---") {
         let object: serde_json::Value = match yaml_serde::from_str(doc) {
