@@ -102,117 +102,104 @@ struct Round {
     allocate_steps: BTreeMap<String, f64>,
     /// The API server's requests during the round (every client: kubelet, scheduler, plugin,
     /// controllers, the bench's watch) by `VERB resource[/subresource]`: (requests, seconds).
-    api_requests: BTreeMap<String, (f64, f64)>,
+    api_requests: Totals,
 }
 
-/// The API server's `apiserver_request_duration_seconds` count and sum by
-/// `VERB resource[/subresource]` (long-running WATCHes excluded: they have no duration).
-async fn api_requests(c: &RealCluster) -> Result<BTreeMap<String, (f64, f64)>> {
-    let request = http::Request::get("/metrics")
-        .body(Vec::new())
-        .map_err(|e| Error::msg(e.to_string()))?;
-    let text = c.admin().request_text(request).await?;
-    let mut by_kind: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-    for s in hami_contract::metrics::samples(&text).0 {
-        let count = match s.name.as_str() {
-            "apiserver_request_duration_seconds_count" => true,
-            "apiserver_request_duration_seconds_sum" => false,
-            _ => continue,
-        };
-        let (Some(verb), Some(resource)) = (s.label("verb"), s.label("resource")) else {
+/// A histogram's (count, sum) per key, summed over the series that share the key.
+type Totals = BTreeMap<String, (f64, f64)>;
+
+/// The (count, sum) of histogram `name` in the exposition `text`, per the key `key` gives each
+/// series (series it gives none are left out).
+fn histogram_totals(
+    text: &str,
+    name: &str,
+    key: impl Fn(&hami_contract::metrics::Sample) -> Option<String>,
+) -> Totals {
+    let (count, sum) = (format!("{name}_count"), format!("{name}_sum"));
+    let mut totals = Totals::new();
+    for s in hami_contract::metrics::samples(text).0 {
+        let is_count = if s.name == count {
+            true
+        } else if s.name == sum {
+            false
+        } else {
             continue;
         };
-        if verb == "WATCH" {
-            continue;
-        }
-        let kind = match s.label("subresource").filter(|r| !r.is_empty()) {
-            Some(sub) => format!("{verb} {resource}/{sub}"),
-            None => format!("{verb} {resource}"),
-        };
-        let e = by_kind.entry(kind).or_default();
-        if count {
+        let Some(k) = key(&s) else { continue };
+        let e = totals.entry(k).or_default();
+        if is_count {
             e.0 += s.value;
         } else {
             e.1 += s.value;
         }
     }
-    Ok(by_kind)
+    totals
 }
 
-/// The requests of each kind between two readings of [`api_requests`], dropping kinds with none.
-fn requests_between(
-    before: &BTreeMap<String, (f64, f64)>,
-    after: &BTreeMap<String, (f64, f64)>,
-) -> BTreeMap<String, (f64, f64)> {
+/// What happened between two readings: (count, sum) differences, keys with no new observation
+/// left out.
+fn totals_between(before: &Totals, after: &Totals) -> Totals {
     after
         .iter()
-        .filter_map(|(kind, (n, secs))| {
-            let (n0, secs0) = before.get(kind).copied().unwrap_or_default();
-            (n - n0 >= 1.0).then(|| (kind.clone(), (n - n0, secs - secs0)))
+        .filter_map(|(key, (n, sum))| {
+            let (n0, sum0) = before.get(key).copied().unwrap_or_default();
+            (n - n0 >= 1.0).then(|| (key.clone(), (n - n0, sum - sum0)))
         })
         .collect()
 }
 
-/// The plugin's time in `Allocate` per step, as (sum of seconds, calls), `call` for the whole
-/// call. Empty when the plugin's metrics cannot be read (a plain round needs none).
-async fn plugin_allocate_steps(c: &RealCluster) -> BTreeMap<String, (f64, f64)> {
+/// The API server's requests (`apiserver_request_duration_seconds`) by `VERB
+/// resource[/subresource]`; long-running WATCHes, which have no duration, left out.
+async fn api_requests(c: &RealCluster) -> Result<Totals> {
+    let text = metrics_text(c, "/metrics").await?;
+    Ok(histogram_totals(
+        &text,
+        "apiserver_request_duration_seconds",
+        |s| {
+            let (verb, resource) = (s.label("verb")?, s.label("resource")?);
+            (verb != "WATCH").then(|| match s.label("subresource").filter(|r| !r.is_empty()) {
+                Some(sub) => format!("{verb} {resource}/{sub}"),
+                None => format!("{verb} {resource}"),
+            })
+        },
+    ))
+}
+
+/// The plugin's `Allocate` calls (`call`) and their steps (`step` label). Empty when the
+/// plugin's metrics cannot be read.
+async fn plugin_allocate_steps(c: &RealCluster) -> Totals {
     let Some(text) = c.device_plugin_metrics(NODE).await else {
-        return BTreeMap::new();
+        return Totals::new();
     };
-    let mut steps: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-    for s in hami_contract::metrics::samples(&text).0 {
-        let (step, sum) = match s.name.as_str() {
-            "tessera_device_plugin_allocate_duration_seconds_sum" => ("call", true),
-            "tessera_device_plugin_allocate_duration_seconds_count" => ("call", false),
-            "tessera_device_plugin_allocate_step_duration_seconds_sum" => {
-                (s.label("step").unwrap_or_default(), true)
-            }
-            "tessera_device_plugin_allocate_step_duration_seconds_count" => {
-                (s.label("step").unwrap_or_default(), false)
-            }
-            _ => continue,
-        };
-        let e = steps.entry(step.to_owned()).or_default();
-        if sum {
-            e.0 += s.value;
-        } else {
-            e.1 += s.value;
-        }
-    }
-    steps
-}
-
-/// Milliseconds per call of each step between two readings of [`plugin_allocate_steps`].
-fn per_call_ms(
-    before: &BTreeMap<String, (f64, f64)>,
-    after: &BTreeMap<String, (f64, f64)>,
-) -> BTreeMap<String, f64> {
-    after
-        .iter()
-        .filter_map(|(step, (sum, calls))| {
-            let (sum0, calls0) = before.get(step).copied().unwrap_or_default();
-            let calls = calls - calls0;
-            (calls > 0.0).then(|| (step.clone(), (sum - sum0) * 1e3 / calls))
-        })
-        .collect()
+    let mut totals = histogram_totals(
+        &text,
+        "tessera_device_plugin_allocate_duration_seconds",
+        |_| Some("call".to_owned()),
+    );
+    totals.extend(histogram_totals(
+        &text,
+        "tessera_device_plugin_allocate_step_duration_seconds",
+        |s| s.label("step").map(str::to_owned),
+    ));
+    totals
 }
 
 /// The kubelet's `kubelet_device_plugin_alloc_duration_seconds_sum` for `nvidia.com/gpu`, read
 /// through the API server's node proxy (0 before its first `Allocate`).
 async fn kubelet_allocate_seconds(c: &RealCluster) -> Result<f64> {
-    let request = http::Request::get(format!("/api/v1/nodes/{NODE}/proxy/metrics"))
+    let text = metrics_text(c, &format!("/api/v1/nodes/{NODE}/proxy/metrics")).await?;
+    let totals = histogram_totals(&text, "kubelet_device_plugin_alloc_duration_seconds", |s| {
+        (s.label("resource_name") == Some("nvidia.com/gpu")).then(String::new)
+    });
+    Ok(totals.values().map(|(_, secs)| secs).sum())
+}
+
+/// The metrics exposition at `path` of the API server (`/metrics`, or a node's through its proxy).
+async fn metrics_text(c: &RealCluster, path: &str) -> Result<String> {
+    let request = http::Request::get(path)
         .body(Vec::new())
         .map_err(|e| Error::msg(e.to_string()))?;
-    let text = c.admin().request_text(request).await?;
-    Ok(hami_contract::metrics::samples(&text)
-        .0
-        .iter()
-        .filter(|s| {
-            s.name == "kubelet_device_plugin_alloc_duration_seconds_sum"
-                && s.label("resource_name") == Some("nvidia.com/gpu")
-        })
-        .map(|s| s.value)
-        .sum())
+    Ok(c.admin().request_text(request).await?)
 }
 
 async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
@@ -220,7 +207,7 @@ async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
     let requests_before = api_requests(c).await?;
     let steps_before = match kind {
         Kind::Gpu => plugin_allocate_steps(c).await,
-        Kind::Plain => BTreeMap::new(),
+        Kind::Plain => Totals::new(),
     };
     let api: Api<Pod> = Api::namespaced(c.admin().clone(), NS);
     let user: Api<Pod> = Api::namespaced(c.user().clone(), NS);
@@ -332,9 +319,12 @@ async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
         all_allocated: secs(done(&seen, pods, |s| s.allocated)),
         all_running: secs(all_running),
         allocate_seconds: kubelet_allocate_seconds(c).await? - allocate_before,
-        api_requests: requests_between(&requests_before, &requests_after),
+        api_requests: totals_between(&requests_before, &requests_after),
         allocate_steps: match kind {
-            Kind::Gpu => per_call_ms(&steps_before, &plugin_allocate_steps(c).await),
+            Kind::Gpu => totals_between(&steps_before, &plugin_allocate_steps(c).await)
+                .into_iter()
+                .map(|(step, (calls, secs))| (step, secs * 1e3 / calls))
+                .collect(),
             Kind::Plain => BTreeMap::new(),
         },
         create_to_bound: seen

@@ -605,13 +605,9 @@ impl Allocator {
                 keys::BIND_PHASE_SUCCESS.to_owned(),
             );
         }
-        // A regular init container is never reported by pod-resources: only a pod whose every
-        // GPU container is reported leaves the kubelet's own record of its allocation.
-        let kubelet_records_all = pod.is_some_and(|p| {
-            p.init_containers
-                .iter()
-                .all(|c| !c.requests_resource || c.restartable_init)
-        });
+        // Only a pod whose every GPU container pod-resources reports leaves the kubelet's own
+        // record of its allocation.
+        let kubelet_records_all = pod.is_some_and(PodSnapshot::gpu_containers_all_reported);
         if read == Read::CacheConfirmed && choice.entries_left == 0 && kubelet_records_all {
             // The kubelet identifies the pod under admission on this node (pod-resources, 1.34+:
             // the cache path), so nothing here waits for this record: the ledger holds it for
@@ -833,11 +829,18 @@ fn record_after_answer(
     (ns, name, uid): (&str, &str, &str),
     annotations: BTreeMap<String, String>,
 ) {
+    use backon::BackoffBuilder;
     let (ns, name, uid) = (ns.to_owned(), name.to_owned(), uid.to_owned());
     spawn_task("record-allocation", async move {
         let pod = format!("{ns}/{name}");
-        let mut backoff = RECORD_RETRY_FIRST;
-        for attempt in 1..=RECORD_ATTEMPTS {
+        // Jittered: the records an API server outage held back do not all retry together.
+        let mut delays = backon::ExponentialBuilder::default()
+            .with_min_delay(RECORD_RETRY_FIRST)
+            .with_max_delay(RECORD_RETRY_MAX)
+            .with_max_times(RECORD_RETRIES)
+            .with_jitter()
+            .build();
+        for attempt in 1.. {
             let patch = tokio::time::timeout(
                 BACKGROUND_PATCH_TIMEOUT,
                 patcher.patch_pod_annotations(&ns, &name, &uid, annotations.clone()),
@@ -850,24 +853,24 @@ fn record_after_answer(
                     return;
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(%pod, attempt, error = %DisplayChain(&e), "could not record the allocation; retrying")
+                    tracing::warn!(%pod, attempt, error = %DisplayChain(&e), "could not record the allocation")
                 }
                 Err(_) => {
-                    tracing::warn!(%pod, attempt, "could not record the allocation: timed out; retrying")
+                    tracing::warn!(%pod, attempt, "could not record the allocation: timed out")
                 }
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(RECORD_RETRY_MAX);
+            let Some(delay) = delays.next() else { break };
+            tokio::time::sleep(delay).await;
         }
         tracing::error!(%pod, "gave up recording the allocation: its hami.io/bind-phase stays allocating (it runs with its limits; this node's kubelet identifies its pods, so nothing waits for it)");
     });
 }
 
-/// The deferred record's first retry delay, its longest, and how many tries (about eight
-/// minutes in all).
+/// The deferred record's first retry delay, its longest (before jitter, which adds up to as
+/// much again), and how many retries: about eight minutes in all, at most sixteen.
 const RECORD_RETRY_FIRST: Duration = Duration::from_millis(200);
 const RECORD_RETRY_MAX: Duration = Duration::from_secs(60);
-const RECORD_ATTEMPTS: u32 = 16;
+const RECORD_RETRIES: usize = 15;
 
 /// Releases HAMi's node lock if it still names `ns/name`; best effort (HAMi's lock expires).
 async fn release_lock(patcher: &dyn PodPatcher, ns: &str, name: &str) {
@@ -1330,29 +1333,6 @@ mod tests {
         (limit, reads, lists)
     }
 
-    /// A pod without a GPU container (a DaemonSet's, a plain workload's), as the cache has it.
-    fn gpu_less_pod(name: &str, uid: &str) -> PodSnapshot {
-        PodSnapshot {
-            namespace: "default".into(),
-            name: name.into(),
-            uid: uid.into(),
-            node_name: Some("node-a".into()),
-            scheduler_name: None,
-            annotations: BTreeMap::new(),
-            terminal: false,
-            deleting: false,
-            init_containers: Vec::new(),
-            containers: vec![crate::identity::ContainerSpec {
-                name: "c0".into(),
-                requests_resource: false,
-                restartable_init: false,
-                disable_control: false,
-            }],
-            started_containers: BTreeSet::from(["c0".to_owned()]),
-            container_ids: BTreeMap::new(),
-        }
-    }
-
     /// Issue #29: the node's GPU-less pods (listed by the kubelet, no device) are not read at
     /// each call: the pod under admission is, and it alone.
     #[tokio::test]
@@ -1360,7 +1340,14 @@ mod tests {
         let admitted =
             crate::testing::bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
         let daemons: Vec<PodSnapshot> = (0..5)
-            .map(|i| gpu_less_pod(&format!("daemon-{i}"), &format!("uid-daemon-{i}")))
+            .map(|i| {
+                crate::testing::gpu_less_pod(
+                    "node-a",
+                    "default",
+                    &format!("daemon-{i}"),
+                    &format!("uid-daemon-{i}"),
+                )
+            })
             .collect();
         let mut all: Vec<&PodSnapshot> = daemons.iter().collect();
         all.push(&admitted);
@@ -1381,12 +1368,77 @@ mod tests {
     #[tokio::test]
     async fn a_gpu_pod_behind_a_cached_gpu_less_predecessor_is_found_by_a_list() {
         let successor = crate::testing::bound_pod("node-a", "web", &[&[("GPU-a", 10240, 0)]], 2);
-        let predecessor = gpu_less_pod("web", "uid-web-old");
+        let predecessor = crate::testing::gpu_less_pod("node-a", "default", "web", "uid-web-old");
         let api = api_with("v1.34.4", &[&successor]);
         *api.stale_cache.lock().expect("cache") = Some(vec![predecessor]);
         let (limit, _, lists) = allocate_on(api, listing(&[(&successor, &[])])).await;
         assert_eq!(limit.as_deref(), Some("10240m"));
         assert_eq!(lists, 1, "decided on a LIST");
+    }
+
+    /// A patcher that refuses the first `refusals` patches with `code`, then records them.
+    struct Refusing {
+        refusals: u32,
+        code: u16,
+        attempts: std::sync::atomic::AtomicU32,
+        landed: std::sync::Mutex<Vec<BTreeMap<String, String>>>,
+    }
+
+    impl PodPatcher for Refusing {
+        fn patch_pod_annotations(
+            &self,
+            namespace: &str,
+            name: &str,
+            _: &str,
+            annotations: BTreeMap<String, String>,
+        ) -> BoxFuture<'_, Result<(), EdgeError>> {
+            let attempt = self.attempts.fetch_add(1, Ordering::Relaxed);
+            let result = if attempt < self.refusals {
+                let key = format!("{namespace}/{name}");
+                Err(crate::testing::patch_refused(
+                    &key, self.code, "Refused", "refused",
+                ))
+            } else {
+                self.landed.lock().expect("landed").push(annotations);
+                Ok(())
+            };
+            Box::pin(async move { result })
+        }
+        fn release_hami_lock(&self, _: &str, _: &str) -> BoxFuture<'_, Result<(), EdgeError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// Issue #29: the record written after the answer is retried until it lands (an API server
+    /// unavailable for a while), and given up at once for a pod that is gone or recreated.
+    #[tokio::test(start_paused = true)]
+    async fn the_record_after_the_answer_is_retried_until_it_lands_or_the_pod_is_gone() {
+        let record = BTreeMap::from([(
+            keys::BIND_PHASE.to_owned(),
+            keys::BIND_PHASE_SUCCESS.to_owned(),
+        )]);
+        let run = |refusals: u32, code: u16| {
+            let patcher = Arc::new(Refusing {
+                refusals,
+                code,
+                attempts: Default::default(),
+                landed: Default::default(),
+            });
+            record_after_answer(
+                patcher.clone(),
+                ("default", "web", "uid-web"),
+                record.clone(),
+            );
+            patcher
+        };
+        let unavailable = run(5, 503);
+        let gone = run(u32::MAX, 404);
+        let recreated = run(u32::MAX, 409);
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert_eq!(unavailable.attempts.load(Ordering::Relaxed), 6);
+        assert_eq!(*unavailable.landed.lock().expect("landed"), [record]);
+        assert_eq!(gone.attempts.load(Ordering::Relaxed), 1);
+        assert_eq!(recreated.attempts.load(Ordering::Relaxed), 1);
     }
 
     /// Issue #29: where a kubelet's wait in `Allocate` goes is on the plugin's metrics, one

@@ -152,7 +152,7 @@ impl PluginMetrics {
         let allocate_steps = registered(
             &mut registry,
             "tessera_device_plugin_allocate_step_duration_seconds",
-            "Time an Allocate call spent in each step (step: pod_resources, the kubelet's List; identify, the reads by name or the LIST; files, the cache directory and limits file with its fsync; patch, the pod's annotations)",
+            "Time an Allocate call spent in each step (step: pod_resources, the kubelet's List; identify, the reads by name or the LIST; files, the cache directory and limits file; patch, the pod's record when written before the answer)",
             Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.0001, 2.0, 16))
             }),

@@ -85,11 +85,17 @@ impl MemoryApi {
 
 /// The apiserver's answer to a patch whose UID precondition does not hold (409 Conflict).
 fn uid_conflict(uid: &str, actual: &str, key: &str) -> EdgeError {
-    let status = kube::core::Status::failure(
-        &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"),
+    patch_refused(
+        key,
+        409,
         "Conflict",
+        &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"),
     )
-    .with_code(409);
+}
+
+/// The apiserver's refusal of a patch of pod `key` with HTTP `code`.
+pub fn patch_refused(key: &str, code: u16, reason: &str, message: &str) -> EdgeError {
+    let status = kube::core::Status::failure(message, reason).with_code(code);
     EdgeError::Kube {
         what: format!("cannot patch pod {key}"),
         source: kube::Error::Api(status.boxed()),
@@ -212,6 +218,30 @@ pub fn bound_pod(
             .collect(),
         started_containers: Default::default(),
         container_ids: Default::default(),
+    }
+}
+
+/// A running pod on `node` with one container, `c0`, that requests no GPU (a DaemonSet's, a
+/// plain workload's), as the informer has it.
+pub fn gpu_less_pod(node: &str, namespace: &str, name: &str, uid: &str) -> PodSnapshot {
+    PodSnapshot {
+        namespace: namespace.into(),
+        name: name.into(),
+        uid: uid.into(),
+        node_name: Some(node.into()),
+        scheduler_name: None,
+        annotations: BTreeMap::new(),
+        terminal: false,
+        deleting: false,
+        init_containers: Vec::new(),
+        containers: vec![ContainerSpec {
+            name: "c0".into(),
+            requests_resource: false,
+            restartable_init: false,
+            disable_control: false,
+        }],
+        started_containers: BTreeSet::from(["c0".to_owned()]),
+        container_ids: BTreeMap::new(),
     }
 }
 

@@ -135,27 +135,9 @@ struct Sim {
     gpu_less_predecessors: usize,
 }
 
-/// A running pod without a GPU container, in namespace `ns` like the simulated pods.
+/// A running GPU-less pod on the simulated node, in the simulated pods' namespace.
 fn gpu_less_pod(name: &str, uid: &str) -> PodSnapshot {
-    PodSnapshot {
-        namespace: "ns".into(),
-        name: name.into(),
-        uid: uid.into(),
-        node_name: Some(NODE.into()),
-        scheduler_name: None,
-        annotations: BTreeMap::new(),
-        terminal: false,
-        deleting: false,
-        init_containers: Vec::new(),
-        containers: vec![ContainerSpec {
-            name: "main".into(),
-            requests_resource: false,
-            restartable_init: false,
-            disable_control: false,
-        }],
-        started_containers: BTreeSet::from(["main".to_owned()]),
-        container_ids: Default::default(),
-    }
+    tessera_node::testing::gpu_less_pod(NODE, "ns", name, uid)
 }
 
 /// Calls by which the simulated informer cache may lag the API server.
@@ -491,11 +473,7 @@ impl Sim {
                 self.ledger.served(&choice.uid).cloned().unwrap_or_default();
             served.insert(choice.entry_index);
             // As the allocator: only where the kubelet reports every GPU container.
-            let reported_all = self.pods[idx]
-                .snapshot
-                .init_containers
-                .iter()
-                .all(|c| !c.requests_resource || c.restartable_init);
+            let reported_all = self.pods[idx].snapshot.gpu_containers_all_reported();
             if cache_decided && choice.entries_left == 0 && reported_all {
                 self.records_in_flight.push((choice.uid.clone(), served));
             } else {

@@ -74,6 +74,14 @@ impl PodSnapshot {
             .collect()
     }
 
+    /// The kubelet's pod-resources `List` reports every container of the pod that requests the
+    /// resource: none is a regular init container (those are never reported).
+    pub fn gpu_containers_all_reported(&self) -> bool {
+        self.init_containers
+            .iter()
+            .all(|c| !c.requests_resource || c.restartable_init)
+    }
+
     /// Every container that requests the resource has started: the kubelet's allocation for the
     /// pod is complete and checkpointed, so no restarted kubelet asks for it again.
     pub(crate) fn gpu_containers_started(&self) -> bool {
@@ -515,11 +523,7 @@ impl PodResourcesView {
             .filter(|c| c.restartable_init)
             .chain(pod.containers.iter())
             .any(|c| c.requests_resource);
-        let unreported = pod
-            .init_containers
-            .iter()
-            .any(|c| c.requests_resource && !c.restartable_init);
-        reported_unallocated || (unreported && !reported_any)
+        reported_unallocated || (!pod.gpu_containers_all_reported() && !reported_any)
     }
 }
 
