@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kubelet_proto::deviceplugin::v1beta1 as dp;
 use serde_json::json;
 use tessera_e2e::cluster::{Cluster, ClusterOptions, SCHEDULER_USER};
@@ -169,6 +169,9 @@ async fn run() -> Res<()> {
     let pods: Api<Pod> = Api::namespaced(scheduler, NS);
     let admin_pods: Api<Pod> = Api::namespaced(c.admin().clone(), NS);
     let mut latencies_ms = Vec::new();
+    // R4's baseline (issue 29): one PATCH of the same pod right after each `Allocate`, through the
+    // same API server under the same load, so the ratio says what `Allocate` adds to one request.
+    let mut patch_ms = Vec::new();
     let mut failures = 0usize;
     let load = async {
         let mut every = tokio::time::interval(Duration::from_millis(100));
@@ -217,6 +220,12 @@ async fn run() -> Res<()> {
                     kubelet
                         .pod_resources
                         .record(NS, &name, "c0", "nvidia.com/gpu", vec![device]);
+                    let touch =
+                        json!({"metadata": {"annotations": {"bench.tessera.dev/touch": name}}});
+                    let started = Instant::now();
+                    pods.patch(&name, &PatchParams::default(), &Patch::Merge(&touch))
+                        .await?;
+                    patch_ms.push(started.elapsed().as_secs_f64() * 1e3);
                 }
                 Err(e) => {
                     failures += 1;
@@ -243,11 +252,23 @@ async fn run() -> Res<()> {
         return Err(format!("{failures} Allocate calls failed").into());
     }
     let lat = Stats::of(&latencies_ms);
-    let case =
-        "real plugin binary  8 GPUs (split 10)  kubelet harness over unix socket  real API server";
+    let patch = Stats::of(&patch_ms);
+    let case = "real plugin binary  8 GPUs (split 10)  kubelet harness with pod-resources over unix socket  real API server";
+    csv.row(&Row::new(
+        case,
+        "one pod PATCH after each Allocate (the scheduler's client)",
+        "ms",
+        patch,
+    ));
+    // Issue 29's R4 on a node whose kubelet reports pod-resources: p99 < 5 ms and at most 1.2×
+    // the p99 of one pod PATCH in the same run. The ratio column compares medians.
     csv.row(
         &Row::new(case, "Allocate latency at 10 allocations/s", "ms", lat)
-            .goal("p99 < 20 ms", lat.p99 < 20.0),
+            .baseline(patch.median)
+            .goal(
+                "p99 < 5 ms and p99 <= 1.2x the PATCH's p99",
+                lat.p99 < 5.0 && lat.p99 <= 1.2 * patch.p99,
+            ),
     );
     let rss_i = Stats::of(&idle_rss);
     let rss_l = Stats::of(&load_rss);

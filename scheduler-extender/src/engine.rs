@@ -6,6 +6,7 @@
 //! therefore sees the previous one immediately, before any informer does.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use hami_contract::PodDevices;
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
@@ -120,9 +121,11 @@ pub struct MetricsSnapshot {
 /// Commands to the loop.
 #[derive(Debug)]
 pub enum Command {
+    /// Shared with the HTTP handler, which still needs the pod for its answer and events and the
+    /// names for a pod that asks for no GPU: hundreds of names are not copied per cycle.
     Filter {
-        pod: Box<Pod>,
-        node_names: Vec<String>,
+        pod: Arc<Pod>,
+        node_names: Arc<[String]>,
         reply: oneshot::Sender<Result<Verdict, Refusal>>,
     },
     /// kube-scheduler's preemption verb: the victims per candidate node.
@@ -857,10 +860,14 @@ impl EngineHandle {
         let _ = self.tx.send(cmd).await;
     }
 
-    pub async fn filter(&self, pod: Pod, node_names: Vec<String>) -> Result<Verdict, Refusal> {
+    pub async fn filter(
+        &self,
+        pod: Arc<Pod>,
+        node_names: Arc<[String]>,
+    ) -> Result<Verdict, Refusal> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Filter {
-            pod: Box::new(pod),
+            pod,
             node_names,
             reply,
         })

@@ -16,6 +16,7 @@ use hami_contract::annotations as ann;
 use http_body_util::{BodyExt, Limited};
 use k8s_openapi::api::core::v1::Pod;
 use prometheus_client::metrics::histogram::Histogram;
+use serde_json::value::RawValue;
 use tessera_runtime::DisplayChain;
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::decide::{self, Verdict};
@@ -528,7 +529,8 @@ async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilte
         {
             return filter_full_nodes(app, &pod, nodes);
         }
-        filter_pod(app, &pod, args.node_names.unwrap_or_default()).await
+        let names: Arc<[String]> = args.node_names.unwrap_or_default().into();
+        filter_pod(app, Arc::new(pod), names).await
     };
     answer.instrument(span).await
 }
@@ -537,10 +539,14 @@ async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilte
 /// its event and (with `--write-decision-at-filter`) the decision written to the pod.
 async fn filter_pod<E: ClusterEdge>(
     app: &App<E>,
-    pod: &Pod,
-    names: Vec<String>,
+    pod: Arc<Pod>,
+    names: Arc<[String]>,
 ) -> ExtenderFilterResult {
-    let verdict = match app.engine.filter(pod.clone(), names.clone()).await {
+    let verdict = match app
+        .engine
+        .filter(Arc::clone(&pod), Arc::clone(&names))
+        .await
+    {
         Ok(v) => v,
         Err(r) => {
             app.metrics.decision("filter", refusal_code(&r));
@@ -548,7 +554,7 @@ async fn filter_pod<E: ClusterEdge>(
             return ExtenderFilterResult::error(r.to_string());
         }
     };
-    let key = podspec::pod_key(pod);
+    let key = podspec::pod_key(&pod);
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let event = |kind, reason: &str, message: String| PodEvent {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
@@ -563,7 +569,7 @@ async fn filter_pod<E: ClusterEdge>(
             app.metrics.decision("filter", "NotGpu");
             tracing::debug!("not a GPU pod: every candidate passes");
             ExtenderFilterResult {
-                node_names: Some(names),
+                node_names: Some(names.to_vec()),
                 ..Default::default()
             }
         }
@@ -630,11 +636,11 @@ async fn filter_pod<E: ClusterEdge>(
 fn filter_full_nodes<E: ClusterEdge>(
     app: &App<E>,
     pod: &k8s_openapi::api::core::v1::Pod,
-    nodes: Vec<(k8s_openapi::api::core::v1::Node, serde_json::Value)>,
+    nodes: Vec<(k8s_openapi::api::core::v1::Node, Box<RawValue>)>,
 ) -> ExtenderFilterResult {
     let (nodes, values): (Vec<_>, Vec<_>) = nodes.into_iter().unzip();
     // By name, as the decision names them (a node without a name takes no part).
-    let mut raw: BTreeMap<String, serde_json::Value> = nodes
+    let mut raw: BTreeMap<String, Box<RawValue>> = nodes
         .iter()
         .zip(values)
         .filter_map(|(n, v)| Some((n.metadata.name.clone()?, v)))
