@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use serde_json::{Value, json};
 use tessera_scheduler::engine::Engine;
+use tessera_scheduler::metrics::Metrics;
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::facts::ClusterFacts;
 use tessera_scheduler_core::fixtures::gpu_pod;
@@ -349,19 +350,42 @@ fn main() {
         steady,
         base,
     );
-    // A metrics scrape on the leader builds a snapshot of every GPU and container.
+    // A metrics scrape on the leader builds a snapshot of every GPU and container on the
+    // decision loop (no filter or bind is decided meanwhile), then encodes it off the loop.
+    let t = Instant::now();
     let snap = engine.metrics();
+    let snapshot_ms = t.elapsed().as_secs_f64() * 1e3;
     let scraped = mem();
     report(
         &format!(
-            "after a /metrics snapshot ({} GPUs, {} containers)",
+            "after a /metrics snapshot ({} GPUs, {} containers; {snapshot_ms:.1} ms on the decision loop)",
             snap.gpus.len(),
-            snap.containers.len()
+            snap.containers.len(),
         ),
         scraped,
         base,
     );
-    drop(snap);
+    let exposition = Metrics::default();
+    let t = Instant::now();
+    let text = exposition.render(snap);
+    let render_ms = t.elapsed().as_secs_f64() * 1e3;
+    let during = mem();
+    report(
+        &format!(
+            "after encoding it ({render_ms:.1} ms off the loop, {} lines, {:.1} MiB of text)",
+            text.lines().count(),
+            text.len() as f64 / 1_048_576.0
+        ),
+        during,
+        base,
+    );
+    drop(text);
+    report(
+        "after the answer went (nothing of the scrape is kept)",
+        mem(),
+        base,
+    );
+    drop(exposition);
 
     // The webhook's read of the facts at this size.
     let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -426,6 +450,34 @@ fn main() {
             one(mib(scraped.hwm_kib)),
         )
         .without_p99(),
+    );
+    csv.row(
+        &Row::new(
+            case.clone(),
+            "a /metrics scrape: the snapshot, on the decision loop",
+            "ms",
+            one(snapshot_ms),
+        )
+        .without_p99(),
+    );
+    csv.row(
+        &Row::new(
+            case.clone(),
+            "a /metrics scrape: encoding the snapshot, off the loop",
+            "ms",
+            one(render_ms),
+        )
+        .without_p99(),
+    );
+    csv.row(
+        &Row::new(
+            case.clone(),
+            "extender RSS during a /metrics scrape (the encoded answer held)",
+            "MiB",
+            one(mib(during.rss_kib)),
+        )
+        .without_p99()
+        .baseline(steady),
     );
     csv.row(
         &Row::new(

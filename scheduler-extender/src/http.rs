@@ -311,7 +311,7 @@ pub fn metrics_router<E: ClusterEdge>(
                     header::CONTENT_TYPE,
                     "text/plain; version=0.0.4; charset=utf-8",
                 )],
-                app.metrics.render(&snap),
+                app.metrics.render(snap),
             )
         }),
     );

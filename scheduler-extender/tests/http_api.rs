@@ -516,7 +516,7 @@ async fn metrics_expose_hami_gpu_names_on_the_leader() {
     let h = harness().await;
     filter_p1(&h).await;
     let snap = h.engine.metrics().await;
-    let text = h.app.metrics.render(&snap);
+    let text = h.app.metrics.render(snap);
     assert!(text.contains(r#"hami_gpu_memory_allocated_bytes{zone="vGPU",node="node1",device_uuid="GPU-node1-0",device_index="0",device_cores="100",device_type="NVIDIA-Tesla T4"} 3145728000"#), "{text}");
     assert!(
         text.contains("tessera_filter_duration_seconds_count 1"),
