@@ -5,7 +5,6 @@
 //! directory). HAMi's DRA driver exports none, so there are no HAMi names to keep here.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -15,7 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use tessera_node::metrics::{
-    SampleSeries, VgpuSample, encode_text, register_values, registered, result_labels, sample,
+    ExposedRegistry, SampleSeries, VgpuSample, register_values, registered, result_labels, sample,
 };
 use tessera_node::process_watch::UnaccountedMetrics;
 
@@ -27,7 +26,7 @@ pub type ClaimNames = BTreeMap<String, (String, String)>;
 /// The plugin's metrics; clones share one registry.
 #[derive(Clone)]
 pub struct DraMetrics {
-    registry: Arc<Registry>,
+    registry: ExposedRegistry,
     prepare_seconds: Histogram,
     prepares: Family<Labels, Counter>,
     unprepares: Family<Labels, Counter>,
@@ -159,7 +158,7 @@ impl DraMetrics {
         ]);
         tessera_runtime::register_build_info(&mut registry, env!("CARGO_PKG_VERSION"));
         DraMetrics {
-            registry: Arc::new(registry),
+            registry: ExposedRegistry::new(registry),
             prepare_seconds,
             prepares,
             unprepares,
@@ -179,6 +178,11 @@ impl DraMetrics {
     /// (prepared after the names were read) keeps its UID as the name. `now_unix_secs` dates
     /// the last kernel.
     pub fn set_claim_usage(&self, samples: &[VgpuSample], names: &ClaimNames, now_unix_secs: u64) {
+        self.registry
+            .replace(|| self.replace_claim_usage(samples, names, now_unix_secs));
+    }
+
+    fn replace_claim_usage(&self, samples: &[VgpuSample], names: &ClaimNames, now_unix_secs: u64) {
         self.claim_usage.clear();
         for s in samples {
             let (ns, name) = names
@@ -225,7 +229,7 @@ impl DraMetrics {
 
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
-        encode_text(&self.registry)
+        self.registry.encode()
     }
 }
 

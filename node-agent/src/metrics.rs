@@ -87,7 +87,7 @@ pub async fn serve_http(
 /// All metrics the plugin exports. Cheap to clone (shared handles).
 #[derive(Clone)]
 pub struct PluginMetrics {
-    registry: Arc<Registry>,
+    registry: ExposedRegistry,
     allocate_seconds: Histogram,
     allocate_steps: Family<Labels, Histogram, fn() -> Histogram>,
     allocations: Family<Labels, Counter>,
@@ -344,7 +344,7 @@ impl PluginMetrics {
             ),
         });
         PluginMetrics {
-            registry: Arc::new(registry),
+            registry: ExposedRegistry::new(registry),
             vgpu: vgpu_series,
             mig_device,
             legacy,
@@ -443,10 +443,12 @@ impl PluginMetrics {
 
     /// The node's runtime verdict (one series, the current one).
     pub fn runtime_verdict(&self, verdict: &crate::nvidia_runtime::Verdict) {
-        self.runtime_device_list.clear();
-        self.runtime_device_list
-            .get_or_create(&vec![("verdict".into(), verdict.label().into())])
-            .set(1);
+        self.registry.replace(|| {
+            self.runtime_device_list.clear();
+            self.runtime_device_list
+                .get_or_create(&vec![("verdict".into(), verdict.label().into())])
+                .set(1);
+        });
     }
 
     pub fn annotation_patch(&self, ok: bool) {
@@ -489,6 +491,10 @@ impl PluginMetrics {
     /// Replaces the `hami_mig_device_info` series with one per realized MIG reservation of the
     /// node's pods (HAMi's `collectPodAndContainerMigInfo`).
     pub fn set_mig(&self, pods: &[crate::identity::PodSnapshot]) {
+        self.registry.replace(|| self.replace_mig(pods));
+    }
+
+    fn replace_mig(&self, pods: &[crate::identity::PodSnapshot]) {
         self.mig_device.clear();
         if let Some(l) = &self.legacy {
             l.mig_device.clear();
@@ -550,6 +556,11 @@ impl PluginMetrics {
     /// by UID, without a namespace). `now_unix_secs` dates
     /// `hami_container_last_kernel_elapsed_seconds`.
     pub fn set_vgpu(&self, samples: &[VgpuSample], names: &PodNames, now_unix_secs: u64) {
+        self.registry
+            .replace(|| self.replace_vgpu(samples, names, now_unix_secs));
+    }
+
+    fn replace_vgpu(&self, samples: &[VgpuSample], names: &PodNames, now_unix_secs: u64) {
         self.vgpu.clear();
         if let Some(l) = &self.legacy {
             for f in [
@@ -625,6 +636,48 @@ impl PluginMetrics {
 
     /// Text exposition format.
     pub fn encode(&self) -> String {
+        self.registry.encode()
+    }
+}
+
+/// A registry some of whose families are replaced whole (cleared, then refilled) by a pass. A
+/// scrape waits for a replacement under way, so it never answers those families empty or half
+/// refilled: Prometheus would mark the missing series stale and graphs would show a gap.
+#[derive(Clone)]
+pub struct ExposedRegistry {
+    registry: Arc<Registry>,
+    replacing: Arc<std::sync::RwLock<()>>,
+}
+
+impl std::fmt::Debug for ExposedRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExposedRegistry").finish_non_exhaustive()
+    }
+}
+
+impl ExposedRegistry {
+    pub fn new(registry: Registry) -> Self {
+        ExposedRegistry {
+            registry: Arc::new(registry),
+            replacing: Arc::default(),
+        }
+    }
+
+    /// Runs `update`, which may clear families and refill them, with no scrape in between.
+    pub fn replace<R>(&self, update: impl FnOnce() -> R) -> R {
+        let _alone = self
+            .replacing
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        update()
+    }
+
+    /// The text exposition format, between replacements.
+    pub fn encode(&self) -> String {
+        let _between = self
+            .replacing
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         encode_text(&self.registry)
     }
 }
@@ -862,6 +915,53 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    /// A scrape during the monitor's pass sees the previous pass's series or the new ones, never
+    /// the families emptied or half refilled.
+    #[test]
+    fn a_scrape_never_sees_the_container_series_half_replaced() {
+        let m = PluginMetrics::with_legacy_names(true);
+        let samples: Vec<VgpuSample> = (0..50)
+            .map(|i| VgpuSample {
+                pod_uid: format!("u{i}"),
+                container: "main".into(),
+                vdevice_index: 0,
+                device_uuid: "GPU-a".into(),
+                memory_used_bytes: 10,
+                memory_limit_bytes: 20,
+                context_bytes: 1,
+                module_bytes: 2,
+                buffer_bytes: 3,
+                host_memory_bytes: 0,
+                sm_limit: 30,
+                sm_util: 25,
+                last_kernel_time: 90,
+            })
+            .collect();
+        let names: PodNames = (0..50)
+            .map(|i| (format!("u{i}"), ("ns".to_owned(), format!("p{i}"))))
+            .collect();
+        m.set_vgpu(&samples, &names, 100);
+        let series = |text: &str| {
+            text.lines()
+                .filter(|l| l.starts_with("hami_vgpu_memory_limit_bytes{"))
+                .count()
+        };
+        let writer = {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                for _ in 0..300 {
+                    m.set_vgpu(&samples, &names, 100);
+                }
+            })
+        };
+        let mut scrapes = 0;
+        while !writer.is_finished() || scrapes == 0 {
+            assert_eq!(series(&m.encode()), 50);
+            scrapes += 1;
+        }
+        writer.join().unwrap();
     }
 
     /// Every metric of HAMi's vGPU monitor (the inventory extracted from its source) is exported

@@ -454,7 +454,7 @@ fn main() {
     csv.row(
         &Row::new(
             case.clone(),
-            "a /metrics scrape: the snapshot, on the decision loop",
+            "a /metrics scrape: the snapshot (on the decision loop)",
             "ms",
             one(snapshot_ms),
         )
@@ -463,7 +463,7 @@ fn main() {
     csv.row(
         &Row::new(
             case.clone(),
-            "a /metrics scrape: encoding the snapshot, off the loop",
+            "a /metrics scrape: encoding the snapshot (off the loop)",
             "ms",
             one(render_ms),
         )
