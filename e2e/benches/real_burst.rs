@@ -7,6 +7,10 @@
 //! allocated; and from the kubelet's own metrics, the time its `Allocate` calls took
 //! (`kubelet_device_plugin_alloc_duration_seconds`) against the round's admission window.
 //!
+//! A third kind of round, beside the first case's: the same pods each asking for one device of a
+//! null device plugin the bench serves on the node (`tessera_e2e::null_plugin`: answers at once,
+//! no API call), so the kubelet's own cost of a pod with a device is told apart from Tessera's.
+//!
 //! Two GPU cases on the same cluster, each interleaved with plain rounds: the device plugin with
 //! the kubelet's pod-resources socket (it identifies the pod under admission exactly and says so
 //! on its node, so the extender lets several pods be in flight there), then without it
@@ -55,11 +59,26 @@ struct Seen {
     failed: bool,
 }
 
-/// A burst's pods: GPU pods Tessera places, or the same pods without a GPU (the baseline).
+/// A burst's pods: GPU pods Tessera places, the same pods without a GPU (the baseline), or
+/// with one device of a plugin that does nothing (the kubelet's own cost of a device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Gpu,
     Plain,
+    NullDevice,
+}
+
+/// The null device plugin's resource (`tessera_e2e::null_plugin`).
+const NULL_RESOURCE: &str = "bench.tessera.dev/null";
+
+impl Kind {
+    /// The resource whose `Allocate` calls the kubelet's metric counts in this kind's rounds.
+    fn device_resource(self) -> &'static str {
+        match self {
+            Kind::Gpu | Kind::Plain => "nvidia.com/gpu",
+            Kind::NullDevice => NULL_RESOURCE,
+        }
+    }
 }
 
 fn burst_pod(i: usize, kind: Kind) -> Pod {
@@ -70,6 +89,10 @@ fn burst_pod(i: usize, kind: Kind) -> Pod {
                               "nvidia.com/gpucores": 5}}),
         ),
         Kind::Plain => (format!("plain-{i:03}"), json!({})),
+        Kind::NullDevice => (
+            format!("null-{i:03}"),
+            json!({"limits": {NULL_RESOURCE: 1}}),
+        ),
     };
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -184,12 +207,12 @@ async fn plugin_allocate_steps(c: &RealCluster) -> Totals {
     totals
 }
 
-/// The kubelet's `kubelet_device_plugin_alloc_duration_seconds_sum` for `nvidia.com/gpu`, read
+/// The kubelet's `kubelet_device_plugin_alloc_duration_seconds_sum` for `resource`, read
 /// through the API server's node proxy (0 before its first `Allocate`).
-async fn kubelet_allocate_seconds(c: &RealCluster) -> Result<f64> {
+async fn kubelet_allocate_seconds(c: &RealCluster, resource: &str) -> Result<f64> {
     let text = metrics_text(c, &format!("/api/v1/nodes/{NODE}/proxy/metrics")).await?;
     let totals = histogram_totals(&text, "kubelet_device_plugin_alloc_duration_seconds", |s| {
-        (s.label("resource_name") == Some("nvidia.com/gpu")).then(String::new)
+        (s.label("resource_name") == Some(resource)).then(String::new)
     });
     Ok(totals.values().map(|(_, secs)| secs).sum())
 }
@@ -203,11 +226,11 @@ async fn metrics_text(c: &RealCluster, path: &str) -> Result<String> {
 }
 
 async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
-    let allocate_before = kubelet_allocate_seconds(c).await?;
+    let allocate_before = kubelet_allocate_seconds(c, kind.device_resource()).await?;
     let requests_before = api_requests(c).await?;
     let steps_before = match kind {
         Kind::Gpu => plugin_allocate_steps(c).await,
-        Kind::Plain => Totals::new(),
+        Kind::Plain | Kind::NullDevice => Totals::new(),
     };
     let api: Api<Pod> = Api::namespaced(c.admin().clone(), NS);
     let user: Api<Pod> = Api::namespaced(c.user().clone(), NS);
@@ -318,14 +341,15 @@ async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
         all_admitted: secs(done(&seen, pods, |s| s.admitted)),
         all_allocated: secs(done(&seen, pods, |s| s.allocated)),
         all_running: secs(all_running),
-        allocate_seconds: kubelet_allocate_seconds(c).await? - allocate_before,
+        allocate_seconds: kubelet_allocate_seconds(c, kind.device_resource()).await?
+            - allocate_before,
         api_requests: totals_between(&requests_before, &requests_after),
         allocate_steps: match kind {
             Kind::Gpu => totals_between(&steps_before, &plugin_allocate_steps(c).await)
                 .into_iter()
                 .map(|(step, (calls, secs))| (step, secs * 1e3 / calls))
                 .collect(),
-            Kind::Plain => BTreeMap::new(),
+            Kind::Plain | Kind::NullDevice => BTreeMap::new(),
         },
         create_to_bound: seen
             .iter()
@@ -352,6 +376,87 @@ async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
     };
     tessera_e2e::pods::delete_all(&api, Duration::from_secs(300)).await?;
     Ok(r)
+}
+
+/// Waits until `node`'s allocatable shows at least `count` of `resource` (the kubelet reports a
+/// newly registered plugin's devices with its next node status update).
+async fn wait_allocatable(c: &RealCluster, resource: &str, count: usize) -> Result<()> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.admin().clone());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let node = nodes.get(NODE).await?;
+        let have = node
+            .status
+            .and_then(|s| s.allocatable)
+            .and_then(|a| a.get(resource).and_then(|q| q.0.parse::<usize>().ok()))
+            .unwrap_or(0);
+        if have >= count {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::msg(format!(
+                "{NODE} shows {have} {resource} after 90 s, want {count}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The null device's rounds against the plain and GPU rounds they were interleaved with: the
+/// kubelet's own cost of a device (null ÷ plain) and what Tessera adds to it (GPU ÷ null).
+fn null_device_rows(
+    csv: &Csv,
+    pods: usize,
+    gpu_case: &str,
+    gpu: &[Round],
+    plain: &[Round],
+    null: &[Round],
+) {
+    let case = format!(
+        "real node: the same {pods} pods each with one device of a null device plugin (answers \
+         at once; no API call), interleaved with the plain and GPU rounds"
+    );
+    let of = |rs: &[Round], f: fn(&Round) -> f64| rs.iter().map(f).collect::<Vec<_>>();
+    for (metric, f) in [
+        (
+            "first create -> all admitted (kubelet startTime)",
+            (|r: &Round| r.all_admitted) as fn(&Round) -> f64,
+        ),
+        ("first create -> all Running", |r| r.all_running),
+    ] {
+        csv.row(
+            &Row::new(case.clone(), metric, "s", Stats::of(&of(null, f)))
+                .without_p99()
+                .baseline(Stats::of(&of(plain, f)).median)
+                .ratio(ratio_of_rounds(&of(null, f), &of(plain, f))),
+        );
+        csv.row(
+            &Row::new(
+                gpu_case,
+                format!("{metric}: GPU / null device (what Tessera adds to a device)"),
+                "s",
+                Stats::of(&of(gpu, f)),
+            )
+            .without_p99()
+            .baseline(Stats::of(&of(null, f)).median)
+            .ratio(ratio_of_rounds(&of(gpu, f), &of(null, f))),
+        );
+    }
+    let share = Stats::of(
+        &null
+            .iter()
+            .map(|r| r.allocate_seconds / r.all_admitted)
+            .collect::<Vec<_>>(),
+    );
+    csv.row(
+        &Row::new(
+            case,
+            "kubelet time in Allocate / admission window",
+            "ratio",
+            share,
+        )
+        .without_p99(),
+    );
 }
 
 /// When the last of `pods` pods reached what `f` reads, once all have.
@@ -399,6 +504,19 @@ fn main() -> Result<()> {
         )
         .await?;
         c.tenant_namespace(NS).await?;
+        // The kubelet's own cost of a pod with a device: a plugin that answers at once, beside
+        // Tessera's on the same node, its devices advertised before the first round.
+        let node = c
+            .node(NODE)
+            .ok_or_else(|| Error::msg("the burst node is not running"))?;
+        let _null_plugin = tessera_e2e::null_plugin::start(
+            &node.device_plugin_dir()?,
+            NULL_RESOURCE,
+            pods + 28,
+            true,
+        )
+        .await?;
+        wait_allocatable(&c, NULL_RESOURCE, pods).await?;
         let cases = [
             (
                 "with pod-resources (exact identity; several pods in flight)",
@@ -415,9 +533,20 @@ fn main() -> Result<()> {
                     .await?;
                 c.wait_plugin_rolled_out().await?;
             }
-            let (mut gpu, mut plain) = (Vec::new(), Vec::new());
+            let (mut gpu, mut plain, mut null) = (Vec::new(), Vec::new(), Vec::new());
+            // The null device's rounds do not depend on Tessera's settings: the first case only.
+            let with_null = pod_resources.is_none();
             for i in 0..rounds {
                 let p = round(&c, pods, Kind::Plain).await?;
+                if with_null {
+                    let n = round(&c, pods, Kind::NullDevice).await?;
+                    eprintln!(
+                        "real burst, null device, round {i}: all admitted {:.2} s, all running \
+                         {:.2} s, the kubelet's Allocate {:.3} s in all",
+                        n.all_admitted, n.all_running, n.allocate_seconds
+                    );
+                    null.push(n);
+                }
                 let g = round(&c, pods, Kind::Gpu).await?;
                 eprintln!(
                     "real burst, {label}, round {i}: GPU all admitted {:.2} s, all running {:.2} s; \
@@ -511,6 +640,9 @@ fn main() -> Result<()> {
                 .without_p99()
                 .goal("<= 0.10", share.median <= 0.10),
             );
+            if !null.is_empty() {
+                null_device_rows(&csv, pods, &case, &gpu, &plain, &null);
+            }
             // T2 on the real node: the API server's requests per placed pod by kind, GPU and
             // plain rounds side by side, and the API server's own time per request of the
             // kinds Allocate makes (against the plugin's steps: the difference is the client's

@@ -24,6 +24,7 @@ pub mod fake_nvidia_runtime;
 pub mod images;
 pub mod netns;
 pub mod node;
+pub mod null_plugin;
 pub mod pods;
 pub mod probe;
 pub mod process;

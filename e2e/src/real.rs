@@ -239,6 +239,17 @@ impl RealNode {
         }
     }
 
+    /// The kubelet's device-plugin directory (`/var/lib/kubelet/device-plugins`), reached through
+    /// the node's mount namespace: a socket made there is the one the kubelet dials.
+    pub fn device_plugin_dir(&self) -> Result<PathBuf> {
+        let pid = self
+            .init_pid()
+            .ok_or_else(|| Error::msg(format!("node {} is not running", self.name())))?;
+        Ok(PathBuf::from(format!(
+            "/proc/{pid}/root/var/lib/kubelet/device-plugins"
+        )))
+    }
+
     /// A file of the node's `<gpuHookPath>/vgpu` (`libvgpu.so`, `ld.so.preload`), as the node
     /// and its containers' mounts see it.
     pub fn vgpu_file(&self, name: &str) -> PathBuf {

@@ -917,27 +917,32 @@ mod tests {
         );
     }
 
+    /// One container's usage on GPU-a: 10 of 20 bytes, SM limit 30 %, 25 % used.
+    fn container_sample(pod_uid: &str) -> VgpuSample {
+        VgpuSample {
+            pod_uid: pod_uid.into(),
+            container: "main".into(),
+            vdevice_index: 0,
+            device_uuid: "GPU-a".into(),
+            memory_used_bytes: 10,
+            memory_limit_bytes: 20,
+            context_bytes: 1,
+            module_bytes: 2,
+            buffer_bytes: 3,
+            host_memory_bytes: 0,
+            sm_limit: 30,
+            sm_util: 25,
+            last_kernel_time: 90,
+        }
+    }
+
     /// A scrape during the monitor's pass sees the previous pass's series or the new ones, never
     /// the families emptied or half refilled.
     #[test]
     fn a_scrape_never_sees_the_container_series_half_replaced() {
         let m = PluginMetrics::with_legacy_names(true);
         let samples: Vec<VgpuSample> = (0..50)
-            .map(|i| VgpuSample {
-                pod_uid: format!("u{i}"),
-                container: "main".into(),
-                vdevice_index: 0,
-                device_uuid: "GPU-a".into(),
-                memory_used_bytes: 10,
-                memory_limit_bytes: 20,
-                context_bytes: 1,
-                module_bytes: 2,
-                buffer_bytes: 3,
-                host_memory_bytes: 0,
-                sm_limit: 30,
-                sm_util: 25,
-                last_kernel_time: 90,
-            })
+            .map(|i| container_sample(&format!("u{i}")))
             .collect();
         let names: PodNames = (0..50)
             .map(|i| (format!("u{i}"), ("ns".to_owned(), format!("p{i}"))))
@@ -972,21 +977,7 @@ mod tests {
         let deviations = include_str!("../../docs/contract-deviations.md");
         let fill = |m: &PluginMetrics| {
             m.host_gpu("node-a", "NVIDIA-Tesla T4", &gpu_sample(0, 1, 2));
-            let sample = VgpuSample {
-                pod_uid: "u1".into(),
-                container: "main".into(),
-                vdevice_index: 0,
-                device_uuid: "GPU-a".into(),
-                memory_used_bytes: 10,
-                memory_limit_bytes: 20,
-                context_bytes: 1,
-                module_bytes: 2,
-                buffer_bytes: 3,
-                host_memory_bytes: 0,
-                sm_limit: 30,
-                sm_util: 25,
-                last_kernel_time: 90,
-            };
+            let sample = container_sample("u1");
             let names = [("u1".to_owned(), ("ns".to_owned(), "web".to_owned()))].into();
             m.set_vgpu(&[sample], &names, 100);
             let mut pod = crate::testing::bound_pod("node-a", "sliced", &[&[("GPU-a", 0, 0)]], 1);
