@@ -1009,9 +1009,16 @@ fn requeue_stamp(now: Timestamp, sequence: u64) -> String {
     format!("{}.{sequence}", now.as_second())
 }
 
+/// At most this many pods are nudged in one batch (each nudge is a pod PATCH).
+const NUDGES_PER_BATCH: usize = 200;
+/// The least time between two batches: capacity freed again meanwhile joins the next batch, so a
+/// churning cluster does not nudge the same pending pods at every pod that finishes.
+const NUDGE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Nudges pods that failed filtering once capacity frees, so kube-scheduler retries them now
 /// instead of after its unschedulable timeout (HAMi #1368): a pod update moves an unschedulable
-/// pod back to the active queue.
+/// pod back to the active queue. The first batch goes at once; later ones at most once per
+/// [`NUDGE_INTERVAL`], each pod once per batch.
 pub async fn run_requeue(
     edge: KubeEdge,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<Unschedulable>>,
@@ -1020,10 +1027,11 @@ pub async fn run_requeue(
     // kube-scheduler sees no update and the pod waits out the unschedulable timeout (5 min).
     // Pods that finish within one second free capacity twice in that second, hence the sequence.
     let mut sequence: u64 = 0;
-    while let Some(pods) = rx.recv().await {
+    while let Some(first) = rx.recv().await {
+        let pods = coalesce(first, &mut rx);
         sequence += 1;
         let stamp = requeue_stamp(Timestamp::now(), sequence);
-        for p in pods.into_iter().take(200) {
+        for p in pods.into_iter().take(NUDGES_PER_BATCH) {
             let patch = MetadataPatch {
                 annotations: BTreeMap::from([("tessera.io/requeue-at".to_owned(), stamp.clone())]),
                 ..Default::default()
@@ -1032,12 +1040,43 @@ pub async fn run_requeue(
                 tracing::debug!(pod = %p.name, error = %e, "requeue nudge failed");
             }
         }
+        tokio::time::sleep(NUDGE_INTERVAL).await;
     }
+}
+
+/// The pods of `first` and of every batch already queued behind it, each once.
+fn coalesce(
+    first: Vec<Unschedulable>,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<Unschedulable>>,
+) -> std::collections::BTreeSet<Unschedulable> {
+    let mut pods: std::collections::BTreeSet<Unschedulable> = first.into_iter().collect();
+    while let Ok(more) = rx.try_recv() {
+        pods.extend(more);
+    }
+    pods
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Capacity freed several times while a batch was being nudged: the next batch nudges each
+    /// waiting pod once, not once per freed capacity.
+    #[test]
+    fn batches_queued_behind_one_are_nudged_together_each_pod_once() {
+        let pod = |name: &str| Unschedulable {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(vec![pod("b"), pod("c")]).unwrap();
+        tx.send(vec![pod("a"), pod("b")]).unwrap();
+        let pods = coalesce(vec![pod("c")], &mut rx);
+        let names: Vec<&str> = pods.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(rx.try_recv().is_err(), "every queued batch was taken");
+    }
 
     #[test]
     fn nudges_within_one_second_still_change_the_annotation() {
