@@ -397,9 +397,9 @@ impl Engine {
             return;
         }
         if let Some(tx) = &self.requeue {
+            // The pending-pods gauge keeps them: a nudge is not a placement.
             let pods: Vec<Unschedulable> = self.unschedulable.values().cloned().collect();
             self.unschedulable.clear();
-            self.pending.clear();
             let _ = tx.send(pods);
         }
     }

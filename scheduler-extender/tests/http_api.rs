@@ -669,7 +669,10 @@ async fn metrics_behind_authorization_answer_only_an_allowed_token_and_probes_st
 /// reason that refused it until it is gone (or placed); a requeue nudge does not clear it.
 #[tokio::test]
 async fn pending_gpu_pods_are_counted_by_reason_until_they_go() {
-    let h = harness().await;
+    // With the requeue channel the daemon has, so that freed capacity nudges the waiting pod.
+    let (requeue, mut nudges) = tokio::sync::mpsc::unbounded_channel();
+    let engine = Engine::standalone(DecisionConfig::default()).with_requeue(requeue);
+    let h = harness_with(engine, Auth::default()).await;
     let big = gpu_pod("default", "big", 1, 64000, 10);
     h.edge.add_pod(big.clone());
     let (status, body) = post(&h, "/filter", filter_args(&big, &["node1"]), None).await;
@@ -684,6 +687,8 @@ async fn pending_gpu_pods_are_counted_by_reason_until_they_go() {
             gpu_node("node1", 2, 16000, 10),
         ))))
         .await;
+    let nudged = nudges.recv().await.unwrap_or_default();
+    assert_eq!(nudged.len(), 1, "the waiting pod was nudged");
     let (_, text) = get_metrics_listener(&h, &None, "/metrics", None).await;
     assert!(text.contains(series), "a nudge is not a placement: {text}");
     h.engine
