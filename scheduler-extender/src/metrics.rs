@@ -297,8 +297,9 @@ impl Collector for StateCollector {
 /// A family's name and help.
 type FamilyName = (&'static str, &'static str);
 
-/// The names of the state's families and labels in one of HAMi's two namings (contract §8.1:
-/// today's `hami_*`; §8.2: the names before v2.9, `--legacy-metrics`). The values are the same.
+/// The names of the state's families and labels in one of HAMi's two namings (today's `hami_*`,
+/// contract §8.1; the names before v2.9, `--legacy-metrics`, contract §8.2). The values are the
+/// same.
 #[derive(Debug)]
 struct StateNames {
     memory_limit: FamilyName,
