@@ -856,19 +856,9 @@ mod tests {
         m.xid_error("GPU-a", 79);
         m.host_gpu("node-a", "NVIDIA-Tesla T4", &gpu_sample(1, 1048576, 42));
         let sample = VgpuSample {
-            pod_uid: "u1".into(),
-            container: "main".into(),
-            vdevice_index: 0,
-            device_uuid: "GPU-a".into(),
             memory_used_bytes: 1024,
             memory_limit_bytes: 2048,
-            context_bytes: 1,
-            module_bytes: 2,
-            buffer_bytes: 3,
-            host_memory_bytes: 0,
-            sm_limit: 30,
-            sm_util: 25,
-            last_kernel_time: 90,
+            ..container_sample("u1")
         };
         let names = [("u1".to_owned(), ("ns".to_owned(), "web".to_owned()))].into();
         m.set_vgpu(std::slice::from_ref(&sample), &names, 100);
