@@ -177,7 +177,7 @@ fn scripted_xid_and_lost_gpu_turn_unhealthy_and_recover() {
 fn print_with_topology(scenario: &str) -> (String, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let lib = nvidia_ml::locate::install_as_soname(dir.path()).expect("fake NVML built");
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let examples = test_paths::manifest_dir().join("../examples");
     let out = Command::new(BIN)
         .args(["--node-name", "dgx-node", "--print-register"])
         .arg("--nvml-lib")
@@ -238,7 +238,7 @@ fn nvlinked_gpus_score_above_gpus_joined_only_through_pcie() {
 
     // The simulate example places pods with exactly what the plugin writes.
     let example = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/simulate/topology-aware.yaml"),
+        test_paths::manifest_dir().join("../examples/simulate/topology-aware.yaml"),
     )
     .expect("example");
     let annotation = |key: &str| {

@@ -361,10 +361,7 @@ fn repo_root() -> PathBuf {
     if let Some(root) = std::env::var_os("CONTRACT_REFS_ROOT") {
         return root.into();
     }
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
+    test_paths::workspace_root()
 }
 
 fn outline(root: &Path, doc: Doc) -> (String, Outline) {

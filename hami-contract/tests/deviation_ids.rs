@@ -8,10 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
+    test_paths::workspace_root()
 }
 
 /// `| X12 |` at the start of a table row.

@@ -16,10 +16,7 @@ use std::path::{Path, PathBuf};
 const ALLOWED: &[(&str, &str, &str)] = &[("libvgpu-shim", "real", "hooks")];
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
+    test_paths::workspace_root()
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -25,7 +25,7 @@ use tessera_bench_results as results;
 fn bench_binary() -> std::path::PathBuf {
     let a = shim_harness::artifacts();
     let out = a.dir.join("bench");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/bench.c");
+    let src = test_paths::manifest_dir().join("tests/c/bench.c");
     let status = Command::new("cc")
         .args(["-O2", "-o"])
         .arg(&out)
@@ -107,7 +107,7 @@ fn startup_once(preload: bool, dir: &std::path::Path) -> f64 {
 fn callgrind_binary() -> std::path::PathBuf {
     let a = shim_harness::artifacts();
     let out = a.dir.join("callgrind_bench");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/callgrind_bench.c");
+    let src = test_paths::manifest_dir().join("tests/c/callgrind_bench.c");
     let status = Command::new("cc")
         .args(["-O2", "-g", "-o"])
         .arg(&out)

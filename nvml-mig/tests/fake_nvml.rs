@@ -1,7 +1,7 @@
 //! `NvmlMig` against the fake `libnvidia-ml.so.1` (test-support/fake-nvml), through the real
 //! nvml-wrapper.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 use nvml_mig::{MigControl, MigError, MigModeState, NvmlMig, Placement};
@@ -344,7 +344,7 @@ fn set_mig_mode_never_succeeds() {
 }
 
 fn example_scenario() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+    let path = test_paths::manifest_dir()
         .join("../examples/device-plugin/fake-nvml-mig-a100.json");
     std::fs::read_to_string(path).expect("example scenario")
 }

@@ -85,7 +85,7 @@ fn criterion_home() -> PathBuf {
     if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
         return PathBuf::from(t).join("criterion");
     }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/criterion")
+    test_paths::manifest_dir().join("../target/criterion")
 }
 
 /// Per-iteration times (µs) of each criterion sample of `group/id`.

@@ -8,7 +8,7 @@ use serde_json::Value;
 fn run(args: &[&str]) -> (bool, Vec<Value>, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
         .args(args)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .current_dir(test_paths::workspace_root())
         .output()
         .expect("run tessera-scheduler");
     let lines = String::from_utf8_lossy(&out.stdout)
@@ -151,10 +151,7 @@ fn gpus_of(line: &Value) -> Vec<String> {
 /// produced from (`examples/device-plugin/fake-nvml-dgx1-nvlink.json`): the hardware truth,
 /// independent of any score.
 fn nvlinks_between(a: &str, b: &str) -> usize {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../examples/device-plugin/fake-nvml-dgx1-nvlink.json"
-    ))
+    let text = std::fs::read_to_string(test_paths::workspace_root().join("examples/device-plugin/fake-nvml-dgx1-nvlink.json"))
     .expect("scenario");
     let scenario: Value = serde_json::from_str(&text).expect("scenario JSON");
     let devices = scenario["devices"].as_array().expect("devices");
@@ -194,10 +191,7 @@ fn topology_aware_puts_a_two_gpu_pod_on_nvlinked_gpus() {
     // Without the device plugin's score annotation, topology-aware has nothing to go by and takes
     // the first pair in spread order: the same unlinked pair.
     let dir = tempfile::tempdir().unwrap();
-    let example = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../examples/simulate/topology-aware.yaml"
-    ))
+    let example = std::fs::read_to_string(test_paths::workspace_root().join("examples/simulate/topology-aware.yaml"))
     .unwrap();
     let without: String = example
         .lines()
@@ -315,7 +309,7 @@ fn simulate(args: &[&str], stdin: &str) -> std::process::Output {
 }
 
 fn example() -> String {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = test_paths::workspace_root();
     std::fs::read_to_string(root.join("examples/simulate/cluster.yaml")).unwrap()
 }
 
@@ -324,7 +318,7 @@ fn standard_input_is_read_with_a_dash() {
     let text = example();
     let from_stdin = simulate(&["-f", "-"], &text);
     assert!(from_stdin.status.success(), "{from_stdin:?}");
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = test_paths::workspace_root();
     let file = root.join("examples/simulate/cluster.yaml");
     let from_file = simulate(&["-f", file.to_str().unwrap()], "");
     assert!(from_file.status.success(), "{from_file:?}");
@@ -391,7 +385,7 @@ fn scores_the_nodes_beyond_preemption_and_a_table_for_a_terminal() {
             "-o",
             "table",
         ])
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .current_dir(test_paths::workspace_root())
         .output()
         .expect("run tessera-scheduler");
     assert!(out.status.success());

@@ -211,7 +211,7 @@ fn events_for_unregistered_devices_are_not_delivered() {
 
 /// The shipped scenario files (`examples/device-plugin/`).
 fn example_scenario(name: &str) -> String {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+    let path = test_paths::manifest_dir()
         .join("../../examples/device-plugin")
         .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))

@@ -11,16 +11,11 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 /// The shim's package directory: the harness builds that package and compiles its C probe.
-/// Read at run time first (cargo sets `CARGO_MANIFEST_DIR` for the shim's own tests): a
-/// compiled-in path is the checkout this harness was built in, which a target directory shared
-/// by two checkouts (a CI clone and a working tree) would silently point at.
+/// Found at run time from the package under test ([`test_paths`]): a compiled-in path is the
+/// checkout this harness was built in, which a target directory shared by two checkouts (a CI
+/// clone and a working tree) silently points at, and which was gone once that clone was.
 fn shim_dir() -> PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .filter(|d| d.join("tests/c/cuda_probe.c").is_file())
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../libvgpu-shim"))
-        })
+    test_paths::workspace_root().join("libvgpu-shim")
 }
 
 /// What [`artifacts`] built: a directory with the fakes under their real names (the
