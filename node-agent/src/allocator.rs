@@ -3,7 +3,7 @@
 //! time budget so a slow apiserver or kubelet never stalls the node's admissions.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 // Deadlines on tokio's clock: the budget follows `tokio::time` (paused in tests), not the wall.
 use tokio::time::Instant;
 
-use crate::cached_identity::{CacheCall, PodReader, choose_from_cache};
+use crate::cached_identity::{CacheCall, PodReader, choose_from_cache, lists_only_active_pods};
 use crate::container_env::{
     ContainerResponse, ContainerTarget, ResponseError, ResponseSettings, container_response,
 };
@@ -23,7 +23,7 @@ use crate::edges::{EdgeError, PodPatcher, PodResourcesSource, PodSource};
 use crate::gpu::physical_uuid;
 use crate::identity::{
     BookingPolicy, CallFacts, Choice, IdentityError, Ledger, PodResourcesView, PodSnapshot,
-    hami_lock_is_stale, pending_pods_checked, select,
+    hami_lock_is_stale, likely_admitting, pending_pods_checked, select,
 };
 use crate::metrics::PluginMetrics;
 
@@ -114,13 +114,31 @@ impl AllocateError {
 }
 
 /// Where identification reads the node's pods from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum PodView {
     /// The informer's cache: may lag; only for answers that cannot swap limits.
     Cache,
     /// Read after the call began: the cache completed and confirmed by reads by name where that
-    /// is exact, else a consistent LIST.
-    Fresh,
+    /// is exact, else a consistent LIST; with the read by name started before the kubelet's
+    /// `List` answered, if any.
+    Fresh(Option<EarlyRead>),
+}
+
+/// A read by name started as the call began, before the kubelet's pod-resources `List`
+/// answered, of the pod the cache says the kubelet most likely admits
+/// ([`crate::identity::likely_admitting`]): the two then overlap. It is a read issued after the
+/// call began like any other (design step 7); it only saves waiting for it. Aborted when the
+/// call does not ask for that pod.
+#[derive(Debug)]
+struct EarlyRead {
+    key: String,
+    task: tokio::task::JoinHandle<Result<Option<PodSnapshot>, EdgeError>>,
+}
+
+impl Drop for EarlyRead {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// What an answer was decided on (the `read` label of the identity metric).
@@ -170,8 +188,26 @@ impl Step {
     }
 }
 
-/// The pod source's reads by name, as [`crate::cached_identity`] asks for them.
-struct ApiReader<'a>(&'a dyn PodSource);
+/// The pod source's reads by name, as [`crate::cached_identity`] asks for them; the first read
+/// of the early read's pod takes its answer.
+struct ApiReader<'a> {
+    source: &'a dyn PodSource,
+    early: std::sync::Mutex<Option<EarlyRead>>,
+}
+
+impl<'a> ApiReader<'a> {
+    fn new(source: &'a dyn PodSource, early: Option<EarlyRead>) -> Self {
+        ApiReader {
+            source,
+            early: std::sync::Mutex::new(early),
+        }
+    }
+
+    /// Whether an early read was started and nothing asked for its pod.
+    fn early_unused(&self) -> bool {
+        self.early.lock().map_or(true, |early| early.is_some())
+    }
+}
 
 impl PodReader for ApiReader<'_> {
     type Error = EdgeError;
@@ -180,9 +216,23 @@ impl PodReader for ApiReader<'_> {
         namespace: &str,
         name: &str,
     ) -> impl std::future::Future<Output = Result<Option<PodSnapshot>, EdgeError>> + Send {
+        let key = format!("{namespace}/{name}");
+        let early = self
+            .early
+            .lock()
+            .ok()
+            .and_then(|mut early| early.take_if(|e| e.key == key));
         // Owned copies: the future outlives the borrowed names under the trait's signature.
-        let (source, namespace, name) = (self.0, namespace.to_owned(), name.to_owned());
-        async move { source.get(&namespace, &name).await }
+        let (source, namespace, name) = (self.source, namespace.to_owned(), name.to_owned());
+        async move {
+            if let Some(mut early) = early
+                && let Ok(answer) = (&mut early.task).await
+            {
+                return answer;
+            }
+            // No early read of this pod (or its task was lost): read it now.
+            source.get(&namespace, &name).await
+        }
     }
 }
 
@@ -214,6 +264,9 @@ pub struct Allocator {
     ledger: Mutex<Ledger>,
     /// Which kubelet instance the plugin serves: bumped each time it serves a new one.
     kubelet_generation: AtomicU64,
+    /// The kubelet's last pod-resources `List` answered (reads start early only then: without
+    /// it the call decides on a LIST).
+    pod_resources_answers: AtomicBool,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -250,6 +303,7 @@ impl Allocator {
             cache_dirs: crate::cache_dir::CacheDirs::default(),
             ledger: Mutex::new(Ledger::default()),
             kubelet_generation: AtomicU64::new(0),
+            pod_resources_answers: AtomicBool::new(false),
         }
     }
 
@@ -288,6 +342,13 @@ impl Allocator {
     }
 
     async fn pod_resources_view(&self) -> Option<PodResourcesView> {
+        let view = self.pod_resources_list().await;
+        self.pod_resources_answers
+            .store(view.is_some(), Ordering::Relaxed);
+        view
+    }
+
+    async fn pod_resources_list(&self) -> Option<PodResourcesView> {
         match tokio::time::timeout(self.pod_resources_budget, self.pod_resources.list()).await {
             Ok(Ok(view)) => view,
             Ok(Err(e)) => {
@@ -325,7 +386,7 @@ impl Allocator {
         let lock = self.pods.hami_lock();
         let (pods, read) = match source {
             PodView::Cache => (self.pods.cached(), Read::Cache),
-            PodView::Fresh => {
+            PodView::Fresh(early) => {
                 if !must_include {
                     let policy = self.booking_policy();
                     let kubelet_version = self.pods.kubelet_version();
@@ -337,10 +398,15 @@ impl Allocator {
                         pod_resources: view.as_ref(),
                         kubelet_version: kubelet_version.as_deref(),
                     };
-                    let reader = ApiReader(self.pods.as_ref());
+                    let reader = ApiReader::new(self.pods.as_ref(), early);
+                    let started_early = reader.early_unused();
                     let remaining = deadline.saturating_duration_since(Instant::now());
                     let from_cache = choose_from_cache(call, ledger, self.pods.cached(), &reader);
-                    match tokio::time::timeout(remaining, from_cache).await {
+                    let decided = tokio::time::timeout(remaining, from_cache).await;
+                    if started_early && let Some(m) = &self.metrics {
+                        m.early_read(!reader.early_unused());
+                    }
+                    match decided {
                         Ok(Ok(found)) => {
                             log_rejections(&found.rejected);
                             return Ok((found.choice, found.pods, Read::CacheConfirmed));
@@ -387,6 +453,36 @@ impl Allocator {
         }
         let chosen = select(facts, &pending, ledger)?;
         Ok((chosen, pods, read))
+    }
+
+    /// Starts reading the pod the kubelet most likely admits (an [`EarlyRead`]) where the call
+    /// will be decided on the cache and reads by name: the kubelet's last `List` answered, it
+    /// lists only active pods (1.34+), no HAMi lock, no re-ask possible. Elsewhere the call
+    /// decides on a LIST and nothing is read early.
+    fn start_early_read(&self, ledger: &Ledger, count: usize) -> Option<EarlyRead> {
+        let cache_path = self.pod_resources_answers.load(Ordering::Relaxed)
+            && ledger.reasks_ruled_out()
+            && self.pods.hami_lock().is_none()
+            && self
+                .pods
+                .kubelet_version()
+                .is_some_and(|v| lists_only_active_pods(&v));
+        if !cache_path {
+            return None;
+        }
+        let pods = self.pods.cached();
+        let (pending, _) = pending_pods_checked(&self.node, &self.booking_policy(), &pods, ledger);
+        let pod = likely_admitting(count, &pending, ledger)?;
+        let (source, namespace, name) = (
+            Arc::clone(&self.pods),
+            pod.namespace.clone(),
+            pod.name.clone(),
+        );
+        let task = tokio::spawn(async move { source.get(&namespace, &name).await });
+        Some(EarlyRead {
+            key: pod.key(),
+            task,
+        })
     }
 
     fn observe_step(&self, step: Step, took: Duration) {
@@ -448,11 +544,12 @@ impl Allocator {
     ) -> Result<dp::ContainerAllocateResponse, AllocateError> {
         let count = creq.devices_ids.len();
         let asked = Instant::now();
+        let early = self.start_early_read(ledger, count);
         let view = self.pod_resources_view().await;
         self.observe_step(Step::PodResources, asked.elapsed());
         let deciding = Instant::now();
         let identified = self
-            .identify(ledger, count, false, PodView::Fresh, deadline, view)
+            .identify(ledger, count, false, PodView::Fresh(early), deadline, view)
             .await;
         self.observe_step(Step::Identify, deciding.elapsed());
         let (choice, pods, read) = identified.inspect_err(|e| {
@@ -1108,7 +1205,7 @@ mod tests {
         let deadline = started + Duration::from_millis(1200);
         let view = allocator.pod_resources_view().await;
         let err = allocator
-            .identify(ledger, 1, false, PodView::Fresh, deadline, view)
+            .identify(ledger, 1, false, PodView::Fresh(None), deadline, view)
             .await
             .expect_err("nothing can be known");
         assert_eq!(started.elapsed(), Duration::from_millis(1200));
@@ -1468,6 +1565,140 @@ mod tests {
         }
     }
 
+    /// A kubelet's pod-resources `List` that answers `view` after letting other tasks run, and
+    /// notes which pods had been read by name by then.
+    #[derive(Debug)]
+    struct SlowListing {
+        view: PodResourcesView,
+        api: Arc<crate::testing::MemoryApi>,
+        reads_before_answer: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl PodResourcesSource for SlowListing {
+        fn list(&self) -> BoxFuture<'_, Result<Option<PodResourcesView>, EdgeError>> {
+            Box::pin(async move {
+                for _ in 0..20 {
+                    tokio::task::yield_now().await;
+                }
+                *self.reads_before_answer.lock().expect("reads") =
+                    self.api.reads.lock().expect("reads").clone();
+                Ok(Some(self.view.clone()))
+            })
+        }
+    }
+
+    /// An allocator on a 1.34 kubelet whose pod-resources `List` answered before (reads start
+    /// early only then), with re-asks ruled out, counting into `metrics`.
+    async fn early_reading_allocator(
+        api: &Arc<crate::testing::MemoryApi>,
+        listing: Arc<SlowListing>,
+        dir: &std::path::Path,
+        metrics: &PluginMetrics,
+    ) -> Allocator {
+        let mut allocator = gpu_a_allocator(api, listing, dir);
+        allocator.metrics = Some(metrics.clone());
+        allocator.pod_resources_answers.store(true, Ordering::Relaxed);
+        allocator.ledger.lock().await.note_consistent_read(&[]);
+        allocator
+    }
+
+    /// Issue 29: the kubelet admits one pod at a time, so `Allocate`'s latency is paid once per
+    /// pod. The read by name of the pod under admission starts with the call, while the
+    /// kubelet's `List` is still answering, and the call then uses it: one read, not two in a
+    /// row.
+    #[tokio::test]
+    async fn the_pod_under_admission_is_read_while_the_kubelet_lists() {
+        use crate::testing::bound_pod;
+        let mut running = bound_pod("node-a", "running", &[&[("GPU-a", 900, 0)]], 1);
+        running
+            .annotations
+            .insert(keys::BIND_PHASE.into(), keys::BIND_PHASE_SUCCESS.into());
+        let mut admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
+        admitted.resource_version = "20".into();
+        let api = Arc::new(api_with("v1.34.4", &[&running, &admitted]));
+        let listing = Arc::new(SlowListing {
+            view: listing(&[(&running, &["GPU-a-1"]), (&admitted, &[])]),
+            api: api.clone(),
+            reads_before_answer: Default::default(),
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let metrics = PluginMetrics::new();
+        let allocator = early_reading_allocator(&api, listing.clone(), dir.path(), &metrics).await;
+        let resp = allocator
+            .allocate(gpu_a_first_replica())
+            .await
+            .expect("the pod is identified");
+        assert_eq!(
+            resp.container_responses[0]
+                .envs
+                .get("CUDA_DEVICE_MEMORY_LIMIT_0")
+                .map(String::as_str),
+            Some("10240m")
+        );
+        assert_eq!(
+            *listing.reads_before_answer.lock().expect("reads"),
+            ["default/admitted"],
+            "read before the List answered"
+        );
+        assert_eq!(*api.reads.lock().expect("reads"), ["default/admitted"]);
+        assert!(
+            metrics
+                .encode()
+                .contains("tessera_device_plugin_early_reads_total{outcome=\"used\"} 1"),
+            "{}",
+            metrics.encode()
+        );
+    }
+
+    /// The early read is a guess from the cache. When the kubelet admits another pod than the
+    /// one bound first (that one was deleted, or rejected, and the cache has not seen it yet),
+    /// the guess is dropped and the call reads the pod the kubelet lists: its limits, never the
+    /// guessed pod's.
+    #[tokio::test]
+    async fn a_wrong_early_guess_costs_a_read_never_the_limits() {
+        use crate::testing::bound_pod;
+        let mut first = bound_pod("node-a", "bound-first", &[&[("GPU-a", 900, 0)]], 1);
+        first.resource_version = "10".into();
+        let mut admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
+        admitted.resource_version = "20".into();
+        let api = Arc::new(api_with("v1.34.4", &[&first, &admitted]));
+        let listing = Arc::new(SlowListing {
+            view: listing(&[(&admitted, &[])]),
+            api: api.clone(),
+            reads_before_answer: Default::default(),
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let metrics = PluginMetrics::new();
+        let allocator = early_reading_allocator(&api, listing.clone(), dir.path(), &metrics).await;
+        let resp = allocator
+            .allocate(gpu_a_first_replica())
+            .await
+            .expect("the pod is identified");
+        assert_eq!(
+            resp.container_responses[0]
+                .envs
+                .get("CUDA_DEVICE_MEMORY_LIMIT_0")
+                .map(String::as_str),
+            Some("10240m")
+        );
+        assert_eq!(
+            *listing.reads_before_answer.lock().expect("reads"),
+            ["default/bound-first"],
+            "the guess was read early"
+        );
+        assert_eq!(
+            api.reads.lock().expect("reads").last().map(String::as_str),
+            Some("default/admitted")
+        );
+        assert!(
+            metrics
+                .encode()
+                .contains("tessera_device_plugin_early_reads_total{outcome=\"unused\"} 1"),
+            "{}",
+            metrics.encode()
+        );
+    }
+
     fn api_with(kubelet: &str, pods: &[&PodSnapshot]) -> crate::testing::MemoryApi {
         let api = crate::testing::MemoryApi::default();
         *api.kubelet_version.lock().expect("version") = Some(kubelet.into());
@@ -1528,7 +1759,7 @@ mod tests {
             let mut ledger = allocator.ledger().await;
             let view = allocator.pod_resources_view().await;
             let (choice, _, read) = allocator
-                .identify(&mut ledger, 1, false, PodView::Fresh, deadline, view)
+                .identify(&mut ledger, 1, false, PodView::Fresh(None), deadline, view)
                 .await
                 .expect("identified");
             assert_eq!(choice.name, "admitted");

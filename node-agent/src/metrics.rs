@@ -92,6 +92,7 @@ pub struct PluginMetrics {
     allocate_steps: Family<Labels, Histogram, fn() -> Histogram>,
     allocations: Family<Labels, Counter>,
     identity: Family<Labels, Counter>,
+    early_reads: Family<Labels, Counter>,
     registrations: Counter,
     gpu_healthy: Family<Labels, Gauge>,
     xid_errors: Family<Labels, Counter>,
@@ -167,6 +168,12 @@ impl PluginMetrics {
             &mut registry,
             "tessera_device_plugin_identity_choices",
             "How Allocate identified the pod (reason: continuing, elimination, hami_lock, unique, oldest_of_class, reask) and on what it decided (read: cache_confirmed, list)",
+            Family::<Labels, Counter>::default(),
+        );
+        let early_reads = registered(
+            &mut registry,
+            "tessera_device_plugin_early_reads",
+            "Reads by name Allocate started before the kubelet's pod-resources List answered, of the pod the cache said the kubelet most likely admits (outcome: used, the call read that pod; unused, it did not and the read was dropped)",
             Family::<Labels, Counter>::default(),
         );
         let registrations = registered(
@@ -352,6 +359,7 @@ impl PluginMetrics {
             allocate_steps,
             allocations,
             identity,
+            early_reads,
             registrations,
             gpu_healthy,
             xid_errors,
@@ -387,6 +395,14 @@ impl PluginMetrics {
                 ("reason".into(), reason.into()),
                 ("read".into(), read.into()),
             ])
+            .inc();
+    }
+
+    /// An early read was `used` by the call, or dropped unused.
+    pub fn early_read(&self, used: bool) {
+        let outcome = if used { "used" } else { "unused" };
+        self.early_reads
+            .get_or_create(&vec![("outcome".into(), outcome.into())])
             .inc();
     }
 

@@ -218,6 +218,7 @@ pub fn bound_pod(
             .collect(),
         started_containers: Default::default(),
         container_ids: Default::default(),
+        resource_version: String::new(),
     }
 }
 
@@ -242,6 +243,7 @@ pub fn gpu_less_pod(node: &str, namespace: &str, name: &str, uid: &str) -> PodSn
         }],
         started_containers: BTreeSet::from(["c0".to_owned()]),
         container_ids: BTreeMap::new(),
+        resource_version: String::new(),
     }
 }
 

@@ -14,7 +14,7 @@ use tessera_node::allocator::empty_entries;
 use tessera_node::cached_identity::{CacheCall, PodReader, choose_from_cache};
 use tessera_node::identity::{
     BookingPolicy, CallFacts, ChoiceReason, ContainerSpec, Ledger, PodResourcesView, PodSnapshot,
-    pending_pods, select,
+    likely_admitting, pending_pods, select,
 };
 
 const NODE: &str = "node-a";
@@ -256,6 +256,7 @@ impl Sim {
             containers: app,
             started_containers: BTreeSet::new(),
             container_ids: Default::default(),
+            resource_version: String::new(),
         };
         let signature = AllocationSignature::new(&planned, &BTreeMap::new());
         let creation = self.pods.len();
@@ -861,6 +862,70 @@ fn hami_lock_names_the_pod_among_ambiguous_ones() {
     let mut f = facts(1);
     f.hami_lock = Some("ns/b");
     assert_eq!(select(f, &pending, &ledger).expect("lock").name, "b");
+}
+
+/// Issue 29: the read started before the kubelet's `List` answers goes to the pod the kubelet
+/// most likely admits: the one whose binding the watch delivered first (lowest
+/// `resourceVersion`, whatever the bind-time or the name say), or the continuing pod; never a
+/// pod with another count, one already started, or one whose version is unreadable while
+/// another's is not.
+#[test]
+fn the_early_read_goes_to_the_pod_bound_first() {
+    let with_version = |name: &str, bind_time: u64, rv: &str| {
+        let mut p = one_gpu_pod(name, 1000, bind_time);
+        p.resource_version = rv.into();
+        p
+    };
+    let mut two_gpus = tessera_node::testing::bound_pod(
+        NODE,
+        "two-gpus",
+        &[&[("GPU-0", 1000, 10), ("GPU-1", 1000, 10)]],
+        1,
+    );
+    two_gpus.resource_version = "5".into();
+    let pods = [
+        with_version("a-bound-second", 1, "1200"),
+        with_version("z-bound-first", 9, "999"),
+        with_version("unreadable", 0, "not-a-number"),
+        two_gpus,
+    ];
+    let mut ledger = Ledger::default();
+    let (pending, _) = pending_pods(NODE, &pods, &ledger);
+    let guess = |count, ledger: &Ledger| likely_admitting(count, &pending, ledger).map(|p| p.name.clone());
+    assert_eq!(guess(1, &ledger).as_deref(), Some("z-bound-first"));
+    assert_eq!(guess(2, &ledger).as_deref(), Some("two-gpus"));
+    assert_eq!(guess(3, &ledger), None);
+
+    ledger.record_served("uid-z-bound-first", 0, None);
+    let (pending, _) = pending_pods(NODE, &pods, &ledger);
+    assert_eq!(
+        likely_admitting(1, &pending, &ledger).map(|p| p.name.as_str()),
+        Some("a-bound-second"),
+        "a served pod is no longer guessed; a readable version comes before an unreadable one"
+    );
+
+    // A pod whose first container was served continues with its next one.
+    let pods = [
+        with_version("a-bound-second", 1, "1200"),
+        {
+            let mut p = tessera_node::testing::bound_pod(
+                NODE,
+                "sidecar",
+                &[&[("GPU-0", 500, 10)], &[("GPU-1", 700, 10)]],
+                5,
+            );
+            p.resource_version = "4000".into();
+            p
+        },
+    ];
+    let mut ledger = Ledger::default();
+    ledger.record_served("uid-sidecar", 0, Some(1));
+    let (pending, _) = pending_pods(NODE, &pods, &ledger);
+    assert_eq!(
+        likely_admitting(1, &pending, &ledger).map(|p| p.name.as_str()),
+        Some("sidecar"),
+        "the continuing pod comes before any fresh one"
+    );
 }
 
 #[test]

@@ -76,6 +76,7 @@ mod tests {
             containers: vec![],
             started_containers: Default::default(),
             container_ids: Default::default(),
+            resource_version: String::new(),
         }
     }
 

@@ -311,6 +311,7 @@ mod tests {
                 .collect(),
             started_containers: BTreeSet::new(),
             container_ids: BTreeMap::new(),
+            resource_version: String::new(),
         }
     }
 

@@ -47,6 +47,9 @@ pub struct PodSnapshot {
     /// The runtime's container IDs in the pod's status (without the `containerd://` scheme),
     /// each with its container's name.
     pub container_ids: BTreeMap<String, String>,
+    /// `metadata.resourceVersion` of the object this snapshot was taken from. Used only to
+    /// guess which pod the kubelet admits next ([`likely_admitting`]), never to decide.
+    pub resource_version: String,
 }
 
 impl PodSnapshot {
@@ -816,4 +819,44 @@ pub fn select(
             }
         }
     }
+}
+
+/// The pod the kubelet most likely asks for in a call for `count` devices, guessed from the
+/// cache before the call's pod-resources `List` answers, so that reading that pod by name can
+/// start at once and overlap the `List` instead of following it (issue 29: the kubelet admits
+/// one pod at a time, so the call's latency is paid once per pod). A guess only: it decides
+/// what is read early, never what is served; a wrong guess costs one read.
+///
+/// The continuing pod, when its next entry has the call's count (F2). Otherwise the fresh
+/// candidate bound first: the kubelet admits pods in the order its watch delivers their
+/// bindings, and the cached object of a bound pod the kubelet has not admitted is usually that
+/// binding, so the lowest `resourceVersion` (compared as the number etcd writes; one that is
+/// not a number sorts last) is the likeliest, then the oldest `bind-time`, then the name.
+pub fn likely_admitting<'a>(
+    count: usize,
+    pending: &[PendingPod<'a>],
+    ledger: &Ledger,
+) -> Option<&'a PodSnapshot> {
+    let count_at = |p: &PendingPod<'_>, pos: usize| {
+        p.entries
+            .get(pos)
+            .is_some_and(|(_, d, _)| d.len() == count)
+    };
+    if let Some((uid, pos)) = ledger.continuing()
+        && let Some(p) = pending.iter().find(|p| p.pod.uid == uid)
+        && count_at(p, pos)
+    {
+        return Some(p.pod);
+    }
+    pending
+        .iter()
+        .filter(|p| !p.started() && !p.reaskable && count_at(p, 0))
+        .min_by_key(|p| {
+            (
+                p.pod.resource_version.parse::<u64>().unwrap_or(u64::MAX),
+                p.pod.bind_time(),
+                p.pod.key(),
+            )
+        })
+        .map(|p| p.pod)
 }

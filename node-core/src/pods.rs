@@ -76,6 +76,7 @@ pub fn snapshot(pod: &Pod, resource: &str) -> PodSnapshot {
                 (!id.is_empty()).then(|| (id.to_owned(), cs.name.clone()))
             })
             .collect(),
+        resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
     }
 }
 
