@@ -1597,7 +1597,9 @@ mod tests {
     ) -> Allocator {
         let mut allocator = gpu_a_allocator(api, listing, dir);
         allocator.metrics = Some(metrics.clone());
-        allocator.pod_resources_answers.store(true, Ordering::Relaxed);
+        allocator
+            .pod_resources_answers
+            .store(true, Ordering::Relaxed);
         allocator.ledger.lock().await.note_consistent_read(&[]);
         allocator
     }

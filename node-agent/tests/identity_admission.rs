@@ -891,7 +891,8 @@ fn the_early_read_goes_to_the_pod_bound_first() {
     ];
     let mut ledger = Ledger::default();
     let (pending, _) = pending_pods(NODE, &pods, &ledger);
-    let guess = |count, ledger: &Ledger| likely_admitting(count, &pending, ledger).map(|p| p.name.clone());
+    let guess =
+        |count, ledger: &Ledger| likely_admitting(count, &pending, ledger).map(|p| p.name.clone());
     assert_eq!(guess(1, &ledger).as_deref(), Some("z-bound-first"));
     assert_eq!(guess(2, &ledger).as_deref(), Some("two-gpus"));
     assert_eq!(guess(3, &ledger), None);
@@ -905,19 +906,16 @@ fn the_early_read_goes_to_the_pod_bound_first() {
     );
 
     // A pod whose first container was served continues with its next one.
-    let pods = [
-        with_version("a-bound-second", 1, "1200"),
-        {
-            let mut p = tessera_node::testing::bound_pod(
-                NODE,
-                "sidecar",
-                &[&[("GPU-0", 500, 10)], &[("GPU-1", 700, 10)]],
-                5,
-            );
-            p.resource_version = "4000".into();
-            p
-        },
-    ];
+    let pods = [with_version("a-bound-second", 1, "1200"), {
+        let mut p = tessera_node::testing::bound_pod(
+            NODE,
+            "sidecar",
+            &[&[("GPU-0", 500, 10)], &[("GPU-1", 700, 10)]],
+            5,
+        );
+        p.resource_version = "4000".into();
+        p
+    }];
     let mut ledger = Ledger::default();
     ledger.record_served("uid-sidecar", 0, Some(1));
     let (pending, _) = pending_pods(NODE, &pods, &ledger);

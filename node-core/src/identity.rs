@@ -838,9 +838,7 @@ pub fn likely_admitting<'a>(
     ledger: &Ledger,
 ) -> Option<&'a PodSnapshot> {
     let count_at = |p: &PendingPod<'_>, pos: usize| {
-        p.entries
-            .get(pos)
-            .is_some_and(|(_, d, _)| d.len() == count)
+        p.entries.get(pos).is_some_and(|(_, d, _)| d.len() == count)
     };
     if let Some((uid, pos)) = ledger.continuing()
         && let Some(p) = pending.iter().find(|p| p.pod.uid == uid)

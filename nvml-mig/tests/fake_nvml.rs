@@ -344,8 +344,7 @@ fn set_mig_mode_never_succeeds() {
 }
 
 fn example_scenario() -> String {
-    let path = test_paths::manifest_dir()
-        .join("../examples/device-plugin/fake-nvml-mig-a100.json");
+    let path = test_paths::manifest_dir().join("../examples/device-plugin/fake-nvml-mig-a100.json");
     std::fs::read_to_string(path).expect("example scenario")
 }
 

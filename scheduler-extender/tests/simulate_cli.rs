@@ -151,7 +151,9 @@ fn gpus_of(line: &Value) -> Vec<String> {
 /// produced from (`examples/device-plugin/fake-nvml-dgx1-nvlink.json`): the hardware truth,
 /// independent of any score.
 fn nvlinks_between(a: &str, b: &str) -> usize {
-    let text = std::fs::read_to_string(test_paths::workspace_root().join("examples/device-plugin/fake-nvml-dgx1-nvlink.json"))
+    let text = std::fs::read_to_string(
+        test_paths::workspace_root().join("examples/device-plugin/fake-nvml-dgx1-nvlink.json"),
+    )
     .expect("scenario");
     let scenario: Value = serde_json::from_str(&text).expect("scenario JSON");
     let devices = scenario["devices"].as_array().expect("devices");
@@ -191,7 +193,9 @@ fn topology_aware_puts_a_two_gpu_pod_on_nvlinked_gpus() {
     // Without the device plugin's score annotation, topology-aware has nothing to go by and takes
     // the first pair in spread order: the same unlinked pair.
     let dir = tempfile::tempdir().unwrap();
-    let example = std::fs::read_to_string(test_paths::workspace_root().join("examples/simulate/topology-aware.yaml"))
+    let example = std::fs::read_to_string(
+        test_paths::workspace_root().join("examples/simulate/topology-aware.yaml"),
+    )
     .unwrap();
     let without: String = example
         .lines()

@@ -37,6 +37,10 @@ mod tests {
     #[test]
     fn the_root_holds_this_package() {
         assert!(manifest_dir().join("src/lib.rs").is_file());
-        assert!(workspace_root().join("test-support/paths/Cargo.toml").is_file());
+        assert!(
+            workspace_root()
+                .join("test-support/paths/Cargo.toml")
+                .is_file()
+        );
     }
 }
