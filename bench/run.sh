@@ -57,6 +57,9 @@ mem_scale_args="--nodes 5000 --pods 50000"
 # HAMi's write order (h) is compared at 500 nodes (the scheduling step); at 5,000 it would add a
 # quarter of an hour for no new question.
 sched_scale_args="--nodes 5000 --pods 20000 --running 50000 --rounds 1 --burst 0 --variants plain,tessera,plain-qps1000,tessera-qps1000"
+# Issue 29's T3: placement with the creates out of the way (pods created behind a scheduling gate,
+# the gates lifted together), the Tessera variants against plain kube-scheduler at both QPS.
+sched_gated_args="--gated --burst 0 --variants plain,tessera,plain-qps1000,tessera-qps1000"
 if [ "$quick" = 1 ]; then
     mem_args="--nodes 100 --pods 1000"
     mem_scale_args="--nodes 200 --pods 2000"
@@ -74,6 +77,7 @@ STEPS=(
     "shim_limiter|cargo test --locked -q --release -p libvgpu-shim --test limiter -- --nocapture"
     "scheduling|cargo bench --locked -q -p tessera-e2e --bench scheduling"
     "scheduling_scale|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_scale $sched_scale_args"
+    "scheduling_gated|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_gated $sched_gated_args"
     "real_burst|cargo bench --locked -q -p tessera-e2e --bench real_burst"
     "dra_burst|cargo bench --locked -q -p tessera-e2e --bench dra_burst"
 )

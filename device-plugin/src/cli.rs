@@ -89,6 +89,14 @@ pub struct Cli {
     /// decay `recent_kernel` twice per period).
     #[arg(long, env = "VGPU_FEEDBACK_PERIOD_SECONDS", default_value_t = vgpu_region::feedback::HAMI_PERIOD_SECS)]
     pub vgpu_feedback_period_seconds: u64,
+    /// Seconds an `Allocate` may take before it fails closed and the kubelet rejects the pod
+    /// (`UnexpectedAdmissionError`). The kubelet admits one pod at a time and sets no timeout of
+    /// its own, so this bounds how long a hung API server can stall the node's admissions;
+    /// shorter rejects pods whose reads are merely slow on a busy node. At least 10 on a node in
+    /// operating mode `mig` (carving an instance takes NVML seconds).
+    #[arg(long, env = "ALLOCATE_TIMEOUT_SECONDS", default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub allocate_timeout_seconds: u64,
     /// Seconds a GPU must stay free of errors (and answer NVML) before it is healthy again.
     #[arg(long, env = "HEALTH_RECOVERY_SECONDS", default_value_t = 60)]
     pub health_recovery_seconds: u64,

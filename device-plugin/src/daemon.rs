@@ -248,7 +248,7 @@ pub async fn run(cli: Cli) -> Result<(), StartError> {
         allocator.mig = Some(manager.clone());
         allocator.mig_gpus = state.mig_gpus.clone();
         // Carving a GPU instance takes NVML up to seconds on real hardware.
-        allocator.budget = MIG_ALLOCATE_BUDGET;
+        allocator.budget = allocator.budget.max(MIG_ALLOCATE_BUDGET);
         spawn_mig_reconciler(
             manager.clone(),
             state.clone(),
@@ -635,6 +635,7 @@ fn allocator(
         pod_resources_source(cli, config),
     );
     allocator.metrics = Some(metrics.clone());
+    allocator.budget = Duration::from_secs(cli.allocate_timeout_seconds);
     allocator.cache_dirs = cli.cache_dir.cache_dirs(&cli.watch.proc_root);
     allocator.scheduler_names = cli
         .scheduler_names

@@ -121,7 +121,9 @@ struct Round {
     /// The kubelet's time in `Allocate` during the round, in seconds (GPU rounds).
     allocate_seconds: f64,
     /// The plugin's `Allocate` calls during the round, in milliseconds per call: the whole
-    /// call (`call`) and each step (`tessera_device_plugin_allocate_step_duration_seconds`).
+    /// call (`call`) and each step (`tessera_device_plugin_allocate_step_duration_seconds`);
+    /// and its reads started beside the kubelet's `List` (`early read used` / `unused`, a
+    /// count: `tessera_device_plugin_early_reads`).
     allocate_steps: BTreeMap<String, f64>,
     /// The API server's requests during the round (every client: kubelet, scheduler, plugin,
     /// controllers, the bench's watch) by `VERB resource[/subresource]`: (requests, seconds).
@@ -204,8 +206,18 @@ async fn plugin_allocate_steps(c: &RealCluster) -> Totals {
         "tessera_device_plugin_allocate_step_duration_seconds",
         |s| s.label("step").map(str::to_owned),
     ));
+    for s in hami_contract::metrics::samples(&text).0 {
+        if s.name == "tessera_device_plugin_early_reads_total"
+            && let Some(outcome) = s.label("outcome")
+        {
+            totals.insert(format!("{EARLY_READ} {outcome}"), (s.value, 0.0));
+        }
+    }
     totals
 }
+
+/// The key prefix of the early-read counts among the plugin's steps.
+const EARLY_READ: &str = "early read";
 
 /// The kubelet's `kubelet_device_plugin_alloc_duration_seconds_sum` for `resource`, read
 /// through the API server's node proxy (0 before its first `Allocate`).
@@ -347,7 +359,14 @@ async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
         allocate_steps: match kind {
             Kind::Gpu => totals_between(&steps_before, &plugin_allocate_steps(c).await)
                 .into_iter()
-                .map(|(step, (calls, secs))| (step, secs * 1e3 / calls))
+                .map(|(step, (calls, secs))| {
+                    let value = if step.starts_with(EARLY_READ) {
+                        calls
+                    } else {
+                        secs * 1e3 / calls
+                    };
+                    (step, value)
+                })
                 .collect(),
             Kind::Plain | Kind::NullDevice => BTreeMap::new(),
         },
@@ -708,12 +727,25 @@ fn main() -> Result<()> {
                     .iter()
                     .filter_map(|r| r.allocate_steps.get(step).copied())
                     .collect();
-                let what = if step == "call" {
-                    "the plugin's Allocate: whole call, mean per call".to_owned()
+                let (what, unit) = if step == "call" {
+                    (
+                        "the plugin's Allocate: whole call, mean per call".to_owned(),
+                        "ms",
+                    )
+                } else if step.starts_with(EARLY_READ) {
+                    (
+                        format!(
+                            "the plugin's Allocate: {step}s (read started beside the kubelet's List), per round"
+                        ),
+                        "reads",
+                    )
                 } else {
-                    format!("the plugin's Allocate: step {step}, mean per call")
+                    (
+                        format!("the plugin's Allocate: step {step}, mean per call"),
+                        "ms",
+                    )
                 };
-                csv.row(&Row::new(case.clone(), what, "ms", Stats::of(&per_round)).without_p99());
+                csv.row(&Row::new(case.clone(), what, unit, Stats::of(&per_round)).without_p99());
             }
             csv.row(&Row::new(
                 case.clone(),

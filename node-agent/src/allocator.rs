@@ -236,6 +236,18 @@ impl PodReader for ApiReader<'_> {
     }
 }
 
+/// How long an `Allocate` may take before it fails closed. The kubelet has no timeout on the
+/// call and admits one pod at a time, so a hung API server would stall every admission on the
+/// node; but a refusal rejects the pod for good (`UnexpectedAdmissionError`: a bare pod is not
+/// recreated). Two seconds rejected pods in bursts on two busy cores (a LIST or a PATCH past it
+/// at load average 47, `docs/benchmarks.md`); ten keeps a stall bounded and lets a slow but
+/// working API server answer.
+pub const DEFAULT_ALLOCATE_BUDGET: Duration = Duration::from_secs(10);
+
+/// How long `GetPreferredAllocation` may take: it only steers the kubelet's choice of replicas
+/// and answers from the cache, so a neutral answer is always safe and never worth a stall.
+const PREFERRED_BUDGET: Duration = Duration::from_secs(2);
+
 /// HAMi's GPU scheduler name (`schedulerName` in its chart).
 pub const DEFAULT_SCHEDULER_NAME: &str = "hami-scheduler";
 
@@ -248,7 +260,8 @@ pub struct Allocator {
     pub pods: Arc<dyn PodSource>,
     pub patcher: Arc<dyn PodPatcher>,
     pub pod_resources: Arc<dyn PodResourcesSource>,
-    /// Whole-call budget (≤ 2 s).
+    /// Whole-call budget ([`DEFAULT_ALLOCATE_BUDGET`] unless the daemon's
+    /// `--allocate-timeout-seconds` says otherwise).
     pub budget: Duration,
     /// Budget for one pod-resources `List`.
     pub pod_resources_budget: Duration,
@@ -294,7 +307,7 @@ impl Allocator {
             pods,
             patcher,
             pod_resources,
-            budget: Duration::from_secs(2),
+            budget: DEFAULT_ALLOCATE_BUDGET,
             pod_resources_budget: Duration::from_millis(500),
             metrics: None,
             scheduler_names: BTreeSet::from([DEFAULT_SCHEDULER_NAME.to_owned()]),
@@ -829,9 +842,10 @@ impl Allocator {
         req: dp::PreferredAllocationRequest,
     ) -> dp::PreferredAllocationResponse {
         let started = Instant::now();
-        let deadline = started + self.budget;
+        let budget = self.budget.min(PREFERRED_BUDGET);
+        let deadline = started + budget;
         let mut out = Vec::new();
-        let answer = tokio::time::timeout(self.budget, async {
+        let answer = tokio::time::timeout(budget, async {
             let mut ledger = self.ledger().await;
             for creq in &req.container_requests {
                 let size = usize::try_from(creq.allocation_size).unwrap_or(0);
@@ -1177,7 +1191,7 @@ mod tests {
             .await
             .expect_err("nothing can be known");
         assert!(
-            started.elapsed() <= Duration::from_secs(2),
+            started.elapsed() <= DEFAULT_ALLOCATE_BUDGET,
             "{:?}",
             started.elapsed()
         );
@@ -1185,7 +1199,8 @@ mod tests {
             err.to_string().contains("no pod bound") || err.to_string().contains("did not finish"),
             "{err}"
         );
-        // GetPreferredAllocation answers neutrally within the budget too.
+        // GetPreferredAllocation answers neutrally, within its shorter budget.
+        let started = tokio::time::Instant::now();
         let pref = allocator
             .preferred(dp::PreferredAllocationRequest {
                 container_requests: vec![dp::ContainerPreferredAllocationRequest {
@@ -1196,6 +1211,11 @@ mod tests {
             })
             .await;
         assert_eq!(pref.container_responses[0].device_i_ds.len(), 1);
+        assert!(
+            started.elapsed() <= PREFERRED_BUDGET,
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     /// One `Allocate` identification with a deadline 1.2 s away (tokio's paused clock): it must

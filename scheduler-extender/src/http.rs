@@ -542,11 +542,14 @@ async fn filter_pod<E: ClusterEdge>(
     pod: Arc<Pod>,
     names: Arc<[String]>,
 ) -> ExtenderFilterResult {
-    let verdict = match app
+    let asked = Instant::now();
+    let verdict = app
         .engine
         .filter(Arc::clone(&pod), Arc::clone(&names))
-        .await
-    {
+        .await;
+    app.metrics
+        .observe_step("filter", "decision_loop", asked.elapsed());
+    let verdict = match verdict {
         Ok(v) => v,
         Err(r) => {
             app.metrics.decision("filter", refusal_code(&r));
@@ -705,7 +708,11 @@ async fn bind_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> Result<(), Bind
 /// Binding, report.
 async fn bind<E: ClusterEdge>(app: &App<E>, args: &ExtenderBindingArgs) -> Result<(), BindError> {
     let key = format!("{}/{}", args.pod_namespace, args.pod_name);
-    let plan = match admit_bind(app, args, &key).await {
+    let asked = Instant::now();
+    let admitted = admit_bind(app, args, &key).await;
+    app.metrics
+        .observe_step("bind", "decision_loop", asked.elapsed());
+    let plan = match admitted {
         Ok(p) => p,
         Err(e) => {
             if let BindError::Refused(r) = &e {
@@ -744,7 +751,8 @@ async fn bind<E: ClusterEdge>(app: &App<E>, args: &ExtenderBindingArgs) -> Resul
         .as_ref()
         .map(|d| binding_metadata(&args.node, d, &plan.mig, unix_now()))
         .unwrap_or_default();
-    if let Err(e) = app
+    let posting = Instant::now();
+    let posted = app
         .edge
         .bind_pod(
             &args.pod_namespace,
@@ -753,8 +761,9 @@ async fn bind<E: ClusterEdge>(app: &App<E>, args: &ExtenderBindingArgs) -> Resul
             &args.node,
             metadata,
         )
-        .await
-    {
+        .await;
+    app.metrics.observe_step("bind", "api", posting.elapsed());
+    if let Err(e) = posted {
         if plan.hami_lock {
             release_hami_lock(app, args).await;
         }

@@ -30,6 +30,8 @@ pub struct Metrics {
     pub filter_seconds: Histogram,
     pub bind_seconds: Histogram,
     pub preempt_seconds: Histogram,
+    /// Where a `/filter` or `/bind` spends its time (`verb`, `step`): see [`Metrics::observe_step`].
+    step_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     /// GPU pods kube-scheduler marked for preemption (leader only: its loop sees them).
     pub preemption_victims: Counter,
     /// `verb` (filter|bind|preempt), `result` (a reason code or `success`).
@@ -55,6 +57,15 @@ impl Default for Metrics {
             "Latency of /preempt (kube-scheduler asking which GPU pods to evict)",
             preempt_seconds.clone(),
         );
+        let step_seconds =
+            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+            });
+        exposition.always.register(
+            "tessera_extender_step_duration_seconds",
+            "Time a /filter or /bind spent in each step (verb: filter, bind; step: decision_loop, waiting for the decision loop and its decision, with the read of the pod for a bind the loop had not reserved; api, the Binding POST); the rest of the call's latency is reading and answering the request",
+            step_seconds.clone(),
+        );
         let preemption_victims = Counter::default();
         exposition.always.register(
             "tessera_preemption_victims",
@@ -75,6 +86,7 @@ impl Default for Metrics {
             filter_seconds,
             bind_seconds,
             preempt_seconds,
+            step_seconds,
             preemption_victims,
             decisions,
             webhook_seconds,
@@ -608,6 +620,17 @@ fn encode_mig_instances(
 }
 
 impl Metrics {
+    /// One step of a `/filter` or `/bind` (`verb`): `decision_loop` (the round trip through the
+    /// decision loop: its queue and its decision) or `api` (the Binding POST), issue 29's T4.
+    pub fn observe_step(&self, verb: &'static str, step: &'static str, took: std::time::Duration) {
+        self.step_seconds
+            .get_or_create(&vec![
+                ("verb".into(), verb.into()),
+                ("step".into(), step.into()),
+            ])
+            .observe(took.as_secs_f64());
+    }
+
     /// The metrics, with HAMi's pre-v2.9 names too when `legacy`.
     pub fn new(legacy: bool) -> Self {
         Metrics {
