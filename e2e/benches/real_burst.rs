@@ -735,7 +735,7 @@ fn main() -> Result<()> {
                 } else if step.starts_with(EARLY_READ) {
                     (
                         format!(
-                            "the plugin's Allocate: {step}s (read started beside the kubelet's List), per round"
+                            "the plugin's Allocate: {step} (reads started beside the kubelet's List), per round"
                         ),
                         "reads",
                     )
