@@ -110,20 +110,58 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// A loopback port that was free a moment ago.
+/// The first port of the kernel's ephemeral range (`net.ipv4.ip_local_port_range`), from which
+/// it picks the local port of every outgoing connection and of a bind to port 0.
+fn ephemeral_low() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
+}
+
+/// A listener on a loopback port below the kernel's ephemeral range, picked pseudo-randomly (by
+/// process and time, then in steps), or on a port the kernel picks when none is free there.
+///
+/// A port from the ephemeral range that was free a moment ago can be taken by any outgoing
+/// connection before the process meant to listen on it has started (a kube-scheduler failed so,
+/// "address already in use", at a benchmark's start); ports below the range are handed out only
+/// to whoever binds them by number.
+fn bind_unused() -> Option<std::net::TcpListener> {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    let high = ephemeral_low();
+    if high > LOW + 1_000 {
+        let span = high - LOW;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let seed = std::process::id().wrapping_mul(7_919).wrapping_add(nanos);
+        for _ in 0..256 {
+            let step = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // 7,919 is prime and no span here is a multiple of it: successive steps spread.
+            let port = LOW + seed.wrapping_add(step.wrapping_mul(7_919)) % span;
+            let Ok(port) = u16::try_from(port) else {
+                continue;
+            };
+            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                return Some(l);
+            }
+        }
+    }
+    std::net::TcpListener::bind("127.0.0.1:0").ok()
+}
+
+/// A loopback port that was free a moment ago, outside the ephemeral range ([`bind_unused`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
+    bind_unused()
+        .and_then(|l| l.local_addr().ok())
+        .map_or(0, |a| a.port())
 }
 
 /// `N` distinct free loopback ports: the listeners are held until all are taken, since two
-/// [`free_port`] calls in a row can return the same port (a benchmark saw it).
+/// [`free_port`] calls in a row could return the same port (a benchmark saw it).
 pub fn free_ports<const N: usize>() -> [u16; N] {
-    let listeners: Vec<Option<std::net::TcpListener>> = (0..N)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").ok())
-        .collect();
+    let listeners: Vec<Option<std::net::TcpListener>> = (0..N).map(|_| bind_unused()).collect();
     std::array::from_fn(|i| {
         listeners[i]
             .as_ref()
