@@ -64,6 +64,7 @@ if [ "$quick" = 1 ]; then
     mem_args="--nodes 100 --pods 1000"
     mem_scale_args="--nodes 200 --pods 2000"
     sched_scale_args="--nodes 100 --pods 300 --running 1000 --rounds 1 --burst 0"
+    sched_gated_args="--gated --burst 0 --variants plain-qps1000,tessera-qps1000"
 fi
 STEPS=(
     "filter|cargo bench --locked -q -p tessera-scheduler --bench filter"
