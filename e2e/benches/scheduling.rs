@@ -404,30 +404,29 @@ fn spawn_watch(
     })
 }
 
-/// Creates `pods` pods with `CREATORS` concurrent clients, recording when each create started.
-async fn create_all(
-    user: &kube::Client,
-    ns: &str,
-    objects: Vec<Pod>,
+/// Writes every pod of `items` (its name, what to write) with [`CREATORS`] concurrent clients,
+/// recording when each pod's write started as its start (`seen.created`). A failed write (a
+/// webhook timeout under load) is retried, as a controller would, up to five times; returns how
+/// many succeeded. `what` names the write in the log.
+async fn write_all<T>(
+    what: &str,
+    items: Vec<(String, T)>,
     seen: &Arc<Mutex<Seen>>,
+    write: impl AsyncFn(&str, &T) -> Result<(), kube::Error>,
 ) -> usize {
-    let api: Api<Pod> = Api::namespaced(user.clone(), ns);
-    futures::stream::iter(objects)
-        .map(|pod| {
-            let api = api.clone();
+    let write = &write;
+    futures::stream::iter(items)
+        .map(|(name, item)| {
             let seen = seen.clone();
             async move {
-                let name = pod.metadata.name.clone().unwrap_or_default();
                 if let Ok(mut s) = seen.lock() {
                     s.created.insert(name.clone(), Instant::now());
                 }
-                // A webhook timeout under load is retried, as a controller would.
                 for _ in 0..5 {
-                    match api.create(&PostParams::default(), &pod).await {
-                        Ok(_) => return true,
-                        Err(kube::Error::Api(s)) if s.code == 409 => return true,
+                    match write(&name, &item).await {
+                        Ok(()) => return true,
                         Err(e) => {
-                            eprintln!("create {name}: {e}; retrying");
+                            eprintln!("{what} {name}: {e}; retrying");
                             tokio::time::sleep(Duration::from_millis(200)).await;
                         }
                     }
@@ -441,9 +440,30 @@ async fn create_all(
         .await
 }
 
-/// Lifts the scheduling gate of every pod in `names` with [`CREATORS`] concurrent clients,
-/// recording when each lift started as the pod's start (in `seen.created`). Returns how many
-/// were lifted.
+/// Creates `objects` ([`write_all`]); a pod that already exists counts as created.
+async fn create_all(
+    user: &kube::Client,
+    ns: &str,
+    objects: Vec<Pod>,
+    seen: &Arc<Mutex<Seen>>,
+) -> usize {
+    let api: Api<Pod> = Api::namespaced(user.clone(), ns);
+    let items = objects
+        .into_iter()
+        .map(|pod| (pod.metadata.name.clone().unwrap_or_default(), pod))
+        .collect();
+    write_all("create", items, seen, async |_, pod: &Pod| {
+        match api.create(&PostParams::default(), pod).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e),
+        }
+    })
+    .await
+}
+
+/// Lifts the scheduling gate of every pod in `names` ([`write_all`]: each lift is the pod's
+/// start). Returns how many were lifted.
 async fn lift_all(
     user: &kube::Client,
     ns: &str,
@@ -453,32 +473,13 @@ async fn lift_all(
     let api: Api<Pod> = Api::namespaced(user.clone(), ns);
     // The pod has only the bench's gate: remove the list.
     let lift = json!({"spec": {"schedulingGates": null}});
-    futures::stream::iter(names)
-        .map(|name| {
-            let (api, seen, lift) = (api.clone(), seen.clone(), &lift);
-            async move {
-                if let Ok(mut s) = seen.lock() {
-                    s.created.insert(name.clone(), Instant::now());
-                }
-                for _ in 0..5 {
-                    match api
-                        .patch(&name, &PatchParams::default(), &Patch::Merge(lift))
-                        .await
-                    {
-                        Ok(_) => return true,
-                        Err(e) => {
-                            eprintln!("lift the gate of {name}: {e}; retrying");
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                    }
-                }
-                false
-            }
-        })
-        .buffer_unordered(CREATORS)
-        .filter(|ok| futures::future::ready(*ok))
-        .count()
-        .await
+    let items = names.into_iter().map(|name| (name, ())).collect();
+    write_all("lift the gate of", items, seen, async |name, ()| {
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&lift))
+            .await
+            .map(drop)
+    })
+    .await
 }
 
 /// Deletes every pod of `ns` (no kubelet: grace period 0) and waits until they are gone.
@@ -991,17 +992,17 @@ const HANDLER_PARTS: [(&str, &str, &str); 5] = [
     ),
     (
         "/filter: decision loop (its queue and the decision)",
-        "tessera_extender_step_duration_seconds",
+        "tessera_scheduler_step_duration_seconds",
         r#"{verb="filter",step="decision_loop"}"#,
     ),
     (
         "/bind: decision loop (its queue and the admission)",
-        "tessera_extender_step_duration_seconds",
+        "tessera_scheduler_step_duration_seconds",
         r#"{verb="bind",step="decision_loop"}"#,
     ),
     (
         "/bind: the Binding POST",
-        "tessera_extender_step_duration_seconds",
+        "tessera_scheduler_step_duration_seconds",
         r#"{verb="bind",step="api"}"#,
     ),
 ];

@@ -203,8 +203,8 @@ impl<'a> ApiReader<'a> {
         }
     }
 
-    /// Whether an early read was started and nothing asked for its pod.
-    fn early_unused(&self) -> bool {
+    /// Whether it still holds an early read: one was started and nothing asked for its pod.
+    fn holds_early_read(&self) -> bool {
         self.early.lock().map_or(true, |early| early.is_some())
     }
 }
@@ -412,12 +412,12 @@ impl Allocator {
                         kubelet_version: kubelet_version.as_deref(),
                     };
                     let reader = ApiReader::new(self.pods.as_ref(), early);
-                    let started_early = reader.early_unused();
+                    let started_early = reader.holds_early_read();
                     let remaining = deadline.saturating_duration_since(Instant::now());
                     let from_cache = choose_from_cache(call, ledger, self.pods.cached(), &reader);
                     let decided = tokio::time::timeout(remaining, from_cache).await;
                     if started_early && let Some(m) = &self.metrics {
-                        m.early_read(!reader.early_unused());
+                        m.early_read(!reader.holds_early_read());
                     }
                     match decided {
                         Ok(Ok(found)) => {
@@ -1607,21 +1607,49 @@ mod tests {
         }
     }
 
-    /// An allocator on a 1.34 kubelet whose pod-resources `List` answered before (reads start
-    /// early only then), with re-asks ruled out, counting into `metrics`.
-    async fn early_reading_allocator(
-        api: &Arc<crate::testing::MemoryApi>,
-        listing: Arc<SlowListing>,
-        dir: &std::path::Path,
-        metrics: &PluginMetrics,
-    ) -> Allocator {
-        let mut allocator = gpu_a_allocator(api, listing, dir);
+    /// What one `Allocate` beside a slow `List` did: the memory limit served, the reads by
+    /// name made before the `List` answered and in all, and the plugin's metrics.
+    struct BesideTheList {
+        limit: Option<String>,
+        reads_before_answer: Vec<String>,
+        reads: Vec<String>,
+        metrics: String,
+    }
+
+    /// One `Allocate` of GPU-a's first replica on a 1.34 kubelet whose pod-resources `List`
+    /// answers `listed` slowly and answered before (reads start early only then), with re-asks
+    /// ruled out and `pods` in the API server.
+    async fn allocate_beside_a_slow_list(
+        pods: &[&PodSnapshot],
+        listed: PodResourcesView,
+    ) -> BesideTheList {
+        let api = Arc::new(api_with("v1.34.4", pods));
+        let listing = Arc::new(SlowListing {
+            view: listed,
+            api: api.clone(),
+            reads_before_answer: Default::default(),
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let metrics = PluginMetrics::new();
+        let mut allocator = gpu_a_allocator(&api, listing.clone(), dir.path());
         allocator.metrics = Some(metrics.clone());
         allocator
             .pod_resources_answers
             .store(true, Ordering::Relaxed);
         allocator.ledger.lock().await.note_consistent_read(&[]);
-        allocator
+        let resp = allocator
+            .allocate(gpu_a_first_replica())
+            .await
+            .expect("the pod is identified");
+        BesideTheList {
+            limit: resp.container_responses[0]
+                .envs
+                .get("CUDA_DEVICE_MEMORY_LIMIT_0")
+                .cloned(),
+            reads_before_answer: listing.reads_before_answer.lock().expect("reads").clone(),
+            reads: api.reads.lock().expect("reads").clone(),
+            metrics: metrics.encode(),
+        }
     }
 
     /// Issue 29: the kubelet admits one pod at a time, so `Allocate`'s latency is paid once per
@@ -1637,38 +1665,20 @@ mod tests {
             .insert(keys::BIND_PHASE.into(), keys::BIND_PHASE_SUCCESS.into());
         let mut admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
         admitted.resource_version = "20".into();
-        let api = Arc::new(api_with("v1.34.4", &[&running, &admitted]));
-        let listing = Arc::new(SlowListing {
-            view: listing(&[(&running, &["GPU-a-1"]), (&admitted, &[])]),
-            api: api.clone(),
-            reads_before_answer: Default::default(),
-        });
-        let dir = tempfile::tempdir().expect("tempdir");
-        let metrics = PluginMetrics::new();
-        let allocator = early_reading_allocator(&api, listing.clone(), dir.path(), &metrics).await;
-        let resp = allocator
-            .allocate(gpu_a_first_replica())
-            .await
-            .expect("the pod is identified");
+        let listed = listing(&[(&running, &["GPU-a-1"]), (&admitted, &[])]);
+        let call = allocate_beside_a_slow_list(&[&running, &admitted], listed).await;
+        assert_eq!(call.limit.as_deref(), Some("10240m"));
         assert_eq!(
-            resp.container_responses[0]
-                .envs
-                .get("CUDA_DEVICE_MEMORY_LIMIT_0")
-                .map(String::as_str),
-            Some("10240m")
-        );
-        assert_eq!(
-            *listing.reads_before_answer.lock().expect("reads"),
+            call.reads_before_answer,
             ["default/admitted"],
             "read before the List answered"
         );
-        assert_eq!(*api.reads.lock().expect("reads"), ["default/admitted"]);
+        assert_eq!(call.reads, ["default/admitted"]);
         assert!(
-            metrics
-                .encode()
+            call.metrics
                 .contains("tessera_device_plugin_early_reads_total{outcome=\"used\"} 1"),
             "{}",
-            metrics.encode()
+            call.metrics
         );
     }
 
@@ -1683,41 +1693,23 @@ mod tests {
         first.resource_version = "10".into();
         let mut admitted = bound_pod("node-a", "admitted", &[&[("GPU-a", 10240, 0)]], 2);
         admitted.resource_version = "20".into();
-        let api = Arc::new(api_with("v1.34.4", &[&first, &admitted]));
-        let listing = Arc::new(SlowListing {
-            view: listing(&[(&admitted, &[])]),
-            api: api.clone(),
-            reads_before_answer: Default::default(),
-        });
-        let dir = tempfile::tempdir().expect("tempdir");
-        let metrics = PluginMetrics::new();
-        let allocator = early_reading_allocator(&api, listing.clone(), dir.path(), &metrics).await;
-        let resp = allocator
-            .allocate(gpu_a_first_replica())
-            .await
-            .expect("the pod is identified");
+        let listed = listing(&[(&admitted, &[])]);
+        let call = allocate_beside_a_slow_list(&[&first, &admitted], listed).await;
+        assert_eq!(call.limit.as_deref(), Some("10240m"));
         assert_eq!(
-            resp.container_responses[0]
-                .envs
-                .get("CUDA_DEVICE_MEMORY_LIMIT_0")
-                .map(String::as_str),
-            Some("10240m")
-        );
-        assert_eq!(
-            *listing.reads_before_answer.lock().expect("reads"),
+            call.reads_before_answer,
             ["default/bound-first"],
             "the guess was read early"
         );
         assert_eq!(
-            api.reads.lock().expect("reads").last().map(String::as_str),
+            call.reads.last().map(String::as_str),
             Some("default/admitted")
         );
         assert!(
-            metrics
-                .encode()
+            call.metrics
                 .contains("tessera_device_plugin_early_reads_total{outcome=\"unused\"} 1"),
             "{}",
-            metrics.encode()
+            call.metrics
         );
     }
 

@@ -62,7 +62,7 @@ impl Default for Metrics {
                 Histogram::new(exponential_buckets(0.0001, 2.0, 16))
             });
         exposition.always.register(
-            "tessera_extender_step_duration_seconds",
+            "tessera_scheduler_step_duration_seconds",
             "Time a /filter or /bind spent in each step (verb: filter, bind; step: decision_loop, waiting for the decision loop and its decision, with the read of the pod for a bind the loop had not reserved; api, the Binding POST); the rest of the call's latency is reading and answering the request",
             step_seconds.clone(),
         );
