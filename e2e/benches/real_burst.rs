@@ -121,10 +121,11 @@ struct Round {
     /// The kubelet's time in `Allocate` during the round, in seconds (GPU rounds).
     allocate_seconds: f64,
     /// The plugin's `Allocate` calls during the round, in milliseconds per call: the whole
-    /// call (`call`) and each step (`tessera_device_plugin_allocate_step_duration_seconds`);
-    /// and its reads started beside the kubelet's `List` (`early read used` / `unused`, a
-    /// count: `tessera_device_plugin_early_reads`).
+    /// call (`call`) and each step (`tessera_device_plugin_allocate_step_duration_seconds`).
     allocate_steps: BTreeMap<String, f64>,
+    /// The plugin's reads started beside the kubelet's `List` during the round, by outcome
+    /// (`used`, `unused`: `tessera_device_plugin_early_reads`).
+    early_reads: BTreeMap<String, f64>,
     /// The API server's requests during the round (every client: kubelet, scheduler, plugin,
     /// controllers, the bench's watch) by `VERB resource[/subresource]`: (requests, seconds).
     api_requests: Totals,
@@ -190,34 +191,47 @@ async fn api_requests(c: &RealCluster) -> Result<Totals> {
     ))
 }
 
-/// The plugin's `Allocate` calls (`call`) and their steps (`step` label). Empty when the
-/// plugin's metrics cannot be read.
-async fn plugin_allocate_steps(c: &RealCluster) -> Totals {
-    let Some(text) = c.device_plugin_metrics(NODE).await else {
-        return Totals::new();
-    };
+/// The plugin's `Allocate` figures at one moment: its calls (`call`) and their steps (`step`
+/// label) as histogram (count, sum), and its early reads by outcome (a counter, as the count).
+/// Empty when the plugin's metrics cannot be read.
+#[derive(Debug, Default)]
+struct PluginAllocate {
+    steps: Totals,
+    early_reads: Totals,
+}
+
+impl PluginAllocate {
+    async fn read(c: &RealCluster) -> Self {
+        let Some(text) = c.device_plugin_metrics(NODE).await else {
+            return Self::default();
+        };
+        let early_reads = hami_contract::metrics::samples(&text)
+            .0
+            .into_iter()
+            .filter(|s| s.name == "tessera_device_plugin_early_reads_total")
+            .filter_map(|s| Some((s.label("outcome")?.to_owned(), (s.value, 0.0))))
+            .collect();
+        PluginAllocate {
+            steps: allocate_steps(&text),
+            early_reads,
+        }
+    }
+}
+
+/// The plugin's `Allocate` calls (`call`) and their steps (`step` label) in its exposition.
+fn allocate_steps(text: &str) -> Totals {
     let mut totals = histogram_totals(
-        &text,
+        text,
         "tessera_device_plugin_allocate_duration_seconds",
         |_| Some("call".to_owned()),
     );
     totals.extend(histogram_totals(
-        &text,
+        text,
         "tessera_device_plugin_allocate_step_duration_seconds",
         |s| s.label("step").map(str::to_owned),
     ));
-    for s in hami_contract::metrics::samples(&text).0 {
-        if s.name == "tessera_device_plugin_early_reads_total"
-            && let Some(outcome) = s.label("outcome")
-        {
-            totals.insert(format!("{EARLY_READ} {outcome}"), (s.value, 0.0));
-        }
-    }
     totals
 }
-
-/// The key prefix of the early-read counts among the plugin's steps.
-const EARLY_READ: &str = "early read";
 
 /// The kubelet's `kubelet_device_plugin_alloc_duration_seconds_sum` for `resource`, read
 /// through the API server's node proxy (0 before its first `Allocate`).
@@ -240,9 +254,9 @@ async fn metrics_text(c: &RealCluster, path: &str) -> Result<String> {
 async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
     let allocate_before = kubelet_allocate_seconds(c, kind.device_resource()).await?;
     let requests_before = api_requests(c).await?;
-    let steps_before = match kind {
-        Kind::Gpu => plugin_allocate_steps(c).await,
-        Kind::Plain | Kind::NullDevice => Totals::new(),
+    let plugin_before = match kind {
+        Kind::Gpu => PluginAllocate::read(c).await,
+        Kind::Plain | Kind::NullDevice => PluginAllocate::default(),
     };
     let api: Api<Pod> = Api::namespaced(c.admin().clone(), NS);
     let user: Api<Pod> = Api::namespaced(c.user().clone(), NS);
@@ -347,6 +361,10 @@ async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
     }
     watch.abort();
     let requests_after = api_requests(c).await?;
+    let plugin_after = match kind {
+        Kind::Gpu => PluginAllocate::read(c).await,
+        Kind::Plain | Kind::NullDevice => PluginAllocate::default(),
+    };
     let secs = |t: Option<Instant>| t.map_or(f64::NAN, |t| t.duration_since(t0).as_secs_f64());
     let r = Round {
         all_bound: secs(done(&seen, pods, |s| s.bound)),
@@ -356,20 +374,14 @@ async fn round(c: &RealCluster, pods: usize, kind: Kind) -> Result<Round> {
         allocate_seconds: kubelet_allocate_seconds(c, kind.device_resource()).await?
             - allocate_before,
         api_requests: totals_between(&requests_before, &requests_after),
-        allocate_steps: match kind {
-            Kind::Gpu => totals_between(&steps_before, &plugin_allocate_steps(c).await)
-                .into_iter()
-                .map(|(step, (calls, secs))| {
-                    let value = if step.starts_with(EARLY_READ) {
-                        calls
-                    } else {
-                        secs * 1e3 / calls
-                    };
-                    (step, value)
-                })
-                .collect(),
-            Kind::Plain | Kind::NullDevice => BTreeMap::new(),
-        },
+        allocate_steps: totals_between(&plugin_before.steps, &plugin_after.steps)
+            .into_iter()
+            .map(|(step, (calls, secs))| (step, secs * 1e3 / calls))
+            .collect(),
+        early_reads: totals_between(&plugin_before.early_reads, &plugin_after.early_reads)
+            .into_iter()
+            .map(|(outcome, (reads, _))| (outcome, reads))
+            .collect(),
         create_to_bound: seen
             .iter()
             .filter_map(|(n, s)| {
@@ -570,8 +582,13 @@ fn main() -> Result<()> {
                 eprintln!(
                     "real burst, {label}, round {i}: GPU all admitted {:.2} s, all running {:.2} s; \
                      plain all admitted {:.2} s, all running {:.2} s; the plugin's Allocate, ms \
-                     per call: {:?}",
-                    g.all_admitted, g.all_running, p.all_admitted, p.all_running, g.allocate_steps
+                     per call: {:?}; early reads: {:?}",
+                    g.all_admitted,
+                    g.all_running,
+                    p.all_admitted,
+                    p.all_running,
+                    g.allocate_steps,
+                    g.early_reads
                 );
                 plain.push(p);
                 gpu.push(g);
@@ -727,25 +744,32 @@ fn main() -> Result<()> {
                     .iter()
                     .filter_map(|r| r.allocate_steps.get(step).copied())
                     .collect();
-                let (what, unit) = if step == "call" {
-                    (
-                        "the plugin's Allocate: whole call, mean per call".to_owned(),
-                        "ms",
-                    )
-                } else if step.starts_with(EARLY_READ) {
-                    (
+                let what = if step == "call" {
+                    "the plugin's Allocate: whole call, mean per call".to_owned()
+                } else {
+                    format!("the plugin's Allocate: step {step}, mean per call")
+                };
+                csv.row(&Row::new(case.clone(), what, "ms", Stats::of(&per_round)).without_p99());
+            }
+            // How often the read started beside the kubelet's List was the pod it admitted.
+            let outcomes: BTreeSet<&String> =
+                gpu.iter().flat_map(|r| r.early_reads.keys()).collect();
+            for outcome in outcomes {
+                let per_round: Vec<f64> = gpu
+                    .iter()
+                    .map(|r| r.early_reads.get(outcome).copied().unwrap_or(0.0))
+                    .collect();
+                csv.row(
+                    &Row::new(
+                        case.clone(),
                         format!(
-                            "the plugin's Allocate: {step} (reads started beside the kubelet's List), per round"
+                            "the plugin's Allocate: early read {outcome} (reads started beside the kubelet's List), per round"
                         ),
                         "reads",
+                        Stats::of(&per_round),
                     )
-                } else {
-                    (
-                        format!("the plugin's Allocate: step {step}, mean per call"),
-                        "ms",
-                    )
-                };
-                csv.row(&Row::new(case.clone(), what, unit, Stats::of(&per_round)).without_p99());
+                    .without_p99(),
+                );
             }
             csv.row(&Row::new(
                 case.clone(),

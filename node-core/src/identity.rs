@@ -111,6 +111,19 @@ pub struct PendingPod<'a> {
 }
 
 impl PendingPod<'_> {
+    /// Its entry at `position` (in kubelet order) asks for `count` devices.
+    fn count_at(&self, position: usize, count: usize) -> bool {
+        self.entries
+            .get(position)
+            .is_some_and(|(_, d, _)| d.len() == count)
+    }
+
+    /// A fresh candidate for a call for `count` devices: nothing of it served yet, its first
+    /// entry has the count.
+    fn fresh_for(&self, count: usize) -> bool {
+        !self.started() && self.count_at(0, count)
+    }
+
     fn started(&self) -> bool {
         !self.served.is_empty()
     }
@@ -672,11 +685,6 @@ pub fn select(
     pending: &[PendingPod<'_>],
     ledger: &Ledger,
 ) -> Result<Choice, IdentityError> {
-    let count_at = |p: &PendingPod<'_>, pos: usize| {
-        p.entries
-            .get(pos)
-            .is_some_and(|(_, d, _)| d.len() == call.count)
-    };
     // With pod-resources, a pod the kubelet has not reached yet is not in its pod manager, and
     // a pod whose containers all show devices is not under admission.
     let admitting = |p: &PendingPod<'_>| {
@@ -685,10 +693,7 @@ pub fn select(
     };
 
     // 1. The continuing pod: its earlier container was the previous call (F2).
-    let continuing = ledger
-        .continuing()
-        .and_then(|(uid, pos)| pending.iter().find(|p| p.pod.uid == uid).map(|p| (p, pos)))
-        .filter(|(p, pos)| count_at(p, *pos))
+    let continuing = continuing_pod(pending, ledger, call.count)
         // With pod-resources (1.34+), a pod rejected mid-run has left the active list.
         .filter(|(p, _)| call.pod_resources.is_none_or(|v| v.listed(&p.pod.key())));
     if call.must_include {
@@ -703,7 +708,7 @@ pub fn select(
     // kubelet restarted since (3).
     let fresh: Vec<&PendingPod<'_>> = pending
         .iter()
-        .filter(|p| !p.started() && count_at(p, 0) && admitting(p))
+        .filter(|p| p.fresh_for(call.count) && admitting(p))
         .collect();
 
     // 3. Re-asks: every container with this count of a pod a restarted kubelet may admit again
@@ -714,7 +719,7 @@ pub fn select(
         .filter(|p| p.reaskable && Some(p.pod.uid.as_str()) != continuing_uid && admitting(p))
         .map(|p| {
             let positions = (0..p.entries.len())
-                .filter(|pos| count_at(p, *pos))
+                .filter(|pos| p.count_at(*pos, call.count))
                 .collect();
             (p, positions)
         })
@@ -837,18 +842,12 @@ pub fn likely_admitting<'a>(
     pending: &[PendingPod<'a>],
     ledger: &Ledger,
 ) -> Option<&'a PodSnapshot> {
-    let count_at = |p: &PendingPod<'_>, pos: usize| {
-        p.entries.get(pos).is_some_and(|(_, d, _)| d.len() == count)
-    };
-    if let Some((uid, pos)) = ledger.continuing()
-        && let Some(p) = pending.iter().find(|p| p.pod.uid == uid)
-        && count_at(p, pos)
-    {
+    if let Some((p, _)) = continuing_pod(pending, ledger, count) {
         return Some(p.pod);
     }
     pending
         .iter()
-        .filter(|p| !p.started() && !p.reaskable && count_at(p, 0))
+        .filter(|p| p.fresh_for(count))
         .min_by_key(|p| {
             (
                 p.pod.resource_version.parse::<u64>().unwrap_or(u64::MAX),
@@ -857,4 +856,17 @@ pub fn likely_admitting<'a>(
             )
         })
         .map(|p| p.pod)
+}
+
+/// The pod whose run the previous call served part of, with the position of its next entry,
+/// when that entry asks for `count` devices (F2: a pod's calls are contiguous).
+fn continuing_pod<'p, 'a>(
+    pending: &'p [PendingPod<'a>],
+    ledger: &Ledger,
+    count: usize,
+) -> Option<(&'p PendingPod<'a>, usize)> {
+    ledger
+        .continuing()
+        .and_then(|(uid, pos)| pending.iter().find(|p| p.pod.uid == uid).map(|p| (p, pos)))
+        .filter(|(p, pos)| p.count_at(*pos, count))
 }
