@@ -542,6 +542,16 @@ expect_not "[webhook-disabled] no webhook" "$N" '^kind: MutatingWebhookConfigura
 expect_not "[webhook-disabled] no caBundle" "$N" 'caBundle:'
 expect "[webhook-disabled] serving certificate still issued" "$N" "^  name: $RELEASE-scheduler-tls\$"
 
+P="$WORK/pod-mutation-policy.yaml"
+expect_not "[pod-mutation-policy] no webhook: the API server mutates" "$P" '^kind: MutatingWebhookConfiguration$'
+expect_count "[pod-mutation-policy] the mutating policy and its binding (v1beta1 without a cluster that serves v1)" "$P" '^apiVersion: admissionregistration.k8s.io/v1beta1$' 2
+expect "[pod-mutation-policy] the webhook's refusals as a validating policy" "$P" "^  name: $RELEASE-pod-requests\$"
+expect "[pod-mutation-policy] the core policy env" "$P" "name: 'GPU_CORE_UTILIZATION_POLICY', value: 'force'"
+expect "[pod-mutation-policy] the runtime class" "$P" "runtimeClassName: 'nvidia'"
+expect "[pod-mutation-policy] memoryFactor divides the int32 bound" "$P" "quantity\('1073741823'\)"
+expect_not "[pod-mutation-policy] overwriteEnv sees every pod" "$P" 'name: gpu-pod-or-hami-metadata'
+expect_not "[defaults] no pod-mutation policy" "$WORK/default.yaml" 'kind: MutatingAdmissionPolicy$'
+
 C="$WORK/cert-manager.yaml"
 expect "[cert-manager] CA injected into the webhook" "$C" "cert-manager.io/inject-ca-from: $NAMESPACE/$RELEASE-scheduler-tls"
 expect_count "[cert-manager] serving and client certificates plus CA" "$C" '^kind: Certificate$' 3

@@ -12,7 +12,10 @@
 //!   QPS 1000 instead of the default 50 (which caps (a)'s Binding calls), (b) by the chart's
 //!   kube-scheduler + Tessera with fractional requests (`gpu: 1, gpumem: 4000, gpucores: 10`)
 //!   on nodes registered as 8 × A100 40 GB (split 10), (b') by a kube-scheduler with the chart's
-//!   configuration but client QPS 1000 calling the same extender, and (h) by the chart's
+//!   configuration but client QPS 1000 calling the same extender, (p') as (b') but with the
+//!   chart's `admissionPolicy.podMutation` policies mutating the pods inside the API server
+//!   instead of the webhook (its namespaces labeled for them; the cluster's API server then serves
+//!   MutatingAdmissionPolicy), and (h) by the chart's
 //!   configuration calling a second extender in HAMi's write order (`--write-decision-at-filter
 //!   --pod-events all`, not leader-elected), all in the same run, the order rotating every round.
 //!   Pods of (b'), (h) and (a') name their profile (the webhook leaves such pods alone). (a) and
@@ -58,7 +61,9 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
-use tessera_e2e::cluster::{Cluster, ClusterOptions, DEVICE_PLUGIN_USER, SCHEDULER_USER};
+use tessera_e2e::cluster::{
+    Cluster, ClusterOptions, DEVICE_PLUGIN_USER, POLICY_NAMESPACE_LABEL, SCHEDULER_USER,
+};
 use tessera_e2e::node::NodeSpec;
 
 use results::{Csv, Row, Stats};
@@ -199,15 +204,20 @@ enum Variant {
     /// (h) the chart's kube-scheduler configuration + a second Tessera extender in HAMi's write
     /// order (`--write-decision-at-filter --pod-events all`).
     TesseraHamiOrder,
+    /// (p') as (b'), but the pods are mutated by the chart's `admissionPolicy.podMutation`
+    /// policies inside the API server instead of the webhook (issue 29, T1/T2): they name no
+    /// scheduler and the policy hands them to (b')'s profile.
+    TesseraPolicy,
 }
 
 impl Variant {
     /// Every variant, in the order a round runs them.
-    const ALL: [Variant; 5] = [
+    const ALL: [Variant; 6] = [
         Variant::Plain,
         Variant::Tessera,
         Variant::PlainUnthrottled,
         Variant::TesseraUnthrottled,
+        Variant::TesseraPolicy,
         Variant::TesseraHamiOrder,
     ];
 
@@ -224,10 +234,15 @@ impl Variant {
             Variant::Tessera => "tessera",
             Variant::TesseraUnthrottled => "tessera-qps1000",
             Variant::TesseraHamiOrder => "tessera-hami-order",
+            Variant::TesseraPolicy => "tessera-policy-qps1000",
         }
     }
     fn tessera(self) -> bool {
         self.node_set() == "b"
+    }
+    /// The pods are admitted by the pod-mutation policies (their namespace is labeled for them).
+    fn policy(self) -> bool {
+        self == Variant::TesseraPolicy
     }
     /// The profile that places this variant's pods (`None`: the webhook's or the default).
     fn scheduler_name(self) -> Option<&'static str> {
@@ -235,7 +250,7 @@ impl Variant {
             Variant::PlainUnthrottled => Some(UNTHROTTLED),
             Variant::TesseraUnthrottled => Some(TESSERA_UNTHROTTLED),
             Variant::TesseraHamiOrder => Some(TESSERA_HAMI_ORDER),
-            Variant::Plain | Variant::Tessera => None,
+            Variant::Plain | Variant::Tessera | Variant::TesseraPolicy => None,
         }
     }
     fn label(self) -> &'static str {
@@ -245,6 +260,9 @@ impl Variant {
             Variant::Tessera => "(b) kube-scheduler + Tessera",
             Variant::TesseraUnthrottled => "(b') kube-scheduler QPS 1000 + Tessera",
             Variant::TesseraHamiOrder => "(h) kube-scheduler + Tessera in HAMi's write order",
+            Variant::TesseraPolicy => {
+                "(p') kube-scheduler QPS 1000 + Tessera via admission policies (no webhook)"
+            }
         }
     }
 }
@@ -330,8 +348,15 @@ fn spawn_unthrottled_kube_scheduler(c: &Cluster) -> Res<tessera_e2e::process::Pr
     spawn_kube_scheduler(c, &config, "plain-unthrottled-kube-scheduler")
 }
 
-async fn ensure_namespace(admin: &kube::Client, ns: &str) -> Res<()> {
-    let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+/// `policy`: labeled so that the pod-mutation policies, not the webhook, admit its pods.
+async fn ensure_namespace(admin: &kube::Client, ns: &str, policy: bool) -> Res<()> {
+    let labels = if policy {
+        json!({ POLICY_NAMESPACE_LABEL: "policy" })
+    } else {
+        json!({})
+    };
+    let obj: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": ns, "labels": labels}}))?;
     match Api::<Namespace>::all(admin.clone())
         .create(&PostParams::default(), &obj)
         .await
@@ -525,6 +550,10 @@ struct RunResult {
     /// The API server's own mean time per Binding POST during the run, ms (every variant: the
     /// plain kube-scheduler's Bindings and the extender's alike).
     binding_ms: f64,
+    /// T2, per placed pod: writes of pods (every client: the creates, gate lifts, Bindings, the
+    /// plugin's record, kube-scheduler's status updates), and calls of the webhook.
+    pod_writes: f64,
+    webhook_calls: f64,
     create_s: f64,
     latencies_ms: Vec<f64>,
 }
@@ -550,7 +579,7 @@ async fn placement_run(
 ) -> Res<RunResult> {
     let RunSpec { v, pods, gated } = spec;
     let tessera = v.tessera();
-    ensure_namespace(c.admin(), ns).await?;
+    ensure_namespace(c.admin(), ns, v.policy()).await?;
     let seen = Arc::new(Mutex::new(Seen::default()));
     let watch = spawn_watch(
         c.admin().clone(),
@@ -570,7 +599,7 @@ async fn placement_run(
         .collect();
     let cpu_before = cpu_by_component(&c.dir);
     let handlers_before = handler_seconds(metrics_port).await;
-    let bindings_before = binding_seconds(c.admin()).await;
+    let api_before = ApiCounts::read(c.admin()).await;
     let perf = start_perf(run);
     let pprof = start_apiserver_pprof(c.admin().clone(), run);
     let t0 = Instant::now();
@@ -593,9 +622,9 @@ async fn placement_run(
         let _ = t.await;
     }
     let handlers = handler_seconds(metrics_port).await;
-    let bindings = binding_seconds(c.admin()).await;
-    let binding_ms = match bindings.1 - bindings_before.1 {
-        n if n > 0.0 => (bindings.0 - bindings_before.0) * 1e3 / n,
+    let api = ApiCounts::read(c.admin()).await;
+    let binding_ms = match api.bindings - api_before.bindings {
+        n if n > 0.0 => (api.binding_seconds - api_before.binding_seconds) * 1e3 / n,
         _ => 0.0,
     };
     let handler_ms = std::array::from_fn(|i| {
@@ -620,6 +649,7 @@ async fn placement_run(
         })
         .collect();
     let placed = s.bound.len();
+    let per_pod = |n: f64| n / placed.max(1) as f64;
     let span = last.saturating_duration_since(first).as_secs_f64();
     Ok(RunResult {
         placed,
@@ -632,6 +662,8 @@ async fn placement_run(
         cpu,
         handler_ms,
         binding_ms,
+        pod_writes: per_pod(api.pod_writes - api_before.pod_writes),
+        webhook_calls: per_pod(api.webhook_calls - api_before.webhook_calls),
         create_s,
         latencies_ms,
     })
@@ -746,7 +778,7 @@ async fn register_set(
 /// as for pods created before Tessera was installed. `client`: the scheduler's identity.
 async fn create_running(client: &kube::Client, nodes: usize, running: usize) -> Res<()> {
     let ns = "bench-running";
-    ensure_namespace(client, ns).await?;
+    ensure_namespace(client, ns, false).await?;
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let objects = (0..running).flat_map(|i| {
         let node = i % nodes.max(1);
@@ -1007,30 +1039,54 @@ const HANDLER_PARTS: [(&str, &str, &str); 5] = [
     ),
 ];
 
-/// `(sum, count)` of the API server's `apiserver_request_duration_seconds` for `POST
-/// pods/binding`, over every series (codes, scopes); zeros when `/metrics` cannot be read.
-async fn binding_seconds(admin: &kube::Client) -> (f64, f64) {
-    let Ok(request) = http::Request::get("/metrics").body(Vec::new()) else {
-        return (0.0, 0.0);
-    };
-    let Ok(text) = admin.request_text(request).await else {
-        return (0.0, 0.0);
-    };
-    let mut out = (0.0, 0.0);
-    for s in hami_contract::metrics::samples(&text).0 {
-        let binding = s.label("verb") == Some("POST")
-            && s.label("resource") == Some("pods")
-            && s.label("subresource") == Some("binding");
-        if !binding {
-            continue;
+/// The API server's own counters a run reads (T2, T4), over every series (codes, scopes);
+/// zeros when `/metrics` cannot be read.
+#[derive(Debug, Default, Clone, Copy)]
+struct ApiCounts {
+    /// `apiserver_request_duration_seconds` sum and count for `POST pods/binding`.
+    binding_seconds: f64,
+    bindings: f64,
+    /// Writes (POST, PUT, PATCH, DELETE) of pods and their subresources, every client.
+    pod_writes: f64,
+    /// Calls of the chart's webhook (`apiserver_admission_webhook_request_total`).
+    webhook_calls: f64,
+}
+
+impl ApiCounts {
+    async fn read(admin: &kube::Client) -> ApiCounts {
+        let mut out = ApiCounts::default();
+        let Ok(request) = http::Request::get("/metrics").body(Vec::new()) else {
+            return out;
+        };
+        let Ok(text) = admin.request_text(request).await else {
+            return out;
+        };
+        for s in hami_contract::metrics::samples(&text).0 {
+            let pods = s.label("resource") == Some("pods");
+            let binding = pods
+                && s.label("verb") == Some("POST")
+                && s.label("subresource") == Some("binding");
+            match s.name.as_str() {
+                "apiserver_request_duration_seconds_sum" if binding => {
+                    out.binding_seconds += s.value
+                }
+                "apiserver_request_duration_seconds_count" if binding => out.bindings += s.value,
+                "apiserver_request_total"
+                    if pods
+                        && matches!(s.label("verb"), Some("POST" | "PUT" | "PATCH" | "DELETE")) =>
+                {
+                    out.pod_writes += s.value
+                }
+                "apiserver_admission_webhook_request_total"
+                    if s.label("name") == Some("vgpu.hami.io") =>
+                {
+                    out.webhook_calls += s.value
+                }
+                _ => {}
+            }
         }
-        if s.name == "apiserver_request_duration_seconds_sum" {
-            out.0 += s.value;
-        } else if s.name == "apiserver_request_duration_seconds_count" {
-            out.1 += s.value;
-        }
+        out
     }
-    out
 }
 
 /// `(sum, count)` of each of [`HANDLER_PARTS`] on the extender's `/metrics`.
@@ -1085,7 +1141,7 @@ async fn burst(c: &mut Cluster, p: &Params, csv: &Csv) -> Res<()> {
     for round in 0..p.burst_rounds {
         let ns = format!("bench-burst-{round}");
         let run = format!("burst-{round}");
-        ensure_namespace(c.admin(), &ns).await?;
+        ensure_namespace(c.admin(), &ns, false).await?;
         let seen = Arc::new(Mutex::new(Seen::default()));
         let watch = spawn_watch(
             c.admin().clone(),
@@ -1209,7 +1265,12 @@ async fn run(p: Params) -> Res<()> {
         .and_then(|i| args.get(i + 1))
         .map_or("scheduling", String::as_str);
     let csv = Csv::open(name);
-    let mut c = Cluster::start(ClusterOptions::new("bench-scheduling", vec![])).await?;
+    let mut opts = ClusterOptions::new("bench-scheduling", vec![]);
+    if p.variants.contains(&Variant::TesseraPolicy) {
+        // The policy hands the pods it mutates to (b')'s kube-scheduler profile.
+        opts.pod_mutation_policy = Some(vec![format!("schedulerName={TESSERA_UNTHROTTLED}")]);
+    }
+    let mut c = Cluster::start(opts).await?;
     eprintln!("cluster up: {}", c.dir.display());
     if p.burst > 0 && p.burst_rounds > 0 {
         burst(&mut c, &p, &csv).await?;
@@ -1251,9 +1312,10 @@ async fn run(p: Params) -> Res<()> {
         .transpose()?;
     let leader_port = c.scheduler_pods[0].extender_port;
     let leader_metrics = c.scheduler_pods[0].metrics_port;
-    let _tessera_unthrottled = wants(Variant::TesseraUnthrottled)
-        .then(|| spawn_tessera_kube_scheduler(&c, TESSERA_UNTHROTTLED, leader_port, Some(1000)))
-        .transpose()?;
+    let _tessera_unthrottled = (wants(Variant::TesseraUnthrottled)
+        || wants(Variant::TesseraPolicy))
+    .then(|| spawn_tessera_kube_scheduler(&c, TESSERA_UNTHROTTLED, leader_port, Some(1000)))
+    .transpose()?;
     let (_hami_order, hami_metrics) = if wants(Variant::TesseraHamiOrder) {
         let (extender, hami_port, hami_metrics) = spawn_hami_order_extender(&c)?;
         let ks = spawn_tessera_kube_scheduler(&c, TESSERA_HAMI_ORDER, hami_port, None)?;
@@ -1387,6 +1449,12 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
             Variant::PlainUnthrottled,
             Some(unthrottled_goal),
         ),
+        (
+            Variant::TesseraPolicy,
+            Variant::PlainUnthrottled,
+            Some(unthrottled_goal),
+        ),
+        (Variant::TesseraPolicy, Variant::TesseraUnthrottled, None),
         (Variant::TesseraHamiOrder, Variant::Plain, None),
         (Variant::TesseraHamiOrder, Variant::PlainUnthrottled, None),
     ];
@@ -1458,10 +1526,36 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
         }
         csv.row(&row);
     }
+    // T2: the API server's work per placed pod by kind, every variant that ran.
+    for v in Variant::ALL {
+        let Some(runs) = by.get(&v) else {
+            continue;
+        };
+        for (what, of) in [
+            (
+                "pod writes per placed pod (every client; run median)",
+                (|r: &RunResult| r.pod_writes) as fn(&RunResult) -> f64,
+            ),
+            ("webhook calls per placed pod (run median)", |r| {
+                r.webhook_calls
+            }),
+        ] {
+            csv.row(
+                &Row::new(
+                    case(v.label()),
+                    what,
+                    "requests",
+                    Stats::of(&runs.iter().map(of).collect::<Vec<_>>()),
+                )
+                .without_p99(),
+            );
+        }
+    }
     // The extender's share of kube-scheduler's serial scheduling cycle (1 / pods per second).
     for t in [
         Variant::Tessera,
         Variant::TesseraUnthrottled,
+        Variant::TesseraPolicy,
         Variant::TesseraHamiOrder,
     ] {
         if !by.contains_key(&t) {

@@ -38,7 +38,16 @@ pub struct ClusterOptions {
     pub scheduler_pods: usize,
     /// Extra flags for every `tessera-scheduler serve`.
     pub tessera_args: Vec<String>,
+    /// `Some(sets)`: the API server also serves MutatingAdmissionPolicy (Kubernetes 1.34's
+    /// feature gate) and the chart's `admissionPolicy.podMutation` policies, rendered with these
+    /// extra `--set` values, do the webhook's work in namespaces labeled
+    /// [`POLICY_NAMESPACE_LABEL`]` = policy`; the webhook keeps every other namespace.
+    pub pod_mutation_policy: Option<Vec<String>>,
 }
+
+/// The namespace label that hands a namespace's pods to the pod-mutation policies instead of the
+/// webhook ([`ClusterOptions::pod_mutation_policy`]).
+pub const POLICY_NAMESPACE_LABEL: &str = "tessera.dev/admission";
 
 impl ClusterOptions {
     pub fn new(name: &str, nodes: Vec<NodeSpec>) -> ClusterOptions {
@@ -47,6 +56,7 @@ impl ClusterOptions {
             nodes,
             scheduler_pods: 1,
             tessera_args: Vec::new(),
+            pod_mutation_policy: None,
         }
     }
 }
@@ -287,7 +297,8 @@ impl Cluster {
         for (user, _) in &users {
             write_kubeconfig(&kubeconfig_path(&dir, user), apiserver_port, &ca, user)?;
         }
-        let mut apiserver = start_apiserver(artifacts, &dir, apiserver_port, etcd_port)?;
+        let policy = opts.pod_mutation_policy.is_some();
+        let mut apiserver = start_apiserver(artifacts, &dir, apiserver_port, etcd_port, policy)?;
         let admin = client_for(&kubeconfig_path(&dir, "admin")).await?;
         let user = client_for(&kubeconfig_path(&dir, USER)).await?;
         wait_apiserver(&admin, &mut apiserver).await?;
@@ -299,8 +310,11 @@ impl Cluster {
         let service_port = free_port();
         let backends = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let service = spawn_service(service_port, backends.clone())?;
-        install_webhook(artifacts, &admin, &pki, service_port).await?;
+        install_webhook(artifacts, &admin, &pki, service_port, policy).await?;
         install_booking_policy(artifacts, &admin).await?;
+        if let Some(sets) = &opts.pod_mutation_policy {
+            install_pod_mutation_policy(artifacts, &admin, sets).await?;
+        }
 
         let mut cluster = Cluster {
             dir,
@@ -624,6 +638,7 @@ impl Cluster {
             &self.dir,
             self.apiserver_port,
             self.etcd_port,
+            self.opts.pod_mutation_policy.is_some(),
         )?;
         let r = wait_apiserver(&self.admin, &mut a).await;
         self.apiserver = Some(a);
@@ -764,7 +779,14 @@ pub(crate) fn start_etcd(a: &Artifacts, dir: &Path, client: u16, peer: u16) -> R
     Ok(Proc::spawn("etcd", &dir.join("logs"), &mut cmd)?)
 }
 
-fn start_apiserver(a: &Artifacts, dir: &Path, port: u16, etcd: u16) -> Result<Proc> {
+/// `mutating_policies`: also serve MutatingAdmissionPolicy (beta and off by default in 1.34).
+fn start_apiserver(
+    a: &Artifacts,
+    dir: &Path,
+    port: u16,
+    etcd: u16,
+    mutating_policies: bool,
+) -> Result<Proc> {
     let p = |f: &str| dir.join(f).display().to_string();
     let mut cmd = Command::new(&a.kube_apiserver);
     cmd.arg(format!("--etcd-servers=http://127.0.0.1:{etcd}"))
@@ -793,6 +815,10 @@ fn start_apiserver(a: &Artifacts, dir: &Path, port: u16, etcd: u16) -> Result<Pr
             std::env::var_os("TESSERA_BENCH_PERF_DIR").is_some()
         ))
         .arg("--v=1");
+    if mutating_policies {
+        cmd.arg("--feature-gates=MutatingAdmissionPolicy=true")
+            .arg("--runtime-config=admissionregistration.k8s.io/v1beta1=true");
+    }
     Ok(Proc::spawn("kube-apiserver", &dir.join("logs"), &mut cmd)?)
 }
 
@@ -875,16 +901,29 @@ fn render_chart_template(a: &Artifacts, template: &str, sets: &[String]) -> Resu
 
 /// The chart's `MutatingWebhookConfiguration`, rendered by helm with a URL client config (the
 /// chart's `customURL`) pointing at the Service stand-in, and this cluster's CA bundle.
-async fn install_webhook(a: &Artifacts, admin: &kube::Client, pki: &Pki, port: u16) -> Result<()> {
-    let rendered = render_chart_template(
-        a,
-        "templates/webhook/mutatingwebhook.yaml",
-        &[
-            "scheduler.admissionWebhook.customURL.enabled=true".to_owned(),
-            "scheduler.admissionWebhook.customURL.host=127.0.0.1".to_owned(),
-            format!("scheduler.admissionWebhook.customURL.port={port}"),
-        ],
-    )?;
+/// With `beside_policy`, namespaces labeled [`POLICY_NAMESPACE_LABEL`]` = policy` are left to
+/// the pod-mutation policies (the chart's own `namespaceSelector` value).
+async fn install_webhook(
+    a: &Artifacts,
+    admin: &kube::Client,
+    pki: &Pki,
+    port: u16,
+    beside_policy: bool,
+) -> Result<()> {
+    let mut sets = vec![
+        "scheduler.admissionWebhook.customURL.enabled=true".to_owned(),
+        "scheduler.admissionWebhook.customURL.host=127.0.0.1".to_owned(),
+        format!("scheduler.admissionWebhook.customURL.port={port}"),
+    ];
+    if beside_policy {
+        let term = "scheduler.admissionWebhook.namespaceSelector.matchExpressions[0]";
+        sets.extend([
+            format!("{term}.key={POLICY_NAMESPACE_LABEL}"),
+            format!("{term}.operator=NotIn"),
+            format!("{term}.values[0]=policy"),
+        ]);
+    }
+    let rendered = render_chart_template(a, "templates/webhook/mutatingwebhook.yaml", &sets)?;
     let mut mwc: MutatingWebhookConfiguration = yaml_serde::from_slice(&rendered)?;
     let ca = k8s_openapi::ByteString(pki.ca_pem().into_bytes());
     for w in mwc.webhooks.iter_mut().flatten() {
@@ -962,6 +1001,108 @@ async fn install_booking_policy(a: &Artifacts, admin: &kube::Client) -> Result<(
                 Err(e) if e.to_string().contains("Tessera admission policy") => Some(()),
                 _ => None,
             }
+        },
+    )
+    .await
+}
+
+/// The chart's `admissionPolicy.podMutation` objects (a MutatingAdmissionPolicy, a
+/// ValidatingAdmissionPolicy and their bindings), rendered with `sets`, bound to the namespaces
+/// labeled [`POLICY_NAMESPACE_LABEL`]` = policy`; applied (server-side), so a second call
+/// replaces them. Returns once the API server applies both: a probe namespace's dry-run GPU pod
+/// is handed to the scheduler and an out-of-range percentage is refused.
+pub async fn install_pod_mutation_policy(
+    a: &Artifacts,
+    admin: &kube::Client,
+    sets: &[String],
+) -> Result<()> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let mut all = vec![
+        "admissionPolicy.podMutation.enabled=true".to_owned(),
+        format!(
+            "scheduler.admissionWebhook.namespaceSelector.matchLabels.{}=policy",
+            POLICY_NAMESPACE_LABEL.replace('.', "\\.")
+        ),
+    ];
+    all.extend(sets.iter().cloned());
+    let rendered = render_chart_template(a, "templates/admission/pod-mutation.yaml", &all)?;
+    let text = String::from_utf8_lossy(&rendered);
+    let mut installed = 0;
+    for doc in text.split("\n---") {
+        let object: DynamicObject = match yaml_serde::from_str(doc) {
+            Ok(o) => o,
+            Err(_) => continue,
+        };
+        let Some(types) = object.types.clone() else {
+            continue;
+        };
+        let (group, version) = types
+            .api_version
+            .split_once('/')
+            .unwrap_or(("", types.api_version.as_str()));
+        let gvk = GroupVersionKind::gvk(group, version, &types.kind);
+        let kind = types.kind.to_ascii_lowercase();
+        let plural = match kind.strip_suffix('y') {
+            Some(stem) => format!("{stem}ies"),
+            None => format!("{kind}s"),
+        };
+        let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
+        let name = object.metadata.name.clone().unwrap_or_default();
+        Api::<DynamicObject>::all_with(admin.clone(), &resource)
+            .patch(
+                &name,
+                &kube::api::PatchParams::apply("tessera-e2e").force(),
+                &kube::api::Patch::Apply(&object),
+            )
+            .await?;
+        installed += 1;
+    }
+    if installed != 4 {
+        return Err(Error::msg(format!(
+            "the chart's pod-mutation policies and bindings: found {installed} of 4 objects"
+        )));
+    }
+    let probe_ns = "tessera-policy-probe";
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": probe_ns,
+        "labels": {POLICY_NAMESPACE_LABEL: "policy"}}}))?;
+    match Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        other => {
+            other?;
+        }
+    }
+    let probe = |name: &str, pct: &str| -> Result<Pod> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": probe_ns},
+            "spec": {"containers": [{"name": "c", "image": "probe",
+                "resources": {"limits": {"nvidia.com/gpumem-percentage": pct}}}]},
+        }))?)
+    };
+    let (mutated, refused) = (probe("mutated", "50")?, probe("refused", "101")?);
+    let pods = Api::<Pod>::namespaced(admin.clone(), probe_ns);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    eventually(
+        "the pod-mutation policies are applied",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let scheduler = pods
+                .create(&dry_run, &mutated)
+                .await
+                .ok()?
+                .spec?
+                .scheduler_name?;
+            let refused = match pods.create(&dry_run, &refused).await {
+                Err(e) => e.to_string().contains("Tessera admission policy"),
+                Ok(_) => false,
+            };
+            (scheduler != "default-scheduler" && refused).then_some(())
         },
     )
     .await
