@@ -77,7 +77,7 @@ STEPS=(
     "device_plugin|cargo bench --locked -q -p tessera-e2e --bench device_plugin"
     "shim_overhead|cargo bench --locked -q -p libvgpu-shim --bench overhead"
     "shim_limiter|cargo test --locked -q --release -p libvgpu-shim --test limiter -- --nocapture"
-    "scheduling|cargo bench --locked -q -p tessera-e2e --bench scheduling"
+    "scheduling|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --admission 0"
     "scheduling_scale|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_scale $sched_scale_args"
     "scheduling_gated|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_gated $sched_gated_args"
     "real_burst|cargo bench --locked -q -p tessera-e2e --bench real_burst"

@@ -36,7 +36,7 @@
 //! -p fake-nvml -p fake-cuda -p libvgpu-shim && TESSERA_E2E_PROFILE=release cargo bench -p
 //! tessera-e2e --bench scheduling` (`bench/run.sh` does both). `TESSERA_BENCH_QUICK=1`: 50 nodes,
 //! 200 pods, one round, a 24-pod burst. Options: `--nodes N --pods N --rounds N --burst N
-//! --burst-rounds N --running N --csv NAME`. With `--running N` (issue 15, item 3), N pods are
+//! --burst-rounds N --running N --admission N --csv NAME`. With `--running N` (issue 15, item 3), N pods are
 //! already bound and booked on each node set before the runs, and the leading extender is
 //! restarted once to measure a leader change against that many objects in the API server.
 //! `TESSERA_BENCH_PERF_DIR=<dir>`: a system-wide `perf record` of every placement run.
@@ -46,6 +46,12 @@
 //! pods / (last bound − first lift) and latency runs from each pod's lift: placement without the
 //! creation competing for the cores. CPU per placed pod still counts the creates and the lifts
 //! (the same for every variant).
+//!
+//! With (p') among the variants, first the admission alone (issue 29, T1/T2): `--admission N`
+//! (default 1,000; quick 200; 0 skips it) dry-run creates per round of a plain pod, of a GPU pod
+//! through the webhook and of the same GPU pod through the policies, rounds interleaved; CPU per
+//! admitted pod by process and create latency, each GPU path against the plain pod and the
+//! policies against the webhook ([`admission_cost`]).
 #![allow(
     clippy::disallowed_types,
     reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
@@ -90,6 +96,9 @@ struct Params {
     variants: Vec<Variant>,
     /// `--gated`: pods created behind a scheduling gate, lifted once all exist (module docs).
     gated: bool,
+    /// `--admission N`: dry-run creates per admission path and round ([`admission_cost`]), when
+    /// the policy variant runs; 0: none.
+    admission: usize,
 }
 
 fn params() -> Params {
@@ -111,6 +120,7 @@ fn params() -> Params {
         running: arg("--running", 0),
         variants: variants_arg(&args),
         gated: args.iter().any(|a| a == "--gated"),
+        admission: arg("--admission", if quick { 200 } else { 1000 }),
     }
 }
 
@@ -1275,6 +1285,9 @@ async fn run(p: Params) -> Res<()> {
     if p.burst > 0 && p.burst_rounds > 0 {
         burst(&mut c, &p, &csv).await?;
     }
+    if p.variants.contains(&Variant::TesseraPolicy) && p.admission > 0 {
+        admission_cost(&c, &p, &csv).await?;
+    }
     if p.pods == 0 || p.rounds == 0 {
         return Ok(());
     }
@@ -1627,6 +1640,197 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
             csv.row(&row);
         }
     }
+}
+
+/// How a pod is admitted in [`admission_cost`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum AdmissionPath {
+    /// A pod without GPU resources: no webhook call, no pod-mutation policy (the baseline).
+    Plain,
+    /// A GPU pod through the chart's webhook.
+    Webhook,
+    /// A GPU pod through the chart's `admissionPolicy.podMutation` policies.
+    Policy,
+}
+
+impl AdmissionPath {
+    const ALL: [AdmissionPath; 3] = [
+        AdmissionPath::Plain,
+        AdmissionPath::Webhook,
+        AdmissionPath::Policy,
+    ];
+    fn label(self) -> &'static str {
+        match self {
+            AdmissionPath::Plain => "a plain pod",
+            AdmissionPath::Webhook => "a GPU pod through the webhook",
+            AdmissionPath::Policy => "a GPU pod through the admission policies",
+        }
+    }
+    fn namespace(self) -> &'static str {
+        match self {
+            AdmissionPath::Plain => "bench-admission-plain",
+            AdmissionPath::Webhook => "bench-admission-webhook",
+            AdmissionPath::Policy => "bench-admission-policy",
+        }
+    }
+}
+
+/// What one round of one admission path cost: CPU per create by process, and each create's
+/// latency.
+#[derive(Debug, Default)]
+struct AdmissionRun {
+    cpu_ms: BTreeMap<String, f64>,
+    latencies_ms: Vec<f64>,
+}
+
+/// Issue 29 (T1, T2): admitting a GPU pod through the webhook against through the
+/// pod-mutation policies, with a plain pod's admission as the baseline. Per round and path
+/// (rounds interleaved, the order rotating), `--admission N` dry-run creates as the ordinary
+/// user by [`CREATORS`] concurrent clients: a dry run goes through the whole admission chain
+/// and no further (nothing is stored, watched or scheduled), so what the cluster's processes
+/// spend meanwhile is admission's. The GPU pod is written as users write one (no scheduler
+/// named), so the webhook and the policy both mutate it.
+async fn admission_cost(c: &Cluster, p: &Params, csv: &Csv) -> Res<()> {
+    for path in AdmissionPath::ALL {
+        ensure_namespace(c.admin(), path.namespace(), path == AdmissionPath::Policy).await?;
+    }
+    let pod = |path: AdmissionPath, i: usize| -> Res<Pod> {
+        let limits = if path == AdmissionPath::Plain {
+            json!({"cpu": "10m"})
+        } else {
+            json!({"cpu": "10m", "nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000",
+                   "nvidia.com/gpucores": "10"})
+        };
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("admit-{i:05}"), "namespace": path.namespace()},
+            "spec": {"containers": [{"name": "c0", "image": "registry.example/cuda-app:1",
+                                     "resources": {"limits": limits}}]},
+        }))?)
+    };
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let mut by: BTreeMap<AdmissionPath, Vec<AdmissionRun>> = BTreeMap::new();
+    for round in 0..p.rounds {
+        let mut order = AdmissionPath::ALL.to_vec();
+        order.rotate_left(round % AdmissionPath::ALL.len());
+        for path in order {
+            let api: Api<Pod> = Api::namespaced(c.user().clone(), path.namespace());
+            let pods = (0..p.admission)
+                .map(|i| pod(path, i))
+                .collect::<Res<Vec<_>>>()?;
+            let cpu_before = cpu_by_component(&c.dir);
+            let results: Vec<Option<f64>> = futures::stream::iter(pods)
+                .map(|pod| {
+                    let (api, dry_run) = (&api, &dry_run);
+                    async move {
+                        let t = Instant::now();
+                        let created = api.create(dry_run, &pod).await;
+                        created.ok().map(|_| t.elapsed().as_secs_f64() * 1e3)
+                    }
+                })
+                .buffer_unordered(CREATORS)
+                .collect()
+                .await;
+            let cpu = cpu_diff(&cpu_by_component(&c.dir), &cpu_before);
+            let latencies_ms: Vec<f64> = results.iter().flatten().copied().collect();
+            if latencies_ms.len() < p.admission {
+                return Err(format!(
+                    "admission round {round}, {}: {} of {} dry-run creates failed",
+                    path.label(),
+                    p.admission - latencies_ms.len(),
+                    p.admission
+                )
+                .into());
+            }
+            let n = latencies_ms.len() as f64;
+            let mut cpu_ms: BTreeMap<String, f64> =
+                cpu.iter().map(|(k, v)| (k.clone(), v * 1e3 / n)).collect();
+            cpu_ms.insert(
+                "all processes".to_owned(),
+                cpu.values().sum::<f64>() * 1e3 / n,
+            );
+            eprintln!(
+                "admission round {round}, {}: {:.2} ms CPU per create (API server {:.2}), latency p50 {:.1} ms",
+                path.label(),
+                cpu_ms["all processes"],
+                cpu_ms.get("kube-apiserver").copied().unwrap_or(0.0),
+                Stats::of(&latencies_ms).median,
+            );
+            by.entry(path).or_default().push(AdmissionRun {
+                cpu_ms,
+                latencies_ms,
+            });
+        }
+    }
+    let case = |path: AdmissionPath| {
+        format!(
+            "{} dry-run creates per round, {CREATORS} clients: {}",
+            p.admission,
+            path.label()
+        )
+    };
+    let cpu = |path: AdmissionPath, comp: &str| {
+        Stats::of(
+            &by[&path]
+                .iter()
+                .map(|r| r.cpu_ms.get(comp).copied().unwrap_or(0.0))
+                .collect::<Vec<_>>(),
+        )
+    };
+    for comp in ["all processes", "kube-apiserver", "tessera-scheduler"] {
+        for path in AdmissionPath::ALL {
+            let mut row = Row::new(
+                case(path),
+                format!("CPU per admitted pod, {comp} (run median)"),
+                "ms",
+                cpu(path, comp),
+            )
+            .without_p99();
+            let plain = cpu(AdmissionPath::Plain, comp).median;
+            if path != AdmissionPath::Plain && plain > 0.0 {
+                row = row.baseline(plain).ratio(cpu(path, comp).median / plain);
+            }
+            csv.row(&row);
+        }
+        // The question of the variant: what the policies cost against the webhook.
+        let (policy, webhook) = (
+            cpu(AdmissionPath::Policy, comp),
+            cpu(AdmissionPath::Webhook, comp),
+        );
+        if webhook.median > 0.0 {
+            let ratio = policy.median / webhook.median;
+            csv.row(
+                &Row::new(
+                    case(AdmissionPath::Policy).replace(
+                        AdmissionPath::Policy.label(),
+                        "the admission policies [vs the webhook]",
+                    ),
+                    format!("CPU per admitted GPU pod, {comp} (run median)"),
+                    "ms",
+                    policy,
+                )
+                .without_p99()
+                .baseline(webhook.median)
+                .ratio(ratio),
+            );
+        }
+    }
+    for path in AdmissionPath::ALL {
+        let all: Vec<f64> = by[&path]
+            .iter()
+            .flat_map(|r| r.latencies_ms.iter().copied())
+            .collect();
+        csv.row(&Row::new(
+            case(path),
+            "create latency",
+            "ms",
+            Stats::of(&all),
+        ));
+    }
+    Ok(())
 }
 
 fn main() {
