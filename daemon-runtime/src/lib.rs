@@ -7,7 +7,8 @@
 //!   stopping on shutdown and logging failures with their whole error chain;
 //! - [`DisplayChain`]: an error and its causes on one line, for logs;
 //! - [`RateLimitedLog`]: one log line per period for a repeated event, with the count left out;
-//! - [`build_info_labels`], [`register_build_info`]: HAMi's `hami_build_info` gauge.
+//! - [`build_info_labels`], [`register_build_info`]: HAMi's `hami_build_info` gauge;
+//! - [`RuntimeArgs`]: `--worker-threads` and the async runtime it sizes (node agents).
 // Daemon and library code returns errors; only tests may unwrap (clippy.toml allows it there).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
@@ -18,6 +19,7 @@ pub mod logging;
 pub mod rate_limited;
 pub mod shutdown;
 pub mod task;
+pub mod threads;
 
 pub use build_info::{build_info_labels, register_build_info};
 pub use chain::DisplayChain;
@@ -29,4 +31,5 @@ pub use shutdown::{
 pub use task::{
     Schedule, TaskOutcome, spawn_blocking_in_span, spawn_periodic, spawn_task, task_span,
 };
+pub use threads::RuntimeArgs;
 pub use tokio_util::sync::CancellationToken;

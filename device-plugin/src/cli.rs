@@ -64,6 +64,9 @@ pub struct Cli {
     /// `--log-format`, `-v`/`--v` (klog verbosity) and HAMi's `--debug`.
     #[command(flatten)]
     pub logging: LogArgs,
+    /// `--worker-threads`: the async runtime's size, not the node's core count.
+    #[command(flatten)]
+    pub runtime: tessera_runtime::RuntimeArgs,
     /// NVIDIA's `--fail-on-init-error`: when NVML cannot be loaded or initialised, exit with an
     /// error (true), or log the cause once and idle, serving only /healthz and /metrics, until
     /// SIGTERM (false: no kubelet registration, no node annotation).

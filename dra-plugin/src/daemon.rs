@@ -144,6 +144,9 @@ pub struct DraCli {
     /// `--log-format`, `-v`/`--v` (klog verbosity) and `--debug`.
     #[command(flatten)]
     pub logging: LogArgs,
+    /// `--worker-threads`: the async runtime's size, not the node's core count.
+    #[command(flatten)]
+    pub runtime: tessera_runtime::RuntimeArgs,
 }
 
 /// The `reportingController` of the DRA plugin's Events (the device plugin's say

@@ -9,14 +9,21 @@ use clap::Parser;
 use tessera_dra_plugin::daemon::{DraCli, OWN_CRATES, run};
 use tessera_runtime::DisplayChain;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = DraCli::parse();
     if let Err(e) = cli.logging.init(OWN_CRATES) {
         eprintln!("Error: {}", DisplayChain(&e));
         return ExitCode::FAILURE;
     }
-    match run(cli).await {
+    // Sized by --worker-threads, not by the node's cores (tessera_runtime::threads).
+    let runtime = match cli.runtime.build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("Error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("Error: {}", DisplayChain(&e));
