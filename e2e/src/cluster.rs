@@ -1009,8 +1009,10 @@ async fn install_booking_policy(a: &Artifacts, admin: &kube::Client) -> Result<(
 /// The chart's `admissionPolicy.podMutation` objects (a MutatingAdmissionPolicy, a
 /// ValidatingAdmissionPolicy and their bindings), rendered with `sets`, bound to the namespaces
 /// labeled [`POLICY_NAMESPACE_LABEL`]` = policy`; applied (server-side), so a second call
-/// replaces them. Returns once the API server applies both: a probe namespace's dry-run GPU pod
-/// is handed to the scheduler and an out-of-range percentage is refused.
+/// replaces them. Returns once the API server applies a pod-mutation policy: a probe
+/// namespace's dry-run GPU pod is handed to the scheduler and an out-of-range percentage is
+/// refused. After a second call that may still be the first version: a caller waits for what
+/// the new values change.
 pub async fn install_pod_mutation_policy(
     a: &Artifacts,
     admin: &kube::Client,
