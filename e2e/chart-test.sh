@@ -547,7 +547,7 @@ expect_not "[pod-mutation-policy] no webhook: the API server mutates" "$P" '^kin
 expect_count "[pod-mutation-policy] the mutating policy and its binding (v1beta1 without a cluster that serves v1)" "$P" '^apiVersion: admissionregistration.k8s.io/v1beta1$' 2
 expect "[pod-mutation-policy] the webhook's refusals as a validating policy" "$P" "^  name: $RELEASE-pod-requests\$"
 expect "[pod-mutation-policy] the core policy env" "$P" "name: 'GPU_CORE_UTILIZATION_POLICY', value: 'force'"
-expect "[pod-mutation-policy] the runtime class" "$P" "runtimeClassName: 'nvidia'"
+expect "[pod-mutation-policy] the runtime class" "$P" "runtimeClassName: .*optional.of\\('nvidia'\\)"
 expect "[pod-mutation-policy] memoryFactor divides the int32 bound" "$P" "quantity\('1073741823'\)"
 expect_not "[pod-mutation-policy] overwriteEnv sees every pod" "$P" 'name: gpu-pod-or-hami-metadata'
 expect_not "[defaults] no pod-mutation policy" "$WORK/default.yaml" 'kind: MutatingAdmissionPolicy$'
