@@ -17,12 +17,6 @@ pub struct RuntimeArgs {
     pub worker_threads: u16,
 }
 
-impl Default for RuntimeArgs {
-    fn default() -> Self {
-        RuntimeArgs { worker_threads: 2 }
-    }
-}
-
 impl RuntimeArgs {
     /// A multi-threaded runtime with [`RuntimeArgs::worker_threads`] workers, I/O and timers on.
     pub fn build(&self) -> std::io::Result<tokio::runtime::Runtime> {

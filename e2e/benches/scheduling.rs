@@ -68,7 +68,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tessera_e2e::cluster::{
-    Cluster, ClusterOptions, DEVICE_PLUGIN_USER, POLICY_NAMESPACE_LABEL, SCHEDULER_USER,
+    Cluster, ClusterOptions, DEVICE_PLUGIN_USER, SCHEDULER_USER, policy_namespace,
 };
 use tessera_e2e::node::NodeSpec;
 
@@ -360,13 +360,11 @@ fn spawn_unthrottled_kube_scheduler(c: &Cluster) -> Res<tessera_e2e::process::Pr
 
 /// `policy`: labeled so that the pod-mutation policies, not the webhook, admit its pods.
 async fn ensure_namespace(admin: &kube::Client, ns: &str, policy: bool) -> Res<()> {
-    let labels = if policy {
-        json!({ POLICY_NAMESPACE_LABEL: "policy" })
+    let obj: Namespace = if policy {
+        policy_namespace(ns)
     } else {
-        json!({})
+        serde_json::from_value(json!({"metadata": {"name": ns}}))?
     };
-    let obj: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": ns, "labels": labels}}))?;
     match Api::<Namespace>::all(admin.clone())
         .create(&PostParams::default(), &obj)
         .await

@@ -49,6 +49,15 @@ pub struct ClusterOptions {
 /// webhook ([`ClusterOptions::pod_mutation_policy`]).
 pub const POLICY_NAMESPACE_LABEL: &str = "tessera.dev/admission";
 
+/// A namespace `name` whose pods the pod-mutation policies admit, not the webhook
+/// ([`POLICY_NAMESPACE_LABEL`]).
+pub fn policy_namespace(name: &str) -> Namespace {
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some(name.to_owned());
+    ns.metadata.labels = Some([(POLICY_NAMESPACE_LABEL.to_owned(), "policy".to_owned())].into());
+    ns
+}
+
 impl ClusterOptions {
     pub fn new(name: &str, nodes: Vec<NodeSpec>) -> ClusterOptions {
         ClusterOptions {
@@ -1065,10 +1074,8 @@ pub async fn install_pod_mutation_policy(
         )));
     }
     let probe_ns = "tessera-policy-probe";
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": probe_ns,
-        "labels": {POLICY_NAMESPACE_LABEL: "policy"}}}))?;
     match Api::<Namespace>::all(admin.clone())
-        .create(&PostParams::default(), &ns)
+        .create(&PostParams::default(), &policy_namespace(probe_ns))
         .await
     {
         Err(kube::Error::Api(s)) if s.code == 409 => {}

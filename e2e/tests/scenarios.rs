@@ -1126,12 +1126,11 @@ async fn the_pod_mutation_policy_admits_and_refuses_as_the_webhook_does() {
     opts.pod_mutation_policy = Some(vec![]);
     let c = start(opts).await;
     let policy_ns = "via-policy";
-    let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({
-        "metadata": {"name": policy_ns,
-                     "labels": {tessera_e2e::cluster::POLICY_NAMESPACE_LABEL: "policy"}}}))
-    .expect("namespace");
     Api::<k8s_openapi::api::core::v1::Namespace>::all(c.admin().clone())
-        .create(&PostParams::default(), &ns)
+        .create(
+            &PostParams::default(),
+            &tessera_e2e::cluster::policy_namespace(policy_ns),
+        )
         .await
         .expect("create the policy namespace");
 
