@@ -59,13 +59,14 @@ mem_scale_args="--nodes 5000 --pods 50000"
 sched_scale_args="--nodes 5000 --pods 20000 --running 50000 --rounds 1 --burst 0 --variants plain,tessera,plain-qps1000,tessera-qps1000"
 # Issue 29's T3: placement with the creates out of the way (pods created behind a scheduling gate,
 # the gates lifted together), the Tessera variants against plain kube-scheduler at both QPS, and
-# at QPS 1000 with the admission policies in place of the webhook (admissionPolicy.podMutation).
-sched_gated_args="--gated --burst 0 --variants plain,tessera,plain-qps1000,tessera-qps1000,tessera-policy-qps1000"
+# at QPS 1000 with the admission policies in place of the webhook (admissionPolicy.podMutation),
+# and the same shares through DRA (a ResourceClaim per pod, no extender) against the same plain pods.
+sched_gated_args="--gated --burst 0 --variants plain,tessera,dra,plain-qps1000,tessera-qps1000,tessera-policy-qps1000,dra-qps1000"
 if [ "$quick" = 1 ]; then
     mem_args="--nodes 100 --pods 1000"
     mem_scale_args="--nodes 200 --pods 2000"
     sched_scale_args="--nodes 100 --pods 300 --running 1000 --rounds 1 --burst 0"
-    sched_gated_args="--gated --burst 0 --variants plain-qps1000,tessera-qps1000,tessera-policy-qps1000"
+    sched_gated_args="--gated --burst 0 --variants plain-qps1000,tessera-qps1000,tessera-policy-qps1000,dra-qps1000"
 fi
 STEPS=(
     "filter|cargo bench --locked -q -p tessera-scheduler --bench filter"

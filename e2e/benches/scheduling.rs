@@ -47,6 +47,16 @@
 //! creation competing for the cores. CPU per placed pod still counts the creates and the lifts
 //! (the same for every variant).
 //!
+//! (d) and (d') (issue 29, T3 through DRA): the same 4000 MiB / 10 % shares through Tessera's
+//! DRA path with no extender: each pod names its own ResourceClaim (created by the bench before
+//! the pod, as the resourceclaim controller would from a template; no kube-controller-manager
+//! runs here) of the chart's DeviceClass, and (a)'s or (a')'s plain kube-scheduler allocates it
+//! on a third set of bare nodes (d), each with the ResourceSlice Tessera's DRA plugin publishes
+//! for 8 × A100 with consumable capacity (its own builder and publisher; the API server and every
+//! kube-scheduler run with `DRAConsumableCapacity`). Compared with (a) and (a'); the claims'
+//! writes are counted beside the pods'. After a run the bench deletes the claims and removes the
+//! finalizer kube-scheduler put on them.
+//!
 //! With (p') among the variants, first the admission alone (issue 29, T1/T2): `--admission N`
 //! (default 1,000; quick 200; 0 skips it) dry-run creates per round of a plain pod, of a GPU pod
 //! through the webhook and of the same GPU pod through the policies, rounds interleaved; CPU per
@@ -63,6 +73,7 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -162,25 +173,31 @@ async fn client_for(path: &std::path::Path) -> Res<kube::Client> {
 const HOLD: &str = "bench.tessera.dev/hold";
 
 fn pod_object(ns: &str, name: &str, run: &str, v: Variant, gated: bool) -> Pod {
-    let tessera = v.tessera();
-    let limits = if tessera {
-        json!({"cpu": "10m", "nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000",
-               "nvidia.com/gpucores": "10"})
-    } else {
-        json!({"cpu": "10m", "nvidia.com/gpu": "1"})
-    };
     let mut labels = json!({ RUN: run });
-    if !tessera {
+    let resources = if v.tessera() {
+        json!({"limits": {"cpu": "10m", "nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000",
+                          "nvidia.com/gpucores": "10"}})
+    } else if v.dra() {
+        // No `nvidia.com/` resource: the webhook's match condition skips the pod.
+        json!({"limits": {"cpu": "10m"}, "claims": [{"name": "gpu"}]})
+    } else {
         // The webhook would otherwise hand the GPU pod to Tessera.
         labels["hami.io/webhook"] = json!("ignore");
+        json!({"limits": {"cpu": "10m", "nvidia.com/gpu": "1"}})
+    };
+    let mut spec = json!({
+        "containers": [{"name": "c0", "image": "registry.example/cuda-app:1",
+                        "resources": resources}],
+        "nodeSelector": { SET: v.node_set() },
+        "terminationGracePeriodSeconds": 0,
+    });
+    if v.dra() {
+        spec["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": name}]);
     }
     let pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "spec": {"containers": [{"name": "c0", "image": "registry.example/cuda-app:1",
-                                  "resources": {"limits": limits}}],
-                 "nodeSelector": { SET: v.node_set() },
-                 "terminationGracePeriodSeconds": 0},
+        "spec": spec,
     }));
     let mut pod: Pod = pod.unwrap_or_default();
     if let Some(spec) = pod.spec.as_mut() {
@@ -195,6 +212,24 @@ fn pod_object(ns: &str, name: &str, run: &str, v: Variant, gated: bool) -> Pod {
     }
     pod
 }
+
+/// The ResourceClaim of the DRA variants' pod `name` (its own claim, named after it): one share
+/// of a GPU the size of the Tessera variants' (4000 MiB, 10 % of the cores), of the chart's
+/// DeviceClass. In a cluster the resourceclaim controller creates it from the pod's template;
+/// here no kube-controller-manager runs, so the bench creates it before the pod.
+fn claim_object(ns: &str, name: &str, run: &str) -> Res<ResourceClaim> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns, "labels": { RUN: run }},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DEVICE_CLASS,
+            "capacity": {"requests": {"memory": "4000Mi", "cores": "10"}},
+        }}]}},
+    }))?)
+}
+
+/// The chart's DeviceClass (`dra.deviceClassName`'s default; `templates/dra/deviceclass.yaml`).
+const DEVICE_CLASS: &str = "gpu.tessera.dev";
 
 /// The second plain kube-scheduler's profile: client QPS raised from the default 50 (burst
 /// 100), which caps a plain kube-scheduler's Binding calls, to 1000.
@@ -218,22 +253,31 @@ enum Variant {
     /// policies inside the API server instead of the webhook (issue 29, T1/T2): they name no
     /// scheduler and the policy hands them to (b')'s profile.
     TesseraPolicy,
+    /// (d) kube-scheduler alone, default configuration, each pod with its own ResourceClaim for a
+    /// share of a GPU of Tessera's DRA driver (consumable capacity), no extender (issue 29's T3
+    /// through DRA).
+    Dra,
+    /// (d') as (d), placed by (a')'s kube-scheduler (`clientConnection.qps: 1000`).
+    DraUnthrottled,
 }
 
 impl Variant {
     /// Every variant, in the order a round runs them.
-    const ALL: [Variant; 6] = [
+    const ALL: [Variant; 8] = [
         Variant::Plain,
         Variant::Tessera,
+        Variant::Dra,
         Variant::PlainUnthrottled,
         Variant::TesseraUnthrottled,
         Variant::TesseraPolicy,
+        Variant::DraUnthrottled,
         Variant::TesseraHamiOrder,
     ];
 
     fn node_set(self) -> &'static str {
         match self {
             Variant::Plain | Variant::PlainUnthrottled => "a",
+            Variant::Dra | Variant::DraUnthrottled => "d",
             _ => "b",
         }
     }
@@ -245,10 +289,16 @@ impl Variant {
             Variant::TesseraUnthrottled => "tessera-qps1000",
             Variant::TesseraHamiOrder => "tessera-hami-order",
             Variant::TesseraPolicy => "tessera-policy-qps1000",
+            Variant::Dra => "dra",
+            Variant::DraUnthrottled => "dra-qps1000",
         }
     }
     fn tessera(self) -> bool {
         self.node_set() == "b"
+    }
+    /// Each pod has its own ResourceClaim, placed by a plain kube-scheduler on set d.
+    fn dra(self) -> bool {
+        self.node_set() == "d"
     }
     /// The pods are admitted by the pod-mutation policies (their namespace is labeled for them).
     fn policy(self) -> bool {
@@ -257,10 +307,10 @@ impl Variant {
     /// The profile that places this variant's pods (`None`: the webhook's or the default).
     fn scheduler_name(self) -> Option<&'static str> {
         match self {
-            Variant::PlainUnthrottled => Some(UNTHROTTLED),
+            Variant::PlainUnthrottled | Variant::DraUnthrottled => Some(UNTHROTTLED),
             Variant::TesseraUnthrottled => Some(TESSERA_UNTHROTTLED),
             Variant::TesseraHamiOrder => Some(TESSERA_HAMI_ORDER),
-            Variant::Plain | Variant::Tessera | Variant::TesseraPolicy => None,
+            Variant::Plain | Variant::Tessera | Variant::TesseraPolicy | Variant::Dra => None,
         }
     }
     fn label(self) -> &'static str {
@@ -272,6 +322,10 @@ impl Variant {
             Variant::TesseraHamiOrder => "(h) kube-scheduler + Tessera in HAMi's write order",
             Variant::TesseraPolicy => {
                 "(p') kube-scheduler QPS 1000 + Tessera via admission policies (no webhook)"
+            }
+            Variant::Dra => "(d) kube-scheduler alone + DRA  a ResourceClaim per pod",
+            Variant::DraUnthrottled => {
+                "(d') kube-scheduler alone  QPS 1000 + DRA  a ResourceClaim per pod"
             }
         }
     }
@@ -322,7 +376,8 @@ fn spawn_kube_scheduler(
             "--secure-port={}",
             tessera_e2e::process::free_port()
         ))
-        .arg("--v=1");
+        .arg("--v=1")
+        .args(c.kube_scheduler_gates());
     Ok(tessera_e2e::process::Proc::spawn(
         name,
         &c.dir.join("logs"),
@@ -545,6 +600,51 @@ async fn delete_all(admin: &kube::Client, ns: &str) -> Res<()> {
     Err(format!("the pods of {ns} not gone after 900 s").into())
 }
 
+/// Deletes every ResourceClaim of `ns` once its pods are gone, and waits until they are. No
+/// kube-controller-manager runs here, so nothing removes the finalizer kube-scheduler puts on a
+/// claim it allocates: the bench removes it, which frees the claim's share in kube-scheduler's
+/// view for the next run.
+async fn delete_claims(admin: &kube::Client, ns: &str) -> Res<()> {
+    let api: Api<ResourceClaim> = Api::namespaced(admin.clone(), ns);
+    let unfinalize = json!({"metadata": {"finalizers": null}});
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while Instant::now() < deadline {
+        if let Err(e) = api
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+        {
+            eprintln!("delete the claims of {ns}: {e}; retrying");
+        }
+        let left = match api.list(&ListParams::default()).await {
+            Ok(l) => l.items,
+            Err(e) => {
+                eprintln!("list the claims of {ns}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                continue;
+            }
+        };
+        if left.is_empty() {
+            return Ok(());
+        }
+        futures::stream::iter(left)
+            .filter_map(|claim| futures::future::ready(claim.metadata.name))
+            .for_each_concurrent(CREATORS, |name| {
+                let api = api.clone();
+                let unfinalize = &unfinalize;
+                async move {
+                    if let Err(e) = api
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(unfinalize))
+                        .await
+                    {
+                        eprintln!("remove the finalizer of claim {name}: {e}");
+                    }
+                }
+            })
+            .await;
+    }
+    Err(format!("the claims of {ns} not gone after 900 s").into())
+}
+
 /// One placement run's figures.
 #[derive(Debug, Clone)]
 struct RunResult {
@@ -561,6 +661,9 @@ struct RunResult {
     /// T2, per placed pod: writes of pods (every client: the creates, gate lifts, Bindings, the
     /// plugin's record, kube-scheduler's status updates), and calls of the webhook.
     pod_writes: f64,
+    /// T2 of the DRA variants: writes of ResourceClaims and their status (the creates,
+    /// kube-scheduler's allocation), per placed pod.
+    claim_writes: f64,
     webhook_calls: f64,
     create_s: f64,
     latencies_ms: Vec<f64>,
@@ -610,6 +713,26 @@ async fn placement_run(
     let api_before = ApiCounts::read(c.admin()).await;
     let perf = start_perf(run);
     let pprof = start_apiserver_pprof(c.admin().clone(), run);
+    if v.dra() {
+        // Each pod's own claim, before the pods (their CPU counted, as the resourceclaim
+        // controller's creates would be); their start times are not the pods'.
+        let claims: Api<ResourceClaim> = Api::namespaced(c.user().clone(), ns);
+        let items = names
+            .iter()
+            .map(|name| Ok((name.clone(), claim_object(ns, name, run)?)))
+            .collect::<Res<Vec<_>>>()?;
+        let made = write_all("create the claim of", items, &Arc::default(), async |_, claim: &ResourceClaim| {
+            match claims.create(&PostParams::default(), claim).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+        .await;
+        if made < pods {
+            return Err(format!("{run}: only {made} of {pods} ResourceClaims created").into());
+        }
+    }
     let t0 = Instant::now();
     let mut created = create_all(c.user(), ns, objects, &seen).await;
     let create_s = t0.elapsed().as_secs_f64();
@@ -671,6 +794,7 @@ async fn placement_run(
         handler_ms,
         binding_ms,
         pod_writes: per_pod(api.pod_writes - api_before.pod_writes),
+        claim_writes: per_pod(api.claim_writes - api_before.claim_writes),
         webhook_calls: per_pod(api.webhook_calls - api_before.webhook_calls),
         create_s,
         latencies_ms,
@@ -725,15 +849,29 @@ fn stop_perf(perf: Option<std::process::Child>) {
     }
 }
 
-/// Registers `n` bare nodes of one set; for the plain baseline, as plain extended resources
-/// (`nvidia.com/gpu: 8`, no register annotation).
+/// What a node set offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SetKind {
+    /// Plain extended resources (`nvidia.com/gpu: 8`), no register annotation.
+    Plain,
+    /// 8 × A100 registered as Tessera's device plugin registers them.
+    Tessera,
+    /// No GPU resources and no register annotation; the ResourceSlice Tessera's DRA plugin
+    /// publishes for 8 × A100 (consumable capacity), and the chart's DeviceClass.
+    Dra,
+}
+
+/// Registers `n` bare nodes of one set ([`SetKind`]).
 async fn register_set(
     admin: &kube::Client,
     set: &str,
     n: usize,
-    plain: bool,
+    kind: SetKind,
     running_per_node: usize,
 ) -> Res<()> {
+    if kind == SetKind::Dra {
+        create_device_class(admin).await?;
+    }
     let nodes: Api<Node> = Api::all(admin.clone());
     let results: Vec<Res<()>> = futures::stream::iter(0..n)
         .map(|i| {
@@ -746,7 +884,7 @@ async fn register_set(
                     .await
                     .map_err(|e| format!("{name}: {e}"))?;
                 let mut meta = json!({"labels": { SET: set }});
-                if plain {
+                if kind != SetKind::Tessera {
                     meta["annotations"] = json!({"hami.io/node-nvidia-register": null});
                 }
                 nodes
@@ -756,7 +894,10 @@ async fn register_set(
                         &Patch::Merge(&json!({ "metadata": meta })),
                     )
                     .await?;
-                if plain {
+                if kind == SetKind::Dra {
+                    publish_slice(&admin, &spec).await?;
+                }
+                if kind == SetKind::Plain {
                     let gpus = json!({"nvidia.com/gpu": (8 + running_per_node).to_string()});
                     nodes
                         .patch_status(
@@ -776,6 +917,63 @@ async fn register_set(
         .await;
     for r in results {
         r?;
+    }
+    Ok(())
+}
+
+/// The chart's DeviceClass: every device of driver `gpu.tessera.dev`.
+async fn create_device_class(admin: &kube::Client) -> Res<()> {
+    let class: DeviceClass = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS},
+        "spec": {"selectors": [{"cel": {
+            "expression": format!("device.driver == \"{}\"", tessera_dra_plugin::DRIVER)}}]},
+    }))?;
+    match Api::<DeviceClass>::all(admin.clone())
+        .create(&PostParams::default(), &class)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Publishes the ResourceSlice of bare node `spec` with the DRA plugin's own builder and
+/// publisher, as shares of its GPUs; fails when the API server drops the consumable-capacity
+/// fields (its `DRAConsumableCapacity` gate is off), which would make every claim take a whole GPU.
+async fn publish_slice(admin: &kube::Client, spec: &NodeSpec) -> Res<()> {
+    use tessera_dra_plugin::publish::{ConsumableMode, SlicePublisher};
+    use tessera_dra_plugin::slice::{GpuFacts, Sharing, slice_devices};
+    let gpus: Vec<(tessera_node::gpu::GpuInfo, GpuFacts)> = spec
+        .gpus
+        .iter()
+        .zip(0u32..)
+        .map(|(g, index)| {
+            let gpu = tessera_node::gpu::GpuInfo {
+                uuid: g.uuid.clone(),
+                index,
+                name: g.model.clone(),
+                memory_total_mib: u32::try_from(g.memory_mib).ok(),
+                pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + index),
+                numa_node: None,
+                mig_enabled: false,
+                mig: None,
+            };
+            (gpu, GpuFacts::default())
+        })
+        .collect();
+    let mut publisher = SlicePublisher::new(admin.clone(), spec.name.clone(), ConsumableMode::Auto);
+    publisher
+        .sync(&|sharing| slice_devices(&gpus, Some("550.54.15"), &|_| true, sharing).0)
+        .await?;
+    if publisher.sharing() != Sharing::Consumable {
+        return Err(format!(
+            "{}: the API server dropped the slice's consumable-capacity fields \
+             (DRAConsumableCapacity off): claims would take whole GPUs",
+            spec.name
+        )
+        .into());
     }
     Ok(())
 }
@@ -1056,6 +1254,8 @@ struct ApiCounts {
     bindings: f64,
     /// Writes (POST, PUT, PATCH, DELETE) of pods and their subresources, every client.
     pod_writes: f64,
+    /// The same of ResourceClaims.
+    claim_writes: f64,
     /// Calls of the chart's webhook (`apiserver_admission_webhook_request_total`).
     webhook_calls: f64,
 }
@@ -1084,6 +1284,12 @@ impl ApiCounts {
                         && matches!(s.label("verb"), Some("POST" | "PUT" | "PATCH" | "DELETE")) =>
                 {
                     out.pod_writes += s.value
+                }
+                "apiserver_request_total"
+                    if s.label("resource") == Some("resourceclaims")
+                        && matches!(s.label("verb"), Some("POST" | "PUT" | "PATCH" | "DELETE")) =>
+                {
+                    out.claim_writes += s.value
                 }
                 "apiserver_admission_webhook_request_total"
                     if s.label("name") == Some("vgpu.hami.io") =>
@@ -1278,6 +1484,10 @@ async fn run(p: Params) -> Res<()> {
         // The policy hands the pods it mutates to (b')'s kube-scheduler profile.
         opts.pod_mutation_policy = Some(vec![format!("schedulerName={TESSERA_UNTHROTTLED}")]);
     }
+    if p.variants.iter().any(|v| v.dra()) {
+        // GPU shares through DRA (alpha in 1.34), on the API server and every kube-scheduler.
+        opts.feature_gates = vec!["DRAConsumableCapacity=true".to_owned()];
+    }
     let mut c = Cluster::start(opts).await?;
     eprintln!("cluster up: {}", c.dir.display());
     if p.burst > 0 && p.burst_rounds > 0 {
@@ -1291,12 +1501,17 @@ async fn run(p: Params) -> Res<()> {
     }
     let t = Instant::now();
     let per_node = p.running.div_ceil(p.nodes.max(1));
-    register_set(c.admin(), "a", p.nodes, true, per_node).await?;
-    register_set(c.admin(), "b", p.nodes, false, per_node).await?;
+    register_set(c.admin(), "a", p.nodes, SetKind::Plain, per_node).await?;
+    register_set(c.admin(), "b", p.nodes, SetKind::Tessera, per_node).await?;
+    // `--running` fills sets a and b only.
+    let dra = p.variants.iter().any(|v| v.dra());
+    if dra {
+        register_set(c.admin(), "d", p.nodes, SetKind::Dra, 0).await?;
+    }
     eprintln!(
-        "{} + {} bare nodes registered in {:.1} s",
+        "{} bare nodes in each of {} sets registered in {:.1} s",
         p.nodes,
-        p.nodes,
+        if dra { 3 } else { 2 },
         t.elapsed().as_secs_f64()
     );
     if p.running > 0 {
@@ -1315,10 +1530,10 @@ async fn run(p: Params) -> Res<()> {
     // Only the schedulers the chosen variants use: an idle one would still watch every node
     // and pod and share the cores.
     let wants = |v: Variant| p.variants.contains(&v);
-    let _plain = wants(Variant::Plain)
+    let _plain = (wants(Variant::Plain) || wants(Variant::Dra))
         .then(|| c.spawn_plain_kube_scheduler("plain-kube-scheduler"))
         .transpose()?;
-    let _unthrottled = wants(Variant::PlainUnthrottled)
+    let _unthrottled = (wants(Variant::PlainUnthrottled) || wants(Variant::DraUnthrottled))
         .then(|| spawn_unthrottled_kube_scheduler(&c))
         .transpose()?;
     let leader_port = c.scheduler_pods[0].extender_port;
@@ -1398,6 +1613,9 @@ async fn run(p: Params) -> Res<()> {
                 .into());
             }
             delete_all(c.admin(), &ns).await?;
+            if v.dra() {
+                delete_claims(c.admin(), &ns).await?;
+            }
             by.entry(v).or_default().push(r);
         }
     }
@@ -1466,6 +1684,13 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
             Some(unthrottled_goal),
         ),
         (Variant::TesseraPolicy, Variant::TesseraUnthrottled, None),
+        // T3 through DRA: 0.9 with the creates out of the way.
+        (Variant::Dra, Variant::Plain, p.gated.then_some(0.9)),
+        (
+            Variant::DraUnthrottled,
+            Variant::PlainUnthrottled,
+            p.gated.then_some(0.9),
+        ),
         (Variant::TesseraHamiOrder, Variant::Plain, None),
         (Variant::TesseraHamiOrder, Variant::PlainUnthrottled, None),
     ];
@@ -1550,7 +1775,13 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
             ("webhook calls per placed pod (run median)", |r| {
                 r.webhook_calls
             }),
+            ("ResourceClaim writes per placed pod (every client; run median)", |r| {
+                r.claim_writes
+            }),
         ] {
+            if what.starts_with("ResourceClaim") && !v.dra() {
+                continue;
+            }
             csv.row(
                 &Row::new(
                     case(v.label()),

@@ -43,6 +43,9 @@ pub struct ClusterOptions {
     /// extra `--set` values, do the webhook's work in namespaces labeled
     /// [`POLICY_NAMESPACE_LABEL`]` = policy`; the webhook keeps every other namespace.
     pub pod_mutation_policy: Option<Vec<String>>,
+    /// Kubernetes feature gates (`Name=true`) of the API server and of every kube-scheduler the
+    /// cluster or a benchmark starts, e.g. DRA's `DRAConsumableCapacity=true`.
+    pub feature_gates: Vec<String>,
 }
 
 /// The namespace label that hands a namespace's pods to the pod-mutation policies instead of the
@@ -66,6 +69,7 @@ impl ClusterOptions {
             scheduler_pods: 1,
             tessera_args: Vec::new(),
             pod_mutation_policy: None,
+            feature_gates: Vec::new(),
         }
     }
 }
@@ -307,7 +311,7 @@ impl Cluster {
             write_kubeconfig(&kubeconfig_path(&dir, user), apiserver_port, &ca, user)?;
         }
         let policy = opts.pod_mutation_policy.is_some();
-        let mut apiserver = start_apiserver(artifacts, &dir, apiserver_port, etcd_port, policy)?;
+        let mut apiserver = start_apiserver(artifacts, &dir, apiserver_port, etcd_port, &opts)?;
         let admin = client_for(&kubeconfig_path(&dir, "admin")).await?;
         let user = client_for(&kubeconfig_path(&dir, USER)).await?;
         wait_apiserver(&admin, &mut apiserver).await?;
@@ -426,8 +430,16 @@ impl Cluster {
         cmd.arg(format!("--config={}", config.display()))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--secure-port={}", free_port()))
-            .arg("--v=1");
+            .arg("--v=1")
+            .args(self.kube_scheduler_gates());
         Ok(Proc::spawn(name, &self.dir.join("logs"), &mut cmd)?)
+    }
+
+    /// kube-scheduler's `--feature-gates` flag for [`ClusterOptions::feature_gates`], if any:
+    /// every kube-scheduler of the cluster runs with the API server's gates.
+    pub fn kube_scheduler_gates(&self) -> Option<String> {
+        (!self.opts.feature_gates.is_empty())
+            .then(|| format!("--feature-gates={}", self.opts.feature_gates.join(",")))
     }
 
     pub fn pki(&self) -> &Pki {
@@ -550,7 +562,8 @@ impl Cluster {
             .arg(format!("--config={}", path.display()))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--secure-port={}", free_port()))
-            .arg("--v=2");
+            .arg("--v=2")
+            .args(self.kube_scheduler_gates());
         Ok(Proc::spawn(
             &format!("{pod}-kube-scheduler"),
             &self.dir.join("logs"),
@@ -647,7 +660,7 @@ impl Cluster {
             &self.dir,
             self.apiserver_port,
             self.etcd_port,
-            self.opts.pod_mutation_policy.is_some(),
+            &self.opts,
         )?;
         let r = wait_apiserver(&self.admin, &mut a).await;
         self.apiserver = Some(a);
@@ -788,13 +801,14 @@ pub(crate) fn start_etcd(a: &Artifacts, dir: &Path, client: u16, peer: u16) -> R
     Ok(Proc::spawn("etcd", &dir.join("logs"), &mut cmd)?)
 }
 
-/// `mutating_policies`: also serve MutatingAdmissionPolicy (beta and off by default in 1.34).
+/// With [`ClusterOptions::pod_mutation_policy`] it also serves MutatingAdmissionPolicy (beta and
+/// off by default in 1.34); [`ClusterOptions::feature_gates`] are added.
 fn start_apiserver(
     a: &Artifacts,
     dir: &Path,
     port: u16,
     etcd: u16,
-    mutating_policies: bool,
+    opts: &ClusterOptions,
 ) -> Result<Proc> {
     let p = |f: &str| dir.join(f).display().to_string();
     let mut cmd = Command::new(&a.kube_apiserver);
@@ -824,9 +838,13 @@ fn start_apiserver(
             std::env::var_os("TESSERA_BENCH_PERF_DIR").is_some()
         ))
         .arg("--v=1");
-    if mutating_policies {
-        cmd.arg("--feature-gates=MutatingAdmissionPolicy=true")
-            .arg("--runtime-config=admissionregistration.k8s.io/v1beta1=true");
+    let mut gates = opts.feature_gates.clone();
+    if opts.pod_mutation_policy.is_some() {
+        gates.push("MutatingAdmissionPolicy=true".to_owned());
+        cmd.arg("--runtime-config=admissionregistration.k8s.io/v1beta1=true");
+    }
+    if !gates.is_empty() {
+        cmd.arg(format!("--feature-gates={}", gates.join(",")));
     }
     Ok(Proc::spawn("kube-apiserver", &dir.join("logs"), &mut cmd)?)
 }
