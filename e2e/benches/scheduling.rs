@@ -721,13 +721,19 @@ async fn placement_run(
             .iter()
             .map(|name| Ok((name.clone(), claim_object(ns, name, run)?)))
             .collect::<Res<Vec<_>>>()?;
-        let made = write_all("create the claim of", items, &Arc::default(), async |_, claim: &ResourceClaim| {
-            match claims.create(&PostParams::default(), claim).await {
+        let made = write_all(
+            "create the claim of",
+            items,
+            &Arc::default(),
+            async |_, claim: &ResourceClaim| match claims
+                .create(&PostParams::default(), claim)
+                .await
+            {
                 Ok(_) => Ok(()),
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
                 Err(e) => Err(e),
-            }
-        })
+            },
+        )
         .await;
         if made < pods {
             return Err(format!("{run}: only {made} of {pods} ResourceClaims created").into());
@@ -1775,9 +1781,10 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
             ("webhook calls per placed pod (run median)", |r| {
                 r.webhook_calls
             }),
-            ("ResourceClaim writes per placed pod (every client; run median)", |r| {
-                r.claim_writes
-            }),
+            (
+                "ResourceClaim writes per placed pod (every client; run median)",
+                |r| r.claim_writes,
+            ),
         ] {
             if what.starts_with("ResourceClaim") && !v.dra() {
                 continue;
