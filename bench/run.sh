@@ -62,6 +62,9 @@ sched_scale_args="--nodes 5000 --pods 20000 --running 50000 --rounds 1 --burst 0
 # at QPS 1000 with the admission policies in place of the webhook (admissionPolicy.podMutation),
 # and the same shares through DRA (a ResourceClaim per pod, no extender) against the same plain pods.
 sched_gated_args="--gated --burst 0 --variants plain,tessera,dra,plain-qps1000,tessera-qps1000,tessera-policy-qps1000,dra-qps1000"
+# T3 and T2 at 5,000 nodes: the QPS 1000 variants (where the goal is not met at 500 nodes; at the
+# default QPS the client's rate limit, not the extender, sets plain's pace), 5,000 pods a run.
+sched_gated_scale_args="--gated --nodes 5000 --pods 5000 --burst 0 --admission 0 --variants plain-qps1000,tessera-qps1000,dra-qps1000"
 if [ "$quick" = 1 ]; then
     mem_args="--nodes 100 --pods 1000"
     mem_scale_args="--nodes 200 --pods 2000"
@@ -81,6 +84,7 @@ STEPS=(
     "scheduling|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --admission 0"
     "scheduling_scale|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_scale $sched_scale_args"
     "scheduling_gated|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_gated $sched_gated_args"
+    "scheduling_gated_scale|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_gated_scale $sched_gated_scale_args"
     "real_burst|cargo bench --locked -q -p tessera-e2e --bench real_burst"
     "dra_burst|cargo bench --locked -q -p tessera-e2e --bench dra_burst"
 )
@@ -121,6 +125,11 @@ for s in "${STEPS[@]}"; do
     name=${s%%|*}
     cmd=${s#*|}
     selected "$name" || continue
+    if [ "$quick" = 1 ] && [ "$name" = scheduling_gated_scale ]; then
+        # The same code as scheduling_gated's quick form, at a size only the full run needs.
+        echo "bench: [$name] skipped in the quick form (scheduling_gated runs its code)"
+        continue
+    fi
     echo "bench: [$name] $cmd"
     t0=$(date +%s)
     if bash -c "$cmd" >"$logs/$name.log" 2>&1; then

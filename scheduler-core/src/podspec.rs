@@ -134,6 +134,32 @@ pub fn init_container_count(pod: &Pod) -> usize {
         .map_or(0, Vec::len)
 }
 
+/// The scheduler whose pods the extender's pod watch leaves out at the API server (field selector
+/// `spec.schedulerName!=default-scheduler`), unless the GPU scheduler is that one (or unnamed:
+/// `--scheduler-name ""`, where the webhook leaves GPU pods' scheduler as it is). Most of a mixed
+/// cluster's pods are its, and none of them holds a booking of this extender: the webhook hands
+/// GPU pods to the GPU scheduler, the extender refuses to book pods of this scheduler
+/// ([`outside_pod_watch`]), the booking annotations are the scheduler's and the plugin's alone
+/// (the booking-annotations admission policy), and the device plugin serves no other
+/// scheduler's pods. `spec.schedulerName` is immutable, so a pod never enters or leaves the
+/// watched set.
+pub const UNWATCHED_SCHEDULER: &str = "default-scheduler";
+
+/// The field selector of the extender's pod watch for GPU scheduler `scheduler_name`
+/// ([`UNWATCHED_SCHEDULER`]); `None`: every pod.
+pub fn pod_watch_fields(scheduler_name: &str) -> Option<String> {
+    (!scheduler_name.is_empty() && scheduler_name != UNWATCHED_SCHEDULER)
+        .then(|| format!("spec.schedulerName!={UNWATCHED_SCHEDULER}"))
+}
+
+/// True when `pod` is outside the extender's pod watch ([`pod_watch_fields`]): the state would
+/// never see its booking, so the extender must not book it. A pod without a scheduler name (only
+/// in tests: the API server defaults it) is inside.
+pub fn outside_pod_watch(pod: &Pod, scheduler_name: &str) -> bool {
+    pod_watch_fields(scheduler_name).is_some()
+        && pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()) == Some(UNWATCHED_SCHEDULER)
+}
+
 /// `namespace/name` of a pod, for messages and simulate output.
 pub fn pod_key(pod: &Pod) -> String {
     format!(
@@ -141,4 +167,44 @@ pub fn pod_key(pod: &Pod) -> String {
         pod.metadata.namespace.as_deref().unwrap_or("default"),
         pod.metadata.name.as_deref().unwrap_or("")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod_of(scheduler: Option<&str>) -> Pod {
+        Pod {
+            spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                scheduler_name: scheduler.map(str::to_owned),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_pod_watch_leaves_out_the_default_schedulers_pods_unless_it_is_the_gpu_scheduler() {
+        assert_eq!(
+            pod_watch_fields("hami-scheduler").as_deref(),
+            Some("spec.schedulerName!=default-scheduler")
+        );
+        assert_eq!(pod_watch_fields("default-scheduler"), None);
+        assert_eq!(pod_watch_fields(""), None);
+        assert!(!outside_pod_watch(&pod_of(Some("default-scheduler")), ""));
+        assert!(outside_pod_watch(
+            &pod_of(Some("default-scheduler")),
+            "hami-scheduler"
+        ));
+        assert!(!outside_pod_watch(
+            &pod_of(Some("default-scheduler")),
+            "default-scheduler"
+        ));
+        // Another profile that calls this extender keeps its pods watched.
+        assert!(!outside_pod_watch(
+            &pod_of(Some("hami-scheduler-qps1000")),
+            "hami-scheduler"
+        ));
+        assert!(!outside_pod_watch(&pod_of(None), "hami-scheduler"));
+    }
 }

@@ -524,6 +524,24 @@ async fn filter_body<E: ClusterEdge>(app: &App<E>, body: &[u8]) -> ExtenderFilte
         pod_uid = pod.metadata.uid.as_deref().unwrap_or_default(),
     );
     let answer = async {
+        if podspec::outside_pod_watch(&pod, &app.webhook.scheduler_name)
+            && !podspec::pod_ask(&pod, &app.decision.nvidia).0.is_empty()
+        {
+            // Its booking would never reach the state (the pod watch leaves this scheduler's
+            // pods out), so another pod could be given the same share.
+            app.metrics.decision("filter", "UnwatchedScheduler");
+            return ExtenderFilterResult::error(format!(
+                "pod {} asks for GPUs but names schedulerName {}, whose pods Tessera does not \
+                 watch: only pods of GPU scheduler profiles ({} and any other but {}) are booked. \
+                 Leave schedulerName unset so the webhook sets it, or set the chart's \
+                 schedulerName to {}",
+                podspec::pod_key(&pod),
+                podspec::UNWATCHED_SCHEDULER,
+                app.webhook.scheduler_name,
+                podspec::UNWATCHED_SCHEDULER,
+                podspec::UNWATCHED_SCHEDULER,
+            ));
+        }
         if args.node_names.is_none()
             && let Some(nodes) = args.nodes
         {

@@ -640,12 +640,15 @@ const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
 /// Feeds the decision loop while this replica leads: on every new term, fresh watchers List
 /// everything (quorum reads), the loop rebuilds from that complete view, then every later change
 /// follows on the same channel, in order. Objects are reduced to what the state reads
-/// (`state::slim_pod`, `slim_node`) as they arrive, so a List is never held whole.
+/// (`state::slim_pod`, `slim_node`) as they arrive, so a List is never held whole. Pods are
+/// watched with `pod_fields` ([`pod_watch_fields`](tessera_scheduler_core::podspec::pod_watch_fields)): the API server leaves out the pods
+/// no GPU scheduler profile placed.
 pub async fn run_sync(
     client: Client,
     engine: EngineHandle,
     mut leadership: watch::Receiver<Option<u64>>,
     ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pod_fields: Option<String>,
 ) {
     // The watchers back off on their own; this paces restarts of the whole set, should it end.
     let mut restarts = watcher::DefaultBackoff::default();
@@ -660,7 +663,7 @@ pub async fn run_sync(
             continue;
         };
         tokio::select! {
-            _ = sync_term(client.clone(), engine.clone(), term, ready.clone()) => {
+            _ = sync_term(client.clone(), engine.clone(), term, ready.clone(), pod_fields.as_deref()) => {
                 tracing::warn!(term, "informers stopped; restarting");
                 tokio::time::sleep(restarts.next().unwrap_or(MAX_RESTART_PAUSE)).await;
             }
@@ -854,15 +857,21 @@ fn slim<T>(ev: watcher::Event<T>, f: fn(T) -> T) -> watcher::Event<T> {
 
 /// The term's watchers, merged into one stream of changes in arrival order. Each restarts with
 /// kube-runtime's backoff after an error (exponential, jittered, reset once it runs again).
+/// `pod_fields`: the pod watch's field selector ([`pod_watch_fields`](tessera_scheduler_core::podspec::pod_watch_fields)).
 fn term_changes(
     client: Client,
+    pod_fields: Option<&str>,
 ) -> impl futures::Stream<Item = Result<Change, watcher::Error>> + Send {
     let cfg = watcher::Config::default();
     let nodes = watcher(Api::<Node>::all(client.clone()), cfg.clone())
         .default_backoff()
         .map_ok(|e| Change::Node(Box::new(e)))
         .boxed();
-    let pods = watcher(Api::<Pod>::all(client.clone()), cfg.clone())
+    let pod_cfg = match pod_fields {
+        Some(fields) => cfg.clone().fields(fields),
+        None => cfg.clone(),
+    };
+    let pods = watcher(Api::<Pod>::all(client.clone()), pod_cfg)
         .default_backoff()
         .map_ok(|e| Change::Pod(Box::new(e)))
         .boxed();
@@ -878,6 +887,7 @@ async fn sync_term(
     engine: EngineHandle,
     term: u64,
     ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pod_fields: Option<&str>,
 ) {
     let mut sync = TermSync {
         engine,
@@ -891,7 +901,7 @@ async fn sync_term(
         rebuilt: false,
         backlog: Vec::new(),
     };
-    let mut changes = std::pin::pin!(term_changes(client));
+    let mut changes = std::pin::pin!(term_changes(client, pod_fields));
     while let Some(item) = changes.next().await {
         match item {
             Ok(change) => {

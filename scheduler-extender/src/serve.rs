@@ -25,6 +25,7 @@ use tessera_scheduler::kube_edge::{
 use tessera_scheduler::metrics::Metrics;
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::facts::SharedFacts;
+use tessera_scheduler_core::podspec;
 use tessera_scheduler_core::webhook::WebhookConfig;
 
 use crate::PolicyArgs;
@@ -288,7 +289,13 @@ async fn serve(args: ServeArgs, cfg: DecisionConfig) -> anyhow::Result<()> {
     let metrics_gate = MetricsGate::from_args(&args.metrics_access, &client);
     spawn_task(
         "cluster-sync",
-        run_sync(client, engine.clone(), leadership, ready.clone()),
+        run_sync(
+            client,
+            engine.clone(),
+            leadership,
+            ready.clone(),
+            podspec::pod_watch_fields(&args.scheduler_name),
+        ),
     );
     let shutdown = CancellationToken::new();
     start_sweeps(&engine, &edge, &shutdown);

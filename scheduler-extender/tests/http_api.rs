@@ -14,6 +14,7 @@ use tessera_scheduler::metrics::Metrics;
 use tessera_scheduler::testing::FakeEdge;
 use tessera_scheduler_core::config::{DecisionConfig, WriteOptions};
 use tessera_scheduler_core::fixtures::{gpu_node, gpu_pod};
+use tessera_scheduler_core::webhook::WebhookConfig;
 use tower::ServiceExt;
 
 struct Harness {
@@ -27,6 +28,15 @@ async fn harness_with(engine: Engine, auth: Auth) -> Harness {
 }
 
 async fn harness_config(engine: Engine, auth: Auth, decision: DecisionConfig) -> Harness {
+    harness_webhook(engine, auth, decision, Default::default()).await
+}
+
+async fn harness_webhook(
+    engine: Engine,
+    auth: Auth,
+    decision: DecisionConfig,
+    webhook: WebhookConfig,
+) -> Harness {
     let engine = EngineHandle::spawn(engine);
     let edge = Arc::new(FakeEdge::new());
     edge.watch(engine.clone());
@@ -40,7 +50,7 @@ async fn harness_config(engine: Engine, auth: Auth, decision: DecisionConfig) ->
         edge: edge.clone(),
         auth: Arc::new(auth),
         decision,
-        webhook: Default::default(),
+        webhook,
         facts: Default::default(),
         metrics: Metrics::default(),
         ready: Arc::new(AtomicBool::new(true)),
@@ -185,6 +195,51 @@ async fn filter_args_are_decoded_case_insensitively() {
     h.edge.add_pod(pod.clone());
     let body = json!({"pod": pod, "nodenames": ["node1"]}).to_string();
     let (_, out) = post(&h, "/filter", body, None).await;
+    assert!(out.contains(r#""NodeNames":["node1"]"#), "{out}");
+}
+
+/// The pod watch leaves `default-scheduler`'s pods out (`podspec::pod_watch_fields`), so a GPU
+/// pod of that scheduler sent to `/filter` (a kube-scheduler profile configured by hand to call
+/// the extender) is refused, never booked where the state could not see the booking; its other
+/// pods pass untouched.
+#[tokio::test]
+async fn a_gpu_pod_of_the_unwatched_default_scheduler_is_refused_not_booked() {
+    let webhook = WebhookConfig {
+        scheduler_name: "hami-scheduler".to_owned(),
+        ..Default::default()
+    };
+    let cfg = DecisionConfig::default();
+    let h = harness_webhook(
+        Engine::standalone(cfg.clone()),
+        Auth::default(),
+        cfg,
+        webhook,
+    )
+    .await;
+    let mut pod = gpu_pod("default", "p1", 1, 3000, 30);
+    pod.spec.as_mut().unwrap().scheduler_name = Some("default-scheduler".to_owned());
+    h.edge.add_pod(pod.clone());
+    let (status, out) = post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let error = v["Error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("names schedulerName default-scheduler, whose pods Tessera does not watch"),
+        "{out}"
+    );
+    assert_eq!(booked(&h).await, (0, 0, 0));
+    // The same pod under the GPU scheduler's name is placed.
+    pod.spec.as_mut().unwrap().scheduler_name = Some("hami-scheduler".to_owned());
+    let (_, out) = post(&h, "/filter", filter_args(&pod, &["node1"]), None).await;
+    assert!(out.contains(r#""NodeNames":["node1"]"#), "{out}");
+    // A default-scheduler pod without a GPU passes every candidate.
+    let plain: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "plain", "namespace": "default", "uid": "uid-plain"},
+        "spec": {"schedulerName": "default-scheduler",
+                 "containers": [{"name": "c", "image": "x"}]},
+    }))
+    .unwrap();
+    let (_, out) = post(&h, "/filter", filter_args(&plain, &["node1"]), None).await;
     assert!(out.contains(r#""NodeNames":["node1"]"#), "{out}");
 }
 
