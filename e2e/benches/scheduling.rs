@@ -1823,14 +1823,8 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
             row = row.goal("ratio <= 1.5", ratio <= 1.5);
         }
         csv.row(&row);
-        let p99 = |v: Variant| {
-            Stats::of(
-                &by[&v]
-                    .iter()
-                    .map(|r| r.binding_p99_ms)
-                    .collect::<Vec<_>>(),
-            )
-        };
+        let p99 =
+            |v: Variant| Stats::of(&by[&v].iter().map(|r| r.binding_p99_ms).collect::<Vec<_>>());
         let (pt, pb) = (p99(t), p99(base));
         let ratio = pt.median / pb.median;
         let mut row = Row::new(
