@@ -641,8 +641,10 @@ const MAX_RESTART_PAUSE: Duration = Duration::from_secs(30);
 /// everything (quorum reads), the loop rebuilds from that complete view, then every later change
 /// follows on the same channel, in order. Objects are reduced to what the state reads
 /// (`state::slim_pod`, `slim_node`) as they arrive, so a List is never held whole. Pods are
-/// watched with `pod_fields` ([`pod_watch_fields`](tessera_scheduler_core::podspec::pod_watch_fields)): the API server leaves out the pods
-/// no GPU scheduler profile placed.
+/// watched with the field selector `pod_fields` ([`pod_watch_fields`]): the API server leaves
+/// out `default-scheduler`'s pods, which hold no booking.
+///
+/// [`pod_watch_fields`]: tessera_scheduler_core::podspec::pod_watch_fields
 pub async fn run_sync(
     client: Client,
     engine: EngineHandle,
@@ -857,7 +859,7 @@ fn slim<T>(ev: watcher::Event<T>, f: fn(T) -> T) -> watcher::Event<T> {
 
 /// The term's watchers, merged into one stream of changes in arrival order. Each restarts with
 /// kube-runtime's backoff after an error (exponential, jittered, reset once it runs again).
-/// `pod_fields`: the pod watch's field selector ([`pod_watch_fields`](tessera_scheduler_core::podspec::pod_watch_fields)).
+/// `pod_fields`: the pod watch's field selector (`podspec::pod_watch_fields`).
 fn term_changes(
     client: Client,
     pod_fields: Option<&str>,
