@@ -413,6 +413,16 @@ fn spawn_unthrottled_kube_scheduler(c: &Cluster) -> Res<tessera_e2e::process::Pr
     spawn_kube_scheduler(c, &config, "plain-unthrottled-kube-scheduler")
 }
 
+/// A create's result with "already exists" (409) counted as done: the runs' namespaces, pods and
+/// claims, and the DeviceClass, may be left from an earlier run or a retried request.
+fn created<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// `policy`: labeled so that the pod-mutation policies, not the webhook, admit its pods.
 async fn ensure_namespace(admin: &kube::Client, ns: &str, policy: bool) -> Res<()> {
     let obj: Namespace = if policy {
@@ -420,14 +430,11 @@ async fn ensure_namespace(admin: &kube::Client, ns: &str, policy: bool) -> Res<(
     } else {
         serde_json::from_value(json!({"metadata": {"name": ns}}))?
     };
-    match Api::<Namespace>::all(admin.clone())
-        .create(&PostParams::default(), &obj)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    Ok(created(
+        Api::<Namespace>::all(admin.clone())
+            .create(&PostParams::default(), &obj)
+            .await,
+    )?)
 }
 
 /// What one run observed, per pod name.
@@ -541,11 +548,7 @@ async fn create_all(
         .map(|pod| (pod.metadata.name.clone().unwrap_or_default(), pod))
         .collect();
     write_all("create", items, seen, async |_, pod: &Pod| {
-        match api.create(&PostParams::default(), pod).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-            Err(e) => Err(e),
-        }
+        created(api.create(&PostParams::default(), pod).await)
     })
     .await
 }
@@ -727,13 +730,8 @@ async fn placement_run(
             "create the claim of",
             items,
             &Arc::default(),
-            async |_, claim: &ResourceClaim| match claims
-                .create(&PostParams::default(), claim)
-                .await
-            {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                Err(e) => Err(e),
+            async |_, claim: &ResourceClaim| {
+                created(claims.create(&PostParams::default(), claim).await)
             },
         )
         .await;
@@ -942,14 +940,11 @@ async fn create_device_class(admin: &kube::Client) -> Res<()> {
         "spec": {"selectors": [{"cel": {
             "expression": format!("device.driver == \"{}\"", tessera_dra_plugin::DRIVER)}}]},
     }))?;
-    match Api::<DeviceClass>::all(admin.clone())
-        .create(&PostParams::default(), &class)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    Ok(created(
+        Api::<DeviceClass>::all(admin.clone())
+            .create(&PostParams::default(), &class)
+            .await,
+    )?)
 }
 
 /// Publishes the ResourceSlice of bare node `spec` with the DRA plugin's own builder and
@@ -1286,6 +1281,7 @@ impl ApiCounts {
         };
         for s in hami_contract::metrics::samples(&text).0 {
             let pods = s.label("resource") == Some("pods");
+            let write = matches!(s.label("verb"), Some("POST" | "PUT" | "PATCH" | "DELETE"));
             let binding = pods
                 && s.label("verb") == Some("POST")
                 && s.label("subresource") == Some("binding");
@@ -1306,15 +1302,9 @@ impl ApiCounts {
                     };
                     *out.binding_buckets.entry(le).or_default() += s.value;
                 }
+                "apiserver_request_total" if pods && write => out.pod_writes += s.value,
                 "apiserver_request_total"
-                    if pods
-                        && matches!(s.label("verb"), Some("POST" | "PUT" | "PATCH" | "DELETE")) =>
-                {
-                    out.pod_writes += s.value
-                }
-                "apiserver_request_total"
-                    if s.label("resource") == Some("resourceclaims")
-                        && matches!(s.label("verb"), Some("POST" | "PUT" | "PATCH" | "DELETE")) =>
+                    if write && s.label("resource") == Some("resourceclaims") =>
                 {
                     out.claim_writes += s.value
                 }
@@ -1546,7 +1536,8 @@ async fn run(p: Params) -> Res<()> {
         // The policy hands the pods it mutates to (b')'s kube-scheduler profile.
         opts.pod_mutation_policy = Some(vec![format!("schedulerName={TESSERA_UNTHROTTLED}")]);
     }
-    if p.variants.iter().any(|v| v.dra()) {
+    let dra = p.variants.iter().any(|v| v.dra());
+    if dra {
         // GPU shares through DRA (alpha in 1.34), on the API server and every kube-scheduler.
         opts.feature_gates = vec!["DRAConsumableCapacity=true".to_owned()];
     }
@@ -1566,7 +1557,6 @@ async fn run(p: Params) -> Res<()> {
     register_set(c.admin(), "a", p.nodes, SetKind::Plain, per_node).await?;
     register_set(c.admin(), "b", p.nodes, SetKind::Tessera, per_node).await?;
     // `--running` fills sets a and b only.
-    let dra = p.variants.iter().any(|v| v.dra());
     if dra {
         register_set(c.admin(), "d", p.nodes, SetKind::Dra, 0).await?;
     }
@@ -1845,20 +1835,26 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
         let Some(runs) = by.get(&v) else {
             continue;
         };
-        for (what, of) in [
+        // (what, the figure, only for the DRA variants)
+        let counts: [(&str, Figure, bool); 3] = [
             (
                 "pod writes per placed pod (every client; run median)",
-                (|r: &RunResult| r.pod_writes) as fn(&RunResult) -> f64,
+                |r| r.pod_writes,
+                false,
             ),
-            ("webhook calls per placed pod (run median)", |r| {
-                r.webhook_calls
-            }),
+            (
+                "webhook calls per placed pod (run median)",
+                |r| r.webhook_calls,
+                false,
+            ),
             (
                 "ResourceClaim writes per placed pod (every client; run median)",
                 |r| r.claim_writes,
+                true,
             ),
-        ] {
-            if what.starts_with("ResourceClaim") && !v.dra() {
+        ];
+        for (what, of, dra_only) in counts {
+            if dra_only && !v.dra() {
                 continue;
             }
             csv.row(
