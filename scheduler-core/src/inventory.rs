@@ -54,16 +54,16 @@ pub struct GpuRow {
 pub fn gpus(state: &mut ClusterState) -> Vec<GpuRow> {
     state.prepare();
     let mut tenants: BTreeMap<(String, String), Vec<Tenant>> = BTreeMap::new();
-    for (namespace, name, node, usage) in state.booked_pods() {
-        for u in usage.iter() {
+    for pod in state.shared_bookings() {
+        for (uuid, mem, cores) in pod.usage() {
             tenants
-                .entry((node.to_owned(), u.uuid.clone()))
+                .entry((pod.node.to_string(), uuid.to_owned()))
                 .or_default()
                 .push(Tenant {
-                    namespace: namespace.to_owned(),
-                    name: name.to_owned(),
-                    mem: u.mem,
-                    cores: u.cores,
+                    namespace: pod.namespace.to_string(),
+                    name: pod.name.to_string(),
+                    mem,
+                    cores,
                 });
         }
     }

@@ -238,3 +238,81 @@ proptest::proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    /// A namespace's charge is the sum of its own pods' bookings, each pod's in-flight
+    /// reservation counted instead of its record, less the pod being filtered, however pods and
+    /// reservations of several namespaces came, changed and went (the state keeps a running
+    /// total per namespace).
+    #[test]
+    fn a_namespace_is_charged_for_its_own_pods_only(
+        ops in proptest::collection::vec((0usize..6, 0usize..3, 1u32..5000, 0u8..4), 1..40),
+    ) {
+        use std::collections::HashMap;
+        use hami_contract::identity::AllocationSignature;
+        use hami_contract::usage::DeviceUsage;
+        use tessera_scheduler_core::fit::Charge;
+        use tessera_scheduler_core::fixtures::running_pod;
+        use tessera_scheduler_core::state::{BindStage, ClusterState, Reservation};
+        const NAMESPACES: [&str; 3] = ["team-a", "team-b", "team-c"];
+        let mut state = ClusterState::new();
+        // uid → (namespace, MiB) of the pods the informer shows, and of the reservations.
+        let mut pods: HashMap<String, (&str, u32)> = HashMap::new();
+        let mut reserved: HashMap<String, (&str, u32)> = HashMap::new();
+        for (pod, ns, mem, op) in ops {
+            let (namespace, name) = (NAMESPACES[ns], format!("p{pod}"));
+            let uid = format!("uid-{namespace}-{name}");
+            match op {
+                0 => {
+                    let allocated = format!("GPU-n1-0,NVIDIA,{mem},10:;");
+                    state.upsert_pod(&running_pod(namespace, &name, "n1", &allocated));
+                    pods.insert(uid, (namespace, mem));
+                }
+                1 => {
+                    state.remove_pod(&uid);
+                    pods.remove(&uid);
+                    reserved.remove(&uid);
+                }
+                2 => {
+                    let usage = vec![DeviceUsage { uuid: "GPU-n1-0".into(), vendor: "NVIDIA".into(), slots: 1, mem, cores: 10 }];
+                    state.reserve(Reservation {
+                        uid: uid.clone(),
+                        namespace: namespace.into(),
+                        name,
+                        node: "n1".into(),
+                        devices: Default::default(),
+                        usage,
+                        signature: AllocationSignature::new(&Default::default(), &Default::default()),
+                        mig: Vec::new(),
+                        stage: BindStage::Decided,
+                        created_tick: 0,
+                    });
+                    reserved.insert(uid, (namespace, mem));
+                }
+                _ => {
+                    state.release(&uid);
+                    reserved.remove(&uid);
+                }
+            }
+            let effective = |uid: &String| reserved.get(uid).or_else(|| pods.get(uid)).copied();
+            let mut uids: Vec<&String> = pods.keys().chain(reserved.keys()).collect();
+            uids.sort();
+            uids.dedup();
+            for namespace in NAMESPACES {
+                for exclude in [None, Some("uid-team-a-p0")] {
+                    let want = uids
+                        .iter()
+                        .filter(|uid| Some(uid.as_str()) != exclude)
+                        .filter_map(|uid| effective(uid))
+                        .filter(|(ns, _)| *ns == namespace)
+                        .fold(Charge::default(), |c, (_, mem)| Charge {
+                            mem: c.mem + u64::from(mem),
+                            cores: c.cores + 10,
+                            count: c.count + 1,
+                        });
+                    proptest::prop_assert_eq!(state.namespace_usage(namespace, exclude), want);
+                }
+            }
+        }
+    }
+}

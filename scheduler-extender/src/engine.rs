@@ -13,8 +13,11 @@ use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use tessera_scheduler_core::config::DecisionConfig;
 use tessera_scheduler_core::decide::{self, Verdict};
 use tessera_scheduler_core::fit::Charge;
+use tessera_scheduler_core::fit::NodeState;
 use tessera_scheduler_core::quota::QuotaKeys;
-use tessera_scheduler_core::state::{BindStage, ClusterState, NodeRecord, Reservation, ResyncKind};
+use tessera_scheduler_core::state::{
+    BindStage, ClusterState, NodeRecord, Reservation, ResyncKind, SharedBooking,
+};
 use tessera_scheduler_core::{podspec, preempt};
 use tokio::sync::{mpsc, oneshot};
 
@@ -118,6 +121,120 @@ pub struct MetricsSnapshot {
     pub pending: BTreeMap<&'static str, usize>,
 }
 
+/// What the decision loop hands a metrics scrape: its state's parts, shared (the nodes' cached
+/// states, the booked pods' entries), so that taking a consistent view costs the loop a
+/// reference count per node and per pod; [`StateView::expand`] builds the rows off the loop.
+/// At 5,000 nodes and 50,000 pods the rows took the loop 64 ms, during which nothing was
+/// filtered or bound.
+#[derive(Debug, Default)]
+pub struct StateView {
+    leader: bool,
+    nodes: Vec<(Arc<str>, Arc<NodeState>)>,
+    bookings: Vec<SharedBooking>,
+    quotas: Vec<QuotaView>,
+    reservations: usize,
+    pending: BTreeMap<&'static str, usize>,
+}
+
+impl StateView {
+    /// The rows `/metrics` encodes (off the decision loop).
+    pub fn expand(self) -> MetricsSnapshot {
+        let mut containers = Vec::new();
+        for pod in &self.bookings {
+            for (container_index, (uuid, mem, cores)) in pod.usage().into_iter().enumerate() {
+                containers.push(ContainerDeviceMetrics {
+                    namespace: pod.namespace.to_string(),
+                    node: pod.node.to_string(),
+                    pod: pod.name.to_string(),
+                    container_index,
+                    uuid: uuid.to_owned(),
+                    mem,
+                    cores,
+                });
+            }
+        }
+        // What each namespace uses, from the same bookings: what the loop's budget check sums.
+        let mut used: HashMap<&str, Charge> = HashMap::new();
+        for pod in &self.bookings {
+            *used.entry(&pod.namespace).or_default() += pod.charge();
+        }
+        let quotas = self
+            .quotas
+            .into_iter()
+            .map(|q| {
+                let used = used.get(q.namespace.as_str()).copied().unwrap_or_default();
+                QuotaMetrics {
+                    items: q
+                        .limits
+                        .into_iter()
+                        .map(|(key, limit, of)| (key, limit, of.of(&used)))
+                        .collect(),
+                    namespace: q.namespace,
+                    name: q.name,
+                }
+            })
+            .collect();
+        MetricsSnapshot {
+            leader: self.leader,
+            gpus: gpu_rows(&self.nodes),
+            containers,
+            quotas,
+            reservations: self.reservations,
+            pending: self.pending,
+        }
+    }
+}
+
+/// A quota's limits, by resource key; what its namespace uses is summed off the loop.
+#[derive(Debug)]
+struct QuotaView {
+    namespace: String,
+    name: String,
+    limits: Vec<(String, u64, Charged)>,
+}
+
+/// Which part of a namespace's [`Charge`] a quota's limit is on.
+#[derive(Debug, Clone, Copy)]
+enum Charged {
+    Mem,
+    Cores,
+    Count,
+}
+
+impl Charged {
+    fn of(self, c: &Charge) -> u64 {
+        match self {
+            Charged::Mem => c.mem,
+            Charged::Cores => c.cores,
+            Charged::Count => c.count,
+        }
+    }
+}
+
+/// Every GPU of `nodes` with its booking, node by node.
+fn gpu_rows(nodes: &[(Arc<str>, Arc<NodeState>)]) -> Vec<GpuMetrics> {
+    let mut out = Vec::new();
+    for (name, state) in nodes {
+        for g in &state.gpus {
+            out.push(GpuMetrics {
+                node: name.to_string(),
+                uuid: g.uuid.clone(),
+                index: g.index,
+                device_type: g.device_type.clone(),
+                count: g.count,
+                totalmem: g.totalmem,
+                totalcore: g.totalcore,
+                used: g.used,
+                usedmem: g.usedmem,
+                usedcores: g.usedcores,
+                mode: g.mode.clone(),
+                mig: g.mig.as_ref().map(|m| m.in_use.clone()).unwrap_or_default(),
+            });
+        }
+    }
+    out
+}
+
 /// Commands to the loop.
 #[derive(Debug)]
 pub enum Command {
@@ -184,7 +301,7 @@ pub enum Command {
         reply: oneshot::Sender<Vec<(String, String)>>,
     },
     Metrics {
-        reply: oneshot::Sender<MetricsSnapshot>,
+        reply: oneshot::Sender<StateView>,
     },
     /// Answered once every command sent before it has been handled.
     Barrier {
@@ -669,83 +786,43 @@ impl Engine {
     }
 
     pub fn bookings(&mut self) -> Vec<GpuMetrics> {
-        self.state.prepare();
-        let mut out = Vec::new();
-        let names: Vec<String> = self.state.nodes().map(|n| n.name.clone()).collect();
-        for name in names {
-            if let Some(ns) = self.state.node_state(&name, None) {
-                for g in &ns.gpus {
-                    out.push(GpuMetrics {
-                        node: name.clone(),
-                        uuid: g.uuid.clone(),
-                        index: g.index,
-                        device_type: g.device_type.clone(),
-                        count: g.count,
-                        totalmem: g.totalmem,
-                        totalcore: g.totalcore,
-                        used: g.used,
-                        usedmem: g.usedmem,
-                        usedcores: g.usedcores,
-                        mode: g.mode.clone(),
-                        mig: g.mig.as_ref().map(|m| m.in_use.clone()).unwrap_or_default(),
-                    });
-                }
-            }
-        }
-        out
+        gpu_rows(&self.state.node_states())
     }
 
-    pub fn metrics(&mut self) -> MetricsSnapshot {
+    /// The view a `/metrics` scrape encodes ([`StateView`]); empty unless leading.
+    pub fn metrics(&mut self) -> StateView {
         let leader = self.ready().is_ok();
         if !leader {
-            return MetricsSnapshot::default();
+            return StateView::default();
         }
-        let gpus = self.bookings();
-        let mut quotas = Vec::new();
-        let mut usage_by_ns: HashMap<String, Charge> = HashMap::new();
-        let records: Vec<_> = self.state.quotas().cloned().collect();
-        for q in records {
-            let used = *usage_by_ns
-                .entry(q.namespace.clone())
-                .or_insert_with(|| self.state.namespace_usage(&q.namespace, None));
-            let mut items = Vec::new();
-            if let Some(l) = q.mem_limit {
-                items.push((self.keys.memory.clone(), l, used.mem));
-            }
-            if let Some(l) = q.cores_limit {
-                items.push((self.keys.cores.clone(), l, used.cores));
-            }
-            if let Some(l) = q.count_limit {
-                items.push((
-                    format!("limits.{}", self.cfg.nvidia.resources.count),
-                    l,
-                    used.count,
-                ));
-            }
-            quotas.push(QuotaMetrics {
-                namespace: q.namespace.clone(),
-                name: q.name.clone(),
-                items,
-            });
-        }
-        let mut containers = Vec::new();
-        for (namespace, pod, node, usage) in self.state.booked_pods() {
-            for (i, u) in usage.iter().enumerate() {
-                containers.push(ContainerDeviceMetrics {
-                    namespace: namespace.to_owned(),
-                    node: node.to_owned(),
-                    pod: pod.to_owned(),
-                    container_index: i,
-                    uuid: u.uuid.clone(),
-                    mem: u.mem,
-                    cores: u.cores,
-                });
-            }
-        }
-        MetricsSnapshot {
+        let nodes = self.state.node_states();
+        let quotas = self
+            .state
+            .quotas()
+            .map(|q| {
+                let limits = [
+                    (self.keys.memory.clone(), q.mem_limit, Charged::Mem),
+                    (self.keys.cores.clone(), q.cores_limit, Charged::Cores),
+                    (
+                        format!("limits.{}", self.cfg.nvidia.resources.count),
+                        q.count_limit,
+                        Charged::Count,
+                    ),
+                ];
+                QuotaView {
+                    namespace: q.namespace.clone(),
+                    name: q.name.clone(),
+                    limits: limits
+                        .into_iter()
+                        .filter_map(|(key, limit, of)| Some((key, limit?, of)))
+                        .collect(),
+                }
+            })
+            .collect();
+        StateView {
             leader,
-            gpus,
-            containers,
+            nodes,
+            bookings: self.state.shared_bookings(),
             quotas,
             reservations: self.state.reservations().count(),
             pending: self
@@ -949,7 +1026,8 @@ impl EngineHandle {
         rx.await.unwrap_or_default()
     }
 
-    pub async fn metrics(&self) -> MetricsSnapshot {
+    /// The loop's [`StateView`]: expand and encode it off the loop.
+    pub async fn metrics(&self) -> StateView {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Metrics { reply }).await;
         rx.await.unwrap_or_default()

@@ -305,13 +305,19 @@ pub fn metrics_router<E: ClusterEdge>(
     let metrics = Router::new().route(
         "/metrics",
         get(|State(app): State<Arc<App<E>>>| async move {
-            let snap = app.engine.metrics().await;
+            let view = app.engine.metrics().await;
+            // Building the rows and encoding them take 0.2 s at 5,000 nodes: on a blocking
+            // thread, not on a worker the decision loop and the extender calls share.
+            let metrics = app.metrics.clone();
+            let text = tokio::task::spawn_blocking(move || metrics.render(view.expand()))
+                .await
+                .unwrap_or_else(|_| "# metrics encoding failed\n".to_owned());
             (
                 [(
                     header::CONTENT_TYPE,
                     "text/plain; version=0.0.4; charset=utf-8",
                 )],
-                app.metrics.render(snap),
+                text,
             )
         }),
     );

@@ -570,14 +570,91 @@ async fn a_replica_that_is_not_leader_answers_a_retryable_error() {
 async fn metrics_expose_hami_gpu_names_on_the_leader() {
     let h = harness().await;
     filter_p1(&h).await;
-    let snap = h.engine.metrics().await;
-    let text = h.app.metrics.render(snap);
+    let view = h.engine.metrics().await;
+    let text = h.app.metrics.render(view.expand());
     assert!(text.contains(r#"hami_gpu_memory_allocated_bytes{zone="vGPU",node="node1",device_uuid="GPU-node1-0",device_index="0",device_cores="100",device_type="NVIDIA-Tesla T4"} 3145728000"#), "{text}");
     assert!(
         text.contains("tessera_filter_duration_seconds_count 1"),
         "{text}"
     );
     assert!(text.contains(r#"hami_vgpu_core_allocated_ratio{zone="vGPU",namespace="default",node="node1",pod="p1",container_index="0",device_uuid="GPU-node1-0"} 30"#), "{text}");
+}
+
+/// A scrape's view is taken on the decision loop and encoded after it: decisions the loop makes
+/// meanwhile neither show in it nor tear it, and the next scrape sees them.
+#[tokio::test]
+async fn a_scrape_encodes_the_state_as_it_was_when_its_view_was_taken() {
+    let h = harness().await;
+    filter_p1(&h).await;
+    let before = h.engine.metrics().await;
+    h.engine
+        .send(Command::Observe(Observation::NodeUpsert(Box::new(
+            gpu_node("node2", 1, 16000, 10),
+        ))))
+        .await;
+    let pod = gpu_pod("default", "p2", 1, 2000, 20);
+    h.edge.add_pod(pod.clone());
+    let (status, body) = post(&h, "/filter", filter_args(&pod, &["node2"]), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains(r#""NodeNames":["node2"]"#), "{body}");
+    let used = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("hami_vgpu_core_allocated_ratio{"))
+            .count()
+    };
+    let old = h.app.metrics.render(before.expand());
+    assert_eq!(used(&old), 1, "{old}");
+    assert!(!old.contains(r#"node="node2""#), "{old}");
+    let new = h.app.metrics.render(h.engine.metrics().await.expand());
+    assert_eq!(used(&new), 2, "{new}");
+    assert!(new.contains(r#"hami_vgpu_core_allocated_ratio{zone="vGPU",namespace="default",node="node2",pod="p2",container_index="0",device_uuid="GPU-node2-0"} 20"#), "{new}");
+}
+
+/// A namespace's quota series: its limits, and what its pods and in-flight decisions use, the
+/// pods of other namespaces not counted.
+#[tokio::test]
+async fn a_scrape_shows_each_quota_with_what_its_namespace_uses() {
+    let h = harness().await;
+    let quota: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"namespace": "team-a", "name": "gpu"},
+        "spec": {"hard": {"limits.nvidia.com/gpumem": "10000", "limits.nvidia.com/gpu": "4"}}}))
+    .unwrap();
+    h.engine
+        .send(Command::Observe(Observation::QuotaUpsert(Box::new(quota))))
+        .await;
+    h.engine
+        .send(Command::Observe(Observation::NodeUpsert(Box::new(
+            gpu_node("node2", 1, 16000, 10),
+        ))))
+        .await;
+    // One in-flight decision per node (a second pod would wait for the first's allocation).
+    for (namespace, name, mem, node) in [
+        ("team-a", "a1", 3000, "node1"),
+        ("team-b", "b1", 2000, "node2"),
+    ] {
+        let pod = gpu_pod(namespace, name, 1, mem, 10);
+        h.edge.add_pod(pod.clone());
+        let (_, body) = post(&h, "/filter", filter_args(&pod, &[node]), None).await;
+        assert!(
+            body.contains(&format!(r#""NodeNames":["{node}"]"#)),
+            "{body}"
+        );
+    }
+    let text = h.app.metrics.render(h.engine.metrics().await.expand());
+    let series = |name: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        series("hami_resource_quota_used{"),
+        vec![
+            r#"hami_resource_quota_used{zone="vGPU",namespace="team-a",quota_name="limits.nvidia.com/gpumem",limit="10000"} 3000.0"#,
+            r#"hami_resource_quota_used{zone="vGPU",namespace="team-a",quota_name="limits.nvidia.com/gpu",limit="4"} 1.0"#,
+        ],
+        "{text}"
+    );
 }
 
 #[tokio::test]

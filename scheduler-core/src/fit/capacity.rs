@@ -254,6 +254,22 @@ impl Charge {
     }
 }
 
+impl std::ops::AddAssign for Charge {
+    fn add_assign(&mut self, c: Charge) {
+        self.mem = self.mem.saturating_add(c.mem);
+        self.cores = self.cores.saturating_add(c.cores);
+        self.count = self.count.saturating_add(c.count);
+    }
+}
+
+impl std::ops::SubAssign for Charge {
+    fn sub_assign(&mut self, c: Charge) {
+        self.mem = self.mem.saturating_sub(c.mem);
+        self.cores = self.cores.saturating_sub(c.cores);
+        self.count = self.count.saturating_sub(c.count);
+    }
+}
+
 impl QuotaBudget {
     /// True when no quota object limits the namespace.
     pub fn is_unlimited(&self) -> bool {

@@ -62,14 +62,16 @@ pub(super) struct Usage {
 #[derive(Debug, Clone)]
 pub(super) struct PodEntry {
     pub(super) namespace: std::sync::Arc<str>,
-    pub(super) name: Box<str>,
+    /// Shared (as `usage` is) so that a metrics scrape holds the booked pods for reference
+    /// counts ([`ClusterState::shared_bookings`]).
+    pub(super) name: std::sync::Arc<str>,
     pub(super) node: Option<std::sync::Arc<str>>,
     pub(super) bound_node: Option<std::sync::Arc<str>>,
     pub(super) bind_phase: Option<std::sync::Arc<str>>,
     pub(super) terminal: bool,
     pub(super) deleting: bool,
     pub(super) devices: Box<[Box<[Device]>]>,
-    pub(super) usage: Box<[Usage]>,
+    pub(super) usage: std::sync::Arc<[Usage]>,
     pub(super) signature: Option<Box<AllocationSignature>>,
     /// The signature's placement constraints when the signature is not kept.
     pub(super) constraints: Box<[(Box<str>, Box<str>)]>,
@@ -136,7 +138,7 @@ impl PodEntry {
         };
         PodEntry {
             namespace: strings.get(&namespace),
-            name: name.into_boxed_str(),
+            name: std::sync::Arc::from(name),
             node: node.map(|n| strings.get(&n)),
             bound_node: bound_node.map(|n| strings.get(&n)),
             bind_phase: bind_phase.map(|p| strings.get(&p)),
@@ -165,6 +167,13 @@ impl PodEntry {
 
     pub(super) fn books_capacity(&self) -> bool {
         self.phase().books_capacity()
+    }
+
+    /// What the pod's own booking charges its namespace, when it books capacity on a node
+    /// (what [`ClusterState::effective`] counts of it without a reservation).
+    pub(super) fn charge(&self) -> Option<Charge> {
+        (self.books_capacity() && self.node.is_some())
+            .then(|| UsageRef::Compact(&self.usage).charge())
     }
 
     pub(super) fn is_pending_allocation(&self) -> bool {
@@ -294,38 +303,72 @@ pub fn usage_charge(usage: &[DeviceUsage]) -> Charge {
     })
 }
 
-/// A pod that books capacity: `(namespace, name, node, collapsed usage)`.
-pub type BookedPod<'a> = (
-    &'a str,
-    &'a str,
-    &'a str,
-    std::borrow::Cow<'a, [DeviceUsage]>,
-);
+/// A pod that books capacity, with every part shared with the state: taking all of them costs
+/// the decision loop reference counts, not copies, and they stay valid after it moves on.
+#[derive(Debug, Clone)]
+pub struct SharedBooking {
+    pub namespace: std::sync::Arc<str>,
+    pub name: std::sync::Arc<str>,
+    pub node: std::sync::Arc<str>,
+    usage: SharedUsage,
+}
+
+#[derive(Debug, Clone)]
+enum SharedUsage {
+    /// A reservation's list (few: the pods in flight).
+    Full(std::sync::Arc<[DeviceUsage]>),
+    /// A pod entry's own list.
+    Compact(std::sync::Arc<[Usage]>),
+}
+
+impl SharedBooking {
+    fn usage_ref(&self) -> UsageRef<'_> {
+        match &self.usage {
+            SharedUsage::Full(u) => UsageRef::Full(u),
+            SharedUsage::Compact(u) => UsageRef::Compact(u),
+        }
+    }
+
+    /// The pod's collapsed usage entries: `(uuid, mem, cores)`, in order.
+    pub fn usage(&self) -> Vec<(&str, u32, u32)> {
+        let mut out = Vec::new();
+        self.usage_ref()
+            .each_ref(|uuid, _, mem, cores| out.push((uuid, mem, cores)));
+        out
+    }
+
+    /// What the pod charges its namespace's budget ([`usage_charge`]).
+    pub fn charge(&self) -> Charge {
+        self.usage_ref().charge()
+    }
+}
 
 impl ClusterState {
-    /// Every pod that books capacity now (informer view, reservations winning):
-    /// `(namespace, name, node, collapsed usage)`.
-    pub fn booked_pods(&self) -> Vec<BookedPod<'_>> {
-        let mut out = Vec::new();
+    /// Every pod that books capacity now (informer view, reservations winning), each shared
+    /// with the state ([`SharedBooking`]).
+    pub fn shared_bookings(&self) -> Vec<SharedBooking> {
+        let mut out = Vec::with_capacity(self.reservations.len() + self.pods.len());
         for r in self.reservations.values() {
-            out.push((
-                r.namespace.as_str(),
-                r.name.as_str(),
-                r.node.as_str(),
-                std::borrow::Cow::Borrowed(r.usage.as_slice()),
-            ));
+            out.push(SharedBooking {
+                namespace: r.namespace.as_str().into(),
+                name: r.name.as_str().into(),
+                node: r.node.as_str().into(),
+                usage: SharedUsage::Full(r.usage.as_slice().into()),
+            });
         }
+        // Most of the time nothing is in flight: then no pod's UID is hashed.
+        let in_flight = !self.reservations.is_empty();
         for (uid, p) in &self.pods {
-            if self.reservations.contains_key(&**uid) || !p.books_capacity() {
+            if !p.books_capacity() || in_flight && self.reservations.contains_key(&**uid) {
                 continue;
             }
-            if let Some(n) = p.node.as_deref() {
-                out.push((
-                    &*p.namespace,
-                    &*p.name,
-                    n,
-                    UsageRef::Compact(&p.usage).to_cow(),
-                ));
+            if let Some(n) = &p.node {
+                out.push(SharedBooking {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    node: n.clone(),
+                    usage: SharedUsage::Compact(p.usage.clone()),
+                });
             }
         }
         out

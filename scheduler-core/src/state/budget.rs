@@ -34,32 +34,35 @@ impl ClusterState {
         })
     }
 
-    /// GPU usage charged to a namespace (placed pods plus in-flight reservations).
+    /// GPU usage charged to a namespace (placed pods plus in-flight reservations, each pod's
+    /// reservation counted instead of its record, as [`Self::effective`] does), less that of
+    /// `exclude`.
     pub fn namespace_usage(&self, namespace: &str, exclude: Option<&str>) -> Charge {
-        let mut total = Charge::default();
-        let uids = self
-            .pods
-            .iter()
-            .filter(|(_, p)| *p.namespace == *namespace)
-            .map(|(uid, _)| &**uid)
-            .chain(
-                self.reservations
-                    .values()
-                    .filter(|r| r.namespace == namespace)
-                    .map(|r| r.uid.as_str()),
-            )
-            .collect::<BTreeSet<&str>>();
-        for uid in uids {
-            if Some(uid) == exclude {
-                continue;
+        let mut total = self.charged.get(namespace).copied().unwrap_or_default();
+        for r in self
+            .reservations
+            .values()
+            .filter(|r| r.namespace == namespace)
+        {
+            if let Some(own) = self.pods.get(r.uid.as_str()).and_then(PodEntry::charge) {
+                total -= own;
             }
-            if let Some((_, usage)) = self.effective(uid) {
-                let c = usage.charge();
-                total.mem += c.mem;
-                total.cores += c.cores;
-                total.count += c.count;
-            }
+            total += usage_charge(&r.usage);
+        }
+        if let Some(uid) = exclude
+            && let Some((_, usage)) = self.effective(uid)
+            && self.namespace_of(uid) == Some(namespace)
+        {
+            total -= usage.charge();
         }
         total
+    }
+
+    /// The namespace of the pod or reservation `uid`.
+    fn namespace_of(&self, uid: &str) -> Option<&str> {
+        match self.reservations.get(uid) {
+            Some(r) => Some(&r.namespace),
+            None => self.pods.get(uid).map(|p| &*p.namespace),
+        }
     }
 }

@@ -33,7 +33,7 @@ use books::*;
 use node_cache::*;
 use records::*;
 
-pub use books::{BookedPod, usage_charge};
+pub use books::{SharedBooking, usage_charge};
 pub use ledger::{BindStage, Reservation, confusable_pending};
 pub use node_cache::{Candidate, NameHash, NodeSet, NodeSlot, QuickCandidate};
 pub use nominations::Nomination;
@@ -61,6 +61,9 @@ pub struct ClusterState {
     /// pod known to exist, for the reservation sweep.
     live: HashSet<Box<str>>,
     by_node: HashMap<String, BTreeSet<String>>,
+    /// What each namespace's pods book ([`PodEntry::charge`]), kept as pods come and go: a
+    /// budget check then adds the few in-flight reservations instead of summing pods.
+    charged: HashMap<std::sync::Arc<str>, Charge>,
     /// Pods pending allocation (bind-phase `allocating`, alive) per node: the gate's index.
     pending_by_node: HashMap<String, BTreeSet<String>>,
     /// Pods decided for a node and not bound yet ([`PodRecord::is_decided_unbound`]) per node.
@@ -198,6 +201,9 @@ impl ClusterState {
                 self.touch(Some(&n));
             }
             let entry = PodEntry::new(rec, &mut self.strings);
+            if let Some(c) = entry.charge() {
+                *self.charged.entry(entry.namespace.clone()).or_default() += c;
+            }
             self.pods.insert(uid.into_boxed_str(), entry);
         }
     }
@@ -217,6 +223,14 @@ impl ClusterState {
                 set.remove(uid);
             }
             self.touch(Some(n));
+        }
+        if let Some(c) = old.charge()
+            && let Some(total) = self.charged.get_mut(&*old.namespace)
+        {
+            *total -= c;
+            if *total == Charge::default() {
+                self.charged.remove(&*old.namespace);
+            }
         }
         drop(old);
         self.strings.entry_dropped();

@@ -9,7 +9,9 @@ use super::*;
 #[derive(Debug, Clone)]
 pub(super) struct CachedNode {
     pub(super) unregistered: Option<String>,
-    pub(super) state: NodeState,
+    /// Shared so that a metrics scrape can take every node's state off the decision loop for
+    /// a reference count each ([`ClusterState::node_states`]); a rebuild replaces it.
+    pub(super) state: std::sync::Arc<NodeState>,
     /// `fit::nvidia_mask` of `state.gpus`.
     pub(super) nvidia: Vec<bool>,
 }
@@ -240,7 +242,7 @@ impl ClusterState {
                         name,
                         CachedNode {
                             unregistered,
-                            state,
+                            state: std::sync::Arc::new(state),
                             nvidia,
                         },
                         summary,
@@ -269,6 +271,20 @@ impl ClusterState {
         self.refresh();
     }
 
+    /// Every registered node's state with all effective usage applied, in name order, each
+    /// shared with the cache: a consistent view of the whole cluster for a reference count per
+    /// node, which a metrics scrape reads after the decision loop has moved on.
+    pub fn node_states(&mut self) -> Vec<(std::sync::Arc<str>, std::sync::Arc<NodeState>)> {
+        self.prepare();
+        self.nodes
+            .keys()
+            .filter_map(|name| {
+                let (cached, shared) = self.cache.get(name)?;
+                Some((shared.clone(), cached.state.clone()))
+            })
+            .collect()
+    }
+
     /// The node with all effective usage except that of `exclude` (the pod being filtered,
     /// whose previous decision HAMi drops first). Call [`Self::prepare`] first.
     pub fn node_state(
@@ -283,7 +299,7 @@ impl ClusterState {
         }
         self.cache
             .get(name)
-            .map(|(c, _)| std::borrow::Cow::Borrowed(&c.state))
+            .map(|(c, _)| std::borrow::Cow::Borrowed(&*c.state))
     }
 
     /// A filter candidate: `None` for a node the cluster does not have. `exclude_on` is
@@ -305,7 +321,7 @@ impl ClusterState {
                 .map(|s| Candidate::Usable(std::borrow::Cow::Owned(s), &cached.nvidia, shared));
         }
         Some(Candidate::Usable(
-            std::borrow::Cow::Borrowed(&cached.state),
+            std::borrow::Cow::Borrowed(&*cached.state),
             &cached.nvidia,
             shared,
         ))
