@@ -45,9 +45,63 @@ use tokio_rustls::TlsAcceptor;
 
 /// Set on each request of a TLS connection whose peer presented a certificate: its chain, end
 /// entity first. The handshake checked only that the peer holds its key; what it authenticates
-/// for is decided per route against each route's CA (the extender's `http::Auth`).
+/// for is decided per route against each route's CA (the extender's `http::Auth`), through
+/// [`PeerCertificates::verified_by`].
 #[derive(Debug, Clone)]
-pub struct PeerCertificates(pub Arc<[rustls::pki_types::CertificateDer<'static>]>);
+pub struct PeerCertificates {
+    chain: Arc<[rustls::pki_types::CertificateDer<'static>]>,
+    /// The connection's verdicts: `(verifier, accepted, when)`. Shared by every request of the
+    /// connection (each gets a clone of this extension).
+    verdicts: Arc<std::sync::Mutex<Vec<(usize, bool, Instant)>>>,
+}
+
+/// How long a connection's verdict on its chain stands before the chain is verified again. A
+/// chain verification is a signature check per certificate (about a tenth of a millisecond):
+/// every request of a kept-alive connection paid it, three per placed pod. Within this time of
+/// its expiry a certificate is still accepted on a connection that had it verified before.
+pub const VERDICT_TTL: Duration = Duration::from_secs(10);
+
+impl PeerCertificates {
+    pub fn new(chain: Arc<[rustls::pki_types::CertificateDer<'static>]>) -> Self {
+        PeerCertificates {
+            chain,
+            verdicts: Arc::default(),
+        }
+    }
+
+    /// The chain, end entity first.
+    pub fn chain(&self) -> &[rustls::pki_types::CertificateDer<'static>] {
+        &self.chain
+    }
+
+    /// Whether `verifier` accepts the chain now; the connection's verdict for `verifier` is
+    /// reused for [`VERDICT_TTL`].
+    pub fn verified_by(
+        &self,
+        verifier: &Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    ) -> bool {
+        let key = Arc::as_ptr(verifier).cast::<()>() as usize;
+        let now = Instant::now();
+        let mut verdicts = self
+            .verdicts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(&(_, accepted, _)) = verdicts
+            .iter()
+            .find(|(k, _, at)| *k == key && now.duration_since(*at) < VERDICT_TTL)
+        {
+            return accepted;
+        }
+        let accepted = self.chain.split_first().is_some_and(|(leaf, rest)| {
+            verifier
+                .verify_client_cert(leaf, rest, rustls::pki_types::UnixTime::now())
+                .is_ok()
+        });
+        verdicts.retain(|(k, _, _)| *k != key);
+        verdicts.push((key, accepted, now));
+        accepted
+    }
+}
 
 /// Limits of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -508,7 +562,7 @@ async fn serve_conn<S>(
                 .1
                 .peer_certificates()
                 .filter(|c| !c.is_empty())
-                .map(|c| PeerCertificates(c.to_vec().into()));
+                .map(|c| PeerCertificates::new(c.to_vec().into()));
             let router = match chain {
                 Some(c) => router.layer(axum::Extension(c)),
                 None => router,
@@ -800,5 +854,96 @@ mod tests {
         assert_eq!((r.peer_len(a), r.peer_len(b), r.peer_len(c)), (2, 2, 2));
         assert_eq!(r.admit(a, l).err(), Some(Refused::Full));
         assert_eq!(r.len(), 6);
+    }
+}
+
+#[cfg(test)]
+mod verdict_tests {
+    use super::*;
+    use rustls::pki_types::{CertificateDer, UnixTime};
+    use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Accepts the one certificate it was made for, counting its verifications.
+    #[derive(Debug)]
+    struct Counting {
+        accept: Vec<u8>,
+        calls: AtomicUsize,
+    }
+
+    impl ClientCertVerifier for Counting {
+        fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+            &[]
+        }
+        fn verify_client_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: UnixTime,
+        ) -> Result<ClientCertVerified, rustls::Error> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if end_entity.as_ref() == self.accept.as_slice() {
+                Ok(ClientCertVerified::assertion())
+            } else {
+                Err(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::UnknownIssuer,
+                ))
+            }
+        }
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Err(rustls::Error::General("unused".into()))
+        }
+        fn verify_tls13_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Err(rustls::Error::General("unused".into()))
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            Vec::new()
+        }
+    }
+
+    fn verifier(accept: &[u8]) -> (Arc<Counting>, Arc<dyn ClientCertVerifier>) {
+        let v = Arc::new(Counting {
+            accept: accept.to_vec(),
+            calls: AtomicUsize::new(0),
+        });
+        (v.clone(), v)
+    }
+
+    fn chain(leaf: &[u8]) -> PeerCertificates {
+        PeerCertificates::new(vec![CertificateDer::from(leaf.to_vec())].into())
+    }
+
+    /// A kept-alive connection's chain is verified once per verifier and period, each request
+    /// after that reusing the verdict (accepted or refused), and again once the period is over.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_verifies_its_chain_once_a_period_per_verifier() {
+        let (scheduler_count, scheduler) = verifier(b"scheduler");
+        let (webhook_count, webhook) = verifier(b"api-server");
+        let conn = chain(b"scheduler");
+        // Every request clones the extension: they share the verdicts.
+        for _ in 0..3 {
+            assert!(conn.clone().verified_by(&scheduler));
+            assert!(!conn.clone().verified_by(&webhook));
+        }
+        assert_eq!(scheduler_count.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(webhook_count.calls.load(Ordering::SeqCst), 1);
+        // Another connection has verdicts of its own.
+        assert!(!chain(b"tenant").verified_by(&scheduler));
+        assert_eq!(scheduler_count.calls.load(Ordering::SeqCst), 2);
+        tokio::time::advance(VERDICT_TTL).await;
+        assert!(conn.verified_by(&scheduler));
+        assert!(!conn.verified_by(&webhook));
+        assert_eq!(scheduler_count.calls.load(Ordering::SeqCst), 3);
+        assert_eq!(webhook_count.calls.load(Ordering::SeqCst), 2);
     }
 }

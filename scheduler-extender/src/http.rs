@@ -142,7 +142,7 @@ impl Auth {
             && self
                 .scheduler_client
                 .as_ref()
-                .is_some_and(|v| verified_by(v.as_ref(), chain))
+                .is_some_and(|v| verified_by(v, chain))
         {
             return Ok(());
         }
@@ -167,7 +167,7 @@ impl Auth {
         let Some(verifier) = &self.webhook_client else {
             return Ok(());
         };
-        if verified_by(verifier.as_ref(), ext.get::<PeerCertificates>()) {
+        if verified_by(verifier, ext.get::<PeerCertificates>()) {
             Ok(())
         } else {
             Err(AuthError::NotTheApiServer)
@@ -177,16 +177,10 @@ impl Auth {
 
 /// The peer's certificate chain is one `verifier` accepts.
 fn verified_by(
-    verifier: &dyn rustls::server::danger::ClientCertVerifier,
+    verifier: &Arc<dyn rustls::server::danger::ClientCertVerifier>,
     chain: Option<&PeerCertificates>,
 ) -> bool {
-    chain.is_some_and(|c| {
-        c.0.split_first().is_some_and(|(leaf, rest)| {
-            verifier
-                .verify_client_cert(leaf, rest, rustls::pki_types::UnixTime::now())
-                .is_ok()
-        })
-    })
+    chain.is_some_and(|c| c.verified_by(verifier))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
