@@ -329,7 +329,7 @@ impl EvalInput<'_> {
                         let sig = AllocationSignature::new(&f.devices(&node), self.annotations);
                         self.state
                             .blocking_pending(name, &sig, &pending)
-                            .map(str::to_owned)
+                            .map(|p| p.to_string())
                     }
                 } else {
                     None

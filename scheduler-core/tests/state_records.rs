@@ -231,7 +231,7 @@ proptest::proptest! {
             proptest::prop_assert_eq!(in_flight, usize::from(is_pending) + usize::from(is_decided));
             if is_pending {
                 let sig = &expected.as_ref().unwrap().signature;
-                proptest::prop_assert_eq!(state.pending_on("n1", "other")[0].1, sig);
+                proptest::prop_assert_eq!(state.pending_on("n1", "other")[0].signature, sig);
             }
             state.remove_pod("u1");
             proptest::prop_assert!(!state.is_live("u1") && state.pod("u1").is_none());

@@ -91,16 +91,24 @@ impl ClusterState {
     pub fn nodes_with_pending(&self) -> NodeSet<'_> {
         let mut out = NodeSet::default();
         for r in self.reservations.values() {
-            if r.stage != BindStage::Decided {
+            if r.stage != BindStage::Decided && self.gated(&r.node) {
                 out.insert(r.node.as_str());
             }
         }
         for (node, uids) in &self.pending_by_node {
-            if !uids.is_empty() {
+            if !uids.is_empty() && self.gated(node) {
                 out.insert(node.as_str());
             }
         }
         out
+    }
+
+    /// Whether the pending-allocation gate applies on `node`: not where its device plugin tells
+    /// admitted pods apart by pod-resources ([`NodeRecord::exact_identity`]). Such nodes stay off
+    /// [`Self::nodes_with_pending`], so the filter's quick path answers for them even while pods
+    /// are being allocated there.
+    fn gated(&self, node: &str) -> bool {
+        !self.nodes.get(node).is_some_and(|n| n.exact_identity)
     }
 
     /// The filter's superset of [`Self::nodes_with_pending`]: also the nodes where a pod was
@@ -108,10 +116,12 @@ impl ClusterState {
     pub fn nodes_in_flight(&self) -> NodeSet<'_> {
         let mut out = self.nodes_with_pending();
         for r in self.reservations.values() {
-            out.insert(r.node.as_str());
+            if self.gated(&r.node) {
+                out.insert(r.node.as_str());
+            }
         }
         for (node, uids) in &self.decided_by_node {
-            if !uids.is_empty() {
+            if !uids.is_empty() && self.gated(node) {
                 out.insert(node.as_str());
             }
         }
@@ -168,37 +178,49 @@ impl ClusterState {
     }
 
     /// Pods pending allocation on `node` (informer view and binds the loop has accepted),
-    /// except `exclude`: `(namespace/name, signature)`.
-    pub fn pending_on(&self, node: &str, exclude: &str) -> Vec<(String, &AllocationSignature)> {
+    /// except `exclude`.
+    pub fn pending_on(&self, node: &str, exclude: &str) -> Vec<PendingPod<'_>> {
         let mut out = Vec::new();
         // The node's plugin tells admitted pods apart by pod-resources: nothing to wait for.
-        if self.nodes.get(node).is_some_and(|n| n.exact_identity) {
+        if !self.gated(node) {
             return out;
         }
-        let mut seen = HashSet::new();
+        self.push_pending(node, exclude, &mut out);
+        out
+    }
+
+    fn push_pending<'s>(&'s self, node: &str, exclude: &str, out: &mut Vec<PendingPod<'s>>) {
         for uid in self.res_by_node.get(node).into_iter().flatten() {
             if let Some(r) = self.reservations.get(uid)
                 && r.stage != BindStage::Decided
                 && r.uid != exclude
             {
-                seen.insert(r.uid.as_str());
-                out.push((format!("{}/{}", r.namespace, r.name), &r.signature));
+                out.push(PendingPod::of_reservation(r));
             }
         }
         if let Some(uids) = self.pending_by_node.get(node) {
             for uid in uids {
-                if uid == exclude || seen.contains(uid.as_str()) {
+                // A pod whose bind the loop accepted is in the list already, as its reservation.
+                if uid == exclude
+                    || self
+                        .reservations
+                        .get(uid)
+                        .is_some_and(|r| r.stage != BindStage::Decided && r.node == node)
+                {
                     continue;
                 }
                 if let Some(p) = self.pods.get(uid.as_str())
                     && p.is_pending_allocation()
-                    && let Some(sig) = p.signature.as_deref()
+                    && let Some(signature) = p.signature.as_deref()
                 {
-                    out.push((format!("{}/{}", p.namespace, p.name), sig));
+                    out.push(PendingPod {
+                        namespace: &p.namespace,
+                        name: &p.name,
+                        signature,
+                    });
                 }
             }
         }
-        out
     }
 
     /// What the filter checks on `node` before choosing it: [`Self::pending_on`], plus the pods
@@ -209,17 +231,18 @@ impl ClusterState {
     /// 10 s), while a filter answer that avoids the node costs nothing on a cluster with other
     /// nodes, and on a single node only waits for the next pod update. The bind gate itself
     /// ([`Self::pending_on`]) is unchanged: two decided pods must not refuse each other's bind.
-    pub fn in_flight_on(&self, node: &str, exclude: &str) -> Vec<(String, &AllocationSignature)> {
-        let mut out = self.pending_on(node, exclude);
-        if self.nodes.get(node).is_some_and(|n| n.exact_identity) {
+    pub fn in_flight_on(&self, node: &str, exclude: &str) -> Vec<PendingPod<'_>> {
+        let mut out = Vec::new();
+        if !self.gated(node) {
             return out;
         }
+        self.push_pending(node, exclude, &mut out);
         for uid in self.res_by_node.get(node).into_iter().flatten() {
             if let Some(r) = self.reservations.get(uid)
                 && r.stage == BindStage::Decided
                 && r.uid != exclude
             {
-                out.push((format!("{}/{}", r.namespace, r.name), &r.signature));
+                out.push(PendingPod::of_reservation(r));
             }
         }
         for uid in self.decided_by_node.get(node).into_iter().flatten() {
@@ -228,12 +251,43 @@ impl ClusterState {
             }
             if let Some(p) = self.pods.get(uid.as_str())
                 && p.is_decided_unbound()
-                && let Some(sig) = p.signature.as_deref()
+                && let Some(signature) = p.signature.as_deref()
             {
-                out.push((format!("{}/{}", p.namespace, p.name), sig));
+                out.push(PendingPod {
+                    namespace: &p.namespace,
+                    name: &p.name,
+                    signature,
+                });
             }
         }
         out
+    }
+}
+
+/// A pod the gate compares a decision with ([`ClusterState::pending_on`]): borrowed from the
+/// state, named only when it blocks one (a filter looks at every pending pod of every node it
+/// evaluates fully).
+#[derive(Debug, Clone, Copy)]
+pub struct PendingPod<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub signature: &'a AllocationSignature,
+}
+
+impl<'a> PendingPod<'a> {
+    fn of_reservation(r: &'a Reservation) -> Self {
+        PendingPod {
+            namespace: &r.namespace,
+            name: &r.name,
+            signature: &r.signature,
+        }
+    }
+}
+
+/// `namespace/name`.
+impl std::fmt::Display for PendingPod<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
     }
 }
 
@@ -246,10 +300,10 @@ impl ClusterState {
         &self,
         node: &str,
         sig: &AllocationSignature,
-        pending: &'a [(String, &AllocationSignature)],
-    ) -> Option<&'a str> {
+        pending: &[PendingPod<'a>],
+    ) -> Option<PendingPod<'a>> {
         if self.nodes.get(node).is_some_and(|n| n.hami_plugin) {
-            return pending.first().map(|(name, _)| name.as_str());
+            return pending.first().copied();
         }
         confusable_pending(sig, pending)
     }
@@ -276,7 +330,7 @@ impl ClusterState {
             let live = holder.is_some_and(|h| {
                 self.pending_on(name, "")
                     .iter()
-                    .any(|(pending, _)| *pending == h)
+                    .any(|pending| pending.to_string() == h)
             });
             if !live {
                 out.push((name.clone(), value.to_owned()));
@@ -290,10 +344,10 @@ impl ClusterState {
 /// device plugin could take for `sig` while it would get the wrong limits, if any.
 pub fn confusable_pending<'a>(
     sig: &AllocationSignature,
-    pending: &'a [(String, &AllocationSignature)],
-) -> Option<&'a str> {
+    pending: &[PendingPod<'a>],
+) -> Option<PendingPod<'a>> {
     pending
         .iter()
-        .find(|(_, other)| sig.confusable_with(other) && !sig.interchangeable_with(other))
-        .map(|(name, _)| name.as_str())
+        .find(|p| sig.confusable_with(p.signature) && !sig.interchangeable_with(p.signature))
+        .copied()
 }

@@ -34,7 +34,7 @@ use node_cache::*;
 use records::*;
 
 pub use books::{SharedBooking, usage_charge};
-pub use ledger::{BindStage, Reservation, confusable_pending};
+pub use ledger::{BindStage, PendingPod, Reservation, confusable_pending};
 pub use node_cache::{Candidate, NameHash, NodeSet, NodeSlot, QuickCandidate};
 pub use nominations::Nomination;
 pub use records::{NOT_REGISTERED, NodeRecord, PodRecord, Standing, slim_node, slim_pod};
