@@ -40,6 +40,10 @@
 //! already bound and booked on each node set before the runs, and the leading extender is
 //! restarted once to measure a leader change against that many objects in the API server.
 //! `TESSERA_BENCH_PERF_DIR=<dir>`: a system-wide `perf record` of every placement run.
+//! The Tessera node set carries what the device plugin writes on a kubelet with pod-resources
+//! (`tessera.io/allocation-identity: pod-resources`: the chart's default on 1.34); with
+//! `--signature-identity` what it writes without (`signature`: the bind rule keeps one
+//! confusable pod in flight per node, and the filter evaluates such nodes fully).
 //!
 //! `--gated` (issue 29, T3): every run's pods are created behind a scheduling gate, and once all
 //! exist the gates are lifted (one PATCH per pod, the same 32 clients), so the placement rate is
@@ -72,6 +76,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use hami_contract::annotations as ann;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use kube::Api;
@@ -110,6 +115,10 @@ struct Params {
     /// `--admission N`: dry-run creates per admission path and round ([`admission_cost`]), when
     /// the policy variant runs; 0: none.
     admission: usize,
+    /// `--signature-identity`: the Tessera node set registered as the device plugin registers a
+    /// node whose kubelet has no pod-resources socket (the bind rule then applies there); by
+    /// default as on the harness's 1.34 kubelet with the chart's pod-resources mount.
+    signature_identity: bool,
 }
 
 fn params() -> Params {
@@ -132,6 +141,7 @@ fn params() -> Params {
         variants: variants_arg(&args),
         gated: args.iter().any(|a| a == "--gated"),
         admission: arg("--admission", if quick { 200 } else { 1000 }),
+        signature_identity: args.iter().any(|a| a == "--signature-identity"),
     }
 }
 
@@ -879,6 +889,7 @@ async fn register_set(
     n: usize,
     kind: SetKind,
     running_per_node: usize,
+    identity: &str,
 ) -> Res<()> {
     if kind == SetKind::Dra {
         create_device_class(admin).await?;
@@ -895,9 +906,13 @@ async fn register_set(
                     .await
                     .map_err(|e| format!("{name}: {e}"))?;
                 let mut meta = json!({"labels": { SET: set }});
-                if kind != SetKind::Tessera {
-                    meta["annotations"] = json!({"hami.io/node-nvidia-register": null});
-                }
+                meta["annotations"] = if kind == SetKind::Tessera {
+                    let mut a = serde_json::Map::new();
+                    a.insert(ann::ALLOCATION_IDENTITY.to_owned(), identity.into());
+                    a.into()
+                } else {
+                    json!({"hami.io/node-nvidia-register": null})
+                };
                 nodes
                     .patch(
                         &name,
@@ -1554,11 +1569,25 @@ async fn run(p: Params) -> Res<()> {
     }
     let t = Instant::now();
     let per_node = p.running.div_ceil(p.nodes.max(1));
-    register_set(c.admin(), "a", p.nodes, SetKind::Plain, per_node).await?;
-    register_set(c.admin(), "b", p.nodes, SetKind::Tessera, per_node).await?;
+    // What the device plugin writes of how it identifies the pod an `Allocate` serves.
+    let identity = if p.signature_identity {
+        ann::IDENTITY_SIGNATURE
+    } else {
+        ann::IDENTITY_POD_RESOURCES
+    };
+    register_set(c.admin(), "a", p.nodes, SetKind::Plain, per_node, identity).await?;
+    register_set(
+        c.admin(),
+        "b",
+        p.nodes,
+        SetKind::Tessera,
+        per_node,
+        identity,
+    )
+    .await?;
     // `--running` fills sets a and b only.
     if dra {
-        register_set(c.admin(), "d", p.nodes, SetKind::Dra, 0).await?;
+        register_set(c.admin(), "d", p.nodes, SetKind::Dra, 0, identity).await?;
     }
     eprintln!(
         "{} bare nodes in each of {} sets registered in {:.1} s",

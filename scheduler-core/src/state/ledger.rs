@@ -49,9 +49,7 @@ impl ClusterState {
     pub fn release(&mut self, uid: &str) -> bool {
         match self.reservations.remove(uid) {
             Some(r) => {
-                if let Some(set) = self.res_by_node.get_mut(&r.node) {
-                    set.remove(uid);
-                }
+                unindex(&mut self.res_by_node, &r.node, uid);
                 self.touch(Some(&r.node));
                 true
             }

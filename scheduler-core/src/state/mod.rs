@@ -79,6 +79,17 @@ pub struct ClusterState {
     dirty: HashSet<String>,
 }
 
+/// Takes `uid` out of `node`'s set of a per-node index, and the set out once empty: the filter
+/// walks the pending indexes' sets every time, and after a burst every node had one.
+fn unindex(index: &mut HashMap<String, BTreeSet<String>>, node: &str, uid: &str) {
+    if let Some(set) = index.get_mut(node) {
+        set.remove(uid);
+        if set.is_empty() {
+            index.remove(node);
+        }
+    }
+}
+
 impl ClusterState {
     pub fn new() -> Self {
         Self::default()
@@ -213,14 +224,12 @@ impl ClusterState {
             return;
         };
         if let Some(n) = old.node.as_deref() {
-            if let Some(set) = self.by_node.get_mut(n) {
-                set.remove(uid);
-            }
-            if let Some(set) = self.pending_by_node.get_mut(n) {
-                set.remove(uid);
-            }
-            if let Some(set) = self.decided_by_node.get_mut(n) {
-                set.remove(uid);
+            for index in [
+                &mut self.by_node,
+                &mut self.pending_by_node,
+                &mut self.decided_by_node,
+            ] {
+                unindex(index, n, uid);
             }
             self.touch(Some(n));
         }
