@@ -66,6 +66,9 @@ sched_gated_args="--gated --burst 0 --variants plain,tessera,dra,plain-qps1000,t
 # default QPS the client's rate limit, not the extender, sets plain's pace), 2,000 pods a run as at
 # 500 nodes (DRA places under 40 pods/s: 5,000 pods a run would take most of an hour).
 sched_gated_scale_args="--gated --nodes 5000 --pods 2000 --burst 0 --admission 0 --variants plain-qps1000,tessera-qps1000,dra-qps1000"
+# API Priority and Fairness: the same gated placement at QPS 1000 with the components outside
+# system:masters, classified under the chart's FlowSchemas (the other steps' identities are exempt).
+sched_gated_apf_args="--gated --burst 0 --admission 0 --apf --variants plain-qps1000,tessera-qps1000"
 if [ "$quick" = 1 ]; then
     mem_args="--nodes 100 --pods 1000"
     mem_scale_args="--nodes 200 --pods 2000"
@@ -86,6 +89,7 @@ STEPS=(
     "scheduling_scale|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_scale $sched_scale_args"
     "scheduling_gated|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_gated $sched_gated_args"
     "scheduling_gated_scale|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_gated_scale $sched_gated_scale_args"
+    "scheduling_gated_apf|cargo bench --locked -q -p tessera-e2e --bench scheduling -- --csv scheduling_gated_apf $sched_gated_apf_args"
     "real_burst|cargo bench --locked -q -p tessera-e2e --bench real_burst"
     "dra_burst|cargo bench --locked -q -p tessera-e2e --bench dra_burst"
 )

@@ -44,6 +44,11 @@
 //! (`tessera.io/allocation-identity: pod-resources`: the chart's default on 1.34); with
 //! `--signature-identity` what it writes without (`signature`: the bind rule keeps one
 //! confusable pod in flight per node, and the filter evaluates such nodes fully).
+//! `--apf` (issue 29, APF): the components authenticate as service accounts and
+//! `system:kube-scheduler` instead of `system:masters` (bound to `cluster-admin`), so API
+//! Priority and Fairness classifies their requests, with the chart's FlowSchemas installed; the
+//! rows add each variant's mean wait for a seat, its requests at `workload-low` and the requests
+//! refused. The benchmark's own client (the creates, the gate lifts) stays exempt.
 //!
 //! `--gated` (issue 29, T3): every run's pods are created behind a scheduling gate, and once all
 //! exist the gates are lifted (one PATCH per pod, the same 32 clients), so the placement rate is
@@ -84,7 +89,8 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tessera_e2e::cluster::{
-    Cluster, ClusterOptions, DEVICE_PLUGIN_USER, SCHEDULER_USER, policy_namespace,
+    Cluster, ClusterOptions, DEVICE_PLUGIN_USER, KUBE_SCHEDULER_USER, SCHEDULER_USER,
+    policy_namespace,
 };
 use tessera_e2e::node::NodeSpec;
 
@@ -119,6 +125,10 @@ struct Params {
     /// node whose kubelet has no pod-resources socket (the bind rule then applies there); by
     /// default as on the harness's 1.34 kubelet with the chart's pod-resources mount.
     signature_identity: bool,
+    /// `--apf`: the components outside `system:masters`, their requests classified by API
+    /// Priority and Fairness under the chart's FlowSchemas ([`ClusterOptions::apf`]); the
+    /// benchmark's own client stays exempt.
+    apf: bool,
 }
 
 fn params() -> Params {
@@ -142,6 +152,7 @@ fn params() -> Params {
         gated: args.iter().any(|a| a == "--gated"),
         admission: arg("--admission", if quick { 200 } else { 1000 }),
         signature_identity: args.iter().any(|a| a == "--signature-identity"),
+        apf: args.iter().any(|a| a == "--apf"),
     }
 }
 
@@ -357,7 +368,7 @@ fn spawn_tessera_kube_scheduler(
     let text = tessera_e2e::cluster::scheduler_config(
         &c.artifacts.root,
         "kube-scheduler-config.yaml",
-        &c.kubeconfig("system:kube-scheduler"),
+        &c.kubeconfig(KUBE_SCHEDULER_USER),
         extender_port,
         &c.dir,
     )?;
@@ -414,7 +425,7 @@ fn spawn_unthrottled_kube_scheduler(c: &Cluster) -> Res<tessera_e2e::process::Pr
     let doc = json!({
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": c.kubeconfig("system:kube-scheduler"),
+        "clientConnection": {"kubeconfig": c.kubeconfig(KUBE_SCHEDULER_USER),
                              "qps": 1000, "burst": 2000},
         "leaderElection": {"leaderElect": false},
         "profiles": [{"schedulerName": UNTHROTTLED}],
@@ -680,6 +691,11 @@ struct RunResult {
     /// kube-scheduler's allocation), per placed pod.
     claim_writes: f64,
     webhook_calls: f64,
+    /// `--apf`: the mean wait for a seat of a request that is not exempt, ms; the requests
+    /// dispatched at `workload-low` and the requests refused, per placed pod.
+    apf_wait_ms: f64,
+    workload_low: f64,
+    apf_rejected: f64,
     create_s: f64,
     latencies_ms: Vec<f64>,
 }
@@ -817,6 +833,16 @@ async fn placement_run(
         pod_writes: per_pod(api.pod_writes - api_before.pod_writes),
         claim_writes: per_pod(api.claim_writes - api_before.claim_writes),
         webhook_calls: per_pod(api.webhook_calls - api_before.webhook_calls),
+        apf_wait_ms: {
+            let waits = api.apf_waits - api_before.apf_waits;
+            if waits > 0.0 {
+                (api.apf_wait_seconds - api_before.apf_wait_seconds) * 1e3 / waits
+            } else {
+                0.0
+            }
+        },
+        workload_low: per_pod(api.workload_low - api_before.workload_low),
+        apf_rejected: per_pod(api.apf_rejected - api_before.apf_rejected),
         create_s,
         latencies_ms,
     })
@@ -1283,6 +1309,13 @@ struct ApiCounts {
     claim_writes: f64,
     /// Calls of the chart's webhook (`apiserver_admission_webhook_request_total`).
     webhook_calls: f64,
+    /// API Priority and Fairness (`--apf`): the time requests of every priority level but
+    /// `exempt` waited for a seat (`apiserver_flowcontrol_request_wait_duration_seconds`) and
+    /// how many waited; the requests dispatched at `workload-low`; the requests refused.
+    apf_wait_seconds: f64,
+    apf_waits: f64,
+    workload_low: f64,
+    apf_rejected: f64,
 }
 
 impl ApiCounts {
@@ -1300,6 +1333,7 @@ impl ApiCounts {
             let binding = pods
                 && s.label("verb") == Some("POST")
                 && s.label("subresource") == Some("binding");
+            let exempt = s.label("priority_level") == Some("exempt");
             match s.name.as_str() {
                 "apiserver_request_duration_seconds_sum" if binding => {
                     out.binding_seconds += s.value
@@ -1328,6 +1362,18 @@ impl ApiCounts {
                 {
                     out.webhook_calls += s.value
                 }
+                "apiserver_flowcontrol_request_wait_duration_seconds_sum" if !exempt => {
+                    out.apf_wait_seconds += s.value
+                }
+                "apiserver_flowcontrol_request_wait_duration_seconds_count" if !exempt => {
+                    out.apf_waits += s.value
+                }
+                "apiserver_flowcontrol_dispatched_requests_total"
+                    if s.label("priority_level") == Some("workload-low") =>
+                {
+                    out.workload_low += s.value
+                }
+                "apiserver_flowcontrol_rejected_requests_total" => out.apf_rejected += s.value,
                 _ => {}
             }
         }
@@ -1556,6 +1602,7 @@ async fn run(p: Params) -> Res<()> {
         // GPU shares through DRA (alpha in 1.34), on the API server and every kube-scheduler.
         opts.feature_gates = vec!["DRAConsumableCapacity=true".to_owned()];
     }
+    opts.apf = p.apf;
     let mut c = Cluster::start(opts).await?;
     eprintln!("cluster up: {}", c.dir.display());
     if p.burst > 0 && p.burst_rounds > 0 {
@@ -1895,6 +1942,37 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
                 )
                 .without_p99(),
             );
+        }
+        if p.apf {
+            // (what, the figure, its unit)
+            let apf: [(&str, Figure, &str); 3] = [
+                (
+                    "APF: mean wait for a seat of a request not exempt (run median)",
+                    |r| r.apf_wait_ms,
+                    "ms",
+                ),
+                (
+                    "APF: requests at priority level workload-low per placed pod (run median)",
+                    |r| r.workload_low,
+                    "requests",
+                ),
+                (
+                    "APF: requests rejected per placed pod (run median)",
+                    |r| r.apf_rejected,
+                    "requests",
+                ),
+            ];
+            for (what, of, unit) in apf {
+                csv.row(
+                    &Row::new(
+                        case(v.label()),
+                        what,
+                        unit,
+                        Stats::of(&runs.iter().map(of).collect::<Vec<_>>()),
+                    )
+                    .without_p99(),
+                );
+            }
         }
     }
     // The extender's share of kube-scheduler's serial scheduling cycle (1 / pods per second).

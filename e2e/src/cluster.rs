@@ -28,6 +28,10 @@ pub const DEVICE_PLUGIN_USER: &str = "system:serviceaccount:tessera-system:tesse
 pub const KUBE_SCHEDULER_LEASE: &str = "tessera-kube-scheduler";
 /// The user tests create pods as: an ordinary cluster user.
 pub const USER: &str = "alice@example.com";
+/// kube-scheduler's user, as the cluster's own kube-scheduler authenticates.
+pub const KUBE_SCHEDULER_USER: &str = "system:kube-scheduler";
+/// The groups of a service account of the release namespace ([`ClusterOptions::apf`]).
+const SERVICE_ACCOUNT_GROUPS: &str = "system:serviceaccounts,system:serviceaccounts:tessera-system";
 
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
@@ -46,6 +50,12 @@ pub struct ClusterOptions {
     /// Kubernetes feature gates (`Name=true`) of the API server and of every kube-scheduler the
     /// cluster or a benchmark starts, e.g. DRA's `DRAConsumableCapacity=true`.
     pub feature_gates: Vec<String>,
+    /// `true`: the components authenticate as in a real cluster, outside `system:masters` (the
+    /// scheduler and the device plugin as their service accounts, kube-scheduler as
+    /// `system:kube-scheduler`), authorized by a binding to `cluster-admin`, so API Priority and
+    /// Fairness classifies their requests instead of exempting them; the chart's FlowSchemas are
+    /// installed. The admin and [`USER`] stay in `system:masters`.
+    pub apf: bool,
 }
 
 /// The namespace label that hands a namespace's pods to the pod-mutation policies instead of the
@@ -70,6 +80,7 @@ impl ClusterOptions {
             tessera_args: Vec::new(),
             pod_mutation_policy: None,
             feature_gates: Vec::new(),
+            apf: false,
         }
     }
 }
@@ -281,14 +292,20 @@ impl Cluster {
         let ks_client = pki.client("kube-scheduler")?;
         std::fs::write(dir.join("extender-client.crt"), &ks_client.cert)?;
         std::fs::write(dir.join("extender-client.key"), &ks_client.key)?;
-        // Static tokens. Every component is in system:masters: the e2e proves the data path, the
-        // chart's RBAC is checked by the chart tests.
+        // Static tokens. Every component is in system:masters unless `apf` (its groups then are
+        // a service account's): the e2e proves the data path, the chart's RBAC is checked by the
+        // chart tests.
+        let (account, scheduler) = if opts.apf {
+            (SERVICE_ACCOUNT_GROUPS, "system:authenticated")
+        } else {
+            ("system:masters", "system:masters")
+        };
         let users = [
             ("admin", "system:masters"),
             (USER, "system:masters"),
-            (SCHEDULER_USER, "system:masters"),
-            (DEVICE_PLUGIN_USER, "system:masters"),
-            ("system:kube-scheduler", "system:masters"),
+            (SCHEDULER_USER, account),
+            (DEVICE_PLUGIN_USER, account),
+            (KUBE_SCHEDULER_USER, scheduler),
         ];
         let tokens: String = users
             .iter()
@@ -315,6 +332,11 @@ impl Cluster {
         let admin = client_for(&kubeconfig_path(&dir, "admin")).await?;
         let user = client_for(&kubeconfig_path(&dir, USER)).await?;
         wait_apiserver(&admin, &mut apiserver).await?;
+        if opts.apf {
+            let components = [SCHEDULER_USER, DEVICE_PLUGIN_USER, KUBE_SCHEDULER_USER];
+            grant_cluster_admin(&admin, &dir, &components).await?;
+            install_flow_schemas(artifacts, &admin).await?;
+        }
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
         let _ = Api::<Namespace>::all(admin.clone())
             .create(&PostParams::default(), &ns)
@@ -422,7 +444,7 @@ impl Cluster {
         let doc = json!({
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": kubeconfig_path(&self.dir, "system:kube-scheduler")},
+            "clientConnection": {"kubeconfig": kubeconfig_path(&self.dir, KUBE_SCHEDULER_USER)},
             "leaderElection": {"leaderElect": false},
         });
         std::fs::write(&config, yaml_serde::to_string(&doc)?)?;
@@ -548,7 +570,7 @@ impl Cluster {
         let config = scheduler_config(
             &self.artifacts.root,
             "kube-scheduler-config.yaml",
-            &kubeconfig_path(&self.dir, "system:kube-scheduler"),
+            &kubeconfig_path(&self.dir, KUBE_SCHEDULER_USER),
             extender_port,
             &self.dir,
         )?;
@@ -1033,30 +1055,11 @@ async fn install_booking_policy(a: &Artifacts, admin: &kube::Client) -> Result<(
     .await
 }
 
-/// The chart's `admissionPolicy.podMutation` objects (a MutatingAdmissionPolicy, a
-/// ValidatingAdmissionPolicy and their bindings), rendered with `sets`, bound to the namespaces
-/// labeled [`POLICY_NAMESPACE_LABEL`]` = policy`; applied (server-side), so a second call
-/// replaces them. Returns once the API server applies a pod-mutation policy: a probe
-/// namespace's dry-run GPU pod is handed to the scheduler and an out-of-range percentage is
-/// refused. After a second call that may still be the first version: a caller waits for what
-/// the new values change.
-pub async fn install_pod_mutation_policy(
-    a: &Artifacts,
-    admin: &kube::Client,
-    sets: &[String],
-) -> Result<()> {
+/// Applies (server-side, forced) every object of a rendered chart template; returns how many.
+async fn apply_rendered(admin: &kube::Client, rendered: &[u8]) -> Result<usize> {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let mut all = vec![
-        "admissionPolicy.podMutation.enabled=true".to_owned(),
-        format!(
-            "scheduler.admissionWebhook.namespaceSelector.matchLabels.{}=policy",
-            POLICY_NAMESPACE_LABEL.replace('.', "\\.")
-        ),
-    ];
-    all.extend(sets.iter().cloned());
-    let rendered = render_chart_template(a, "templates/admission/pod-mutation.yaml", &all)?;
-    let text = String::from_utf8_lossy(&rendered);
-    let mut installed = 0;
+    let text = String::from_utf8_lossy(rendered);
+    let mut applied = 0;
     for doc in text.split("\n---") {
         let object: DynamicObject = match yaml_serde::from_str(doc) {
             Ok(o) => o,
@@ -1084,8 +1087,75 @@ pub async fn install_pod_mutation_policy(
                 &kube::api::Patch::Apply(&object),
             )
             .await?;
-        installed += 1;
+        applied += 1;
     }
+    Ok(applied)
+}
+
+/// The chart's FlowSchemas ([`ClusterOptions::apf`]), as the chart renders them by default.
+async fn install_flow_schemas(a: &Artifacts, admin: &kube::Client) -> Result<()> {
+    let rendered = render_chart_template(a, "templates/scheduler/flowschemas.yaml", &[])?;
+    match apply_rendered(admin, &rendered).await? {
+        2 => Ok(()),
+        n => Err(Error::msg(format!(
+            "the chart's FlowSchemas: found {n} of 2 objects"
+        ))),
+    }
+}
+
+/// Binds `users` to `cluster-admin` ([`ClusterOptions::apf`]: authorized, not exempt) and
+/// returns once the API server's authorizer lets each of them list nodes.
+async fn grant_cluster_admin(admin: &kube::Client, dir: &Path, users: &[&str]) -> Result<()> {
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let subjects: Vec<serde_json::Value> = users
+        .iter()
+        .map(|u| json!({"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": u}))
+        .collect();
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "tessera-e2e-components"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+            "name": "cluster-admin"},
+        "subjects": subjects,
+    }))?;
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    for user in users {
+        let client = client_for(&kubeconfig_path(dir, user)).await?;
+        let nodes = Api::<Node>::all(client);
+        eventually(
+            &format!("{user} authorized by its binding"),
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || async { nodes.list(&ListParams::default().limit(1)).await.ok() },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The chart's `admissionPolicy.podMutation` objects (a MutatingAdmissionPolicy, a
+/// ValidatingAdmissionPolicy and their bindings), rendered with `sets`, bound to the namespaces
+/// labeled [`POLICY_NAMESPACE_LABEL`]` = policy`; applied (server-side), so a second call
+/// replaces them. Returns once the API server applies a pod-mutation policy: a probe
+/// namespace's dry-run GPU pod is handed to the scheduler and an out-of-range percentage is
+/// refused. After a second call that may still be the first version: a caller waits for what
+/// the new values change.
+pub async fn install_pod_mutation_policy(
+    a: &Artifacts,
+    admin: &kube::Client,
+    sets: &[String],
+) -> Result<()> {
+    let mut all = vec![
+        "admissionPolicy.podMutation.enabled=true".to_owned(),
+        format!(
+            "scheduler.admissionWebhook.namespaceSelector.matchLabels.{}=policy",
+            POLICY_NAMESPACE_LABEL.replace('.', "\\.")
+        ),
+    ];
+    all.extend(sets.iter().cloned());
+    let rendered = render_chart_template(a, "templates/admission/pod-mutation.yaml", &all)?;
+    let installed = apply_rendered(admin, &rendered).await?;
     if installed != 4 {
         return Err(Error::msg(format!(
             "the chart's pod-mutation policies and bindings: found {installed} of 4 objects"
