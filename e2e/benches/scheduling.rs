@@ -76,7 +76,7 @@
     reason = "the e2e harness times real processes and clusters: wall-clock std::time::Instant"
 )]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -691,13 +691,23 @@ struct RunResult {
     /// kube-scheduler's allocation), per placed pod.
     claim_writes: f64,
     webhook_calls: f64,
-    /// `--apf`: the mean wait for a seat of a request that is not exempt, ms; the requests
-    /// dispatched at `workload-low` and the requests refused, per placed pod.
+    /// `--apf`: the mean wait for a seat of a request that is not exempt, ms; per priority
+    /// level, the same and the requests it dispatched per placed pod; the requests refused per
+    /// placed pod.
     apf_wait_ms: f64,
-    workload_low: f64,
+    apf_levels: BTreeMap<String, LevelFigures>,
     apf_rejected: f64,
     create_s: f64,
     latencies_ms: Vec<f64>,
+}
+
+/// One APF priority level's figures in a run ([`RunResult::apf_levels`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct LevelFigures {
+    /// Mean wait for a seat, ms.
+    wait_ms: f64,
+    /// Requests dispatched per placed pod.
+    per_pod: f64,
 }
 
 /// What one placement run places, and how.
@@ -834,18 +844,40 @@ async fn placement_run(
         claim_writes: per_pod(api.claim_writes - api_before.claim_writes),
         webhook_calls: per_pod(api.webhook_calls - api_before.webhook_calls),
         apf_wait_ms: {
-            let waits = api.apf_waits - api_before.apf_waits;
-            if waits > 0.0 {
-                (api.apf_wait_seconds - api_before.apf_wait_seconds) * 1e3 / waits
-            } else {
-                0.0
-            }
+            let all = |c: &ApiCounts| {
+                c.apf_levels
+                    .values()
+                    .fold((0.0, 0.0), |(s, n), l| (s + l.wait_seconds, n + l.waits))
+            };
+            let ((s1, n1), (s0, n0)) = (all(&api), all(&api_before));
+            mean_ms(s1 - s0, n1 - n0)
         },
-        workload_low: per_pod(api.workload_low - api_before.workload_low),
+        apf_levels: api
+            .apf_levels
+            .iter()
+            .map(|(name, l)| {
+                let b = api_before.apf_levels.get(name).copied().unwrap_or_default();
+                let wait = mean_ms(l.wait_seconds - b.wait_seconds, l.waits - b.waits);
+                let figures = LevelFigures {
+                    wait_ms: wait,
+                    per_pod: per_pod(l.dispatched - b.dispatched),
+                };
+                (name.clone(), figures)
+            })
+            .collect(),
         apf_rejected: per_pod(api.apf_rejected - api_before.apf_rejected),
         create_s,
         latencies_ms,
     })
+}
+
+/// `seconds / count` in ms; 0 without any.
+fn mean_ms(seconds: f64, count: f64) -> f64 {
+    if count > 0.0 {
+        seconds * 1e3 / count
+    } else {
+        0.0
+    }
 }
 
 /// With `TESSERA_BENCH_PERF_DIR` set: a system-wide `perf record` (99 Hz, call graphs) of the
@@ -1309,16 +1341,29 @@ struct ApiCounts {
     claim_writes: f64,
     /// Calls of the chart's webhook (`apiserver_admission_webhook_request_total`).
     webhook_calls: f64,
-    /// API Priority and Fairness (`--apf`): the time requests of every priority level but
-    /// `exempt` waited for a seat (`apiserver_flowcontrol_request_wait_duration_seconds`) and
-    /// how many waited; the requests dispatched at `workload-low`; the requests refused.
-    apf_wait_seconds: f64,
-    apf_waits: f64,
-    workload_low: f64,
+    /// API Priority and Fairness (`--apf`), per priority level but `exempt`: the time its
+    /// requests waited for a seat and how many waited
+    /// (`apiserver_flowcontrol_request_wait_duration_seconds`), and how many it dispatched.
+    apf_levels: BTreeMap<String, ApfLevel>,
+    /// The requests APF refused, every level.
     apf_rejected: f64,
 }
 
+/// One APF priority level's counters ([`ApiCounts::apf_levels`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct ApfLevel {
+    wait_seconds: f64,
+    waits: f64,
+    dispatched: f64,
+}
+
 impl ApiCounts {
+    fn level(&mut self, priority_level: &str) -> &mut ApfLevel {
+        self.apf_levels
+            .entry(priority_level.to_owned())
+            .or_default()
+    }
+
     async fn read(admin: &kube::Client) -> ApiCounts {
         let mut out = ApiCounts::default();
         let Ok(request) = http::Request::get("/metrics").body(Vec::new()) else {
@@ -1333,7 +1378,8 @@ impl ApiCounts {
             let binding = pods
                 && s.label("verb") == Some("POST")
                 && s.label("subresource") == Some("binding");
-            let exempt = s.label("priority_level") == Some("exempt");
+            let priority_level = s.label("priority_level").unwrap_or_default();
+            let exempt = priority_level == "exempt";
             match s.name.as_str() {
                 "apiserver_request_duration_seconds_sum" if binding => {
                     out.binding_seconds += s.value
@@ -1363,15 +1409,13 @@ impl ApiCounts {
                     out.webhook_calls += s.value
                 }
                 "apiserver_flowcontrol_request_wait_duration_seconds_sum" if !exempt => {
-                    out.apf_wait_seconds += s.value
+                    out.level(priority_level).wait_seconds += s.value
                 }
                 "apiserver_flowcontrol_request_wait_duration_seconds_count" if !exempt => {
-                    out.apf_waits += s.value
+                    out.level(priority_level).waits += s.value
                 }
-                "apiserver_flowcontrol_dispatched_requests_total"
-                    if s.label("priority_level") == Some("workload-low") =>
-                {
-                    out.workload_low += s.value
+                "apiserver_flowcontrol_dispatched_requests_total" if !exempt => {
+                    out.level(priority_level).dispatched += s.value
                 }
                 "apiserver_flowcontrol_rejected_requests_total" => out.apf_rejected += s.value,
                 _ => {}
@@ -1944,34 +1988,36 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
             );
         }
         if p.apf {
-            // (what, the figure, its unit)
-            let apf: [(&str, Figure, &str); 3] = [
+            let stats =
+                |f: &dyn Fn(&RunResult) -> f64| Stats::of(&runs.iter().map(f).collect::<Vec<_>>());
+            let mut rows = vec![
                 (
-                    "APF: mean wait for a seat of a request not exempt (run median)",
-                    |r| r.apf_wait_ms,
+                    "APF: mean wait for a seat of a request not exempt (run median)".to_owned(),
                     "ms",
+                    stats(&|r| r.apf_wait_ms),
                 ),
                 (
-                    "APF: requests at priority level workload-low per placed pod (run median)",
-                    |r| r.workload_low,
+                    "APF: requests rejected per placed pod (run median)".to_owned(),
                     "requests",
-                ),
-                (
-                    "APF: requests rejected per placed pod (run median)",
-                    |r| r.apf_rejected,
-                    "requests",
+                    stats(&|r| r.apf_rejected),
                 ),
             ];
-            for (what, of, unit) in apf {
-                csv.row(
-                    &Row::new(
-                        case(v.label()),
-                        what,
-                        unit,
-                        Stats::of(&runs.iter().map(of).collect::<Vec<_>>()),
-                    )
-                    .without_p99(),
-                );
+            let levels: BTreeSet<&String> = runs.iter().flat_map(|r| r.apf_levels.keys()).collect();
+            for level in levels {
+                let at = |r: &RunResult| r.apf_levels.get(level).copied().unwrap_or_default();
+                rows.push((
+                    format!("APF: requests at priority level {level} per placed pod (run median)"),
+                    "requests",
+                    stats(&|r| at(r).per_pod),
+                ));
+                rows.push((
+                    format!("APF: mean wait for a seat at priority level {level} (run median)"),
+                    "ms",
+                    stats(&|r| at(r).wait_ms),
+                ));
+            }
+            for (what, unit, stats) in rows {
+                csv.row(&Row::new(case(v.label()), &what, unit, stats).without_p99());
             }
         }
     }
