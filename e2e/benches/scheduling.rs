@@ -47,8 +47,8 @@
 //! `--apf` (issue 29, APF): the components authenticate as service accounts and
 //! `system:kube-scheduler` instead of `system:masters` (bound to `cluster-admin`), so API
 //! Priority and Fairness classifies their requests, with the chart's FlowSchemas installed; the
-//! rows add each variant's mean wait for a seat, its requests at `workload-low` and the requests
-//! refused. The benchmark's own client (the creates, the gate lifts) stays exempt.
+//! rows add each variant's requests and mean wait for a seat per priority level, and the
+//! requests refused. The benchmark's own client (the creates, the gate lifts) stays exempt.
 //!
 //! `--gated` (issue 29, T3): every run's pods are created behind a scheduling gate, and once all
 //! exist the gates are lifted (one PATCH per pod, the same 32 clients), so the placement rate is
@@ -691,23 +691,12 @@ struct RunResult {
     /// kube-scheduler's allocation), per placed pod.
     claim_writes: f64,
     webhook_calls: f64,
-    /// `--apf`: the mean wait for a seat of a request that is not exempt, ms; per priority
-    /// level, the same and the requests it dispatched per placed pod; the requests refused per
-    /// placed pod.
-    apf_wait_ms: f64,
-    apf_levels: BTreeMap<String, LevelFigures>,
+    /// `--apf`: each priority level's counters over the run ([`ApfLevel`]), and the requests
+    /// refused per placed pod.
+    apf_levels: BTreeMap<String, ApfLevel>,
     apf_rejected: f64,
     create_s: f64,
     latencies_ms: Vec<f64>,
-}
-
-/// One APF priority level's figures in a run ([`RunResult::apf_levels`]).
-#[derive(Debug, Default, Clone, Copy)]
-struct LevelFigures {
-    /// Mean wait for a seat, ms.
-    wait_ms: f64,
-    /// Requests dispatched per placed pod.
-    per_pod: f64,
 }
 
 /// What one placement run places, and how.
@@ -796,17 +785,15 @@ async fn placement_run(
     }
     let handlers = handler_seconds(metrics_port).await;
     let api = ApiCounts::read(c.admin()).await;
-    let binding_ms = match api.bindings - api_before.bindings {
-        n if n > 0.0 => (api.binding_seconds - api_before.binding_seconds) * 1e3 / n,
-        _ => 0.0,
-    };
+    let binding_ms = mean_ms(
+        api.binding_seconds - api_before.binding_seconds,
+        api.bindings - api_before.bindings,
+    );
     let handler_ms = std::array::from_fn(|i| {
-        let n = handlers[i].1 - handlers_before[i].1;
-        if n > 0.0 {
-            (handlers[i].0 - handlers_before[i].0) * 1e3 / n
-        } else {
-            0.0
-        }
+        mean_ms(
+            handlers[i].0 - handlers_before[i].0,
+            handlers[i].1 - handlers_before[i].1,
+        )
     });
     watch.abort();
     let s = seen.lock().map_err(|_| "poisoned")?;
@@ -843,26 +830,12 @@ async fn placement_run(
         pod_writes: per_pod(api.pod_writes - api_before.pod_writes),
         claim_writes: per_pod(api.claim_writes - api_before.claim_writes),
         webhook_calls: per_pod(api.webhook_calls - api_before.webhook_calls),
-        apf_wait_ms: {
-            let all = |c: &ApiCounts| {
-                c.apf_levels
-                    .values()
-                    .fold((0.0, 0.0), |(s, n), l| (s + l.wait_seconds, n + l.waits))
-            };
-            let ((s1, n1), (s0, n0)) = (all(&api), all(&api_before));
-            mean_ms(s1 - s0, n1 - n0)
-        },
         apf_levels: api
             .apf_levels
             .iter()
             .map(|(name, l)| {
-                let b = api_before.apf_levels.get(name).copied().unwrap_or_default();
-                let wait = mean_ms(l.wait_seconds - b.wait_seconds, l.waits - b.waits);
-                let figures = LevelFigures {
-                    wait_ms: wait,
-                    per_pod: per_pod(l.dispatched - b.dispatched),
-                };
-                (name.clone(), figures)
+                let before = api_before.apf_levels.get(name).copied().unwrap_or_default();
+                (name.clone(), l.since(before))
             })
             .collect(),
         apf_rejected: per_pod(api.apf_rejected - api_before.apf_rejected),
@@ -1349,12 +1322,29 @@ struct ApiCounts {
     apf_rejected: f64,
 }
 
-/// One APF priority level's counters ([`ApiCounts::apf_levels`]).
+/// One APF priority level's counters ([`ApiCounts::apf_levels`]; a run's:
+/// [`RunResult::apf_levels`]).
 #[derive(Debug, Default, Clone, Copy)]
 struct ApfLevel {
     wait_seconds: f64,
     waits: f64,
     dispatched: f64,
+}
+
+impl ApfLevel {
+    /// What was counted after `before`.
+    fn since(self, before: ApfLevel) -> ApfLevel {
+        ApfLevel {
+            wait_seconds: self.wait_seconds - before.wait_seconds,
+            waits: self.waits - before.waits,
+            dispatched: self.dispatched - before.dispatched,
+        }
+    }
+
+    /// Mean wait for a seat, ms.
+    fn wait_ms(&self) -> f64 {
+        mean_ms(self.wait_seconds, self.waits)
+    }
 }
 
 impl ApiCounts {
@@ -1994,7 +1984,13 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
                 (
                     "APF: mean wait for a seat of a request not exempt (run median)".to_owned(),
                     "ms",
-                    stats(&|r| r.apf_wait_ms),
+                    stats(&|r| {
+                        let (seconds, waits) = r
+                            .apf_levels
+                            .values()
+                            .fold((0.0, 0.0), |(s, n), l| (s + l.wait_seconds, n + l.waits));
+                        mean_ms(seconds, waits)
+                    }),
                 ),
                 (
                     "APF: requests rejected per placed pod (run median)".to_owned(),
@@ -2008,12 +2004,12 @@ fn report(p: &Params, by: &BTreeMap<Variant, Vec<RunResult>>, csv: &Csv) {
                 rows.push((
                     format!("APF: requests at priority level {level} per placed pod (run median)"),
                     "requests",
-                    stats(&|r| at(r).per_pod),
+                    stats(&|r| at(r).dispatched / r.placed.max(1) as f64),
                 ));
                 rows.push((
                     format!("APF: mean wait for a seat at priority level {level} (run median)"),
                     "ms",
-                    stats(&|r| at(r).wait_ms),
+                    stats(&|r| at(r).wait_ms()),
                 ));
             }
             for (what, unit, stats) in rows {
